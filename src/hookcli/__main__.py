@@ -1,0 +1,3 @@
+from hookcli.cli import main
+
+main()

@@ -1,0 +1,105 @@
+"""The fused one-pass statistics kernel (numba; compiled once, cached on disk).
+
+One read of the data yields sum, sum of squares, zero count, min and max. Three details make
+LLVM vectorise it (measured: 27 GB/s on one core, ~50 GB/s on two, like torch.sum alone):
+
+* fast-math reassociation, so sums can be split across SIMD lanes. `nnan`/`ninf` let min/max
+  vectorise; the caller trusts the results only when the sum is finite, i.e. when the data
+  holds no NaN/Inf, which is exactly when those flags are true statements;
+* `llvm.minnum`/`llvm.maxnum` intrinsics, which the loop vectoriser knows as reductions
+  (numba's own min/max lower to compare-and-branch code that it does not);
+* a 2-D (blocks x BLOCK) view iterated with `range(BLOCK)`, so indices are provably
+  non-negative: numba's negative-index wrap-around otherwise turns every load into a gather.
+
+Each block accumulates in the input precision (exact for the zero count: BLOCK < 2**24) and
+blocks are combined in float64, which bounds the rounding error of the sums.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llvmlite.ir as ir
+import numpy as np
+from numba import njit, prange
+from numba.extending import intrinsic
+
+BLOCK = 4096
+_FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
+
+
+def _binary_intrinsic(name: str) -> Any:
+    @intrinsic  # type: ignore[untyped-decorator]
+    def call(typingctx: Any, a: Any, b: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            ty = args[0].type
+            fn = builder.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty, ty]))
+            return builder.call(fn, args)
+
+        return a(a, b), codegen
+
+    return call
+
+
+_fmin = _binary_intrinsic("llvm.minnum")
+_fmax = _binary_intrinsic("llvm.maxnum")
+
+
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+def _block(r: Any) -> Any:
+    s = np.float32(0)  # widened to float64 by type unification for float64 data
+    q = np.float32(0)
+    z = np.float32(0)
+    mn = r[0]
+    mx = r[0]
+    for j in range(r.shape[0]):
+        v = r[j]
+        s += v
+        q += v * v
+        z += np.float32(1.0) if v == 0 else np.float32(0.0)
+        mn = _fmin(mn, v)
+        mx = _fmax(mx, v)
+    return s, q, z, mn, mx
+
+
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+def _fused(a: Any, out: Any) -> None:
+    n = a.shape[0]
+    nb = n // BLOCK
+    blocks = a[: nb * BLOCK].reshape(nb, BLOCK)
+    s = 0.0
+    q = 0.0
+    z = 0.0
+    mn = np.inf
+    mx = -np.inf
+    for b in prange(nb):  # a plain range where the caller is not parallel
+        bs, bq, bz, bmn, bmx = _block(blocks[b])
+        s += np.float64(bs)
+        q += np.float64(bq)
+        z += np.float64(bz)
+        mn = min(mn, np.float64(bmn))
+        mx = max(mx, np.float64(bmx))
+    if nb * BLOCK < n:
+        bs, bq, bz, bmn, bmx = _block(a[nb * BLOCK :])
+        s += np.float64(bs)
+        q += np.float64(bq)
+        z += np.float64(bz)
+        mn = min(mn, np.float64(bmn))
+        mx = max(mx, np.float64(bmx))
+    out[0] = s
+    out[1] = q
+    out[2] = z
+    out[3] = mn
+    out[4] = mx
+
+
+@njit(fastmath=_FASTMATH, nogil=True, cache=True)  # type: ignore[untyped-decorator]
+def fused_serial(a: Any, out: Any) -> None:
+    """out[:] = sum, sum of squares, zero count, min, max of the 1-D array a (len(a) > 0)."""
+    _fused(a, out)
+
+
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)  # type: ignore[untyped-decorator]
+def fused_parallel(a: Any, out: Any) -> None:
+    """As fused_serial, with blocks spread over numba's threads."""
+    _fused(a, out)

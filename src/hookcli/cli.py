@@ -1,0 +1,303 @@
+"""The command line. The only module that knows Typer and exit codes.
+
+Commands parse options, call the core (imported lazily: `hookcli --help` never imports
+torch), and render the Report it returns. Errors from the core become one line on stderr
+naming the problem and the next step, with the exit code of CLI.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookcli import __version__
+from hookcli.errors import HookcliError, UsageError
+from hookcli.render import SUFFIX_FORMATS, Format
+
+app = typer.Typer(
+    name="hookcli",
+    help="Hook any torchvision or custom PyTorch model and see what every layer does.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+class Task(StrEnum):
+    classification = "classification"
+    segmentation = "segmentation"
+    detection = "detection"
+    video = "video"
+    optical_flow = "optical_flow"
+    quantized = "quantized"
+
+
+class ListFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+# ------------------------------------------------------------------ shared options
+
+ModelArg = Annotated[str, typer.Argument(
+    help="torchvision name (resnet34), path/to/file.py:Name or package.module:Name.",
+    show_default=False)]
+InputsArg = Annotated[list[str] | None, typer.Argument(
+    help="Image files or folders (one batch). Omit for a random input of the right shape.",
+    show_default=False)]
+InputSpecOpt = Annotated[list[str] | None, typer.Option(
+    "--input", "-i", metavar="SPEC",
+    help="Tensor input instead of images: randn:1x3x224x224, rand:…, ones:…, zeros:…, "
+         "file.pt, file.npy. Repeat for several forward arguments.")]
+LayerOpt = Annotated[list[str] | None, typer.Option(
+    "--layer", "-l", metavar="PATTERN",
+    help="Dotted name or glob on dotted names (layer2.*.conv*). Repeatable.")]
+TypeOpt = Annotated[list[str] | None, typer.Option(
+    "--type", "-t", metavar="CLASS", help="Module class name, e.g. Conv2d. Repeatable.")]
+DepthOpt = Annotated[int | None, typer.Option(
+    "--depth", metavar="N", help="Modules at depth N (plus shallower leaves).")]
+WeightsOpt = Annotated[str, typer.Option(
+    "--weights", "-w", metavar="none|DEFAULT|ENUM|PATH",
+    help="none = random init under --seed; DEFAULT or an enum name = torchvision weights "
+         "(hub cache, else download); PATH = a local state dict.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random weights and inputs.")]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", metavar="auto|cpu|cuda[:N]|mps", help="auto picks a GPU when present.")]
+ModelArgOpt = Annotated[list[str] | None, typer.Option(
+    "--model-arg", metavar="KEY=VALUE", help="Keyword argument for the model builder. Repeatable.")]
+OutputOpt = Annotated[Path | None, typer.Option(
+    "--output", "-o", metavar="FILE", help="Write to FILE (atomically) instead of stdout.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hookcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+) -> None:
+    """Hook any torchvision or custom PyTorch model and see what every layer does.
+
+    Example: hookcli inspect resnet34 sample_images/cat.jpeg
+    """
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _handled() -> Iterator[None]:
+    """Typed errors → one line on stderr and their exit code; Ctrl-C → 130."""
+    try:
+        yield
+    except HookcliError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        _err("interrupted")
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("HOOKCLI_DEBUG"):
+            raise
+        _err(f"error: internal error: {type(exc).__name__}: {exc} "
+             "Hint: this is a hookcli bug; rerun with HOOKCLI_DEBUG=1 for the traceback and report it.")
+        raise typer.Exit(3) from None
+
+
+def _color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _width() -> int | None:
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    env = os.environ.get("COLUMNS", "")
+    return int(env) if env.isdigit() else 200
+
+
+def _check_output(path: Path | None) -> None:
+    """Refuse an unwritable -o before any work is done."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"--output {path} is a directory.", "give a file name, e.g. -o report.json.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--output folder {parent} does not exist.", f"create it first: mkdir -p {parent}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--output {path} is not writable.", "choose another path.")
+
+
+def _emit(text: str, output: Path | None) -> None:
+    """stdout, or FILE written atomically: a temp file beside it, then rename."""
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _err(f"wrote {output}")
+
+
+def _format(fmt: Format | None, output: Path | None) -> Format:
+    if fmt is not None:
+        return fmt
+    if output is not None:
+        return SUFFIX_FORMATS.get(output.suffix.lower(), Format.table)
+    return Format.table
+
+
+# ------------------------------------------------------------------ commands
+
+
+@app.command()
+def models(
+    pattern: Annotated[str | None, typer.Argument(
+        metavar="[GLOB]", help="Glob on model names, e.g. 'resnet*'.", show_default=False)] = None,
+    task: Annotated[Task | None, typer.Option("--task", help="Only this task.")] = None,
+    fmt: Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")] = ListFormat.table,
+    output: OutputOpt = None,
+) -> None:
+    """List torchvision registry models with their task, size and weight enums.
+
+    Example: hookcli models 'resnet*' --task classification
+    """
+    with _handled():
+        _check_output(output)
+        from hookcli.run import list_registry
+
+        entries = list_registry(pattern, task.value if task else None)
+        if fmt == ListFormat.json:
+            from hookcli.render.json import data_json
+
+            text = data_json(entries)
+        else:
+            from hookcli.render.table import models_table
+
+            text = models_table(entries, color=_color() and output is None, width=_width())
+        _emit(text, output)
+
+
+@app.command()
+def layers(
+    model: ModelArg,
+    inputs: InputsArg = None,
+    shapes: Annotated[bool, typer.Option("--shapes", help="Run one forward to add output shapes.")] = False,
+    depth: DepthOpt = None,
+    input_spec: InputSpecOpt = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    fmt: Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")] = ListFormat.table,
+    output: OutputOpt = None,
+) -> None:
+    """Show the module tree: dotted names, types, parameter counts and aliases.
+
+    Example: hookcli layers resnet18 --shapes --depth 2
+    """
+    with _handled():
+        _check_output(output)
+        from hookcli.loading import parse_model_args
+        from hookcli.run import layers_report
+
+        report = layers_report(
+            model, inputs or [], input_specs=input_spec or [], shapes=shapes, depth=depth,
+            weights=weights, seed=seed, device=device, model_args=parse_model_args(model_arg or []),
+        )
+        if fmt == ListFormat.json:
+            from hookcli.render.json import data_json
+
+            text = data_json(report)
+        else:
+            from hookcli.render.table import layers_table
+
+            text = layers_table(report, color=_color() and output is None, width=_width())
+        _emit(text, output)
+
+
+@app.command()
+def inspect(
+    model: ModelArg,
+    inputs: InputsArg = None,
+    layer: LayerOpt = None,
+    type_: TypeOpt = None,
+    depth: DepthOpt = None,
+    input_spec: InputSpecOpt = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    topk: Annotated[int, typer.Option("--topk", help="Predictions to show per image (0: none).")] = 5,
+    fmt: Annotated[Format | None, typer.Option(
+        "--format", "-f", help="Output format [default: table, or from the -o suffix].",
+        show_default=False)] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Forward pass with hooks on the selected layers: statistics of every call's inputs and
+    outputs, and the top-k predictions.
+
+    Example: hookcli inspect resnet34 sample_images/cat.jpeg -l 'layer4.*'
+    """
+    with _handled():
+        _check_output(output)
+        from hookcli.loading import parse_model_args
+        from hookcli.run import inspect as run_inspect
+
+        report = run_inspect(
+            model, inputs or [], input_specs=input_spec or [], layers=layer or [],
+            types=type_ or [], depth=depth, weights=weights, seed=seed, device=device, topk=topk,
+            model_args=parse_model_args(model_arg or []),
+        )
+        _emit(_render(report, _format(fmt, output), output), output)
+
+
+def _render(report: object, fmt: Format, output: Path | None) -> str:
+    from hookcli.records import Report
+
+    assert isinstance(report, Report)
+    if fmt == Format.json:
+        from hookcli.render.json import report_json
+
+        return report_json(report)
+    if fmt == Format.csv:
+        from hookcli.render.csv import report_csv
+
+        return report_csv(report)
+    from hookcli.render.table import report_markdown, report_table
+
+    if fmt == Format.markdown:
+        return report_markdown(report)
+    return report_table(report, color=_color() and output is None, width=_width())
+
+
+def main() -> None:
+    app()

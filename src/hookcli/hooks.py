@@ -1,0 +1,176 @@
+"""A hook session: pre-hooks and forward hooks on the selected modules, always removed.
+
+One record per *call* (HOOK_PITFALLS 3): ResNet's BasicBlock calls `self.relu` twice, so
+`layer1.0.relu` yields calls 0 and 1. A module reachable under several names (aliases) is
+hooked once, as one object. Pre- and post-hook of one call are paired by a per-module
+stack, which keeps recursion and re-entrant modules right.
+
+Statistics are taken inside the hook, immediately (HOOK_PITFALLS 4): after an in-place ReLU
+`input[0] is output`, so inputs are measured in the pre-hook, before the module runs. Hooks
+return None (they never replace an output) and never raise into the user's forward: a
+failure to measure is recorded as a note on the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hookcli.records import LayerCall, TensorStats
+from hookcli.stats import StatsCollector
+
+# Nested outputs deeper or larger than this are cut short (a note says so).
+_MAX_DEPTH = 8
+_MAX_TENSORS = 512
+
+
+@dataclass(slots=True)
+class Target:
+    """One selected module object and every name it is reachable by."""
+
+    module: nn.Module
+    name: str
+    aliases: list[str]
+    type: str
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A LayerCall whose tensor statistics are still rows in the collector."""
+
+    call: LayerCall
+    input_rows: list[int] = field(default_factory=list)
+    output_rows: list[int] = field(default_factory=list)
+
+
+def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor inside obj, with its path: `out`, `out[0]`, `out["boxes"]`, `out.logits`."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif depth >= _MAX_DEPTH:
+        return
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        for name in obj._fields:
+            yield from iter_tensors(getattr(obj, name), f"{path}.{name}", depth + 1)
+    elif isinstance(obj, list | tuple):
+        for i, item in enumerate(obj):
+            yield from iter_tensors(item, f"{path}[{i}]", depth + 1)
+    elif isinstance(obj, Mapping):
+        for key, item in obj.items():
+            label = f'"{key}"' if isinstance(key, str) else repr(key)
+            yield from iter_tensors(item, f"{path}[{label}]", depth + 1)
+
+
+def measure(
+    collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats], rows: list[int]
+) -> None:
+    """Measure every tensor in obj now; append its TensorStats and row index."""
+    for n, (path, t) in enumerate(iter_tensors(obj, root)):
+        if n >= _MAX_TENSORS:
+            stats.append(TensorStats(f"{root}…", (), "", 0, note="more tensors not shown"))
+            rows.append(-1)
+            return
+        entry, idx = collector.add(t, path)
+        stats.append(entry)
+        rows.append(idx)
+
+
+class HookSession:
+    """Context manager: hooks on enter, every handle removed on exit, whatever happened."""
+
+    def __init__(
+        self,
+        targets: list[Target],
+        collector: StatsCollector | None,
+        *,
+        on_output: Callable[[PendingCall, Any], None] | None = None,
+    ) -> None:
+        self.targets = targets
+        self.collector = collector
+        self.on_output = on_output
+        self.calls: list[PendingCall] = []
+        self.counts = [0] * len(targets)
+        self.hook_errors: list[str] = []
+        self._stacks: list[list[PendingCall]] = [[] for _ in targets]
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> HookSession:
+        try:
+            for i, target in enumerate(self.targets):
+                self._handles.append(
+                    target.module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True)
+                )
+                self._handles.append(target.module.register_forward_hook(self._post_hook(i)))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def open_calls(self) -> list[PendingCall]:
+        """Calls whose module started and did not return (the forward raised inside them)."""
+        return [c for stack in self._stacks for c in stack]
+
+    def _pre_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        target = self.targets[i]
+        stack = self._stacks[i]
+
+        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
+            self.counts[i] += 1
+            pending = PendingCall(call)
+            self.calls.append(pending)
+            stack.append(pending)
+            if self.collector is None:
+                call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
+                return
+            try:
+                measure(self.collector, args, "in", call.inputs, pending.input_rows)
+                if kwargs:
+                    measure(self.collector, kwargs, "in", call.inputs, pending.input_rows)
+            except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
+                call.error = f"could not measure inputs: {exc}"
+
+        return pre_hook
+
+    def _post_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        stack = self._stacks[i]
+
+        def post_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if not stack:
+                return  # hooks registered mid-call: nothing to pair with
+            pending = stack.pop()
+            call = pending.call
+            try:
+                if self.collector is None:
+                    call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
+                else:
+                    measure(self.collector, output, "out", call.outputs, pending.output_rows)
+                if self.on_output is not None:
+                    self.on_output(pending, output)
+            except Exception as exc:
+                call.error = f"could not measure outputs: {exc}"
+
+        return post_hook
+
+
+def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
+    return TensorStats(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel())

@@ -1,0 +1,143 @@
+"""Plain dataclasses a run produces: numbers and strings, never tensors.
+
+Renderers read these and nothing else, so they never need torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class TensorStats:
+    """Statistics of one tensor, taken the moment a hook saw it.
+
+    `mean`, `std` (population, correction 0), `min`, `max` and `norm` are over the finite
+    elements; `zeros` is the fraction of elements equal to zero; `nan`/`inf` are counts.
+    A statistic that does not exist (empty tensor, no finite value) is None.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    zeros: float | None = None
+    nan: int = 0
+    inf: int = 0
+    norm: float | None = None
+    note: str | None = None
+
+    @property
+    def nonfinite(self) -> bool:
+        return self.nan > 0 or self.inf > 0
+
+
+@dataclass(slots=True)
+class LayerCall:
+    """One call of one selected module."""
+
+    name: str
+    type: str
+    call: int
+    aliases: list[str] = field(default_factory=list)
+    inputs: list[TensorStats] = field(default_factory=list)
+    outputs: list[TensorStats] = field(default_factory=list)
+    grad_inputs: list[TensorStats] | None = None
+    grad_outputs: list[TensorStats] | None = None
+    params: list[dict[str, Any]] | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Prediction:
+    rank: int
+    index: int
+    label: str | None
+    prob: float
+    image: int = 0
+    source: str | None = None
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    name: str
+    spec: str
+    task: str
+    weights: str
+    params: int
+    mode: str = "eval"
+
+
+@dataclass(slots=True)
+class InputInfo:
+    description: str
+    shapes: list[tuple[int, ...]]
+    sources: list[str] = field(default_factory=list)
+    preprocessing: str | None = None
+
+
+@dataclass(slots=True)
+class Report:
+    model: ModelInfo
+    input: InputInfo
+    device: str
+    layers: list[LayerCall]
+    never_called: list[str] = field(default_factory=list)
+    outputs: list[TensorStats] = field(default_factory=list)
+    predictions: list[Prediction] | None = None
+    prediction_note: str | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    command: str = "inspect"
+    schema: int = SCHEMA_VERSION
+    hookcli_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (schema 1): plain types only, NaN never appears (None instead)."""
+        data = dataclasses.asdict(self)
+        ordered: dict[str, Any] = {"schema": data.pop("schema")}
+        ordered.update(data)
+        return ordered
+
+
+@dataclass(slots=True)
+class ModuleRow:
+    """One module of `hookcli layers`."""
+
+    name: str
+    type: str
+    depth: int
+    params: int
+    own_params: int
+    leaf: bool
+    aliases: list[str] = field(default_factory=list)
+    output_shapes: list[str] | None = None
+    calls: int | None = None
+
+
+@dataclass(slots=True)
+class LayersReport:
+    model: ModelInfo
+    modules: list[ModuleRow]
+    input: InputInfo | None = None
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    """One row of `hookcli models`."""
+
+    name: str
+    task: str
+    weights: list[str]
+    default: str | None
+    params: int | None
+    input_size: str | None
+    metric: str | None

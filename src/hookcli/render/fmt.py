@@ -1,0 +1,52 @@
+"""Number and shape formatting shared by the text renderers."""
+
+from __future__ import annotations
+
+from hookcli.records import TensorStats
+
+DASH = "—"
+
+
+def num(v: float | None) -> str:
+    if v is None:
+        return DASH
+    if v == 0:
+        return "0"
+    return f"{v:.4g}"
+
+
+def pct(v: float | None) -> str:
+    if v is None:
+        return DASH
+    if v == 0:
+        return "0%"
+    if v < 0.001:
+        return "<0.1%"
+    return f"{v * 100:.1f}%"
+
+
+def shape(s: tuple[int, ...]) -> str:
+    return "x".join(map(str, s)) if s else "scalar"
+
+
+def tensor_label(t: TensorStats, root: str) -> str:
+    """`1x64x112x112`, or `["boxes"] 0x4` for a tensor inside a structured value."""
+    rest = t.path.removeprefix(root)
+    return f"{rest} {shape(t.shape)}" if rest else shape(t.shape)
+
+
+def nonfinite(t: TensorStats) -> str:
+    parts = []
+    if t.nan:
+        parts.append(f"{t.nan} NaN")
+    if t.inf:
+        parts.append(f"{t.inf} Inf")
+    return ", ".join(parts) if parts else ""
+
+
+def count(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 10_000:
+        return f"{n / 1e3:.1f}K"
+    return str(n)
