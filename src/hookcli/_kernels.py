@@ -28,13 +28,13 @@ BLOCK = 4096
 _FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
 
 
-def _binary_intrinsic(name: str) -> Any:
+def _binary_intrinsic(name: str, flags: tuple[str, ...] = ()) -> Any:
     @intrinsic  # type: ignore[untyped-decorator]
     def call(typingctx: Any, a: Any, b: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             ty = args[0].type
             fn = builder.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty, ty]))
-            return builder.call(fn, args)
+            return builder.call(fn, args, fastmath=flags)
 
         return a(a, b), codegen
 
@@ -43,6 +43,10 @@ def _binary_intrinsic(name: str) -> Any:
 
 _fmin = _binary_intrinsic("llvm.minnum")
 _fmax = _binary_intrinsic("llvm.maxnum")
+# For arguments that are never NaN (the careful kernel replaces non-finite values first):
+# the flags let min/max vectorise as reductions without assuming anything false.
+_fmin_nonan = _binary_intrinsic("llvm.minnum", ("nnan", "nsz"))
+_fmax_nonan = _binary_intrinsic("llvm.maxnum", ("nnan", "nsz"))
 
 
 @njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
@@ -103,3 +107,84 @@ def fused_serial(a: Any, out: Any) -> None:
 def fused_parallel(a: Any, out: Any) -> None:
     """As fused_serial, with blocks spread over numba's threads."""
     _fused(a, out)
+
+
+# The careful kernel: for data holding NaN/Inf, or whose variance needs a second, centred
+# pass. No nnan/ninf flags here, so comparisons keep their IEEE meaning; non-finite values
+# are replaced by neutral ones with selects, which still vectorise. Accumulates in float64.
+_CAREFUL = {"reassoc", "nsz", "contract"}
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+def _careful_block(r: Any, shift: float) -> Any:
+    s = 0.0
+    q = 0.0
+    z = 0.0
+    nan = 0.0
+    fin = 0.0
+    mn = np.inf
+    mx = -np.inf
+    for j in range(r.shape[0]):
+        v = np.float64(r[j])
+        finite = (v - v) == 0.0  # False for NaN and ±Inf
+        d = (v - shift) if finite else 0.0
+        s += d
+        q += d * d
+        mn = _fmin_nonan(mn, v if finite else np.inf)
+        mx = _fmax_nonan(mx, v if finite else -np.inf)
+        # Counting finite values (not non-finite ones) is the form LLVM vectorises.
+        fin += 1.0 if finite else 0.0
+        z += 1.0 if v == 0.0 else 0.0
+        nan += 1.0 if v != v else 0.0
+    return s, q, z, nan, fin, mn, mx
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+def _careful(a: Any, shift: float, out: Any) -> None:
+    n = a.shape[0]
+    nb = n // BLOCK
+    blocks = a[: nb * BLOCK].reshape(nb, BLOCK)
+    s = 0.0
+    q = 0.0
+    z = 0.0
+    nan = 0.0
+    fin = 0.0
+    mn = np.inf
+    mx = -np.inf
+    for b in prange(nb):  # a plain range where the caller is not parallel
+        bs, bq, bz, bnan, bfin, bmn, bmx = _careful_block(blocks[b], shift)
+        s += bs
+        q += bq
+        z += bz
+        nan += bnan
+        fin += bfin
+        mn = min(mn, bmn)
+        mx = max(mx, bmx)
+    if nb * BLOCK < n:
+        bs, bq, bz, bnan, bfin, bmn, bmx = _careful_block(a[nb * BLOCK :], shift)
+        s += bs
+        q += bq
+        z += bz
+        nan += bnan
+        fin += bfin
+        mn = min(mn, bmn)
+        mx = max(mx, bmx)
+    out[0] = s
+    out[1] = q
+    out[2] = z
+    out[3] = mn
+    out[4] = mx
+    out[5] = nan
+    out[6] = n - fin - nan  # Inf count
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True)  # type: ignore[untyped-decorator]
+def careful_serial(a: Any, shift: float, out: Any) -> None:
+    """out[:7] = Σ(v-shift), Σ(v-shift)², zeros, min, max (finite v only), NaN count, Inf count."""
+    _careful(a, shift, out)
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)  # type: ignore[untyped-decorator]
+def careful_parallel(a: Any, shift: float, out: Any) -> None:
+    """As careful_serial, with blocks spread over numba's threads."""
+    _careful(a, shift, out)

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookcli.records import LayerCall, TensorStats
-from hookcli.stats import StatsCollector
+from hookcli.stats import StatsCollector, dtype_name
 
 # Nested outputs deeper or larger than this are cut short (a note says so).
 _MAX_DEPTH = 8
@@ -71,6 +71,16 @@ def measure(
     collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats], rows: list[int]
 ) -> None:
     """Measure every tensor in obj now; append its TensorStats and row index."""
+    if type(obj) is torch.Tensor:  # the common case: one plain tensor
+        entry, idx = collector.add(obj, root)
+        stats.append(entry)
+        rows.append(idx)
+        return
+    if type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
+        entry, idx = collector.add(obj[0], f"{root}[0]")
+        stats.append(entry)
+        rows.append(idx)
+        return
     for n, (path, t) in enumerate(iter_tensors(obj, root)):
         if n >= _MAX_TENSORS:
             stats.append(TensorStats(f"{root}…", (), "", 0, note="more tensors not shown"))
@@ -173,4 +183,4 @@ class HookSession:
 
 
 def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
-    return TensorStats(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel())
+    return TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())

@@ -49,17 +49,18 @@ RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are mean
 @contextlib.contextmanager
 def model_left_as_found(model: nn.Module, device: torch.device) -> Iterator[None]:
     """eval() and the target device for the run; every flag and the device restored after."""
-    modes = [(m, m.training) for m in model.modules()]
+    training = [m for m in model.modules() if m.training]
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else None
     try:
-        model.eval()
+        for m in training:
+            m.training = False
         if home is not None and home != device:
             model.to(device)
         yield
     finally:
-        for m, training in modes:
-            m.training = training
+        for m in training:
+            m.training = True
         if home is not None and home != device:
             model.to(home)
 
@@ -138,11 +139,13 @@ def inspect(
     device: str = "auto",
     topk: int = 5,
     model_args: Mapping[str, Any] | None = None,
+    stats_backend: str = "auto",
 ) -> Report:
     """Run one forward pass with statistics hooks on the selected layers; return the Report.
 
     `model` is a registry name, `file.py:Name`, `package.module:Name` or an nn.Module;
     `inputs` image paths/folders, or tensors (positional arguments of forward).
+    `stats_backend` "torch" skips the fused CPU kernel (for comparison; results agree).
     """
     if topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
@@ -157,7 +160,7 @@ def inspect(
     else:
         minput = prepare_input(loaded, [str(x) for x in inputs], input_specs, seed)
     minput = minput.to(dev)
-    collector = StatsCollector()
+    collector = StatsCollector(fused=stats_backend != "torch")
     session, output = run_forward(loaded, minput, targets, collector, dev)
     out_stats: list[TensorStats] = []
     out_rows: list[int] = []

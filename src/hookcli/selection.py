@@ -46,17 +46,20 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
         if entry is not None:
             entry.names.append(name)
             continue
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        total = sum(p.numel() for p in module.parameters())
         by_id[id(module)] = ModuleEntry(
             module=module,
             names=[name],
             type=type(module).__name__,
             depth=depth_of(name),
             leaf=next(iter(module.children()), None) is None,
-            own_params=own,
-            params=total,
+            own_params=sum(p.numel() for p in module._parameters.values() if p is not None),
+            params=0,
         )
+    # Subtree totals, counting a shared parameter once per subtree (as module.parameters()).
+    for entry in by_id.values():
+        if entry.own_params == 0 and entry.leaf:
+            continue
+        entry.params = sum(p.numel() for p in entry.module.parameters()) if not entry.leaf else entry.own_params
     return list(by_id.values())
 
 

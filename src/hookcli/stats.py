@@ -9,15 +9,16 @@ float64 array with a single device-to-host transfer per device (HOOK_PITFALLS 8)
 
 Two ways to fill a row:
 
-* CPU float32/float64 (the common case): one fused pass of a numba kernel (`_fused`) that
-  yields sum, sum of squares, zero count, min and max together. torch's own reductions
-  stream at 20-45 GB/s for sum/amax/amin but near 1 GB/s for var_mean, count_nonzero,
-  `(t == 0).sum()` and isfinite; the fused kernel streams at the speed of `sum` while doing
-  all five (see benchmarks/overhead.py). Its results are trusted only when they are provably
-  exact enough: a non-finite sum means the tensor holds NaN/Inf (or overflowed), and a
-  variance small against the mean square means cancellation; both fall back to the exact path.
-* Everything else (GPU, MPS, integers, bool, the fallbacks above): `_torch_row`, torch ops
-  that never synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
+* CPU floating point (the common case): numba kernels (`_fused_row`). One fused pass yields
+  sum, sum of squares, zero count, min and max together. torch's own reductions stream at
+  20-45 GB/s for sum/amax/amin but near 1 GB/s for var_mean, count_nonzero, `(t == 0).sum()`
+  and isfinite; the fused kernel streams at the speed of `sum` while doing all five (see
+  benchmarks/overhead.py). Its result is trusted only when provably sound: a non-finite sum
+  means NaN/Inf are present (a careful pass then counts them and excludes them), and a
+  variance small against the mean square means cancellation (a centred pass then fixes it).
+  On the CPU, branching on a result costs nothing, unlike on a GPU.
+* Everything else (GPU, MPS, integers, bool, no numba): `_torch_row`, torch ops that never
+  synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
 
 Non-float kinds are mapped first: quantized tensors are dequantized, complex tensors
 measured by magnitude, sparse tensors densified, float16/bfloat16 widened to float32.
@@ -47,7 +48,15 @@ _PARALLEL_MIN = 1 << 15
 _MAX_CANCELLATION = 100.0
 
 
-def _load_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
+class Kernels:
+    """The numba kernels (see _kernels.py): fast for clean data, careful for the rest."""
+
+    def __init__(self, module: Any) -> None:
+        self.fused = (module.fused_serial, module.fused_parallel)
+        self.careful = (module.careful_serial, module.careful_parallel)
+
+
+def _load_kernels() -> Kernels | None:
     """The numba kernels, or None when numba is missing or unusable here."""
     if os.environ.get("HOOKCLI_STATS", "auto") == "torch":
         return None
@@ -55,22 +64,18 @@ def _load_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
         from hookcli import _kernels
     except Exception:  # numba absent or broken: the torch path is exact, only slower
         return None
-    return _kernels.fused_serial, _kernels.fused_parallel
+    return Kernels(_kernels)
 
 
-_KERNELS: tuple[Callable[..., None], Callable[..., None]] | None | bool = False
+_KERNELS: Kernels | None | bool = False
 
 
-def kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
+def kernels() -> Kernels | None:
     global _KERNELS
     if _KERNELS is False:
         _KERNELS = _load_kernels()
     assert _KERNELS is not False
     return _KERNELS
-
-
-def backend_name() -> str:
-    return "numba" if kernels() is not None else "torch"
 
 
 def _accumulate_dtype(device: torch.device) -> torch.dtype:
@@ -130,25 +135,40 @@ def _dense_flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-def _fused_row(t: torch.Tensor) -> np.ndarray[Any, np.dtype[np.float64]] | None:
-    """The row from one numba pass, or None when its result cannot be trusted."""
-    ks = kernels()
-    if ks is None:
-        return None
+def _fused_row(t: torch.Tensor, ks: Kernels) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """The row of a CPU float tensor from numba passes: usually one, at most three.
+
+    1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
+       its fast-math flags assume) and the variance is well conditioned;
+    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
+    3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean, which
+       removes the cancellation of var = E[x^2] - mean^2.
+    """
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
     flat = _dense_flat(t).numpy()
     n = flat.shape[0]
-    out = np.empty(5, dtype=np.float64)
-    (ks[1] if n >= _PARALLEL_MIN else ks[0])(flat, out)
-    s, q, zeros, mn, mx = out
+    par = n >= _PARALLEL_MIN
+    out = np.zeros(7, dtype=np.float64)
+    ks.fused[par](flat, out)
+    s, q, zeros, mn, mx = out[:5]
+    nan = inf = 0.0
+    count = float(n)
     if not (math.isfinite(s) and math.isfinite(q)):
-        return None  # NaN/Inf present, or float32 overflow: the exact path counts them
-    mean = s / n
-    var = max(q / n - mean * mean, 0.0)
-    if q / n > _MAX_CANCELLATION * var and q > 0:
-        return None  # ill-conditioned: mean large against spread
-    return np.array([n, mean, var, mn, mx, zeros, 0.0, 0.0, math.sqrt(q)], dtype=np.float64)
+        ks.careful[par](flat, 0.0, out)
+        s, q, zeros, mn, mx, nan, inf = out
+        count = n - nan - inf
+    if count == 0:
+        return np.array([0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan])
+    mean = s / count
+    norm = math.sqrt(q)
+    var = max(q / count - mean * mean, 0.0)
+    if q / count > _MAX_CANCELLATION * var and q > 0:
+        ks.careful[par](flat, mean, out)
+        ds = out[0] / count
+        var = max(out[1] / count - ds * ds, 0.0)
+        mean += ds
+    return np.array([count, mean, var, mn, mx, zeros, nan, inf, norm], dtype=np.float64)
 
 
 _EMPTY_ROW = np.array([0, math.nan, math.nan, math.nan, math.nan, 0, 0, 0, math.nan])
@@ -163,7 +183,8 @@ class StatsCollector:
     references are held, so no activation outlives the hook that saw it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, fused: bool = True) -> None:
+        self._kernels = kernels() if fused else None
         self._rows: list[np.ndarray[Any, Any] | torch.Tensor] = []
         self._notes: list[str | None] = []
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
@@ -176,7 +197,7 @@ class StatsCollector:
         key = id(t)
         hit = self._seen.get(key)
         version = t._version
-        stats = TensorStats(path, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel())
+        stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
@@ -194,15 +215,23 @@ class StatsCollector:
         return stats, idx
 
     def _measure(self, t: torch.Tensor) -> tuple[np.ndarray[Any, Any] | torch.Tensor, str | None]:
+        ks = self._kernels
+        if (
+            ks is not None
+            and t.dtype is torch.float32
+            and t.device.type == "cpu"
+            and type(t) is torch.Tensor
+            and t.layout is torch.strided
+            and t.numel() > 0
+        ):  # the common case, without _prepare's checks
+            return _fused_row(t.detach() if t.requires_grad else t, ks), None
         if t.device.type == "meta":
             return _EMPTY_ROW, "meta tensor: shape only"
         x, note = _prepare(t)
         if x.numel() == 0:
             return _EMPTY_ROW, note
-        if x.device.type == "cpu" and x.dtype in _FUSED_DTYPES:
-            row = _fused_row(x)
-            if row is not None:
-                return row, note
+        if ks is not None and x.device.type == "cpu" and x.dtype in _FUSED_DTYPES:
+            return _fused_row(x, ks), note
         return _torch_row(x), note
 
     def finalize(self) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -222,6 +251,16 @@ class StatsCollector:
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _num(v: float) -> float | None:

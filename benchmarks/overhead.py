@@ -1,0 +1,192 @@
+"""Overhead of hookcli's statistics hooks, measured side by side in one process.
+
+Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval):
+
+(a) time: `hookcli.inspect` with full statistics on every leaf module (inputs and outputs)
+    ÷ plain `model(x)` under no_grad. Variants run interleaved, round after round, and the
+    ratio is of medians, so machine noise hits both sides alike. For reference it also
+    times the same statistics with torch ops instead of the fused kernel, and a typical
+    hand-written hook script calling `.item()` per statistic;
+(b) memory: peak RSS growth during the same runs, each variant in a fresh subprocess, as a
+    ratio to the plain forward's;
+(c) `hookcli --help` wall time, and whether torch was imported.
+
+Usage: python benchmarks/overhead.py [--rounds N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+CASES = [("resnet50", 4), ("resnet18", 8)]
+
+
+def _build(name: str, batch: int) -> tuple[Any, Any]:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    return model, x
+
+
+def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
+    import torch
+
+    import hookcli
+
+    def plain() -> object:
+        with torch.no_grad():
+            return model(x)
+
+    def hookcli_fused() -> object:
+        return hookcli.inspect(model, x, device="cpu", topk=0)
+
+    def hookcli_torch_ops() -> object:
+        return hookcli.inspect(model, x, device="cpu", topk=0, stats_backend="torch")
+
+    def item_script() -> object:
+        # What people write by hand: a forward hook per leaf, .item() per statistic.
+        rows: list[tuple[float, ...]] = []
+
+        def hook(module: Any, args: Any, out: Any) -> None:
+            o = out.detach().float()
+            rows.append((o.mean().item(), o.std().item(), o.min().item(), o.max().item(),
+                         (o == 0).float().mean().item(), torch.isnan(o).sum().item(),
+                         torch.isinf(o).sum().item(), o.norm().item()))
+
+        leaves = [m for m in model.modules() if next(m.children(), None) is None]
+        handles = [m.register_forward_hook(hook) for m in leaves]
+        try:
+            with torch.no_grad():
+                model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        return rows
+
+    return {"plain": plain, "hookcli": hookcli_fused, "hookcli (torch ops)": hookcli_torch_ops,
+            "hand-written .item() hooks": item_script}
+
+
+def _interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each variant, run in turn, round after round."""
+    for fn in variants.values():  # warm-up: kernels compiled/loaded, allocator primed
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for key, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def time_case(name: str, batch: int, rounds: int) -> dict[str, float]:
+    """Ratios to plain. The slow reference variants are timed in a block of their own, each
+    against its own plain runs, so their large allocations do not disturb the main pair."""
+    model, x = _build(name, batch)
+    variants = _variants(model, x)
+    main = _interleaved({k: variants[k] for k in ("plain", "hookcli")}, rounds)
+    out = {"hookcli": main["hookcli"] / main["plain"], "plain_ms": main["plain"] * 1e3}
+    for ref in ("hookcli (torch ops)", "hand-written .item() hooks"):
+        pair = _interleaved({"plain": variants["plain"], ref: variants[ref]}, max(3, rounds // 3))
+        out[ref] = pair[ref] / pair["plain"]
+    return out
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_child(name: str, batch: int, variant: str) -> None:
+    """Runs in a subprocess: peak RSS growth (KiB) over three runs of one variant.
+
+    The kernel's high-water mark is reset (clear_refs 5) after set-up, so the peak is that
+    of the runs, not of model construction.
+    """
+    import torch
+
+    from hookcli import stats
+
+    model, x = _build(name, batch)
+    stats.tensor_stats(torch.randn(100_000))  # kernels loaded before the baseline
+    stats.tensor_stats(torch.randn(1000))
+    fn = _variants(model, x)[variant]
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kb("VmRSS")
+    for _ in range(3):
+        fn()
+    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
+
+
+def memory_case(name: str, batch: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for variant in ("plain", "hookcli"):
+        res = subprocess.run(
+            [sys.executable, __file__, "--memory-child", name, str(batch), variant],
+            capture_output=True, text=True, check=True,
+        )
+        out[variant] = json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"] / 1024
+    return out
+
+
+def help_time(runs: int = 7) -> tuple[float, bool]:
+    cmd = [sys.executable, "-c", "import sys; from hookcli.cli import main; sys.argv=['hookcli','--help'];\n"
+           "try:\n main()\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NOTORCH')"]
+    walls = []
+    torch_seen = False
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        walls.append(time.perf_counter() - t0)
+        torch_seen |= res.stdout.strip().endswith("TORCH") and not res.stdout.strip().endswith("NOTORCH")
+    return statistics.median(walls), torch_seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="resnet18 only, 5 rounds")
+    parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        name, batch, variant = args.memory_child
+        memory_child(name, int(batch), variant)
+        return
+    cases = [("resnet18", 8)] if args.quick else CASES
+    rounds = 5 if args.quick else args.rounds
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; {rounds} interleaved rounds")
+    print("(a) time ratio to plain model(x) under no_grad (median of rounds)")
+    for name, batch in cases:
+        r = time_case(name, batch, rounds)
+        plain_ms = r.pop("plain_ms")
+        cells = ", ".join(f"{k} {v:.3f}x" for k, v in r.items() if k != "plain")
+        print(f"  {name} batch {batch} (plain {plain_ms:.0f} ms): {cells}")
+    print("(b) peak memory growth during the run, ratio to plain")
+    for name, batch in cases:
+        m = memory_case(name, batch)
+        print(f"  {name} batch {batch}: plain {m['plain']:.0f} MiB, hookcli {m['hookcli']:.0f} MiB, "
+              f"ratio {m['hookcli'] / m['plain']:.3f}x")
+    wall, torch_seen = help_time()
+    print(f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}")
+
+
+if __name__ == "__main__":
+    main()
