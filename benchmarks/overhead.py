@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -60,9 +59,18 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
 
         def hook(module: Any, args: Any, out: Any) -> None:
             o = out.detach().float()
-            rows.append((o.mean().item(), o.std().item(), o.min().item(), o.max().item(),
-                         (o == 0).float().mean().item(), torch.isnan(o).sum().item(),
-                         torch.isinf(o).sum().item(), o.norm().item()))
+            rows.append(
+                (
+                    o.mean().item(),
+                    o.std().item(),
+                    o.min().item(),
+                    o.max().item(),
+                    (o == 0).float().mean().item(),
+                    torch.isnan(o).sum().item(),
+                    torch.isinf(o).sum().item(),
+                    o.norm().item(),
+                )
+            )
 
         leaves = [m for m in model.modules() if next(m.children(), None) is None]
         handles = [m.register_forward_hook(hook) for m in leaves]
@@ -74,8 +82,12 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
                 h.remove()
         return rows
 
-    return {"plain": plain, "hookcli": hookcli_fused, "hookcli (torch ops)": hookcli_torch_ops,
-            "hand-written .item() hooks": item_script}
+    return {
+        "plain": plain,
+        "hookcli": hookcli_fused,
+        "hookcli (torch ops)": hookcli_torch_ops,
+        "hand-written .item() hooks": item_script,
+    }
 
 
 def _interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -139,22 +151,31 @@ def memory_case(name: str, batch: int) -> dict[str, float]:
     for variant in ("plain", "hookcli"):
         res = subprocess.run(
             [sys.executable, __file__, "--memory-child", name, str(batch), variant],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         out[variant] = json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"] / 1024
     return out
 
 
 def help_time(runs: int = 7) -> tuple[float, bool]:
-    cmd = [sys.executable, "-c", "import sys; from hookcli.cli import main; sys.argv=['hookcli','--help'];\n"
-           "try:\n main()\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NOTORCH')"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from hookcli.cli import main; sys.argv=['hookcli','--help'];\n"
+        "try:\n main()\nexcept SystemExit: pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NOTORCH')",
+    ]
     walls = []
     torch_seen = False
     for _ in range(runs):
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         walls.append(time.perf_counter() - t0)
-        torch_seen |= res.stdout.strip().endswith("TORCH") and not res.stdout.strip().endswith("NOTORCH")
+        torch_seen |= res.stdout.strip().endswith("TORCH") and not res.stdout.strip().endswith(
+            "NOTORCH"
+        )
     return statistics.median(walls), torch_seen
 
 
@@ -172,7 +193,8 @@ def main() -> None:
     rounds = 5 if args.quick else args.rounds
     import torch
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; {rounds} interleaved rounds")
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, CPU; {rounds} interleaved rounds")
     print("(a) time ratio to plain model(x) under no_grad (median of rounds)")
     for name, batch in cases:
         r = time_case(name, batch, rounds)
@@ -182,10 +204,14 @@ def main() -> None:
     print("(b) peak memory growth during the run, ratio to plain")
     for name, batch in cases:
         m = memory_case(name, batch)
-        print(f"  {name} batch {batch}: plain {m['plain']:.0f} MiB, hookcli {m['hookcli']:.0f} MiB, "
-              f"ratio {m['hookcli'] / m['plain']:.3f}x")
+        print(
+            f"  {name} batch {batch}: plain {m['plain']:.0f} MiB, hookcli {m['hookcli']:.0f} MiB, "
+            f"ratio {m['hookcli'] / m['plain']:.3f}x"
+        )
     wall, torch_seen = help_time()
-    print(f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}")
+    print(
+        f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}"
+    )
 
 
 if __name__ == "__main__":

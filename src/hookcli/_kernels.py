@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import llvmlite.ir as ir
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange
 from numba.extending import intrinsic
 
@@ -29,7 +29,7 @@ _FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
 
 
 def _binary_intrinsic(name: str, flags: tuple[str, ...] = ()) -> Any:
-    @intrinsic  # type: ignore[untyped-decorator]
+    @intrinsic
     def call(typingctx: Any, a: Any, b: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             ty = args[0].type
@@ -49,7 +49,7 @@ _fmin_nonan = _binary_intrinsic("llvm.minnum", ("nnan", "nsz"))
 _fmax_nonan = _binary_intrinsic("llvm.maxnum", ("nnan", "nsz"))
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
 def _block(r: Any) -> Any:
     s = np.float32(0)  # widened to float64 by type unification for float64 data
     q = np.float32(0)
@@ -66,7 +66,7 @@ def _block(r: Any) -> Any:
     return s, q, z, mn, mx
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
 def _fused(a: Any, out: Any) -> None:
     n = a.shape[0]
     nb = n // BLOCK
@@ -97,13 +97,13 @@ def _fused(a: Any, out: Any) -> None:
     out[4] = mx
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True)  # type: ignore[untyped-decorator]
+@njit(fastmath=_FASTMATH, nogil=True, cache=True)
 def fused_serial(a: Any, out: Any) -> None:
     """out[:] = sum, sum of squares, zero count, min, max of the 1-D array a (len(a) > 0)."""
     _fused(a, out)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)  # type: ignore[untyped-decorator]
+@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
 def fused_parallel(a: Any, out: Any) -> None:
     """As fused_serial, with blocks spread over numba's threads."""
     _fused(a, out)
@@ -115,7 +115,7 @@ def fused_parallel(a: Any, out: Any) -> None:
 _CAREFUL = {"reassoc", "nsz", "contract"}
 
 
-@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
 def _careful_block(r: Any, shift: float) -> Any:
     s = 0.0
     q = 0.0
@@ -135,11 +135,11 @@ def _careful_block(r: Any, shift: float) -> Any:
         # Counting finite values (not non-finite ones) is the form LLVM vectorises.
         fin += 1.0 if finite else 0.0
         z += 1.0 if v == 0.0 else 0.0
-        nan += 1.0 if v != v else 0.0
+        nan += 1.0 if v != v else 0.0  # noqa: PLR0124 (the NaN test)
     return s, q, z, nan, fin, mn, mx
 
 
-@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")  # type: ignore[untyped-decorator]
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
 def _careful(a: Any, shift: float, out: Any) -> None:
     n = a.shape[0]
     nb = n // BLOCK
@@ -178,13 +178,13 @@ def _careful(a: Any, shift: float, out: Any) -> None:
     out[6] = n - fin - nan  # Inf count
 
 
-@njit(fastmath=_CAREFUL, nogil=True, cache=True)  # type: ignore[untyped-decorator]
+@njit(fastmath=_CAREFUL, nogil=True, cache=True)
 def careful_serial(a: Any, shift: float, out: Any) -> None:
     """out[:7] = Σ(v-shift), Σ(v-shift)², zeros, min, max (finite v only), NaN count, Inf count."""
     _careful(a, shift, out)
 
 
-@njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)  # type: ignore[untyped-decorator]
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)
 def careful_parallel(a: Any, shift: float, out: Any) -> None:
     """As careful_serial, with blocks spread over numba's threads."""
     _careful(a, shift, out)

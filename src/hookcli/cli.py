@@ -49,34 +49,80 @@ class ListFormat(StrEnum):
 
 # ------------------------------------------------------------------ shared options
 
-ModelArg = Annotated[str, typer.Argument(
-    help="torchvision name (resnet34), path/to/file.py:Name or package.module:Name.",
-    show_default=False)]
-InputsArg = Annotated[list[str] | None, typer.Argument(
-    help="Image files or folders (one batch). Omit for a random input of the right shape.",
-    show_default=False)]
-InputSpecOpt = Annotated[list[str] | None, typer.Option(
-    "--input", "-i", metavar="SPEC",
-    help="Tensor input instead of images: randn:1x3x224x224, rand:…, ones:…, zeros:…, "
-         "file.pt, file.npy. Repeat for several forward arguments.")]
-LayerOpt = Annotated[list[str] | None, typer.Option(
-    "--layer", "-l", metavar="PATTERN",
-    help="Dotted name or glob on dotted names (layer2.*.conv*). Repeatable.")]
-TypeOpt = Annotated[list[str] | None, typer.Option(
-    "--type", "-t", metavar="CLASS", help="Module class name, e.g. Conv2d. Repeatable.")]
-DepthOpt = Annotated[int | None, typer.Option(
-    "--depth", metavar="N", help="Modules at depth N (plus shallower leaves).")]
-WeightsOpt = Annotated[str, typer.Option(
-    "--weights", "-w", metavar="none|DEFAULT|ENUM|PATH",
-    help="none = random init under --seed; DEFAULT or an enum name = torchvision weights "
-         "(hub cache, else download); PATH = a local state dict.")]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="torchvision name (resnet34), path/to/file.py:Name or package.module:Name.",
+        show_default=False,
+    ),
+]
+InputsArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Image files or folders (one batch). Omit for a random input of the right shape.",
+        show_default=False,
+    ),
+]
+InputSpecOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input",
+        "-i",
+        metavar="SPEC",
+        help="Tensor input instead of images: randn:1x3x224x224, rand:…, ones:…, zeros:…, "
+        "file.pt, file.npy. Repeat for several forward arguments.",
+    ),
+]
+LayerOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--layer",
+        "-l",
+        metavar="PATTERN",
+        help="Dotted name or glob on dotted names (layer2.*.conv*). Repeatable.",
+    ),
+]
+TypeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--type", "-t", metavar="CLASS", help="Module class name, e.g. Conv2d. Repeatable."
+    ),
+]
+DepthOpt = Annotated[
+    int | None,
+    typer.Option("--depth", metavar="N", help="Modules at depth N (plus shallower leaves)."),
+]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        "-w",
+        metavar="none|DEFAULT|ENUM|PATH",
+        help="none = random init under --seed; DEFAULT or an enum name = torchvision weights "
+        "(hub cache, else download); PATH = a local state dict.",
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random weights and inputs.")]
-DeviceOpt = Annotated[str, typer.Option(
-    "--device", metavar="auto|cpu|cuda[:N]|mps", help="auto picks a GPU when present.")]
-ModelArgOpt = Annotated[list[str] | None, typer.Option(
-    "--model-arg", metavar="KEY=VALUE", help="Keyword argument for the model builder. Repeatable.")]
-OutputOpt = Annotated[Path | None, typer.Option(
-    "--output", "-o", metavar="FILE", help="Write to FILE (atomically) instead of stdout.")]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device", metavar="auto|cpu|cuda[:N]|mps", help="auto picks a GPU when present."
+    ),
+]
+ModelArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-arg",
+        metavar="KEY=VALUE",
+        help="Keyword argument for the model builder. Repeatable.",
+    ),
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", metavar="FILE", help="Write to FILE (atomically) instead of stdout."
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -87,8 +133,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Hook any torchvision or custom PyTorch model and see what every layer does.
 
@@ -120,8 +170,11 @@ def _handled() -> Iterator[None]:
     except Exception as exc:
         if os.environ.get("HOOKCLI_DEBUG"):
             raise
-        _err(f"error: internal error: {type(exc).__name__}: {exc} "
-             "Hint: this is a hookcli bug; rerun with HOOKCLI_DEBUG=1 for the traceback and report it.")
+        _err(
+            f"error: internal error: {type(exc).__name__}: {exc} "
+            "Hint: this is a hookcli bug; rerun with HOOKCLI_DEBUG=1 for the traceback "
+            "and report it."
+        )
         raise typer.Exit(3) from None
 
 
@@ -141,10 +194,14 @@ def _check_output(path: Path | None) -> None:
     if path is None:
         return
     if path.is_dir():
-        raise UsageError(f"--output {path} is a directory.", "give a file name, e.g. -o report.json.")
+        raise UsageError(
+            f"--output {path} is a directory.", "give a file name, e.g. -o report.json."
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"--output folder {parent} does not exist.", f"create it first: mkdir -p {parent}")
+        raise UsageError(
+            f"--output folder {parent} does not exist.", f"create it first: mkdir -p {parent}"
+        )
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"--output {path} is not writable.", "choose another path.")
 
@@ -180,10 +237,16 @@ def _format(fmt: Format | None, output: Path | None) -> Format:
 
 @app.command()
 def models(
-    pattern: Annotated[str | None, typer.Argument(
-        metavar="[GLOB]", help="Glob on model names, e.g. 'resnet*'.", show_default=False)] = None,
+    pattern: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[GLOB]", help="Glob on model names, e.g. 'resnet*'.", show_default=False
+        ),
+    ] = None,
     task: Annotated[Task | None, typer.Option("--task", help="Only this task.")] = None,
-    fmt: Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")] = ListFormat.table,
+    fmt: Annotated[
+        ListFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = ListFormat.table,
     output: OutputOpt = None,
 ) -> None:
     """List torchvision registry models with their task, size and weight enums.
@@ -210,14 +273,18 @@ def models(
 def layers(
     model: ModelArg,
     inputs: InputsArg = None,
-    shapes: Annotated[bool, typer.Option("--shapes", help="Run one forward to add output shapes.")] = False,
+    shapes: Annotated[
+        bool, typer.Option("--shapes", help="Run one forward to add output shapes.")
+    ] = False,
     depth: DepthOpt = None,
     input_spec: InputSpecOpt = None,
     weights: WeightsOpt = "none",
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     model_arg: ModelArgOpt = None,
-    fmt: Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")] = ListFormat.table,
+    fmt: Annotated[
+        ListFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = ListFormat.table,
     output: OutputOpt = None,
 ) -> None:
     """Show the module tree: dotted names, types, parameter counts and aliases.
@@ -230,8 +297,15 @@ def layers(
         from hookcli.run import layers_report
 
         report = layers_report(
-            model, inputs or [], input_specs=input_spec or [], shapes=shapes, depth=depth,
-            weights=weights, seed=seed, device=device, model_args=parse_model_args(model_arg or []),
+            model,
+            inputs or [],
+            input_specs=input_spec or [],
+            shapes=shapes,
+            depth=depth,
+            weights=weights,
+            seed=seed,
+            device=device,
+            model_args=parse_model_args(model_arg or []),
         )
         if fmt == ListFormat.json:
             from hookcli.render.json import data_json
@@ -256,10 +330,18 @@ def inspect(
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     model_arg: ModelArgOpt = None,
-    topk: Annotated[int, typer.Option("--topk", help="Predictions to show per image (0: none).")] = 5,
-    fmt: Annotated[Format | None, typer.Option(
-        "--format", "-f", help="Output format [default: table, or from the -o suffix].",
-        show_default=False)] = None,
+    topk: Annotated[
+        int, typer.Option("--topk", help="Predictions to show per image (0: none).")
+    ] = 5,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="Output format [default: table, or from the -o suffix].",
+            show_default=False,
+        ),
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
     """Forward pass with hooks on the selected layers: statistics of every call's inputs and
@@ -273,8 +355,16 @@ def inspect(
         from hookcli.run import inspect as run_inspect
 
         report = run_inspect(
-            model, inputs or [], input_specs=input_spec or [], layers=layer or [],
-            types=type_ or [], depth=depth, weights=weights, seed=seed, device=device, topk=topk,
+            model,
+            inputs or [],
+            input_specs=input_spec or [],
+            layers=layer or [],
+            types=type_ or [],
+            depth=depth,
+            weights=weights,
+            seed=seed,
+            device=device,
+            topk=topk,
             model_args=parse_model_args(model_arg or []),
         )
         _emit(_render(report, _format(fmt, output), output), output)

@@ -51,8 +51,9 @@ class ModelInput:
                 return [move(x) for x in a]
             return a
 
-        return ModelInput(tuple(move(a) for a in self.args), self.description, self.sources,
-                          self.preprocessing)
+        return ModelInput(
+            tuple(move(a) for a in self.args), self.description, self.sources, self.preprocessing
+        )
 
 
 def image_extensions() -> set[str]:
@@ -69,17 +70,22 @@ def expand_paths(paths: Sequence[str]) -> list[Path]:
         if p.is_dir():
             exts = image_extensions()
             found = sorted(
-                f for f in p.iterdir()
+                f
+                for f in p.iterdir()
                 if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in exts
             )
             if not found:
-                raise UsageError(f"folder {raw} holds no image files.",
-                                 "put .jpg/.png/... images in it, or name image files directly.")
+                raise UsageError(
+                    f"folder {raw} holds no image files.",
+                    "put .jpg/.png/... images in it, or name image files directly.",
+                )
             out.extend(found)
         elif p.exists():
             out.append(p)
         else:
-            raise UsageError(f"input {raw} not found.", "check the path (a folder means every image in it).")
+            raise UsageError(
+                f"input {raw} not found.", "check the path (a folder means every image in it)."
+            )
     return out
 
 
@@ -95,12 +101,18 @@ def read_image(path: Path) -> Any:
             img = Image.open(path)
             img.load()
     except UnidentifiedImageError as exc:
-        raise UsageError(f"{path} is not an image format PIL can read.",
-                         "give a JPEG/PNG/... file, or a tensor with --input file.pt.") from exc
+        raise UsageError(
+            f"{path} is not an image format PIL can read.",
+            "give a JPEG/PNG/... file, or a tensor with --input file.pt.",
+        ) from exc
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise UsageError(f"{path} is too large to decode safely: {exc}", "resize the image first.") from exc
+        raise UsageError(
+            f"{path} is too large to decode safely: {exc}", "resize the image first."
+        ) from exc
     except (OSError, SyntaxError, ValueError) as exc:
-        raise UsageError(f"{path} is corrupt or truncated ({exc}).", "re-export or re-download the image.") from exc
+        raise UsageError(
+            f"{path} is corrupt or truncated ({exc}).", "re-export or re-download the image."
+        ) from exc
     return to_rgb(ImageOps.exif_transpose(img) or img)
 
 
@@ -127,20 +139,24 @@ def to_rgb(img: Any) -> Any:
         try:
             return img.convert("RGB")
         except ValueError as exc:
-            raise UsageError(f"image mode {mode} cannot be converted to RGB.", "convert the image to RGB first.") from exc
+            raise UsageError(
+                f"image mode {mode} cannot be converted to RGB.", "convert the image to RGB first."
+            ) from exc
     return img
 
 
 def _imagenet_preprocess(size: tuple[int, int]) -> Any:
     from torchvision.transforms import v2
 
-    return v2.Compose([
-        v2.Resize(int(round(size[0] * 256 / 224)), antialias=True),
-        v2.CenterCrop(size),
-        v2.ToImage(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return v2.Compose(
+        [
+            v2.Resize(round(size[0] * 256 / 224), antialias=True),
+            v2.CenterCrop(size),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
 
 
 def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
@@ -152,19 +168,23 @@ def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
     else:
         size = model.input_size or (224, 224)
         preprocess = _imagenet_preprocess(size)
-        label = f"ImageNet: resize {int(round(size[0] * 256 / 224))}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
+        resize = round(size[0] * 256 / 224)
+        label = f"ImageNet: resize {resize}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
     tensors = [preprocess(im) for im in images]
     sources = [str(f) for f in files]
-    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(f.name for f in files[:4])
+    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
+        f.name for f in files[:4]
+    )
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
     if model.task == "detection":
-        return ModelInput(([t for t in tensors],), desc, sources, label)  # detection takes a list
+        return ModelInput((list(tensors),), desc, sources, label)  # detection takes a list
     shapes = {tuple(t.shape) for t in tensors}
     if len(shapes) > 1:
         raise UsageError(
             "the images have different sizes after preprocessing ("
-            + ", ".join("x".join(map(str, s)) for s in sorted(shapes)) + ") and cannot form one batch.",
+            + ", ".join("x".join(map(str, s)) for s in sorted(shapes))
+            + ") and cannot form one batch.",
             "give one image at a time, or images of the same aspect ratio.",
         )
     return ModelInput((torch.stack(tensors),), desc, sources, label)
@@ -179,7 +199,9 @@ def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
         shape = tuple(int(d) for d in re.split(r"[x,]", dims))
         numel = int(np.prod(shape)) if shape else 1
         if numel > _MAX_NUMEL:
-            raise UsageError(f"--input {spec}: {numel:,} elements is too many.", "use a smaller shape.")
+            raise UsageError(
+                f"--input {spec}: {numel:,} elements is too many.", "use a smaller shape."
+            )
         gen = torch.Generator().manual_seed(seed)
         if kind == "randn":
             return [torch.randn(shape, generator=gen)]
@@ -193,12 +215,16 @@ def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise UsageError(f"--input {raw} is not a readable tensor file: {exc}",
-                             "save it with torch.save(tensor, 'x.pt').") from exc
+            raise UsageError(
+                f"--input {raw} is not a readable tensor file: {exc}",
+                "save it with torch.save(tensor, 'x.pt').",
+            ) from exc
         items = list(data) if isinstance(data, list | tuple) else [data]
         if not items or not all(isinstance(t, torch.Tensor) for t in items):
-            raise UsageError(f"--input {raw} holds a {type(data).__name__}, not tensors.",
-                             "save a tensor or a tuple of tensors with torch.save.")
+            raise UsageError(
+                f"--input {raw} holds a {type(data).__name__}, not tensors.",
+                "save a tensor or a tuple of tensors with torch.save.",
+            )
         return items
     if path.suffix.lower() == ".npy":
         if not path.is_file():
@@ -206,8 +232,9 @@ def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
         try:
             return [torch.from_numpy(np.load(path, allow_pickle=False))]
         except Exception as exc:
-            raise UsageError(f"--input {raw} is not a readable .npy array: {exc}",
-                             "save it with numpy.save.") from exc
+            raise UsageError(
+                f"--input {raw} is not a readable .npy array: {exc}", "save it with numpy.save."
+            ) from exc
     raise UsageError(
         f"malformed --input {spec!r}: expected KIND:SHAPE such as randn:1x3x224x224 "
         "(KIND randn, rand, ones or zeros), or a .pt/.npy file.",
@@ -234,7 +261,9 @@ def default_input(model: LoadedModel, seed: int) -> ModelInput:
         shape = _guess_custom(model)
         x = torch.randn(shape, generator=gen)
         dims = "x".join(map(str, shape))
-        return ModelInput((x,), f"no input given: randn {dims} (seed {seed}), guessed from the first layer")
+        return ModelInput(
+            (x,), f"no input given: randn {dims} (seed {seed}), guessed from the first layer"
+        )
     h, w = model.input_size
     if model.task == "detection":
         img = torch.rand((3, h, w), generator=gen)

@@ -20,6 +20,7 @@ import pickle
 import sys
 import urllib.error
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,8 @@ def weights_enum(name: str) -> Any | None:
 
 def cache_path(weights: Any) -> Path:
     """Where torch.hub keeps (or would keep) the file of a torchvision weights entry."""
-    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(weights.url).path)
+    name = os.path.basename(urlparse(str(weights.url)).path)
+    return Path(torch.hub.get_dir()) / "checkpoints" / name
 
 
 def _unknown_model(spec: str) -> UsageError:
@@ -144,7 +146,9 @@ def load_model(
         return _wrap_module(spec, weights)
     spec = spec.strip()
     if not spec:
-        raise UsageError("no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`.")
+        raise UsageError(
+            "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
+        )
     kwargs = dict(model_args or {})
     if spec in registry_names():
         return _load_registry(spec, weights, seed, kwargs)
@@ -208,8 +212,9 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
         if cats and (n_out is None or n_out == len(cats)):
             categories = list(cats)
         preprocess = meta_source.transforms()
-        preprocess_label = f"{type(meta_source).__name__}.{meta_source.name}.transforms(): " + _describe(
-            preprocess
+        preprocess_label = (
+            f"{type(meta_source).__name__}.{meta_source.name}.transforms(): "
+            + _describe(preprocess)
         )
         input_size = _input_size(preprocess, task)
     return LoadedModel(
@@ -232,17 +237,41 @@ def _num_classes(model: nn.Module) -> int | None:
         sub = getattr(model, attr, None)
         if sub is None:
             continue
-        linears = [m for m in sub.modules() if isinstance(m, nn.Linear)] if isinstance(
-            sub, nn.Module
-        ) else []
+        linears = (
+            [m for m in sub.modules() if isinstance(m, nn.Linear)]
+            if isinstance(sub, nn.Module)
+            else []
+        )
         if linears:
             return linears[-1].out_features
     return None
 
 
+_IMAGENET_MEAN_STD = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
 def _describe(transform: Any) -> str:
-    text = " ".join(repr(transform).split())
-    return text if len(text) < 200 else text[:197] + "..."
+    """`resize 256 (bilinear), center crop 224, ImageNet mean/std` from a transforms preset."""
+    parts = []
+    resize = getattr(transform, "resize_size", None)
+    interpolation = getattr(transform, "interpolation", None)
+    how = f" ({interpolation.value})" if interpolation is not None else ""
+    if resize:
+        parts.append(f"resize {resize[0] if len(resize) == 1 else resize}{how}")
+    crop = getattr(transform, "crop_size", None)
+    if crop:
+        parts.append(f"center crop {crop[0] if len(crop) == 1 else crop}")
+    mean, std = getattr(transform, "mean", None), getattr(transform, "std", None)
+    if mean is not None and std is not None:
+        same = (list(mean), list(std)) == _IMAGENET_MEAN_STD
+        parts.append("ImageNet mean/std" if same else f"mean {list(mean)}, std {list(std)}")
+    if not parts:
+        parts.append(
+            "to float in [0, 1]"
+            if type(transform).__name__ == "ObjectDetection"
+            else " ".join(repr(transform).split())[:120]
+        )
+    return ", ".join(parts)
 
 
 def _input_size(transform: Any, task: str) -> tuple[int, int] | None:
@@ -290,7 +319,9 @@ def _build_pretrained(name: str, weights: Any, kwargs: dict[str, Any]) -> nn.Mod
     target = cache_path(weights)
     tv = _tv_models()
     try:
-        return tv.get_model(name, weights=weights, **kwargs)  # type: ignore[no-any-return]
+        # torch.hub announces downloads on stdout; stdout carries data (JSON), so divert it.
+        with contextlib.redirect_stdout(sys.stderr):
+            return tv.get_model(name, weights=weights, **kwargs)  # type: ignore[no-any-return]
     except (urllib.error.URLError, OSError, ConnectionError, TimeoutError) as exc:
         if target.exists():
             raise UsageError(
@@ -304,8 +335,10 @@ def _build_pretrained(name: str, weights: Any, kwargs: dict[str, Any]) -> nn.Mod
             f"copy the file to {target} (or set TORCH_HOME), or use --weights none.",
         ) from exc
     except RuntimeError as exc:
-        raise UsageError(f"cached weights {target} do not fit {name}: {exc}",
-                         "delete the file so it is downloaded again.") from exc
+        raise UsageError(
+            f"cached weights {target} do not fit {name}: {exc}",
+            "delete the file so it is downloaded again.",
+        ) from exc
 
 
 # ---------------------------------------------------------------- state dict files
@@ -319,25 +352,36 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:
-            raise UsageError(f"{path} is not a readable safetensors file: {exc}",
-                             "check the file, or re-save it.") from exc
+            raise UsageError(
+                f"{path} is not a readable safetensors file: {exc}",
+                "check the file, or re-save it.",
+            ) from exc
     else:
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
+            if not zipfile.is_zipfile(path):  # not torch.save's format: just not a checkpoint
+                raise UsageError(
+                    f"{path} is not a readable PyTorch file: {exc}",
+                    "check the file; hookcli reads state dicts saved by torch.save.",
+                ) from exc
             raise UsageError(
                 f"{path} needs full unpickling (it stores Python objects, not only tensors) "
                 "and hookcli loads weights with weights_only=True for safety.",
                 "re-save it as a state dict: torch.save(model.state_dict(), 'weights.pth').",
             ) from exc
         except Exception as exc:
-            raise UsageError(f"{path} is not a readable PyTorch file: {exc}",
-                             "check the file; hookcli reads state dicts saved by torch.save.") from exc
+            raise UsageError(
+                f"{path} is not a readable PyTorch file: {exc}",
+                "check the file; hookcli reads state dicts saved by torch.save.",
+            ) from exc
     if isinstance(data, Mapping):
         for key in ("state_dict", "model_state_dict", "model", "module"):
             inner = data.get(key)
-            if isinstance(inner, Mapping) and inner and all(
-                isinstance(v, torch.Tensor) for v in inner.values()
+            if (
+                isinstance(inner, Mapping)
+                and inner
+                and all(isinstance(v, torch.Tensor) for v in inner.values())
             ):
                 data = inner
                 break
@@ -349,7 +393,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     sd = {str(k): v for k, v in data.items()}
     for prefix in ("module.", "_orig_mod."):  # DataParallel / torch.compile wrappers
         if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
     return sd
 
 
@@ -378,7 +422,8 @@ def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
     if problems:
         raise UsageError(
             f"{path} does not fit {label}: " + "; ".join(problems) + ".",
-            "check the file belongs to this model (for another class count: --model-arg num_classes=N).",
+            "check the file belongs to this model "
+            "(for another class count: --model-arg num_classes=N).",
         )
     model.load_state_dict(sd, strict=True)
 
@@ -393,7 +438,9 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
     if source.endswith(".py"):
         path = Path(source).expanduser()
         if not path.is_file():
-            raise UsageError(f"model file {source} not found.", "check the path in MODEL (path/to/file.py:Name).")
+            raise UsageError(
+                f"model file {source} not found.", "check the path in MODEL (path/to/file.py:Name)."
+            )
         module_name = f"_hookcli_user_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(module_name, path)
         if mod_spec is None or mod_spec.loader is None:
@@ -403,47 +450,67 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
         try:
             mod_spec.loader.exec_module(module)
         except SyntaxError as exc:
-            raise UsageError(f"{source} line {exc.lineno}: syntax error: {exc.msg}.",
-                             "fix the model file.") from exc
+            raise UsageError(
+                f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
+            ) from exc
         except Exception as exc:
-            raise ModelError(f"importing {source} failed: {type(exc).__name__}: {exc}",
-                             "fix the model file; run it with python to see the traceback.") from exc
+            raise ModelError(
+                f"importing {source} failed: {type(exc).__name__}: {exc}",
+                "fix the model file; run it with python to see the traceback.",
+            ) from exc
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
         try:
             module = importlib.import_module(source)
         except ModuleNotFoundError as exc:
-            raise UsageError(f"cannot import module {source!r}: {exc}.",
-                             "install the package, or give path/to/file.py:Name.") from exc
+            raise UsageError(
+                f"cannot import module {source!r}: {exc}.",
+                "install the package, or give path/to/file.py:Name.",
+            ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
-        names = [n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, nn.Module)]
+        names = [
+            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, nn.Module)
+        ]
         near = f" It defines: {', '.join(names)}." if names else ""
-        raise UsageError(f"{source} has no {attr!r}.{near}", "name a class or factory defined in that file.")
+        raise UsageError(
+            f"{source} has no {attr!r}.{near}", "name a class or factory defined in that file."
+        )
     if not callable(obj):
-        raise UsageError(f"{source}:{attr} is a {type(obj).__name__}, not a class or factory.",
-                         "name an nn.Module subclass or a function returning one.")
+        raise UsageError(
+            f"{source}:{attr} is a {type(obj).__name__}, not a class or factory.",
+            "name an nn.Module subclass or a function returning one.",
+        )
     torch.manual_seed(seed)
     try:
         model = obj(**kwargs)
     except TypeError as exc:
-        raise UsageError(f"{source}:{attr}({_kw(kwargs)}) failed: {exc}",
-                         "pass constructor arguments with --model-arg key=value.") from exc
+        raise UsageError(
+            f"{source}:{attr}({_kw(kwargs)}) failed: {exc}",
+            "pass constructor arguments with --model-arg key=value.",
+        ) from exc
     except Exception as exc:
-        raise ModelError(f"{source}:{attr}({_kw(kwargs)}) raised {type(exc).__name__}: {exc}",
-                         "fix the model's constructor.") from exc
+        raise ModelError(
+            f"{source}:{attr}({_kw(kwargs)}) raised {type(exc).__name__}: {exc}",
+            "fix the model's constructor.",
+        ) from exc
     if not isinstance(model, nn.Module):
-        raise UsageError(f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
-                         "name an nn.Module subclass or a function returning one.")
+        raise UsageError(
+            f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
+            "name an nn.Module subclass or a function returning one.",
+        )
+    model.eval()
     loaded = _wrap_module(model, "none")
     loaded.spec = spec
     loaded.name = attr
     if weights.strip().lower() not in ("none", ""):
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise UsageError(f"weights file {weights} not found.",
-                             "custom models take --weights PATH to a state dict, or none.")
+            raise UsageError(
+                f"weights file {weights} not found.",
+                "custom models take --weights PATH to a state dict, or none.",
+            )
         load_state_dict_file(model, path, spec)
         loaded.weights_label = str(path)
         loaded.pretrained = True
@@ -463,7 +530,7 @@ def _wrap_module(model: nn.Module, weights: str) -> LoadedModel:
             "never fire them).",
             "inspect the original nn.Module instead of the scripted/traced one.",
         )
-    model.eval()
+    # No eval() here: the run sets eval for the pass and restores every module's mode after.
     return LoadedModel(
         module=model,
         name=type(model).__name__,
@@ -492,13 +559,19 @@ def resolve_device(spec: str) -> torch.device:
     try:
         device = torch.device(raw)
     except RuntimeError as exc:
-        raise UsageError(f"unknown device {spec!r}.", "use auto, cpu, cuda, cuda:N or mps.") from exc
+        raise UsageError(
+            f"unknown device {spec!r}.", "use auto, cpu, cuda, cuda:N or mps."
+        ) from exc
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError("CUDA is not available on this machine.", "use --device cpu (or auto).")
+            raise UsageError(
+                "CUDA is not available on this machine.", "use --device cpu (or auto)."
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"no GPU {device} (this machine has {torch.cuda.device_count()}).",
-                             "use --device cuda:0.")
+            raise UsageError(
+                f"no GPU {device} (this machine has {torch.cuda.device_count()}).",
+                "use --device cuda:0.",
+            )
     elif device.type == "mps" and not mps_ok:
         raise UsageError("MPS is not available on this machine.", "use --device cpu (or auto).")
     elif device.type not in ("cpu", "cuda", "mps"):

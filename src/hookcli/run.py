@@ -17,7 +17,7 @@ from torch import nn
 
 from hookcli import __version__
 from hookcli.errors import ModelError, UsageError
-from hookcli.hooks import HookSession, PendingCall, Target, iter_tensors, measure
+from hookcli.hooks import HookSession, PendingCall, Target, measure
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.loading import (
     SUPPORTED_TASKS,
@@ -84,7 +84,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_forward(
-    loaded: LoadedModel, minput: ModelInput, targets: list[Target], collector: StatsCollector | None,
+    loaded: LoadedModel,
+    minput: ModelInput,
+    targets: list[Target],
+    collector: StatsCollector | None,
     device: torch.device,
 ) -> tuple[HookSession, Any]:
     """The hooked forward under no_grad; model failures become ModelError (exit 3)."""
@@ -117,8 +120,9 @@ def prepare_input(
     loaded: LoadedModel, images: Sequence[str], specs: Sequence[str], seed: int
 ) -> ModelInput:
     if images and specs:
-        raise UsageError("give image files or --input tensor specs, not both.",
-                         "use one kind of input per run.")
+        raise UsageError(
+            "give image files or --input tensor specs, not both.", "use one kind of input per run."
+        )
     if images:
         return from_images(images, loaded)
     if specs:
@@ -151,8 +155,13 @@ def inspect(
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
     dev = resolve_device(device)
     loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
-    targets = select(module_entries(loaded.module), layers=layers, types=types, depth=depth,
-                     model_label=loaded.spec)
+    targets = select(
+        module_entries(loaded.module),
+        layers=layers,
+        types=types,
+        depth=depth,
+        model_label=loaded.spec,
+    )
     if isinstance(inputs, torch.Tensor):
         minput = ModelInput((inputs,), f"tensor {'x'.join(map(str, inputs.shape))}")
     elif inputs and all(isinstance(x, torch.Tensor) for x in inputs):
@@ -172,7 +181,9 @@ def inspect(
         if r >= 0:
             fill(s, rows[r])
     notes = list(loaded.notes)
-    notes += [f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error]
+    notes += [
+        f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error
+    ]
     return Report(
         model=_model_info(loaded),
         input=InputInfo(minput.description, minput.shapes(), minput.sources, minput.preprocessing),
@@ -194,7 +205,10 @@ def _model_info(loaded: LoadedModel) -> ModelInfo:
 
 def _complete(pending: PendingCall, rows: Any) -> LayerCall:
     call = pending.call
-    for stats_list, idxs in ((call.inputs, pending.input_rows), (call.outputs, pending.output_rows)):
+    for stats_list, idxs in (
+        (call.inputs, pending.input_rows),
+        (call.outputs, pending.output_rows),
+    ):
         for s, r in zip(stats_list, idxs, strict=True):
             if r >= 0:
                 fill(s, rows[r])
@@ -230,7 +244,9 @@ def predict(
                 order = torch.argsort(scores, descending=True)[:topk]
                 for rank, j in enumerate(order.tolist(), 1):
                     idx = int(labels[j])
-                    preds.append(Prediction(rank, idx, label(idx), float(scores[j]), img, source(img)))
+                    preds.append(
+                        Prediction(rank, idx, label(idx), float(scores[j]), img, source(img))
+                    )
             return preds, f"top-{topk} detections per image by score{meaningless}"
         if loaded.task == "segmentation" and isinstance(output, Mapping) and "out" in output:
             logits = output["out"]
@@ -251,7 +267,9 @@ def predict(
             probs = torch.softmax(output.detach().double(), dim=1).cpu()
             values, idxs = probs.topk(min(topk, probs.shape[1]), dim=1)
             for img in range(probs.shape[0]):
-                for rank, (v, i) in enumerate(zip(values[img].tolist(), idxs[img].tolist(), strict=True), 1):
+                for rank, (v, i) in enumerate(
+                    zip(values[img].tolist(), idxs[img].tolist(), strict=True), 1
+                ):
                     preds.append(Prediction(rank, i, label(i), v, img, source(img)))
             return preds, f"top-{topk} classes by softmax probability{meaningless}"
     return None, None
@@ -274,12 +292,16 @@ def layers_report(
 ) -> LayersReport:
     """The module tree; with shapes, one forward fills output shapes and call counts."""
     if depth is not None and depth < 1:
-        raise UsageError(f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks.")
+        raise UsageError(
+            f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
+        )
     dev = resolve_device(device) if shapes else torch.device("cpu")
     loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
     entries = module_entries(loaded.module)
     rows = [
-        ModuleRow(e.name or ROOT_LABEL, e.type, e.depth, e.params, e.own_params, e.leaf, e.names[1:])
+        ModuleRow(
+            e.name or ROOT_LABEL, e.type, e.depth, e.params, e.own_params, e.leaf, e.names[1:]
+        )
         for e in entries
         if depth is None or e.depth <= depth
     ]
@@ -330,17 +352,21 @@ def list_registry(pattern: str | None = None, task: str | None = None) -> list[M
         if default is not None and t in SUPPORTED_TASKS:
             crop = getattr(default.transforms(), "crop_size", None)
             size = f"{crop[0]}" if crop else None
-        out.append(ModelEntry(
-            name=name,
-            task=t,
-            weights=members,
-            default=default.name if default is not None else None,
-            params=default.meta.get("num_params") if default is not None else None,
-            input_size=size,
-            metric=_metric(default.meta) if default is not None else None,
-        ))
+        out.append(
+            ModelEntry(
+                name=name,
+                task=t,
+                weights=members,
+                default=default.name if default is not None else None,
+                params=default.meta.get("num_params") if default is not None else None,
+                input_size=size,
+                metric=_metric(default.meta) if default is not None else None,
+            )
+        )
     if not out:
         what = f" matching {pattern!r}" if pattern else ""
-        raise UsageError(f"no registry model{what}{f' in task {task}' if task else ''}.",
-                         "run `hookcli models` to list them all.")
+        raise UsageError(
+            f"no registry model{what}{f' in task {task}' if task else ''}.",
+            "run `hookcli models` to list them all.",
+        )
     return out

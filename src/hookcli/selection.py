@@ -59,7 +59,11 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
     for entry in by_id.values():
         if entry.own_params == 0 and entry.leaf:
             continue
-        entry.params = sum(p.numel() for p in entry.module.parameters()) if not entry.leaf else entry.own_params
+        entry.params = (
+            sum(p.numel() for p in entry.module.parameters())
+            if not entry.leaf
+            else entry.own_params
+        )
     return list(by_id.values())
 
 
@@ -95,7 +99,9 @@ def select(
     """
     names = [n for e in entries for n in e.names if n]
     if depth is not None and depth < 1:
-        raise UsageError(f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks.")
+        raise UsageError(
+            f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
+        )
     for pattern in layers:
         if not any(_match(pattern, e) for e in entries):
             close = _suggest(pattern, names)

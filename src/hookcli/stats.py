@@ -26,10 +26,11 @@ measured by magnitude, sparse tensors densified, float16/bfloat16 widened to flo
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -67,15 +68,10 @@ def _load_kernels() -> Kernels | None:
     return Kernels(_kernels)
 
 
-_KERNELS: Kernels | None | bool = False
-
-
+@functools.cache
 def kernels() -> Kernels | None:
-    global _KERNELS
-    if _KERNELS is False:
-        _KERNELS = _load_kernels()
-    assert _KERNELS is not False
-    return _KERNELS
+    """Loaded on first use (numba costs ~0.2 s to import), once per process."""
+    return _load_kernels()
 
 
 def _accumulate_dtype(device: torch.device) -> torch.dtype:
@@ -208,10 +204,8 @@ class StatsCollector:
         self._rows.append(row)
         self._notes.append(note)
         stats.note = note
-        try:
+        with contextlib.suppress(TypeError):  # no weakref support: measured again next time
             self._seen[key] = (weakref.ref(t), version, idx)
-        except TypeError:  # a tensor subclass without weakref support: just measure again
-            pass
         return stats, idx
 
     def _measure(self, t: torch.Tensor) -> tuple[np.ndarray[Any, Any] | torch.Tensor, str | None]:

@@ -12,5 +12,10 @@ class Format(StrEnum):
     markdown = "markdown"
 
 
-SUFFIX_FORMATS = {".json": Format.json, ".csv": Format.csv, ".md": Format.markdown,
-                  ".markdown": Format.markdown, ".txt": Format.table}
+SUFFIX_FORMATS = {
+    ".json": Format.json,
+    ".csv": Format.csv,
+    ".md": Format.markdown,
+    ".markdown": Format.markdown,
+    ".txt": Format.table,
+}

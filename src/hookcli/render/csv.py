@@ -7,8 +7,24 @@ import io
 
 from hookcli.records import Report, TensorStats
 
-FIELDS = ["layer", "type", "call", "kind", "path", "shape", "dtype", "numel", "mean", "std",
-          "min", "max", "zeros", "nan", "inf", "norm"]
+FIELDS = [
+    "layer",
+    "type",
+    "call",
+    "kind",
+    "path",
+    "shape",
+    "dtype",
+    "numel",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zeros",
+    "nan",
+    "inf",
+    "norm",
+]
 
 
 def _cell(v: float | int | None) -> str:
@@ -21,13 +37,34 @@ def report_csv(report: Report) -> str:
     w.writerow(FIELDS)
 
     def row(layer: str, type_: str, call: int, kind: str, t: TensorStats) -> None:
-        w.writerow([layer, type_, call, kind, t.path, "x".join(map(str, t.shape)), t.dtype, t.numel,
-                    _cell(t.mean), _cell(t.std), _cell(t.min), _cell(t.max), _cell(t.zeros),
-                    t.nan, t.inf, _cell(t.norm)])
+        w.writerow(
+            [
+                layer,
+                type_,
+                call,
+                kind,
+                t.path,
+                "x".join(map(str, t.shape)),
+                t.dtype,
+                t.numel,
+                _cell(t.mean),
+                _cell(t.std),
+                _cell(t.min),
+                _cell(t.max),
+                _cell(t.zeros),
+                t.nan,
+                t.inf,
+                _cell(t.norm),
+            ]
+        )
 
     for c in report.layers:
-        for kind, tensors in (("input", c.inputs), ("output", c.outputs),
-                              ("grad_input", c.grad_inputs or []), ("grad_output", c.grad_outputs or [])):
+        for kind, tensors in (
+            ("input", c.inputs),
+            ("output", c.outputs),
+            ("grad_input", c.grad_inputs or []),
+            ("grad_output", c.grad_outputs or []),
+        ):
             for t in tensors:
                 row(c.name, c.type, c.call, kind, t)
     for t in report.outputs:

@@ -1,0 +1,76 @@
+"""Shared fixtures. Tests never touch the network: TORCH_HOME points at an empty folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+CAT = ROOT / "sample_images" / "cat.jpeg"
+COFFEE = ROOT / "sample_images" / "coffee.jpeg"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_torch_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    home = tmp_path_factory.mktemp("torch_home")
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    return home
+
+
+def hooks_left(model: nn.Module) -> int:
+    """How many hooks of any kind remain on any module of model."""
+    return sum(
+        len(m._forward_hooks)
+        + len(m._forward_pre_hooks)
+        + len(m._backward_hooks)
+        + len(getattr(m, "_backward_pre_hooks", {}))
+        for m in model.modules()
+    )
+
+
+def oracle(t: torch.Tensor) -> dict[str, float | int | None]:
+    """Independent float64 statistics of a retained tensor (finite elements for moments)."""
+    if t.is_quantized:
+        t = t.dequantize()
+    if t.is_complex():
+        t = t.abs()
+    d = t.detach().to(torch.float64).reshape(-1)
+    finite = d[torch.isfinite(d)]
+    n = finite.numel()
+    return {
+        "numel": d.numel(),
+        "mean": finite.mean().item() if n else None,
+        "std": finite.std(correction=0).item() if n else None,
+        "min": finite.min().item() if n else None,
+        "max": finite.max().item() if n else None,
+        "zeros": (d == 0).double().mean().item() if d.numel() else None,
+        "nan": int(torch.isnan(d).sum()),
+        "inf": int(torch.isinf(d).sum()),
+        "norm": finite.norm().item() if n else None,
+    }
+
+
+def assert_stats_match(stats: object, t: torch.Tensor, rtol: float = 2e-5) -> None:
+    """Every statistic of `stats` equals the oracle on t: moments within rtol of the data's
+    scale (a mean near 0 is judged against the RMS), extremes and counts exactly."""
+    ref = oracle(t)
+    assert stats.numel == ref["numel"]  # type: ignore[attr-defined]
+    assert stats.nan == ref["nan"], (stats, ref)  # type: ignore[attr-defined]
+    assert stats.inf == ref["inf"], (stats, ref)  # type: ignore[attr-defined]
+    for key in ("min", "max", "zeros"):
+        assert getattr(stats, key) == ref[key], (key, stats, ref)
+    scale = max(abs(ref["mean"] or 0.0), ref["std"] or 0.0, 1e-30)
+    for key in ("mean", "std", "norm"):
+        got, want = getattr(stats, key), ref[key]
+        if want is None:
+            assert got is None, (key, stats, ref)
+            continue
+        tol = rtol * (scale if key != "norm" else abs(want)) + 1e-12
+        assert got is not None and abs(got - want) <= tol, (key, got, want)

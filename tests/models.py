@@ -1,0 +1,90 @@
+"""Tiny custom models for tests (also loadable as tests/models.py:Name from the CLI)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Kinds(nn.Module):
+    """Emits float16, int, bool, empty and NaN tensors in one structured output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 6)
+        self.to_half = Half()
+        self.kinds = KindsHead()
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        h = self.lin(x)
+        return self.kinds(self.to_half(h))
+
+
+class Half(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.half()
+
+
+class KindsHead(nn.Module):
+    def forward(self, h: torch.Tensor) -> dict[str, object]:
+        nan = h.float().log()  # log of negatives: NaN
+        return {
+            "half": h,
+            "pair": (h.argmax(dim=1), h > 0),
+            "empty": h.new_zeros((0, 3)),
+            "nan": nan,
+            "none": None,
+        }
+
+
+class Aliased(nn.Module):
+    """One Linear reachable as `a` and `b`, called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = self.a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+class Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ok = nn.Linear(2, 2)
+        self.bad = Boom()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bad(self.ok(x))
+
+
+class Boom(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom inside the model")
+
+
+class Net(nn.Module):
+    """The two-layer net of the seed examples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(2, 5)
+        self.l2 = nn.Linear(5, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)))
+
+
+class KwargOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, factor=torch.full((1,), 2.0))
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor, *, factor: torch.Tensor) -> torch.Tensor:
+        return x * factor

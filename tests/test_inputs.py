@@ -1,0 +1,92 @@
+"""Inputs: every PIL mode to RGB, folders, bad files, tensor specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hookcli.errors import UsageError
+from hookcli.inputs import expand_paths, parse_spec, read_image
+from tests.conftest import CAT
+
+
+@pytest.mark.parametrize("mode", ["L", "P", "RGBA", "LA", "CMYK", "1", "I;16", "I", "F", "YCbCr"])
+def test_every_mode_becomes_rgb(tmp_path: Path, mode: str) -> None:
+    base = Image.open(CAT).convert("RGB").resize((40, 30))
+    if mode in ("I;16", "I"):
+        arr = (np.asarray(base.convert("L"), dtype=np.uint16) * 257).astype(np.uint16)
+        img = Image.fromarray(arr)  # uint16 → mode I;16
+        if mode == "I":
+            img = img.convert("I")
+        path = tmp_path / (f"img_{mode.replace(';', '')}." + ("png" if mode == "I;16" else "tiff"))
+    elif mode == "F":
+        img = Image.fromarray(np.asarray(base.convert("L"), dtype=np.float32) / 255.0)  # mode F
+        path = tmp_path / "img_F.tiff"
+    else:
+        img = base.convert(mode)
+        path = tmp_path / f"img_{mode}.{'jpg' if mode in ('CMYK', 'YCbCr') else 'png'}"
+    img.save(path)
+    out = read_image(path)
+    assert out.mode == "RGB" and out.size == (40, 30)
+    if mode in ("L", "I;16", "I", "F"):
+        # scaled into 0..255, not clipped to white
+        grey = np.asarray(base.convert("L"), dtype=float)
+        got = np.asarray(out, dtype=float)[..., 0]
+        assert np.abs(got - grey).max() <= 2
+
+
+def test_transparent_pixels_become_white(tmp_path: Path) -> None:
+    img = Image.new("RGBA", (4, 4), (0, 0, 0, 0))
+    path = tmp_path / "clear.png"
+    img.save(path)
+    assert read_image(path).getpixel((0, 0)) == (255, 255, 255)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "empty"), (b"hello, not an image", "not an image"), (None, "truncated")],
+)
+def test_bad_image_files(tmp_path: Path, content: bytes | None, message: str) -> None:
+    path = tmp_path / "bad.jpg"
+    path.write_bytes(CAT.read_bytes()[:3000] if content is None else content)
+    with pytest.raises(UsageError, match=message):
+        read_image(path)
+
+
+def test_folders(tmp_path: Path) -> None:
+    (tmp_path / "b.png").write_bytes(b"x")
+    (tmp_path / "a.jpeg").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / ".hidden.png").write_bytes(b"x")
+    assert [p.name for p in expand_paths([str(tmp_path)])] == ["a.jpeg", "b.png"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="holds no image"):
+        expand_paths([str(empty)])
+    with pytest.raises(UsageError, match="not found"):
+        expand_paths([str(tmp_path / "missing.jpg")])
+
+
+def test_specs(tmp_path: Path) -> None:
+    (x,) = parse_spec("randn:2x3", seed=0)
+    assert x.shape == (2, 3)
+    assert torch.equal(x, parse_spec("randn:2x3", seed=0)[0])
+    assert parse_spec("ones:2", 0)[0].tolist() == [1.0, 1.0]
+    assert parse_spec("zeros:1,4", 0)[0].shape == (1, 4)
+    assert parse_spec("rand:0x3", 0)[0].shape == (0, 3)
+    torch.save((torch.ones(2), torch.zeros(3)), tmp_path / "pair.pt")
+    assert [t.shape for t in parse_spec(str(tmp_path / "pair.pt"), 0)] == [(2,), (3,)]
+    np.save(tmp_path / "a.npy", np.arange(6).reshape(2, 3))
+    assert parse_spec(str(tmp_path / "a.npy"), 0)[0].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    "spec", ["randn", "randn:", "randn:2x", "gauss:2x2", "randn:-1", "randn:2.5", "x.bin"]
+)
+def test_malformed_specs(spec: str) -> None:
+    with pytest.raises(UsageError, match="malformed --input"):
+        parse_spec(spec, 0)

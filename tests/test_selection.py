@@ -1,0 +1,82 @@
+"""Layer selection: names, globs, types, depth, aliases, suggestions."""
+
+from __future__ import annotations
+
+import pytest
+import torchvision
+
+from hookcli.errors import UsageError
+from hookcli.selection import module_entries, select
+from tests.models import Aliased
+
+
+@pytest.fixture(scope="module")
+def resnet18_entries():  # type: ignore[no-untyped-def]
+    return module_entries(torchvision.models.resnet18())
+
+
+def names(targets) -> list[str]:  # type: ignore[no-untyped-def]
+    return [t.name for t in targets]
+
+
+def test_default_is_every_leaf(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    got = names(select(resnet18_entries))
+    assert "conv1" in got and "layer1.0.relu" in got and "fc" in got
+    assert "layer1" not in got and "layer1.0" not in got
+
+
+def test_exact_name_selects_a_container(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    assert names(select(resnet18_entries, layers=["layer4"])) == ["layer4"]
+
+
+def test_glob_on_dotted_names(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    got = names(select(resnet18_entries, layers=["layer2.*.conv*"]))
+    assert got == ["layer2.0.conv1", "layer2.0.conv2", "layer2.1.conv1", "layer2.1.conv2"]
+
+
+def test_kinds_of_filters_intersect_and_repeats_unite(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    got = names(select(resnet18_entries, layers=["layer4.*", "layer3.*"], types=["conv2d"]))
+    assert all(n.startswith(("layer3.", "layer4.")) for n in got)
+    assert "layer4.0.downsample.0" in got and len(got) == 10
+
+
+def test_depth_covers_the_network(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    assert names(select(resnet18_entries, depth=1)) == [
+        "conv1",
+        "bn1",
+        "relu",
+        "maxpool",
+        "layer1",
+        "layer2",
+        "layer3",
+        "layer4",
+        "avgpool",
+        "fc",
+    ]
+
+
+def test_unknown_layer_suggests_the_nearest_names(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError) as err:
+        select(resnet18_entries, layers=["layer4.1.conv3"], model_label="resnet18")
+    assert "layer4.1.conv1" in str(err.value) and "hookcli layers resnet18" in str(err.value)
+
+
+def test_unknown_type_suggests(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="Conv2d"):
+        select(resnet18_entries, types=["Conv2"])
+
+
+def test_filters_that_select_nothing_together(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="select no layer"):
+        select(resnet18_entries, layers=["fc"], types=["Conv2d"])
+
+
+def test_aliases_are_one_target_with_every_name() -> None:
+    (target,) = select(module_entries(Aliased()))
+    assert target.name == "a" and target.aliases == ["b"]
+    assert names(select(module_entries(Aliased()), layers=["b"])) == ["a"]
+
+
+def test_bad_depth() -> None:
+    with pytest.raises(UsageError, match="depth"):
+        select(module_entries(Aliased()), depth=0)

@@ -1,0 +1,128 @@
+"""Statistics against an independent float64 oracle on the retained tensor."""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+
+import pytest
+import torch
+
+from hookcli import stats as stats_mod
+from hookcli.stats import StatsCollector, fill, tensor_stats
+from tests.conftest import assert_stats_match
+
+BIG = 3 * (1 << 15) + 123  # above the parallel threshold, not a multiple of the block size
+
+
+def _cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    relu = torch.randn(BIG, generator=g).relu()
+    with_nonfinite = torch.randn(BIG, generator=g)
+    with_nonfinite[::97] = math.nan
+    with_nonfinite[5::101] = math.inf
+    with_nonfinite[7::103] = -math.inf
+    with_nonfinite[::3] = 0.0
+    return {
+        "randn": torch.randn(1000, generator=g),
+        "relu big": relu,
+        "randn big float64": torch.randn(BIG, generator=g, dtype=torch.float64),
+        "nonfinite big": with_nonfinite,
+        "nonfinite small": torch.tensor([1.0, math.nan, math.inf, -math.inf, 0.0, -2.0]),
+        "all nan": torch.full((10,), math.nan),
+        "all inf": torch.full((4,), math.inf),
+        "all zero": torch.zeros(50_000),
+        "one element": torch.tensor([3.5]),
+        "ill-conditioned": torch.randn(BIG, generator=g) * 1e-3 + 1000.0,
+        "huge values": torch.tensor([3e30, -1e30, 2.5e38, 0.0]),
+        "float16": (torch.randn(4096, generator=g) * 100).half(),
+        "bfloat16": torch.randn(5000, generator=g).bfloat16(),
+        "int64": torch.randint(-5, 5, (777,), generator=g),
+        "int8": torch.randint(-128, 127, (100,), generator=g, dtype=torch.int8),
+        "uint8": torch.randint(0, 255, (100,), generator=g, dtype=torch.uint8),
+        "bool": torch.rand(999, generator=g) > 0.7,
+        "complex64": torch.randn(300, generator=g, dtype=torch.complex64),
+        "empty": torch.empty(0, 4),
+        "scalar": torch.tensor(2.0),
+        "channels_last": torch.randn(2, 8, 5, 5, generator=g).to(memory_format=torch.channels_last),
+        "permuted": torch.randn(3, 4, 5, generator=g).permute(2, 0, 1),
+        "strided slice": torch.randn(64, 64, generator=g)[:, ::3],
+        "expanded": torch.randn(1, 7, generator=g).expand(5, 7),
+        "quantized": torch.quantize_per_tensor(
+            torch.randn(100, generator=g), 0.1, 10, torch.quint8
+        ),
+        "requires grad": torch.randn(100, generator=g, requires_grad=True),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch-ops"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_stats_match_float64_oracle(name: str, fused: bool) -> None:
+    t = CASES[name]
+    collector = StatsCollector(fused=fused)
+    entry, idx = collector.add(t, "x")
+    got = fill(entry, collector.finalize()[idx])
+    assert got.shape == tuple(t.shape)
+    assert got.dtype == str(t.dtype).removeprefix("torch.")
+    assert_stats_match(got, t)
+
+
+def test_quantized_and_complex_say_what_was_measured() -> None:
+    assert "dequantized" in (tensor_stats(CASES["quantized"]).note or "")
+    assert "magnitude" in (tensor_stats(CASES["complex64"]).note or "")
+
+
+def test_the_kernel_is_actually_used_for_float32() -> None:
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    calls = []
+    original = stats_mod._torch_row
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return original(x)
+
+    stats_mod._torch_row = spy  # type: ignore[assignment]
+    try:
+        tensor_stats(CASES["relu big"])
+        tensor_stats(CASES["nonfinite big"])
+        tensor_stats(CASES["ill-conditioned"])
+    finally:
+        stats_mod._torch_row = original  # type: ignore[assignment]
+    assert calls == []
+
+
+def test_a_tensor_seen_twice_unchanged_is_measured_once() -> None:
+    t = torch.randn(100)
+    c = StatsCollector()
+    _, a = c.add(t, "out")
+    _, b = c.add(t, "in[0]")
+    assert a == b
+    assert len(c) == 1
+
+
+def test_an_in_place_change_between_sightings_is_measured_again() -> None:
+    t = torch.randn(100)
+    c = StatsCollector()
+    first, a = c.add(t, "in[0]")
+    t.relu_()
+    second, b = c.add(t, "out")
+    assert a != b
+    rows = c.finalize()
+    assert fill(first, rows[a]).min < 0  # type: ignore[operator]
+    assert fill(second, rows[b]).min == 0
+
+
+def test_the_collector_keeps_no_tensor_alive() -> None:
+    t = torch.randn(1000)
+    ref = weakref.ref(t)
+    c = StatsCollector()
+    c.add(t, "x")
+    del t
+    gc.collect()
+    assert ref() is None
+    c.finalize()
