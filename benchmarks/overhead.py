@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -127,8 +128,8 @@ def _status_kb(field: str) -> int:
 def memory_child(name: str, batch: int, variant: str) -> None:
     """Runs in a subprocess: peak RSS growth (KiB) over three runs of one variant.
 
-    The kernel's high-water mark is reset (clear_refs 5) after set-up, so the peak is that
-    of the runs, not of model construction.
+    After set-up and one warm-up run, the kernel's high-water mark is reset (clear_refs 5),
+    so the peak is that of the runs, not of model construction or first-use caches.
     """
     import torch
 
@@ -138,6 +139,7 @@ def memory_child(name: str, batch: int, variant: str) -> None:
     stats.tensor_stats(torch.randn(100_000))  # kernels loaded before the baseline
     stats.tensor_stats(torch.randn(1000))
     fn = _variants(model, x)[variant]
+    fn()  # one-time allocations (oneDNN primitive caches, thread pools) are not the run's
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status_kb("VmRSS")
@@ -146,16 +148,26 @@ def memory_child(name: str, batch: int, variant: str) -> None:
     print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
 
 
-def memory_case(name: str, batch: int) -> dict[str, float]:
+# Large blocks mmapped and unmapped on free: RSS then follows live memory instead of glibc's
+# heap-trimming decisions, which otherwise swing the peak by tens of MiB between runs.
+_PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def memory_case(name: str, batch: int, repeats: int = 3) -> dict[str, float]:
+    """Median over `repeats` fresh subprocesses per variant (allocator behaviour varies)."""
     out: dict[str, float] = {}
     for variant in ("plain", "hookcli"):
-        res = subprocess.run(
-            [sys.executable, __file__, "--memory-child", name, str(batch), variant],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        out[variant] = json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"] / 1024
+        growths = []
+        for _ in range(repeats):
+            res = subprocess.run(
+                [sys.executable, __file__, "--memory-child", name, str(batch), variant],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, **_PRECISE_MALLOC},
+            )
+            growths.append(json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"] / 1024)
+        out[variant] = statistics.median(growths)
     return out
 
 
@@ -201,7 +213,7 @@ def main() -> None:
         plain_ms = r.pop("plain_ms")
         cells = ", ".join(f"{k} {v:.3f}x" for k, v in r.items() if k != "plain")
         print(f"  {name} batch {batch} (plain {plain_ms:.0f} ms): {cells}")
-    print("(b) peak memory growth during the run, ratio to plain")
+    print("(b) peak memory growth during the run, ratio to plain (median of 3 processes each)")
     for name, batch in cases:
         m = memory_case(name, batch)
         print(

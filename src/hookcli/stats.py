@@ -102,7 +102,7 @@ def _torch_row(x: torch.Tensor) -> torch.Tensor:
     mean = xf.sum() / count
     centred = torch.where(finite, x - mean, torch.zeros((), dtype=acc, device=x.device))
     var = torch.dot(centred, centred) / count
-    inf = torch.tensor(math.inf, dtype=acc, device=x.device)
+    inf = torch.full((), math.inf, dtype=acc, device=x.device)  # a fill, not a host copy
     mn = torch.where(finite, x, inf).amin()
     mx = torch.where(finite, x, -inf).amax()
     zeros = (x == 0).sum(dtype=acc)
@@ -112,26 +112,27 @@ def _torch_row(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
 
 
-def _dense_flat(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of exactly t's elements in memory order, copying only when t has gaps.
+def _dense_flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A 1-D array of exactly t's elements in memory order, copying only when t has gaps.
 
     Statistics ignore element order, so a channels_last or permuted tensor that covers its
     storage span densely is read in place.
     """
     if t.is_contiguous():
-        return t.view(-1)
-    dims = sorted(
-        ((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1),
-    )
+        return t.numpy().reshape(-1)
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
     expected = 1
     for stride, size in dims:
         if stride != expected:
-            return t.contiguous().view(-1)
+            return t.contiguous().numpy().reshape(-1)
         expected *= size
-    return t.as_strided((t.numel(),), (1,))
+    return t.as_strided((t.numel(),), (1,)).numpy()
 
 
-def _fused_row(t: torch.Tensor, ks: Kernels) -> np.ndarray[Any, np.dtype[np.float64]]:
+Row = tuple[float, float, float, float, float, float, float, float, float]
+
+
+def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     """The row of a CPU float tensor from numba passes: usually one, at most three.
 
     1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
@@ -139,23 +140,24 @@ def _fused_row(t: torch.Tensor, ks: Kernels) -> np.ndarray[Any, np.dtype[np.floa
     2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
     3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean, which
        removes the cancellation of var = E[x^2] - mean^2.
+
+    `out` is a scratch buffer of 7 float64 values.
     """
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
-    flat = _dense_flat(t).numpy()
+    flat = _dense_flat(t)
     n = flat.shape[0]
     par = n >= _PARALLEL_MIN
-    out = np.zeros(7, dtype=np.float64)
     ks.fused[par](flat, out)
-    s, q, zeros, mn, mx = out[:5]
+    s, q, zeros, mn, mx = out[:5].tolist()
     nan = inf = 0.0
     count = float(n)
     if not (math.isfinite(s) and math.isfinite(q)):
         ks.careful[par](flat, 0.0, out)
-        s, q, zeros, mn, mx, nan, inf = out
+        s, q, zeros, mn, mx, nan, inf = out.tolist()
         count = n - nan - inf
     if count == 0:
-        return np.array([0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan])
+        return (0.0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan)
     mean = s / count
     norm = math.sqrt(q)
     var = max(q / count - mean * mean, 0.0)
@@ -164,10 +166,10 @@ def _fused_row(t: torch.Tensor, ks: Kernels) -> np.ndarray[Any, np.dtype[np.floa
         ds = out[0] / count
         var = max(out[1] / count - ds * ds, 0.0)
         mean += ds
-    return np.array([count, mean, var, mn, mx, zeros, nan, inf, norm], dtype=np.float64)
+    return (count, mean, var, mn, mx, zeros, nan, inf, norm)
 
 
-_EMPTY_ROW = np.array([0, math.nan, math.nan, math.nan, math.nan, 0, 0, 0, math.nan])
+_EMPTY_ROW: Row = (0.0, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0, 0.0, math.nan)
 
 
 class StatsCollector:
@@ -181,7 +183,8 @@ class StatsCollector:
 
     def __init__(self, *, fused: bool = True) -> None:
         self._kernels = kernels() if fused else None
-        self._rows: list[np.ndarray[Any, Any] | torch.Tensor] = []
+        self._scratch = np.zeros(7, dtype=np.float64)
+        self._rows: list[Row | torch.Tensor] = []
         self._notes: list[str | None] = []
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
 
@@ -198,8 +201,7 @@ class StatsCollector:
             idx = hit[2]
             stats.note = self._notes[idx]
             return stats, idx
-        with torch.no_grad():
-            row, note = self._measure(t)
+        row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         idx = len(self._rows)
         self._rows.append(row)
         self._notes.append(note)
@@ -208,24 +210,24 @@ class StatsCollector:
             self._seen[key] = (weakref.ref(t), version, idx)
         return stats, idx
 
-    def _measure(self, t: torch.Tensor) -> tuple[np.ndarray[Any, Any] | torch.Tensor, str | None]:
+    def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
         ks = self._kernels
         if (
             ks is not None
             and t.dtype is torch.float32
-            and t.device.type == "cpu"
+            and t.is_cpu
             and type(t) is torch.Tensor
             and t.layout is torch.strided
             and t.numel() > 0
         ):  # the common case, without _prepare's checks
-            return _fused_row(t.detach() if t.requires_grad else t, ks), None
+            return _fused_row(t.detach() if t.requires_grad else t, ks, self._scratch), None
         if t.device.type == "meta":
             return _EMPTY_ROW, "meta tensor: shape only"
         x, note = _prepare(t)
         if x.numel() == 0:
             return _EMPTY_ROW, note
-        if ks is not None and x.device.type == "cpu" and x.dtype in _FUSED_DTYPES:
-            return _fused_row(x, ks), note
+        if ks is not None and x.is_cpu and x.dtype in _FUSED_DTYPES:
+            return _fused_row(x, ks, self._scratch), note
         return _torch_row(x), note
 
     def finalize(self) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -238,7 +240,8 @@ class StatsCollector:
             else:
                 out[i] = row
         for idxs in by_device.values():
-            stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
+            rows = [self._rows[i] for i in idxs]
+            stacked = torch.stack(rows)  # type: ignore[arg-type]
             out[idxs] = stacked.to("cpu", torch.float64).numpy()
         self._seen.clear()
         return out
