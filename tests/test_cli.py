@@ -136,20 +136,38 @@ def test_failed_run_leaves_no_partial_output(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unwritable_output_is_refused_before_running(tmp_path: Path) -> None:
+def test_unwritable_output_is_refused_before_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hookcli.run
+
+    def must_not_run(*a: object, **k: object) -> None:
+        raise AssertionError("the model ran although -o cannot be written")
+
+    monkeypatch.setattr(hookcli.run, "inspect", must_not_run)
     r = run("inspect", "resnet18", "-o", str(tmp_path / "no" / "such" / "dir.json"))
     assert_one_line_error(r, 2, "does not exist")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user that can write anywhere")
-        assert_one_line_error(
-            run("inspect", "resnet18", "-o", str(locked / "r.json")), 2, "not writable"
-        )
-    finally:
-        locked.chmod(0o700)
+    # /proc accepts no new files, whoever we are (permission bits would not stop root)
+    assert_one_line_error(run("inspect", "resnet18", "-o", "/proc/hookcli.json"), 2, "not writable")
+    assert_one_line_error(run("inspect", "resnet18", "-o", str(tmp_path)), 2, "is a directory")
+
+
+def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hookcli.run
+
+    def interrupted(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hookcli.run, "inspect", interrupted)
+    r = run("inspect", "resnet18")
+    assert r.exit_code == 130
+    assert r.stderr.strip() == "interrupted" and r.stdout == ""
+
+
+def test_the_readme_main_job() -> None:
+    r = run("inspect", "resnet34", "sample_images/cat.jpeg")
+    assert r.exit_code == 0, r.stderr
+    assert "layer4.2.relu" in r.stdout and "predictions" in r.stdout
 
 
 class Opaque:

@@ -202,7 +202,15 @@ def _check_output(path: Path | None) -> None:
         raise UsageError(
             f"--output folder {parent} does not exist.", f"create it first: mkdir -p {parent}"
         )
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    try:  # a real probe: permission bits say nothing for root or read-only file systems
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(
+            f"--output {path} is not writable ({exc.strerror}).", "choose another path."
+        ) from exc
+    if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--output {path} is not writable.", "choose another path.")
 
 
@@ -212,14 +220,20 @@ def _emit(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent or ".")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"cannot write {output}: {exc.strerror}.", "free space or choose another path."
+            ) from exc
         raise
     _err(f"wrote {output}")
 
@@ -331,8 +345,13 @@ def inspect(
     device: DeviceOpt = "auto",
     model_arg: ModelArgOpt = None,
     topk: Annotated[
-        int, typer.Option("--topk", help="Predictions to show per image (0: none).")
-    ] = 5,
+        int | None,
+        typer.Option(
+            "--topk",
+            help="Predictions per image (0: none) [default: 5; custom models: only when given].",
+            show_default=False,
+        ),
+    ] = None,
     fmt: Annotated[
         Format | None,
         typer.Option(

@@ -250,8 +250,8 @@ def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInpu
     if model.task == "detection":
         batch = tensors[0]
         images = list(batch) if batch.dim() == 4 else [batch]
-        return ModelInput((images,), desc, list(specs))
-    return ModelInput(tuple(tensors), desc, list(specs))
+        return ModelInput((images,), desc)
+    return ModelInput(tuple(tensors), desc)
 
 
 def default_input(model: LoadedModel, seed: int) -> ModelInput:

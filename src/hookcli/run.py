@@ -141,7 +141,7 @@ def inspect(
     weights: str = "none",
     seed: int = 0,
     device: str = "auto",
-    topk: int = 5,
+    topk: int | None = None,
     model_args: Mapping[str, Any] | None = None,
     stats_backend: str = "auto",
 ) -> Report:
@@ -151,7 +151,7 @@ def inspect(
     `inputs` image paths/folders, or tensors (positional arguments of forward).
     `stats_backend` "torch" skips the fused CPU kernel (for comparison; results agree).
     """
-    if topk < 0:
+    if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
     dev = resolve_device(device)
     loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
@@ -174,6 +174,8 @@ def inspect(
     out_stats: list[TensorStats] = []
     out_rows: list[int] = []
     measure(collector, output, "out", out_stats, out_rows)
+    if topk is None:  # a custom model's output is not known to be class scores: ask first
+        topk = 0 if loaded.task == "custom" else 5
     predictions, note = predict(output, loaded, topk, minput.sources)
     rows = collector.finalize()
     layers_out = [_complete(p, rows) for p in session.calls]
