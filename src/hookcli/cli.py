@@ -178,6 +178,18 @@ def _handled() -> Iterator[None]:
         raise typer.Exit(3) from None
 
 
+@contextlib.contextmanager
+def _status(message: str) -> Iterator[None]:
+    """A spinner on stderr while the model loads and runs — only for a person at a terminal."""
+    if not sys.stderr.isatty() or os.environ.get("NO_COLOR") or os.environ.get("CI"):
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(message):
+        yield
+
+
 def _color() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
@@ -310,17 +322,18 @@ def layers(
         from hookcli.loading import parse_model_args
         from hookcli.run import layers_report
 
-        report = layers_report(
-            model,
-            inputs or [],
-            input_specs=input_spec or [],
-            shapes=shapes,
-            depth=depth,
-            weights=weights,
-            seed=seed,
-            device=device,
-            model_args=parse_model_args(model_arg or []),
-        )
+        with _status(f"loading {model}…"):
+            report = layers_report(
+                model,
+                inputs or [],
+                input_specs=input_spec or [],
+                shapes=shapes,
+                depth=depth,
+                weights=weights,
+                seed=seed,
+                device=device,
+                model_args=parse_model_args(model_arg or []),
+            )
         if fmt == ListFormat.json:
             from hookcli.render.json import data_json
 
@@ -373,19 +386,20 @@ def inspect(
         from hookcli.loading import parse_model_args
         from hookcli.run import inspect as run_inspect
 
-        report = run_inspect(
-            model,
-            inputs or [],
-            input_specs=input_spec or [],
-            layers=layer or [],
-            types=type_ or [],
-            depth=depth,
-            weights=weights,
-            seed=seed,
-            device=device,
-            topk=topk,
-            model_args=parse_model_args(model_arg or []),
-        )
+        with _status(f"running {model}…"):
+            report = run_inspect(
+                model,
+                inputs or [],
+                input_specs=input_spec or [],
+                layers=layer or [],
+                types=type_ or [],
+                depth=depth,
+                weights=weights,
+                seed=seed,
+                device=device,
+                topk=topk,
+                model_args=parse_model_args(model_arg or []),
+            )
         _emit(_render(report, _format(fmt, output), output), output)
 
 

@@ -62,9 +62,14 @@ def _load_kernels() -> Kernels | None:
     if os.environ.get("HOOKCLI_STATS", "auto") == "torch":
         return None
     try:
+        import numba
+
         from hookcli import _kernels
     except Exception:  # numba absent or broken: the torch path is exact, only slower
         return None
+    # The kernels run between torch's own ops: use no more threads than torch does.
+    most = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), most)))
     return Kernels(_kernels)
 
 
