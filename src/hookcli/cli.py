@@ -250,6 +250,19 @@ def _emit(text: str, output: Path | None) -> None:
     _err(f"wrote {output}")
 
 
+def _emit_listing(data: object, fmt: ListFormat, output: Path | None, table: str) -> None:
+    """`models` and `layers`: JSON of the records, or the named table renderer."""
+    if fmt == ListFormat.json:
+        from hookcli.render.json import data_json
+
+        text = data_json(data)
+    else:
+        from hookcli.render import table as tables
+
+        text = getattr(tables, table)(data, color=_color() and output is None, width=_width())
+    _emit(text, output)
+
+
 def _format(fmt: Format | None, output: Path | None) -> Format:
     if fmt is not None:
         return fmt
@@ -284,15 +297,7 @@ def models(
         from hookcli.run import list_registry
 
         entries = list_registry(pattern, task.value if task else None)
-        if fmt == ListFormat.json:
-            from hookcli.render.json import data_json
-
-            text = data_json(entries)
-        else:
-            from hookcli.render.table import models_table
-
-            text = models_table(entries, color=_color() and output is None, width=_width())
-        _emit(text, output)
+        _emit_listing(entries, fmt, output, "models_table")
 
 
 @app.command()
@@ -334,15 +339,7 @@ def layers(
                 device=device,
                 model_args=parse_model_args(model_arg or []),
             )
-        if fmt == ListFormat.json:
-            from hookcli.render.json import data_json
-
-            text = data_json(report)
-        else:
-            from hookcli.render.table import layers_table
-
-            text = layers_table(report, color=_color() and output is None, width=_width())
-        _emit(text, output)
+        _emit_listing(report, fmt, output, "layers_table")
 
 
 @app.command()

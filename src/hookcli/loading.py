@@ -22,7 +22,7 @@ import urllib.error
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -49,7 +49,6 @@ class LoadedModel:
     preprocess: Callable[[Any], torch.Tensor] | None = None
     preprocess_label: str = ""
     input_size: tuple[int, int] | None = None  # H, W the model wants for a random input
-    notes: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- registry
@@ -172,7 +171,6 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
     enum = weights_enum(name)
     choice = _resolve_weights(name, weights, enum)
     tv = _tv_models()
-    notes: list[str] = []
     torch.manual_seed(seed)
     try:
         with _quiet_warnings():
@@ -228,7 +226,6 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
         preprocess=preprocess,
         preprocess_label=preprocess_label,
         input_size=input_size,
-        notes=notes,
     )
 
 

@@ -182,8 +182,7 @@ def inspect(
     for s, r in zip(out_stats, out_rows, strict=True):
         if r >= 0:
             fill(s, rows[r])
-    notes = list(loaded.notes)
-    notes += [
+    notes = [
         f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error
     ]
     return Report(

@@ -123,10 +123,12 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
     if report.outputs:
         outs = ", ".join(tensor_label(t, "out") for t in report.outputs[:6])
         console.print(f"model output: {outs}")
+    if report.predictions == []:
+        console.print("predictions: none (nothing detected)")
     if report.predictions:
         console.print(predictions_table(report.predictions, color))
-        if report.prediction_note:
-            console.print(Text(report.prediction_note, style="dim" if color else ""))
+    if report.predictions is not None and report.prediction_note:
+        console.print(Text(report.prediction_note, style="dim" if color else ""))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow" if color else ""))
     return _text(buf)
