@@ -57,16 +57,28 @@ def oracle(t: torch.Tensor) -> dict[str, float | int | None]:
     }
 
 
-def assert_stats_match(stats: object, t: torch.Tensor, rtol: float = 2e-5) -> None:
+def assert_stats_match(
+    stats: object, t: torch.Tensor, rtol: float = 2e-5, *, same_tensor: bool = True
+) -> None:
     """Every statistic of `stats` equals the oracle on t: moments within rtol of the data's
-    scale (a mean near 0 is judged against the RMS), extremes and counts exactly."""
+    scale (a mean near 0 is judged against the RMS); extremes and counts exactly when t is
+    the very tensor that was measured, else (t recomputed by another path, e.g. with in-place
+    ops disabled, which rounds differently) extremes within rtol of the scale too."""
     ref = oracle(t)
     assert stats.numel == ref["numel"]  # type: ignore[attr-defined]
     assert stats.nan == ref["nan"], (stats, ref)  # type: ignore[attr-defined]
     assert stats.inf == ref["inf"], (stats, ref)  # type: ignore[attr-defined]
-    for key in ("min", "max", "zeros"):
-        assert getattr(stats, key) == ref[key], (key, stats, ref)
     scale = max(abs(ref["mean"] or 0.0), ref["std"] or 0.0, 1e-30)
+    for key in ("min", "max", "zeros"):
+        got, want = getattr(stats, key), ref[key]
+        if same_tensor or want is None or key == "zeros":
+            assert got == want, (key, stats, ref)
+        else:
+            assert got is not None and abs(got - want) <= rtol * max(scale, abs(want)), (
+                key,
+                got,
+                want,
+            )
     for key in ("mean", "std", "norm"):
         got, want = getattr(stats, key), ref[key]
         if want is None:

@@ -88,3 +88,28 @@ class KwargOnly(nn.Module):
 class Scale(nn.Module):
     def forward(self, x: torch.Tensor, *, factor: torch.Tensor) -> torch.Tensor:
         return x * factor
+
+
+class SeedLinear(nn.Module):
+    """Linear(1, 1, bias=False) with weight 2: with x = [[1], [2]] and MSE against [[1], [1]],
+    dL/dy = [1, 3], dL/dx = [2, 6] and dL/dw = 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.lin.weight.fill_(2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+NOT_A_MODEL = 42
+
+
+def not_a_module() -> int:
+    return 3
+
+
+def broken_factory() -> nn.Module:
+    raise ValueError("factory exploded")

@@ -45,3 +45,21 @@ def test_golden_json() -> None:
     data = json.loads(r.stdout)
     data.pop("hookcli_version")
     _check("net.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def test_golden_grads_table() -> None:
+    r = runner.invoke(
+        app,
+        [
+            "grads",
+            "tests/models.py:Net",
+            "--input",
+            "ones:2x2",
+            "--loss",
+            "mse:zeros",
+            "--no-config",
+        ],
+        env={"COLUMNS": "160"},
+    )
+    assert r.exit_code == 0, r.stderr
+    _check("net_grads.txt", r.stdout)

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from hookcli.records import Report
 
-__all__ = ["__version__", "inspect"]
+__all__ = ["__version__", "grads", "inspect"]
 
 
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
@@ -26,3 +26,10 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     from hookcli.run import inspect as _inspect
 
     return _inspect(model, inputs, **options)
+
+
+def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
+    """Forward and backward with gradient hooks; return its Report (see `hookcli.run.grads`)."""
+    from hookcli.run import grads as _grads
+
+    return _grads(model, inputs, **options)

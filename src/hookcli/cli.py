@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -271,6 +271,87 @@ def _format(fmt: Format | None, output: Path | None) -> Format:
     return Format.table
 
 
+# ------------------------------------------------------------------ project config
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="Config file to use instead of the nearest hookcli.toml / [tool.hookcli].",
+    ),
+]
+NoConfigOpt = Annotated[bool, typer.Option("--no-config", help="Ignore project config files.")]
+OptionalModelArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="torchvision name (resnet34), path/to/file.py:Name or package.module:Name "
+        "[default: `model` from hookcli.toml].",
+        show_default=False,
+    ),
+]
+TrainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--train",
+        help="Run in train mode (BatchNorm batch statistics, dropout); buffers are restored.",
+    ),
+]
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+def _configure(
+    ctx: typer.Context, command: str, params: dict[str, Any], config: Path | None, no_config: bool
+) -> str | None:
+    """Fill every option not given on the command line from the project config (in place).
+
+    Returns the config file used, which the run also states on stderr."""
+    if no_config:
+        return None
+    from hookcli import config as project
+
+    if config is not None and not config.is_file():
+        raise UsageError(f"config file {config} not found.", "check the --config path.")
+    path = config or project.find(Path.cwd())
+    if path is None:
+        return None
+    values = project.load(path, command).values
+    if any(_given(ctx, n) for n in ("inputs", "input_spec")):  # inputs come as one set
+        values.pop("inputs", None)
+        values.pop("input_spec", None)
+    for name, value in values.items():
+        if name not in params or _given(ctx, name):
+            continue  # not an option of this command, or overridden on the command line
+        params[name] = _format_choice(value, command, path) if name == "fmt" else value
+    return str(path)
+
+
+def _format_choice(value: str, command: str, path: Path) -> Format | ListFormat:
+    choices: type[Format] | type[ListFormat] = (
+        Format if command in ("inspect", "grads") else ListFormat
+    )
+    try:
+        return choices(value)
+    except ValueError:
+        allowed = ", ".join(c.value for c in choices)
+        raise UsageError(
+            f"{path}: format {value!r} is not one of {allowed}.", "fix the format key."
+        ) from None
+
+
+def _need_model(model: str | None, command: str) -> str:
+    if not model:
+        raise UsageError(
+            "no model given.",
+            f"name one (hookcli {command} resnet18) or set `model` in hookcli.toml.",
+        )
+    return model
+
+
 # ------------------------------------------------------------------ commands
 
 
@@ -302,7 +383,8 @@ def models(
 
 @app.command()
 def layers(
-    model: ModelArg,
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
     inputs: InputsArg = None,
     shapes: Annotated[
         bool, typer.Option("--shapes", help="Run one forward to add output shapes.")
@@ -317,34 +399,61 @@ def layers(
         ListFormat, typer.Option("--format", "-f", help="Output format.")
     ] = ListFormat.table,
     output: OutputOpt = None,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
 ) -> None:
     """Show the module tree: dotted names, types, parameter counts and aliases.
 
     Example: hookcli layers resnet18 --shapes --depth 2
     """
     with _handled():
-        _check_output(output)
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        used = _configure(ctx, "layers", p, config, no_config)
+        if used:
+            _err(f"config: {used}")
+        _check_output(p["output"])
         from hookcli.loading import parse_model_args
         from hookcli.run import layers_report
 
-        with _status(f"loading {model}…"):
+        name = _need_model(p["model"], "layers")
+        with _status(f"loading {name}…"):
             report = layers_report(
-                model,
-                inputs or [],
-                input_specs=input_spec or [],
-                shapes=shapes,
-                depth=depth,
-                weights=weights,
-                seed=seed,
-                device=device,
-                model_args=parse_model_args(model_arg or []),
+                name,
+                p["inputs"] or [],
+                input_specs=p["input_spec"] or [],
+                shapes=p["shapes"],
+                depth=p["depth"],
+                weights=p["weights"],
+                seed=p["seed"],
+                device=p["device"],
+                model_args=parse_model_args(p["model_arg"] or []),
             )
-        _emit_listing(report, fmt, output, "layers_table")
+        _emit_listing(report, p["fmt"], p["output"], "layers_table")
+
+
+TopkOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--topk",
+        help="Predictions per image (0: none) [default: 5; custom models: only when given].",
+        show_default=False,
+    ),
+]
+FormatOpt = Annotated[
+    Format | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="Output format [default: table, or from the -o suffix].",
+        show_default=False,
+    ),
+]
 
 
 @app.command()
 def inspect(
-    model: ModelArg,
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
     inputs: InputsArg = None,
     layer: LayerOpt = None,
     type_: TypeOpt = None,
@@ -354,24 +463,12 @@ def inspect(
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     model_arg: ModelArgOpt = None,
-    topk: Annotated[
-        int | None,
-        typer.Option(
-            "--topk",
-            help="Predictions per image (0: none) [default: 5; custom models: only when given].",
-            show_default=False,
-        ),
-    ] = None,
-    fmt: Annotated[
-        Format | None,
-        typer.Option(
-            "--format",
-            "-f",
-            help="Output format [default: table, or from the -o suffix].",
-            show_default=False,
-        ),
-    ] = None,
+    train: TrainOpt = False,
+    topk: TopkOpt = None,
+    fmt: FormatOpt = None,
     output: OutputOpt = None,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
 ) -> None:
     """Forward pass with hooks on the selected layers: statistics of every call's inputs and
     outputs, and the top-k predictions.
@@ -379,25 +476,93 @@ def inspect(
     Example: hookcli inspect resnet34 sample_images/cat.jpeg -l 'layer4.*'
     """
     with _handled():
-        _check_output(output)
-        from hookcli.loading import parse_model_args
-        from hookcli.run import inspect as run_inspect
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        _run_command(ctx, "inspect", p, config, no_config)
 
-        with _status(f"running {model}…"):
-            report = run_inspect(
-                model,
-                inputs or [],
-                input_specs=input_spec or [],
-                layers=layer or [],
-                types=type_ or [],
-                depth=depth,
-                weights=weights,
-                seed=seed,
-                device=device,
-                topk=topk,
-                model_args=parse_model_args(model_arg or []),
-            )
-        _emit(_render(report, _format(fmt, output), output), output)
+
+@app.command()
+def grads(
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
+    inputs: InputsArg = None,
+    layer: LayerOpt = None,
+    type_: TypeOpt = None,
+    depth: DepthOpt = None,
+    input_spec: InputSpecOpt = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            metavar="top1|INDEX|LABEL|sum",
+            help="What backward starts from [default: top1, the top-1 score of each image].",
+            show_default=False,
+        ),
+    ] = None,
+    loss: Annotated[
+        str | None,
+        typer.Option(
+            "--loss",
+            metavar="KIND:ARG",
+            help="Backward from a loss instead: ce:IDX, nll:IDX, l1:SPEC, mse:SPEC, "
+            "bce:SPEC, bcelogits:SPEC (SPEC: ones, zeros, ones:2x10, file.pt, …).",
+        ),
+    ] = None,
+    input_grad: Annotated[
+        bool, typer.Option("--input-grad", help="Also the gradient w.r.t. the model input.")
+    ] = False,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    train: TrainOpt = False,
+    topk: TopkOpt = None,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
+) -> None:
+    """Forward and backward pass: everything inspect shows, plus each call's gradients w.r.t.
+    its outputs and inputs and each layer's parameter gradients.
+
+    Example: hookcli grads resnet34 sample_images/cat.jpeg -l 'layer4.*' --target "tabby cat"
+    """
+    with _handled():
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        _run_command(ctx, "grads", p, config, no_config)
+
+
+def _run_command(
+    ctx: typer.Context, command: str, p: dict[str, Any], config: Path | None, no_config: bool
+) -> None:
+    """inspect and grads: config, checks, the run, the rendering."""
+    used = _configure(ctx, command, p, config, no_config)
+    output = p["output"]
+    _check_output(output)
+    from hookcli import run
+    from hookcli.loading import parse_model_args
+
+    name = _need_model(p["model"], command)
+    options: dict[str, Any] = {
+        "input_specs": p["input_spec"] or [],
+        "layers": p["layer"] or [],
+        "types": p["type_"] or [],
+        "depth": p["depth"],
+        "weights": p["weights"],
+        "seed": p["seed"],
+        "device": p["device"],
+        "topk": p["topk"],
+        "model_args": parse_model_args(p["model_arg"] or []),
+        "train": p["train"],
+        "config": used,
+    }
+    if command == "grads":
+        options.update(target=p["target"], loss=p["loss"], input_grad=p["input_grad"])
+    with _status(f"running {name}…"):
+        report = getattr(run, command)(name, p["inputs"] or [], **options)
+    fmt = _format(p["fmt"], output)
+    if used and (fmt != Format.table or output is not None):
+        _err(f"config: {used}")  # a table on stdout says so in its header
+    _emit(_render(report, fmt, output), output)
 
 
 def _render(report: object, fmt: Format, output: Path | None) -> str:

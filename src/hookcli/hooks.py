@@ -9,6 +9,13 @@ Statistics are taken inside the hook, immediately (HOOK_PITFALLS 4): after an in
 `input[0] is output`, so inputs are measured in the pre-hook, before the module runs. Hooks
 return None (they never replace an output) and never raise into the user's forward: a
 failure to measure is recorded as a note on the call.
+
+Gradients come from *tensor* hooks registered inside those hooks, not from module full
+backward hooks, which wrap inputs/outputs in views that torchvision's in-place ReLU and
+`out += identity` then modify and crash on (pytorch#61519, vision#4164). A tensor hook
+registered before an in-place op receives the gradient of the value before the op — the
+right one. A tensor that does not require grad gets no hook, and a hook that never fires
+leaves its gradient absent: reported as null, never 0.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ class PendingCall:
     call: LayerCall
     input_rows: list[int] = field(default_factory=list)
     output_rows: list[int] = field(default_factory=list)
+    # gradients by tensor path, filled during backward
+    grad_inputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
+    grad_outputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
 
 
 def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -100,10 +110,13 @@ class HookSession:
         collector: StatsCollector | None,
         *,
         on_output: Callable[[PendingCall, Any], None] | None = None,
+        grads: bool = False,
     ) -> None:
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
+        self.grads = grads and collector is not None
+        self.tensor_handles: list[RemovableHandle] = []
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
         self.hook_errors: list[str] = []
@@ -135,6 +148,28 @@ class HookSession:
             handle.remove()
         self._handles.clear()
 
+    def remove_tensor_hooks(self) -> None:
+        """Gradient hooks outlive the forward (backward comes after); removed here."""
+        for handle in self.tensor_handles:
+            handle.remove()
+        self.tensor_handles.clear()
+
+    def _watch_grads(self, obj: Any, root: str, pending: PendingCall) -> None:
+        collector = self.collector
+        assert collector is not None
+        into = pending.grad_inputs if root == "in" else pending.grad_outputs
+        for path, t in iter_tensors(obj, root):
+            if not t.requires_grad:
+                continue
+
+            def grad_hook(grad: torch.Tensor, path: str = path) -> None:
+                try:
+                    into[path] = collector.add(grad, path)
+                except Exception as exc:  # never break the user's backward either
+                    pending.call.error = f"could not measure the gradient of {path}: {exc}"
+
+            self.tensor_handles.append(t.register_hook(grad_hook))  # type: ignore[no-untyped-call]
+
     def open_calls(self) -> list[PendingCall]:
         """Calls whose module started and did not return (the forward raised inside them)."""
         return [c for stack in self._stacks for c in stack]
@@ -156,6 +191,10 @@ class HookSession:
                 measure(self.collector, args, "in", call.inputs, pending.input_rows)
                 if kwargs:
                     measure(self.collector, kwargs, "in", call.inputs, pending.input_rows)
+                if self.grads:
+                    self._watch_grads(args, "in", pending)
+                    if kwargs:
+                        self._watch_grads(kwargs, "in", pending)
             except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
                 call.error = f"could not measure inputs: {exc}"
 
@@ -174,6 +213,8 @@ class HookSession:
                     call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
                 else:
                     measure(self.collector, output, "out", call.outputs, pending.output_rows)
+                    if self.grads:
+                        self._watch_grads(output, "out", pending)
                 if self.on_output is not None:
                     self.on_output(pending, output)
             except Exception as exc:

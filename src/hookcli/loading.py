@@ -104,7 +104,8 @@ def _unknown_model(spec: str) -> UsageError:
 _UNSUPPORTED = {
     "video": "video models take clips (B, C, T, H, W); hookcli does not build clips yet",
     "optical_flow": "optical-flow models take two images; hookcli does not pair images yet",
-    "quantized": "quantized models run int8 kernels; hookcli does not load them yet",
+    "quantized": "quantized models run int8 kernels and have no autograd (so no gradients); "
+    "hookcli does not load them yet",
 }
 
 

@@ -34,6 +34,7 @@ class TensorStats:
     inf: int = 0
     norm: float | None = None
     note: str | None = None
+    values: list[float | None] | None = None  # the elements (non-finite: None), numel <= 16
 
     @property
     def nonfinite(self) -> bool:
@@ -52,8 +53,33 @@ class LayerCall:
     outputs: list[TensorStats] = field(default_factory=list)
     grad_inputs: list[TensorStats] | None = None
     grad_outputs: list[TensorStats] | None = None
-    params: list[dict[str, Any]] | None = None
+    params: list[ParamStats] | None = None
     error: str | None = None
+
+
+@dataclass(slots=True)
+class ParamStats:
+    """One parameter of a layer after backward: its gradient and how large it is relative to
+    the weight. `grad` is None when the parameter received no gradient (never 0)."""
+
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    requires_grad: bool
+    norm: float | None
+    grad: TensorStats | None = None
+    grad_norm: float | None = None
+    grad_mean: float | None = None
+    grad_max_abs: float | None = None
+    ratio: float | None = None  # grad_norm / norm
+
+
+@dataclass(slots=True)
+class Backward:
+    """What backward started from: a description and the scalar's value."""
+
+    source: str
+    value: float | None
 
 
 @dataclass(slots=True)
@@ -96,6 +122,9 @@ class Report:
     prediction_note: str | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    backward: Backward | None = None
+    input_grads: list[TensorStats] | None = None
+    config: str | None = None
     command: str = "inspect"
     schema: int = SCHEMA_VERSION
     hookcli_version: str = ""

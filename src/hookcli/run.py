@@ -30,39 +30,69 @@ from hookcli.loading import (
     weights_enum,
 )
 from hookcli.records import (
+    Backward,
     InputInfo,
     LayerCall,
     LayersReport,
     ModelEntry,
     ModelInfo,
     ModuleRow,
+    ParamStats,
     Prediction,
     Report,
     TensorStats,
 )
 from hookcli.selection import ROOT_LABEL, module_entries, select
 from hookcli.stats import StatsCollector, fill
+from hookcli.targets import parse_target
+from hookcli.targets import scalar as scalar_of
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
 
 
 @contextlib.contextmanager
-def model_left_as_found(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """eval() and the target device for the run; every flag and the device restored after."""
-    training = [m for m in model.modules() if m.training]
+def model_left_as_found(
+    model: nn.Module, device: torch.device, *, train: bool = False
+) -> Iterator[None]:
+    """The run's mode (eval, or train on request) and device; everything restored after.
+
+    Every module's own train/eval flag comes back, and the device. In train mode BatchNorm
+    updates its running statistics even without gradients (HOOK_PITFALLS 9), so buffers are
+    snapshotted and copied back: the state_dict is unchanged by any hookcli run.
+    """
+    modes = [(m, m.training) for m in model.modules()]
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else None
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if train else []
     try:
-        for m in training:
-            m.training = False
+        for m, training in modes:
+            if training != train:
+                m.training = train
         if home is not None and home != device:
             model.to(device)
         yield
     finally:
-        for m in training:
-            m.training = True
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved.to(b.device))
+        for m, training in modes:
+            m.training = training
         if home is not None and home != device:
             model.to(home)
+
+
+@contextlib.contextmanager
+def grads_left_as_found(params: list[nn.Parameter]) -> Iterator[None]:
+    """Parameters' .grad set to None for the run (so only this backward is read) and the
+    user's own .grad objects put back after."""
+    saved = [(p, p.grad) for p in params]
+    try:
+        for p in params:
+            p.grad = None
+        yield
+    finally:
+        for p, g in saved:
+            p.grad = g
 
 
 def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | None:
@@ -84,25 +114,21 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_forward(
-    loaded: LoadedModel,
-    minput: ModelInput,
-    targets: list[Target],
-    collector: StatsCollector | None,
-    device: torch.device,
-) -> tuple[HookSession, Any]:
-    """The hooked forward under no_grad; model failures become ModelError (exit 3)."""
+    loaded: LoadedModel, minput: ModelInput, session: HookSession, device: torch.device
+) -> Any:
+    """The hooked forward (the caller sets grad mode and the model's state); model failures
+    become ModelError (exit 3) naming the layer that was running."""
     model = loaded.module
-    names = {id(m): (n or ROOT_LABEL) for n, m in model.named_modules()}
-    session = HookSession(targets, collector)
-    with model_left_as_found(model, device), session, torch.no_grad():
+    with session:
         try:
-            output = model(*minput.args)
+            return model(*minput.args)
         except torch.OutOfMemoryError as exc:
             raise ModelError(
                 f"out of memory running {loaded.name} on {device}: {_one_line(exc)}",
                 "use fewer or smaller inputs, or --device cpu.",
             ) from exc
         except Exception as exc:
+            names = {id(m): (n or ROOT_LABEL) for n, m in model.named_modules()}
             where = _failing_layer(exc.__traceback__, names)
             if where is None:
                 open_calls = session.open_calls()
@@ -113,7 +139,26 @@ def run_forward(
                 "check the input shape against the model (`hookcli layers "
                 f"{loaded.spec} --shapes`).",
             ) from exc
-    return session, output
+
+
+def run_backward(loaded: LoadedModel, value: torch.Tensor) -> None:
+    if not value.requires_grad:
+        raise UsageError(
+            f"nothing in {loaded.spec} requires grad, so there is no gradient to show "
+            "(no trainable parameter reaches the output).",
+            "unfreeze parameters, or add --input-grad for the gradient w.r.t. the input.",
+        )
+    try:
+        value.backward()  # type: ignore[no-untyped-call]
+    except torch.OutOfMemoryError as exc:
+        raise ModelError(
+            f"out of memory in backward: {_one_line(exc)}", "use fewer or smaller inputs."
+        ) from exc
+    except RuntimeError as exc:
+        raise ModelError(
+            f"{loaded.name} failed in backward: {_one_line(exc)}",
+            "the model's own backward raised; check custom autograd code.",
+        ) from exc
 
 
 def prepare_input(
@@ -130,10 +175,77 @@ def prepare_input(
     return default_input(loaded, seed)
 
 
+def _model_input(
+    loaded: LoadedModel,
+    inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor],
+    input_specs: Sequence[str],
+    seed: int,
+) -> ModelInput:
+    if isinstance(inputs, torch.Tensor):
+        return ModelInput((inputs,), f"tensor {'x'.join(map(str, inputs.shape))}")
+    if inputs and all(isinstance(x, torch.Tensor) for x in inputs):
+        return ModelInput(tuple(inputs), "tensors")
+    return prepare_input(loaded, [str(x) for x in inputs], input_specs, seed)
+
+
+def _with_input_grad(minput: ModelInput) -> tuple[ModelInput, list[tuple[str, torch.Tensor]]]:
+    """Copies of the floating-point inputs that require grad (the user's stay untouched)."""
+    leaves: list[tuple[str, torch.Tensor]] = []
+
+    def leaf(t: torch.Tensor, path: str) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t
+        copy = t.detach().clone().requires_grad_(True)
+        leaves.append((path, copy))
+        return copy
+
+    args: list[Any] = []
+    for i, a in enumerate(minput.args):
+        if isinstance(a, torch.Tensor):
+            args.append(leaf(a, f"in[{i}]"))
+        elif isinstance(a, list):
+            args.append(
+                [
+                    leaf(t, f"in[{i}][{j}]") if isinstance(t, torch.Tensor) else t
+                    for j, t in enumerate(a)
+                ]
+            )
+        else:
+            args.append(a)
+    return ModelInput(tuple(args), minput.description, minput.sources, minput.preprocessing), leaves
+
+
 def inspect(
     model: str | nn.Module,
     inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor] = (),
+    **options: Any,
+) -> Report:
+    """Run one forward pass with statistics hooks on the selected layers; return the Report.
+
+    `model` is a registry name, `file.py:Name`, `package.module:Name` or an nn.Module;
+    `inputs` image paths/folders, or tensors (positional arguments of forward). Options:
+    input_specs, layers, types, depth, weights, seed, device, topk, model_args, train,
+    stats_backend ("torch" skips the fused CPU kernel; results agree).
+    """
+    return _run(model, inputs, command="inspect", **options)
+
+
+def grads(
+    model: str | nn.Module,
+    inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor] = (),
+    **options: Any,
+) -> Report:
+    """As inspect, plus a backward pass: each call's grad_output/grad_input statistics and
+    each selected layer's parameter gradients. Extra options: target ("top1", a class index
+    or label, "sum"), loss ("ce:IDX", "mse:ones", …), input_grad."""
+    return _run(model, inputs, command="grads", **options)
+
+
+def _run(
+    model: str | nn.Module,
+    inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor],
     *,
+    command: str,
     input_specs: Sequence[str] = (),
     layers: Sequence[str] = (),
     types: Sequence[str] = (),
@@ -143,18 +255,19 @@ def inspect(
     device: str = "auto",
     topk: int | None = None,
     model_args: Mapping[str, Any] | None = None,
+    train: bool = False,
+    target: str | None = None,
+    loss: str | None = None,
+    input_grad: bool = False,
     stats_backend: str = "auto",
+    config: str | None = None,
 ) -> Report:
-    """Run one forward pass with statistics hooks on the selected layers; return the Report.
-
-    `model` is a registry name, `file.py:Name`, `package.module:Name` or an nn.Module;
-    `inputs` image paths/folders, or tensors (positional arguments of forward).
-    `stats_backend` "torch" skips the fused CPU kernel (for comparison; results agree).
-    """
     if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
+    backward = command == "grads"
     dev = resolve_device(device)
     loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    spec = parse_target(target, loss, loaded.categories) if backward else None
     targets = select(
         module_entries(loaded.module),
         layers=layers,
@@ -162,23 +275,45 @@ def inspect(
         depth=depth,
         model_label=loaded.spec,
     )
-    if isinstance(inputs, torch.Tensor):
-        minput = ModelInput((inputs,), f"tensor {'x'.join(map(str, inputs.shape))}")
-    elif inputs and all(isinstance(x, torch.Tensor) for x in inputs):
-        minput = ModelInput(tuple(inputs), "tensors")
-    else:
-        minput = prepare_input(loaded, [str(x) for x in inputs], input_specs, seed)
-    minput = minput.to(dev)
+    minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
+    input_leaves: list[tuple[str, torch.Tensor]] = []
+    if backward and input_grad:
+        minput, input_leaves = _with_input_grad(minput)
     collector = StatsCollector(fused=stats_backend != "torch")
-    session, output = run_forward(loaded, minput, targets, collector, dev)
-    out_stats: list[TensorStats] = []
-    out_rows: list[int] = []
-    measure(collector, output, "out", out_stats, out_rows)
-    if topk is None:  # a custom model's output is not known to be class scores: ask first
-        topk = 0 if loaded.task == "custom" else 5
-    predictions, note = predict(output, loaded, topk, minput.sources)
+    session = HookSession(targets, collector, grads=backward)
+    params = list(loaded.module.parameters())
+    param_stats: dict[int, list[PendingParam]] = {}
+    scalar: torch.Tensor | None = None
+    with (
+        model_left_as_found(loaded.module, dev, train=train),
+        grads_left_as_found(params if backward else []),
+    ):
+        torch.manual_seed(seed)  # dropout and the like, in train mode
+        try:
+            with torch.set_grad_enabled(backward):
+                output = run_forward(loaded, minput, session, dev)
+                if spec is not None:
+                    scalar = scalar_of(spec, output, seed)
+                    run_backward(loaded, scalar)
+        finally:
+            session.remove_tensor_hooks()
+        if backward:
+            param_stats = {i: _param_stats(t.module, collector) for i, t in enumerate(targets)}
+        out_stats: list[TensorStats] = []
+        out_rows: list[int] = []
+        measure(collector, output, "out", out_stats, out_rows)
+        grad_rows = [collector.add(t.grad, path) for path, t in input_leaves if t.grad is not None]
+        predictions, note = predict(output, loaded, _topk(topk, loaded), minput.sources)
     rows = collector.finalize()
-    layers_out = [_complete(p, rows) for p in session.calls]
+    first_call: dict[str, LayerCall] = {}
+    layers_out = []
+    for p in session.calls:
+        call = _complete(p, rows, backward)
+        layers_out.append(call)
+        first_call.setdefault(call.name, call)
+    for i, t in enumerate(targets):
+        if i in param_stats and t.name in first_call:
+            first_call[t.name].params = [_fill_param(ps, rows) for ps in param_stats[i]]
     for s, r in zip(out_stats, out_rows, strict=True):
         if r >= 0:
             fill(s, rows[r])
@@ -186,7 +321,7 @@ def inspect(
         f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error
     ]
     return Report(
-        model=_model_info(loaded),
+        model=_model_info(loaded, train),
         input=InputInfo(minput.description, minput.shapes(), minput.sources, minput.preprocessing),
         device=str(dev),
         layers=layers_out,
@@ -195,16 +330,66 @@ def inspect(
         predictions=predictions,
         prediction_note=note,
         notes=notes,
+        backward=Backward(spec.describe(), float(scalar.detach()))
+        if spec and scalar is not None
+        else None,
+        input_grads=[fill(s, rows[r]) for s, r in grad_rows] if input_grad else None,
+        config=config,
+        command=command,
         hookcli_version=__version__,
     )
 
 
-def _model_info(loaded: LoadedModel) -> ModelInfo:
+def _topk(topk: int | None, loaded: LoadedModel) -> int:
+    if topk is None:  # a custom model's output is not known to be class scores: ask first
+        return 0 if loaded.task == "custom" else 5
+    return topk
+
+
+Entry = tuple[TensorStats, int]  # statistics waiting for their collector row
+PendingParam = tuple[ParamStats, Entry, Entry | None]  # the weight's entry, the gradient's
+
+
+def _param_stats(module: nn.Module, collector: StatsCollector) -> list[PendingParam]:
+    """A module's parameters and their gradients, measured after backward."""
+    out = []
+    for name, p in module.named_parameters():
+        weight = collector.add(p, name)
+        grad = collector.add(p.grad, f"{name}.grad") if p.grad is not None else None
+        out.append(
+            (ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None), weight, grad)
+        )
+    return out
+
+
+def _fill_param(pending: PendingParam, rows: Any) -> ParamStats:
+    ps, (weight, w_row), grad = pending
+    ps.norm = fill(weight, rows[w_row]).norm
+    if grad is not None:
+        g = fill(grad[0], rows[grad[1]])
+        ps.grad = g
+        ps.grad_norm = g.norm
+        ps.grad_mean = g.mean
+        if g.min is not None and g.max is not None:
+            ps.grad_max_abs = max(abs(g.min), abs(g.max))
+        if ps.norm and g.norm is not None:
+            ps.ratio = g.norm / ps.norm
+    return ps
+
+
+def _model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
     params = sum(p.numel() for p in loaded.module.parameters())
-    return ModelInfo(loaded.name, loaded.spec, loaded.task, loaded.weights_label, params)
+    return ModelInfo(
+        loaded.name,
+        loaded.spec,
+        loaded.task,
+        loaded.weights_label,
+        params,
+        "train" if train else "eval",
+    )
 
 
-def _complete(pending: PendingCall, rows: Any) -> LayerCall:
+def _complete(pending: PendingCall, rows: Any, backward: bool) -> LayerCall:
     call = pending.call
     for stats_list, idxs in (
         (call.inputs, pending.input_rows),
@@ -213,7 +398,19 @@ def _complete(pending: PendingCall, rows: Any) -> LayerCall:
         for s, r in zip(stats_list, idxs, strict=True):
             if r >= 0:
                 fill(s, rows[r])
+    if backward:
+        # in the order of the inputs/outputs; absent gradients are left out, all absent → None
+        for attr, grads, tensors in (
+            ("grad_inputs", pending.grad_inputs, call.inputs),
+            ("grad_outputs", pending.grad_outputs, call.outputs),
+        ):
+            found = [fill(*_row(grads[t.path], rows)) for t in tensors if t.path in grads]
+            setattr(call, attr, found or None)
     return call
+
+
+def _row(entry: Entry, rows: Any) -> tuple[TensorStats, Any]:
+    return entry[0], rows[entry[1]]
 
 
 # ---------------------------------------------------------------- predictions
@@ -310,7 +507,9 @@ def layers_report(
     if shapes:
         minput = prepare_input(loaded, inputs, input_specs, seed).to(dev)
         targets = [Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type) for e in entries]
-        session, _ = run_forward(loaded, minput, targets, None, dev)
+        session = HookSession(targets, None)
+        with model_left_as_found(loaded.module, dev), torch.no_grad():
+            run_forward(loaded, minput, session, dev)
         first: dict[str, LayerCall] = {}
         for p in session.calls:
             first.setdefault(p.call.name, p.call)

@@ -43,6 +43,8 @@ COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
 
 # Below this many elements the parallel kernel's thread start-up costs more than it saves.
 _PARALLEL_MIN = 1 << 15
+# Tensors this small also report their elements (toy models, losses, gradients of scalars).
+SMALL = 16
 # Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits. The
 # kernel's float32 block sums carry ~1e-7 relative error, so past this ratio the exact
 # two-pass float64 path is used instead.
@@ -191,6 +193,8 @@ class StatsCollector:
         self._scratch = np.zeros(7, dtype=np.float64)
         self._rows: list[Row | torch.Tensor] = []
         self._notes: list[str | None] = []
+        self._values: dict[int, list[float | None] | torch.Tensor] = {}  # row → elements
+        self._wants_values: list[tuple[TensorStats, int]] = []
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
 
     def __len__(self) -> int:
@@ -205,12 +209,17 @@ class StatsCollector:
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
+            if idx in self._values:
+                self._wants_values.append((stats, idx))
             return stats, idx
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         idx = len(self._rows)
         self._rows.append(row)
         self._notes.append(note)
         stats.note = note
+        if 0 < stats.numel <= SMALL and t.device.type != "meta":
+            self._values[idx] = _small_values(t)
+            self._wants_values.append((stats, idx))
         with contextlib.suppress(TypeError):  # no weakref support: measured again next time
             self._seen[key] = (weakref.ref(t), version, idx)
         return stats, idx
@@ -248,11 +257,45 @@ class StatsCollector:
             rows = [self._rows[i] for i in idxs]
             stacked = torch.stack(rows)  # type: ignore[arg-type]
             out[idxs] = stacked.to("cpu", torch.float64).numpy()
+        self._resolve_values()
         self._seen.clear()
         return out
 
+    def _resolve_values(self) -> None:
+        """Small tensors' elements; those on a device travel in one transfer per device."""
+        pending: dict[torch.device, list[int]] = {}
+        for idx, v in self._values.items():
+            if isinstance(v, torch.Tensor):
+                pending.setdefault(v.device, []).append(idx)
+        for idxs in pending.values():
+            parts = [self._values[i] for i in idxs]
+            flat = torch.cat(parts).cpu().tolist()  # type: ignore[arg-type]
+            start = 0
+            for i, part in zip(idxs, parts, strict=True):
+                n = part.numel()  # type: ignore[union-attr]
+                self._values[i] = [_finite_or_none(v) for v in flat[start : start + n]]
+                start += n
+        for stats, idx in self._wants_values:
+            values = self._values[idx]
+            assert not isinstance(values, torch.Tensor)
+            stats.values = values
+
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
+    """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
+    float64 copy that finalize() brings over together with the others."""
+    x, _ = _prepare(t)
+    flat = x.reshape(-1).to(_accumulate_dtype(x.device))
+    if flat.is_cpu:
+        return [_finite_or_none(v) for v in flat.tolist()]
+    return flat.clone()
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}

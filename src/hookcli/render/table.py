@@ -31,7 +31,46 @@ HEADERS = [
     "zeros",
     "nan/inf",
 ]
-RIGHT = {"call", "mean", "std", "min", "max", "zeros"}
+GRAD_HEADERS = [
+    "layer",
+    "type",
+    "call",
+    "output",
+    "mean",
+    "std",
+    "grad_out norm",
+    "grad_out mean",
+    "grad_out std",
+    "grad_in norm",
+    "nan/inf",
+]
+PARAM_HEADERS = [
+    "layer",
+    "param",
+    "shape",
+    "norm",
+    "grad norm",
+    "grad mean",
+    "grad max|abs|",
+    "grad/weight",
+]
+RIGHT = {
+    "call",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zeros",
+    "norm",
+    "grad_out norm",
+    "grad_out mean",
+    "grad_out std",
+    "grad_in norm",
+    "grad norm",
+    "grad mean",
+    "grad max|abs|",
+    "grad/weight",
+}
 
 
 def _input_label(call: LayerCall) -> str:
@@ -42,6 +81,53 @@ def _input_label(call: LayerCall) -> str:
         label = label[4:]
     extra = len(call.inputs) - 1
     return f"{label} +{extra}" if extra else label
+
+
+def _nonfinite_cell(*tensors: TensorStats | None) -> str:
+    flagged = [nonfinite(t) for t in tensors if t is not None and t.nonfinite]
+    return "; ".join(flagged) if flagged else DASH
+
+
+def grad_rows(report: Report) -> Iterable[tuple[list[str], bool]]:
+    """grads: one row per (call, output tensor) with its gradient; flag when non-finite."""
+    for c in report.layers:
+        grads_out = {g.path: g for g in c.grad_outputs or []}
+        grad_in = c.grad_inputs[0] if c.grad_inputs else None
+        head = [c.name, c.type, str(c.call)]
+        if not c.outputs:
+            yield [*head, c.error or DASH, *[DASH] * 7], False
+            continue
+        for i, t in enumerate(c.outputs):
+            g = grads_out.get(t.path)
+            cells = head if i == 0 else ["", "", ""]
+            gin = num(grad_in.norm) if (i == 0 and grad_in is not None) else DASH
+            row = [
+                *cells,
+                tensor_label(t, "out"),
+                num(t.mean),
+                num(t.std),
+                num(g.norm) if g else DASH,
+                num(g.mean) if g else DASH,
+                num(g.std) if g else DASH,
+                gin,
+                _nonfinite_cell(t, g, grad_in if i == 0 else None),
+            ]
+            yield row, any(x is not None and x.nonfinite for x in (t, g))
+
+
+def param_rows(report: Report) -> Iterable[list[str]]:
+    for c in report.layers:
+        for p in c.params or []:
+            yield [
+                c.name,
+                p.name,
+                shape(p.shape),
+                num(p.norm),
+                num(p.grad_norm),
+                num(p.grad_mean),
+                num(p.grad_max_abs),
+                num(p.ratio),
+            ]
 
 
 def layer_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
@@ -93,13 +179,39 @@ def _table(title: str | None, headers: Sequence[str], color: bool) -> Table:
 
 def header_lines(report: Report) -> list[str]:
     m = report.model
+    mode = ", train mode" if m.mode == "train" else ""
     lines = [
-        f"{report.command}: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}",
+        f"{report.command}: {m.spec} ({m.task}, {count(m.params)} params{mode}) on {report.device}",
         f"weights: {m.weights}",
         f"input: {report.input.description} -> " + ", ".join(shape(s) for s in report.input.shapes),
     ]
     if report.input.preprocessing:
         lines.append(f"preprocessing: {report.input.preprocessing}")
+    if report.config:
+        lines.append(f"config: {report.config}")
+    if report.backward is not None:
+        lines.append(f"backward from: {report.backward.source} = {num(report.backward.value)}")
+    return lines
+
+
+def _footer_lines(report: Report) -> list[str]:
+    lines = []
+    if report.never_called:
+        shown = ", ".join(report.never_called[:8])
+        more = f" (+{len(report.never_called) - 8} more)" if len(report.never_called) > 8 else ""
+        lines.append(
+            f"never called ({len(report.never_called)} selected modules did not run as "
+            f"modules): {shown}{more}"
+        )
+    if report.outputs:
+        lines.append(
+            "model output: " + ", ".join(tensor_label(t, "out") for t in report.outputs[:6])
+        )
+    for g in report.input_grads or []:
+        lines.append(
+            f"input gradient {g.path}: {shape(g.shape)} norm {num(g.norm)}, "
+            f"mean {num(g.mean)}, std {num(g.std)}, min {num(g.min)}, max {num(g.max)}"
+        )
     return lines
 
 
@@ -108,21 +220,26 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
     for line in header_lines(report):
         console.print(Text(line, style="dim" if color else ""))
     calls = len(report.layers)
-    table = _table(f"{calls} layer call{'s' if calls != 1 else ''}", HEADERS, color)
-    for cells, t in layer_rows(report):
-        style = "red" if (t is not None and t.nonfinite) else None
-        table.add_row(*cells, style=style if color else None)
-    console.print(table)
-    if report.never_called:
-        shown = ", ".join(report.never_called[:8])
-        more = f" (+{len(report.never_called) - 8} more)" if len(report.never_called) > 8 else ""
-        console.print(
-            f"never called ({len(report.never_called)} selected modules did not run as "
-            f"modules): {shown}{more}"
-        )
-    if report.outputs:
-        outs = ", ".join(tensor_label(t, "out") for t in report.outputs[:6])
-        console.print(f"model output: {outs}")
+    title = f"{calls} layer call{'s' if calls != 1 else ''}"
+    if report.backward is not None:
+        table = _table(title, GRAD_HEADERS, color)
+        for cells, bad in grad_rows(report):
+            table.add_row(*cells, style="red" if (bad and color) else None)
+        console.print(table)
+        params = list(param_rows(report))
+        if params:
+            ptable = _table("parameter gradients", PARAM_HEADERS, color)
+            for cells in params:
+                ptable.add_row(*cells)
+            console.print(ptable)
+    else:
+        table = _table(title, HEADERS, color)
+        for cells, t in layer_rows(report):
+            style = "red" if (t is not None and t.nonfinite) else None
+            table.add_row(*cells, style=style if color else None)
+        console.print(table)
+    for line in _footer_lines(report):
+        console.print(Text(line))
     if report.predictions == []:
         console.print("predictions: none (nothing detected)")
     if report.predictions:
@@ -208,19 +325,30 @@ def _md_escape(s: str) -> str:
     return s.replace("|", "\\|")
 
 
+def _md_table(headers: list[str], rows: Iterable[list[str]]) -> list[str]:
+    out = [
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if h in RIGHT else "---" for h in headers) + "|",
+    ]
+    out += ["| " + " | ".join(_md_escape(c) for c in cells) + " |" for cells in rows]
+    return out
+
+
 def report_markdown(report: Report) -> str:
     out = [
         f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(header_lines(report))
     ]
-    out += [
-        "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "|".join("---:" if h in RIGHT else "---" for h in HEADERS) + "|",
-    ]
-    for cells, _ in layer_rows(report):
-        out.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
-    if report.never_called:
-        out += ["", "never called: " + ", ".join(f"`{n}`" for n in report.never_called)]
+    if report.backward is not None:
+        out += _md_table(GRAD_HEADERS, (cells for cells, _ in grad_rows(report)))
+        params = list(param_rows(report))
+        if params:
+            out += ["", "parameter gradients:", *_md_table(PARAM_HEADERS, params)]
+    else:
+        out += _md_table(HEADERS, (cells for cells, _ in layer_rows(report)))
+    footer = _footer_lines(report)
+    if footer:
+        out += ["", *(f"{line}  " for line in footer)]
     if report.predictions:
         out += [
             "",

@@ -1,0 +1,187 @@
+"""Project config: `hookcli.toml`, or `[tool.hookcli]` in `pyproject.toml`, in the working
+directory or a parent. Keys are the long option names (`model`, `input`, `weights`, `layer`,
+`target`, `loss`, …); a table named after a command (`[grads]`, `[tool.hookcli.grads]`)
+overrides for that command. Command-line flags override the file. Relative paths in the file
+are relative to the file's folder, so `hookcli grads` works from anywhere in the project.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookcli.errors import UsageError
+
+COMMANDS = ("inspect", "grads", "layers", "models")
+# key → (parameter name, kind): str, int, bool, list (of str)
+KEYS: dict[str, tuple[str, str]] = {
+    "model": ("model", "str"),
+    "input": ("input", "list"),
+    "weights": ("weights", "str"),
+    "seed": ("seed", "int"),
+    "device": ("device", "str"),
+    "layer": ("layer", "list"),
+    "type": ("type_", "list"),
+    "depth": ("depth", "int"),
+    "model-arg": ("model_arg", "list"),
+    "topk": ("topk", "int"),
+    "format": ("fmt", "str"),
+    "output": ("output", "str"),
+    "train": ("train", "bool"),
+    "target": ("target", "str"),
+    "loss": ("loss", "str"),
+    "input-grad": ("input_grad", "bool"),
+    "shapes": ("shapes", "bool"),
+}
+_SPEC = re.compile(r"^(randn|rand|ones|zeros):")
+_TENSOR_FILE = (".pt", ".pth", ".npy")
+
+
+@dataclass(slots=True)
+class Config:
+    path: Path
+    values: dict[str, Any] = field(default_factory=dict)  # parameter name → value
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+def find(start: Path) -> Path | None:
+    """The nearest hookcli.toml, or pyproject.toml with [tool.hookcli], from start upwards."""
+    for folder in (start, *start.parents):
+        own = folder / "hookcli.toml"
+        if own.is_file():
+            return own
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and "[tool.hookcli" in pyproject.read_text(errors="replace"):
+            return pyproject
+    return None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read config {path}: {exc.strerror}.", "check the --config path."
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config {path}: {exc}.", "fix the TOML syntax there.") from exc
+    if path.name == "pyproject.toml":
+        table = data.get("tool", {}).get("hookcli")
+        if not isinstance(table, dict):
+            raise UsageError(
+                f"{path} has no [tool.hookcli] table.", "add one, or pass --no-config."
+            )
+        return table
+    return data
+
+
+def _line_of(path: Path, key: str) -> str:
+    """`path:line` of a key, for messages (TOML parsers do not keep positions)."""
+    pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    try:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.match(line):
+                return f"{path}:{n}"
+    except OSError:
+        pass
+    return str(path)
+
+
+def load(path: Path, command: str) -> Config:
+    """The values of a config file for one command, checked and with paths resolved."""
+    table = _read(path)
+    merged: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            if key not in COMMANDS:
+                raise UsageError(
+                    f"{_line_of(path, key)}: unknown table [{key}].",
+                    f"command tables are {', '.join(COMMANDS)}.",
+                )
+            continue
+        merged[key] = value
+    section = table.get(command)
+    if isinstance(section, dict):
+        merged.update(section)
+    config = Config(path)
+    for key, value in merged.items():
+        norm = key.replace("_", "-")
+        if norm not in KEYS:
+            close = difflib.get_close_matches(norm, list(KEYS), n=2)
+            near = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise UsageError(
+                f"{_line_of(path, key)}: unknown key {key!r}.{near}",
+                f"keys are the long option names: {', '.join(KEYS)}.",
+            )
+        param, kind = KEYS[norm]
+        config.values[param] = _check(path, key, value, kind)
+    _resolve_paths(config)
+    return config
+
+
+def _check(path: Path, key: str, value: Any, kind: str) -> Any:
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "list": isinstance(value, str)
+        or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+    }[kind]
+    if not ok:
+        want = {
+            "str": "a string",
+            "int": "an integer",
+            "bool": "true or false",
+            "list": "a string or a list of strings",
+        }[kind]
+        raise UsageError(
+            f"{_line_of(path, key)}: {key} must be {want}, not {value!r}.",
+            "fix the value in the config file.",
+        )
+    return [value] if kind == "list" and isinstance(value, str) else value
+
+
+def _relative(folder: Path, raw: str) -> str:
+    p = Path(raw).expanduser()
+    return raw if p.is_absolute() else str(folder / p)
+
+
+def _resolve_paths(config: Config) -> None:
+    v, folder = config.values, config.folder
+    model = v.get("model")
+    if isinstance(model, str) and ":" in model:
+        source, _, name = model.rpartition(":")
+        if source.endswith(".py"):
+            v["model"] = f"{_relative(folder, source)}:{name}"
+    if "input" in v:
+        images, specs = [], []
+        for item in v.pop("input"):
+            if _SPEC.match(item):
+                specs.append(item)
+            elif item.lower().endswith(_TENSOR_FILE):
+                specs.append(_relative(folder, item))
+            else:
+                images.append(_relative(folder, item))
+        if images:
+            v["inputs"] = images
+        if specs:
+            v["input_spec"] = specs
+    weights = v.get("weights")
+    if isinstance(weights, str) and weights.lower() != "none" and weights.upper() != "DEFAULT":
+        candidate = folder / weights
+        if Path(weights).suffix or candidate.exists():
+            v["weights"] = _relative(folder, weights)
+    loss = v.get("loss")
+    if isinstance(loss, str) and ":" in loss:
+        kind, _, arg = loss.partition(":")
+        if arg.lower().endswith(_TENSOR_FILE):
+            v["loss"] = f"{kind}:{_relative(folder, arg)}"
+    if isinstance(v.get("output"), str):
+        v["output"] = Path(_relative(folder, v["output"]))

@@ -1,0 +1,196 @@
+"""What backward starts from: a target on the model's scores, or a loss against a tensor.
+
+--target top1 | <class index> | "<class label>" | sum
+--loss ce:<idx> | nll:<idx> | l1:<spec> | mse:<spec> | bce:<spec> | bcelogits:<spec>
+
+where <spec> is a tensor spec: `ones`, `zeros` (shaped like the output), `ones:2x10`,
+`randn:…`, `rand:…`, `file.pt`, `file.npy`. Losses use PyTorch's default mean reduction.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hookcli.errors import UsageError
+from hookcli.hooks import iter_tensors
+from hookcli.inputs import parse_spec
+
+LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
+
+
+@dataclass(slots=True)
+class TargetSpec:
+    """A parsed --target or --loss, resolved against the model's output at backward time."""
+
+    kind: str  # top1 | index | sum | loss
+    index: int | None = None
+    label: str | None = None
+    loss: str | None = None
+    spec: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "top1":
+            return "top-1 score (logit) of each image, summed"
+        if self.kind == "index":
+            named = f" ({self.label!r})" if self.label else ""
+            return f"score (logit) of class {self.index}{named}, summed over images"
+        if self.kind == "sum":
+            return "sum of every floating-point output element"
+        return f"{self.loss} loss against {self.spec}"
+
+
+def parse_target(
+    target: str | None, loss: str | None, categories: Sequence[str] | None
+) -> TargetSpec:
+    """--target/--loss → TargetSpec. A loss wins when both are given (it is the more specific)."""
+    if loss:
+        kind, sep, rest = loss.partition(":")
+        kind = kind.strip().lower()
+        if kind not in LOSSES or not sep or not rest.strip():
+            raise UsageError(
+                f"malformed --loss {loss!r}: expected KIND:ARG with KIND one of "
+                f"{', '.join(LOSSES)} (ce:IDX, nll:IDX, mse:ones, l1:target.pt …).",
+                "for example --loss ce:281 or --loss mse:ones",
+            )
+        rest = rest.strip()
+        if kind in ("ce", "nll"):
+            index = _class_index(rest, categories, option="--loss")
+            return TargetSpec("loss", index=index, loss=kind, spec=f"class {index}")
+        return TargetSpec("loss", loss=kind, spec=rest)
+    raw = (target or "top1").strip()
+    if raw.lower() == "top1":
+        return TargetSpec("top1")
+    if raw.lower() == "sum":
+        return TargetSpec("sum")
+    index = _class_index(raw, categories, option="--target")
+    label = categories[index] if categories and 0 <= index < len(categories) else None
+    return TargetSpec("index", index=index, label=label)
+
+
+def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int:
+    if raw.lstrip("-").isdigit():
+        return int(raw)
+    if not categories:
+        raise UsageError(
+            f"{option} {raw!r}: this model has no class labels to look it up in.",
+            "give a class index, or top1 / sum.",
+        )
+    lowered = {c.lower(): i for i, c in enumerate(categories)}
+    if raw.lower() in lowered:
+        return lowered[raw.lower()]
+    # "tabby cat" → "tabby": exactly one category named as a whole word inside the text
+    inside = [i for c, i in lowered.items() if re.search(rf"\b{re.escape(c)}\b", raw.lower())]
+    if len(inside) == 1:
+        return inside[0]
+    close = difflib.get_close_matches(raw, categories, n=3, cutoff=0.5)
+    close = close or [c for c in categories if raw.lower() in c.lower()][:3]
+    near = f" Close: {', '.join(repr(c) for c in close)}." if close else ""
+    raise UsageError(
+        f"{option} {raw!r} is not a class of this model.{near}",
+        "give a label exactly as in `hookcli inspect` predictions, or a class index.",
+    )
+
+
+def _scores(output: Any) -> torch.Tensor:
+    """The (N, classes, ...) score tensor of a classification or segmentation output."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("out"), torch.Tensor):
+        return output["out"]  # type: ignore[no-any-return]  # segmentation
+    if isinstance(output, tuple) and hasattr(output, "logits"):
+        return output.logits  # type: ignore[no-any-return]
+    raise UsageError(
+        f"the model returns a {type(output).__name__}, not class scores.",
+        "use --target sum, or a --loss against a target tensor.",
+    )
+
+
+def _check_class(index: int, scores: torch.Tensor, option: str) -> None:
+    if scores.dim() < 2:
+        raise UsageError(
+            f"{option} needs class scores of shape (N, classes, …); the output is "
+            f"{'x'.join(map(str, scores.shape)) or 'a scalar'}.",
+            "use --target sum, or a --loss against a target tensor.",
+        )
+    if not 0 <= index < scores.shape[1]:
+        raise UsageError(
+            f"class index {index} is out of range: the model has {scores.shape[1]} classes "
+            f"(0-{scores.shape[1] - 1}).",
+            f"give an index from 0 to {scores.shape[1] - 1}.",
+        )
+
+
+def scalar(spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
+    """The scalar backward starts from, computed from the model's output (graph kept)."""
+    if spec.kind == "sum":
+        parts = [t.sum() for _, t in iter_tensors(output, "out") if t.is_floating_point()]
+        if not parts:
+            raise UsageError(
+                "the model's output has no floating-point tensor to sum.",
+                "use a --loss against a target tensor.",
+            )
+        return torch.stack(parts).sum()
+    if spec.kind == "top1":
+        scores = _scores(output)
+        _check_class(0, scores, "--target top1")
+        flat = scores.flatten(2) if scores.dim() > 2 else scores.unsqueeze(-1)
+        # top-1 class per image (per pixel for segmentation), its score summed
+        return flat.max(dim=1).values.sum()
+    if spec.kind == "index":
+        assert spec.index is not None
+        scores = _scores(output)
+        _check_class(spec.index, scores, "--target")
+        return scores[:, spec.index].sum()
+    return _loss(spec, output, seed)
+
+
+def _loss(spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
+    scores = _scores(output)
+    kind = spec.loss
+    if kind in ("ce", "nll"):
+        assert spec.index is not None
+        _check_class(spec.index, scores, f"--loss {kind}")
+        target = torch.full(
+            (scores.shape[0], *scores.shape[2:]), spec.index, dtype=torch.long, device=scores.device
+        )
+        return F.cross_entropy(scores, target) if kind == "ce" else F.nll_loss(scores, target)
+    assert spec.spec is not None
+    target = _target_tensor(spec.spec, scores, seed)
+    if kind == "l1":
+        return F.l1_loss(scores, target)
+    if kind == "mse":
+        return F.mse_loss(scores, target)
+    if kind == "bcelogits":
+        return F.binary_cross_entropy_with_logits(scores, target)
+    with torch.no_grad():
+        lo, hi = float(scores.min()), float(scores.max())
+    if lo < 0 or hi > 1:
+        raise UsageError(
+            f"--loss bce needs outputs in [0, 1] (probabilities); they span [{lo:.4g}, {hi:.4g}].",
+            f"for logits use --loss bcelogits:{spec.spec}",
+        )
+    return F.binary_cross_entropy(scores, target)
+
+
+def _target_tensor(raw: str, like: torch.Tensor, seed: int) -> torch.Tensor:
+    if raw in ("ones", "zeros"):
+        target = torch.ones_like(like) if raw == "ones" else torch.zeros_like(like)
+        return target.detach()
+    (target, *rest) = parse_spec(raw, seed)
+    if rest:
+        raise UsageError(f"loss target {raw} holds {len(rest) + 1} tensors.", "save one tensor.")
+    if tuple(target.shape) != tuple(like.shape):
+        want = "x".join(map(str, like.shape)) or "a scalar"
+        got = "x".join(map(str, target.shape)) or "a scalar"
+        raise UsageError(
+            f"loss target {raw} has shape {got} but the output has shape {want}.",
+            f"give a target of shape {want}, e.g. ones:{want} (or just `ones`).",
+        )
+    return target.to(device=like.device, dtype=like.dtype)

@@ -1,0 +1,202 @@
+"""Gradients against independent oracles: torch.autograd.grad on a copy of the model with
+every in-place op disabled, and .grad after a plain backward."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import hookcli
+from hookcli.errors import UsageError
+from hookcli.hooks import iter_tensors
+from tests.conftest import assert_stats_match, hooks_left
+
+
+def _without_inplace(model: nn.Module) -> nn.Module:
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if hasattr(m, "inplace"):
+            m.inplace = False
+    return twin
+
+
+def oracle_grads(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, int, str], torch.Tensor]:
+    """∂(sum of top-1 logits)/∂(each leaf call's output), by torch.autograd.grad.
+
+    In-place ops are disabled twice over: module `inplace` flags off, and each recorded
+    output handed on as a clone, so functional in-place ops in forward code (DenseNet's
+    `F.relu(features, inplace=True)`, ResNet's `out += identity`) modify the clone and the
+    recorded tensor keeps the value the layer produced."""
+    twin = _without_inplace(model)
+    outs: dict[tuple[str, int, str], torch.Tensor] = {}
+    counts: dict[str, int] = defaultdict(int)
+    handles = []
+    for name, m in twin.named_modules():
+        if next(m.children(), None) is not None:
+            continue
+
+        def hook(mod: nn.Module, a: Any, out: Any, name: str = name) -> Any:
+            call = counts[name]
+            counts[name] += 1
+            for path, t in iter_tensors(out, "out"):
+                if t.requires_grad:
+                    outs[(name, call, path)] = t
+            return out.clone() if isinstance(out, torch.Tensor) else None
+
+        handles.append(m.register_forward_hook(hook))
+    try:
+        logits = twin(x)
+    finally:
+        for h in handles:
+            h.remove()
+    target = logits.max(dim=1).values.sum()
+    keys = list(outs)
+    grads = torch.autograd.grad(target, [outs[k] for k in keys], allow_unused=True)
+    return {k: g for k, g in zip(keys, grads, strict=True) if g is not None}
+
+
+def plain_param_grads(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    twin = copy.deepcopy(model)
+    twin(x).max(dim=1).values.sum().backward()
+    return {n: p.grad for n, p in twin.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "name", ["resnet18", "mobilenet_v3_small", "densenet121", "efficientnet_b0"]
+)
+def test_grad_outputs_and_param_grads_match_autograd(name: str) -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name).eval()
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = hookcli.grads(model, x, device="cpu", topk=0)
+    assert report.backward is not None and "top-1" in report.backward.source
+    want = oracle_grads(model, x)
+    checked = 0
+    for call in report.layers:
+        for g in call.grad_outputs or []:
+            assert_stats_match(
+                g, want[(call.name, call.call, g.path)], rtol=1e-5, same_tensor=False
+            )
+            checked += 1
+    assert checked == len(want), (checked, len(want))
+    # parameter gradients: the same as .grad after a plain backward
+    ref = plain_param_grads(model, x)
+    seen = 0
+    for call in report.layers:
+        for p in call.params or []:
+            if p.grad is not None:
+                assert_stats_match(
+                    p.grad, ref[f"{call.name}.{p.name}"], rtol=1e-5, same_tensor=False
+                )
+                seen += 1
+    assert seen == len(ref)
+    # the image needs no grad: the first conv has no gradient w.r.t. its input
+    first = report.layers[0]
+    assert first.grad_inputs is None and first.grad_outputs is not None
+    # model untouched: no hooks, no .grad, same state
+    assert hooks_left(model) == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_resnet18_in_place_relu_calls_each_get_their_gradient() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    report = hookcli.grads(model, torch.randn(1, 3, 224, 224), device="cpu", layers=["layer1.0.*"])
+    relu = [c for c in report.layers if c.name == "layer1.0.relu"]
+    assert [c.call for c in relu] == [0, 1]
+    assert all(c.grad_outputs and c.grad_inputs for c in relu)
+    # ReLU(inplace) after bn1: its input gradient is bn1's output gradient
+    bn1 = next(c for c in report.layers if c.name == "layer1.0.bn1")
+    assert relu[0].grad_inputs[0].norm == pytest.approx(bn1.grad_outputs[0].norm, rel=1e-9)
+
+
+def test_input_grad_and_the_users_grads_are_restored() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 224, 224)
+    sentinel = torch.full_like(model.fc.weight, 7.0)
+    model.fc.weight.grad = sentinel
+    report = hookcli.grads(model, x, device="cpu", input_grad=True, layers=["conv1"])
+    assert model.fc.weight.grad is sentinel
+    assert not x.requires_grad and x.grad is None
+    assert report.layers[0].grad_inputs is not None
+    assert report.input_grads is not None
+    x2 = x.clone().requires_grad_(True)
+    copy.deepcopy(model)(x2).max(dim=1).values.sum().backward()
+    assert_stats_match(report.input_grads[0], x2.grad, rtol=1e-5, same_tensor=False)
+    assert report.layers[0].grad_inputs[0].norm == pytest.approx(report.input_grads[0].norm)
+
+
+def test_train_mode_leaves_the_state_dict_unchanged() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18()
+    model.eval()
+    before = copy.deepcopy(model.state_dict())
+    report = hookcli.grads(
+        model, torch.randn(2, 3, 64, 64), device="cpu", train=True, layers=["bn1"]
+    )
+    assert report.model.mode == "train"
+    assert not model.training
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    # and train mode really ran: batch statistics, so bn1's output is normalised per batch
+    out = report.layers[0].outputs[0]
+    assert abs(out.mean) < 1e-3 and out.std == pytest.approx(1.0, rel=1e-2)
+
+
+def test_gradient_that_does_not_reach_the_target_is_null() -> None:
+    class TwoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Linear(3, 4)
+            self.unused = nn.Linear(3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.unused(x)
+            return self.used(x)
+
+    report = hookcli.grads(TwoHeads(), torch.randn(2, 3), device="cpu", target="sum")
+    by_name = {c.name: c for c in report.layers}
+    assert by_name["used"].grad_outputs is not None
+    assert by_name["unused"].grad_outputs is None
+    assert [p.grad for p in by_name["unused"].params or []] == [None, None]
+
+
+def test_frozen_model_without_input_grad_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(UsageError, match="requires grad"):
+        hookcli.grads(model, torch.randn(1, 2), device="cpu", target="sum")
+    report = hookcli.grads(model, torch.randn(1, 2), device="cpu", target="sum", input_grad=True)
+    assert report.input_grads is not None
+
+
+def test_targets_and_losses() -> None:
+    from hookcli.loading import load_model
+
+    model = load_model("resnet18", seed=0).module  # the same weights the runs below build
+    x = torch.randn(1, 3, 64, 64)
+    by_label = hookcli.grads("resnet18", x, device="cpu", target="tabby cat", layers=["fc"])
+    by_index = hookcli.grads("resnet18", x, device="cpu", target="281", layers=["fc"])
+    assert by_label.backward.value == by_index.backward.value  # type: ignore[union-attr]
+    with torch.no_grad():
+        assert by_index.backward.value == pytest.approx(float(model(x)[0, 281]))  # type: ignore[union-attr]
+    ce = hookcli.grads("resnet18", x, device="cpu", loss="ce:281", layers=["fc"])
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(x), torch.tensor([281]))
+    assert ce.backward.value == pytest.approx(float(want))  # type: ignore[union-attr]
+    with pytest.raises(UsageError, match="tabby"):
+        hookcli.grads("resnet18", x, device="cpu", target="taby cat")
+    with pytest.raises(UsageError, match="out of range"):
+        hookcli.grads("resnet18", x, device="cpu", target="1000")
+    with pytest.raises(UsageError, match="shape 1x1000"):
+        hookcli.grads("resnet18", x, device="cpu", loss="mse:ones:10")
