@@ -9,7 +9,10 @@ Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval)
     hand-written hook script calling `.item()` per statistic;
 (b) memory: peak RSS growth during the same runs, each variant in a fresh subprocess, as a
     ratio to the plain forward's;
-(c) `hookcli --help` wall time, and whether torch was imported.
+(c) `hookcli --help` wall time, and whether torch was imported;
+(d) grads: `hookcli.grads` with statistics of every leaf call's inputs, outputs and gradients
+    and every parameter gradient ÷ a plain forward + backward from the same target (the sum
+    of each image's top-1 logit), interleaved the same way.
 
 Usage: python benchmarks/overhead.py [--rounds N] [--quick]
 """
@@ -102,6 +105,24 @@ def _interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict
             fn()
             times[key].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def grads_case(name: str, batch: int, rounds: int) -> dict[str, float]:
+    import hookcli
+
+    model, x = _build(name, batch)
+
+    def plain() -> object:
+        for p in model.parameters():
+            p.grad = None
+        model(x).max(dim=1).values.sum().backward()
+        return None
+
+    def hooked() -> object:
+        return hookcli.grads(model, x, device="cpu", topk=0)
+
+    t = _interleaved({"plain": plain, "hookcli": hooked}, rounds)
+    return {"hookcli": t["hookcli"] / t["plain"], "plain_ms": t["plain"] * 1e3}
 
 
 def time_case(name: str, batch: int, rounds: int) -> dict[str, float]:
@@ -224,6 +245,10 @@ def main() -> None:
     print(
         f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}"
     )
+    print("(d) grads ÷ plain forward+backward (median of rounds)")
+    for name, batch in cases:
+        g = grads_case(name, batch, rounds)
+        print(f"  {name} batch {batch} (plain {g['plain_ms']:.0f} ms): hookcli {g['hookcli']:.3f}x")
 
 
 if __name__ == "__main__":
