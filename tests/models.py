@@ -113,3 +113,71 @@ def not_a_module() -> int:
 
 def broken_factory() -> nn.Module:
     raise ValueError("factory exploded")
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)  # NaN for negative inputs
+
+
+class Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x)  # infinite derivative at 0
+
+
+class NanForward(nn.Module):
+    """Finite until `log` takes the log of negative activations; NaN flows on after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.log = Log()
+        self.fc2 = nn.Linear(8, 3)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc2(self.log(self.fc1(x))))
+
+
+class DivideByDead(nn.Module):
+    """Divides by a ReLU output that is zero: Inf (and NaN) from `div` on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.gate = nn.ReLU()
+        self.div = Divide()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.div(h, self.gate(-h.abs()))
+
+
+class Divide(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a / b
+
+
+class NanBackward(nn.Module):
+    """Finite forward; backward through sqrt at 0 makes the first non-finite gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.relu = nn.ReLU()
+        self.sqrt = Sqrt()
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.sqrt(self.relu(self.fc1(x))))
+
+
+class Healthy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.act = nn.Tanh()
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))

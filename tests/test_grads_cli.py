@@ -105,7 +105,7 @@ def test_pyproject_table_found_from_a_subfolder(
             ["hookcli.toml:2", "unknown key 'layers'", "layer"],
         ),
         ('model = "m.py:Net"\nseed = "zero"\n', ["hookcli.toml:2", "seed must be an integer"]),
-        ('model = "m.py:Net"\n[check]\nx = 1\n', ["unknown table [check]"]),
+        ('model = "m.py:Net"\n[chekc]\nx = 1\n', ["unknown table [chekc]"]),
     ],
 )
 def test_malformed_config_names_file_and_line(

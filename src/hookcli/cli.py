@@ -450,6 +450,28 @@ FormatOpt = Annotated[
 ]
 
 
+FailOnOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--fail-on",
+        metavar="nonfinite|dead",
+        help="Exit 1 when NaN/Inf appear anywhere (nonfinite) or a ReLU-family output is dead.",
+    ),
+]
+DeadFracOpt = Annotated[
+    float,
+    typer.Option("--dead-frac", help="Zero fraction at which --fail-on dead counts a layer dead."),
+]
+SaveBaselineOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-baseline",
+        metavar="FILE",
+        help="Also write this run's JSON report to FILE, for a later `check --baseline FILE`.",
+    ),
+]
+
+
 @app.command()
 def inspect(
     ctx: typer.Context,
@@ -465,8 +487,11 @@ def inspect(
     model_arg: ModelArgOpt = None,
     train: TrainOpt = False,
     topk: TopkOpt = None,
+    fail_on: FailOnOpt = None,
+    dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
 ) -> None:
@@ -516,8 +541,11 @@ def grads(
     model_arg: ModelArgOpt = None,
     train: TrainOpt = False,
     topk: TopkOpt = None,
+    fail_on: FailOnOpt = None,
+    dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
 ) -> None:
@@ -531,6 +559,81 @@ def grads(
         _run_command(ctx, "grads", p, config, no_config)
 
 
+@app.command()
+def check(
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
+    inputs: InputsArg = None,
+    fail_on: FailOnOpt = None,
+    dead_frac: DeadFracOpt = 1.0,
+    max_abs: Annotated[
+        float | None,
+        typer.Option("--max-abs", metavar="X", help="Fail when any activation exceeds |X|."),
+    ] = None,
+    grad_norm: Annotated[
+        str | None,
+        typer.Option(
+            "--grad-norm",
+            metavar="MIN:MAX",
+            help="Fail when a gradient norm (outputs, parameters) leaves [MIN, MAX]; "
+            "implies --backward. Either bound may be empty.",
+        ),
+    ] = None,
+    expect_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--expect-shape",
+            metavar="LAYER=SHAPE",
+            help="Fail unless LAYER's first output has this shape, e.g. conv1=1x64x112x112.",
+        ),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            metavar="FILE",
+            help="Compare every statistic with a recorded JSON report (inspect -f json -o FILE).",
+        ),
+    ] = None,
+    rtol: Annotated[
+        float, typer.Option("--rtol", help="Relative tolerance for --baseline.")
+    ] = 1e-3,
+    atol: Annotated[
+        float, typer.Option("--atol", help="Absolute tolerance for --baseline.")
+    ] = 1e-6,
+    backward: Annotated[
+        bool, typer.Option("--backward", help="Also run backward (gradients are checked too).")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures.")] = False,
+    layer: LayerOpt = None,
+    type_: TypeOpt = None,
+    depth: DepthOpt = None,
+    input_spec: InputSpecOpt = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Backward target (see grads).")
+    ] = None,
+    loss: Annotated[str | None, typer.Option("--loss", help="Backward loss (see grads).")] = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    train: TrainOpt = False,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+    save_baseline: SaveBaselineOpt = None,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
+) -> None:
+    """Run the model (and backward with --backward or a gradient rule) and check rules: exit 0
+    when all pass, 1 when any fails. Without rules: --fail-on nonfinite. Deterministic.
+
+    Example: hookcli check resnet50 --fail-on nonfinite --fail-on dead --baseline base.json
+    """
+    with _handled():
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        _run_command(ctx, "check", p, config, no_config)
+
+
 def _run_command(
     ctx: typer.Context, command: str, p: dict[str, Any], config: Path | None, no_config: bool
 ) -> None:
@@ -538,9 +641,26 @@ def _run_command(
     used = _configure(ctx, command, p, config, no_config)
     output = p["output"]
     _check_output(output)
+    _check_output(p["save_baseline"])
     from hookcli import run
+    from hookcli.checks import evaluate, parse_rules
     from hookcli.loading import parse_model_args
 
+    rules = parse_rules(
+        fail_on=p["fail_on"],
+        dead_frac=p["dead_frac"],
+        max_abs=p.get("max_abs"),
+        grad_norm=p.get("grad_norm"),
+        expect_shape=p.get("expect_shape"),
+        baseline=p.get("baseline"),
+        rtol=p.get("rtol", 1e-3),
+        atol=p.get("atol", 1e-6),
+    )
+    if command == "check" and not rules.any:
+        rules.fail_on.append("nonfinite")
+    runner = command
+    if command == "check":
+        runner = "grads" if (p["backward"] or rules.needs_backward) else "inspect"
     name = _need_model(p["model"], command)
     options: dict[str, Any] = {
         "input_specs": p["input_spec"] or [],
@@ -550,22 +670,44 @@ def _run_command(
         "weights": p["weights"],
         "seed": p["seed"],
         "device": p["device"],
-        "topk": p["topk"],
+        "topk": p.get("topk", 0),  # check needs no predictions
         "model_args": parse_model_args(p["model_arg"] or []),
         "train": p["train"],
         "config": used,
+        "also_layers": [layer for layer, _ in rules.expect_shapes],
+        "deterministic": command == "check",
     }
-    if command == "grads":
-        options.update(target=p["target"], loss=p["loss"], input_grad=p["input_grad"])
+    if runner == "grads":
+        options.update(target=p["target"], loss=p["loss"], input_grad=p.get("input_grad", False))
     with _status(f"running {name}…"):
-        report = getattr(run, command)(name, p["inputs"] or [], **options)
+        report = getattr(run, runner)(name, p["inputs"] or [], **options)
+    report.command = command
+    report.checks = evaluate(report, rules)
     fmt = _format(p["fmt"], output)
     if used and (fmt != Format.table or output is not None):
         _err(f"config: {used}")  # a table on stdout says so in its header
-    _emit(_render(report, fmt, output), output)
+    if p["save_baseline"] is not None:
+        from hookcli.render.json import report_json
+
+        _emit(report_json(report), p["save_baseline"])
+    quiet = bool(p.get("quiet"))
+    _emit(_render(report, fmt, output, checks_only=command == "check", quiet=quiet), output)
+    failed = [c for c in report.checks if not c.passed]
+    if failed and command != "check" and (fmt != Format.table or output is not None):
+        for c in failed:  # the table shows them; other formats get them on stderr
+            _err(f"check failed: {c.rule}: {c.message}")
+    if failed:
+        raise typer.Exit(1)
 
 
-def _render(report: object, fmt: Format, output: Path | None) -> str:
+def _render(
+    report: object,
+    fmt: Format,
+    output: Path | None,
+    *,
+    checks_only: bool = False,
+    quiet: bool = False,
+) -> str:
     from hookcli.records import Report
 
     assert isinstance(report, Report)
@@ -581,7 +723,12 @@ def _render(report: object, fmt: Format, output: Path | None) -> str:
 
     if fmt == Format.markdown:
         return report_markdown(report)
-    return report_table(report, color=_color() and output is None, width=_width())
+    color = _color() and output is None
+    if checks_only:
+        from hookcli.render.table import checks_table
+
+        return checks_table(report, color=color, width=_width(), quiet=quiet)
+    return report_table(report, color=color, width=_width())
 
 
 def main() -> None:

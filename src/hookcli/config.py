@@ -16,7 +16,7 @@ from typing import Any
 
 from hookcli.errors import UsageError
 
-COMMANDS = ("inspect", "grads", "layers", "models")
+COMMANDS = ("inspect", "grads", "check", "layers", "models")
 # key → (parameter name, kind): str, int, bool, list (of str)
 KEYS: dict[str, tuple[str, str]] = {
     "model": ("model", "str"),
@@ -36,6 +36,17 @@ KEYS: dict[str, tuple[str, str]] = {
     "loss": ("loss", "str"),
     "input-grad": ("input_grad", "bool"),
     "shapes": ("shapes", "bool"),
+    "fail-on": ("fail_on", "list"),
+    "dead-frac": ("dead_frac", "float"),
+    "save-baseline": ("save_baseline", "str"),
+    "max-abs": ("max_abs", "float"),
+    "grad-norm": ("grad_norm", "str"),
+    "expect-shape": ("expect_shape", "list"),
+    "baseline": ("baseline", "str"),
+    "rtol": ("rtol", "float"),
+    "atol": ("atol", "float"),
+    "backward": ("backward", "bool"),
+    "quiet": ("quiet", "bool"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")
 _TENSOR_FILE = (".pt", ".pth", ".npy")
@@ -130,6 +141,7 @@ def _check(path: Path, key: str, value: Any, kind: str) -> Any:
     ok = {
         "str": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "list": isinstance(value, str)
         or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
@@ -138,6 +150,7 @@ def _check(path: Path, key: str, value: Any, kind: str) -> Any:
         want = {
             "str": "a string",
             "int": "an integer",
+            "float": "a number",
             "bool": "true or false",
             "list": "a string or a list of strings",
         }[kind]
@@ -183,5 +196,9 @@ def _resolve_paths(config: Config) -> None:
         kind, _, arg = loss.partition(":")
         if arg.lower().endswith(_TENSOR_FILE):
             v["loss"] = f"{kind}:{_relative(folder, arg)}"
-    if isinstance(v.get("output"), str):
-        v["output"] = Path(_relative(folder, v["output"]))
+    for key in ("output", "save_baseline", "baseline"):
+        if isinstance(v.get(key), str):
+            v[key] = Path(_relative(folder, v[key]))
+    for key in ("dead_frac", "max_abs", "rtol", "atol"):
+        if key in v:
+            v[key] = float(v[key])

@@ -57,6 +57,8 @@ class PendingCall:
     # gradients by tensor path, filled during backward
     grad_inputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
     grad_outputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
+    finished: int | None = None  # position among calls in the order they returned
+    grad_input_seen: int | None = None  # position among gradient hooks, first input gradient
 
 
 def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -117,6 +119,8 @@ class HookSession:
         self.on_output = on_output
         self.grads = grads and collector is not None
         self.tensor_handles: list[RemovableHandle] = []
+        self._finished = 0
+        self._grad_events = 0
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
         self.hook_errors: list[str] = []
@@ -163,6 +167,9 @@ class HookSession:
                 continue
 
             def grad_hook(grad: torch.Tensor, path: str = path) -> None:
+                self._grad_events += 1
+                if root == "in" and pending.grad_input_seen is None:
+                    pending.grad_input_seen = self._grad_events
                 try:
                     into[path] = collector.add(grad, path)
                 except Exception as exc:  # never break the user's backward either
@@ -207,6 +214,8 @@ class HookSession:
             if not stack:
                 return  # hooks registered mid-call: nothing to pair with
             pending = stack.pop()
+            pending.finished = self._finished
+            self._finished += 1
             call = pending.call
             try:
                 if self.collector is None:

@@ -75,6 +75,39 @@ class ParamStats:
 
 
 @dataclass(slots=True)
+class Origin:
+    """Where non-finite values first appeared. Forward: the first layer call to finish whose
+    inputs were all finite and whose outputs were not. Backward: the first call, in backward
+    order, whose gradient w.r.t. its outputs was finite and w.r.t. its inputs was not."""
+
+    direction: str  # forward | backward
+    layer: str
+    type: str
+    call: int
+    path: str
+    nan: int
+    inf: int
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{n} {k}" for n, k in ((self.nan, "NaN"), (self.inf, "Inf")) if n)
+        what = "output" if self.direction == "forward" else "gradient w.r.t. input"
+        return (
+            f"{self.direction}: first at {self.layer} ({self.type}) call {self.call}, "
+            f"{what} {self.path}: {counts}"
+        )
+
+
+@dataclass(slots=True)
+class CheckResult:
+    """One rule's verdict; `failures` lists the offending layer calls or entries."""
+
+    rule: str
+    passed: bool
+    message: str
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Backward:
     """What backward started from: a description and the scalar's value."""
 
@@ -120,8 +153,9 @@ class Report:
     outputs: list[TensorStats] = field(default_factory=list)
     predictions: list[Prediction] | None = None
     prediction_note: str | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    nonfinite_origins: list[Origin] = field(default_factory=list)
     backward: Backward | None = None
     input_grads: list[TensorStats] | None = None
     config: str | None = None

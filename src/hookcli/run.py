@@ -37,6 +37,7 @@ from hookcli.records import (
     ModelEntry,
     ModelInfo,
     ModuleRow,
+    Origin,
     ParamStats,
     Prediction,
     Report,
@@ -79,6 +80,23 @@ def model_left_as_found(
             m.training = training
         if home is not None and home != device:
             model.to(home)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[None]:
+    """CI runs: torch's deterministic algorithms where it has them, the setting restored after."""
+    if not on:
+        yield
+        return
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 @contextlib.contextmanager
@@ -261,6 +279,8 @@ def _run(
     input_grad: bool = False,
     stats_backend: str = "auto",
     config: str | None = None,
+    also_layers: Sequence[str] = (),
+    deterministic: bool = False,
 ) -> Report:
     if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
@@ -274,6 +294,7 @@ def _run(
         types=types,
         depth=depth,
         model_label=loaded.spec,
+        also=also_layers,
     )
     minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
     input_leaves: list[tuple[str, torch.Tensor]] = []
@@ -287,6 +308,7 @@ def _run(
     with (
         model_left_as_found(loaded.module, dev, train=train),
         grads_left_as_found(params if backward else []),
+        deterministic_algorithms(deterministic),
     ):
         torch.manual_seed(seed)  # dropout and the like, in train mode
         try:
@@ -334,10 +356,35 @@ def _run(
         if spec and scalar is not None
         else None,
         input_grads=[fill(s, rows[r]) for s, r in grad_rows] if input_grad else None,
+        nonfinite_origins=find_origins(session.calls),
         config=config,
         command=command,
         hookcli_version=__version__,
     )
+
+
+def find_origins(calls: Sequence[PendingCall]) -> list[Origin]:
+    """Where NaN/Inf first appeared, from the order hooks ran in — no re-run, no trace.
+
+    Forward: calls in the order they *returned* (a child before its container), the first
+    with finite inputs and a non-finite output. Backward: calls in the order their input
+    gradient arrived, the first whose output gradients are finite and an input gradient not.
+    """
+    origins = []
+    for p in sorted((p for p in calls if p.finished is not None), key=lambda p: p.finished or 0):
+        c = p.call
+        bad = next((t for t in c.outputs if t.nonfinite), None)
+        if bad is not None and not any(t.nonfinite for t in c.inputs):
+            origins.append(Origin("forward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf))
+            break
+    arrived = (p for p in calls if p.grad_input_seen is not None)
+    for p in sorted(arrived, key=lambda p: p.grad_input_seen or 0):
+        c = p.call
+        bad = next((g for g in c.grad_inputs or [] if g.nonfinite), None)
+        if bad is not None and not any(g.nonfinite for g in c.grad_outputs or []):
+            origins.append(Origin("backward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf))
+            break
+    return origins
 
 
 def _topk(topk: int | None, loaded: LoadedModel) -> int:

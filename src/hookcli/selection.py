@@ -91,6 +91,7 @@ def select(
     types: Sequence[str] = (),
     depth: int | None = None,
     model_label: str = "MODEL",
+    also: Sequence[str] = (),
 ) -> list[Target]:
     """The modules to hook. Kinds of filter intersect; repeated filters of one kind unite.
 
@@ -102,7 +103,7 @@ def select(
         raise UsageError(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
-    for pattern in layers:
+    for pattern in (*layers, *also):
         if not any(_match(pattern, e) for e in entries):
             close = _suggest(pattern, names)
             near = f" Nearest: {', '.join(close)}." if close else ""
@@ -125,6 +126,9 @@ def select(
 
     chosen: list[ModuleEntry] = []
     for e in entries:
+        if any(_match(p, e) for p in also):  # needed by a rule (--expect-shape), whatever else
+            chosen.append(e)
+            continue
         if layers and not any(_match(p, e) for p in layers):
             continue
         if wanted_types and e.type not in wanted_types:

@@ -207,6 +207,8 @@ def _footer_lines(report: Report) -> list[str]:
         lines.append(
             "model output: " + ", ".join(tensor_label(t, "out") for t in report.outputs[:6])
         )
+    for o in report.nonfinite_origins:
+        lines.append(f"NaN/Inf first appeared — {o.describe()}")
     for g in report.input_grads or []:
         lines.append(
             f"input gradient {g.path}: {shape(g.shape)} norm {num(g.norm)}, "
@@ -248,7 +250,46 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
         console.print(Text(report.prediction_note, style="dim" if color else ""))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow" if color else ""))
+    _print_checks(console, report, color, quiet=False)
     return _text(buf)
+
+
+_SHOWN = 20  # failures listed per rule in text; JSON carries them all
+
+
+def _print_checks(console: Console, report: Report, color: bool, *, quiet: bool) -> None:
+    for c in report.checks:
+        if quiet and c.passed:
+            continue
+        mark, style = ("PASS", "green") if c.passed else ("FAIL", "bold red")
+        line = Text(f"{mark} ", style=style if color else "")
+        line.append(f"{c.rule}: {c.message}")
+        console.print(line)
+        for f in c.failures[:_SHOWN]:
+            console.print(Text(f"    {f}"))
+        if len(c.failures) > _SHOWN:
+            console.print(Text(f"    … and {len(c.failures) - _SHOWN} more (all in --format json)"))
+
+
+def checks_table(report: Report, *, color: bool, width: int | None, quiet: bool) -> str:
+    """check: the pass/fail list (with --quiet, only failures: nothing when all pass)."""
+    console, buf = _console(color, width)
+    if not quiet:
+        for line in header_lines(report):
+            console.print(Text(line, style="dim" if color else ""))
+    _print_checks(console, report, color, quiet=quiet)
+    if not quiet or any(not c.passed for c in report.checks):
+        for o in report.nonfinite_origins:
+            console.print(Text(f"NaN/Inf first appeared — {o.describe()}"))
+    if not quiet:
+        failed = sum(not c.passed for c in report.checks)
+        total = len(report.checks)
+        verdict = f"{total - failed} passed, {failed} failed"
+        console.print(
+            Text(verdict, style=("bold red" if failed else "bold green") if color else "")
+        )
+    out = _text(buf)
+    return "" if out.strip() == "" else out
 
 
 def _text(buf: io.StringIO) -> str:

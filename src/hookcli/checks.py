@@ -1,0 +1,371 @@
+"""Rules evaluated on a finished Report, and baseline comparison. Numbers only: no torch,
+no re-run — checks cost nothing beyond the hooked pass itself.
+
+Rules: `nonfinite` (NaN/Inf anywhere), `dead` (a ReLU-family output whose zero fraction is at
+least --dead-frac), `--max-abs X` (activation magnitude), `--grad-norm MIN:MAX` (vanishing or
+exploding gradients), `--expect-shape LAYER=1x64x112x112`, and `--baseline FILE` (drift of
+any recorded statistic beyond rtol/atol, or layers that appeared or vanished).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookcli.errors import UsageError
+from hookcli.records import SCHEMA_VERSION, CheckResult, Report, TensorStats
+
+FAIL_ON = ("nonfinite", "dead")
+RELU_FAMILY = {
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "ELU", "CELU", "SELU", "GELU", "SiLU",
+    "Hardswish", "Hardtanh", "Mish", "Softplus", "Threshold",
+}  # fmt: skip
+STATS = ("mean", "std", "min", "max", "zeros", "norm", "nan", "inf")
+
+
+@dataclass(slots=True)
+class Rules:
+    fail_on: list[str] = field(default_factory=list)
+    dead_frac: float = 1.0
+    max_abs: float | None = None
+    grad_norm: tuple[float | None, float | None] | None = None
+    expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    baseline_path: str | None = None
+    rtol: float = 1e-3
+    atol: float = 1e-6
+
+    @property
+    def needs_backward(self) -> bool:
+        return self.grad_norm is not None
+
+    @property
+    def any(self) -> bool:
+        return bool(
+            self.fail_on
+            or self.max_abs is not None
+            or self.grad_norm
+            or self.expect_shapes
+            or self.baseline is not None
+        )
+
+
+def parse_rules(
+    *,
+    fail_on: list[str] | None = None,
+    dead_frac: float = 1.0,
+    max_abs: float | None = None,
+    grad_norm: str | None = None,
+    expect_shape: list[str] | None = None,
+    baseline: Path | None = None,
+    rtol: float = 1e-3,
+    atol: float = 1e-6,
+) -> Rules:
+    rules = Rules(dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol)
+    for rule in fail_on or []:
+        if rule not in FAIL_ON:
+            raise UsageError(
+                f"unknown --fail-on rule {rule!r}.", f"use one of: {', '.join(FAIL_ON)}."
+            )
+        if rule not in rules.fail_on:
+            rules.fail_on.append(rule)
+    if not 0 < dead_frac <= 1:
+        raise UsageError(
+            f"--dead-frac must be in (0, 1], got {dead_frac}.", "e.g. --dead-frac 0.99"
+        )
+    if max_abs is not None and not max_abs > 0:
+        raise UsageError(f"--max-abs must be positive, got {max_abs}.", "e.g. --max-abs 1e4")
+    if rtol < 0 or atol < 0:
+        raise UsageError(
+            f"--rtol and --atol must be 0 or more (got {rtol}, {atol}).",
+            "e.g. --rtol 1e-3 --atol 1e-6",
+        )
+    if grad_norm is not None:
+        rules.grad_norm = _parse_range(grad_norm)
+    for raw in expect_shape or []:
+        layer, sep, dims = raw.partition("=")
+        if not sep or not layer or not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
+            raise UsageError(
+                f"malformed --expect-shape {raw!r}: expected LAYER=SHAPE.",
+                "for example --expect-shape conv1=1x64x112x112",
+            )
+        rules.expect_shapes.append((layer.strip(), tuple(int(d) for d in dims.strip().split("x"))))
+    if baseline is not None:
+        rules.baseline = load_baseline(baseline)
+        rules.baseline_path = str(baseline)
+    return rules
+
+
+def _parse_range(raw: str) -> tuple[float | None, float | None]:
+    lo_s, sep, hi_s = raw.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        lo = float(lo_s) if lo_s.strip() else None
+        hi = float(hi_s) if hi_s.strip() else None
+    except ValueError:
+        raise UsageError(
+            f"malformed --grad-norm {raw!r}: expected MIN:MAX (either may be empty).",
+            "for example --grad-norm 1e-8:1e3 or --grad-norm :100",
+        ) from None
+    if (lo is None and hi is None) or (lo is not None and hi is not None and lo > hi):
+        raise UsageError(
+            f"--grad-norm {raw!r} is an empty range.", "for example --grad-norm 1e-8:1e3"
+        )
+    return lo, hi
+
+
+def _all_tensors(report: Report) -> Iterator[tuple[str, TensorStats]]:
+    for c in report.layers:
+        where = f"{c.name} call {c.call}"
+        for kind, tensors in (
+            ("", c.inputs),
+            ("", c.outputs),
+            ("grad_input ", c.grad_inputs),
+            ("grad_output ", c.grad_outputs),
+        ):
+            for t in tensors or []:
+                yield f"{where} {kind}{t.path}", t
+        for p in c.params or []:
+            if p.grad is not None:
+                yield f"{where} {p.name}.grad", p.grad
+    for t in report.outputs:
+        yield f"model output {t.path}", t
+    for t in report.input_grads or []:
+        yield f"input gradient {t.path}", t
+
+
+def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
+    results = []
+    if "nonfinite" in rules.fail_on:
+        results.append(_nonfinite(report))
+    if "dead" in rules.fail_on:
+        results.append(_dead(report, rules.dead_frac))
+    if rules.max_abs is not None:
+        results.append(_max_abs(report, rules.max_abs))
+    if rules.grad_norm is not None:
+        results.append(_grad_norm(report, *rules.grad_norm))
+    for layer, shape in rules.expect_shapes:
+        results.append(_expect_shape(report, layer, shape))
+    if rules.baseline is not None:
+        results.append(
+            compare_baseline(
+                report, rules.baseline, rules.rtol, rules.atol, rules.baseline_path or "baseline"
+            )
+        )
+    return results
+
+
+def _nonfinite(report: Report) -> CheckResult:
+    seen = 0
+    bad = []
+    for where, t in _all_tensors(report):
+        seen += 1
+        if t.nonfinite:
+            counts = ", ".join(f"{n} {k}" for n, k in ((t.nan, "NaN"), (t.inf, "Inf")) if n)
+            bad.append(f"{where}: {counts}")
+    if not bad:
+        return CheckResult("nonfinite", True, f"no NaN/Inf in {seen} tensors")
+    origins = (
+        "; ".join(o.describe() for o in report.nonfinite_origins)
+        or "origin not among the selected layers"
+    )
+    return CheckResult(
+        "nonfinite", False, f"NaN/Inf in {len(bad)} of {seen} tensors ({origins})", bad
+    )
+
+
+def _dead(report: Report, frac: float) -> CheckResult:
+    checked = 0
+    bad = []
+    for c in report.layers:
+        if c.type not in RELU_FAMILY:
+            continue
+        for t in c.outputs:
+            if t.zeros is None:
+                continue
+            checked += 1
+            if t.zeros >= frac:
+                bad.append(f"{c.name} call {c.call} {t.path}: {t.zeros:.1%} zeros")
+    limit = "all zeros" if frac >= 1 else f"at least {frac:.0%} zeros"
+    if not bad:
+        return CheckResult("dead", True, f"no ReLU-family output {limit} ({checked} checked)")
+    return CheckResult("dead", False, f"{len(bad)} of {checked} ReLU-family outputs {limit}", bad)
+
+
+def _max_abs(report: Report, limit: float) -> CheckResult:
+    bad = []
+    checked = 0
+    for c in report.layers:
+        for t in c.outputs:
+            if t.min is None or t.max is None:
+                continue
+            checked += 1
+            peak = max(abs(t.min), abs(t.max))
+            if peak > limit:
+                bad.append(f"{c.name} call {c.call} {t.path}: max |x| = {peak:.4g}")
+    if not bad:
+        return CheckResult(
+            "max-abs", True, f"every activation within ±{limit:g} ({checked} checked)"
+        )
+    return CheckResult("max-abs", False, f"{len(bad)} activations beyond ±{limit:g}", bad)
+
+
+def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResult:
+    if report.backward is None:
+        return CheckResult("grad-norm", False, "no backward pass ran", [])
+    span = f"[{'' if lo is None else f'{lo:g}'}, {'' if hi is None else f'{hi:g}'}]"
+    bad = []
+    checked = 0
+    for c in report.layers:
+        norms = [(f"grad_output {g.path}", g.norm) for g in c.grad_outputs or []]
+        norms += [(f"{p.name}.grad", p.grad_norm) for p in c.params or []]
+        for what, norm in norms:
+            if norm is None:
+                continue
+            checked += 1
+            if (lo is not None and norm < lo) or (hi is not None and norm > hi):
+                side = "vanishing" if lo is not None and norm < lo else "exploding"
+                bad.append(f"{c.name} call {c.call} {what}: norm {norm:.4g} ({side})")
+    if not bad:
+        return CheckResult(
+            "grad-norm", True, f"every gradient norm within {span} ({checked} checked)"
+        )
+    return CheckResult("grad-norm", False, f"{len(bad)} gradient norms outside {span}", bad)
+
+
+def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckResult:
+    want = "x".join(map(str, shape))
+    call = next((c for c in report.layers if c.name == layer or layer in c.aliases), None)
+    rule = f"expect-shape {layer}"
+    if call is None:
+        return CheckResult(rule, False, f"{layer} never ran, so it has no output shape")
+    if not call.outputs:
+        return CheckResult(rule, False, f"{layer} produced no tensor")
+    got = "x".join(map(str, call.outputs[0].shape))
+    if got == want:
+        return CheckResult(rule, True, f"{layer} output is {want}")
+    return CheckResult(rule, False, f"{layer} output is {got}, expected {want}")
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"baseline {path} not found.", f"record one: hookcli inspect MODEL … -f json -o {path}"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"baseline {path} is not readable JSON: {exc}.", "record it again with -f json -o FILE."
+        ) from None
+    if not isinstance(data, dict) or not {"schema", "model", "layers"} <= set(data):
+        raise UsageError(
+            f"baseline {path} is not a hookcli JSON report.",
+            "record one with hookcli inspect … -f json -o FILE.",
+        )
+    if data["schema"] != SCHEMA_VERSION:
+        raise UsageError(
+            f"baseline {path} has schema {data['schema']}; "
+            f"this hookcli writes schema {SCHEMA_VERSION}.",
+            "record the baseline again with this version.",
+        )
+    return data
+
+
+def _entries(layers: list[dict[str, Any]]) -> dict[tuple[str, int, str, str], dict[str, Any]]:
+    out = {}
+    for c in layers:
+        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+            for t in c.get(kind) or []:
+                out[(c["name"], c["call"], kind, t["path"])] = t
+        for p in c.get("params") or []:
+            if p.get("grad"):
+                out[(c["name"], c["call"], "param_grads", p["name"])] = p["grad"]
+    return out
+
+
+def _change(a: float | None, b: float | None, rtol: float, atol: float) -> float | None:
+    """The relative change from baseline b to a, when beyond tolerance; else None."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        return math.inf
+    if abs(a - b) <= atol + rtol * abs(b):
+        return None
+    return abs(a - b) / max(abs(b), atol, 1e-30)
+
+
+def compare_baseline(
+    report: Report, baseline: dict[str, Any], rtol: float, atol: float, label: str
+) -> CheckResult:
+    base_model = baseline.get("model", {}).get("spec")
+    if base_model != report.model.spec:
+        raise UsageError(
+            f"baseline {label} is from model {base_model!r}; this run is {report.model.spec!r}.",
+            "compare runs of the same model, or record a new baseline.",
+        )
+    base_shapes = [list(s) for s in baseline.get("input", {}).get("shapes", [])]
+    run_shapes = [list(s) for s in report.input.shapes]
+    if base_shapes != run_shapes:
+        raise UsageError(
+            f"baseline {label} ran on input {base_shapes}; this run on {run_shapes}.",
+            "use the same input shape, or record a new baseline.",
+        )
+    now = _entries(report.to_dict()["layers"])
+    before = _entries(baseline["layers"])
+    kinds = {k[2] for k in before}
+    now = {k: v for k, v in now.items() if k[2] in kinds}  # compare what the baseline recorded
+    calls_now = {(k[0], k[1]) for k in now}
+    calls_before = {(k[0], k[1]) for k in before}
+    failures: list[tuple[float, str]] = []
+    for name, call in sorted(calls_now - calls_before):
+        failures.append((math.inf, f"{name} call {call}: appeared (not in the baseline)"))
+    for name, call in sorted(calls_before - calls_now):
+        failures.append(
+            (math.inf, f"{name} call {call}: vanished (in the baseline, not in this run)")
+        )
+    compared = 0
+    for key in sorted(now.keys() & before.keys()):
+        compared += 1
+        a, b = now[key], before[key]
+        worst: tuple[float, str] | None = None
+        for stat in STATS:
+            change = _change(a.get(stat), b.get(stat), rtol, atol)
+            if change is not None and (worst is None or change > worst[0]):
+                worst = (change, stat)
+        if worst is not None:
+            change, stat = worst
+            name, call, kind, path = key
+            pct = "∞" if math.isinf(change) else f"{change:.2%}"
+            failures.append(
+                (
+                    change,
+                    f"{name} call {call} {kind[:-1]} {path} {stat}: "
+                    f"{_fmt(b.get(stat))} -> {_fmt(a.get(stat))} ({pct})",
+                )
+            )
+    failures.sort(key=lambda f: -f[0])
+    if not failures:
+        return CheckResult(
+            "baseline", True, f"{compared} tensors within rtol {rtol:g}, atol {atol:g} of {label}"
+        )
+    return CheckResult(
+        "baseline",
+        False,
+        f"{len(failures)} entries differ from {label} (rtol {rtol:g}, atol {atol:g}), "
+        "largest change first",
+        [f for _, f in failures],
+    )
+
+
+def _fmt(v: float | None) -> str:
+    return "null" if v is None else f"{v:.4g}"

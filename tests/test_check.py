@@ -1,0 +1,282 @@
+"""check: rules, the first non-finite origin forward and backward, baselines, CI script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from tests.conftest import ROOT
+from tests.test_cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def run(*args: str) -> object:
+    return runner.invoke(app, list(args))
+
+
+def test_forward_origin_log_of_a_negative() -> None:
+    report = hookcli.inspect("tests/models.py:NanForward", input_specs=["randn:16x4"], device="cpu")
+    (origin,) = report.nonfinite_origins
+    assert (origin.direction, origin.layer, origin.path) == ("forward", "log", "out")
+    assert origin.nan > 0
+    # every layer after it is non-finite too, and none before
+    names = [c.name for c in report.layers if any(t.nonfinite for t in c.outputs)]
+    assert names == ["log", "fc2", "act"]
+
+
+def test_forward_origin_division_by_a_zeroed_activation() -> None:
+    report = hookcli.inspect(
+        "tests/models.py:DivideByDead", input_specs=["randn:2x4"], device="cpu"
+    )
+    (origin,) = report.nonfinite_origins
+    assert origin.layer == "div" and origin.inf + origin.nan == 8
+
+
+def test_backward_origin_sqrt_at_zero() -> None:
+    report = hookcli.grads(
+        "tests/models.py:NanBackward", input_specs=["randn:16x4"], device="cpu", target="sum"
+    )
+    assert all(not t.nonfinite for c in report.layers for t in c.outputs), "forward is finite"
+    (origin,) = report.nonfinite_origins
+    assert (origin.direction, origin.layer) == ("backward", "sqrt")
+    assert origin.inf + origin.nan > 0
+
+
+def test_check_exit_codes_and_messages() -> None:
+    r = run("check", "tests/models.py:NanForward", "--input", "randn:16x4")
+    assert r.exit_code == 1, r.stderr
+    assert "FAIL nonfinite" in r.stdout and "forward: first at log (Log) call 0" in r.stdout
+    r = run(
+        "check",
+        "tests/models.py:NanBackward",
+        "--input",
+        "randn:16x4",
+        "--backward",
+        "--target",
+        "sum",
+        "--fail-on",
+        "nonfinite",
+    )
+    assert r.exit_code == 1
+    assert "backward: first at sqrt (Sqrt) call 0, gradient w.r.t. input in[0]" in r.stdout
+    r = run(
+        "check",
+        "tests/models.py:Healthy",
+        "--input",
+        "randn:16x4",
+        "--fail-on",
+        "nonfinite",
+        "--fail-on",
+        "dead",
+        "--backward",
+        "--target",
+        "sum",
+    )
+    assert r.exit_code == 0, r.stdout
+    assert "2 passed, 0 failed" in r.stdout
+
+
+def test_quiet_prints_only_failures() -> None:
+    r = run("check", "tests/models.py:Healthy", "--input", "randn:4x4", "--quiet")
+    assert r.exit_code == 0 and r.stdout == ""
+    r = run("check", "tests/models.py:NanForward", "--input", "randn:16x4", "-q")
+    assert r.exit_code == 1
+    assert r.stdout.startswith("FAIL nonfinite") and "PASS" not in r.stdout
+
+
+def test_dead_max_abs_expect_shape_rules() -> None:
+    r = run(
+        "check",
+        "tests/models.py:DivideByDead",
+        "--input",
+        "randn:2x4",
+        "--fail-on",
+        "dead",
+        "--expect-shape",
+        "fc=2x4",
+        "--expect-shape",
+        "gate=2x5",
+        "--max-abs",
+        "1e9",
+    )
+    assert r.exit_code == 1
+    assert "FAIL dead: 1 of 1 ReLU-family outputs all zeros" in r.stdout
+    assert "PASS expect-shape fc: fc output is 2x4" in r.stdout
+    assert "FAIL expect-shape gate: gate output is 2x4, expected 2x5" in r.stdout
+    assert "PASS max-abs" in r.stdout
+    # a rule's layer is hooked even when -l selects others
+    r = run("check", "resnet18", "-l", "fc", "--expect-shape", "layer1=1x64x56x56")
+    assert r.exit_code == 0, r.stdout
+
+
+def test_fail_on_works_on_inspect_and_grads(tmp_path: Path) -> None:
+    r = run(
+        "inspect", "tests/models.py:NanForward", "--input", "randn:16x4", "--fail-on", "nonfinite"
+    )
+    assert r.exit_code == 1 and "FAIL nonfinite" in r.stdout
+    r = run(
+        "grads",
+        "tests/models.py:NanBackward",
+        "--input",
+        "randn:16x4",
+        "--target",
+        "sum",
+        "--fail-on",
+        "nonfinite",
+        "-f",
+        "json",
+    )
+    assert r.exit_code == 1
+    data = json.loads(r.stdout)
+    assert data["checks"][0]["rule"] == "nonfinite" and not data["checks"][0]["passed"]
+    assert data["nonfinite_origins"][0]["layer"] == "sqrt"
+    assert "check failed: nonfinite" in r.stderr
+    r = run("inspect", "tests/models.py:Healthy", "--input", "randn:4x4", "--fail-on", "nonfinite")
+    assert r.exit_code == 0
+
+
+def test_baseline_round_trip(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    r = run("inspect", "resnet18", "--input", "randn:1x3x64x64", "-f", "json", "-o", str(base))
+    assert r.exit_code == 0, r.stderr
+    r = run("check", "resnet18", "--input", "randn:1x3x64x64", "--baseline", str(base))
+    assert r.exit_code == 0, r.stdout
+    assert "PASS baseline" in r.stdout
+    r = run(
+        "check", "resnet18", "--input", "randn:1x3x64x64", "--baseline", str(base), "--seed", "1"
+    )
+    assert r.exit_code == 1
+    assert "FAIL baseline" in r.stdout and "more (all in --format json)" in r.stdout
+    r = run(
+        "check",
+        "resnet18",
+        "--input",
+        "randn:1x3x64x64",
+        "--baseline",
+        str(base),
+        "--seed",
+        "1",
+        "-f",
+        "json",
+    )
+    (result,) = json.loads(r.stdout)["checks"]
+    assert any(f.startswith("layer4.1.conv2 call 0 output out") for f in result["failures"])
+    # a looser tolerance does not hide a layer that vanished
+    r = run("check", "resnet18", "--input", "randn:1x3x64x64", "--baseline", str(base), "-l", "fc")
+    assert r.exit_code == 1 and "vanished" in r.stdout
+    # --save-baseline records the same thing
+    again = tmp_path / "again.json"
+    r = run("check", "resnet18", "--input", "randn:1x3x64x64", "--save-baseline", str(again))
+    assert r.exit_code == 0 and json.loads(again.read_text())["schema"] == 1
+
+
+@pytest.fixture
+def baselines(tmp_path: Path) -> dict[str, str]:
+    other_schema = {"schema": 99, "model": {"spec": "resnet18"}, "layers": []}
+    (tmp_path / "schema.json").write_text(json.dumps(other_schema))
+    (tmp_path / "corrupt.json").write_text("{not json")
+    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
+    r = run(
+        "inspect",
+        "tests/models.py:Healthy",
+        "--input",
+        "randn:4x4",
+        "-f",
+        "json",
+        "-o",
+        str(tmp_path / "healthy.json"),
+    )
+    assert r.exit_code == 0
+    r = run(
+        "inspect",
+        "resnet18",
+        "--input",
+        "randn:1x3x64x64",
+        "-f",
+        "json",
+        "-o",
+        str(tmp_path / "r64.json"),
+    )
+    assert r.exit_code == 0
+    return {
+        k: str(tmp_path / f"{k}.json") for k in ("schema", "corrupt", "other", "healthy", "r64")
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--grad-norm", "5"], ["malformed --grad-norm '5'"]),
+        (["--grad-norm", "3:1"], ["empty range"]),
+        (["--expect-shape", "conv1"], ["malformed --expect-shape"]),
+        (["--expect-shape", "nope=1x2"], ["no layer matches 'nope'"]),
+        (["--fail-on", "slow"], ["unknown --fail-on rule 'slow'"]),
+        (["--baseline", "missing.json"], ["baseline missing.json not found"]),
+        (["--baseline", "{corrupt}"], ["not readable JSON"]),
+        (["--baseline", "{other}"], ["not a hookcli JSON report"]),
+        (["--baseline", "{schema}"], ["schema 99"]),
+        (["--baseline", "{healthy}"], ["from model 'tests/models.py:Healthy'"]),
+        (["--baseline", "{r64}", "--input", "randn:1x3x32x32"], ["ran on input [[1, 3, 64, 64]]"]),
+        (["--baseline", "{r64}", "--rtol", "-1"], ["--rtol and --atol must be 0 or more"]),
+        (["--dead-frac", "0"], ["--dead-frac must be in (0, 1]"]),
+    ],
+)
+def test_check_bad_input(args: list[str], needles: list[str], baselines: dict[str, str]) -> None:
+    args = [a.format(**baselines) for a in args]
+    if "--input" not in args:
+        args += ["--input", "randn:1x3x64x64"]
+    assert_one_line_error(run("check", "resnet18", *args), 2, *needles)
+
+
+def test_ci_example_script(tmp_path: Path) -> None:
+    script = ROOT / "examples" / "ci" / "check.sh"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "BASELINE": str(tmp_path / "baseline.json"),
+        "MODEL": "tests/models.py:Healthy",
+        "INPUT": "randn:8x4",
+    }
+
+    def step(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script)],
+            env={**env, **extra},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+
+    first = step()
+    assert first.returncode == 0, first.stderr
+    assert "recording" in first.stdout and (tmp_path / "baseline.json").exists()
+    again = step()
+    assert again.returncode == 0, again.stdout + again.stderr
+    drifted = step(SEED="1")
+    assert drifted.returncode == 1
+    assert "FAIL baseline" in drifted.stdout and "FAILED" in drifted.stderr
+    broken = step(
+        MODEL="tests/models.py:NanForward", INPUT="randn:16x4", BASELINE=str(tmp_path / "nan.json")
+    )
+    assert broken.returncode == 1 and "FAIL nonfinite" in broken.stdout
+    missing = step(MODEL="no_such_model")
+    assert missing.returncode == 2 and "could not run" in missing.stderr
+
+
+def test_check_is_deterministic() -> None:
+    a = run("check", "resnet18", "--input", "randn:1x3x64x64", "-f", "json")
+    b = run("check", "resnet18", "--input", "randn:1x3x64x64", "-f", "json")
+    assert json.loads(a.stdout)["layers"] == json.loads(b.stdout)["layers"]
+    assert not torch.are_deterministic_algorithms_enabled(), "the global setting is restored"
