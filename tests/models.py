@@ -64,18 +64,6 @@ class Boom(nn.Module):
         raise RuntimeError("boom inside the model")
 
 
-class Net(nn.Module):
-    """The two-layer net of the seed examples."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(2, 5)
-        self.l2 = nn.Linear(5, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.relu(self.l1(x)))
-
-
 class KwargOnly(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -280,7 +280,7 @@ def test_models_and_layers() -> None:
 def test_every_command_has_help_with_an_example() -> None:
     r = run("--help")
     assert r.exit_code == 0
-    for command in ("models", "layers", "inspect"):
+    for command in ("models", "layers", "inspect", "grads", "check"):
         assert command in r.stdout
         h = run(command, "--help")
         assert h.exit_code == 0 and "Example: hookcli" in h.stdout, h.stdout

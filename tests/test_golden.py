@@ -32,7 +32,7 @@ def _check(name: str, text: str) -> None:
 def test_golden_text_formats(fmt: str, name: str) -> None:
     r = runner.invoke(
         app,
-        ["inspect", "tests/models.py:Net", "--input", "ones:2x2", "-f", fmt],
+        ["inspect", "examples/tiny/net.py:Net", "--input", "ones:2x2", "-f", fmt],
         env={"COLUMNS": "120"},
     )
     assert r.exit_code == 0, r.stderr
@@ -40,7 +40,9 @@ def test_golden_text_formats(fmt: str, name: str) -> None:
 
 
 def test_golden_json() -> None:
-    r = runner.invoke(app, ["inspect", "tests/models.py:Net", "--input", "ones:2x2", "-f", "json"])
+    r = runner.invoke(
+        app, ["inspect", "examples/tiny/net.py:Net", "--input", "ones:2x2", "-f", "json"]
+    )
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
     data.pop("hookcli_version")
@@ -52,7 +54,7 @@ def test_golden_grads_table() -> None:
         app,
         [
             "grads",
-            "tests/models.py:Net",
+            "examples/tiny/net.py:Net",
             "--input",
             "ones:2x2",
             "--loss",

@@ -127,7 +127,7 @@ def model_files(tmp_path: Path) -> dict[str, str]:
     [
         (["grads", "nowhere/model.py:Net"], 2, ["model file nowhere/model.py not found"]),
         (["grads", "{syntax}:Net"], 2, ["line 2", "syntax error"]),
-        (["grads", "tests/models.py:Missing"], 2, ["has no 'Missing'", "Net"]),
+        (["grads", "tests/models.py:Missing"], 2, ["has no 'Missing'", "It defines: Kinds"]),
         (["grads", "tests/models.py:NOT_A_MODEL"], 2, ["not a class or factory"]),
         (["grads", "tests/models.py:not_a_module"], 2, ["gave a int, not an nn.Module"]),
         (["grads", "tests/models.py:broken_factory"], 3, ["factory exploded"]),
@@ -136,12 +136,12 @@ def model_files(tmp_path: Path) -> dict[str, str]:
         (["grads", "resnet18", "--loss", "mse:ones:5"], 2, ["shape 5", "1x1000"]),
         (["grads", "resnet18", "--loss", "hinge:1"], 2, ["malformed --loss"]),
         (
-            ["grads", "tests/models.py:Net", "--input", "ones:2", "--loss", "bce:ones"],
+            ["grads", "examples/tiny/net.py:Net", "--input", "ones:2", "--loss", "bce:ones"],
             2,
             ["bcelogits"],
         ),
         (["grads", "quantized_resnet18"], 2, ["no autograd"]),
-        (["grads", "tests/models.py:Net", "--input", "ones:3"], 3, ["failed in layer l1"]),
+        (["grads", "examples/tiny/net.py:Net", "--input", "ones:3"], 3, ["failed in layer l1"]),
     ],
 )
 def test_grads_bad_input(

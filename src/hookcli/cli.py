@@ -472,6 +472,26 @@ SaveBaselineOpt = Annotated[
 ]
 
 
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        metavar="top1|INDEX|LABEL|sum",
+        help="What backward starts from [default: top1, the top-1 score of each image].",
+        show_default=False,
+    ),
+]
+LossOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--loss",
+        metavar="KIND:ARG",
+        help="Backward from a loss instead: ce:IDX, nll:IDX, l1:SPEC, mse:SPEC, "
+        "bce:SPEC, bcelogits:SPEC (SPEC: ones, zeros, ones:2x10, file.pt, …).",
+    ),
+]
+
+
 @app.command()
 def inspect(
     ctx: typer.Context,
@@ -514,24 +534,8 @@ def grads(
     type_: TypeOpt = None,
     depth: DepthOpt = None,
     input_spec: InputSpecOpt = None,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            "--target",
-            metavar="top1|INDEX|LABEL|sum",
-            help="What backward starts from [default: top1, the top-1 score of each image].",
-            show_default=False,
-        ),
-    ] = None,
-    loss: Annotated[
-        str | None,
-        typer.Option(
-            "--loss",
-            metavar="KIND:ARG",
-            help="Backward from a loss instead: ce:IDX, nll:IDX, l1:SPEC, mse:SPEC, "
-            "bce:SPEC, bcelogits:SPEC (SPEC: ones, zeros, ones:2x10, file.pt, …).",
-        ),
-    ] = None,
+    target: TargetOpt = None,
+    loss: LossOpt = None,
     input_grad: Annotated[
         bool, typer.Option("--input-grad", help="Also the gradient w.r.t. the model input.")
     ] = False,
@@ -609,10 +613,8 @@ def check(
     type_: TypeOpt = None,
     depth: DepthOpt = None,
     input_spec: InputSpecOpt = None,
-    target: Annotated[
-        str | None, typer.Option("--target", help="Backward target (see grads).")
-    ] = None,
-    loss: Annotated[str | None, typer.Option("--loss", help="Backward loss (see grads).")] = None,
+    target: TargetOpt = None,
+    loss: LossOpt = None,
     weights: WeightsOpt = "none",
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
