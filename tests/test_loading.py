@@ -136,5 +136,5 @@ def test_model_args() -> None:
 def test_custom_model_from_file() -> None:
     loaded = load_model("examples/tiny/net.py:Net")
     assert loaded.task == "custom" and loaded.name == "Net"
-    with pytest.raises(UsageError, match="has no 'Nett'. It defines: Net"):
+    with pytest.raises(UsageError, match=r"has no 'Nett'\. It defines: Net"):
         load_model("examples/tiny/net.py:Nett")
