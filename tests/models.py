@@ -169,3 +169,17 @@ class Healthy(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+class TwoBranches(nn.Module):
+    """A conv whose output never reaches the logits (`side`), beside one that does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.side = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.side(x)
+        return self.head(self.conv(x).mean(dim=(2, 3)))

@@ -226,6 +226,13 @@ def _check_output(path: Path | None) -> None:
         raise UsageError(f"--output {path} is not writable.", "choose another path.")
 
 
+def _plain_mode(path: str) -> None:
+    """mkstemp makes files 0600; an output file gets the mode open() would give it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _emit(text: str, output: Path | None) -> None:
     """stdout, or FILE written atomically: a temp file beside it, then rename."""
     if output is None:
@@ -237,6 +244,7 @@ def _emit(text: str, output: Path | None) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        _plain_mode(tmp)
         os.replace(tmp, output)
     except BaseException as exc:
         if tmp is not None:
@@ -700,6 +708,229 @@ def _run_command(
             _err(f"check failed: {c.rule}: {c.message}")
     if failed:
         raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------ pictures
+
+PngOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE.png",
+        help="The PNG to write (required).",
+        show_default=False,
+    ),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
+CallOpt = Annotated[int, typer.Option("--call", help="Which call of a reused module.")]
+ImageOpt = Annotated[int, typer.Option("--image", help="Which image of the batch.")]
+
+
+def _check_new_file(path: Path | None, force: bool, suffix: str, option: str = "-o") -> Path:
+    if path is None:
+        raise UsageError(f"{option} FILE{suffix} is required.", f"e.g. {option} out{suffix}")
+    if path.suffix.lower() != suffix:
+        raise UsageError(
+            f"{option} {path} must end in {suffix}.", f"e.g. {option} {path.stem}{suffix}"
+        )
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists.", "add --force to overwrite it, or choose another name.")
+    _check_output(path)
+    return path
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    """write(tmp_path) fills a temp file beside `path`, which is then renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        _plain_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"cannot write {path}: {exc.strerror}.", "choose another path."
+            ) from exc
+        raise
+
+
+def _save_png(path: Path, image: Any, meta: dict[str, Any]) -> None:
+    from hookcli.render.images import png_bytes_info
+
+    _write_atomic(path, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta)))
+    _err(f"wrote {path} ({image.width}x{image.height})")
+
+
+def _single_layer(value: Any) -> str | None:
+    if isinstance(value, list):
+        if len(value) > 1:
+            raise UsageError(
+                "pictures are of one layer; several -l were given.", "give one -l LAYER."
+            )
+        return value[0] if value else None
+    return value  # type: ignore[no-any-return]
+
+
+@app.command()
+def maps(
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
+    inputs: InputsArg = None,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option("--layer", "-l", metavar="LAYER", help="The layer to draw (one)."),
+    ] = None,
+    output: PngOpt = None,
+    channels: Annotated[int, typer.Option("--channels", help="How many channels to draw.")] = 64,
+    order: Annotated[
+        str,
+        typer.Option("--order", metavar="activity|index", help="Most active first, or by index."),
+    ] = "activity",
+    call: CallOpt = 0,
+    image: ImageOpt = 0,
+    input_spec: InputSpecOpt = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    force: ForceOpt = False,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
+) -> None:
+    """Draw one layer call's output channels as a labelled grid beside the input image (PNG).
+
+    Example: hookcli maps resnet18 sample_images/cat.jpeg -l conv1 -o maps.png
+    """
+    with _handled():
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        used = _configure(ctx, "maps", p, config, no_config)
+        if used:
+            _err(f"config: {used}")
+        out = _check_new_file(p["output"], p["force"], ".png")
+        chosen = _single_layer(p["layer"])
+        if not chosen:
+            raise UsageError(
+                "maps needs a layer: -l LAYER.", "e.g. -l conv1; `hookcli layers MODEL` lists them."
+            )
+        from hookcli.loading import parse_model_args
+        from hookcli.render.images import maps_png
+        from hookcli.visual import feature_maps
+
+        name = _need_model(p["model"], "maps")
+        with _status(f"running {name}…"):
+            picture = feature_maps(
+                name,
+                p["inputs"] or [],
+                layer=chosen,
+                call=p["call"],
+                channels=p["channels"],
+                order=p["order"],
+                image_index=p["image"],
+                input_specs=p["input_spec"] or [],
+                weights=p["weights"],
+                seed=p["seed"],
+                device=p["device"],
+                model_args=parse_model_args(p["model_arg"] or []),
+            )
+        png, meta = maps_png(picture)
+        _save_png(out, png, meta)
+        for note in picture.notes:
+            _err(f"note: {note}")
+
+
+@app.command()
+def cam(
+    ctx: typer.Context,
+    model: OptionalModelArg = None,
+    inputs: InputsArg = None,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layer",
+            "-l",
+            metavar="LAYER",
+            help="The layer [default: the last convolutional block, stated].",
+        ),
+    ] = None,
+    output: PngOpt = None,
+    target: TargetOpt = None,
+    loss: LossOpt = None,
+    method: Annotated[
+        str, typer.Option("--method", metavar="gradcam|gradcam++", help="CAM weighting.")
+    ] = "gradcam",
+    save_raw: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-raw",
+            metavar="FILE.npy",
+            help="Also save the raw heat map (float32, input resolution).",
+        ),
+    ] = None,
+    call: CallOpt = 0,
+    image: ImageOpt = 0,
+    input_spec: InputSpecOpt = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    force: ForceOpt = False,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
+) -> None:
+    """Grad-CAM heat map of one layer for a target, overlaid on the image (PNG).
+
+    Example: hookcli cam resnet50 sample_images/cat.jpeg --weights DEFAULT -o cam.png
+    """
+    with _handled():
+        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
+        used = _configure(ctx, "cam", p, config, no_config)
+        if used:
+            _err(f"config: {used}")
+        out = _check_new_file(p["output"], p["force"], ".png")
+        raw_path = p["save_raw"]
+        if raw_path is not None:
+            _check_new_file(raw_path, p["force"], ".npy", option="--save-raw")
+        from hookcli.loading import parse_model_args
+        from hookcli.render.images import cam_png
+        from hookcli.visual import class_activation
+
+        name = _need_model(p["model"], "cam")
+        with _status(f"running {name}…"):
+            picture = class_activation(
+                name,
+                p["inputs"] or [],
+                layer=_single_layer(p["layer"]),
+                call=p["call"],
+                target=p["target"],
+                loss=p["loss"],
+                method=p["method"],
+                image_index=p["image"],
+                input_specs=p["input_spec"] or [],
+                weights=p["weights"],
+                seed=p["seed"],
+                device=p["device"],
+                model_args=parse_model_args(p["model_arg"] or []),
+            )
+        png, meta = cam_png(picture)
+        _save_png(out, png, meta)
+        if raw_path is not None:
+            import numpy as np
+
+            raw = picture.raw
+            assert raw is not None
+
+            def save_npy(tmp: str) -> None:
+                with open(tmp, "wb") as f:  # a handle: np.save(path) would append ".npy"
+                    np.save(f, raw)
+
+            _write_atomic(raw_path, save_npy)
+            _err(f"wrote {raw_path}")
+        for note in picture.notes:
+            _err(f"note: {note}")
 
 
 def _render(

@@ -16,7 +16,7 @@ from typing import Any
 
 from hookcli.errors import UsageError
 
-COMMANDS = ("inspect", "grads", "check", "layers", "models")
+COMMANDS = ("inspect", "grads", "check", "maps", "cam", "layers", "models", "show")
 # key → (parameter name, kind): str, int, bool, list (of str)
 KEYS: dict[str, tuple[str, str]] = {
     "model": ("model", "str"),
@@ -47,6 +47,13 @@ KEYS: dict[str, tuple[str, str]] = {
     "atol": ("atol", "float"),
     "backward": ("backward", "bool"),
     "quiet": ("quiet", "bool"),
+    "channels": ("channels", "int"),
+    "order": ("order", "str"),
+    "call": ("call", "int"),
+    "image": ("image", "int"),
+    "method": ("method", "str"),
+    "force": ("force", "bool"),
+    "save-raw": ("save_raw", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")
 _TENSOR_FILE = (".pt", ".pth", ".npy")
@@ -196,7 +203,7 @@ def _resolve_paths(config: Config) -> None:
         kind, _, arg = loss.partition(":")
         if arg.lower().endswith(_TENSOR_FILE):
             v["loss"] = f"{kind}:{_relative(folder, arg)}"
-    for key in ("output", "save_baseline", "baseline"):
+    for key in ("output", "save_baseline", "baseline", "save_raw"):
         if isinstance(v.get(key), str):
             v[key] = Path(_relative(folder, v[key]))
     for key in ("dead_frac", "max_abs", "rtol", "atol"):

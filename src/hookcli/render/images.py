@@ -1,0 +1,186 @@
+"""PNG pictures with Pillow: feature-map grids beside the input, Grad-CAM overlays with a
+colour bar. Reads numpy arrays and strings (a visual.Picture), never torch.
+
+Every PNG carries a `hookcli` text chunk (JSON): the title and, for grids, each tile's box and
+label, so a test or a script can find what was drawn where.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont, ImageOps, PngImagePlugin
+
+BACKGROUND = (255, 255, 255)
+INK = (20, 20, 20)
+MIN_TILE = 64  # tiles are upscaled (nearest) to at least this many pixels a side
+MAX_TILE = 96  # and larger maps scaled down to at most this
+GAP = 4
+MARGIN = 12
+# Colour map for heat: dark blue → yellow → red, by Pillow's three-stop colorize.
+COLD, WARM, HOT = (0, 0, 140), (255, 230, 0), (220, 0, 0)
+
+
+class PictureLike(Protocol):
+    title: str
+    image: np.ndarray[Any, Any] | None
+    tiles: np.ndarray[Any, Any] | None
+    labels: list[str]
+    heat: np.ndarray[Any, Any] | None
+    legend: list[str]
+    notes: list[str]
+
+
+def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow without FreeType: the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _text_height(font: Any) -> int:
+    box = font.getbbox("Hg")
+    return int(box[3] - box[1]) + 4
+
+
+def grid_layout(k: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """(rows, cols, tile height, tile width) of a grid of k tiles of h x w pixels."""
+    cols = math.ceil(math.sqrt(k))
+    rows = math.ceil(k / cols)
+    if max(h, w) > MAX_TILE:
+        f = MAX_TILE / max(h, w)
+        return rows, cols, max(1, round(h * f)), max(1, round(w * f))
+    scale = max(1, math.ceil(MIN_TILE / min(h, w)))
+    return rows, cols, h * scale, w * scale
+
+
+def _grid(
+    tiles: np.ndarray[Any, Any], labels: list[str]
+) -> tuple[Image.Image, list[dict[str, Any]]]:
+    k, h, w = tiles.shape
+    rows, cols, th, tw = grid_layout(k, h, w)
+    grid = Image.new(
+        "RGB", (cols * tw + (cols - 1) * GAP, rows * th + (rows - 1) * GAP), BACKGROUND
+    )
+    draw = ImageDraw.Draw(grid)
+    font = _font(max(10, min(16, th // 5)))
+    boxes = []
+    for i in range(k):
+        r, c = divmod(i, cols)
+        x, y = c * (tw + GAP), r * (th + GAP)
+        resample = Image.Resampling.NEAREST if th >= h else Image.Resampling.BILINEAR
+        tile = Image.fromarray(tiles[i], mode="L").resize((tw, th), resample)
+        grid.paste(tile.convert("RGB"), (x, y))
+        label = labels[i] if i < len(labels) else str(i)
+        lb = draw.textbbox((x + 2, y + 1), label, font=font)
+        draw.rectangle((lb[0] - 2, lb[1] - 1, lb[2] + 2, lb[3] + 1), fill=(0, 0, 0))
+        draw.text((x + 2, y + 1), label, fill=(255, 255, 0), font=font)
+        boxes.append({"label": label, "box": [x, y, x + tw, y + th]})
+    return grid, boxes
+
+
+def heat_rgb(heat: np.ndarray[Any, Any]) -> Image.Image:
+    """A [0, 1] map coloured blue → yellow → red."""
+    gray = Image.fromarray((np.clip(heat, 0, 1) * 255 + 0.5).astype(np.uint8), mode="L")
+    return ImageOps.colorize(gray, black=COLD, mid=WARM, white=HOT)
+
+
+def _colour_bar(width: int) -> Image.Image:
+    """low (left, blue) → high (right, red), with its labels: a band of 30 pixels."""
+    ramp = Image.linear_gradient("L").rotate(90, expand=True)  # black (low) on the left
+    bar = ImageOps.colorize(ramp.resize((width, 12)), black=COLD, mid=WARM, white=HOT)
+    band = Image.new("RGB", (width, 30), BACKGROUND)
+    band.paste(bar, (0, 0))
+    draw = ImageDraw.Draw(band)
+    font = _font(11)
+    draw.text((0, 14), "low", fill=INK, font=font)
+    draw.text((width - draw.textlength("high", font=font), 14), "high", fill=INK, font=font)
+    return band
+
+
+def _compose(
+    panels: list[Image.Image], picture: PictureLike, under_last: Image.Image | None = None
+) -> tuple[Image.Image, tuple[int, int]]:
+    """Panels side by side under a title; an optional band under the last panel; legend and
+    notes below. Returns the canvas and the top-left of the last panel."""
+    title_font, text_font = _font(16), _font(13)
+    th, lh = _text_height(title_font), _text_height(text_font)
+    height = max(p.height for p in panels)
+    width = sum(p.width for p in panels) + GAP * 3 * (len(panels) - 1)
+    lines = picture.legend + [f"note: {n}" for n in picture.notes]
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    text_w = max(
+        [probe.textlength(picture.title, font=title_font)]
+        + [probe.textlength(s, font=text_font) for s in lines]
+    )
+    band = (under_last.height + GAP) if under_last is not None else 0
+    canvas_w = int(max(width, text_w)) + 2 * MARGIN
+    canvas_h = MARGIN + th + GAP + height + GAP + band + lh * len(lines) + MARGIN
+    canvas = Image.new("RGB", (canvas_w, canvas_h), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    draw.text((MARGIN, MARGIN), picture.title, fill=INK, font=title_font)
+    x = MARGIN
+    top = MARGIN + th + GAP
+    last = (x, top)
+    for panel in panels:
+        last = (x, top + (height - panel.height) // 2)
+        canvas.paste(panel, last)
+        x += panel.width + GAP * 3
+    y = top + height + GAP
+    if under_last is not None:
+        canvas.paste(under_last, (last[0], y))
+        y += band
+    for line in lines:
+        draw.text((MARGIN, y), line, fill=INK, font=text_font)
+        y += lh
+    return canvas, last
+
+
+def _input_panel(picture: PictureLike, height: int) -> Image.Image | None:
+    """The input as the model saw it, at most as tall as the grid, never upscaled."""
+    if picture.image is None:
+        return None
+    img = Image.fromarray(picture.image, mode="RGB")
+    if img.height <= height:
+        return img
+    return img.resize(
+        (max(1, round(img.width * height / img.height)), height), Image.Resampling.BILINEAR
+    )
+
+
+def maps_png(picture: PictureLike) -> tuple[Image.Image, dict[str, Any]]:
+    assert picture.tiles is not None
+    grid, boxes = _grid(picture.tiles, picture.labels)
+    panels = [p for p in (_input_panel(picture, grid.height), grid) if p is not None]
+    canvas, (gx, gy) = _compose(panels, picture)
+    for b in boxes:  # in canvas coordinates
+        x0, y0, x1, y1 = b["box"]
+        b["box"] = [x0 + gx, y0 + gy, x1 + gx, y1 + gy]
+    return canvas, {"title": picture.title, "tiles": boxes}
+
+
+def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dict[str, Any]]:
+    assert picture.heat is not None
+    heat = heat_rgb(picture.heat)
+    if picture.image is not None:
+        base = Image.fromarray(picture.image, mode="RGB")
+        mask = Image.fromarray((np.clip(picture.heat, 0, 1) * 255 * alpha).astype(np.uint8), "L")
+        panels = [base, Image.composite(heat, base, mask)]
+    else:
+        panels = [heat]
+    size = max(224, panels[0].height)
+    panels = [
+        p.resize((round(p.width * size / p.height), size), Image.Resampling.BILINEAR)
+        for p in panels
+    ]
+    canvas, _ = _compose(panels, picture, under_last=_colour_bar(panels[-1].width))
+    return canvas, {"title": picture.title}
+
+
+def png_bytes_info(meta: dict[str, Any]) -> PngImagePlugin.PngInfo:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("hookcli", json.dumps(meta))
+    return info

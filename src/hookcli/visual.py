@@ -1,0 +1,386 @@
+"""Pictures from one layer call: feature-map grids and Grad-CAM heat maps.
+
+The torch side lives here: capture the call's output (and, for CAM, its gradient, from the
+same in-place-safe tensor hooks as `grads`), choose and normalise channels, compute the CAM.
+It hands plain numpy arrays to render/images.py, which composes the PNG with Pillow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hookcli.errors import UsageError
+from hookcli.hooks import HookSession, PendingCall, Target, iter_tensors
+from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
+from hookcli.loading import LoadedModel, load_model, resolve_device
+from hookcli.run import (
+    _model_input,
+    deterministic_algorithms,
+    model_left_as_found,
+    run_backward,
+    run_forward,
+)
+from hookcli.selection import ModuleEntry, module_entries, select
+from hookcli.targets import parse_target
+from hookcli.targets import scalar as scalar_of
+
+_POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")
+
+
+@dataclass(slots=True)
+class Picture:
+    """What render/images.py draws: arrays and the words to put beside them."""
+
+    title: str
+    image: np.ndarray[Any, np.dtype[np.uint8]] | None  # (H, W, 3) the input as the model saw it
+    tiles: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # (K, h, w) normalised channels
+    labels: list[str] = field(default_factory=list)
+    heat: np.ndarray[Any, np.dtype[np.float32]] | None = None  # (H, W) CAM in [0, 1]
+    raw: np.ndarray[Any, np.dtype[np.float32]] | None = None  # (H, W) CAM before scaling
+    legend: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _one_target(loaded: LoadedModel, pattern: str) -> tuple[Target, ModuleEntry]:
+    entries = module_entries(loaded.module)
+    targets = select(entries, layers=[pattern], model_label=loaded.spec)
+    if len(targets) > 1:
+        shown = ", ".join(t.name for t in targets[:5])
+        raise UsageError(
+            f"-l {pattern!r} matches {len(targets)} layers ({shown}…); pictures are of one layer.",
+            "name one layer exactly.",
+        )
+    entry = next(e for e in entries if e.module is targets[0].module)
+    return targets[0], entry
+
+
+def default_cam_layer(loaded: LoadedModel, minput: ModelInput, device: torch.device) -> str:
+    """The last module to finish with a spatial (N, C, H>1, W>1) output, pooling excluded:
+    the last convolutional block of a CNN (resnet `layer4`, densenet/vgg/mobilenet
+    `features`, inception `Mixed_7c`)."""
+    entries = module_entries(loaded.module)
+    found: list[tuple[int, str]] = []
+    order = [0]
+
+    def watch(entry: ModuleEntry) -> Any:
+        def hook(module: nn.Module, args: Any, out: Any) -> None:
+            order[0] += 1
+            if entry.type in _POOLS or not entry.name:
+                return
+            first = next((t for _, t in iter_tensors(out, "out")), None)
+            if first is not None and first.dim() == 4 and first.shape[2] > 1 and first.shape[3] > 1:
+                found.append((order[0], entry.name))
+
+        return hook
+
+    handles = [e.module.register_forward_hook(watch(e)) for e in entries]
+    try:
+        with model_left_as_found(loaded.module, device), torch.no_grad():
+            loaded.module(*minput.args)
+    finally:
+        for h in handles:
+            h.remove()
+    if not found:
+        raise UsageError(
+            f"{loaded.spec} has no layer with an (N, C, H, W) output to draw a CAM on.",
+            "name a layer with -l.",
+        )
+    return max(found)[1]
+
+
+def _capture(
+    loaded: LoadedModel,
+    minput: ModelInput,
+    target: Target,
+    device: torch.device,
+    call: int,
+    *,
+    backward: str | None = None,
+    loss: str | None = None,
+    seed: int = 0,
+    train: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None, str, Any]:
+    """The output (and its gradient, for CAM) of one call of one layer, the target's value
+    and description, and the model's output."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(pending: PendingCall, output: Any) -> None:
+        if pending.call.call != call:
+            return
+        first = next((t for _, t in iter_tensors(output, "out")), None)
+        if first is None:
+            return
+        captured["out"] = first
+        if backward is not None and first.requires_grad:
+
+            def grab(grad: torch.Tensor) -> None:
+                captured["grad"] = grad.detach().clone()
+
+            session.tensor_handles.append(first.register_hook(grab))  # type: ignore[no-untyped-call]
+
+    session = HookSession([target], None, on_output=keep)
+    value: float | None = None
+    described = ""
+    with model_left_as_found(loaded.module, device, train=train), deterministic_algorithms(False):
+        torch.manual_seed(seed)
+        try:
+            with torch.set_grad_enabled(backward is not None):
+                output = run_forward(loaded, minput, session, device)
+                if backward is not None:
+                    spec = parse_target(backward, loss, loaded.categories)
+                    total = scalar_of(spec, output, seed)
+                    described = spec.describe()
+                    value = float(total.detach())
+                    run_backward(loaded, total)
+        finally:
+            session.remove_tensor_hooks()
+    calls = session.counts[0]
+    if calls == 0:
+        raise UsageError(
+            f"layer {target.name} never ran in this forward pass.",
+            "pick a layer that runs (`hookcli layers MODEL --shapes` shows calls).",
+        )
+    if "out" not in captured:
+        raise UsageError(
+            f"layer {target.name} call {call} does not exist or returned no tensor "
+            f"(it ran {calls} time{'s' if calls != 1 else ''}).",
+            f"use --call 0 to {calls - 1}.",
+        )
+    out = captured["out"].detach()
+    return out, captured.get("grad"), value, described, output
+
+
+def _image_of(minput: ModelInput, index: int, loaded: LoadedModel) -> np.ndarray[Any, Any] | None:
+    """The input image as the model saw it (after resize/crop), de-normalised to uint8."""
+    x = minput.args[0] if minput.args else None
+    if isinstance(x, list):
+        x = x[index] if index < len(x) else None
+    elif isinstance(x, torch.Tensor) and x.dim() == 4:
+        x = x[index]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] not in (1, 3):
+        return None
+    img = x.detach().float().cpu()
+    mean_std = _normalisation(loaded)
+    if mean_std is not None:
+        mean, std = (torch.tensor(v).view(-1, 1, 1) for v in mean_std)
+        img = img * std + mean
+    elif img.min() < 0 or img.max() > 1:  # unknown scaling: stretch for display
+        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-12)
+    img = img.clamp(0, 1).expand(3, -1, -1)
+    return (img.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+
+
+def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float]] | None:
+    t = loaded.preprocess
+    if t is None:
+        return (IMAGENET_MEAN, IMAGENET_STD) if loaded.task == "custom" else None
+    mean, std = getattr(t, "mean", None), getattr(t, "std", None)
+    if mean is not None and std is not None:
+        return list(mean), list(std)
+    return None  # detection transforms only scale to [0, 1]
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(map(str, t.shape))
+
+
+def feature_maps(
+    model: str | nn.Module,
+    inputs: Sequence[str] | torch.Tensor,
+    *,
+    layer: str,
+    call: int = 0,
+    channels: int = 64,
+    order: str = "activity",
+    image_index: int = 0,
+    input_specs: Sequence[str] = (),
+    weights: str = "none",
+    seed: int = 0,
+    device: str = "auto",
+    model_args: Mapping[str, Any] | None = None,
+) -> Picture:
+    """One call's output channels as normalised tiles, most active first or in index order."""
+    if channels < 1:
+        raise UsageError(f"--channels must be 1 or more, got {channels}.", "e.g. --channels 64")
+    if order not in ("activity", "index"):
+        raise UsageError(f"--order must be activity or index, got {order!r}.", "use --order index.")
+    dev = resolve_device(device)
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    target, _ = _one_target(loaded, layer)
+    minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
+    out, _, _, _, _ = _capture(loaded, minput, target, dev, call, seed=seed)
+    if out.dim() != 4:
+        raise UsageError(
+            f"layer {target.name} outputs a {out.dim()}-D tensor ({_shape(out)}); maps draws "
+            "(N, C, H, W) feature maps.",
+            "pick a convolutional layer: `hookcli layers MODEL --shapes` shows output shapes.",
+        )
+    if not 0 <= image_index < out.shape[0]:
+        raise UsageError(
+            f"--image {image_index} is out of range: the batch has {out.shape[0]}.",
+            f"use --image 0 to {out.shape[0] - 1}.",
+        )
+    maps = out[image_index].float()
+    activity = maps.abs().mean(dim=(1, 2))
+    picked = (
+        torch.argsort(activity, descending=True)
+        if order == "activity"
+        else torch.arange(maps.shape[0])
+    )[:channels]
+    tiles = _normalise_tiles(maps[picked])
+    shown = len(picked)
+    notes = []
+    if shown < channels and channels != 64:
+        notes.append(f"the layer has only {maps.shape[0]} channels")
+    how = "most active first (mean |activation|)" if order == "activity" else "in channel order"
+    title = (
+        f"{loaded.spec} · {target.name} call {call} · image {image_index} · "
+        f"{shown} of {maps.shape[0]} channels, {how}"
+    )
+    return Picture(
+        title=title,
+        image=_image_of(minput, image_index, loaded),
+        tiles=tiles,
+        labels=[f"{int(c)}" for c in picked.tolist()],
+        legend=[f"output {_shape(out)}; each tile scaled to its own min..max"],
+        notes=notes,
+    )
+
+
+def _normalise_tiles(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Each channel scaled to its own min..max (torchvision's make_grid scale_each), as uint8."""
+    from torchvision.utils import make_grid
+
+    k, h, w = maps.shape
+    grid = make_grid(maps.unsqueeze(1), nrow=k, padding=0, normalize=True, scale_each=True)
+    # make_grid lays the tiles side by side; split them back into (K, h, w)
+    tiles = grid[0].reshape(h, k, w).permute(1, 0, 2)
+    out: np.ndarray[Any, np.dtype[np.uint8]] = (tiles.clamp(0, 1).numpy() * 255 + 0.5).astype(
+        np.uint8
+    )
+    return out
+
+
+def grad_cam(
+    activation: torch.Tensor, gradient: torch.Tensor, size: tuple[int, int], method: str = "gradcam"
+) -> torch.Tensor:
+    """Grad-CAM (Selvaraju et al.) or Grad-CAM++ (Chattopadhyay et al.) of one image:
+    ReLU(Σ_c w_c · A_c), upsampled bilinearly to `size`. activation, gradient: (C, H, W)."""
+    a = activation.double()
+    g = gradient.double()
+    if method == "gradcam":
+        w = g.mean(dim=(1, 2))
+    elif method == "gradcam++":
+        g2, g3 = g * g, g * g * g
+        denom = 2 * g2 + a.sum(dim=(1, 2), keepdim=True) * g3
+        alpha = g2 / torch.where(denom != 0, denom, torch.ones_like(denom))
+        w = (alpha * F.relu(g)).sum(dim=(1, 2))
+    else:
+        raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
+    cam = F.relu((w.view(-1, 1, 1) * a).sum(dim=0))
+    up = F.interpolate(cam[None, None], size=size, mode="bilinear", align_corners=False)
+    return up[0, 0]
+
+
+def class_activation(
+    model: str | nn.Module,
+    inputs: Sequence[str] | torch.Tensor,
+    *,
+    layer: str | None = None,
+    call: int = 0,
+    target: str | None = None,
+    loss: str | None = None,
+    method: str = "gradcam",
+    image_index: int = 0,
+    input_specs: Sequence[str] = (),
+    weights: str = "none",
+    seed: int = 0,
+    device: str = "auto",
+    model_args: Mapping[str, Any] | None = None,
+) -> Picture:
+    """Grad-CAM of one image for the target, from the same tensor hooks as `grads`."""
+    dev = resolve_device(device)
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
+    notes = []
+    if layer is None:
+        layer = default_cam_layer(loaded, minput, dev)
+        notes.append(f"layer {layer}: the last convolutional block (choose another with -l)")
+    tgt, _ = _one_target(loaded, layer)
+    if method not in ("gradcam", "gradcam++"):
+        raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
+    out, grad, value, described, model_out = _capture(
+        loaded, minput, tgt, dev, call, backward=target or "top1", loss=loss, seed=seed
+    )
+    if out.dim() != 4:
+        raise UsageError(
+            f"layer {tgt.name} outputs a {out.dim()}-D tensor ({_shape(out)}); Grad-CAM needs "
+            "(N, C, H, W) activations.",
+            "pick a convolutional layer, e.g. the last block (omit -l for the default).",
+        )
+    if grad is None:
+        raise UsageError(
+            f"layer {tgt.name} has no gradient for this target (its output does not reach it).",
+            "pick a layer before the output, or another --target.",
+        )
+    if not 0 <= image_index < out.shape[0]:
+        raise UsageError(
+            f"--image {image_index} is out of range: the batch has {out.shape[0]}.",
+            f"use --image 0 to {out.shape[0] - 1}.",
+        )
+    image = _image_of(minput, image_index, loaded)
+    size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
+    raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]
+    top = float(raw.max())
+    heat = (raw / top if top > 0 else raw).float().cpu().numpy()
+    if top == 0:
+        notes.append("the map is all zero: no channel has positive evidence for this target")
+    name = "Grad-CAM++" if method == "gradcam++" else "Grad-CAM"
+    label = _target_label(
+        target, loss, loaded, output=model_out, image_index=image_index, described=described
+    )
+    title = f"{name} · {loaded.spec} · {tgt.name} · {label}"
+    legend = [
+        f"target: {described} = {value:.4g}" if value is not None else described,
+        f"heat: {name} scaled to its maximum ({top:.4g})",
+    ]
+    if not loaded.pretrained:
+        notes.append("weights are random (--weights none): the map shows no learned evidence")
+    return Picture(
+        title=title,
+        image=image,
+        heat=heat,
+        raw=raw.float().cpu().numpy(),
+        legend=legend,
+        notes=notes,
+    )
+
+
+def _target_label(
+    target: str | None,
+    loss: str | None,
+    loaded: LoadedModel,
+    *,
+    output: Any,
+    image_index: int,
+    described: str,
+) -> str:
+    """The class the map is for, named: `top-1: class 281 'tabby'`."""
+    if loss:
+        return f"loss {loss}"
+    raw = (target or "top1").strip()
+    if raw.lower() != "top1":
+        return described
+    if isinstance(output, torch.Tensor) and output.dim() == 2:
+        idx = int(output[image_index].argmax())
+        cats = loaded.categories
+        name = f" {cats[idx]!r}" if cats and idx < len(cats) else ""
+        return f"top-1: class {idx}{name}"
+    return "top-1 score"

@@ -1,0 +1,197 @@
+"""maps and cam: PNGs read back with Pillow; Grad-CAM against an independent computation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+from hookcli.loading import load_model
+from tests.conftest import CAT
+from tests.test_cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def run(*args: str) -> object:
+    return runner.invoke(app, list(args))
+
+
+def test_maps_of_resnet18_conv1_is_a_grid_of_64_labelled_tiles(tmp_path: Path) -> None:
+    out = tmp_path / "maps.png"
+    r = run("maps", "resnet18", str(CAT), "-l", "conv1", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert "wrote" in r.stderr and r.stdout == ""
+    img = Image.open(out)
+    assert img.format == "PNG" and img.mode == "RGB"
+    meta = json.loads(img.info["hookcli"])
+    tiles = meta["tiles"]
+    assert len(tiles) == 64
+    assert sorted(int(t["label"]) for t in tiles) == list(range(64))
+    pixels = np.asarray(img.convert("L"), dtype=np.int16)
+    assert img.width > 8 * 64 and img.height > 8 * 64
+    for t in tiles:
+        x0, y0, x1, y1 = t["box"]
+        assert x1 - x0 >= 64 and y1 - y0 >= 64
+        tile = pixels[y0 + 20 : y1, x0:x1]  # below the label
+        assert tile.max() - tile.min() > 10, f"tile {t['label']} is flat"
+        label = pixels[y0 + 2 : y0 + 12, x0 + 2 : x0 + 12]
+        assert label.min() < 40, "a dark label box in the corner"
+    assert "conv1 call 0" in meta["title"] and "64 of 64 channels" in meta["title"]
+
+
+def test_maps_options_channels_order_call(tmp_path: Path) -> None:
+    out = tmp_path / "m.png"
+    r = run(
+        "maps",
+        "resnet18",
+        str(CAT),
+        "-l",
+        "layer1.0.relu",
+        "--call",
+        "1",
+        "--channels",
+        "5",
+        "--order",
+        "index",
+        "-o",
+        str(out),
+    )
+    assert r.exit_code == 0, r.stderr
+    meta = json.loads(Image.open(out).info["hookcli"])
+    assert [t["label"] for t in meta["tiles"]] == ["0", "1", "2", "3", "4"]
+    assert "layer1.0.relu call 1" in meta["title"]
+
+
+def _reference_cam(method: str) -> np.ndarray:
+    """Grad-CAM by hand: retain_grad on layer4's output, ReLU(Σ_c w_c A_c), bilinear upsample."""
+    loaded = load_model("resnet18", seed=0)
+    model = loaded.module.eval()
+    x = loaded.preprocess(Image.open(CAT).convert("RGB")).unsqueeze(0)  # type: ignore[misc]
+    acts: list[torch.Tensor] = []
+
+    def keep(module: torch.nn.Module, args: object, out: torch.Tensor) -> None:
+        out.retain_grad()
+        acts.append(out)
+
+    handle = model.layer4.register_forward_hook(keep)
+    logits = model(x)
+    handle.remove()
+    logits.max(dim=1).values.sum().backward()
+    a, g = acts[0][0].detach().double(), acts[0].grad[0].double()  # type: ignore[index]
+    if method == "gradcam":
+        w = g.mean(dim=(1, 2))
+    else:
+        num = g**2
+        den = 2 * g**2 + a.sum(dim=(1, 2), keepdim=True) * g**3
+        w = (num / torch.where(den != 0, den, torch.ones_like(den)) * F.relu(g)).sum(dim=(1, 2))
+    cam = F.relu((w[:, None, None] * a).sum(0))
+    return F.interpolate(cam[None, None], size=(224, 224), mode="bilinear", align_corners=False)[
+        0, 0
+    ].numpy()
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++"])
+def test_grad_cam_equals_an_independent_computation(tmp_path: Path, method: str) -> None:
+    png, raw = tmp_path / "cam.png", tmp_path / "cam.npy"
+    r = run("cam", "resnet18", str(CAT), "-o", str(png), "--save-raw", str(raw), "--method", method)
+    assert r.exit_code == 0, r.stderr
+    assert "the last convolutional block" in r.stderr and "layer4" in r.stderr
+    got = np.load(raw)
+    want = _reference_cam(method)
+    assert got.shape == (224, 224) and got.dtype == np.float32
+    assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1e-12)
+    assert got.max() > 0
+    img = Image.open(png)
+    assert img.width > 2 * 224 and "Grad-CAM" in json.loads(img.info["hookcli"])["title"]
+
+
+def test_cam_names_the_class(tmp_path: Path) -> None:
+    r = run(
+        "cam",
+        "resnet18",
+        str(CAT),
+        "-o",
+        str(tmp_path / "c.png"),
+        "--target",
+        "tabby cat",
+        "-l",
+        "layer3",
+    )
+    assert r.exit_code == 0, r.stderr
+    title = json.loads(Image.open(tmp_path / "c.png").info["hookcli"])["title"]
+    assert "layer3" in title and "class 281 ('tabby')" in title
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (
+            ["maps", "resnet18", str(CAT), "-l", "fc", "-o", "{tmp}/a.png"],
+            ["outputs a 2-D tensor (1x1000)", "convolutional"],
+        ),
+        (
+            ["maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "0", "-o", "{tmp}/a.png"],
+            ["--channels must be 1 or more"],
+        ),
+        (
+            ["maps", "resnet18", str(CAT), "-l", "layer1.*", "-o", "{tmp}/a.png"],
+            ["matches", "one layer"],
+        ),
+        (["maps", "resnet18", str(CAT), "-l", "conv1", "-o", "{tmp}/a.jpg"], ["must end in .png"]),
+        (["maps", "resnet18", str(CAT), "-l", "conv1"], ["-o FILE.png is required"]),
+        (["maps", "resnet18", str(CAT), "-o", "{tmp}/a.png"], ["maps needs a layer"]),
+        (
+            ["maps", "resnet18", str(CAT), "-l", "conv1", "--call", "3", "-o", "{tmp}/a.png"],
+            ["call 3 does not exist", "ran 1 time"],
+        ),
+        (
+            ["maps", "resnet18", str(CAT), "-l", "conv1", "-o", "{tmp}/exists.png"],
+            ["exists", "--force"],
+        ),
+        (["maps", "resnet18", str(CAT), "-l", "conv1", "-o", "/proc/a.png"], ["not writable"]),
+        (
+            [
+                "cam",
+                "tests/models.py:TwoBranches",
+                "--input",
+                "randn:1x3x16x16",
+                "-l",
+                "side",
+                "-o",
+                "{tmp}/a.png",
+            ],
+            ["no gradient for this target"],
+        ),
+        (
+            ["cam", "resnet18", str(CAT), "-l", "fc", "-o", "{tmp}/a.png"],
+            ["Grad-CAM needs (N, C, H, W)"],
+        ),
+        (
+            ["cam", "resnet18", str(CAT), "--method", "scorecam", "-o", "{tmp}/a.png"],
+            ["unknown --method"],
+        ),
+    ],
+)
+def test_picture_bad_input(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    (tmp_path / "exists.png").write_bytes(b"keep me")
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert_one_line_error(run(*args), 2, *needles)
+    assert (tmp_path / "exists.png").read_bytes() == b"keep me"
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_force_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "m.png"
+    out.write_bytes(b"old")
+    r = run(
+        "maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "4", "-o", str(out), "--force"
+    )
+    assert r.exit_code == 0 and out.read_bytes()[:4] == b"\x89PNG"
