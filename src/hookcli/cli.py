@@ -470,6 +470,14 @@ DeadFracOpt = Annotated[
     float,
     typer.Option("--dead-frac", help="Zero fraction at which --fail-on dead counts a layer dead."),
 ]
+SaveOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--save",
+        metavar="FILE.safetensors",
+        help="Save the selected calls' inputs, outputs (and gradients) to a safetensors file.",
+    ),
+]
 SaveBaselineOpt = Annotated[
     Path | None,
     typer.Option(
@@ -519,6 +527,7 @@ def inspect(
     dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    save: SaveOpt = None,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -557,6 +566,7 @@ def grads(
     dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    save: SaveOpt = None,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -652,6 +662,8 @@ def _run_command(
     output = p["output"]
     _check_output(output)
     _check_output(p["save_baseline"])
+    if p.get("save") is not None:
+        _check_new_file(p["save"], force=True, suffix=".safetensors", option="--save")
     from hookcli import run
     from hookcli.checks import evaluate, parse_rules
     from hookcli.loading import parse_model_args
@@ -685,6 +697,7 @@ def _run_command(
         "train": p["train"],
         "config": used,
         "also_layers": [layer for layer, _ in rules.expect_shapes],
+        "save": p.get("save"),
         "deterministic": command == "check",
     }
     if runner == "grads":
@@ -708,6 +721,25 @@ def _run_command(
             _err(f"check failed: {c.rule}: {c.message}")
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def show(
+    file: Annotated[Path, typer.Argument(help="A .safetensors file written by --save.")],
+    fmt: Annotated[
+        ListFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = ListFormat.table,
+    output: OutputOpt = None,
+) -> None:
+    """List what a saved .safetensors file holds: keys, shapes, dtypes and statistics.
+
+    Example: hookcli show run.safetensors
+    """
+    with _handled():
+        _check_output(output)
+        from hookcli.run import show_file
+
+        _emit_listing(show_file(file), fmt, output, "saved_table")
 
 
 # ------------------------------------------------------------------ pictures
@@ -761,7 +793,9 @@ def _write_atomic(path: Path, write: Any) -> None:
 def _save_png(path: Path, image: Any, meta: dict[str, Any]) -> None:
     from hookcli.render.images import png_bytes_info
 
-    _write_atomic(path, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta)))
+    _write_atomic(
+        path, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta))
+    )
     _err(f"wrote {path} ({image.width}x{image.height})")
 
 

@@ -113,11 +113,13 @@ class HookSession:
         *,
         on_output: Callable[[PendingCall, Any], None] | None = None,
         grads: bool = False,
+        saver: Any = None,
     ) -> None:
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
         self.grads = grads and collector is not None
+        self.saver = saver  # a saving.TensorSaver: tensors streamed to disk as seen
         self.tensor_handles: list[RemovableHandle] = []
         self._finished = 0
         self._grad_events = 0
@@ -158,10 +160,15 @@ class HookSession:
             handle.remove()
         self.tensor_handles.clear()
 
+    def _save(self, obj: Any, root: str, kind: str, call: LayerCall) -> None:
+        for path, t in iter_tensors(obj, root):
+            self.saver.add(f"{call.name}#{call.call}/{kind}/{path}", t)
+
     def _watch_grads(self, obj: Any, root: str, pending: PendingCall) -> None:
         collector = self.collector
         assert collector is not None
         into = pending.grad_inputs if root == "in" else pending.grad_outputs
+        kind = "grad_input" if root == "in" else "grad_output"
         for path, t in iter_tensors(obj, root):
             if not t.requires_grad:
                 continue
@@ -172,6 +179,10 @@ class HookSession:
                     pending.grad_input_seen = self._grad_events
                 try:
                     into[path] = collector.add(grad, path)
+                    if self.saver is not None:
+                        self.saver.add(
+                            f"{pending.call.name}#{pending.call.call}/{kind}/{path}", grad
+                        )
                 except Exception as exc:  # never break the user's backward either
                     pending.call.error = f"could not measure the gradient of {path}: {exc}"
 
@@ -202,6 +213,9 @@ class HookSession:
                     self._watch_grads(args, "in", pending)
                     if kwargs:
                         self._watch_grads(kwargs, "in", pending)
+                if self.saver is not None:
+                    self._save(args, "in", "input", call)
+                    self._save(kwargs, "in", "input", call)
             except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
                 call.error = f"could not measure inputs: {exc}"
 
@@ -224,6 +238,8 @@ class HookSession:
                     measure(self.collector, output, "out", call.outputs, pending.output_rows)
                     if self.grads:
                         self._watch_grads(output, "out", pending)
+                    if self.saver is not None:
+                        self._save(output, "out", "output", call)
                 if self.on_output is not None:
                     self.on_output(pending, output)
             except Exception as exc:

@@ -204,3 +204,12 @@ class ModelEntry:
     params: int | None
     input_size: str | None
     metric: str | None
+
+
+@dataclass(slots=True)
+class SavedFile:
+    """`hookcli show`: what a saved .safetensors file holds."""
+
+    path: str
+    metadata: dict[str, str]
+    tensors: list[TensorStats]

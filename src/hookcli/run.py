@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -41,6 +42,7 @@ from hookcli.records import (
     ParamStats,
     Prediction,
     Report,
+    SavedFile,
     TensorStats,
 )
 from hookcli.selection import ROOT_LABEL, module_entries, select
@@ -281,6 +283,7 @@ def _run(
     config: str | None = None,
     also_layers: Sequence[str] = (),
     deterministic: bool = False,
+    save: str | Path | None = None,
 ) -> Report:
     if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
@@ -301,7 +304,23 @@ def _run(
     if backward and input_grad:
         minput, input_leaves = _with_input_grad(minput)
     collector = StatsCollector(fused=stats_backend != "torch")
-    session = HookSession(targets, collector, grads=backward)
+    saver = None
+    if save is not None:
+        from hookcli.saving import TensorSaver
+
+        saver = TensorSaver(
+            Path(save),
+            {
+                "format": "pt",
+                "hookcli_version": __version__,
+                "command": command,
+                "model": loaded.spec,
+                "weights": loaded.weights_label,
+                "input": minput.description,
+                "device": str(dev),
+            },
+        )
+    session = HookSession(targets, collector, grads=backward, saver=saver)
     params = list(loaded.module.parameters())
     param_stats: dict[int, list[PendingParam]] = {}
     scalar: torch.Tensor | None = None
@@ -317,8 +336,14 @@ def _run(
                 if spec is not None:
                     scalar = scalar_of(spec, output, seed)
                     run_backward(loaded, scalar)
+        except BaseException:
+            if saver is not None:
+                saver.discard()  # never a half-written file
+            raise
         finally:
             session.remove_tensor_hooks()
+        if saver is not None:
+            saver.close()
         if backward:
             param_stats = {i: _param_stats(t.module, collector) for i, t in enumerate(targets)}
         out_stats: list[TensorStats] = []
@@ -342,6 +367,10 @@ def _run(
     notes = [
         f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error
     ]
+    if saver is not None:
+        notes.append(f"saved {len(saver.entries)} tensors to {save}")
+        if saver.skipped:
+            notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     return Report(
         model=_model_info(loaded, train),
         input=InputInfo(minput.description, minput.shapes(), minput.sources, minput.preprocessing),
@@ -617,3 +646,23 @@ def list_registry(pattern: str | None = None, task: str | None = None) -> list[M
             "run `hookcli models` to list them all.",
         )
     return out
+
+
+def show_file(path: str | Path) -> SavedFile:
+    """Every tensor in a .safetensors file, with its statistics; metadata as stored."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p} not found.", "give a file written by --save.")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+            collector = StatsCollector()
+            entries = [collector.add(f.get_tensor(key), key) for key in f.keys()]  # noqa: SIM118
+    except (OSError, ValueError, RuntimeError, Exception) as exc:
+        raise UsageError(
+            f"{p} is not a readable safetensors file: {exc}", "give a file written by --save."
+        ) from exc
+    rows = collector.finalize()
+    return SavedFile(str(p), metadata, [fill(s, rows[i]) for s, i in entries])

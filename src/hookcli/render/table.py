@@ -15,7 +15,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hookcli.records import LayerCall, LayersReport, ModelEntry, Prediction, Report, TensorStats
+from hookcli.records import (
+    LayerCall,
+    LayersReport,
+    ModelEntry,
+    Prediction,
+    Report,
+    SavedFile,
+    TensorStats,
+)
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape, tensor_label
 
 HEADERS = [
@@ -403,3 +411,32 @@ def report_markdown(report: Report) -> str:
             out.append(f"| {p.image} | {p.rank} | {label} | {p.index} | {p.prob:.4f} |")
     out += [f"\nnote: {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", "nan/inf"]
+
+
+def saved_table(saved: SavedFile, *, color: bool, width: int | None) -> str:
+    console, buf = _console(color, width)
+    console.print(
+        Text(f"{saved.path}: {len(saved.tensors)} tensors", style="bold" if color else "")
+    )
+    for key, value in sorted(saved.metadata.items()):
+        console.print(Text(f"{key}: {value}", style="dim" if color else ""))
+    t = _table(None, SAVED_HEADERS, color)
+    for s in saved.tensors:
+        style = "red" if (s.nonfinite and color) else None
+        t.add_row(
+            s.path,
+            shape(s.shape),
+            s.dtype,
+            num(s.mean),
+            num(s.std),
+            num(s.min),
+            num(s.max),
+            pct(s.zeros),
+            nonfinite(s) or DASH,
+            style=style,
+        )
+    console.print(t)
+    return _text(buf)

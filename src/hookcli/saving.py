@@ -1,0 +1,96 @@
+"""`--save FILE.safetensors`: the selected calls' inputs, outputs and gradients, streamed.
+
+Each tensor's bytes go to a temporary data file the moment a hook sees it (on a GPU that is a
+copy to the host, the price of saving), and only its name, dtype, shape and offsets stay in
+memory. At the end the safetensors file is assembled — an 8-byte header length, the JSON
+header with a `__metadata__` entry, then the data — beside the target and renamed into place.
+Keys: `{layer}#{call}/{kind}/{path}`, e.g. `layer1.0.relu#1/output/out`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hookcli.errors import UsageError
+
+_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+
+
+class TensorSaver:
+    """Collects tensors into a safetensors file without holding them."""
+
+    def __init__(self, path: Path, metadata: dict[str, str]) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.skipped: list[str] = []
+        fd, self._data_path = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=".data", dir=path.parent
+        )
+        self._data = os.fdopen(fd, "wb")
+        self._offset = 0
+
+    def add(self, key: str, t: torch.Tensor) -> None:
+        if t.is_quantized:
+            t = t.dequantize()
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None or t.layout != torch.strided:
+            self.skipped.append(f"{key} ({t.dtype})")
+            return
+        if key in self.entries:
+            return
+        flat = t.detach().contiguous().reshape(-1)
+        data = flat.view(torch.uint8).cpu().numpy().tobytes() if flat.numel() else b""
+        self._data.write(data)
+        self.entries[key] = {
+            "dtype": dtype,
+            "shape": list(t.shape),
+            "data_offsets": [self._offset, self._offset + len(data)],
+        }
+        self._offset += len(data)
+
+    def close(self) -> None:
+        """Assemble the file atomically; the temporary data file goes either way."""
+        self._data.close()
+        header: dict[str, Any] = {"__metadata__": self.metadata, **self.entries}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
+        try:
+            with os.fdopen(fd, "wb") as out, open(self._data_path, "rb") as data:
+                out.write(struct.pack("<Q", len(raw)))
+                out.write(raw)
+                shutil.copyfileobj(data, out, 1 << 20)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise UsageError(
+                f"cannot write {self.path}: {exc.strerror}.", "free space or choose another path."
+            ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self._data_path)
+
+    def discard(self) -> None:
+        self._data.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._data_path)
