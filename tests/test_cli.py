@@ -325,3 +325,14 @@ def test_no_color_env_and_pipes_get_plain_text() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert not ANSI.search(res.stdout) and "fc" in res.stdout
+
+
+def test_hist_adds_a_sparkline_and_json_bins() -> None:
+    r = run("inspect", "resnet18", "-l", "layer1.0.relu", "--hist")
+    assert r.exit_code == 0, r.stderr
+    assert "| hist" in r.stdout and "█" in r.stdout
+    r = run("inspect", "resnet18", "-l", "layer1.0.relu", "--hist", "-f", "json")
+    out = json.loads(r.stdout)["layers"][0]["outputs"][0]
+    assert len(out["hist"]["counts"]) == 12 and len(out["hist"]["edges"]) == 13
+    assert sum(out["hist"]["counts"]) == out["numel"]
+    assert out["hist"]["counts"][0] >= out["zeros"] * out["numel"]  # the ReLU's zeros

@@ -126,3 +126,26 @@ def test_the_collector_keeps_no_tensor_alive() -> None:
     gc.collect()
     assert ref() is None
     c.finalize()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch-ops"])
+@pytest.mark.parametrize(
+    "name", ["randn", "relu big", "nonfinite big", "float16", "int64", "all zero"]
+)
+def test_histogram_counts_match_numpy_on_float64(name: str, fused: bool) -> None:
+    import numpy as np
+
+    t = CASES[name]
+    collector = StatsCollector(fused=fused, hist_bins=12)
+    entry, idx = collector.add(t, "x")
+    got = fill(entry, collector.finalize()[idx])
+    assert got.hist is not None
+    counts, edges = got.hist["counts"], got.hist["edges"]
+    d = t.double().reshape(-1)
+    finite = d[torch.isfinite(d)].numpy()
+    assert sum(counts) == finite.size
+    assert len(edges) == 13 and edges[0] == got.min
+    lo, hi = finite.min(), finite.max()
+    want, _ = np.histogram(finite, bins=12, range=(lo, hi if hi > lo else lo + 1.0))
+    # values that sit exactly on an inner edge may fall either side in float32 arithmetic
+    assert np.abs(np.asarray(counts) - want).sum() <= 2, (counts, want.tolist())

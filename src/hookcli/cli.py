@@ -470,6 +470,10 @@ DeadFracOpt = Annotated[
     float,
     typer.Option("--dead-frac", help="Zero fraction at which --fail-on dead counts a layer dead."),
 ]
+HistOpt = Annotated[
+    bool,
+    typer.Option("--hist", help="Add a distribution sparkline of each output (JSON: bin counts)."),
+]
 SaveOpt = Annotated[
     Path | None,
     typer.Option(
@@ -527,6 +531,7 @@ def inspect(
     dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    hist: HistOpt = False,
     save: SaveOpt = None,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
@@ -566,6 +571,7 @@ def grads(
     dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
+    hist: HistOpt = False,
     save: SaveOpt = None,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
@@ -654,6 +660,9 @@ def check(
         _run_command(ctx, "check", p, config, no_config)
 
 
+HIST_BINS = 12
+
+
 def _run_command(
     ctx: typer.Context, command: str, p: dict[str, Any], config: Path | None, no_config: bool
 ) -> None:
@@ -698,6 +707,7 @@ def _run_command(
         "config": used,
         "also_layers": [layer for layer, _ in rules.expect_shapes],
         "save": p.get("save"),
+        "hist": HIST_BINS if p.get("hist") else 0,
         "deterministic": command == "check",
     }
     if runner == "grads":

@@ -54,6 +54,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "method": ("method", "str"),
     "force": ("force", "bool"),
     "save-raw": ("save_raw", "str"),
+    "hist": ("hist", "bool"),
+    "save": ("save", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")
 _TENSOR_FILE = (".pt", ".pth", ".npy")
@@ -203,7 +205,7 @@ def _resolve_paths(config: Config) -> None:
         kind, _, arg = loss.partition(":")
         if arg.lower().endswith(_TENSOR_FILE):
             v["loss"] = f"{kind}:{_relative(folder, arg)}"
-    for key in ("output", "save_baseline", "baseline", "save_raw"):
+    for key in ("output", "save_baseline", "baseline", "save_raw", "save"):
         if isinstance(v.get(key), str):
             v[key] = Path(_relative(folder, v[key]))
     for key in ("dead_frac", "max_abs", "rtol", "atol"):

@@ -35,6 +35,7 @@ class TensorStats:
     norm: float | None = None
     note: str | None = None
     values: list[float | None] | None = None  # the elements (non-finite: None), numel <= 16
+    hist: dict[str, list[float]] | None = None  # --hist: "counts" per bin, "edges" (bins + 1)
 
     @property
     def nonfinite(self) -> bool:

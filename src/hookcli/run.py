@@ -284,6 +284,7 @@ def _run(
     also_layers: Sequence[str] = (),
     deterministic: bool = False,
     save: str | Path | None = None,
+    hist: int = 0,
 ) -> Report:
     if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
@@ -303,7 +304,9 @@ def _run(
     input_leaves: list[tuple[str, torch.Tensor]] = []
     if backward and input_grad:
         minput, input_leaves = _with_input_grad(minput)
-    collector = StatsCollector(fused=stats_backend != "torch")
+    if hist < 0:
+        raise UsageError(f"histogram bins must be 0 or more, got {hist}.", "use --hist.")
+    collector = StatsCollector(fused=stats_backend != "torch", hist_bins=hist)
     saver = None
     if save is not None:
         from hookcli.saving import TensorSaver

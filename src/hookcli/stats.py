@@ -188,8 +188,11 @@ class StatsCollector:
     references are held, so no activation outlives the hook that saw it.
     """
 
-    def __init__(self, *, fused: bool = True) -> None:
+    def __init__(self, *, fused: bool = True, hist_bins: int = 0) -> None:
         self._kernels = kernels() if fused else None
+        self._bins = hist_bins
+        self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
+        self._wants_hist: list[tuple[TensorStats, int]] = []
         self._scratch = np.zeros(7, dtype=np.float64)
         self._rows: list[Row | torch.Tensor] = []
         self._notes: list[str | None] = []
@@ -211,6 +214,8 @@ class StatsCollector:
             stats.note = self._notes[idx]
             if idx in self._values:
                 self._wants_values.append((stats, idx))
+            if idx in self._hists:
+                self._wants_hist.append((stats, idx))
             return stats, idx
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         idx = len(self._rows)
@@ -220,6 +225,9 @@ class StatsCollector:
         if 0 < stats.numel <= SMALL and t.device.type != "meta":
             self._values[idx] = _small_values(t)
             self._wants_values.append((stats, idx))
+        if self._bins and stats.numel > 0 and t.device.type != "meta":
+            self._hists[idx] = _histogram(t, row, self._bins)
+            self._wants_hist.append((stats, idx))
         with contextlib.suppress(TypeError):  # no weakref support: measured again next time
             self._seen[key] = (weakref.ref(t), version, idx)
         return stats, idx
@@ -258,8 +266,26 @@ class StatsCollector:
             stacked = torch.stack(rows)  # type: ignore[arg-type]
             out[idxs] = stacked.to("cpu", torch.float64).numpy()
         self._resolve_values()
+        self._resolve_hists(out)
         self._seen.clear()
         return out
+
+    def _resolve_hists(self, rows: np.ndarray[Any, Any]) -> None:
+        by_device: dict[torch.device, list[int]] = {}
+        for i, h in self._hists.items():
+            if isinstance(h, torch.Tensor):
+                by_device.setdefault(h.device, []).append(i)
+        for idxs in by_device.values():  # one transfer per device
+            stacked = torch.stack([self._hists[i] for i in idxs]).cpu().numpy()  # type: ignore[misc]
+            for i, counts in zip(idxs, stacked, strict=True):
+                self._hists[i] = counts
+        for stats, idx in self._wants_hist:
+            counts = self._hists[idx]
+            lo, hi = rows[idx][MIN], rows[idx][MAX]
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                continue
+            edges = np.linspace(lo, hi if hi > lo else lo + 1.0, len(counts) + 1)
+            stats.hist = {"counts": [int(c) for c in counts], "edges": edges.tolist()}
 
     def _resolve_values(self) -> None:
         """Small tensors' elements; those on a device travel in one transfer per device."""
@@ -282,6 +308,29 @@ class StatsCollector:
 
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _histogram(
+    t: torch.Tensor, row: Row | torch.Tensor, bins: int
+) -> np.ndarray[Any, Any] | torch.Tensor:
+    """Counts of the finite elements in `bins` equal bins over [min, max], computed where the
+    tensor lives: on the CPU with numpy from the row's host min/max, elsewhere on the device
+    with scatter_add from the row's device min/max (no synchronisation)."""
+    x, _ = _prepare(t)
+    if isinstance(row, tuple):
+        lo, hi = row[MIN], row[MAX]
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return np.zeros(bins, dtype=np.int64)
+        flat = _dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x)
+        counts, _ = np.histogram(flat, bins=bins, range=(lo, hi if hi > lo else lo + 1.0))
+        return counts
+    acc = _accumulate_dtype(x.device)
+    v = x.reshape(-1).to(acc)
+    lo_t, hi_t = row[MIN].to(acc), row[MAX].to(acc)
+    span = torch.where(hi_t > lo_t, hi_t - lo_t, torch.ones_like(hi_t))
+    idx = ((v - lo_t) / span * bins).floor().clamp(0, bins - 1).nan_to_num(0).long()
+    finite = torch.isfinite(v).to(acc)
+    return torch.zeros(bins, dtype=acc, device=v.device).scatter_add_(0, idx, finite)
 
 
 def _finite_or_none(v: float) -> float | None:

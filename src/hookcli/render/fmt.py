@@ -50,3 +50,18 @@ def count(n: int) -> str:
     if n >= 10_000:
         return f"{n / 1e3:.1f}K"
     return str(n)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def spark(hist: dict[str, list[float]] | None) -> str:
+    """A histogram as one line of block characters (an empty bin is a space)."""
+    if not hist or not hist.get("counts"):
+        return DASH
+    counts = hist["counts"]
+    top = max(counts) or 1
+    return "".join(
+        " " if c == 0 else SPARKS[min(len(SPARKS) - 1, int(c / top * (len(SPARKS) - 1) + 0.5))]
+        for c in counts
+    )

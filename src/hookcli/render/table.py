@@ -24,7 +24,7 @@ from hookcli.records import (
     SavedFile,
     TensorStats,
 )
-from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape, tensor_label
+from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape, spark, tensor_label
 
 HEADERS = [
     "layer",
@@ -138,8 +138,18 @@ def param_rows(report: Report) -> Iterable[list[str]]:
             ]
 
 
+def _has_hist(report: Report) -> bool:
+    return any(t.hist for c in report.layers for t in c.outputs)
+
+
 def layer_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
     """The cells of every table row, with the tensor the row describes."""
+    with_hist = _has_hist(report)
+    for cells, t in _layer_rows(report):
+        yield ([*cells, spark(t.hist if t else None)] if with_hist else cells), t
+
+
+def _layer_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
     for c in report.layers:
         head = [c.name, c.type, str(c.call), _input_label(c)]
         if not c.outputs:
@@ -243,7 +253,7 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
                 ptable.add_row(*cells)
             console.print(ptable)
     else:
-        table = _table(title, HEADERS, color)
+        table = _table(title, HEADERS + (["hist"] if _has_hist(report) else []), color)
         for cells, t in layer_rows(report):
             style = "red" if (t is not None and t.nonfinite) else None
             table.add_row(*cells, style=style if color else None)
@@ -394,7 +404,8 @@ def report_markdown(report: Report) -> str:
         if params:
             out += ["", "parameter gradients:", *_md_table(PARAM_HEADERS, params)]
     else:
-        out += _md_table(HEADERS, (cells for cells, _ in layer_rows(report)))
+        headers = HEADERS + (["hist"] if _has_hist(report) else [])
+        out += _md_table(headers, (cells for cells, _ in layer_rows(report)))
     footer = _footer_lines(report)
     if footer:
         out += ["", *(f"{line}  " for line in footer)]
