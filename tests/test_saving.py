@@ -81,6 +81,14 @@ def test_save_bad_input(tmp_path: Path) -> None:
     assert_one_line_error(runner.invoke(app, ["show", str(junk)]), 2, "not a readable safetensors")
     r = runner.invoke(app, ["inspect", "resnet18", "--save", str(tmp_path / "x.pt")])
     assert_one_line_error(r, 2, "must end in .safetensors")
+    kept = tmp_path / "kept.safetensors"
+    kept.write_bytes(b"precious")
+    r = runner.invoke(app, ["inspect", "resnet18", "-l", "fc", "--save", str(kept)])
+    assert_one_line_error(r, 2, "exists", "--force")
+    assert kept.read_bytes() == b"precious"
+    r = runner.invoke(app, ["inspect", "resnet18", "-l", "fc", "--save", str(kept), "--force"])
+    assert r.exit_code == 0 and kept.read_bytes() != b"precious"
+    kept.unlink()
     out = tmp_path / "fail.safetensors"
     r = runner.invoke(
         app, ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--save", str(out)]

@@ -533,6 +533,7 @@ def inspect(
     output: OutputOpt = None,
     hist: HistOpt = False,
     save: SaveOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -573,6 +574,7 @@ def grads(
     output: OutputOpt = None,
     hist: HistOpt = False,
     save: SaveOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -672,7 +674,7 @@ def _run_command(
     _check_output(output)
     _check_output(p["save_baseline"])
     if p.get("save") is not None:
-        _check_new_file(p["save"], force=True, suffix=".safetensors", option="--save")
+        _check_new_file(p["save"], force=p["force"], suffix=".safetensors", option="--save")
     from hookcli import run
     from hookcli.checks import evaluate, parse_rules
     from hookcli.loading import parse_model_args
