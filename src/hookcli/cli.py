@@ -527,6 +527,15 @@ def inspect(
     model_arg: ModelArgOpt = None,
     train: TrainOpt = False,
     topk: TopkOpt = None,
+    ablate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ablate",
+            metavar="LAYER=OP",
+            help="Change a layer's output for a second run and compare: zero, mean, scale:K, "
+            "noise:S, clamp:LO:HI. Repeatable.",
+        ),
+    ] = None,
     fail_on: FailOnOpt = None,
     dead_frac: DeadFracOpt = 1.0,
     fmt: FormatOpt = None,
@@ -710,6 +719,7 @@ def _run_command(
         "also_layers": [layer for layer, _ in rules.expect_shapes],
         "save": p.get("save"),
         "hist": HIST_BINS if p.get("hist") else 0,
+        "ablate": p.get("ablate") or [],
         "deterministic": command == "check",
     }
     if runner == "grads":

@@ -55,6 +55,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "force": ("force", "bool"),
     "save-raw": ("save_raw", "str"),
     "hist": ("hist", "bool"),
+    "ablate": ("ablate", "list"),
     "save": ("save", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")

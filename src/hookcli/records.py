@@ -109,6 +109,30 @@ class CheckResult:
 
 
 @dataclass(slots=True)
+class LayerChange:
+    """One layer call's output in the ablated run against the clean run."""
+
+    layer: str
+    call: int
+    path: str
+    norm_before: float
+    norm_after: float
+    relative: float  # |after - before| / before, of the norm
+    mean_before: float | None
+    mean_after: float | None
+
+
+@dataclass(slots=True)
+class Ablation:
+    specs: list[str]
+    predictions_before: list[Prediction] | None
+    predictions_after: list[Prediction] | None
+    outputs_before: list[TensorStats]
+    outputs_after: list[TensorStats]
+    changed_layers: list[LayerChange]
+
+
+@dataclass(slots=True)
 class Backward:
     """What backward started from: a description and the scalar's value."""
 
@@ -159,6 +183,7 @@ class Report:
     nonfinite_origins: list[Origin] = field(default_factory=list)
     backward: Backward | None = None
     input_grads: list[TensorStats] | None = None
+    ablation: Ablation | None = None
     config: str | None = None
     command: str = "inspect"
     schema: int = SCHEMA_VERSION

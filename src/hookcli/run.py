@@ -262,7 +262,7 @@ def grads(
 
 
 def _run(
-    model: str | nn.Module,
+    model: str | nn.Module | LoadedModel,
     inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor],
     *,
     command: str,
@@ -285,12 +285,28 @@ def _run(
     deterministic: bool = False,
     save: str | Path | None = None,
     hist: int = 0,
+    ablate: Sequence[str] = (),
+    _ablations: Sequence[Any] = (),
 ) -> Report:
     if topk is not None and topk < 0:
         raise UsageError(f"--topk must be 0 or more, got {topk}.", "use --topk 5.")
     backward = command == "grads"
     dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    if ablate:  # a clean run and an ablated one of the same model, compared
+        from hookcli import ablation
+
+        specs = [ablation.parse(a) for a in ablate]
+        shared = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+        again = {k: v for k, v in locals().items() if k in _RUN_OPTIONS}
+        clean = _run(shared, inputs, **again)
+        changed = _run(shared, inputs, **{**again, "_ablations": specs, "save": None})
+        clean.ablation = ablation.compare(clean, changed, specs)
+        return clean
+    loaded = (
+        model
+        if isinstance(model, LoadedModel)
+        else load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    )
     spec = parse_target(target, loss, loaded.categories) if backward else None
     targets = select(
         module_entries(loaded.module),
@@ -327,10 +343,13 @@ def _run(
     params = list(loaded.module.parameters())
     param_stats: dict[int, list[PendingParam]] = {}
     scalar: torch.Tensor | None = None
+    from hookcli.ablation import ablated
+
     with (
         model_left_as_found(loaded.module, dev, train=train),
         grads_left_as_found(params if backward else []),
         deterministic_algorithms(deterministic),
+        ablated(module_entries(loaded.module), _ablations, seed) as ablation_calls,
     ):
         torch.manual_seed(seed)  # dropout and the like, in train mode
         try:
@@ -347,6 +366,12 @@ def _run(
             session.remove_tensor_hooks()
         if saver is not None:
             saver.close()
+        for spec, n in zip(_ablations, ablation_calls, strict=True):
+            if n == 0:
+                raise UsageError(
+                    f"--ablate: layer {spec.layer} never ran, so ablating it changes nothing.",
+                    "ablate a layer that runs (`hookcli layers MODEL --shapes` shows calls).",
+                )
         if backward:
             param_stats = {i: _param_stats(t.module, collector) for i, t in enumerate(targets)}
         out_stats: list[TensorStats] = []
@@ -417,6 +442,30 @@ def find_origins(calls: Sequence[PendingCall]) -> list[Origin]:
             origins.append(Origin("backward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf))
             break
     return origins
+
+
+_RUN_OPTIONS = (
+    "command",
+    "input_specs",
+    "layers",
+    "types",
+    "depth",
+    "weights",
+    "seed",
+    "device",
+    "topk",
+    "model_args",
+    "train",
+    "target",
+    "loss",
+    "input_grad",
+    "stats_backend",
+    "config",
+    "also_layers",
+    "deterministic",
+    "save",
+    "hist",
+)
 
 
 def _topk(topk: int | None, loaded: LoadedModel) -> int:

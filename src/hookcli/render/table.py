@@ -78,6 +78,10 @@ RIGHT = {
     "grad mean",
     "grad max|abs|",
     "grad/weight",
+    "norm clean",
+    "norm ablated",
+    "change",
+    "prob ",
 }
 
 
@@ -268,8 +272,55 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
         console.print(Text(report.prediction_note, style="dim" if color else ""))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow" if color else ""))
+    if report.ablation is not None:
+        _print_ablation(console, report, color)
     _print_checks(console, report, color, quiet=False)
     return _text(buf)
+
+
+def _print_ablation(console: Console, report: Report, color: bool) -> None:
+    a = report.ablation
+    assert a is not None
+    console.print(
+        Text(
+            f"ablation: {', '.join(a.specs)} (a second run, compared with the one above)",
+            style="bold" if color else "",
+        )
+    )
+    before, after = a.predictions_before or [], a.predictions_after or []
+    if before or after:
+        t = _table(
+            "predictions, clean -> ablated", ["#", "clean", "prob", "ablated", "prob "], color
+        )
+        for i in range(max(len(before), len(after))):
+            b = before[i] if i < len(before) else None
+            f = after[i] if i < len(after) else None
+            t.add_row(
+                str(i + 1),
+                (b.label or str(b.index)) if b else DASH,
+                f"{b.prob:.4f}" if b else DASH,
+                (f.label or str(f.index)) if f else DASH,
+                f"{f.prob:.4f}" if f else DASH,
+            )
+        console.print(t)
+    if a.changed_layers:
+        t = _table(
+            "layer outputs that changed (largest relative change of the norm first)",
+            ["layer", "call", "output", "norm clean", "norm ablated", "change"],
+            color,
+        )
+        for ch in a.changed_layers[:20]:
+            t.add_row(
+                ch.layer,
+                str(ch.call),
+                ch.path,
+                num(ch.norm_before),
+                num(ch.norm_after),
+                f"{ch.relative:+.1%}" if ch.norm_after >= ch.norm_before else f"-{ch.relative:.1%}",
+            )
+        console.print(t)
+    else:
+        console.print("no selected layer's output changed")
 
 
 _SHOWN = 20  # failures listed per rule in text; JSON carries them all

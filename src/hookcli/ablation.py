@@ -1,0 +1,155 @@
+"""Interventions: `--ablate LAYER=zero|mean|scale:K|noise:S|clamp:LO:HI` for one run.
+
+Each is a forward hook on the layer that returns a changed output — the one place hookcli
+replaces what a module returns, on purpose, and only during the ablated run. Hooks are
+removed afterwards; the model is left unchanged.
+
+    zero        the output becomes zeros
+    mean        each channel (dim 1) becomes its mean over every other dim (a scalar for 1-D)
+    scale:K     multiplied by K
+    noise:S     plus Gaussian noise of std S (seeded)
+    clamp:LO:HI clamped into [LO, HI]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.errors import UsageError
+from hookcli.records import Ablation, LayerChange, Report
+from hookcli.selection import ModuleEntry
+
+OPS = ("zero", "mean", "scale:K", "noise:S", "clamp:LO:HI")
+
+
+@dataclass(slots=True)
+class AblationSpec:
+    layer: str
+    op: str
+    args: tuple[float, ...] = ()
+
+    def describe(self) -> str:
+        return f"{self.layer}={':'.join([self.op, *(f'{a:g}' for a in self.args)])}"
+
+
+def parse(raw: str) -> AblationSpec:
+    layer, sep, op = raw.partition("=")
+    parts = op.strip().split(":")
+    kind = parts[0].lower()
+    try:
+        args = tuple(float(p) for p in parts[1:])
+    except ValueError:
+        args = ()
+        kind = "?"
+    want = {"zero": 0, "mean": 0, "scale": 1, "noise": 1, "clamp": 2}
+    if not sep or not layer.strip() or kind not in want or len(args) != want[kind]:
+        raise UsageError(
+            f"malformed --ablate {raw!r}: expected LAYER=OP with OP one of {', '.join(OPS)}.",
+            "for example --ablate layer4=zero or --ablate layer3.1.relu=scale:0.5",
+        )
+    if kind == "noise" and args[0] < 0:
+        raise UsageError(f"--ablate {raw!r}: noise std must be 0 or more.", "e.g. noise:0.1")
+    if kind == "clamp" and args[0] > args[1]:
+        raise UsageError(f"--ablate {raw!r}: clamp needs LO <= HI.", "e.g. clamp:0:6")
+    return AblationSpec(layer.strip(), kind, args)
+
+
+def _change(spec: AblationSpec, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    gen: list[torch.Generator] = []
+
+    def change(t: torch.Tensor) -> torch.Tensor:
+        if spec.op == "zero":
+            return torch.zeros_like(t)
+        if spec.op == "scale":
+            return t * spec.args[0]
+        if spec.op == "clamp":
+            return t.clamp(spec.args[0], spec.args[1])
+        if spec.op == "mean":
+            if t.dim() < 2:
+                return torch.full_like(t, float(t.float().mean()))
+            dims = [d for d in range(t.dim()) if d != 1]
+            return t.mean(dim=dims, keepdim=True).expand_as(t).clone()
+        if not gen:
+            gen.append(torch.Generator(device=t.device).manual_seed(seed))
+        noise = torch.randn(t.shape, generator=gen[0], device=t.device, dtype=t.dtype)
+        return t + spec.args[0] * noise
+
+    return change
+
+
+def _apply(obj: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The output with every floating-point tensor changed, structure kept."""
+    if isinstance(obj, torch.Tensor):
+        return change(obj) if obj.is_floating_point() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_apply(v, change) for v in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(_apply(v, change) for v in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _apply(v, change)) for k, v in obj.items())
+    return obj
+
+
+@contextmanager
+def ablated(
+    entries: Sequence[ModuleEntry], specs: Sequence[AblationSpec], seed: int
+) -> Iterator[list[int]]:
+    """Hooks that change the named layers' outputs; yields their call counts, removed after."""
+    handles = []
+    calls = [0] * len(specs)
+    try:
+        for i, spec in enumerate(specs):
+            entry = next((e for e in entries if spec.layer in e.names), None)
+            if entry is None:
+                raise UsageError(
+                    f"--ablate: no layer named {spec.layer!r}.",
+                    "ablation takes an exact layer name; see `hookcli layers MODEL`.",
+                )
+            change = _change(spec, seed + i)
+
+            def hook(
+                module: nn.Module,
+                args: Any,
+                out: Any,
+                i: int = i,
+                change: Callable[[torch.Tensor], torch.Tensor] = change,
+            ) -> Any:
+                calls[i] += 1
+                return _apply(out, change)
+
+            handles.append(entry.module.register_forward_hook(hook))
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def compare(clean: Report, changed: Report, specs: Sequence[AblationSpec]) -> Ablation:
+    """How the ablation moved the predictions and every layer call's output."""
+    before = {(c.name, c.call, t.path): t for c in clean.layers for t in c.outputs}
+    changes = []
+    for c in changed.layers:
+        for t in c.outputs:
+            b = before.get((c.name, c.call, t.path))
+            if b is None or b.norm is None or t.norm is None:
+                continue
+            rel = abs(t.norm - b.norm) / max(b.norm, 1e-12)
+            if rel > 1e-6:
+                changes.append(
+                    LayerChange(c.name, c.call, t.path, b.norm, t.norm, rel, b.mean, t.mean)
+                )
+    changes.sort(key=lambda ch: -ch.relative)
+    return Ablation(
+        specs=[s.describe() for s in specs],
+        predictions_before=clean.predictions,
+        predictions_after=changed.predictions,
+        outputs_before=clean.outputs,
+        outputs_after=changed.outputs,
+        changed_layers=changes,
+    )

@@ -1,0 +1,101 @@
+"""--ablate: interventions through hooks, against independent forwards with the layer changed."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from hookcli.loading import load_model
+from tests.conftest import CAT, assert_stats_match, hooks_left
+from tests.test_cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def _forward_with(model: nn.Module, x: torch.Tensor, layer: str, change: Any) -> torch.Tensor:
+    twin = copy.deepcopy(model)
+    module = dict(twin.named_modules())[layer]
+    module.register_forward_hook(lambda m, a, out: change(out))
+    with torch.no_grad():
+        return twin(x)
+
+
+@pytest.mark.parametrize(
+    ("op", "change"),
+    [
+        ("zero", torch.zeros_like),
+        ("scale:0.5", lambda t: t * 0.5),
+        ("clamp:0:0.1", lambda t: t.clamp(0, 0.1)),
+        ("mean", lambda t: t.mean(dim=(0, 2, 3), keepdim=True).expand_as(t).clone()),
+    ],
+)
+def test_ablating_layer4_equals_an_independent_forward(op: str, change: Any) -> None:
+    model = load_model("resnet18", seed=0).module  # the weights the run below builds
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    report = hookcli.inspect("resnet18", x, device="cpu", ablate=[f"layer4={op}"], layers=["fc"])
+    a = report.ablation
+    assert a is not None and a.specs == [f"layer4={op}"]
+    want = _forward_with(model, x, "layer4", change)
+    assert_stats_match(a.outputs_after[0], want)
+    with torch.no_grad():
+        assert_stats_match(a.outputs_before[0], model(x))
+    probs = torch.softmax(want.double(), dim=1)
+    top = probs[0].topk(5)
+    assert [p.index for p in a.predictions_after if p.image == 0] == top.indices.tolist()
+    assert [p.prob for p in a.predictions_after if p.image == 0] == pytest.approx(
+        top.values.tolist()
+    )
+
+
+def test_the_model_is_left_unchanged() -> None:
+    torch.manual_seed(0)
+    model = load_model("resnet18", seed=0).module
+    before = copy.deepcopy(model.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    hookcli.inspect(model, x, device="cpu", ablate=["layer3=noise:0.5", "fc=zero"], topk=2)
+    assert hooks_left(model) == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert model(x).abs().sum() > 0, "fc is not zeroed any more"
+
+
+def test_cli_table_and_bad_input() -> None:
+    r = runner.invoke(
+        app, ["inspect", "resnet18", str(CAT), "-l", "fc", "--ablate", "layer4.1.conv2=zero"]
+    )
+    assert r.exit_code == 0, r.stderr
+    assert "ablation: layer4.1.conv2=zero" in r.stdout and "clean -> ablated" in r.stdout
+    assert_one_line_error(
+        runner.invoke(app, ["inspect", "resnet18", "--ablate", "layer4"]), 2, "malformed --ablate"
+    )
+    assert_one_line_error(
+        runner.invoke(app, ["inspect", "resnet18", "--ablate", "layer4=scale"]),
+        2,
+        "malformed --ablate",
+    )
+    assert_one_line_error(
+        runner.invoke(app, ["inspect", "resnet18", "--ablate", "layer9=zero"]),
+        2,
+        "no layer named 'layer9'",
+    )
+    r = runner.invoke(
+        app,
+        [
+            "inspect",
+            "vit_b_16",
+            "--input",
+            "randn:1x3x224x224",
+            "-l",
+            "heads",
+            "--ablate",
+            "encoder.layers.encoder_layer_0.self_attention.out_proj=zero",
+        ],
+    )
+    assert_one_line_error(r, 2, "never ran")
