@@ -527,6 +527,21 @@ def inspect(
     model_arg: ModelArgOpt = None,
     train: TrainOpt = False,
     topk: TopkOpt = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size",
+            help="Images per batch for a folder run [default: 32].",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Use at most N images.")] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", help="DataLoader processes decoding images.")
+    ] = 0,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
+    ] = False,
     ablate: Annotated[
         list[str] | None,
         typer.Option(
@@ -724,8 +739,11 @@ def _run_command(
     }
     if runner == "grads":
         options.update(target=p["target"], loss=p["loss"], input_grad=p.get("input_grad", False))
-    with _status(f"running {name}…"):
-        report = getattr(run, runner)(name, p["inputs"] or [], **options)
+    if command == "inspect" and _is_folder_run(p):
+        report = _folder_run(name, p, options)
+    else:
+        with _status(f"running {name}…"):
+            report = getattr(run, runner)(name, p["inputs"] or [], **options)
     report.command = command
     report.checks = evaluate(report, rules)
     fmt = _format(p["fmt"], output)
@@ -741,8 +759,61 @@ def _run_command(
     if failed and command != "check" and (fmt != Format.table or output is not None):
         for c in failed:  # the table shows them; other formats get them on stderr
             _err(f"check failed: {c.rule}: {c.message}")
+    if report.interrupted:
+        _err("interrupted: partial results above")
+        raise typer.Exit(130)
     if failed:
         raise typer.Exit(1)
+
+
+def _is_folder_run(p: dict[str, Any]) -> bool:
+    """Batches with aggregated statistics: asked for, or more images than one batch holds."""
+    if not p["inputs"]:
+        return False
+    if p.get("batch_size") is not None or p.get("limit") is not None or p.get("workers"):
+        return True
+    from hookcli.dataset import DEFAULT_BATCH, image_files
+
+    return len(image_files(p["inputs"])) > DEFAULT_BATCH
+
+
+def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
+    for flag in ("ablate", "save", "hist", "train"):
+        if p.get(flag):
+            raise UsageError(
+                f"--{flag} works on one batch, not on a folder run.",
+                "give at most 32 images without --batch-size/--limit/--workers.",
+            )
+    from hookcli.dataset import DEFAULT_BATCH, inspect_folder
+
+    kwargs = {k: options[k] for k in ("layers", "types", "depth", "weights", "seed", "device")}
+    size = p.get("batch_size")
+    kwargs.update(
+        model_args=options["model_args"],
+        batch_size=DEFAULT_BATCH if size is None else size,
+        limit=p.get("limit"),
+        workers=p.get("workers") or 0,
+        strict=bool(p.get("strict")),
+    )
+    if not sys.stderr.isatty() or os.environ.get("CI"):
+        return inspect_folder(name, p["inputs"], **kwargs)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(f"inspect {name}", total=None, rate="")
+
+        def advance(done: int, total: int) -> None:
+            elapsed = bar.tasks[0].elapsed or 1e-9
+            bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
+
+        return inspect_folder(name, p["inputs"], progress=advance, **kwargs)
 
 
 @app.command()

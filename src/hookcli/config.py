@@ -56,6 +56,10 @@ KEYS: dict[str, tuple[str, str]] = {
     "save-raw": ("save_raw", "str"),
     "hist": ("hist", "bool"),
     "ablate": ("ablate", "list"),
+    "batch-size": ("batch_size", "int"),
+    "limit": ("limit", "int"),
+    "workers": ("workers", "int"),
+    "strict": ("strict", "bool"),
     "save": ("save", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")

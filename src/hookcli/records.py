@@ -184,6 +184,7 @@ class Report:
     backward: Backward | None = None
     input_grads: list[TensorStats] | None = None
     ablation: Ablation | None = None
+    interrupted: bool = False
     config: str | None = None
     command: str = "inspect"
     schema: int = SCHEMA_VERSION

@@ -1,0 +1,164 @@
+"""Exact statistics over many batches (or many processes) from per-batch statistics alone.
+
+A TensorStats already holds what an exact merge needs: element count, NaN/Inf counts, mean and
+population std of the finite elements, min, max, zero fraction and L2 norm. Two such summaries
+combine by Chan et al.'s parallel update (count-weighted means, M2 = M2a + M2b + δ²·na·nb/n),
+so activations are never kept — memory stays flat however many images pass — and JSON reports
+written by different processes (e.g. the ranks of a torchrun job, each on its own shard of the
+data) merge into the report one process would have written: see `merge_reports`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hookcli.records import TensorStats
+
+Key = tuple[str, int, str, str]  # layer, call, kind (inputs/outputs/…), path
+
+
+@dataclass(slots=True)
+class Accumulator:
+    """Running exact statistics of one (layer, call, kind, path) across batches."""
+
+    path: str
+    dtype: str
+    sample_shape: tuple[int, ...]  # the shape without its batch dimension
+    numel: int = 0
+    count: int = 0  # finite elements
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean (finite elements)
+    sumsq: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+    zeros: float = 0.0  # count
+    nan: int = 0
+    inf: int = 0
+    rows: int = 0  # batch rows (images) seen
+    notes: set[str] = field(default_factory=set)
+
+    def add(self, t: TensorStats) -> None:
+        n = t.numel - t.nan - t.inf
+        other = Accumulator(
+            t.path, t.dtype, t.shape[1:], t.numel, n,
+            t.mean or 0.0, (t.std or 0.0) ** 2 * n, (t.norm or 0.0) ** 2,
+            t.min if t.min is not None else math.inf, t.max if t.max is not None else -math.inf,
+            (t.zeros or 0.0) * t.numel, t.nan, t.inf, t.shape[0] if t.shape else 1,
+        )  # fmt: skip
+        if t.note:
+            self.notes.add(t.note)
+        self.merge(other)
+
+    def merge(self, o: Accumulator) -> None:
+        n = self.count + o.count
+        if o.count:
+            delta = o.mean - self.mean
+            self.mean += delta * o.count / n
+            self.m2 += o.m2 + delta * delta * self.count * o.count / n
+        self.count = n
+        self.numel += o.numel
+        self.sumsq += o.sumsq
+        self.min = min(self.min, o.min)
+        self.max = max(self.max, o.max)
+        self.zeros += o.zeros
+        self.nan += o.nan
+        self.inf += o.inf
+        self.rows += o.rows
+        self.notes |= o.notes
+
+    def stats(self) -> TensorStats:
+        has = self.count > 0
+        return TensorStats(
+            path=self.path,
+            shape=(self.rows, *self.sample_shape),
+            dtype=self.dtype,
+            numel=self.numel,
+            mean=self.mean if has else None,
+            std=math.sqrt(max(self.m2 / self.count, 0.0)) if has else None,
+            min=self.min if has else None,
+            max=self.max if has else None,
+            zeros=self.zeros / self.numel if self.numel else None,
+            nan=self.nan,
+            inf=self.inf,
+            norm=math.sqrt(self.sumsq) if has else None,
+            note="; ".join(sorted(self.notes)) or None,
+        )
+
+
+class Aggregate:
+    """Per-(layer, call) accumulators for every tensor kind, in first-seen order."""
+
+    def __init__(self) -> None:
+        self.acc: dict[Key, Accumulator] = {}
+        self.order: dict[tuple[str, int], None] = {}  # (layer, call) in first-seen order
+        self.types: dict[str, str] = {}
+
+    def add(
+        self, name: str, type_: str, call: int, kind: str, tensors: Iterable[TensorStats]
+    ) -> None:
+        self.order.setdefault((name, call), None)
+        self.types[name] = type_
+        for t in tensors:
+            key = (name, call, kind, t.path)
+            acc = self.acc.get(key)
+            if acc is None:
+                acc = self.acc[key] = Accumulator(t.path, t.dtype, t.shape[1:])
+            acc.add(t)
+
+    def tensors(self, name: str, call: int, kind: str) -> list[TensorStats]:
+        return [
+            a.stats() for (n, c, k, _), a in self.acc.items() if (n, c, k) == (name, call, kind)
+        ]
+
+
+def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Merge JSON reports of the same model and layers run on different data (shards): the
+    result is what one run over all the data would report, statistics exact.
+
+        import json, hookcli.aggregate as agg
+        parts = [json.load(open(f"rank{r}.json")) for r in range(world_size)]
+        json.dump(agg.merge_reports(parts), open("all.json", "w"))
+    """
+    if not reports:
+        raise ValueError("nothing to merge")
+    specs = {r["model"]["spec"] for r in reports}
+    if len(specs) != 1:
+        raise ValueError(f"reports of different models: {sorted(specs)}")
+    agg = Aggregate()
+    for r in reports:
+        for c in r["layers"]:
+            for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+                agg.add(
+                    c["name"], c["type"], c["call"], kind, [_stats(t) for t in c.get(kind) or []]
+                )
+    merged = dict(reports[0])
+    layers = []
+    for c in reports[0]["layers"]:
+        entry = dict(c)
+        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+            if c.get(kind) is not None:
+                entry[kind] = [_plain(s) for s in agg.tensors(c["name"], c["call"], kind)]
+        layers.append(entry)
+    merged["layers"] = layers
+    merged["predictions"] = [p for r in reports for p in r.get("predictions") or []] or None
+    merged["input"] = dict(reports[0]["input"])
+    merged["input"]["description"] = f"{len(reports)} merged reports"
+    merged["input"]["sources"] = [s for r in reports for s in r["input"].get("sources") or []]
+    return merged
+
+
+def _stats(d: dict[str, Any]) -> TensorStats:
+    fields = {
+        k: d.get(k)
+        for k in ("path", "dtype", "numel", "mean", "std", "min", "max", "zeros", "norm", "note")
+    }
+    return TensorStats(shape=tuple(d["shape"]), nan=d.get("nan", 0), inf=d.get("inf", 0), **fields)  # type: ignore[arg-type]
+
+
+def _plain(s: TensorStats) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(s)

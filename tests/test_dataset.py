@@ -1,0 +1,174 @@
+"""Folder runs: statistics aggregated over batches equal those of one concatenated batch
+(float64 oracle), flat memory, skipped/strict images, Ctrl-C, merging reports across shards."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from hookcli import dataset
+from hookcli.aggregate import merge_reports
+from hookcli.cli import app
+from hookcli.dataset import image_files, inspect_folder
+from hookcli.inputs import read_image
+from hookcli.loading import load_model
+from tests.conftest import CAT, COFFEE, assert_stats_match
+from tests.test_cli import assert_one_line_error
+from tests.test_run import retained_outputs
+
+runner = CliRunner()
+
+
+def make_folder(root: Path, n: int, size: int = 240) -> Path:
+    """n crops of the sample photos, in two class subfolders (an ImageFolder tree)."""
+    cat, coffee = Image.open(CAT).convert("RGB"), Image.open(COFFEE).convert("RGB")
+    for i in range(n):
+        src = cat if i % 2 else coffee
+        x, y = (i * 7) % 100, (i * 5) % 50
+        sub = root / ("cats" if i % 2 else "cups")
+        sub.mkdir(parents=True, exist_ok=True)
+        src.crop((x, y, x + size, y + size)).save(sub / f"{i:04d}.png")
+    return root
+
+
+def test_aggregated_statistics_equal_one_concatenated_batch(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path / "data", 10)
+    layers = ["conv1", "layer1.0.*", "fc"]
+    report = inspect_folder("resnet18", [str(folder)], batch_size=3, layers=layers, device="cpu")
+    loaded = load_model("resnet18", seed=0)
+    files = image_files([str(folder)])
+    x = torch.stack([loaded.preprocess(read_image(f)) for f in files])  # type: ignore[misc]
+    store = retained_outputs(loaded.module.eval(), (x,))
+    assert report.input.shapes == [(10, 3, 224, 224)]
+    checked = 0
+    for call in report.layers:
+        for t in call.inputs + call.outputs:
+            assert t.shape[0] == 10
+            # recomputed in batches of another size: BLAS may round differently, so no
+            # bitwise-equal extremes here, only agreement within rtol
+            assert_stats_match(
+                t, store[(call.name, call.call)][t.path], rtol=1e-5, same_tensor=False
+            )
+            checked += 1
+    assert checked == 2 * 6 + 2 * 2  # layer1.0.*: 6 calls (relu twice); conv1 and fc
+    with torch.no_grad():
+        assert_stats_match(report.outputs[0], loaded.module(x), rtol=1e-5, same_tensor=False)
+
+
+def test_reports_of_two_shards_merge_into_the_whole(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path / "data", 8)
+    files = [str(f) for f in image_files([str(folder)])]
+    half = [
+        inspect_folder("resnet18", part, batch_size=2, layers=["layer1.0.relu"], device="cpu")
+        for part in (files[:4], files[4:])
+    ]
+    whole = inspect_folder("resnet18", files, batch_size=8, layers=["layer1.0.relu"], device="cpu")
+    merged = merge_reports([h.to_dict() for h in half])
+    for m, w in zip(merged["layers"], whole.to_dict()["layers"], strict=True):
+        for key in ("mean", "std", "min", "max", "zeros", "norm"):
+            assert m["outputs"][0][key] == pytest.approx(w["outputs"][0][key], rel=1e-9)
+
+
+def test_memory_stays_flat_as_images_grow(tmp_path: Path) -> None:
+    small, large = make_folder(tmp_path / "s", 30, 64), make_folder(tmp_path / "l", 300, 64)
+
+    def peak(folder: Path) -> int:
+        tracemalloc.start()
+        inspect_folder("tests/models.py:TwoBranches", [str(folder)], batch_size=16, device="cpu")
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    peak(small)  # warm-up: imports, kernels
+    a, b = peak(small), peak(large)
+    assert b < a * 1.5 + 2_000_000, (a, b)
+
+
+def test_cli_folder_run_skips_or_refuses_unreadable_images(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path / "data", 5)
+    (folder / "cups" / "zz_broken.jpg").write_bytes(b"nope")
+    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc"])
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "5 images from" in r.stdout and "skipped 1 unreadable image(s): zz_broken.jpg" in r.stdout
+    )
+    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "--strict"])
+    assert_one_line_error(r, 2, "zz_broken.jpg", "--strict")
+    r = runner.invoke(
+        app,
+        [
+            "inspect",
+            "resnet18",
+            str(folder),
+            "--batch-size",
+            "2",
+            "-f",
+            "json",
+            "-l",
+            "fc",
+            "--limit",
+            "3",
+        ],
+    )
+    assert json.loads(r.stdout)["input"]["shapes"] == [[3, 3, 224, 224]]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--batch-size", "0"], ["--batch-size must be 1 or more"]),
+        (["--limit", "0"], ["--limit must be 1 or more"]),
+        (["--batch-size", "2", "--ablate", "fc=zero"], ["--ablate works on one batch"]),
+    ],
+)
+def test_folder_bad_options(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    folder = make_folder(tmp_path / "data", 3)
+    assert_one_line_error(
+        runner.invoke(app, ["inspect", "resnet18", str(folder), *args]), 2, *needles
+    )
+
+
+def test_mixed_sizes_are_reported(tmp_path: Path) -> None:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    Image.open(CAT).convert("RGB").save(folder / "a.png")
+    Image.open(COFFEE).convert("RGB").resize((300, 600)).save(folder / "b.png")
+    r = runner.invoke(
+        app,
+        [
+            "inspect",
+            "deeplabv3_mobilenet_v3_large",
+            str(folder),
+            "--batch-size",
+            "2",
+            "-l",
+            "classifier",
+        ],
+    )
+    assert_one_line_error(r, 2, "different sizes", "--batch-size 1")
+
+
+def test_ctrl_c_reports_partial_results_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = make_folder(tmp_path / "data", 6)
+    real = dataset._one_batch
+    seen = []
+
+    def interrupt_on_second(*a: object, **k: object) -> None:
+        if seen:
+            raise KeyboardInterrupt
+        seen.append(1)
+        real(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dataset, "_one_batch", interrupt_on_second)
+    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc"])
+    assert r.exit_code == 130
+    assert "interrupted after 2 of 6 images" in r.stdout and "fc" in r.stdout
+    assert "interrupted" in r.stderr
