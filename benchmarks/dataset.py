@@ -1,0 +1,148 @@
+"""Folder runs: throughput against a plain DataLoader + forward loop, and flat memory.
+
+Prints, measured side by side in one process (throughput) and in fresh subprocesses (memory):
+
+(a) images/s of hookcli's folder run (statistics of every leaf, merged across batches) ÷ a
+    plain DataLoader + model(x) loop over the same folder with the same batch size and workers;
+(b) peak RSS growth of a folder run over 100 and over 2,000 images (flat means the second is
+    within ±10% of the first).
+
+The images are crops of the sample photos written to a temporary folder.
+Usage: python benchmarks/dataset.py [--images N] [--workers W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def make_images(folder: Path, n: int) -> None:
+    from PIL import Image
+
+    photos = [
+        Image.open(ROOT / "sample_images" / name).convert("RGB")
+        for name in ("cat.jpeg", "coffee.jpeg")
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        src = photos[i % 2]
+        x, y = (i * 7) % 150, (i * 5) % 50
+        src.crop((x, y, x + 240, y + 240)).save(folder / f"{i:05d}.jpg", quality=90)
+
+
+def throughput(
+    folder: Path, model_name: str, batch: int, workers: int, rounds: int
+) -> dict[str, float]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from hookcli.dataset import ImageFiles, _collate, image_files, inspect_folder
+    from hookcli.loading import load_model
+
+    loaded = load_model(model_name)
+    model = loaded.module.eval()
+    files = image_files([str(folder)])
+    assert loaded.preprocess is not None
+
+    def plain() -> None:
+        loader = DataLoader(
+            ImageFiles(files, loaded.preprocess),
+            batch_size=batch,  # type: ignore[arg-type]
+            num_workers=workers,
+            collate_fn=_collate,
+        )
+        with torch.no_grad():
+            for tensors, _, _ in loader:
+                model(torch.stack(tensors))
+
+    def hooked() -> None:
+        inspect_folder(model_name, [str(folder)], batch_size=batch, workers=workers, device="cpu")
+
+    times: dict[str, list[float]] = {"plain": [], "hookcli": []}
+    plain()
+    hooked()
+    for _ in range(rounds):
+        for key, fn in (("plain", plain), ("hookcli", hooked)):
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return {k: len(files) / statistics.median(v) for k, v in times.items()}
+
+
+def memory_child(folder: str, model_name: str, batch: int) -> None:
+    from hookcli.dataset import inspect_folder
+
+    tiny = Path(tempfile.mkdtemp()) / "warm"
+    make_images(tiny, batch)
+    inspect_folder(model_name, [str(tiny)], batch_size=batch, device="cpu")  # warm-up
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kb("VmRSS")
+    inspect_folder(model_name, [folder], batch_size=batch, device="cpu")
+    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def memory(folder: Path, model_name: str, batch: int) -> float:
+    res = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(folder), model_name, str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **PRECISE_MALLOC},
+    )
+    return float(json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=256, help="images for the throughput test")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        folder, model_name, batch = args.memory_child
+        memory_child(folder, model_name, int(batch))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_images(root / "speed", args.images)
+        r = throughput(root / "speed", args.model, args.batch, args.workers, rounds=3)
+        print(
+            f"(a) {args.model}, {args.images} images, batch {args.batch}, "
+            f"{args.workers} worker(s): "
+            f"plain {r['plain']:.1f} img/s, hookcli {r['hookcli']:.1f} img/s, "
+            f"ratio {r['hookcli'] / r['plain']:.3f}"
+        )
+        make_images(root / "n100", 100)
+        make_images(root / "n2000", 2000)
+        small = memory(root / "n100", "mobilenet_v3_small", args.batch)
+        large = memory(root / "n2000", "mobilenet_v3_small", args.batch)
+        print(
+            f"(b) mobilenet_v3_small peak RSS growth: 100 images {small:.0f} MiB, "
+            f"2000 images {large:.0f} MiB, ratio {large / small:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
