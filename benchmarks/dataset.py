@@ -53,12 +53,13 @@ def throughput(
     loaded = load_model(model_name)
     model = loaded.module.eval()
     files = image_files([str(folder)])
-    assert loaded.preprocess is not None
+    preprocess = loaded.preprocess
+    assert preprocess is not None
 
     def plain() -> None:
         loader = DataLoader(
-            ImageFiles(files, loaded.preprocess),
-            batch_size=batch,  # type: ignore[arg-type]
+            ImageFiles(files, preprocess),
+            batch_size=batch,
             num_workers=workers,
             collate_fn=_collate,
         )
