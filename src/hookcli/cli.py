@@ -556,6 +556,14 @@ def inspect(
     fmt: FormatOpt = None,
     output: OutputOpt = None,
     hist: HistOpt = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Time each layer call (and its backward) and size its "
+            "output, against an unhooked pass timed in the same process.",
+        ),
+    ] = False,
     save: SaveOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
     save_baseline: SaveBaselineOpt = None,
@@ -597,6 +605,14 @@ def grads(
     fmt: FormatOpt = None,
     output: OutputOpt = None,
     hist: HistOpt = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Time each layer call (and its backward) and size its "
+            "output, against an unhooked pass timed in the same process.",
+        ),
+    ] = False,
     save: SaveOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
     save_baseline: SaveBaselineOpt = None,
@@ -734,6 +750,7 @@ def _run_command(
         "also_layers": [layer for layer, _ in rules.expect_shapes],
         "save": p.get("save"),
         "hist": HIST_BINS if p.get("hist") else 0,
+        "profile": bool(p.get("profile")),
         "ablate": p.get("ablate") or [],
         "deterministic": command == "check",
     }
@@ -778,7 +795,7 @@ def _is_folder_run(p: dict[str, Any]) -> bool:
 
 
 def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
-    for flag in ("ablate", "save", "hist", "train"):
+    for flag in ("ablate", "save", "hist", "train", "profile"):
         if p.get(flag):
             raise UsageError(
                 f"--{flag} works on one batch, not on a folder run.",

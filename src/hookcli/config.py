@@ -60,6 +60,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "limit": ("limit", "int"),
     "workers": ("workers", "int"),
     "strict": ("strict", "bool"),
+    "profile": ("profile", "bool"),
     "save": ("save", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")

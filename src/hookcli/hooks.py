@@ -20,6 +20,7 @@ leaves its gradient absent: reported as null, never 0.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -58,6 +59,11 @@ class PendingCall:
     grad_inputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
     grad_outputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
     finished: int | None = None  # position among calls in the order they returned
+    # --profile: perf_counter_ns marks (CPU) of the module's own forward and backward
+    t_forward: list[int] = field(default_factory=list)
+    hook_ns_at_start: int = 0  # the session's hook time when this call's forward began
+    t_backward: list[int] = field(default_factory=list)
+    output_bytes: int = 0
     grad_input_seen: int | None = None  # position among gradient hooks, first input gradient
 
 
@@ -114,12 +120,15 @@ class HookSession:
         on_output: Callable[[PendingCall, Any], None] | None = None,
         grads: bool = False,
         saver: Any = None,
+        profile: bool = False,
     ) -> None:
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
-        self.grads = grads and collector is not None
+        self.grads = grads
         self.saver = saver  # a saving.TensorSaver: tensors streamed to disk as seen
+        self.profile = profile
+        self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
         self._finished = 0
         self._grad_events = 0
@@ -154,6 +163,14 @@ class HookSession:
             handle.remove()
         self._handles.clear()
 
+    def _mark_start(self, pending: PendingCall, args: Any, entered: int) -> None:
+        """--profile: the module's own forward starts now, after this hook's work."""
+        _synchronize(args)
+        now = time.perf_counter_ns()
+        self.hook_ns += now - entered
+        pending.hook_ns_at_start = self.hook_ns
+        pending.t_forward.append(now)
+
     def remove_tensor_hooks(self) -> None:
         """Gradient hooks outlive the forward (backward comes after); removed here."""
         for handle in self.tensor_handles:
@@ -166,7 +183,6 @@ class HookSession:
 
     def _watch_grads(self, obj: Any, root: str, pending: PendingCall) -> None:
         collector = self.collector
-        assert collector is not None
         into = pending.grad_inputs if root == "in" else pending.grad_outputs
         kind = "grad_input" if root == "in" else "grad_output"
         for path, t in iter_tensors(obj, root):
@@ -174,9 +190,18 @@ class HookSession:
                 continue
 
             def grad_hook(grad: torch.Tensor, path: str = path) -> None:
+                # --profile: the first output gradient starts the module's backward, the
+                # first input gradient ends it
+                marks = pending.t_backward
+                if self.profile and (
+                    (root == "out" and not marks) or (root == "in" and len(marks) == 1)
+                ):
+                    marks.append(time.perf_counter_ns())
                 self._grad_events += 1
                 if root == "in" and pending.grad_input_seen is None:
                     pending.grad_input_seen = self._grad_events
+                if collector is None:
+                    return  # a timing-only session
                 try:
                     into[path] = collector.add(grad, path)
                     if self.saver is not None:
@@ -197,13 +222,18 @@ class HookSession:
         stack = self._stacks[i]
 
         def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            entered = time.perf_counter_ns() if self.profile else 0
             call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
             self.counts[i] += 1
             pending = PendingCall(call)
             self.calls.append(pending)
             stack.append(pending)
-            if self.collector is None:
+            if self.collector is None:  # shapes only (layers --shapes, --profile timing)
                 call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
+                if self.grads:
+                    self._watch_grads(args, "in", pending)
+                if self.profile:
+                    self._mark_start(pending, args, entered)
                 return
             try:
                 measure(self.collector, args, "in", call.inputs, pending.input_rows)
@@ -218,6 +248,8 @@ class HookSession:
                     self._save(kwargs, "in", "input", call)
             except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
                 call.error = f"could not measure inputs: {exc}"
+            if self.profile:
+                self._mark_start(pending, args, entered)
 
         return pre_hook
 
@@ -228,12 +260,24 @@ class HookSession:
             if not stack:
                 return  # hooks registered mid-call: nothing to pair with
             pending = stack.pop()
+            entered = 0
+            if self.profile:
+                _synchronize(output)
+                entered = time.perf_counter_ns()  # first: our own work excluded
+                # a container's span holds its children's hooks: take their time out
+                nested = self.hook_ns - pending.hook_ns_at_start
+                pending.t_forward.append(entered - nested)
+                pending.output_bytes = sum(
+                    t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
+                )
             pending.finished = self._finished
             self._finished += 1
             call = pending.call
             try:
                 if self.collector is None:
                     call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
+                    if self.grads:
+                        self._watch_grads(output, "out", pending)
                 else:
                     measure(self.collector, output, "out", call.outputs, pending.output_rows)
                     if self.grads:
@@ -244,9 +288,19 @@ class HookSession:
                     self.on_output(pending, output)
             except Exception as exc:
                 call.error = f"could not measure outputs: {exc}"
+            if self.profile:
+                self.hook_ns += time.perf_counter_ns() - entered
 
         return post_hook
 
 
 def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
     return TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
+
+
+def _synchronize(obj: Any) -> None:
+    """--profile on a GPU: wait for queued kernels so a time mark means what it says."""
+    for _, t in iter_tensors(obj, ""):
+        if t.is_cuda:
+            torch.cuda.synchronize(t.device)
+        return

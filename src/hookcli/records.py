@@ -56,6 +56,26 @@ class LayerCall:
     grad_outputs: list[TensorStats] | None = None
     params: list[ParamStats] | None = None
     error: str | None = None
+    profile: CallProfile | None = None
+
+
+@dataclass(slots=True)
+class CallProfile:
+    """--profile: this call's own forward (and backward) time and its output's size."""
+
+    forward_ms: float
+    backward_ms: float | None
+    output_bytes: int
+    share: float | None = None  # forward_ms / the unhooked pass
+
+
+@dataclass(slots=True)
+class Profile:
+    unhooked_ms: float  # the same pass without hooks, median of `runs`
+    layers_ms: float  # the selected leaf calls' forward times, added up
+    runs: int
+    unhooked_backward_ms: float | None = None
+    layers_backward_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +204,7 @@ class Report:
     backward: Backward | None = None
     input_grads: list[TensorStats] | None = None
     ablation: Ablation | None = None
+    profile: Profile | None = None
     interrupted: bool = False
     config: str | None = None
     command: str = "inspect"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import statistics
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +34,7 @@ from hookcli.loading import (
 )
 from hookcli.records import (
     Backward,
+    CallProfile,
     InputInfo,
     LayerCall,
     LayersReport,
@@ -41,6 +44,7 @@ from hookcli.records import (
     Origin,
     ParamStats,
     Prediction,
+    Profile,
     Report,
     SavedFile,
     TensorStats,
@@ -285,6 +289,7 @@ def _run(
     deterministic: bool = False,
     save: str | Path | None = None,
     hist: int = 0,
+    profile: bool = False,
     ablate: Sequence[str] = (),
     _ablations: Sequence[Any] = (),
 ) -> Report:
@@ -351,6 +356,13 @@ def _run(
         deterministic_algorithms(deterministic),
         ablated(module_entries(loaded.module), _ablations, seed) as ablation_calls,
     ):
+        timing = None
+        if profile:  # times from a pass whose hooks only read the clock
+            unhooked = _time_unhooked(loaded, minput, spec, seed, params)
+            timing = _timed_pass(
+                loaded, minput, targets, dev, spec=spec, seed=seed, params=params, backward=backward
+            )
+            timing_profile = _profiles(timing, targets, unhooked)
         torch.manual_seed(seed)  # dropout and the like, in train mode
         try:
             with torch.set_grad_enabled(backward):
@@ -392,6 +404,12 @@ def _run(
     for s, r in zip(out_stats, out_rows, strict=True):
         if r >= 0:
             fill(s, rows[r])
+    profile_out = None
+    if timing is not None:
+        profile_out = timing_profile
+        by_call = {(p.call.name, p.call.call): p.call.profile for p in timing.calls}
+        for call in layers_out:
+            call.profile = by_call.get((call.name, call.call))
     notes = [
         f"{c.call.name} call {c.call.call}: {c.call.error}" for c in session.calls if c.call.error
     ]
@@ -414,6 +432,7 @@ def _run(
         else None,
         input_grads=[fill(s, rows[r]) for s, r in grad_rows] if input_grad else None,
         nonfinite_origins=find_origins(session.calls),
+        profile=profile_out,
         config=config,
         command=command,
         hookcli_version=__version__,
@@ -444,6 +463,92 @@ def find_origins(calls: Sequence[PendingCall]) -> list[Origin]:
     return origins
 
 
+def _time_unhooked(
+    loaded: LoadedModel,
+    minput: ModelInput,
+    spec: Any,
+    seed: int,
+    params: list[nn.Parameter],
+    *,
+    runs: int = 3,
+) -> tuple[float, float | None]:
+    """The same pass without hooks: forward (and backward) ms, median of `runs` after one
+    warm-up. Parameter gradients it makes are cleared."""
+    model = loaded.module
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for i in range(runs + 1):
+        torch.manual_seed(seed)
+        with torch.set_grad_enabled(spec is not None):
+            _sync(minput)
+            t0 = time.perf_counter()
+            out = model(*minput.args)
+            _sync(out)
+            t1 = time.perf_counter()
+            if spec is not None:
+                value = scalar_of(spec, out, seed)
+                t2 = time.perf_counter()
+                value.backward()  # type: ignore[no-untyped-call]
+                _sync(minput)
+                t3 = time.perf_counter()
+                for p in params:
+                    p.grad = None
+                if i:
+                    bwd.append((t3 - t2) * 1e3)
+        if i:
+            fwd.append((t1 - t0) * 1e3)
+    return statistics.median(fwd), statistics.median(bwd) if bwd else None
+
+
+def _timed_pass(
+    loaded: LoadedModel,
+    minput: ModelInput,
+    targets: list[Target],
+    dev: torch.device,
+    *,
+    spec: Any,
+    seed: int,
+    params: list[nn.Parameter],
+    backward: bool,
+) -> HookSession:
+    """--profile: one more pass with hooks that only read the clock (no statistics between
+    layers to disturb the caches), forward and, for grads, backward."""
+    session = HookSession(targets, None, grads=backward, profile=True)
+    torch.manual_seed(seed)
+    try:
+        with torch.set_grad_enabled(backward):
+            out = run_forward(loaded, minput, session, dev)
+            if spec is not None:
+                scalar_of(spec, out, seed).backward()  # type: ignore[no-untyped-call]
+    finally:
+        session.remove_tensor_hooks()
+        for p in params:
+            p.grad = None
+    return session
+
+
+def _sync(obj: Any) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _profiles(
+    session: HookSession, targets: list[Target], unhooked: tuple[float, float | None]
+) -> Profile:
+    fwd_ms, bwd_ms = unhooked
+    leaves = {t.name for t in targets if next(t.module.children(), None) is None}
+    layers_ms = 0.0
+    layers_bwd = 0.0
+    for p in session.calls:
+        f = (p.t_forward[1] - p.t_forward[0]) / 1e6 if len(p.t_forward) == 2 else 0.0
+        b = (p.t_backward[1] - p.t_backward[0]) / 1e6 if len(p.t_backward) == 2 else None
+        p.call.profile = CallProfile(f, b, p.output_bytes, f / fwd_ms if fwd_ms else None)
+        if p.call.name in leaves:
+            layers_ms += f
+            layers_bwd += b or 0.0
+    return Profile(fwd_ms, layers_ms, 3, bwd_ms, layers_bwd if bwd_ms is not None else None)
+
+
 _RUN_OPTIONS = (
     "command",
     "input_specs",
@@ -465,6 +570,7 @@ _RUN_OPTIONS = (
     "deterministic",
     "save",
     "hist",
+    "profile",
 )
 
 

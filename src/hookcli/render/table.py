@@ -80,6 +80,10 @@ RIGHT = {
     "grad/weight",
     "norm clean",
     "norm ablated",
+    "forward ms",
+    "% of pass",
+    "backward ms",
+    "output MB",
     "change",
     "prob ",
 }
@@ -272,10 +276,52 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
         console.print(Text(report.prediction_note, style="dim" if color else ""))
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow" if color else ""))
+    if report.profile is not None:
+        _print_profile(console, report, color)
     if report.ablation is not None:
         _print_ablation(console, report, color)
     _print_checks(console, report, color, quiet=False)
     return _text(buf)
+
+
+def _print_profile(console: Console, report: Report, color: bool) -> None:
+    prof = report.profile
+    assert prof is not None
+    backward = prof.unhooked_backward_ms is not None
+    headers = ["layer", "call", "forward ms", "% of pass"]
+    headers += ["backward ms"] if backward else []
+    headers += ["output MB"]
+    t = _table("profile (own time; hookcli's hook work excluded)", headers, color)
+    for c in report.layers:
+        p = c.profile
+        if p is None:
+            continue
+        cells = [
+            c.name,
+            str(c.call),
+            f"{p.forward_ms:.3f}",
+            f"{p.share:.1%}" if p.share is not None else DASH,
+        ]
+        if backward:
+            cells.append(f"{p.backward_ms:.3f}" if p.backward_ms is not None else DASH)
+        cells.append(f"{p.output_bytes / 2**20:.2f}")
+        t.add_row(*cells)
+    console.print(t)
+    share = prof.layers_ms / prof.unhooked_ms if prof.unhooked_ms else 0.0
+    line = (
+        f"profile: the selected leaf calls take {prof.layers_ms:.1f} ms = {share:.0%} of an "
+        f"unhooked forward ({prof.unhooked_ms:.1f} ms, median of {prof.runs}); the rest runs "
+        "outside modules (additions, reshapes) or in unselected ones"
+    )
+    console.print(Text(line))
+    if prof.unhooked_backward_ms is not None and prof.layers_backward_ms is not None:
+        bshare = prof.layers_backward_ms / prof.unhooked_backward_ms
+        console.print(
+            Text(
+                f"profile: their backward takes {prof.layers_backward_ms:.1f} ms = "
+                f"{bshare:.0%} of an unhooked backward ({prof.unhooked_backward_ms:.1f} ms)"
+            )
+        )
 
 
 def _print_ablation(console: Console, report: Report, color: bool) -> None:

@@ -1,0 +1,44 @@
+"""--profile: per-call time and output size; the leaf calls add up to an unhooked pass."""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+
+runner = CliRunner()
+
+
+def test_profile_accounts_for_the_unhooked_pass() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 224, 224)
+    report = hookcli.inspect(model, x, device="cpu", profile=True, topk=0)
+    prof = report.profile
+    assert prof is not None and prof.runs == 3 and prof.unhooked_ms > 0
+    for call in report.layers:
+        p = call.profile
+        assert p is not None and p.forward_ms > 0
+        assert p.output_bytes == sum(t.numel * 4 for t in call.outputs)  # float32 outputs
+    # every leaf is selected: their own times add up to the unhooked forward, within 15%
+    # (what is left runs outside modules: resnet's `out += identity`, flatten)
+    assert 0.85 <= prof.layers_ms / prof.unhooked_ms <= 1.15, (prof.layers_ms, prof.unhooked_ms)
+
+
+def test_profile_backward_and_cli() -> None:
+    report = hookcli.grads(
+        "resnet18",
+        input_specs=["randn:1x3x64x64"],
+        device="cpu",
+        profile=True,
+        layers=["layer4.*"],
+        topk=0,
+    )
+    assert report.profile is not None and report.profile.unhooked_backward_ms is not None
+    assert all(c.profile is not None and c.profile.backward_ms is not None for c in report.layers)
+    r = runner.invoke(app, ["inspect", "resnet18", "-l", "layer1.0.*", "--profile"])
+    assert r.exit_code == 0, r.stderr
+    assert "forward ms" in r.stdout and "of an unhooked forward" in r.stdout
