@@ -12,7 +12,9 @@ Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval)
 (c) `hookcli --help` wall time, and whether torch was imported;
 (d) grads: `hookcli.grads` with statistics of every leaf call's inputs, outputs and gradients
     and every parameter gradient ÷ a plain forward + backward from the same target (the sum
-    of each image's top-1 logit), interleaved the same way.
+    of each image's top-1 logit), interleaved the same way;
+(e) --profile: the leaf calls' own forward times added up ÷ the unhooked pass it times in the
+    same process (100% means the per-layer times account for the whole pass).
 
 Usage: python benchmarks/overhead.py [--rounds N] [--quick]
 """
@@ -245,6 +247,19 @@ def main() -> None:
     print(
         f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}"
     )
+    import hookcli
+
+    for name, batch in cases:
+        model, x = _build(name, batch)
+        shares = []
+        for _ in range(3):
+            prof = hookcli.inspect(model, x, device="cpu", topk=0, profile=True).profile
+            assert prof is not None
+            shares.append(prof.layers_ms / prof.unhooked_ms)
+        print(
+            f"(e) {name} batch {batch}: --profile leaf calls sum to "
+            f"{statistics.median(shares):.1%} of the unhooked forward (median of 3)"
+        )
     print("(d) grads ÷ plain forward+backward (median of rounds)")
     for name, batch in cases:
         g = grads_case(name, batch, rounds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torchvision
 from typer.testing import CliRunner
@@ -23,9 +24,16 @@ def test_profile_accounts_for_the_unhooked_pass() -> None:
         p = call.profile
         assert p is not None and p.forward_ms > 0
         assert p.output_bytes == sum(t.numel * 4 for t in call.outputs)  # float32 outputs
-    # every leaf is selected: their own times add up to the unhooked forward, within 15%
-    # (what is left runs outside modules: resnet's `out += identity`, flatten)
-    assert 0.85 <= prof.layers_ms / prof.unhooked_ms <= 1.15, (prof.layers_ms, prof.unhooked_ms)
+    # the accounting, exactly: each share is the call's time over the unhooked pass, and the
+    # leaf calls (every one is selected here) add up to layers_ms. How close layers_ms comes to
+    # the unhooked pass is a timing figure, measured by benchmarks/overhead.py, not asserted
+    # here (tests hold no timing thresholds; a busy machine moves them).
+    total = 0.0
+    for call in report.layers:
+        assert call.profile is not None and call.profile.share is not None
+        assert call.profile.share == call.profile.forward_ms / prof.unhooked_ms
+        total += call.profile.forward_ms
+    assert total == pytest.approx(prof.layers_ms)
 
 
 def test_profile_backward_and_cli() -> None:

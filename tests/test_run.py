@@ -214,14 +214,37 @@ def test_predictions_on_the_cat_carry_imagenet_labels_and_a_random_weights_note(
     assert "meaningless" in (report.prediction_note or "")
 
 
-def test_unsupported_tasks_fail_with_a_specific_message() -> None:
-    for name, word in (
-        ("r3d_18", "video"),
-        ("raft_small", "optical"),
-        ("quantized_resnet18", "quantized"),
-    ):
-        with pytest.raises(UsageError, match=word):
-            hookcli.inspect(name, device="cpu")
+def test_video_model_on_a_still_image_repeated_as_a_clip() -> None:
+    report = hookcli.inspect("r3d_18", [str(CAT)], device="cpu", layers=["stem"], topk=2)
+    assert report.input.shapes == [(1, 3, 16, 112, 112)]
+    assert "repeated as a clip of 16 frames" in report.input.description
+    assert report.layers[0].outputs[0].shape == (1, 64, 16, 56, 56)
+    assert report.predictions is not None and report.predictions[0].label
+
+
+def test_optical_flow_takes_two_images_and_reports_every_iteration() -> None:
+    from tests.conftest import COFFEE
+
+    report = hookcli.inspect(
+        "raft_small", [str(CAT), str(COFFEE)], device="cpu", layers=["update_block"], topk=0
+    )
+    assert [c.call for c in report.layers] == list(range(12))  # RAFT's 12 refinement steps
+    assert report.input.shapes == [(1, 3, 296, 448), (1, 3, 296, 448)]
+    assert len(report.outputs) == 12 and report.outputs[0].shape == (1, 2, 296, 448)
+    with pytest.raises(UsageError, match="two images"):
+        hookcli.inspect("raft_small", [str(CAT)], device="cpu")
+
+
+def test_quantized_model_runs_int8_on_the_cpu_and_has_no_gradients() -> None:
+    report = hookcli.inspect(
+        "quantized_resnet18", [str(CAT)], device="cpu", layers=["layer1.0.conv1"]
+    )
+    (call,) = report.layers
+    assert call.type == "ConvReLU2d"  # fused by quantization; its output is int8
+    assert call.outputs[0].dtype == "quint8" and "dequantized" in (call.outputs[0].note or "")
+    assert call.outputs[0].std is not None and call.outputs[0].std > 0
+    with pytest.raises(UsageError, match="no autograd"):
+        hookcli.grads("quantized_resnet18", device="cpu")
 
 
 def test_repeated_runs_do_not_grow_memory_or_leave_hooks() -> None:

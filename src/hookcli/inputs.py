@@ -159,9 +159,52 @@ def _imagenet_preprocess(size: tuple[int, int]) -> Any:
     )
 
 
+def _clips(images: list[Any], model: LoadedModel) -> torch.Tensor:
+    """Video models: each still image repeated as a clip, through the weights' transforms."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    from hookcli.loading import CLIP_FRAMES
+
+    assert model.preprocess is not None
+    clips = [pil_to_tensor(im).unsqueeze(0).expand(CLIP_FRAMES, -1, -1, -1) for im in images]
+    return torch.stack([model.preprocess(c) for c in clips])  # (N, C, T, H, W)
+
+
+def _flow_pair(images: list[Any], model: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optical flow: two images, the second resized to the first, both to multiples of 8."""
+    if len(images) != 2:
+        raise UsageError(
+            f"optical-flow models take two images (frame 1, frame 2); got {len(images)}.",
+            "give exactly two image files.",
+        )
+    w, h = images[0].size
+    size = (max(128, w // 8 * 8), max(128, h // 8 * 8))
+    a, b = (im.resize(size) for im in images)
+    assert model.preprocess is not None
+    one, two = model.preprocess(a, b)  # type: ignore[call-arg]
+    return one.unsqueeze(0), two.unsqueeze(0)
+
+
 def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
     files = expand_paths(paths)
     images = [read_image(f) for f in files]
+    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
+        f.name for f in files[:4]
+    )
+    if model.task == "video":
+        from hookcli.loading import CLIP_FRAMES
+
+        desc += f", each repeated as a clip of {CLIP_FRAMES} frames"
+        return ModelInput(
+            (_clips(images, model),), desc, [str(f) for f in files], model.preprocess_label
+        )
+    if model.task == "optical_flow":
+        return ModelInput(
+            _flow_pair(images, model),
+            desc + " (frame 1, frame 2)",
+            [str(f) for f in files],
+            model.preprocess_label,
+        )
     if model.preprocess is not None:
         preprocess = model.preprocess
         label = model.preprocess_label
@@ -265,6 +308,18 @@ def default_input(model: LoadedModel, seed: int) -> ModelInput:
             (x,), f"no input given: randn {dims} (seed {seed}), guessed from the first layer"
         )
     h, w = model.input_size
+    if model.task == "video":
+        from hookcli.loading import CLIP_FRAMES
+
+        x = torch.randn((1, 3, CLIP_FRAMES, h, w), generator=gen)
+        return ModelInput(
+            (x,), f"no input given: randn 1x3x{CLIP_FRAMES}x{h}x{w} clip (seed {seed})"
+        )
+    if model.task == "optical_flow":
+        a, b = (torch.rand((1, 3, 224, 224), generator=gen) * 2 - 1 for _ in range(2))
+        return ModelInput(
+            (a, b), f"no input given: two rand 1x3x224x224 frames in [-1, 1] (seed {seed})"
+        )
     if model.task == "detection":
         img = torch.rand((3, h, w), generator=gen)
         return ModelInput(([img],), f"no input given: rand 3x{h}x{w} image (seed {seed})")

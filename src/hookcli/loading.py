@@ -33,7 +33,7 @@ from torch import nn
 from hookcli.errors import ModelError, UsageError
 
 TASKS = ("classification", "segmentation", "detection", "video", "optical_flow", "quantized")
-SUPPORTED_TASKS = ("classification", "segmentation", "detection")
+CLIP_FRAMES = 16  # a still image repeated as a clip this long (MViT needs exactly 16)
 _WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 
 
@@ -101,14 +101,6 @@ def _unknown_model(spec: str) -> UsageError:
     )
 
 
-_UNSUPPORTED = {
-    "video": "video models take clips (B, C, T, H, W); hookcli does not build clips yet",
-    "optical_flow": "optical-flow models take two images; hookcli does not pair images yet",
-    "quantized": "quantized models run int8 kernels and have no autograd (so no gradients); "
-    "hookcli does not load them yet",
-}
-
-
 def parse_model_args(pairs: list[str]) -> dict[str, Any]:
     """`key=value` pairs; values are Python literals where they parse, else strings."""
     out: dict[str, Any] = {}
@@ -164,11 +156,9 @@ def _builder_accepts(name: str, param: str) -> bool:
 
 def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -> LoadedModel:
     task = task_of(name)
-    if task not in SUPPORTED_TASKS:
-        raise UsageError(
-            f"{name} is a {task.replace('_', ' ')} model: {_UNSUPPORTED[task]}.",
-            "use a classification, segmentation or detection model (`hookcli models`).",
-        )
+    if task == "quantized":
+        # torchvision quantizes (fuse, calibrate on its own random input, convert) offline
+        kwargs.setdefault("quantize", True)
     enum = weights_enum(name)
     choice = _resolve_weights(name, weights, enum)
     tv = _tv_models()

@@ -23,7 +23,6 @@ from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import HookSession, PendingCall, Target, measure
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.loading import (
-    SUPPORTED_TASKS,
     TASKS,
     LoadedModel,
     load_model,
@@ -312,6 +311,19 @@ def _run(
         if isinstance(model, LoadedModel)
         else load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
     )
+    if loaded.task == "quantized":
+        if device.strip().lower() == "auto":
+            dev = torch.device("cpu")  # int8 kernels exist on the CPU only
+        if backward:
+            raise UsageError(
+                f"{loaded.spec} is quantized: int8 kernels have no autograd, so "
+                "there are no gradients.",
+                f"use the float model ({loaded.spec.removeprefix('quantized_')}).",
+            )
+        if dev.type != "cpu":
+            raise UsageError(
+                f"{loaded.spec} is quantized and runs on the CPU only.", "use --device cpu."
+            )
     spec = parse_target(target, loss, loaded.categories) if backward else None
     targets = select(
         module_entries(loaded.module),
@@ -690,7 +702,7 @@ def predict(
                     preds.append(Prediction(rank, i, label(i), v, img, source(img)))
             return preds, f"classes by share of pixels (prob = fraction of pixels){meaningless}"
         if (
-            loaded.task in ("classification", "custom")
+            loaded.task in ("classification", "custom", "video", "quantized")
             and isinstance(output, torch.Tensor)
             and output.dim() == 2
             and output.is_floating_point()
@@ -783,7 +795,7 @@ def list_registry(pattern: str | None = None, task: str | None = None) -> list[M
         members = [w.name for w in enum] if enum is not None else []
         default = enum.DEFAULT if enum is not None else None
         size = None
-        if default is not None and t in SUPPORTED_TASKS:
+        if default is not None:
             crop = getattr(default.transforms(), "crop_size", None)
             size = f"{crop[0]}" if crop else None
         out.append(
