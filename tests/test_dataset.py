@@ -172,3 +172,24 @@ def test_ctrl_c_reports_partial_results_and_exits_130(
     assert r.exit_code == 130
     assert "interrupted after 2 of 6 images" in r.stdout and "fc" in r.stdout
     assert "interrupted" in r.stderr
+
+
+def test_per_image_predictions_in_a_folder_run(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path / "data", 5)
+    report = inspect_folder(
+        "resnet18", [str(folder)], batch_size=2, layers=["fc"], device="cpu", per_image=2
+    )
+    loaded = load_model("resnet18", seed=0)
+    files = image_files([str(folder)])
+    x = torch.stack([loaded.preprocess(read_image(f)) for f in files])  # type: ignore[misc]
+    with torch.no_grad():
+        top = torch.softmax(loaded.module.eval()(x).double(), dim=1).topk(2, dim=1)
+    assert report.predictions is not None and len(report.predictions) == 10
+    for p in report.predictions:
+        assert p.index == top.indices[p.image, p.rank - 1].item()
+        assert p.source == str(files[p.image])
+    r = runner.invoke(
+        app,
+        ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc", "--per-image", "1"],
+    )
+    assert r.exit_code == 0 and "predictions" in r.stdout and "0000.png" in r.stdout

@@ -542,6 +542,14 @@ def inspect(
     strict: Annotated[
         bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
     ] = False,
+    per_image: Annotated[
+        int,
+        typer.Option(
+            "--per-image",
+            metavar="K",
+            help="Folder runs: also list each image's top-K predictions.",
+        ),
+    ] = 0,
     ablate: Annotated[
         list[str] | None,
         typer.Option(
@@ -811,6 +819,7 @@ def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
         limit=p.get("limit"),
         workers=p.get("workers") or 0,
         strict=bool(p.get("strict")),
+        per_image=p.get("per_image") or 0,
     )
     if not sys.stderr.isatty() or os.environ.get("CI"):
         return inspect_folder(name, p["inputs"], **kwargs)

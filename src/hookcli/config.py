@@ -61,6 +61,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "workers": ("workers", "int"),
     "strict": ("strict", "bool"),
     "profile": ("profile", "bool"),
+    "per-image": ("per_image", "int"),
     "save": ("save", "str"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")

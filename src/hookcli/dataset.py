@@ -23,8 +23,8 @@ from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, measure
 from hookcli.inputs import ModelInput, _imagenet_preprocess, image_extensions, read_image
 from hookcli.loading import LoadedModel, load_model, resolve_device
-from hookcli.records import InputInfo, LayerCall, Report, TensorStats
-from hookcli.run import _complete, _model_info, model_left_as_found, run_forward
+from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
+from hookcli.run import _complete, _model_info, model_left_as_found, predict, run_forward
 from hookcli.selection import module_entries, select
 from hookcli.stats import StatsCollector, fill
 
@@ -100,9 +100,11 @@ def inspect_folder(
     device: str = "auto",
     model_args: Mapping[str, Any] | None = None,
     train: bool = False,
+    per_image: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:
-    """Statistics of every selected layer over every image, aggregated across batches."""
+    """Statistics of every selected layer over every image, aggregated across batches;
+    with per_image=K, also each image's top-K predictions (kept as numbers, per image)."""
     if batch_size < 1:
         raise UsageError(
             f"--batch-size must be 1 or more, got {batch_size}.", "e.g. --batch-size 32"
@@ -137,6 +139,8 @@ def inspect_folder(
     skipped: list[tuple[str, str]] = []
     interrupted = False
     shape: tuple[int, ...] | None = None
+    predictions: list[Prediction] = []
+    prediction_note: str | None = None
     with model_left_as_found(loaded.module, dev, train=train), torch.no_grad():
         try:
             for tensors, names, failed in loader:
@@ -160,16 +164,24 @@ def inspect_folder(
                 )
                 minput = ModelInput(args, "batch").to(dev)
                 shape = shape or tuple(minput.shapes()[0])[1:]
-                _one_batch(
+                output = _one_batch(
                     loaded, minput, targets, dev, agg=agg, model_out=model_out, counts=counts
                 )
+                if per_image:
+                    preds, prediction_note = predict(output, loaded, per_image, names)
+                    for pr in preds or []:
+                        pr.image += seen
+                    predictions.extend(preds or [])
                 seen += len(tensors)
                 batches += 1
                 if progress is not None:
                     progress(seen + len(skipped), len(files))
         except KeyboardInterrupt:
             interrupted = True
-    notes = ["statistics are over all images; predictions are not listed for a folder run"]
+    notes = [
+        "statistics are over all images"
+        + ("" if per_image else "; add --per-image K for each image's top-K predictions")
+    ]
     if skipped:
         shown = ", ".join(f"{Path(p).name} ({e})" for p, e in skipped[:5])
         more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
@@ -202,6 +214,8 @@ def inspect_folder(
         layers=layers_out,
         never_called=[t.name for t, n in zip(targets, counts, strict=True) if n == 0],
         outputs=model_out.tensors("(model)", 0, "outputs"),
+        predictions=predictions if per_image else None,
+        prediction_note=prediction_note,
         notes=notes,
         hookcli_version=__version__,
     )
@@ -218,7 +232,7 @@ def _one_batch(
     agg: Aggregate,
     model_out: Aggregate,
     counts: list[int],
-) -> None:
+) -> Any:
     """One batch through the hooked forward; its statistics merged, its tensors dropped."""
     collector = StatsCollector()
     session = HookSession(targets, collector)
@@ -235,3 +249,4 @@ def _one_batch(
     model_out.add("(model)", "output", 0, "outputs", done)
     for i, n in enumerate(session.counts):
         counts[i] += n
+    return output
