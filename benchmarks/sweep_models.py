@@ -99,6 +99,27 @@ def table(rows: list[dict[str, object]], took: float) -> str:
     return "\n".join(head) + "\n"
 
 
+def _refresh(old: str, new: str) -> str:
+    """The old table with the rows of the models in `new` replaced, and its count updated."""
+    fresh = {
+        line.split("|")[1].strip(): line
+        for line in new.splitlines()
+        if line.startswith("| ") and not line.startswith("| model")
+    }
+    lines = [
+        fresh.get(line.split("|")[1].strip(), line) if line.startswith("| ") else line
+        for line in old.splitlines()
+    ]
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| model")]
+    ok = sum(" | ok | " in line for line in rows)
+    import re
+
+    lines = [
+        re.sub(r"\d+ of \d+ models ran", f"{ok} of {len(rows)} models ran", line) for line in lines
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="*", help="glob on model names")
@@ -119,7 +140,10 @@ def main() -> None:
         print(f"[{i}/{len(names)}] {name}: {row['status']} {seconds:.1f} s", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(table(rows, time.perf_counter() - t0))
+    text = table(rows, time.perf_counter() - t0)
+    if args.only != "*" and out.exists():  # refresh those rows in the existing table
+        text = _refresh(out.read_text(), text)
+    out.write_text(text)
     print(f"wrote {out}")
     if any(r["status"] in ("crashed",) or str(r["status"]).startswith("timeout") for r in rows):
         sys.exit(1)

@@ -138,3 +138,15 @@ def test_custom_model_from_file() -> None:
     assert loaded.task == "custom" and loaded.name == "Net"
     with pytest.raises(UsageError, match=r"has no 'Nett'\. It defines: Net"):
         load_model("examples/tiny/net.py:Nett")
+
+
+def test_a_model_built_for_a_fixed_size_gets_that_size() -> None:
+    """vit_h_14 without weights is built for 224 px while its DEFAULT weights' transforms
+    make 518: the model's own image_size wins (here vit_b_16 built for 160)."""
+    from hookcli.inputs import default_input, from_images
+    from tests.conftest import CAT
+
+    loaded = load_model("vit_b_16", model_args={"image_size": 160})
+    assert loaded.input_size == (160, 160)
+    assert default_input(loaded, 0).shapes() == [(1, 3, 160, 160)]
+    assert from_images([str(CAT)], loaded).shapes() == [(1, 3, 160, 160)]

@@ -206,6 +206,12 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
             + _describe(preprocess)
         )
         input_size = _input_size(preprocess, task)
+    fixed = getattr(model, "image_size", None)  # ViT: the size the model was built for
+    if isinstance(fixed, int) and input_size != (fixed, fixed):
+        # e.g. vit_h_14 built without weights takes 224, its DEFAULT (SWAG) weights 518
+        preprocess = None
+        input_size = (fixed, fixed)
+        preprocess_label = ""
     return LoadedModel(
         module=model,
         name=name,
