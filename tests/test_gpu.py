@@ -29,3 +29,11 @@ def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert_stats_match(fill(entry, c.finalize()[idx]), t.cpu())
     assert report.device.startswith("cuda") and report.layers
+
+
+def test_profile_on_cuda_uses_events() -> None:
+    model = torchvision.models.resnet18().eval().cuda()
+    x = torch.randn(2, 3, 224, 224, device="cuda")
+    report = hookcli.inspect(model, x, device="cuda", topk=0, profile=True)
+    assert report.profile is not None
+    assert all(c.profile is not None and c.profile.forward_ms > 0 for c in report.layers)

@@ -62,6 +62,7 @@ class PendingCall:
     # --profile: perf_counter_ns marks (CPU) of the module's own forward and backward
     t_forward: list[int] = field(default_factory=list)
     hook_ns_at_start: int = 0  # the session's hook time when this call's forward began
+    events: list[Any] = field(default_factory=list)  # --profile on CUDA: start/end events
     t_backward: list[int] = field(default_factory=list)
     output_bytes: int = 0
     grad_input_seen: int | None = None  # position among gradient hooks, first input gradient
@@ -164,8 +165,10 @@ class HookSession:
         self._handles.clear()
 
     def _mark_start(self, pending: PendingCall, args: Any, entered: int) -> None:
-        """--profile: the module's own forward starts now, after this hook's work."""
-        _synchronize(args)
+        """--profile: the module's own forward starts now, after this hook's work. On CUDA an
+        event is recorded on the stream instead of waiting for it (no synchronisation)."""
+        if _on_cuda(args):
+            pending.events.append(_event())
         now = time.perf_counter_ns()
         self.hook_ns += now - entered
         pending.hook_ns_at_start = self.hook_ns
@@ -262,7 +265,8 @@ class HookSession:
             pending = stack.pop()
             entered = 0
             if self.profile:
-                _synchronize(output)
+                if pending.events:
+                    pending.events.append(_event())
                 entered = time.perf_counter_ns()  # first: our own work excluded
                 # a container's span holds its children's hooks: take their time out
                 nested = self.hook_ns - pending.hook_ns_at_start
@@ -298,9 +302,12 @@ def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
     return TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
 
 
-def _synchronize(obj: Any) -> None:
-    """--profile on a GPU: wait for queued kernels so a time mark means what it says."""
-    for _, t in iter_tensors(obj, ""):
-        if t.is_cuda:
-            torch.cuda.synchronize(t.device)
-        return
+def _on_cuda(obj: Any) -> bool:
+    return any(t.is_cuda for _, t in iter_tensors(obj, ""))
+
+
+def _event() -> Any:
+    """A recorded CUDA timing event: the profile reads elapsed times once, after the pass."""
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event

@@ -551,8 +551,12 @@ def _profiles(
     leaves = {t.name for t in targets if next(t.module.children(), None) is None}
     layers_ms = 0.0
     layers_bwd = 0.0
+    if any(p.events for p in session.calls):
+        torch.cuda.synchronize()  # once: every recorded event has completed
     for p in session.calls:
         f = (p.t_forward[1] - p.t_forward[0]) / 1e6 if len(p.t_forward) == 2 else 0.0
+        if len(p.events) == 2:  # CUDA: the device's own time between the two events
+            f = float(p.events[0].elapsed_time(p.events[1]))
         b = (p.t_backward[1] - p.t_backward[0]) / 1e6 if len(p.t_backward) == 2 else None
         p.call.profile = CallProfile(f, b, p.output_bytes, f / fwd_ms if fwd_ms else None)
         if p.call.name in leaves:
