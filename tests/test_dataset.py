@@ -193,3 +193,23 @@ def test_per_image_predictions_in_a_folder_run(tmp_path: Path) -> None:
         ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc", "--per-image", "1"],
     )
     assert r.exit_code == 0 and "predictions" in r.stdout and "0000.png" in r.stdout
+
+
+def test_folder_histograms_merge_exactly_over_shared_edges(tmp_path: Path) -> None:
+    import numpy as np
+
+    folder = make_folder(tmp_path / "data", 7)
+    report = inspect_folder(
+        "resnet18", [str(folder)], batch_size=3, layers=["layer1.0.conv1"], device="cpu", hist=12
+    )
+    loaded = load_model("resnet18", seed=0)
+    files = image_files([str(folder)])
+    x = torch.stack([loaded.preprocess(read_image(f)) for f in files])  # type: ignore[misc]
+    out = retained_outputs(loaded.module.eval(), (x,))[("layer1.0.conv1", 0)]["out"]
+    hist = report.layers[0].outputs[0].hist
+    assert hist is not None and len(hist["counts"]) == 12
+    lo, hi = hist["edges"][0], hist["edges"][-1]
+    data = np.clip(out.double().numpy().ravel(), lo, hi)
+    want, _ = np.histogram(data, bins=12, range=(lo, hi))
+    assert sum(hist["counts"]) == out.numel()
+    assert np.abs(np.asarray(hist["counts"]) - want).sum() <= 4  # ulp-close values at edges

@@ -39,6 +39,8 @@ class Accumulator:
     inf: int = 0
     rows: int = 0  # batch rows (images) seen
     notes: set[str] = field(default_factory=set)
+    hist_counts: list[float] | None = None  # merged when every part used the same edges
+    hist_edges: list[float] | None = None
 
     def add(self, t: TensorStats) -> None:
         n = t.numel - t.nan - t.inf
@@ -50,6 +52,9 @@ class Accumulator:
         )  # fmt: skip
         if t.note:
             self.notes.add(t.note)
+        if t.hist:
+            other.hist_counts = list(t.hist["counts"])
+            other.hist_edges = list(t.hist["edges"])
         self.merge(other)
 
     def merge(self, o: Accumulator) -> None:
@@ -66,8 +71,15 @@ class Accumulator:
         self.zeros += o.zeros
         self.nan += o.nan
         self.inf += o.inf
+        first = self.rows == 0
         self.rows += o.rows
         self.notes |= o.notes
+        if first:
+            self.hist_counts, self.hist_edges = o.hist_counts, o.hist_edges
+        elif self.hist_counts is not None and o.hist_edges == self.hist_edges and o.hist_counts:
+            self.hist_counts = [a + b for a, b in zip(self.hist_counts, o.hist_counts, strict=True)]
+        else:  # edges differ: counts cannot be added exactly, so none are reported
+            self.hist_counts = self.hist_edges = None
 
     def stats(self) -> TensorStats:
         has = self.count > 0
@@ -85,6 +97,11 @@ class Accumulator:
             inf=self.inf,
             norm=math.sqrt(self.sumsq) if has else None,
             note="; ".join(sorted(self.notes)) or None,
+            hist=(
+                {"counts": self.hist_counts, "edges": self.hist_edges}
+                if self.hist_counts is not None and self.hist_edges is not None
+                else None
+            ),
         )
 
 

@@ -803,7 +803,7 @@ def _is_folder_run(p: dict[str, Any]) -> bool:
 
 
 def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
-    for flag in ("ablate", "save", "hist", "train", "profile"):
+    for flag in ("ablate", "save", "train", "profile"):
         if p.get(flag):
             raise UsageError(
                 f"--{flag} works on one batch, not on a folder run.",
@@ -820,6 +820,7 @@ def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
         workers=p.get("workers") or 0,
         strict=bool(p.get("strict")),
         per_image=p.get("per_image") or 0,
+        hist=HIST_BINS if p.get("hist") else 0,
     )
     if not sys.stderr.isatty() or os.environ.get("CI"):
         return inspect_folder(name, p["inputs"], **kwargs)

@@ -101,6 +101,7 @@ def inspect_folder(
     model_args: Mapping[str, Any] | None = None,
     train: bool = False,
     per_image: int = 0,
+    hist: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """Statistics of every selected layer over every image, aggregated across batches;
@@ -140,6 +141,7 @@ def inspect_folder(
     interrupted = False
     shape: tuple[int, ...] | None = None
     predictions: list[Prediction] = []
+    edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by the first batch
     prediction_note: str | None = None
     with model_left_as_found(loaded.module, dev, train=train), torch.no_grad():
         try:
@@ -165,7 +167,14 @@ def inspect_folder(
                 minput = ModelInput(args, "batch").to(dev)
                 shape = shape or tuple(minput.shapes()[0])[1:]
                 output = _one_batch(
-                    loaded, minput, targets, dev, agg=agg, model_out=model_out, counts=counts
+                    loaded,
+                    minput,
+                    targets,
+                    dev,
+                    agg=agg,
+                    model_out=model_out,
+                    counts=counts,
+                    collector=StatsCollector(hist_bins=hist, hist_edges=edges),
                 )
                 if per_image:
                     preds, prediction_note = predict(output, loaded, per_image, names)
@@ -232,13 +241,14 @@ def _one_batch(
     agg: Aggregate,
     model_out: Aggregate,
     counts: list[int],
+    collector: StatsCollector,
 ) -> Any:
     """One batch through the hooked forward; its statistics merged, its tensors dropped."""
-    collector = StatsCollector()
     session = HookSession(targets, collector)
     output = run_forward(loaded, minput, session, dev)
     out_stats: list[TensorStats] = []
     out_rows: list[int] = []
+    collector.context = ("(model)", 0, "out")
     measure(collector, output, "out", out_stats, out_rows)
     rows = collector.finalize()
     for p in session.calls:

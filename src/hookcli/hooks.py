@@ -239,6 +239,7 @@ class HookSession:
                     self._mark_start(pending, args, entered)
                 return
             try:
+                self.collector.context = (call.name, call.call, "in")
                 measure(self.collector, args, "in", call.inputs, pending.input_rows)
                 if kwargs:
                     measure(self.collector, kwargs, "in", call.inputs, pending.input_rows)
@@ -283,6 +284,7 @@ class HookSession:
                     if self.grads:
                         self._watch_grads(output, "out", pending)
                 else:
+                    self.collector.context = (call.name, call.call, "out")
                     measure(self.collector, output, "out", call.outputs, pending.output_rows)
                     if self.grads:
                         self._watch_grads(output, "out", pending)

@@ -188,9 +188,19 @@ class StatsCollector:
     references are held, so no activation outlives the hook that saw it.
     """
 
-    def __init__(self, *, fused: bool = True, hist_bins: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        fused: bool = True,
+        hist_bins: int = 0,
+        hist_edges: dict[Any, tuple[Any, Any]] | None = None,
+    ) -> None:
         self._kernels = kernels() if fused else None
         self._bins = hist_bins
+        # folder runs: histogram edges shared by every batch, keyed by (context, path)
+        self._edges = hist_edges
+        self.context: Any = None  # set by the hook session: whose tensors come next
+        self._hist_range: dict[int, tuple[Any, Any]] = {}
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
         self._scratch = np.zeros(7, dtype=np.float64)
@@ -226,7 +236,13 @@ class StatsCollector:
             self._values[idx] = _small_values(t)
             self._wants_values.append((stats, idx))
         if self._bins and stats.numel > 0 and t.device.type != "meta":
-            self._hists[idx] = _histogram(t, row, self._bins)
+            edge_key = (self.context, path)
+            fixed = self._edges.get(edge_key) if self._edges is not None else None
+            counts, span = _histogram(t, row, self._bins, fixed, widen=self._edges is not None)
+            if self._edges is not None and fixed is None:
+                self._edges[edge_key] = span
+            self._hists[idx] = counts
+            self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
         with contextlib.suppress(TypeError):  # no weakref support: measured again next time
             self._seen[key] = (weakref.ref(t), version, idx)
@@ -281,7 +297,7 @@ class StatsCollector:
                 self._hists[i] = counts
         for stats, idx in self._wants_hist:
             counts = self._hists[idx]
-            lo, hi = rows[idx][MIN], rows[idx][MAX]
+            lo, hi = (float(v) for v in self._hist_range[idx])  # device edges: read at the end
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 continue
             edges = np.linspace(lo, hi if hi > lo else lo + 1.0, len(counts) + 1)
@@ -311,26 +327,44 @@ _FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _histogram(
-    t: torch.Tensor, row: Row | torch.Tensor, bins: int
-) -> np.ndarray[Any, Any] | torch.Tensor:
-    """Counts of the finite elements in `bins` equal bins over [min, max], computed where the
-    tensor lives: on the CPU with numpy from the row's host min/max, elsewhere on the device
-    with scatter_add from the row's device min/max (no synchronisation)."""
+    t: torch.Tensor,
+    row: Row | torch.Tensor,
+    bins: int,
+    fixed: tuple[Any, Any] | None,
+    *,
+    widen: bool,
+) -> tuple[np.ndarray[Any, Any] | torch.Tensor, tuple[Any, Any]]:
+    """Counts of the finite elements in `bins` equal bins, and the (lo, hi) they span.
+
+    Over the tensor's own [min, max]; or over `fixed` edges (folder runs, where every batch
+    must share them to be merged), values outside counted in the end bins; `widen` makes own
+    edges half a range wider each side, to serve later batches. Computed where the tensor
+    lives: numpy on the CPU, scatter_add on a device (no synchronisation)."""
     x, _ = _prepare(t)
     if isinstance(row, tuple):
-        lo, hi = row[MIN], row[MAX]
+        lo, hi = fixed if fixed is not None else (row[MIN], row[MAX])
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            return np.zeros(bins, dtype=np.int64)
+            return np.zeros(bins, dtype=np.int64), (lo, hi)
+        if fixed is None and widen:
+            pad = (hi - lo) / 2 or 0.5
+            lo, hi = lo - pad, hi + pad
+        hi = hi if hi > lo else lo + 1.0
         flat = _dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x)
-        counts, _ = np.histogram(flat, bins=bins, range=(lo, hi if hi > lo else lo + 1.0))
-        return counts
+        if fixed is not None:  # end bins are open: values outside the edges land there
+            flat = np.clip(flat[np.isfinite(flat)], lo, hi)
+        counts, _ = np.histogram(flat, bins=bins, range=(lo, hi))
+        return counts, (lo, hi)
     acc = _accumulate_dtype(x.device)
     v = x.reshape(-1).to(acc)
-    lo_t, hi_t = row[MIN].to(acc), row[MAX].to(acc)
+    lo_t, hi_t = fixed if fixed is not None else (row[MIN].to(acc), row[MAX].to(acc))
+    if fixed is None and widen:
+        pad = torch.where(hi_t > lo_t, (hi_t - lo_t) / 2, torch.full_like(hi_t, 0.5))
+        lo_t, hi_t = lo_t - pad, hi_t + pad
     span = torch.where(hi_t > lo_t, hi_t - lo_t, torch.ones_like(hi_t))
     idx = ((v - lo_t) / span * bins).floor().clamp(0, bins - 1).nan_to_num(0).long()
     finite = torch.isfinite(v).to(acc)
-    return torch.zeros(bins, dtype=acc, device=v.device).scatter_add_(0, idx, finite)
+    on_device = torch.zeros(bins, dtype=acc, device=v.device).scatter_add_(0, idx, finite)
+    return on_device, (lo_t, hi_t)
 
 
 def _finite_or_none(v: float) -> float | None:
