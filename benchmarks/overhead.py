@@ -247,6 +247,10 @@ def main() -> None:
     print(
         f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}"
     )
+    print("(d) grads ÷ plain forward+backward (median of rounds)")
+    for name, batch in cases:
+        g = grads_case(name, batch, rounds)
+        print(f"  {name} batch {batch} (plain {g['plain_ms']:.0f} ms): hookcli {g['hookcli']:.3f}x")
     import hookcli
 
     for name, batch in cases:
@@ -260,10 +264,6 @@ def main() -> None:
             f"(e) {name} batch {batch}: --profile leaf calls sum to "
             f"{statistics.median(shares):.1%} of the unhooked forward (median of 3)"
         )
-    print("(d) grads ÷ plain forward+backward (median of rounds)")
-    for name, batch in cases:
-        g = grads_case(name, batch, rounds)
-        print(f"  {name} batch {batch} (plain {g['plain_ms']:.0f} ms): hookcli {g['hookcli']:.3f}x")
 
 
 if __name__ == "__main__":
