@@ -21,7 +21,7 @@ from hookcli import __version__
 from hookcli.aggregate import Aggregate
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, measure
-from hookcli.inputs import ModelInput, _imagenet_preprocess, image_extensions, read_image
+from hookcli.inputs import ModelInput, _imagenet_preprocess, expand_paths, read_image
 from hookcli.loading import LoadedModel, load_model, resolve_device
 from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
 from hookcli.run import _complete, _model_info, model_left_as_found, predict, run_forward
@@ -33,29 +33,7 @@ DEFAULT_BATCH = 32
 
 def image_files(paths: Sequence[str]) -> list[Path]:
     """Image files named, or found in folders and their subfolders (an ImageFolder tree)."""
-    exts = image_extensions()
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw).expanduser()
-        if p.is_dir():
-            found = sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file()
-                and f.suffix.lower() in exts
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-            if not found:
-                raise UsageError(
-                    f"folder {raw} holds no image files.",
-                    "put .jpg/.png/... images in it (subfolders are read too).",
-                )
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise UsageError(f"input {raw} not found.", "check the path.")
-    return out
+    return expand_paths(paths, recursive=True)
 
 
 class ImageFiles(Dataset[tuple[torch.Tensor | None, str, str | None]]):

@@ -62,21 +62,25 @@ def image_extensions() -> set[str]:
     return {ext.lower() for ext in Image.registered_extensions()}
 
 
-def expand_paths(paths: Sequence[str]) -> list[Path]:
-    """Files as given; a folder becomes every image file directly in it, sorted."""
+def expand_paths(paths: Sequence[str], *, recursive: bool = False) -> list[Path]:
+    """Files as given; a folder becomes every image file in it (and, recursive, in its
+    subfolders: an ImageFolder tree), sorted; hidden files and folders are left out."""
+    exts = image_extensions()
     out: list[Path] = []
     for raw in paths:
         p = Path(raw).expanduser()
         if p.is_dir():
-            exts = image_extensions()
             found = sorted(
                 f
-                for f in p.iterdir()
-                if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in exts
+                for f in (p.rglob("*") if recursive else p.iterdir())
+                if f.is_file()
+                and f.suffix.lower() in exts
+                and not any(part.startswith(".") for part in f.relative_to(p).parts)
             )
             if not found:
+                where = " (subfolders are read too)" if recursive else ""
                 raise UsageError(
-                    f"folder {raw} holds no image files.",
+                    f"folder {raw} holds no image files{where}.",
                     "put .jpg/.png/... images in it, or name image files directly.",
                 )
             out.extend(found)
