@@ -93,7 +93,7 @@ def inspect_folder(
     if workers < 0:
         raise UsageError(f"--workers must be 0 or more, got {workers}.", "e.g. --workers 2")
     dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
     targets = select(
         module_entries(loaded.module),
         layers=layers,

@@ -127,13 +127,16 @@ def _quiet_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def load_model(
-    spec: str,
+    spec: str | nn.Module | LoadedModel,
     *,
     weights: str = "none",
     seed: int = 0,
     model_args: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
-    """Build the model named by spec with the given weights, in eval mode, on the CPU."""
+    """Build the model named by spec with the given weights, in eval mode, on the CPU.
+    A model already loaded (LoadedModel) is returned as it is."""
+    if isinstance(spec, LoadedModel):
+        return spec
     if isinstance(spec, nn.Module):  # the Python API may pass a module directly
         return _wrap_module(spec, weights)
     spec = spec.strip()
@@ -171,8 +174,6 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
                 model = tv.get_model(name, weights=None, **kwargs)
             else:
                 model = _build_pretrained(name, choice, kwargs)
-    except UsageError:
-        raise
     except (TypeError, ValueError) as exc:
         raise UsageError(
             f"cannot build {name} with {kwargs or 'these arguments'}: {exc}",

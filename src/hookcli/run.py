@@ -300,17 +300,13 @@ def _run(
         from hookcli import ablation
 
         specs = [ablation.parse(a) for a in ablate]
-        shared = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+        shared = load_model(model, weights=weights, seed=seed, model_args=model_args)
         again = {k: v for k, v in locals().items() if k in _RUN_OPTIONS}
         clean = _run(shared, inputs, **again)
         changed = _run(shared, inputs, **{**again, "_ablations": specs, "save": None})
         clean.ablation = ablation.compare(clean, changed, specs)
         return clean
-    loaded = (
-        model
-        if isinstance(model, LoadedModel)
-        else load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
-    )
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
     if loaded.task == "quantized":
         if device.strip().lower() == "auto":
             dev = torch.device("cpu")  # int8 kernels exist on the CPU only
@@ -325,8 +321,9 @@ def _run(
                 f"{loaded.spec} is quantized and runs on the CPU only.", "use --device cpu."
             )
     spec = parse_target(target, loss, loaded.categories) if backward else None
+    entries = module_entries(loaded.module)
     targets = select(
-        module_entries(loaded.module),
+        entries,
         layers=layers,
         types=types,
         depth=depth,
@@ -366,7 +363,7 @@ def _run(
         model_left_as_found(loaded.module, dev, train=train),
         grads_left_as_found(params if backward else []),
         deterministic_algorithms(deterministic),
-        ablated(module_entries(loaded.module), _ablations, seed) as ablation_calls,
+        ablated(entries, _ablations, seed) as ablation_calls,
     ):
         timing = None
         if profile:  # times from a pass whose hooks only read the clock
@@ -492,16 +489,16 @@ def _time_unhooked(
     for i in range(runs + 1):
         torch.manual_seed(seed)
         with torch.set_grad_enabled(spec is not None):
-            _sync(minput)
+            _sync()
             t0 = time.perf_counter()
             out = model(*minput.args)
-            _sync(out)
+            _sync()
             t1 = time.perf_counter()
             if spec is not None:
                 value = scalar_of(spec, out, seed)
                 t2 = time.perf_counter()
                 value.backward()  # type: ignore[no-untyped-call]
-                _sync(minput)
+                _sync()
                 t3 = time.perf_counter()
                 for p in params:
                     p.grad = None
@@ -539,7 +536,8 @@ def _timed_pass(
     return session
 
 
-def _sync(obj: Any) -> None:
+def _sync() -> None:
+    """Wait for queued GPU work, so a clock reading means what it says."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -744,7 +742,7 @@ def layers_report(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
     dev = resolve_device(device) if shapes else torch.device("cpu")
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
     entries = module_entries(loaded.module)
     rows = [
         ModuleRow(

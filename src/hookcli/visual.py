@@ -177,6 +177,14 @@ def _image_of(minput: ModelInput, index: int, loaded: LoadedModel) -> np.ndarray
     return (img.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
 
 
+def _check_image(index: int, out: torch.Tensor) -> None:
+    if not 0 <= index < out.shape[0]:
+        raise UsageError(
+            f"--image {index} is out of range: the batch has {out.shape[0]}.",
+            f"use --image 0 to {out.shape[0] - 1}.",
+        )
+
+
 def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float]] | None:
     t = loaded.preprocess
     if t is None:
@@ -212,7 +220,7 @@ def feature_maps(
     if order not in ("activity", "index"):
         raise UsageError(f"--order must be activity or index, got {order!r}.", "use --order index.")
     dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
     target, _ = _one_target(loaded, layer)
     minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
     out, _, _, _, _ = _capture(loaded, minput, target, dev, call, seed=seed)
@@ -222,11 +230,7 @@ def feature_maps(
             "(N, C, H, W) feature maps.",
             "pick a convolutional layer: `hookcli layers MODEL --shapes` shows output shapes.",
         )
-    if not 0 <= image_index < out.shape[0]:
-        raise UsageError(
-            f"--image {image_index} is out of range: the batch has {out.shape[0]}.",
-            f"use --image 0 to {out.shape[0] - 1}.",
-        )
+    _check_image(image_index, out)
     maps = out[image_index].float()
     activity = maps.abs().mean(dim=(1, 2))
     picked = (
@@ -307,7 +311,7 @@ def class_activation(
 ) -> Picture:
     """Grad-CAM of one image for the target, from the same tensor hooks as `grads`."""
     dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)  # type: ignore[arg-type]
+    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
     minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
     notes = []
     if layer is None:
@@ -330,11 +334,7 @@ def class_activation(
             f"layer {tgt.name} has no gradient for this target (its output does not reach it).",
             "pick a layer before the output, or another --target.",
         )
-    if not 0 <= image_index < out.shape[0]:
-        raise UsageError(
-            f"--image {image_index} is out of range: the batch has {out.shape[0]}.",
-            f"use --image 0 to {out.shape[0] - 1}.",
-        )
+    _check_image(image_index, out)
     image = _image_of(minput, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
     raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]

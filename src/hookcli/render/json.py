@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hookcli.records import LayersReport, ModelEntry, Report
+from hookcli.records import Report
 
 
 def report_json(report: Report) -> str:
@@ -15,9 +15,9 @@ def report_json(report: Report) -> str:
 def data_json(data: Any) -> str:
     import dataclasses
 
-    if isinstance(data, LayersReport) or dataclasses.is_dataclass(data):
-        payload: Any = dataclasses.asdict(data)  # type: ignore[arg-type]
-    elif isinstance(data, list) and all(isinstance(x, ModelEntry) for x in data):
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        payload: Any = dataclasses.asdict(data)
+    elif isinstance(data, list) and all(dataclasses.is_dataclass(x) for x in data):
         payload = [dataclasses.asdict(x) for x in data]
     else:
         payload = data
