@@ -36,6 +36,10 @@ def _cases() -> dict[str, torch.Tensor]:
         "one element": torch.tensor([3.5]),
         "ill-conditioned": torch.randn(BIG, generator=g) * 1e-3 + 1000.0,
         "huge values": torch.tensor([3e30, -1e30, 2.5e38, 0.0]),
+        # float32 subnormals: their squares underflow float32 (issue 9)
+        "subnormal big": torch.randn(BIG, generator=g) * 1e-42,
+        "subnormal small": torch.tensor([1e-42, -3e-42, 0.0, 2e-40]),
+        "tiny normal": torch.randn(5000, generator=g) * 1e-21,
         "float16": (torch.randn(4096, generator=g) * 100).half(),
         "bfloat16": torch.randn(5000, generator=g).bfloat16(),
         "int64": torch.randint(-5, 5, (777,), generator=g),

@@ -49,6 +49,10 @@ SMALL = 16
 # kernel's float32 block sums carry ~1e-7 relative error, so past this ratio the exact
 # two-pass float64 path is used instead.
 _MAX_CANCELLATION = 100.0
+# float32's smallest normal number. The fast kernel squares float32 values in float32: below
+# this a square is subnormal (digits lost) or zero (values under ~4e-23), so data whose mean
+# square is this small is measured again by the careful kernel, which squares in float64.
+_F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class Kernels:
@@ -144,7 +148,8 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
 
     1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
        its fast-math flags assume) and the variance is well conditioned;
-    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
+    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics
+       (also taken for float32 data so small that its squares underflow float32);
     3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean, which
        removes the cancellation of var = E[x^2] - mean^2.
 
@@ -159,7 +164,9 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     s, q, zeros, mn, mx = out[:5].tolist()
     nan = inf = 0.0
     count = float(n)
-    if not (math.isfinite(s) and math.isfinite(q)):
+    if not (math.isfinite(s) and math.isfinite(q)) or (
+        q < n * _F32_TINY and flat.dtype == np.float32 and (mn != 0.0 or mx != 0.0)
+    ):  # NaN/Inf present, or squares too small for float32 (subnormal activations)
         ks.careful[par](flat, 0.0, out)
         s, q, zeros, mn, mx, nan, inf = out.tolist()
         count = n - nan - inf
