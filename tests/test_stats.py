@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hookcli import stats as stats_mod
-from hookcli.stats import StatsCollector, fill, tensor_stats
+from hookcli.stats import StatsCollector, tensor_stats
 from tests.conftest import assert_stats_match
 
 BIG = 3 * (1 << 15) + 123  # above the parallel threshold, not a multiple of the block size
@@ -68,8 +68,8 @@ CASES = _cases()
 def test_stats_match_float64_oracle(name: str, fused: bool) -> None:
     t = CASES[name]
     collector = StatsCollector(fused=fused)
-    entry, idx = collector.add(t, "x")
-    got = fill(entry, collector.finalize()[idx])
+    got = collector.add(t, "x")
+    collector.finalize()
     assert got.shape == tuple(t.shape)
     assert got.dtype == str(t.dtype).removeprefix("torch.")
     assert_stats_match(got, t)
@@ -103,22 +103,24 @@ def test_the_kernel_is_actually_used_for_float32() -> None:
 def test_a_tensor_seen_twice_unchanged_is_measured_once() -> None:
     t = torch.randn(100)
     c = StatsCollector()
-    _, a = c.add(t, "out")
-    _, b = c.add(t, "in[0]")
-    assert a == b
-    assert len(c) == 1
+    a = c.add(t, "out")
+    b = c.add(t, "in[0]")
+    assert len(c) == 1  # one measurement
+    c.finalize()
+    assert a.mean == b.mean == pytest.approx(float(t.double().mean()))  # both filled
+    assert (a.path, b.path) == ("out", "in[0]")
 
 
 def test_an_in_place_change_between_sightings_is_measured_again() -> None:
     t = torch.randn(100)
     c = StatsCollector()
-    first, a = c.add(t, "in[0]")
+    first = c.add(t, "in[0]")
     t.relu_()
-    second, b = c.add(t, "out")
-    assert a != b
-    rows = c.finalize()
-    assert fill(first, rows[a]).min < 0  # type: ignore[operator]
-    assert fill(second, rows[b]).min == 0
+    second = c.add(t, "out")
+    assert len(c) == 2
+    c.finalize()
+    assert first.min is not None and first.min < 0
+    assert second.min == 0
 
 
 def test_the_collector_keeps_no_tensor_alive() -> None:
@@ -141,8 +143,8 @@ def test_histogram_counts_match_numpy_on_float64(name: str, fused: bool) -> None
 
     t = CASES[name]
     collector = StatsCollector(fused=fused, hist_bins=12)
-    entry, idx = collector.add(t, "x")
-    got = fill(entry, collector.finalize()[idx])
+    got = collector.add(t, "x")
+    collector.finalize()
     assert got.hist is not None
     counts, edges = got.hist["counts"], got.hist["edges"]
     d = t.double().reshape(-1)

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -179,14 +180,24 @@ def _handled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _status(message: str) -> Iterator[None]:
-    """A spinner on stderr while the model loads and runs — only for a person at a terminal."""
-    if not sys.stderr.isatty() or os.environ.get("NO_COLOR") or os.environ.get("CI"):
+def _model_output_to_stderr() -> Iterator[None]:
+    """While user code runs (model files, constructors, forward): its print() goes to stderr,
+    so stdout carries only hookcli's data (a JSON report stays parseable)."""
+    with contextlib.redirect_stdout(sys.stderr):
         yield
+
+
+@contextlib.contextmanager
+def _status(message: str) -> Iterator[None]:
+    """While the model loads and runs: a spinner on stderr for a person at a terminal, and
+    the model's own print() sent to stderr."""
+    if not sys.stderr.isatty() or os.environ.get("NO_COLOR") or os.environ.get("CI"):
+        with _model_output_to_stderr():
+            yield
         return
     from rich.console import Console
 
-    with Console(stderr=True).status(message):
+    with Console(stderr=True).status(message), _model_output_to_stderr():
         yield
 
 
@@ -312,30 +323,98 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
 
-def _configure(
-    ctx: typer.Context, command: str, params: dict[str, Any], config: Path | None, no_config: bool
-) -> str | None:
-    """Fill every option not given on the command line from the project config (in place).
+@dataclass(frozen=True, slots=True)
+class Given:
+    """A command's options after the project config is applied: every option of every
+    command, by attribute (a command leaves the ones it does not have at their defaults)."""
 
-    Returns the config file used, which the run also states on stderr."""
+    model: str | None = None
+    inputs: list[str] | None = None
+    layer: list[str] | None = None
+    type_: list[str] | None = None
+    depth: int | None = None
+    input_spec: list[str] | None = None
+    weights: str = "none"
+    seed: int = 0
+    device: str = "auto"
+    model_arg: list[str] | None = None
+    train: bool = False
+    topk: int | None = None
+    batch_size: int | None = None
+    limit: int | None = None
+    workers: int = 0
+    strict: bool = False
+    per_image: int = 0
+    ablate: list[str] | None = None
+    fail_on: list[str] | None = None
+    dead_frac: float = 1.0
+    fmt: Any = None
+    output: Path | None = None
+    hist: bool = False
+    profile: bool = False
+    save: Path | None = None
+    force: bool = False
+    save_baseline: Path | None = None
+    target: str | None = None
+    loss: str | None = None
+    input_grad: bool = False
+    max_abs: float | None = None
+    grad_norm: str | None = None
+    expect_shape: list[str] | None = None
+    baseline: Path | None = None
+    rtol: float = 1e-3
+    atol: float = 1e-6
+    backward: bool = False
+    quiet: bool = False
+    shapes: bool = False
+    channels: int = 64
+    order: str = "activity"
+    call: int = 0
+    image: int = 0
+    method: str = "gradcam"
+    save_raw: Path | None = None
+
+    def model_options(self, name: str) -> Any:
+        from hookcli.loading import parse_model_args
+        from hookcli.options import ModelOptions
+
+        args = parse_model_args(self.model_arg or [])
+        return ModelOptions(name, self.weights, self.seed, self.device, args)
+
+    def input_options(self) -> Any:
+        from hookcli.options import InputOptions
+
+        return InputOptions(tuple(self.inputs or ()), tuple(self.input_spec or ()), self.strict)
+
+
+def _configure(
+    ctx: typer.Context, command: str, config: Path | None, no_config: bool
+) -> tuple[Given, str | None]:
+    """The command's options, each one not given on the command line taken from the project
+    config; and the config file used, which the run also states on stderr."""
+    values: dict[str, Any] = {  # Click keeps an absent repeatable option as (): Typer's None
+        k: (list(v) or None) if isinstance(v, tuple) else v
+        for k, v in ctx.params.items()
+        if k not in ("config", "no_config")
+    }
     if no_config:
-        return None
+        return Given(**values), None
     from hookcli import config as project
 
     if config is not None and not config.is_file():
         raise UsageError(f"config file {config} not found.", "check the --config path.")
     path = config or project.find(Path.cwd())
     if path is None:
-        return None
-    values = project.load(path, command).values
+        return Given(**values), None
+    found = project.load(path, command).values
     if any(_given(ctx, n) for n in ("inputs", "input_spec")):  # inputs come as one set
-        values.pop("inputs", None)
-        values.pop("input_spec", None)
-    for name, value in values.items():
-        if name not in params or _given(ctx, name):
+        found.pop("inputs", None)
+        found.pop("input_spec", None)
+    for name, value in found.items():
+        if name not in values or _given(ctx, name):
             continue  # not an option of this command, or overridden on the command line
-        params[name] = _format_choice(value, command, path) if name == "fmt" else value
-    return str(path)
+        values[name] = _format_choice(value, command, path) if name == "fmt" else value
+    return Given(**values), str(path)
 
 
 def _format_choice(value: str, command: str, path: Path) -> Format | ListFormat:
@@ -415,28 +494,27 @@ def layers(
     Example: hookcli layers resnet18 --shapes --depth 2
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        used = _configure(ctx, "layers", p, config, no_config)
+        p, used = _configure(ctx, "layers", config, no_config)
         if used:
             _err(f"config: {used}")
-        _check_output(p["output"])
+        _check_output(p.output)
         from hookcli.loading import parse_model_args
         from hookcli.run import layers_report
 
-        name = _need_model(p["model"], "layers")
+        name = _need_model(p.model, "layers")
         with _status(f"loading {name}…"):
             report = layers_report(
                 name,
-                p["inputs"] or [],
-                input_specs=p["input_spec"] or [],
-                shapes=p["shapes"],
-                depth=p["depth"],
-                weights=p["weights"],
-                seed=p["seed"],
-                device=p["device"],
-                model_args=parse_model_args(p["model_arg"] or []),
+                p.inputs or [],
+                input_specs=p.input_spec or [],
+                shapes=p.shapes,
+                depth=p.depth,
+                weights=p.weights,
+                seed=p.seed,
+                device=p.device,
+                model_args=parse_model_args(p.model_arg or []),
             )
-        _emit_listing(report, p["fmt"], p["output"], "layers_table")
+        _emit_listing(report, p.fmt, p.output, "layers_table")
 
 
 TopkOpt = Annotated[
@@ -584,8 +662,7 @@ def inspect(
     Example: hookcli inspect resnet34 sample_images/cat.jpeg -l 'layer4.*'
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        _run_command(ctx, "inspect", p, config, no_config)
+        _run_command(ctx, "inspect", config, no_config)
 
 
 @app.command()
@@ -633,8 +710,7 @@ def grads(
     Example: hookcli grads resnet34 sample_images/cat.jpeg -l 'layer4.*' --target "tabby cat"
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        _run_command(ctx, "grads", p, config, no_config)
+        _run_command(ctx, "grads", config, no_config)
 
 
 @app.command()
@@ -706,79 +782,75 @@ def check(
     Example: hookcli check resnet50 --fail-on nonfinite --fail-on dead --baseline base.json
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        _run_command(ctx, "check", p, config, no_config)
+        _run_command(ctx, "check", config, no_config)
 
 
 HIST_BINS = 12
 
 
-def _run_command(
-    ctx: typer.Context, command: str, p: dict[str, Any], config: Path | None, no_config: bool
-) -> None:
-    """inspect and grads: config, checks, the run, the rendering."""
-    used = _configure(ctx, command, p, config, no_config)
-    output = p["output"]
+def _run_command(ctx: typer.Context, command: str, config: Path | None, no_config: bool) -> None:
+    """inspect, grads and check: config, checks, the run, the rendering."""
+    p, used = _configure(ctx, command, config, no_config)
+    output = p.output
     _check_output(output)
-    _check_output(p["save_baseline"])
-    if p.get("save") is not None:
-        _check_new_file(p["save"], force=p["force"], suffix=".safetensors", option="--save")
+    _check_output(p.save_baseline)
+    if p.save is not None:
+        _check_new_file(p.save, force=p.force, suffix=".safetensors", option="--save")
     from hookcli import run
     from hookcli.checks import evaluate, parse_rules
-    from hookcli.loading import parse_model_args
 
     rules = parse_rules(
-        fail_on=p["fail_on"],
-        dead_frac=p["dead_frac"],
-        max_abs=p.get("max_abs"),
-        grad_norm=p.get("grad_norm"),
-        expect_shape=p.get("expect_shape"),
-        baseline=p.get("baseline"),
-        rtol=p.get("rtol", 1e-3),
-        atol=p.get("atol", 1e-6),
+        fail_on=p.fail_on,
+        dead_frac=p.dead_frac,
+        max_abs=p.max_abs,
+        grad_norm=p.grad_norm,
+        expect_shape=p.expect_shape,
+        baseline=p.baseline,
+        rtol=p.rtol,
+        atol=p.atol,
     )
     if command == "check" and not rules.any:
         rules.fail_on.append("nonfinite")
-    runner = command
-    if command == "check":
-        runner = "grads" if (p["backward"] or rules.needs_backward) else "inspect"
-    name = _need_model(p["model"], command)
-    options: dict[str, Any] = {
-        "input_specs": p["input_spec"] or [],
-        "layers": p["layer"] or [],
-        "types": p["type_"] or [],
-        "depth": p["depth"],
-        "weights": p["weights"],
-        "seed": p["seed"],
-        "device": p["device"],
-        "topk": p.get("topk", 0),  # check needs no predictions
-        "model_args": parse_model_args(p["model_arg"] or []),
-        "train": p["train"],
-        "config": used,
-        "also_layers": [layer for layer, _ in rules.expect_shapes],
-        "save": p.get("save"),
-        "hist": HIST_BINS if p.get("hist") else 0,
-        "profile": bool(p.get("profile")),
-        "ablate": p.get("ablate") or [],
-        "deterministic": command == "check",
-    }
-    if runner == "grads":
-        options.update(target=p["target"], loss=p["loss"], input_grad=p.get("input_grad", False))
+    backward = command == "grads" or (command == "check" and (p.backward or rules.needs_backward))
+    name = _need_model(p.model, command)
+    from hookcli.options import BackwardOptions, Invocation, RunOptions, Selection
+
+    inv = Invocation(
+        model=p.model_options(name),
+        selection=Selection(
+            tuple(p.layer or ()),
+            tuple(p.type_ or ()),
+            p.depth,
+            tuple(layer for layer, _ in rules.expect_shapes),
+        ),
+        inputs=p.input_options(),
+        run=RunOptions(
+            train=p.train,
+            topk=0 if command == "check" else p.topk,  # check needs no predictions
+            hist=HIST_BINS if p.hist else 0,
+            profile=p.profile,
+            save=p.save,
+            ablate=tuple(p.ablate or ()),
+            deterministic=command == "check",
+            config=used,
+        ),
+        backward=BackwardOptions(p.target, p.loss, p.input_grad) if backward else None,
+    )
     if command == "inspect" and _is_folder_run(p):
-        report = _folder_run(name, p, options)
+        report = _folder_run(name, p, inv)
     else:
         with _status(f"running {name}…"):
-            report = getattr(run, runner)(name, p["inputs"] or [], **options)
+            report = run.report(inv, "grads" if backward else "inspect")
     report.command = command
     report.checks = evaluate(report, rules)
-    fmt = _format(p["fmt"], output)
+    fmt = _format(p.fmt, output)
     if used and (fmt != Format.table or output is not None):
         _err(f"config: {used}")  # a table on stdout says so in its header
-    if p["save_baseline"] is not None:
+    if p.save_baseline is not None:
         from hookcli.render.json import report_json
 
-        _emit(report_json(report), p["save_baseline"])
-    quiet = bool(p.get("quiet"))
+        _emit(report_json(report), p.save_baseline)
+    quiet = bool(p.quiet)
     _emit(_render(report, fmt, output, checks_only=command == "check", quiet=quiet), output)
     failed = [c for c in report.checks if not c.passed]
     if failed and command != "check" and (fmt != Format.table or output is not None):
@@ -791,39 +863,38 @@ def _run_command(
         raise typer.Exit(1)
 
 
-def _is_folder_run(p: dict[str, Any]) -> bool:
+def _is_folder_run(p: Given) -> bool:
     """Batches with aggregated statistics: asked for, or more images than one batch holds."""
-    if not p["inputs"]:
+    if not p.inputs:
         return False
-    if p.get("batch_size") is not None or p.get("limit") is not None or p.get("workers"):
+    if p.batch_size is not None or p.limit is not None or p.workers:
         return True
     from hookcli.dataset import DEFAULT_BATCH, image_files
 
-    return len(image_files(p["inputs"])) > DEFAULT_BATCH
+    return len(image_files(p.inputs)) > DEFAULT_BATCH
 
 
-def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
-    for flag in ("ablate", "save", "train", "profile"):
-        if p.get(flag):
+def _folder_run(name: str, p: Given, inv: Any) -> Any:
+    for flag, value in (
+        ("ablate", p.ablate),
+        ("save", p.save),
+        ("train", p.train),
+        ("profile", p.profile),
+    ):
+        if value:
             raise UsageError(
                 f"--{flag} works on one batch, not on a folder run.",
                 "give at most 32 images without --batch-size/--limit/--workers.",
             )
-    from hookcli.dataset import DEFAULT_BATCH, inspect_folder
+    from hookcli.dataset import DEFAULT_BATCH, folder_report
+    from hookcli.options import FolderOptions
 
-    kwargs = {k: options[k] for k in ("layers", "types", "depth", "weights", "seed", "device")}
-    size = p.get("batch_size")
-    kwargs.update(
-        model_args=options["model_args"],
-        batch_size=DEFAULT_BATCH if size is None else size,
-        limit=p.get("limit"),
-        workers=p.get("workers") or 0,
-        strict=bool(p.get("strict")),
-        per_image=p.get("per_image") or 0,
-        hist=HIST_BINS if p.get("hist") else 0,
+    folder = FolderOptions(
+        DEFAULT_BATCH if p.batch_size is None else p.batch_size, p.limit, p.workers, p.per_image
     )
     if not sys.stderr.isatty() or os.environ.get("CI"):
-        return inspect_folder(name, p["inputs"], **kwargs)
+        with _model_output_to_stderr():
+            return folder_report(inv, folder)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -833,14 +904,14 @@ def _folder_run(name: str, p: dict[str, Any], options: dict[str, Any]) -> Any:
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, transient=True) as bar:
+    with Progress(*columns, transient=True) as bar, _model_output_to_stderr():
         task = bar.add_task(f"inspect {name}", total=None, rate="")
 
         def advance(done: int, total: int) -> None:
             elapsed = bar.tasks[0].elapsed or 1e-9
             bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
 
-        return inspect_folder(name, p["inputs"], progress=advance, **kwargs)
+        return folder_report(inv, folder, progress=advance)
 
 
 @app.command()
@@ -960,12 +1031,11 @@ def maps(
     Example: hookcli maps resnet18 sample_images/cat.jpeg -l conv1 -o maps.png
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        used = _configure(ctx, "maps", p, config, no_config)
+        p, used = _configure(ctx, "maps", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _check_new_file(p["output"], p["force"], ".png")
-        chosen = _single_layer(p["layer"])
+        out = _check_new_file(p.output, p.force, ".png")
+        chosen = _single_layer(p.layer)
         if not chosen:
             raise UsageError(
                 "maps needs a layer: -l LAYER.", "e.g. -l conv1; `hookcli layers MODEL` lists them."
@@ -974,21 +1044,21 @@ def maps(
         from hookcli.render.images import maps_png
         from hookcli.visual import feature_maps
 
-        name = _need_model(p["model"], "maps")
+        name = _need_model(p.model, "maps")
         with _status(f"running {name}…"):
             picture = feature_maps(
                 name,
-                p["inputs"] or [],
+                p.inputs or [],
                 layer=chosen,
-                call=p["call"],
-                channels=p["channels"],
-                order=p["order"],
-                image_index=p["image"],
-                input_specs=p["input_spec"] or [],
-                weights=p["weights"],
-                seed=p["seed"],
-                device=p["device"],
-                model_args=parse_model_args(p["model_arg"] or []),
+                call=p.call,
+                channels=p.channels,
+                order=p.order,
+                image_index=p.image,
+                input_specs=p.input_spec or [],
+                weights=p.weights,
+                seed=p.seed,
+                device=p.device,
+                model_args=parse_model_args(p.model_arg or []),
             )
         png, meta = maps_png(picture)
         _save_png(out, png, meta)
@@ -1040,34 +1110,33 @@ def cam(
     Example: hookcli cam resnet50 sample_images/cat.jpeg --weights DEFAULT -o cam.png
     """
     with _handled():
-        p = {k: v for k, v in locals().items() if k not in ("ctx", "config", "no_config")}
-        used = _configure(ctx, "cam", p, config, no_config)
+        p, used = _configure(ctx, "cam", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _check_new_file(p["output"], p["force"], ".png")
-        raw_path = p["save_raw"]
+        out = _check_new_file(p.output, p.force, ".png")
+        raw_path = p.save_raw
         if raw_path is not None:
-            _check_new_file(raw_path, p["force"], ".npy", option="--save-raw")
+            _check_new_file(raw_path, p.force, ".npy", option="--save-raw")
         from hookcli.loading import parse_model_args
         from hookcli.render.images import cam_png
         from hookcli.visual import class_activation
 
-        name = _need_model(p["model"], "cam")
+        name = _need_model(p.model, "cam")
         with _status(f"running {name}…"):
             picture = class_activation(
                 name,
-                p["inputs"] or [],
-                layer=_single_layer(p["layer"]),
-                call=p["call"],
-                target=p["target"],
-                loss=p["loss"],
-                method=p["method"],
-                image_index=p["image"],
-                input_specs=p["input_spec"] or [],
-                weights=p["weights"],
-                seed=p["seed"],
-                device=p["device"],
-                model_args=parse_model_args(p["model_arg"] or []),
+                p.inputs or [],
+                layer=_single_layer(p.layer),
+                call=p.call,
+                target=p.target,
+                loss=p.loss,
+                method=p.method,
+                image_index=p.image,
+                input_specs=p.input_spec or [],
+                weights=p.weights,
+                seed=p.seed,
+                device=p.device,
+                model_args=parse_model_args(p.model_arg or []),
             )
         png, meta = cam_png(picture)
         _save_png(out, png, meta)

@@ -1,16 +1,16 @@
 """Folders and datasets: thousands of images in batches, statistics aggregated exactly.
 
-A torch DataLoader decodes and preprocesses in `--workers` processes; each batch runs the hooked
-forward, its per-tensor statistics are merged into running accumulators (aggregate.py) and the
-batch is dropped, so memory stays flat as the number of images grows. Unreadable images are
-skipped and listed (`--strict` makes the first one an error). Ctrl-C stops after the current
-batch and reports what was seen, marked as interrupted.
+A torch DataLoader decodes and preprocesses in `--workers` processes; each batch runs the
+engine's hooked pass, its per-tensor statistics are merged into running accumulators
+(aggregate.py) and the batch is dropped, so memory stays flat as the number of images grows.
+Unreadable images follow the same rule as in one batch (inputs.read_or_skip): found in a
+folder, skipped and listed (`--strict`: an error); named on the command line, an error.
+Ctrl-C stops after the current batch and reports what was seen, marked as interrupted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,47 +19,55 @@ from torch.utils.data import DataLoader, Dataset
 
 from hookcli import __version__
 from hookcli.aggregate import Aggregate
+from hookcli.engine import Prepared, hooked_pass, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, measure
-from hookcli.inputs import ModelInput, _imagenet_preprocess, expand_paths, read_image
-from hookcli.loading import LoadedModel, load_model, resolve_device
+from hookcli.inputs import (
+    ImageFile,
+    ModelInput,
+    _imagenet_preprocess,
+    expand_paths,
+    skip_or_raise,
+    skipped_note,
+    try_read,
+)
+from hookcli.options import FolderOptions, Invocation
 from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
-from hookcli.run import _complete, _model_info, model_left_as_found, predict, run_forward
-from hookcli.selection import module_entries, select
-from hookcli.stats import StatsCollector, fill
+from hookcli.run import _model_info, predict
+from hookcli.stats import StatsCollector
 
-DEFAULT_BATCH = 32
+DEFAULT_BATCH = FolderOptions().batch_size
+
+Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
 
 
-def image_files(paths: Sequence[str]) -> list[Path]:
+def image_files(paths: Sequence[str]) -> list[ImageFile]:
     """Image files named, or found in folders and their subfolders (an ImageFolder tree)."""
-    return expand_paths(paths, recursive=True)
+    return expand_paths(paths)
 
 
-class ImageFiles(Dataset[tuple[torch.Tensor | None, str, str | None]]):
-    """Decoded, preprocessed images; an unreadable one yields (None, path, reason)."""
+class ImageFiles(Dataset[Item]):
+    """Decoded, preprocessed images; an unreadable one yields (None, index, why). Workers
+    never raise: the main process applies the rule (inputs.skip_or_raise)."""
 
-    def __init__(self, files: Sequence[Path], preprocess: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(self, files: Sequence[ImageFile], preprocess: Callable[[Any], torch.Tensor]):
         self.files = list(files)
         self.preprocess = preprocess
 
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor | None, str, str | None]:
-        path = self.files[i]
-        try:
-            return self.preprocess(read_image(path)), str(path), None
-        except UsageError as exc:
-            return None, str(path), exc.message
+    def __getitem__(self, i: int) -> Item:
+        image, why = try_read(self.files[i])
+        if image is None:
+            return None, i, why or "unreadable"
+        return self.preprocess(image), i, None
 
 
-def _collate(
-    items: list[tuple[torch.Tensor | None, str, str | None]],
-) -> tuple[list[torch.Tensor], list[str], list[tuple[str, str]]]:
-    ok = [(t, p) for t, p, _ in items if t is not None]
-    failed = [(p, e or "unreadable") for t, p, e in items if t is None]
-    return [t for t, _ in ok], [p for _, p in ok], failed
+def _collate(items: list[Item]) -> tuple[list[torch.Tensor], list[int], list[tuple[int, str]]]:
+    ok = [(t, i) for t, i, _ in items if t is not None]
+    failed = [(i, why) for t, i, why in items if t is None and why is not None]
+    return [t for t, _ in ok], [i for _, i in ok], failed
 
 
 def inspect_folder(
@@ -69,172 +77,157 @@ def inspect_folder(
     batch_size: int = DEFAULT_BATCH,
     limit: int | None = None,
     workers: int = 0,
-    strict: bool = False,
-    layers: Sequence[str] = (),
-    types: Sequence[str] = (),
-    depth: int | None = None,
-    weights: str = "none",
-    seed: int = 0,
-    device: str = "auto",
-    model_args: Mapping[str, Any] | None = None,
-    train: bool = False,
     per_image: int = 0,
-    hist: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> Report:
     """Statistics of every selected layer over every image, aggregated across batches;
-    with per_image=K, also each image's top-K predictions (kept as numbers, per image)."""
-    if batch_size < 1:
+    with per_image=K, also each image's top-K predictions. Other options as hookcli.inspect
+    (layers, types, depth, weights, seed, device, model_args, train, hist, strict)."""
+    inv = Invocation.from_api(model, paths, options, backward=False)
+    return folder_report(inv, FolderOptions(batch_size, limit, workers, per_image), progress)
+
+
+def folder_report(
+    inv: Invocation,
+    folder: FolderOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> Report:
+    if folder.batch_size < 1:
         raise UsageError(
-            f"--batch-size must be 1 or more, got {batch_size}.", "e.g. --batch-size 32"
+            f"--batch-size must be 1 or more, got {folder.batch_size}.", "e.g. --batch-size 32"
         )
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be 1 or more, got {limit}.", "e.g. --limit 1000")
-    if workers < 0:
-        raise UsageError(f"--workers must be 0 or more, got {workers}.", "e.g. --workers 2")
-    dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
-    targets = select(
-        module_entries(loaded.module),
-        layers=layers,
-        types=types,
-        depth=depth,
-        model_label=loaded.spec,
-    )
-    files = image_files(paths)[:limit]
+    if folder.limit is not None and folder.limit < 1:
+        raise UsageError(f"--limit must be 1 or more, got {folder.limit}.", "e.g. --limit 1000")
+    if folder.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, got {folder.workers}.", "e.g. --workers 2")
+    paths = [str(p) for p in inv.inputs.items]
+    files = image_files(paths)[: folder.limit]
+    prepared = prepare(inv.model, inv.selection, None)
+    loaded = prepared.loaded
     preprocess = loaded.preprocess or _imagenet_preprocess(loaded.input_size or (224, 224))
     loader = DataLoader(
         ImageFiles(files, preprocess),
-        batch_size=batch_size,
-        num_workers=workers,
+        batch_size=folder.batch_size,
+        num_workers=folder.workers,
         collate_fn=_collate,
         shuffle=False,
     )
-    agg = Aggregate()
-    model_out = Aggregate()
-    counts = [0] * len(targets)
-    seen = 0
-    batches = 0
+    run = _FolderRun(prepared, inv.run.train, inv.run.hist)
     skipped: list[tuple[str, str]] = []
     interrupted = False
-    shape: tuple[int, ...] | None = None
     predictions: list[Prediction] = []
-    edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by the first batch
     prediction_note: str | None = None
-    with model_left_as_found(loaded.module, dev, train=train), torch.no_grad():
-        try:
-            for tensors, names, failed in loader:
-                if failed and strict:
-                    raise UsageError(
-                        f"{failed[0][0]}: {failed[0][1]}",
-                        "remove it, or drop --strict to skip unreadable images.",
+    try:
+        for tensors, indexes, failed in loader:
+            for i, why in failed:
+                skip_or_raise(files[i], why, inv.inputs.strict, skipped)
+            if tensors:
+                chosen = [files[i] for i in indexes]
+                output = run.batch(tensors, chosen)
+                if folder.per_image:
+                    minput = ModelInput(
+                        (), "", [f.name for f in chosen], classes=[f.folder_class for f in chosen]
                     )
-                skipped.extend(failed)
-                if not tensors:
-                    continue
-                shapes = {tuple(t.shape) for t in tensors}
-                if len(shapes) > 1 and loaded.task != "detection":
-                    raise UsageError(
-                        f"images of different sizes after preprocessing in one batch ({names[0]}: "
-                        f"{'x'.join(map(str, tensors[0].shape))}, …).",
-                        "use a model whose preprocessing crops to one size, or --batch-size 1.",
-                    )
-                args: tuple[Any, ...] = (
-                    (list(tensors),) if loaded.task == "detection" else (torch.stack(tensors),)
-                )
-                minput = ModelInput(args, "batch").to(dev)
-                shape = shape or tuple(minput.shapes()[0])[1:]
-                output = _one_batch(
-                    loaded,
-                    minput,
-                    targets,
-                    dev,
-                    agg=agg,
-                    model_out=model_out,
-                    counts=counts,
-                    collector=StatsCollector(hist_bins=hist, hist_edges=edges),
-                )
-                if per_image:
-                    preds, prediction_note = predict(output, loaded, per_image, names)
+                    preds, prediction_note = predict(output, loaded, folder.per_image, minput)
                     for pr in preds or []:
-                        pr.image += seen
+                        pr.image += run.seen - len(tensors)
                     predictions.extend(preds or [])
-                seen += len(tensors)
-                batches += 1
-                if progress is not None:
-                    progress(seen + len(skipped), len(files))
-        except KeyboardInterrupt:
-            interrupted = True
+            if progress is not None:
+                progress(run.seen + len(skipped), len(files))
+    except KeyboardInterrupt:
+        interrupted = True
     notes = [
         "statistics are over all images"
-        + ("" if per_image else "; add --per-image K for each image's top-K predictions")
+        + ("" if folder.per_image else "; add --per-image K for each image's top-K predictions")
     ]
     if skipped:
-        shown = ", ".join(f"{Path(p).name} ({e})" for p, e in skipped[:5])
-        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-        notes.append(f"skipped {len(skipped)} unreadable image(s): {shown}{more}")
+        notes.append(skipped_note(skipped))
     if interrupted:
-        notes.append(f"interrupted after {seen} of {len(files)} images: partial statistics")
-    if seen == 0 and not interrupted:
+        notes.append(f"interrupted after {run.seen} of {len(files)} images: partial statistics")
+    if run.seen == 0 and not interrupted:
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
-    layers_out = [
-        LayerCall(
-            name,
-            agg.types[name],
-            call,
-            next(t.aliases for t in targets if t.name == name),
-            agg.tensors(name, call, "inputs"),
-            agg.tensors(name, call, "outputs"),
-        )
-        for name, call in agg.order
-    ]
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
     report = Report(
-        model=_model_info(loaded, train),
+        model=_model_info(loaded, inv.run.train),
         input=InputInfo(
-            f"{seen} images from {where} in {batches} batches of up to {batch_size}",
-            [(seen, *shape)] if shape else [],
+            f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}",
+            [(run.seen, *run.shape)] if run.shape else [],
             [],
             loaded.preprocess_label,
         ),
-        device=str(dev),
-        layers=layers_out,
-        never_called=[t.name for t, n in zip(targets, counts, strict=True) if n == 0],
-        outputs=model_out.tensors("(model)", 0, "outputs"),
-        predictions=predictions if per_image else None,
+        device=str(prepared.device),
+        layers=run.layer_calls(),
+        never_called=[t.name for t, n in zip(prepared.targets, run.counts, strict=True) if n == 0],
+        outputs=run.model_out.tensors("(model)", 0, "outputs"),
+        predictions=predictions if folder.per_image else None,
         prediction_note=prediction_note,
         notes=notes,
+        config=inv.run.config,
         hookcli_version=__version__,
     )
     report.interrupted = interrupted
     return report
 
 
-def _one_batch(
-    loaded: LoadedModel,
-    minput: ModelInput,
-    targets: list[Any],
-    dev: torch.device,
-    *,
-    agg: Aggregate,
-    model_out: Aggregate,
-    counts: list[int],
-    collector: StatsCollector,
-) -> Any:
-    """One batch through the hooked forward; its statistics merged, its tensors dropped."""
-    session = HookSession(targets, collector)
-    output = run_forward(loaded, minput, session, dev)
-    out_stats: list[TensorStats] = []
-    out_rows: list[int] = []
-    collector.context = ("(model)", 0, "out")
-    measure(collector, output, "out", out_stats, out_rows)
-    rows = collector.finalize()
-    for p in session.calls:
-        call = _complete(p, rows, False)
-        agg.add(call.name, call.type, call.call, "inputs", call.inputs)
-        agg.add(call.name, call.type, call.call, "outputs", call.outputs)
-    done = [fill(s, rows[r]) for s, r in zip(out_stats, out_rows, strict=True) if r >= 0]
-    model_out.add("(model)", "output", 0, "outputs", done)
-    for i, n in enumerate(session.counts):
-        counts[i] += n
-    return output
+class _FolderRun:
+    """The running aggregate of a folder run: one hooked pass per batch, merged and dropped."""
+
+    def __init__(self, prepared: Prepared, train: bool, hist: int) -> None:
+        self.prepared = prepared
+        self.train = train
+        self.hist = hist
+        self.agg = Aggregate()
+        self.model_out = Aggregate()
+        self.counts = [0] * len(prepared.targets)
+        self.seen = 0
+        self.batches = 0
+        self.shape: tuple[int, ...] | None = None
+        self.edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by batch one
+
+    def batch(self, tensors: list[torch.Tensor], files: list[ImageFile]) -> Any:
+        prepared = self.prepared
+        loaded = prepared.loaded
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) > 1 and loaded.task != "detection":
+            raise UsageError(
+                f"images of different sizes after preprocessing in one batch ({files[0].name}: "
+                f"{'x'.join(map(str, tensors[0].shape))}, …).",
+                "use a model whose preprocessing crops to one size, or --batch-size 1.",
+            )
+        args: tuple[Any, ...] = (
+            (list(tensors),) if loaded.task == "detection" else (torch.stack(tensors),)
+        )
+        minput = ModelInput(args, "batch").to(prepared.device)
+        self.shape = self.shape or tuple(minput.shapes()[0])[1:]
+        collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)
+        session = HookSession(prepared.targets, collector)
+        out_stats: list[TensorStats] = []
+        with hooked_pass(prepared, session, minput=minput, train=self.train) as result:
+            collector.context = ("(model)", 0, "out")
+            measure(collector, result.output, "out", out_stats)
+        collector.finalize()
+        for p in session.calls:
+            call = p.complete(False)
+            self.agg.add(call.name, call.type, call.call, "inputs", call.inputs)
+            self.agg.add(call.name, call.type, call.call, "outputs", call.outputs)
+        self.model_out.add("(model)", "output", 0, "outputs", [s for s in out_stats if s.dtype])
+        for i, n in enumerate(session.counts):
+            self.counts[i] += n
+        self.seen += len(tensors)
+        self.batches += 1
+        return result.output
+
+    def layer_calls(self) -> list[LayerCall]:
+        aliases = {t.name: t.aliases for t in self.prepared.targets}
+        return [
+            LayerCall(
+                name,
+                self.agg.types[name],
+                call,
+                aliases[name],
+                self.agg.tensors(name, call, "inputs"),
+                self.agg.tensors(name, call, "outputs"),
+            )
+            for name, call in self.agg.order
+        ]

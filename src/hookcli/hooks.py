@@ -48,16 +48,14 @@ class Target:
     type: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity
 class PendingCall:
-    """A LayerCall whose tensor statistics are still rows in the collector."""
+    """A LayerCall during the pass: its statistics are filled when the collector finalizes."""
 
     call: LayerCall
-    input_rows: list[int] = field(default_factory=list)
-    output_rows: list[int] = field(default_factory=list)
     # gradients by tensor path, filled during backward
-    grad_inputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
-    grad_outputs: dict[str, tuple[TensorStats, int]] = field(default_factory=dict)
+    grad_inputs: dict[str, TensorStats] = field(default_factory=dict)
+    grad_outputs: dict[str, TensorStats] = field(default_factory=dict)
     finished: int | None = None  # position among calls in the order they returned
     # --profile: perf_counter_ns marks (CPU) of the module's own forward and backward
     t_forward: list[int] = field(default_factory=list)
@@ -66,6 +64,19 @@ class PendingCall:
     t_backward: list[int] = field(default_factory=list)
     output_bytes: int = 0
     grad_input_seen: int | None = None  # position among gradient hooks, first input gradient
+    parent: PendingCall | None = None  # --profile: the hooked call this one ran inside
+
+    def complete(self, backward: bool) -> LayerCall:
+        """The LayerCall, once the collector has finalized: gradients in the order of the
+        inputs and outputs; an absent gradient is left out, all absent is None (never 0)."""
+        call = self.call
+        if backward:
+            grads_in, grads_out = self.grad_inputs, self.grad_outputs
+            call.grad_inputs = [grads_in[t.path] for t in call.inputs if t.path in grads_in] or None
+            call.grad_outputs = [
+                grads_out[t.path] for t in call.outputs if t.path in grads_out
+            ] or None
+        return call
 
 
 def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
@@ -86,28 +97,19 @@ def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, tor
             yield from iter_tensors(item, f"{path}[{label}]", depth + 1)
 
 
-def measure(
-    collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats], rows: list[int]
-) -> None:
-    """Measure every tensor in obj now; append its TensorStats and row index."""
+def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats]) -> None:
+    """Measure every tensor in obj now; append its TensorStats (filled at finalize)."""
     if type(obj) is torch.Tensor:  # the common case: one plain tensor
-        entry, idx = collector.add(obj, root)
-        stats.append(entry)
-        rows.append(idx)
+        stats.append(collector.add(obj, root))
         return
     if type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
-        entry, idx = collector.add(obj[0], f"{root}[0]")
-        stats.append(entry)
-        rows.append(idx)
+        stats.append(collector.add(obj[0], f"{root}[0]"))
         return
     for n, (path, t) in enumerate(iter_tensors(obj, root)):
         if n >= _MAX_TENSORS:
             stats.append(TensorStats(f"{root}…", (), "", 0, note="more tensors not shown"))
-            rows.append(-1)
             return
-        entry, idx = collector.add(t, path)
-        stats.append(entry)
-        rows.append(idx)
+        stats.append(collector.add(t, path))
 
 
 class HookSession:
@@ -137,6 +139,7 @@ class HookSession:
         self.counts = [0] * len(targets)
         self.hook_errors: list[str] = []
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
+        self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> HookSession:
@@ -231,6 +234,9 @@ class HookSession:
             pending = PendingCall(call)
             self.calls.append(pending)
             stack.append(pending)
+            if self.profile:
+                pending.parent = self._open[-1] if self._open else None
+                self._open.append(pending)
             if self.collector is None:  # shapes only (layers --shapes, --profile timing)
                 call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
                 if self.grads:
@@ -240,9 +246,9 @@ class HookSession:
                 return
             try:
                 self.collector.context = (call.name, call.call, "in")
-                measure(self.collector, args, "in", call.inputs, pending.input_rows)
+                measure(self.collector, args, "in", call.inputs)
                 if kwargs:
-                    measure(self.collector, kwargs, "in", call.inputs, pending.input_rows)
+                    measure(self.collector, kwargs, "in", call.inputs)
                 if self.grads:
                     self._watch_grads(args, "in", pending)
                     if kwargs:
@@ -266,6 +272,8 @@ class HookSession:
             pending = stack.pop()
             entered = 0
             if self.profile:
+                if pending in self._open:
+                    del self._open[self._open.index(pending) :]
                 if pending.events:
                     pending.events.append(_event())
                 entered = time.perf_counter_ns()  # first: our own work excluded
@@ -285,7 +293,7 @@ class HookSession:
                         self._watch_grads(output, "out", pending)
                 else:
                     self.collector.context = (call.name, call.call, "out")
-                    measure(self.collector, output, "out", call.outputs, pending.output_rows)
+                    measure(self.collector, output, "out", call.outputs)
                     if self.grads:
                         self._watch_grads(output, "out", pending)
                     if self.saver is not None:

@@ -31,8 +31,15 @@ _SPEC = re.compile(r"^(randn|rand|ones|zeros):([0-9]+(?:[x,][0-9]+)*)$")
 class ModelInput:
     args: tuple[Any, ...]
     description: str
-    sources: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per image: path relative to its folder
     preprocessing: str | None = None
+    classes: list[str | None] = field(default_factory=list)  # per image: its class folder
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable: (path, why)
+
+    def replace_args(self, args: tuple[Any, ...]) -> ModelInput:
+        return ModelInput(
+            args, self.description, self.sources, self.preprocessing, self.classes, self.skipped
+        )
 
     def shapes(self) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
@@ -51,9 +58,7 @@ class ModelInput:
                 return [move(x) for x in a]
             return a
 
-        return ModelInput(
-            tuple(move(a) for a in self.args), self.description, self.sources, self.preprocessing
-        )
+        return self.replace_args(tuple(move(a) for a in self.args))
 
 
 def image_extensions() -> set[str]:
@@ -62,30 +67,50 @@ def image_extensions() -> set[str]:
     return {ext.lower() for ext in Image.registered_extensions()}
 
 
-def expand_paths(paths: Sequence[str], *, recursive: bool = False) -> list[Path]:
-    """Files as given; a folder becomes every image file in it (and, recursive, in its
-    subfolders: an ImageFolder tree), sorted; hidden files and folders are left out."""
+@dataclass(frozen=True, slots=True)
+class ImageFile:
+    """An image to read: named on the command line (root None) or found under a folder."""
+
+    path: Path
+    root: Path | None = None
+
+    @property
+    def name(self) -> str:
+        """How rows name it: the path as given, or relative to its folder (`cat/001.jpg`)."""
+        return self.path.relative_to(self.root).as_posix() if self.root else str(self.path)
+
+    @property
+    def folder_class(self) -> str | None:
+        """The class of an ImageFolder tree: the first subfolder under the named folder."""
+        if self.root is None:
+            return None
+        parts = self.path.relative_to(self.root).parts
+        return parts[0] if len(parts) > 1 else None
+
+
+def expand_paths(paths: Sequence[str]) -> list[ImageFile]:
+    """Files as given; a folder becomes every image file in it and its subfolders (an
+    ImageFolder tree, whatever the number of images), sorted; hidden ones left out."""
     exts = image_extensions()
-    out: list[Path] = []
+    out: list[ImageFile] = []
     for raw in paths:
         p = Path(raw).expanduser()
         if p.is_dir():
             found = sorted(
                 f
-                for f in (p.rglob("*") if recursive else p.iterdir())
+                for f in p.rglob("*")
                 if f.is_file()
                 and f.suffix.lower() in exts
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
             )
             if not found:
-                where = " (subfolders are read too)" if recursive else ""
                 raise UsageError(
-                    f"folder {raw} holds no image files{where}.",
+                    f"folder {raw} holds no image files (subfolders are read too).",
                     "put .jpg/.png/... images in it, or name image files directly.",
                 )
-            out.extend(found)
+            out.extend(ImageFile(f, p) for f in found)
         elif p.exists():
-            out.append(p)
+            out.append(ImageFile(p))
         else:
             raise UsageError(
                 f"input {raw} not found.", "check the path (a folder means every image in it)."
@@ -189,25 +214,72 @@ def _flow_pair(images: list[Any], model: LoadedModel) -> tuple[torch.Tensor, tor
     return one.unsqueeze(0), two.unsqueeze(0)
 
 
-def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
-    files = expand_paths(paths)
-    images = [read_image(f) for f in files]
+def try_read(file: ImageFile) -> tuple[Any | None, str | None]:
+    """The image, or None and why not (safe in DataLoader workers: never raises)."""
+    try:
+        return read_image(file.path), None
+    except UsageError as exc:
+        return None, exc.message
+
+
+def skip_or_raise(
+    file: ImageFile, reason: str, strict: bool, skipped: list[tuple[str, str]]
+) -> None:
+    """The rule for an unreadable image, the same for one batch and for folder runs: a file
+    named on the command line is an error; one found in a folder is skipped and listed
+    (--strict: an error)."""
+    if file.root is None:
+        raise UsageError(reason, "give a readable image file.")
+    if strict:
+        raise UsageError(reason, "remove it, or drop --strict to skip unreadable images.")
+    why = reason.removeprefix(f"{file.path} ").removeprefix("is ").rstrip(".")
+    skipped.append((file.name, why))
+
+
+def read_or_skip(file: ImageFile, strict: bool, skipped: list[tuple[str, str]]) -> Any | None:
+    image, reason = try_read(file)
+    if image is None:
+        skip_or_raise(file, reason or "unreadable", strict, skipped)
+    return image
+
+
+def skipped_note(skipped: Sequence[tuple[str, str]]) -> str:
+    shown = ", ".join(f"{name} ({why})" for name, why in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"skipped {len(skipped)} unreadable image(s): {shown}{more}"
+
+
+def from_images(paths: Sequence[str], model: LoadedModel, *, strict: bool = False) -> ModelInput:
+    skipped: list[tuple[str, str]] = []
+    found = expand_paths(paths)
+    read = [(f, read_or_skip(f, strict, skipped)) for f in found]
+    files = [f for f, im in read if im is not None]
+    images = [im for _, im in read if im is not None]
+    if not files:
+        raise UsageError(f"none of the {len(found)} images could be read.", "check the files.")
+    minput = _from_pil(files, images, model)
+    minput.skipped = skipped
+    return minput
+
+
+def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> ModelInput:
     desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
-        f.name for f in files[:4]
+        f.path.name for f in files[:4]
     )
+    sources = [f.name for f in files]
+    classes = [f.folder_class for f in files]
     if model.task == "video":
         from hookcli.loading import CLIP_FRAMES
 
         desc += f", each repeated as a clip of {CLIP_FRAMES} frames"
-        return ModelInput(
-            (_clips(images, model),), desc, [str(f) for f in files], model.preprocess_label
-        )
+        return ModelInput((_clips(images, model),), desc, sources, model.preprocess_label, classes)
     if model.task == "optical_flow":
         return ModelInput(
             _flow_pair(images, model),
             desc + " (frame 1, frame 2)",
-            [str(f) for f in files],
+            sources,
             model.preprocess_label,
+            classes,
         )
     if model.preprocess is not None:
         preprocess = model.preprocess
@@ -218,14 +290,10 @@ def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
         resize = round(size[0] * 256 / 224)
         label = f"ImageNet: resize {resize}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
     tensors = [preprocess(im) for im in images]
-    sources = [str(f) for f in files]
-    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
-        f.name for f in files[:4]
-    )
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
-    if model.task == "detection":
-        return ModelInput((list(tensors),), desc, sources, label)  # detection takes a list
+    if model.task == "detection":  # detection takes a list
+        return ModelInput((list(tensors),), desc, sources, label, classes)
     shapes = {tuple(t.shape) for t in tensors}
     if len(shapes) > 1:
         raise UsageError(
@@ -234,7 +302,7 @@ def from_images(paths: Sequence[str], model: LoadedModel) -> ModelInput:
             + ") and cannot form one batch.",
             "give one image at a time, or images of the same aspect ratio.",
         )
-    return ModelInput((torch.stack(tensors),), desc, sources, label)
+    return ModelInput((torch.stack(tensors),), desc, sources, label, classes)
 
 
 def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:

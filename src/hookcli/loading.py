@@ -448,7 +448,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             raise UsageError(
                 f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
             ) from exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise ModelError(
                 f"importing {source} failed: {type(exc).__name__}: {exc}",
                 "fix the model file; run it with python to see the traceback.",
@@ -485,7 +485,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             f"{source}:{attr}({_kw(kwargs)}) failed: {exc}",
             "pass constructor arguments with --model-arg key=value.",
         ) from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ModelError(
             f"{source}:{attr}({_kw(kwargs)}) raised {type(exc).__name__}: {exc}",
             "fix the model's constructor.",

@@ -61,12 +61,16 @@ class LayerCall:
 
 @dataclass(slots=True)
 class CallProfile:
-    """--profile: this call's own forward (and backward) time and its output's size."""
+    """--profile: this call's forward (and backward) time and its output's size.
+
+    `forward_ms` is the total from entering the module to its return; `self_ms` is that less
+    the time of the modules called inside it (equal for a leaf)."""
 
     forward_ms: float
     backward_ms: float | None
     output_bytes: int
     share: float | None = None  # forward_ms / the unhooked pass
+    self_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -162,12 +166,17 @@ class Backward:
 
 @dataclass(slots=True)
 class Prediction:
+    """One of an image's top-k. `prob` is None when the model's score is NaN/Inf; `source` is
+    the image's path (relative to the folder it was found in); `folder_class` the class
+    folder of an ImageFolder tree."""
+
     rank: int
     index: int
     label: str | None
-    prob: float
+    prob: float | None
     image: int = 0
     source: str | None = None
+    folder_class: str | None = None
 
 
 @dataclass(slots=True)

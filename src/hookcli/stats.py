@@ -4,8 +4,9 @@ Every tensor a hook sees becomes one *row* of nine numbers:
 
     count (finite elements), mean, var (population), min, max, zeros, nan, inf, norm
 
-`StatsCollector.add` returns the row's index at once; `finalize` turns all rows into one
-float64 array with a single device-to-host transfer per device (HOOK_PITFALLS 8).
+`StatsCollector.add` returns an empty TensorStats at once; `finalize` brings all rows to the
+host with a single device-to-host transfer per device (HOOK_PITFALLS 8) and fills in every
+TensorStats it handed out.
 
 Two ways to fill a row:
 
@@ -215,13 +216,14 @@ class StatsCollector:
         self._notes: list[str | None] = []
         self._values: dict[int, list[float | None] | torch.Tensor] = {}  # row → elements
         self._wants_values: list[tuple[TensorStats, int]] = []
+        self._handed_out: list[tuple[TensorStats, int]] = []  # filled by finalize()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, t: torch.Tensor, path: str) -> tuple[TensorStats, int]:
-        """Measure t now; return its (incomplete) TensorStats and its row index."""
+    def add(self, t: torch.Tensor, path: str) -> TensorStats:
+        """Measure t now; return its TensorStats, whose numbers finalize() fills in."""
         key = id(t)
         hit = self._seen.get(key)
         version = t._version
@@ -229,15 +231,17 @@ class StatsCollector:
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
+            self._handed_out.append((stats, idx))
             if idx in self._values:
                 self._wants_values.append((stats, idx))
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
-            return stats, idx
+            return stats
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         idx = len(self._rows)
         self._rows.append(row)
         self._notes.append(note)
+        self._handed_out.append((stats, idx))
         stats.note = note
         if 0 < stats.numel <= SMALL and t.device.type != "meta":
             self._values[idx] = _small_values(t)
@@ -253,7 +257,7 @@ class StatsCollector:
             self._wants_hist.append((stats, idx))
         with contextlib.suppress(TypeError):  # no weakref support: measured again next time
             self._seen[key] = (weakref.ref(t), version, idx)
-        return stats, idx
+        return stats
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
         ks = self._kernels
@@ -275,8 +279,8 @@ class StatsCollector:
             return _fused_row(x, ks, self._scratch), note
         return _torch_row(x), note
 
-    def finalize(self) -> np.ndarray[Any, np.dtype[np.float64]]:
-        """All rows as one (n, 9) float64 array: one transfer per device."""
+    def finalize(self) -> None:
+        """Fill every TensorStats handed out since the last finalize: one transfer per device."""
         out = np.empty((len(self._rows), ROW), dtype=np.float64)
         by_device: dict[torch.device, list[int]] = {}
         for i, row in enumerate(self._rows):
@@ -290,8 +294,12 @@ class StatsCollector:
             out[idxs] = stacked.to("cpu", torch.float64).numpy()
         self._resolve_values()
         self._resolve_hists(out)
-        self._seen.clear()
-        return out
+        for stats, idx in self._handed_out:
+            _fill(stats, out[idx])
+        for kept in (self._handed_out, self._wants_values, self._wants_hist, self._rows):
+            kept.clear()
+        for table in (self._notes, self._values, self._hists, self._hist_range, self._seen):
+            table.clear()
 
     def _resolve_hists(self, rows: np.ndarray[Any, Any]) -> None:
         by_device: dict[torch.device, list[int]] = {}
@@ -402,7 +410,7 @@ def _num(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> TensorStats:
+def _fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> TensorStats:
     """Complete a TensorStats from its finalized row."""
     count = row[COUNT]
     stats.nan = int(row[NAN])
@@ -420,5 +428,6 @@ def fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> Tens
 def tensor_stats(t: torch.Tensor, path: str = "tensor") -> TensorStats:
     """Statistics of one tensor, computed and returned at once (tests, small uses)."""
     collector = StatsCollector()
-    stats, idx = collector.add(t, path)
-    return fill(stats, collector.finalize()[idx])
+    stats = collector.add(t, path)
+    collector.finalize()
+    return stats

@@ -16,20 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hookcli.engine import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, Target, iter_tensors
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
-from hookcli.loading import LoadedModel, load_model, resolve_device
-from hookcli.run import (
-    _model_input,
-    deterministic_algorithms,
-    model_left_as_found,
-    run_backward,
-    run_forward,
-)
-from hookcli.selection import ModuleEntry, module_entries, select
-from hookcli.targets import parse_target
-from hookcli.targets import scalar as scalar_of
+from hookcli.loading import LoadedModel
+from hookcli.options import BackwardOptions, InputOptions, ModelOptions
 
 _POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")
 
@@ -48,67 +40,36 @@ class Picture:
     notes: list[str] = field(default_factory=list)
 
 
-def _one_target(loaded: LoadedModel, pattern: str) -> tuple[Target, ModuleEntry]:
-    entries = module_entries(loaded.module)
-    targets = select(entries, layers=[pattern], model_label=loaded.spec)
-    if len(targets) > 1:
-        shown = ", ".join(t.name for t in targets[:5])
-        raise UsageError(
-            f"-l {pattern!r} matches {len(targets)} layers ({shown}…); pictures are of one layer.",
-            "name one layer exactly.",
-        )
-    entry = next(e for e in entries if e.module is targets[0].module)
-    return targets[0], entry
-
-
-def default_cam_layer(loaded: LoadedModel, minput: ModelInput, device: torch.device) -> str:
+def default_cam_layer(prepared: Prepared) -> str:
     """The last module to finish with a spatial (N, C, H>1, W>1) output, pooling excluded:
     the last convolutional block of a CNN (resnet `layer4`, densenet/vgg/mobilenet
-    `features`, inception `Mixed_7c`)."""
-    entries = module_entries(loaded.module)
+    `features`, inception `Mixed_7c`). Found by one pass hooking every module."""
     found: list[tuple[int, str]] = []
-    order = [0]
 
-    def watch(entry: ModuleEntry) -> Any:
-        def hook(module: nn.Module, args: Any, out: Any) -> None:
-            order[0] += 1
-            if entry.type in _POOLS or not entry.name:
-                return
-            first = next((t for _, t in iter_tensors(out, "out")), None)
-            if first is not None and first.dim() == 4 and first.shape[2] > 1 and first.shape[3] > 1:
-                found.append((order[0], entry.name))
+    def watch(pending: PendingCall, out: Any) -> None:
+        call = pending.call
+        if call.type in _POOLS or call.name == "(model)" or pending.finished is None:
+            return
+        first = next((t for _, t in iter_tensors(out, "out")), None)
+        if first is not None and first.dim() == 4 and first.shape[2] > 1 and first.shape[3] > 1:
+            found.append((pending.finished, call.name))
 
-        return hook
-
-    handles = [e.module.register_forward_hook(watch(e)) for e in entries]
-    try:
-        with model_left_as_found(loaded.module, device), torch.no_grad():
-            loaded.module(*minput.args)
-    finally:
-        for h in handles:
-            h.remove()
+    session = HookSession(every_target(prepared.entries), None, on_output=watch)
+    with torch.no_grad(), hooked_pass(prepared, session):
+        pass
     if not found:
         raise UsageError(
-            f"{loaded.spec} has no layer with an (N, C, H, W) output to draw a CAM on.",
+            f"{prepared.loaded.spec} has no layer with an (N, C, H, W) output to draw a CAM on.",
             "name a layer with -l.",
         )
     return max(found)[1]
 
 
 def _capture(
-    loaded: LoadedModel,
-    minput: ModelInput,
-    target: Target,
-    device: torch.device,
-    call: int,
-    *,
-    backward: str | None = None,
-    loss: str | None = None,
-    seed: int = 0,
-    train: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, float | None, str, Any]:
-    """The output (and its gradient, for CAM) of one call of one layer, the target's value
-    and description, and the model's output."""
+    prepared: Prepared, target: Target, call: int, *, backward: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None, Any]:
+    """The output (and its gradient, for CAM) of one call of one layer, the value backward
+    started from, and the model's output."""
     captured: dict[str, torch.Tensor] = {}
 
     def keep(pending: PendingCall, output: Any) -> None:
@@ -118,7 +79,7 @@ def _capture(
         if first is None:
             return
         captured["out"] = first
-        if backward is not None and first.requires_grad:
+        if backward and first.requires_grad:
 
             def grab(grad: torch.Tensor) -> None:
                 captured["grad"] = grad.detach().clone()
@@ -126,21 +87,9 @@ def _capture(
             session.tensor_handles.append(first.register_hook(grab))  # type: ignore[no-untyped-call]
 
     session = HookSession([target], None, on_output=keep)
-    value: float | None = None
-    described = ""
-    with model_left_as_found(loaded.module, device, train=train), deterministic_algorithms(False):
-        torch.manual_seed(seed)
-        try:
-            with torch.set_grad_enabled(backward is not None):
-                output = run_forward(loaded, minput, session, device)
-                if backward is not None:
-                    spec = parse_target(backward, loss, loaded.categories)
-                    total = scalar_of(spec, output, seed)
-                    described = spec.describe()
-                    value = float(total.detach())
-                    run_backward(loaded, total)
-        finally:
-            session.remove_tensor_hooks()
+    with hooked_pass(prepared, session, backward=backward) as result:
+        value = float(result.scalar.detach()) if result.scalar is not None else None
+        output = result.output
     calls = session.counts[0]
     if calls == 0:
         raise UsageError(
@@ -154,7 +103,7 @@ def _capture(
             f"use --call 0 to {calls - 1}.",
         )
     out = captured["out"].detach()
-    return out, captured.get("grad"), value, described, output
+    return out, captured.get("grad"), value, output
 
 
 def _image_of(minput: ModelInput, index: int, loaded: LoadedModel) -> np.ndarray[Any, Any] | None:
@@ -195,6 +144,10 @@ def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float
     return None  # detection transforms only scale to [0, 1]
 
 
+def _items(inputs: Sequence[str] | torch.Tensor) -> tuple[Any, ...]:
+    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+
 def _shape(t: torch.Tensor) -> str:
     return "x".join(map(str, t.shape))
 
@@ -219,11 +172,14 @@ def feature_maps(
         raise UsageError(f"--channels must be 1 or more, got {channels}.", "e.g. --channels 64")
     if order not in ("activity", "index"):
         raise UsageError(f"--order must be activity or index, got {order!r}.", "use --order index.")
-    dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
-    target, _ = _one_target(loaded, layer)
-    minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
-    out, _, _, _, _ = _capture(loaded, minput, target, dev, call, seed=seed)
+    prepared = prepare(
+        ModelOptions(model, weights, seed, device, model_args or {}),
+        inputs=InputOptions(_items(inputs), tuple(input_specs)),
+    )
+    loaded, minput = prepared.loaded, prepared.minput
+    assert minput is not None
+    target = one_target(prepared, layer)
+    out, _, _, _ = _capture(prepared, target, call)
     if out.dim() != 4:
         raise UsageError(
             f"layer {target.name} outputs a {out.dim()}-D tensor ({_shape(out)}); maps draws "
@@ -310,19 +266,23 @@ def class_activation(
     model_args: Mapping[str, Any] | None = None,
 ) -> Picture:
     """Grad-CAM of one image for the target, from the same tensor hooks as `grads`."""
-    dev = resolve_device(device)
-    loaded = load_model(model, weights=weights, seed=seed, model_args=model_args)
-    minput = _model_input(loaded, inputs, input_specs, seed).to(dev)
-    notes = []
-    if layer is None:
-        layer = default_cam_layer(loaded, minput, dev)
-        notes.append(f"layer {layer}: the last convolutional block (choose another with -l)")
-    tgt, _ = _one_target(loaded, layer)
     if method not in ("gradcam", "gradcam++"):
         raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
-    out, grad, value, described, model_out = _capture(
-        loaded, minput, tgt, dev, call, backward=target or "top1", loss=loss, seed=seed
+    prepared = prepare(
+        ModelOptions(model, weights, seed, device, model_args or {}),
+        inputs=InputOptions(_items(inputs), tuple(input_specs)),
+        backward=BackwardOptions(target or "top1", loss),
     )
+    loaded, minput = prepared.loaded, prepared.minput
+    assert minput is not None
+    assert prepared.backward is not None
+    described = prepared.backward.describe()
+    notes = []
+    if layer is None:
+        layer = default_cam_layer(prepared)
+        notes.append(f"layer {layer}: the last convolutional block (choose another with -l)")
+    tgt = one_target(prepared, layer)
+    out, grad, value, model_out = _capture(prepared, tgt, call, backward=True)
     if out.dim() != 4:
         raise UsageError(
             f"layer {tgt.name} outputs a {out.dim()}-D tensor ({_shape(out)}); Grad-CAM needs "

@@ -1,0 +1,386 @@
+"""The engine under every command: prepare once, then hooked passes.
+
+`prepare` loads the model, selects the modules to hook and builds the input — the same way for
+inspect, grads, check, layers --shapes, maps, cam and folder runs. `hooked_pass` runs one
+forward (and backward) with a HookSession attached, with everything a pass needs around it:
+the model's mode and device set and restored, parameter gradients isolated, the seed set,
+tensor hooks removed, and any failure of the model — anywhere, in any pass — turned into a
+ModelError (exit 3) naming the layer that was running.
+
+The model is left as found: hooks removed, every module's train/eval flag restored, and (for
+a module passed in through the Python API) its device restored, whatever happens in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.errors import ModelError, UsageError
+from hookcli.hooks import HookSession, Target
+from hookcli.inputs import ModelInput, default_input, from_images, from_specs
+from hookcli.loading import LoadedModel, load_model, resolve_device
+from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
+from hookcli.selection import ROOT_LABEL, ModuleEntry, module_entries, select
+from hookcli.targets import TargetSpec, parse_target
+from hookcli.targets import scalar as scalar_of
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A loaded model on its device, the modules to hook, the input, and what backward
+    starts from (None: forward only)."""
+
+    loaded: LoadedModel
+    device: torch.device
+    seed: int
+    entries: list[ModuleEntry]
+    targets: list[Target]
+    minput: ModelInput | None
+    backward: TargetSpec | None = None
+    input_leaves: tuple[tuple[str, torch.Tensor], ...] = ()  # --input-grad: the input copies
+
+
+@dataclass(slots=True)
+class PassResult:
+    output: Any
+    scalar: torch.Tensor | None  # what backward started from
+    forward_ms: float  # 0 unless the pass was timed
+    backward_ms: float | None
+
+
+def prepare(
+    model: ModelOptions,
+    selection: Selection | None = None,
+    inputs: InputOptions | None = None,
+    *,
+    backward: BackwardOptions | None = None,
+) -> Prepared:
+    """Model, modules and input for a run; every usage error is raised here, before any pass.
+    No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
+    (folder runs bring their batches)."""
+    device = resolve_device(model.device)
+    loaded = load_model(
+        model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
+    )
+    if loaded.task == "quantized":
+        device = _quantized_device(loaded, model.device, device, backward is not None)
+    spec = None
+    if backward is not None:
+        spec = parse_target(backward.target, backward.loss, loaded.categories)
+    entries = module_entries(loaded.module)
+    targets: list[Target] = []
+    if selection is not None and selection.every:
+        targets = every_target(entries)
+    elif selection is not None:
+        targets = select(
+            entries,
+            layers=selection.layers,
+            types=selection.types,
+            depth=selection.depth,
+            model_label=loaded.spec,
+            also=selection.also,
+        )
+    minput = None
+    leaves: tuple[tuple[str, torch.Tensor], ...] = ()
+    if inputs is not None:
+        minput = model_input(loaded, inputs, model.seed).to(device)
+        if backward is not None and backward.input_grad:
+            minput, leaves = _with_input_grad(minput)
+    return Prepared(loaded, device, model.seed, entries, targets, minput, spec, leaves)
+
+
+def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
+    """Every module, the model itself included (as `(model)`)."""
+    return [Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type) for e in entries]
+
+
+def _quantized_device(
+    loaded: LoadedModel, asked: str, device: torch.device, backward: bool
+) -> torch.device:
+    if backward:
+        raise UsageError(
+            f"{loaded.spec} is quantized: int8 kernels have no autograd, so there are no "
+            "gradients.",
+            f"use the float model ({loaded.spec.removeprefix('quantized_')}).",
+        )
+    if asked.strip().lower() == "auto":
+        return torch.device("cpu")  # int8 kernels exist on the CPU only
+    if device.type != "cpu":
+        raise UsageError(
+            f"{loaded.spec} is quantized and runs on the CPU only.", "use --device cpu."
+        )
+    return device
+
+
+def model_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:
+    """Images, tensors (Python API), tensor specs, or a random input of the right shape."""
+    items = inputs.items
+    if items and all(isinstance(x, torch.Tensor) for x in items):
+        if inputs.specs:
+            raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")
+        if len(items) == 1:
+            t = items[0]
+            return ModelInput((t,), f"tensor {'x'.join(map(str, t.shape))}")
+        return ModelInput(tuple(items), "tensors")
+    if items and inputs.specs:
+        raise UsageError(
+            "give image files or --input tensor specs, not both.", "use one kind of input per run."
+        )
+    if items:
+        return from_images([str(x) for x in items], loaded, strict=inputs.strict)
+    if inputs.specs:
+        return from_specs(inputs.specs, seed, loaded)
+    return default_input(loaded, seed)
+
+
+def _with_input_grad(
+    minput: ModelInput,
+) -> tuple[ModelInput, tuple[tuple[str, torch.Tensor], ...]]:
+    """Copies of the floating-point inputs that require grad (the user's stay untouched)."""
+    leaves: list[tuple[str, torch.Tensor]] = []
+
+    def leaf(t: torch.Tensor, path: str) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t
+        copy = t.detach().clone().requires_grad_(True)
+        leaves.append((path, copy))
+        return copy
+
+    args: list[Any] = []
+    for i, a in enumerate(minput.args):
+        if isinstance(a, torch.Tensor):
+            args.append(leaf(a, f"in[{i}]"))
+        elif isinstance(a, list):
+            args.append(
+                [
+                    leaf(t, f"in[{i}][{j}]") if isinstance(t, torch.Tensor) else t
+                    for j, t in enumerate(a)
+                ]
+            )
+        else:
+            args.append(a)
+    return minput.replace_args(tuple(args)), tuple(leaves)
+
+
+@contextlib.contextmanager
+def hooked_pass(
+    prepared: Prepared,
+    session: HookSession,
+    *,
+    minput: ModelInput | None = None,
+    train: bool = False,
+    backward: bool = False,
+    timed: bool = False,
+) -> Iterator[PassResult]:
+    """One forward (and, with backward, a backward from prepared.backward) with `session`'s
+    hooks attached. Yields the result while parameter gradients are still readable; on exit
+    the model is as it was (mode, device, buffers, the user's .grad) and no hook remains.
+    `timed`: forward and backward wall times, the device synchronised around each."""
+    loaded = prepared.loaded
+    x = minput if minput is not None else prepared.minput
+    assert x is not None, "prepare() was given no inputs and the pass none either"
+    params: list[torch.Tensor] = list(loaded.module.parameters()) if backward else []
+    params += [t for _, t in prepared.input_leaves]  # a second pass starts from no gradient
+    with (
+        model_left_as_found(loaded.module, prepared.device, train=train),
+        grads_left_as_found(params),
+    ):
+        torch.manual_seed(prepared.seed)  # dropout and the like, in train mode
+        try:
+            with torch.set_grad_enabled(backward):
+                t0 = _clock(timed)
+                output = run_forward(loaded, x, session, prepared.device)
+                forward_ms = _clock(timed) - t0
+                value = None
+                backward_ms = None
+                if backward:
+                    assert prepared.backward is not None, "prepare() was given no backward"
+                    value = _scalar(loaded, prepared.backward, output, prepared.seed)
+                    t1 = _clock(timed)
+                    run_backward(loaded, value)
+                    backward_ms = _clock(timed) - t1 if timed else None
+        finally:
+            session.remove_tensor_hooks()
+        yield PassResult(output, value, forward_ms, backward_ms)
+
+
+def unhooked_pass(
+    prepared: Prepared, *, train: bool = False, backward: bool = False, timed: bool = False
+) -> PassResult:
+    """The same pass with no hook at all (--profile's reference timing)."""
+    session = HookSession([], None)
+    with hooked_pass(prepared, session, train=train, backward=backward, timed=timed) as result:
+        return result
+
+
+def _scalar(loaded: LoadedModel, spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
+    try:
+        return scalar_of(spec, output, seed)
+    except UsageError:
+        raise
+    except Exception as exc:  # the target does not fit what the model returned
+        raise UsageError(
+            f"cannot compute {spec.describe()} from {loaded.spec}'s output: {one_line(exc)}",
+            "choose a --target or --loss that fits the output (`hookcli inspect` shows it).",
+        ) from exc
+
+
+def _clock(timed: bool) -> float:
+    """Milliseconds on a monotonic clock after queued GPU work is done; 0 when not timing
+    (an untimed pass never synchronises)."""
+    if not timed:
+        return 0.0
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+    return time.perf_counter() * 1e3
+
+
+@contextlib.contextmanager
+def model_left_as_found(
+    model: nn.Module, device: torch.device, *, train: bool = False
+) -> Iterator[None]:
+    """The run's mode (eval, or train on request) and device; everything restored after.
+
+    Every module's own train/eval flag comes back, and the device. In train mode BatchNorm
+    updates its running statistics even without gradients (HOOK_PITFALLS 9), so buffers are
+    snapshotted and copied back: the state_dict is unchanged by any hookcli run.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    first = next(iter(model.parameters()), None)
+    home = first.device if first is not None else None
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if train else []
+    try:
+        for m, training in modes:
+            if training != train:
+                m.training = train
+        if home is not None and home != device:
+            model.to(device)
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved.to(b.device))
+        for m, training in modes:
+            m.training = training
+        if home is not None and home != device:
+            model.to(home)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[None]:
+    """CI runs: torch's deterministic algorithms where it has them, the setting restored after."""
+    if not on:
+        yield
+        return
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@contextlib.contextmanager
+def grads_left_as_found(params: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Parameters' .grad set to None for the run (so only this backward is read) and the
+    user's own .grad objects put back after."""
+    saved = [(p, p.grad) for p in params]
+    try:
+        for p in params:
+            p.grad = None
+        yield
+    finally:
+        for p, g in saved:
+            p.grad = g
+
+
+def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | None:
+    """The innermost module of the model whose code was running when the forward raised."""
+    innermost = None
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names:
+            innermost = names[id(owner)]
+        tb = tb.tb_next
+    return innermost
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of at most ~300 characters: `Type: first line`."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    first = first if len(first) <= 300 else first[:297] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def run_forward(
+    loaded: LoadedModel, minput: ModelInput, session: HookSession, device: torch.device
+) -> Any:
+    """The hooked forward (the caller sets grad mode and the model's state); model failures
+    — an exception, running out of memory, or the model calling sys.exit — become ModelError
+    (exit 3) naming the layer that was running."""
+    model = loaded.module
+    with session:
+        try:
+            return model(*minput.args)
+        except torch.OutOfMemoryError as exc:
+            raise ModelError(
+                f"out of memory running {loaded.name} on {device}: {one_line(exc)}",
+                "use fewer or smaller inputs, or --device cpu.",
+            ) from exc
+        except (Exception, SystemExit) as exc:
+            names = {id(m): (n or ROOT_LABEL) for n, m in model.named_modules()}
+            where = _failing_layer(exc.__traceback__, names)
+            if where is None:
+                open_calls = session.open_calls()
+                where = open_calls[-1].call.name if open_calls else None
+            place = f" in layer {where}" if where else ""
+            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else None
+            raise ModelError(
+                f"{loaded.name} failed{place}: {what or one_line(exc)}",
+                "check the input shape against the model (`hookcli layers "
+                f"{loaded.spec} --shapes`).",
+            ) from exc
+
+
+def run_backward(loaded: LoadedModel, value: torch.Tensor) -> None:
+    if not value.requires_grad:
+        raise UsageError(
+            f"nothing in {loaded.spec} requires grad, so there is no gradient to show "
+            "(no trainable parameter reaches the output).",
+            "unfreeze parameters, or add --input-grad for the gradient w.r.t. the input.",
+        )
+    try:
+        value.backward()  # type: ignore[no-untyped-call]
+    except torch.OutOfMemoryError as exc:
+        raise ModelError(
+            f"out of memory in backward: {one_line(exc)}", "use fewer or smaller inputs."
+        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise ModelError(
+            f"{loaded.name} failed in backward: {one_line(exc)}",
+            "the model's own backward raised; check custom autograd code.",
+        ) from exc
+
+
+def one_target(prepared: Prepared, pattern: str) -> Target:
+    """Exactly one module for a picture's -l."""
+    targets = select(prepared.entries, layers=[pattern], model_label=prepared.loaded.spec)
+    if len(targets) > 1:
+        shown = ", ".join(t.name for t in targets[:5])
+        raise UsageError(
+            f"-l {pattern!r} matches {len(targets)} layers ({shown}…); pictures are of one layer.",
+            "name one layer exactly.",
+        )
+    return targets[0]
