@@ -183,3 +183,49 @@ class TwoBranches(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.side(x)
         return self.head(self.conv(x).mean(dim=(2, 3)))
+
+
+class NanConv(nn.Module):
+    """A conv net whose feature maps are NaN: pictures and predictions of nothing finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.log = Log()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = self.log(self.conv(x) - 100.0)  # log of negatives: NaN everywhere
+        return self.head(feats.mean(dim=(2, 3)))
+
+
+class Talks(nn.Module):
+    """Prints while it is built and on every forward, as research code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        print("building Talks")
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("forward of Talks, input", tuple(x.shape))
+        return self.fc(x)
+
+
+class Exits(nn.Module):
+    """Calls sys.exit(0) in forward: a success code that must not become hookcli's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import sys
+
+        sys.exit(0)
+
+
+def exits_on_build() -> nn.Module:
+    import sys
+
+    sys.exit(2)

@@ -153,8 +153,8 @@ def test_cam_names_the_class(tmp_path: Path) -> None:
             ["call 3 does not exist", "ran 1 time"],
         ),
         (
-            ["maps", "resnet18", str(CAT), "-l", "conv1", "-o", "{tmp}/exists.png"],
-            ["exists", "--force"],
+            ["maps", "resnet18", "{tmp}/exists.png", "-l", "conv1", "-o", "{tmp}/exists.png"],
+            ["also an input of this run", "another output path"],
         ),
         (["maps", "resnet18", str(CAT), "-l", "conv1", "-o", "/proc/a.png"], ["not writable"]),
         (
@@ -188,10 +188,24 @@ def test_picture_bad_input(tmp_path: Path, args: list[str], needles: list[str]) 
     assert not (tmp_path / "a.png").exists()
 
 
-def test_force_overwrites(tmp_path: Path) -> None:
+def test_outputs_are_replaced_and_force_is_still_accepted(tmp_path: Path) -> None:
     out = tmp_path / "m.png"
-    out.write_bytes(b"old")
-    r = run(
-        "maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "4", "-o", str(out), "--force"
-    )
-    assert r.exit_code == 0 and out.read_bytes()[:4] == b"\x89PNG"
+    for extra in ([], ["--force"]):
+        out.write_bytes(b"old")
+        r = run(
+            "maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "4", "-o", str(out), *extra
+        )
+        assert r.exit_code == 0, r.stderr
+        assert out.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.png"], "no temp file left"
+
+
+def test_png_to_stdout(tmp_path: Path) -> None:
+    r = run("maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "4", "-o", "-")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout_bytes[:8] == b"\x89PNG\r\n\x1a\n"
+    import io
+
+    from PIL import Image
+
+    assert Image.open(io.BytesIO(r.stdout_bytes)).size[0] > 0

@@ -83,11 +83,17 @@ def test_save_bad_input(tmp_path: Path) -> None:
     assert_one_line_error(r, 2, "must end in .safetensors")
     kept = tmp_path / "kept.safetensors"
     kept.write_bytes(b"precious")
+    r = runner.invoke(
+        app, ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--save", str(kept)]
+    )
+    assert r.exit_code == 3
+    assert kept.read_bytes() == b"precious", "a failed run leaves the old file as it was"
     r = runner.invoke(app, ["inspect", "resnet18", "-l", "fc", "--save", str(kept)])
-    assert_one_line_error(r, 2, "exists", "--force")
-    assert kept.read_bytes() == b"precious"
-    r = runner.invoke(app, ["inspect", "resnet18", "-l", "fc", "--save", str(kept), "--force"])
-    assert r.exit_code == 0 and kept.read_bytes() != b"precious"
+    assert r.exit_code == 0, r.stderr
+    assert kept.read_bytes() != b"precious", "replaced, like every output"
+    assert_one_line_error(
+        runner.invoke(app, ["inspect", "resnet18", "--save", "-"]), 2, "needs a file name"
+    )
     kept.unlink()
     out = tmp_path / "fail.safetensors"
     r = runner.invoke(

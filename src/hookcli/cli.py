@@ -11,18 +11,20 @@ import contextlib
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hookcli import __version__
 from hookcli.errors import HookcliError, UsageError
 from hookcli.render import SUFFIX_FORMATS, Format
+
+if TYPE_CHECKING:
+    from hookcli.output import Destination
 
 app = typer.Typer(
     name="hookcli",
@@ -121,7 +123,17 @@ ModelArgOpt = Annotated[
 OutputOpt = Annotated[
     Path | None,
     typer.Option(
-        "--output", "-o", metavar="FILE", help="Write to FILE (atomically) instead of stdout."
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write to FILE instead of stdout: replaced atomically (a symlink's target; a "
+        "device or FIFO written through); - is stdout.",
+    ),
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", hidden=True, help="Accepted for older scripts: outputs are always replaced."
     ),
 ]
 
@@ -212,64 +224,39 @@ def _width() -> int | None:
     return int(env) if env.isdigit() else 200
 
 
-def _check_output(path: Path | None) -> None:
-    """Refuse an unwritable -o before any work is done."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise UsageError(
-            f"--output {path} is a directory.", "give a file name, e.g. -o report.json."
-        )
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(
-            f"--output folder {parent} does not exist.", f"create it first: mkdir -p {parent}"
-        )
-    try:  # a real probe: permission bits say nothing for root or read-only file systems
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise UsageError(
-            f"--output {path} is not writable ({exc.strerror}).", "choose another path."
-        ) from exc
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"--output {path} is not writable.", "choose another path.")
+def _claim(
+    path: Path | None,
+    option: str = "--output",
+    *,
+    suffix: str | None = None,
+    stdout_ok: bool = True,
+    reads: list[str] | None = None,
+) -> Destination | None:
+    """An output checked before any work is done (hookcli.output has the one policy)."""
+    from hookcli.output import claim
+
+    return claim(path, option, suffix=suffix, stdout_ok=stdout_ok, reads=reads or [])
 
 
-def _plain_mode(path: str) -> None:
-    """mkstemp makes files 0600; an output file gets the mode open() would give it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+def _to_file(dest: Destination | None) -> bool:
+    """Output to a file (not stdout, not `-o -`)."""
+    return dest is not None and dest.path is not None
 
 
-def _emit(text: str, output: Path | None) -> None:
-    """stdout, or FILE written atomically: a temp file beside it, then rename."""
-    if output is None:
+def _emit(text: str, dest: Destination | None) -> None:
+    """stdout, or the claimed destination (atomically replaced, or written through)."""
+    from hookcli.output import write_text
+
+    if dest is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        _plain_mode(tmp)
-        os.replace(tmp, output)
-    except BaseException as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise UsageError(
-                f"cannot write {output}: {exc.strerror}.", "free space or choose another path."
-            ) from exc
-        raise
-    _err(f"wrote {output}")
+    write_text(dest, text)
+    if dest.path is not None:
+        _err(f"wrote {dest.label}")
 
 
-def _emit_listing(data: object, fmt: ListFormat, output: Path | None, table: str) -> None:
+def _emit_listing(data: object, fmt: ListFormat, output: Destination | None, table: str) -> None:
     """`models` and `layers`: JSON of the records, or the named table renderer."""
     if fmt == ListFormat.json:
         from hookcli.render.json import data_json
@@ -278,15 +265,15 @@ def _emit_listing(data: object, fmt: ListFormat, output: Path | None, table: str
     else:
         from hookcli.render import table as tables
 
-        text = getattr(tables, table)(data, color=_color() and output is None, width=_width())
+        text = getattr(tables, table)(data, color=_color() and not _to_file(output), width=_width())
     _emit(text, output)
 
 
-def _format(fmt: Format | None, output: Path | None) -> Format:
+def _format(fmt: Format | None, output: Destination | None) -> Format:
     if fmt is not None:
         return fmt
-    if output is not None:
-        return SUFFIX_FORMATS.get(output.suffix.lower(), Format.table)
+    if output is not None and output.path is not None:
+        return SUFFIX_FORMATS.get(output.path.suffix.lower(), Format.table)
     return Format.table
 
 
@@ -461,11 +448,11 @@ def models(
     Example: hookcli models 'resnet*' --task classification
     """
     with _handled():
-        _check_output(output)
+        dest = _claim(output)
         from hookcli.run import list_registry
 
         entries = list_registry(pattern, task.value if task else None)
-        _emit_listing(entries, fmt, output, "models_table")
+        _emit_listing(entries, fmt, dest, "models_table")
 
 
 @app.command()
@@ -497,7 +484,7 @@ def layers(
         p, used = _configure(ctx, "layers", config, no_config)
         if used:
             _err(f"config: {used}")
-        _check_output(p.output)
+        dest = _claim(p.output, reads=_reads(p, used))
         from hookcli.loading import parse_model_args
         from hookcli.run import layers_report
 
@@ -514,7 +501,7 @@ def layers(
                 device=p.device,
                 model_args=parse_model_args(p.model_arg or []),
             )
-        _emit_listing(report, p.fmt, p.output, "layers_table")
+        _emit_listing(report, p.fmt, dest, "layers_table")
 
 
 TopkOpt = Annotated[
@@ -651,7 +638,7 @@ def inspect(
         ),
     ] = False,
     save: SaveOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
+    force: ForceOpt = False,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -699,7 +686,7 @@ def grads(
         ),
     ] = False,
     save: SaveOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --save overwrite a file.")] = False,
+    force: ForceOpt = False,
     save_baseline: SaveBaselineOpt = None,
     config: ConfigOpt = None,
     no_config: NoConfigOpt = False,
@@ -791,11 +778,10 @@ HIST_BINS = 12
 def _run_command(ctx: typer.Context, command: str, config: Path | None, no_config: bool) -> None:
     """inspect, grads and check: config, checks, the run, the rendering."""
     p, used = _configure(ctx, command, config, no_config)
-    output = p.output
-    _check_output(output)
-    _check_output(p.save_baseline)
-    if p.save is not None:
-        _check_new_file(p.save, force=p.force, suffix=".safetensors", option="--save")
+    reads = _reads(p, used)
+    output = _claim(p.output, reads=reads)
+    baseline_out = _claim(p.save_baseline, "--save-baseline", stdout_ok=False, reads=reads)
+    save = _claim(p.save, "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
     from hookcli import run
     from hookcli.checks import evaluate, parse_rules
 
@@ -829,7 +815,7 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
             topk=0 if command == "check" else p.topk,  # check needs no predictions
             hist=HIST_BINS if p.hist else 0,
             profile=p.profile,
-            save=p.save,
+            save=save,
             ablate=tuple(p.ablate or ()),
             deterministic=command == "check",
             config=used,
@@ -844,16 +830,16 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
     report.command = command
     report.checks = evaluate(report, rules)
     fmt = _format(p.fmt, output)
-    if used and (fmt != Format.table or output is not None):
+    if used and (fmt != Format.table or _to_file(output)):
         _err(f"config: {used}")  # a table on stdout says so in its header
-    if p.save_baseline is not None:
+    if baseline_out is not None:
         from hookcli.render.json import report_json
 
-        _emit(report_json(report), p.save_baseline)
+        _emit(report_json(report), baseline_out)
     quiet = bool(p.quiet)
     _emit(_render(report, fmt, output, checks_only=command == "check", quiet=quiet), output)
     failed = [c for c in report.checks if not c.passed]
-    if failed and command != "check" and (fmt != Format.table or output is not None):
+    if failed and command != "check" and (fmt != Format.table or _to_file(output)):
         for c in failed:  # the table shows them; other formats get them on stderr
             _err(f"check failed: {c.rule}: {c.message}")
     if report.interrupted:
@@ -927,10 +913,10 @@ def show(
     Example: hookcli show run.safetensors
     """
     with _handled():
-        _check_output(output)
+        dest = _claim(output, reads=[str(file)])
         from hookcli.run import show_file
 
-        _emit_listing(show_file(file), fmt, output, "saved_table")
+        _emit_listing(show_file(file), fmt, dest, "saved_table")
 
 
 # ------------------------------------------------------------------ pictures
@@ -945,49 +931,35 @@ PngOpt = Annotated[
         show_default=False,
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")]
 CallOpt = Annotated[int, typer.Option("--call", help="Which call of a reused module.")]
 ImageOpt = Annotated[int, typer.Option("--image", help="Which image of the batch.")]
 
 
-def _check_new_file(path: Path | None, force: bool, suffix: str, option: str = "-o") -> Path:
-    if path is None:
-        raise UsageError(f"{option} FILE{suffix} is required.", f"e.g. {option} out{suffix}")
-    if path.suffix.lower() != suffix:
-        raise UsageError(
-            f"{option} {path} must end in {suffix}.", f"e.g. {option} {path.stem}{suffix}"
-        )
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists.", "add --force to overwrite it, or choose another name.")
-    _check_output(path)
-    return path
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    """write(tmp_path) fills a temp file beside `path`, which is then renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        _plain_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise UsageError(
-                f"cannot write {path}: {exc.strerror}.", "choose another path."
-            ) from exc
-        raise
-
-
-def _save_png(path: Path, image: Any, meta: dict[str, Any]) -> None:
+def _save_png(dest: Destination | None, image: Any, meta: dict[str, Any]) -> None:
+    from hookcli.output import write_with
     from hookcli.render.images import png_bytes_info
 
-    _write_atomic(
-        path, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta))
+    assert dest is not None
+    write_with(
+        dest, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta))
     )
-    _err(f"wrote {path} ({image.width}x{image.height})")
+    if dest.path is not None:
+        _err(f"wrote {dest.label} ({image.width}x{image.height})")
+
+
+def _png_output(p: Given, used: str | None) -> Destination | None:
+    if p.output is None:
+        raise UsageError("-o FILE.png is required.", "e.g. -o out.png (or -o - for stdout)")
+    return _claim(p.output, "-o", suffix=".png", reads=_reads(p, used))
+
+
+def _reads(p: Given, used: str | None) -> list[str]:
+    """Every file this run reads: an output may not be one of them."""
+    files = [*(p.inputs or []), *(p.input_spec or [])]
+    files += [str(x) for x in (p.baseline, used) if x is not None]
+    if p.weights.lower() not in ("none", "default") and Path(p.weights).expanduser().is_file():
+        files.append(p.weights)
+    return files
 
 
 def _single_layer(value: Any) -> str | None:
@@ -1034,7 +1006,7 @@ def maps(
         p, used = _configure(ctx, "maps", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _check_new_file(p.output, p.force, ".png")
+        out = _png_output(p, used)
         chosen = _single_layer(p.layer)
         if not chosen:
             raise UsageError(
@@ -1113,10 +1085,10 @@ def cam(
         p, used = _configure(ctx, "cam", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _check_new_file(p.output, p.force, ".png")
-        raw_path = p.save_raw
-        if raw_path is not None:
-            _check_new_file(raw_path, p.force, ".npy", option="--save-raw")
+        out = _png_output(p, used)
+        raw_out = _claim(
+            p.save_raw, "--save-raw", suffix=".npy", stdout_ok=False, reads=_reads(p, used)
+        )
         from hookcli.loading import parse_model_args
         from hookcli.render.images import cam_png
         from hookcli.visual import class_activation
@@ -1140,8 +1112,10 @@ def cam(
             )
         png, meta = cam_png(picture)
         _save_png(out, png, meta)
-        if raw_path is not None:
+        if raw_out is not None:
             import numpy as np
+
+            from hookcli.output import write_with
 
             raw = picture.raw
             assert raw is not None
@@ -1150,8 +1124,8 @@ def cam(
                 with open(tmp, "wb") as f:  # a handle: np.save(path) would append ".npy"
                     np.save(f, raw)
 
-            _write_atomic(raw_path, save_npy)
-            _err(f"wrote {raw_path}")
+            write_with(raw_out, save_npy)
+            _err(f"wrote {raw_out.label}")
         for note in picture.notes:
             _err(f"note: {note}")
 
@@ -1159,7 +1133,7 @@ def cam(
 def _render(
     report: object,
     fmt: Format,
-    output: Path | None,
+    output: Destination | None,
     *,
     checks_only: bool = False,
     quiet: bool = False,
@@ -1179,7 +1153,7 @@ def _render(
 
     if fmt == Format.markdown:
         return report_markdown(report)
-    color = _color() and output is None
+    color = _color() and not _to_file(output)
     if checks_only:
         from hookcli.render.table import checks_table
 

@@ -346,9 +346,13 @@ def run_forward(
                 open_calls = session.open_calls()
                 where = open_calls[-1].call.name if open_calls else None
             place = f" in layer {where}" if where else ""
-            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else None
+            if isinstance(exc, SystemExit):
+                raise ModelError(
+                    f"{loaded.name} called sys.exit({exc.code!r}){place} during forward.",
+                    "a model's forward must return or raise; remove the sys.exit call.",
+                ) from exc
             raise ModelError(
-                f"{loaded.name} failed{place}: {what or one_line(exc)}",
+                f"{loaded.name} failed{place}: {one_line(exc)}",
                 "check the input shape against the model (`hookcli layers "
                 f"{loaded.spec} --shapes`).",
             ) from exc

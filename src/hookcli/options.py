@@ -64,7 +64,7 @@ class RunOptions:
     topk: int | None = None
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
-    save: Path | None = None
+    save: Any = None  # an output.Destination (the Python API: a path, claimed on use)
     ablate: tuple[str, ...] = ()
     deterministic: bool = False
     stats_backend: str = "auto"  # "torch" skips the fused CPU kernel; results agree
@@ -138,8 +138,12 @@ class Invocation:
             parts[part][name] = tuple(value) if isinstance(value, list) else value
         if not backward and parts["backward"]:
             raise TypeError(f"{', '.join(parts['backward'])}: options of grads, not inspect")
-        if "save" in parts["run"] and parts["run"]["save"] is not None:
-            parts["run"]["save"] = Path(parts["run"]["save"])
+        if parts["run"].get("save") is not None:
+            from hookcli.output import claim
+
+            parts["run"]["save"] = claim(
+                parts["run"]["save"], "save", suffix=".safetensors", stdout_ok=False
+            )
         items = _input_items(inputs)
         return cls(
             model=ModelOptions(model, **parts["model"]),

@@ -165,7 +165,7 @@ def _one_run(
     if minput.skipped:
         notes.append(skipped_note(minput.skipped))
     if saver is not None:
-        notes.append(f"saved {len(saver.entries)} tensors to {run.save}")
+        notes.append(f"saved {len(saver.entries)} tensors to {saver.dest.label}")
         if saver.skipped:
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     value = None if result.scalar is None else _finite(float(result.scalar.detach()))
@@ -207,7 +207,7 @@ def _saver(prepared: Prepared, run: RunOptions, command: str) -> Any:
     assert run.save is not None
     assert prepared.minput is not None
     return TensorSaver(
-        Path(run.save),
+        run.save,
         {
             "format": "pt",
             "hookcli_version": __version__,

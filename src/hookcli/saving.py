@@ -15,12 +15,11 @@ import os
 import shutil
 import struct
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from hookcli.errors import UsageError
+from hookcli.output import Destination, write_with
 
 _DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -32,13 +31,13 @@ _DTYPES = {
 class TensorSaver:
     """Collects tensors into a safetensors file without holding them."""
 
-    def __init__(self, path: Path, metadata: dict[str, str]) -> None:
-        self.path = path
+    def __init__(self, dest: Destination, metadata: dict[str, str]) -> None:
+        self.dest = dest
         self.metadata = metadata
         self.entries: dict[str, dict[str, Any]] = {}
         self.skipped: list[str] = []
         fd, self._data_path = tempfile.mkstemp(
-            prefix=f".{path.name}.", suffix=".data", dir=path.parent
+            prefix=".hookcli-save.", suffix=".data", dir=dest.scratch_dir
         )
         self._data = os.fdopen(fd, "wb")
         self._offset = 0
@@ -63,29 +62,21 @@ class TensorSaver:
         self._offset += len(data)
 
     def close(self) -> None:
-        """Assemble the file atomically; the temporary data file goes either way."""
+        """Assemble the file (hookcli.output's policy: atomic for a regular file); the
+        temporary data file goes either way."""
         self._data.close()
         header: dict[str, Any] = {"__metadata__": self.metadata, **self.entries}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
-        )
-        try:
-            with os.fdopen(fd, "wb") as out, open(self._data_path, "rb") as data:
+
+        def assemble(tmp: str) -> None:
+            with open(tmp, "wb") as out, open(self._data_path, "rb") as data:
                 out.write(struct.pack("<Q", len(raw)))
                 out.write(raw)
                 shutil.copyfileobj(data, out, 1 << 20)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise UsageError(
-                f"cannot write {self.path}: {exc.strerror}.", "free space or choose another path."
-            ) from exc
+
+        try:
+            write_with(self.dest, assemble)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(self._data_path)

@@ -298,9 +298,17 @@ def class_activation(
     image = _image_of(minput, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
     raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]
-    top = float(raw.max())
-    heat = (raw / top if top > 0 else raw).float().cpu().numpy()
-    if top == 0:
+    finite = torch.isfinite(raw)
+    bad = int((~finite).sum())
+    shown = torch.where(finite, raw, torch.zeros_like(raw))
+    top = float(shown.max())
+    heat = (shown / top if top > 0 else shown).float().cpu().numpy()
+    if bad:
+        notes.append(
+            f"{bad} of {raw.numel()} map values are NaN/Inf (the activations or gradients are "
+            "not finite; `hookcli grads` shows where they start): drawn as zero"
+        )
+    elif top == 0:
         notes.append("the map is all zero: no channel has positive evidence for this target")
     name = "Grad-CAM++" if method == "gradcam++" else "Grad-CAM"
     label = _target_label(
@@ -308,8 +316,10 @@ def class_activation(
     )
     title = f"{name} · {loaded.spec} · {tgt.name} · {label}"
     legend = [
-        f"target: {described} = {value:.4g}" if value is not None else described,
-        f"heat: {name} scaled to its maximum ({top:.4g})",
+        f"target: {described} = "
+        + (f"{value:.4g}" if value is not None and np.isfinite(value) else "not finite"),
+        f"heat: {name} scaled to its maximum ({top:.4g})"
+        + (f"; {bad} non-finite values drawn as 0" if bad else ""),
     ]
     if not loaded.pretrained:
         notes.append("weights are random (--weights none): the map shows no learned evidence")

@@ -15,6 +15,11 @@ def num(v: float | None) -> str:
     return f"{v:.4g}"
 
 
+def prob(v: float | None) -> str:
+    """A probability; None is a non-finite score (NaN/Inf logits), flagged as such."""
+    return "not finite" if v is None else f"{v:.4f}"
+
+
 def pct(v: float | None) -> str:
     if v is None:
         return DASH

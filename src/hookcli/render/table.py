@@ -24,7 +24,7 @@ from hookcli.records import (
     SavedFile,
     TensorStats,
 )
-from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape, spark, tensor_label
+from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
 
 HEADERS = [
     "layer",
@@ -344,9 +344,9 @@ def _print_ablation(console: Console, report: Report, color: bool) -> None:
             t.add_row(
                 str(i + 1),
                 (b.label or str(b.index)) if b else DASH,
-                f"{b.prob:.4f}" if b else DASH,
+                prob(b.prob) if b else DASH,
                 (f.label or str(f.index)) if f else DASH,
-                f"{f.prob:.4f}" if f else DASH,
+                prob(f.prob) if f else DASH,
             )
         console.print(t)
     if a.changed_layers:
@@ -413,13 +413,18 @@ def _text(buf: io.StringIO) -> str:
 
 
 def predictions_table(preds: list[Prediction], color: bool) -> Table:
+    """Top-k per image; several images: which image (its path in the folder) and, in an
+    ImageFolder tree, its class folder. A non-finite score is flagged."""
     images = {p.image for p in preds}
-    headers = (["image"] if len(images) > 1 else []) + ["#", "class", "index", "prob"]
-    t = _table("predictions", headers, color)
+    folders = any(p.folder_class for p in preds)
+    headers = (["image"] if len(images) > 1 else []) + (["folder"] if folders else [])
+    t = _table("predictions", [*headers, "#", "class", "index", "prob"], color)
     for p in preds:
-        cells = [p.label or DASH, str(p.index), f"{p.prob:.4f}"]
-        img = [p.source.rsplit("/", 1)[-1] if p.source else str(p.image)] if len(images) > 1 else []
-        t.add_row(*img, str(p.rank), *cells)
+        cells = [p.label or DASH, str(p.index), prob(p.prob)]
+        img = [p.source or str(p.image)] if len(images) > 1 else []
+        folder = [p.folder_class or DASH] if folders else []
+        style = "red" if color and p.prob is None else None
+        t.add_row(*img, *folder, str(p.rank), *cells, style=style)
     return t
 
 
@@ -512,11 +517,14 @@ def report_markdown(report: Report) -> str:
             f"predictions ({report.prediction_note}):",
             "",
             "| image | # | class | index | prob |",
-            "|---:|---:|---|---:|---:|",
+            "|---|---:|---|---:|---:|",
         ]
         for p in report.predictions:
             label = _md_escape(p.label or DASH)
-            out.append(f"| {p.image} | {p.rank} | {label} | {p.index} | {p.prob:.4f} |")
+            image = _md_escape(p.source) if p.source else str(p.image)
+            if p.folder_class:
+                image += f" ({_md_escape(p.folder_class)})"
+            out.append(f"| {image} | {p.rank} | {label} | {p.index} | {prob(p.prob)} |")
     out += [f"\nnote: {n}" for n in report.notes]
     return "\n".join(out) + "\n"
 
