@@ -213,3 +213,39 @@ def test_folder_histograms_merge_exactly_over_shared_edges(tmp_path: Path) -> No
     want, _ = np.histogram(data, bins=12, range=(lo, hi))
     assert sum(hist["counts"]) == out.numel()
     assert np.abs(np.asarray(hist["counts"]) - want).sum() <= 4  # ulp-close values at edges
+
+
+def test_a_small_imagefolder_tree_is_read_and_rows_name_path_and_class(tmp_path: Path) -> None:
+    """20 images in class subfolders: one batch (no folder run), every image read, each
+    prediction row naming the image's path in the tree and its class folder (issue 9)."""
+    folder = make_folder(tmp_path / "data", 20, size=64)
+    args = ["inspect", "resnet18", str(folder), "-l", "fc", "--topk", "1"]
+    r = runner.invoke(app, [*args, "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["input"]["shapes"] == [[20, 3, 224, 224]]
+    rows = {p["source"]: p["folder_class"] for p in data["predictions"]}
+    assert len(rows) == 20
+    assert rows["cats/0001.png"] == "cats" and rows["cups/0000.png"] == "cups"
+    table = runner.invoke(app, args, env={"COLUMNS": "120"})
+    assert table.exit_code == 0, table.stderr
+    assert "cats/0001.png" in table.stdout and "folder" in table.stdout
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one batch", "folder run"])
+def test_unreadable_images_behave_the_same_in_small_and_batched_folders(
+    tmp_path: Path, batched: bool
+) -> None:
+    folder = make_folder(tmp_path / "data", 4, size=64)
+    broken = folder / "cups" / "zz_broken.jpg"
+    broken.write_bytes(b"nope")
+    mode = ["--batch-size", "2"] if batched else []
+    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    notes = " ".join(json.loads(r.stdout)["notes"])
+    assert "skipped 1 unreadable image(s): cups/zz_broken.jpg (not an image format" in notes
+    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "--strict"])
+    assert_one_line_error(r, 2, "zz_broken.jpg", "drop --strict")
+    named = [str(folder / "cats" / "0001.png"), str(broken)]
+    r = runner.invoke(app, ["inspect", "resnet18", *named, "-l", "fc", *mode])
+    assert_one_line_error(r, 2, "zz_broken.jpg", "give a readable image file")
