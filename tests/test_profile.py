@@ -49,4 +49,25 @@ def test_profile_backward_and_cli() -> None:
     assert all(c.profile is not None and c.profile.backward_ms is not None for c in report.layers)
     r = runner.invoke(app, ["inspect", "resnet18", "-l", "layer1.0.*", "--profile"])
     assert r.exit_code == 0, r.stderr
-    assert "forward ms" in r.stdout and "of an unhooked forward" in r.stdout
+    assert "total ms" in r.stdout and "self ms" in r.stdout
+    assert "of an unhooked forward" in r.stdout
+
+
+def test_profile_self_time_of_a_container_excludes_its_children() -> None:
+    """A block's self time is its total less its direct children's totals; a leaf's self
+    time is its total (issue 9: containers say self vs total)."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 64, 64)
+    report = hookcli.inspect(
+        model, x, device="cpu", profile=True, topk=0, layers=["layer1.0", "layer1.0.*"]
+    )
+    block = next(c for c in report.layers if c.name == "layer1.0")
+    children = [c for c in report.layers if c.name.startswith("layer1.0.")]
+    assert len(children) == 6  # conv1, bn1, relu (twice), conv2, bn2
+    assert block.profile is not None and block.profile.self_ms is not None
+    inner = sum(c.profile.forward_ms for c in children if c.profile is not None)
+    assert block.profile.self_ms == pytest.approx(max(block.profile.forward_ms - inner, 0.0))
+    assert block.profile.forward_ms >= inner
+    for c in children:
+        assert c.profile is not None and c.profile.self_ms == c.profile.forward_ms

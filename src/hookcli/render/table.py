@@ -11,7 +11,8 @@ import io
 from collections.abc import Iterable, Sequence
 
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -80,7 +81,8 @@ RIGHT = {
     "grad/weight",
     "norm clean",
     "norm ablated",
-    "forward ms",
+    "total ms",
+    "self ms",
     "% of pass",
     "backward ms",
     "output MB",
@@ -183,24 +185,125 @@ def _console(color: bool, width: int | None) -> tuple[Console, io.StringIO]:
     return console, buf
 
 
-def _table(title: str | None, headers: Sequence[str], color: bool) -> Table:
-    t = Table(
-        title=title,
-        box=box.SIMPLE_HEAD if color else box.ASCII2,
-        show_edge=False,
-        title_justify="left",
-        header_style="bold" if color else "",
-        pad_edge=False,
-    )
-    for h in headers:
-        t.add_column(
-            h,
-            justify="right"
-            if h in RIGHT or h in ("prob", "params", "#", "index", "calls")
-            else "left",
-            overflow="fold",
+# Columns each table gives up first when the terminal is too narrow, in that order.
+DROP: dict[str, tuple[str, ...]] = {
+    "layers": ("hist", "input", "type", "min", "max", "zeros"),
+    "grads": ("type", "grad_out mean", "grad_out std", "std", "mean", "output"),
+    "params": ("grad mean", "grad max|abs|", "shape", "norm"),
+    "profile": ("output MB", "backward ms", "% of pass"),
+    "predictions": ("folder", "index"),
+}
+_NAME_MIN = 16  # the first column (a layer or file name) may fold down to this width
+
+
+class Grid:
+    """A table that fits the terminal without ever splitting a number across lines.
+
+    Every column but the first (a name, which may fold) keeps its cells whole. When the
+    table is wider than the console, columns are given up in the table's DROP order, and a
+    line says which; when even that does not fit, each row becomes a block of `header value`
+    pairs (a vertical layout)."""
+
+    def __init__(
+        self, title: str | None, headers: Sequence[str], color: bool, drop: Sequence[str] = ()
+    ) -> None:
+        self.title = title
+        self.headers = list(headers)
+        self.color = color
+        self.drop = [h for h in drop if h in self.headers]
+        self.rows: list[tuple[list[str], str | None]] = []
+
+    def add_row(self, *cells: str, style: str | None = None) -> None:
+        self.rows.append((list(cells), style))
+
+    def _widths(self, wrap_headers: bool) -> list[int]:
+        """Each column's width: its widest cell, and its header whole or (wrap_headers) its
+        header's longest word, the header then laid out one word per line."""
+        widths = [
+            max(cell_len(w) for w in h.split()) if wrap_headers else cell_len(h)
+            for h in self.headers
+        ]
+        for cells, _ in self.rows:
+            for i, c in enumerate(cells):
+                lines = c.split("\n")
+                widths[i] = max(widths[i], *(cell_len(line) for line in lines))
+        return widths
+
+    def _fits(self, keep: list[int], widths: list[int], width: int) -> bool:
+        need = sum(min(widths[i], _NAME_MIN) if i == 0 else widths[i] for i in keep)
+        return need + 3 * (len(keep) - 1) <= width
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        keep = list(range(len(self.headers)))
+        widths = self._widths(wrap_headers=False)
+        wrap = not self._fits(keep, widths, width)
+        if wrap:  # first, headers over two lines; then fewer columns
+            widths = self._widths(wrap_headers=True)
+        hidden: list[str] = []
+        for name in self.drop:
+            if self._fits(keep, widths, width):
+                break
+            keep.remove(self.headers.index(name))
+            hidden.append(name)
+        if not self._fits(keep, widths, width):
+            yield from self._vertical(width)
+            return
+        headers = [self.headers[i] for i in keep]
+        yield self._table(headers, keep, widths, width, wrap)
+        if hidden:
+            note = f"(columns left out at {width} characters: {', '.join(hidden)}; widen the "
+            note += "terminal, set COLUMNS, or use -f json)"
+            yield Text(note, style="dim" if self.color else "")
+
+    def _table(
+        self, headers: list[str], keep: list[int], widths: list[int], width: int, wrap: bool
+    ) -> Table:
+        t = Table(
+            title=self.title,
+            box=box.SIMPLE_HEAD if self.color else box.ASCII2,
+            show_edge=False,
+            title_justify="left",
+            header_style="bold" if self.color else "",
+            pad_edge=False,
         )
-    return t
+        rest = sum(widths[i] for i in keep[1:]) + 3 * (len(keep) - 1)
+        for n, (h, i) in enumerate(zip(headers, keep, strict=True)):
+            right = h in RIGHT or h in ("prob", "params", "#", "index", "calls")
+            label = h.replace(" ", "\n") if wrap else h
+            if n == 0:  # the name: folds when it must
+                t.add_column(label, overflow="fold", max_width=max(_NAME_MIN, width - rest))
+            else:
+                t.add_column(
+                    label, justify="right" if right else "left", no_wrap=True, min_width=widths[i]
+                )
+        for cells, style in self.rows:
+            t.add_row(*(cells[i] for i in keep), style=style if self.color else None)
+        return t
+
+    def _vertical(self, width: int) -> Iterable[Text]:
+        """Each row as its name, then `header value` pairs packed into lines of the width."""
+        if self.title:
+            yield Text(self.title, style="bold" if self.color else "")
+        for cells, style in self.rows:
+            look = (style or "") if self.color else ""
+            pairs = [f"{h} {c}" for h, c in zip(self.headers[1:], cells[1:], strict=True) if c]
+            if cells[0]:
+                yield Text(cells[0], style=(style or "bold") if self.color else "")
+            line = ""
+            for pair in pairs:
+                if line and cell_len(line) + 2 + cell_len(pair) > width:
+                    yield Text(line, style=look)
+                    line = ""
+                line += "  " + pair
+            if line:
+                yield Text(line, style=look)
+
+
+def _table(
+    title: str | None, headers: Sequence[str], color: bool, drop: Sequence[str] = ()
+) -> Grid:
+    return Grid(title, headers, color, drop)
 
 
 def header_lines(report: Report) -> list[str]:
@@ -250,18 +353,19 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
     calls = len(report.layers)
     title = f"{calls} layer call{'s' if calls != 1 else ''}"
     if report.backward is not None:
-        table = _table(title, GRAD_HEADERS, color)
+        table = _table(title, GRAD_HEADERS, color, DROP["grads"])
         for cells, bad in grad_rows(report):
             table.add_row(*cells, style="red" if (bad and color) else None)
         console.print(table)
         params = list(param_rows(report))
         if params:
-            ptable = _table("parameter gradients", PARAM_HEADERS, color)
+            ptable = _table("parameter gradients", PARAM_HEADERS, color, DROP["params"])
             for cells in params:
                 ptable.add_row(*cells)
             console.print(ptable)
     else:
-        table = _table(title, HEADERS + (["hist"] if _has_hist(report) else []), color)
+        headers = HEADERS + (["hist"] if _has_hist(report) else [])
+        table = _table(title, headers, color, DROP["layers"])
         for cells, t in layer_rows(report):
             style = "red" if (t is not None and t.nonfinite) else None
             table.add_row(*cells, style=style if color else None)
@@ -288,10 +392,14 @@ def _print_profile(console: Console, report: Report, color: bool) -> None:
     prof = report.profile
     assert prof is not None
     backward = prof.unhooked_backward_ms is not None
-    headers = ["layer", "call", "forward ms", "% of pass"]
+    headers = ["layer", "call", "total ms", "self ms", "% of pass"]
     headers += ["backward ms"] if backward else []
     headers += ["output MB"]
-    t = _table("profile (own time; hookcli's hook work excluded)", headers, color)
+    title = (
+        "profile (total: from entering the module to its return; self: less the modules it "
+        "calls; hookcli's hook work excluded)"
+    )
+    t = _table(title, headers, color, DROP["profile"])
     for c in report.layers:
         p = c.profile
         if p is None:
@@ -300,6 +408,7 @@ def _print_profile(console: Console, report: Report, color: bool) -> None:
             c.name,
             str(c.call),
             f"{p.forward_ms:.3f}",
+            f"{p.self_ms:.3f}" if p.self_ms is not None else DASH,
             f"{p.share:.1%}" if p.share is not None else DASH,
         ]
         if backward:
@@ -412,13 +521,13 @@ def _text(buf: io.StringIO) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def predictions_table(preds: list[Prediction], color: bool) -> Table:
+def predictions_table(preds: list[Prediction], color: bool) -> Grid:
     """Top-k per image; several images: which image (its path in the folder) and, in an
     ImageFolder tree, its class folder. A non-finite score is flagged."""
     images = {p.image for p in preds}
     folders = any(p.folder_class for p in preds)
     headers = (["image"] if len(images) > 1 else []) + (["folder"] if folders else [])
-    t = _table("predictions", [*headers, "#", "class", "index", "prob"], color)
+    t = _table("predictions", [*headers, "#", "class", "index", "prob"], color, DROP["predictions"])
     for p in preds:
         cells = [p.label or DASH, str(p.index), prob(p.prob)]
         img = [p.source or str(p.image)] if len(images) > 1 else []
