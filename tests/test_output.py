@@ -175,3 +175,22 @@ def test_a_model_calling_sys_exit_is_exit_3() -> None:
     assert_one_line_error(r, 3, "called sys.exit(0)", "remove the sys.exit call")
     r = runner.invoke(app, ["inspect", "tests/models.py:exits_on_build", "--input", "randn:1x4"])
     assert_one_line_error(r, 3, "exits_on_build()", "SystemExit")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cam", "tests/models.py:Fails", "--input", "randn:1x2", "-o", "{tmp}/c.png"],
+        ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--profile"],
+        ["grads", "tests/models.py:Fails", "--input", "randn:1x2", "--profile"],
+        ["layers", "tests/models.py:Fails", "--input", "randn:1x2", "--shapes"],
+        ["maps", "tests/models.py:Fails", "--input", "randn:1x2", "-l", "ok", "-o", "{tmp}/m.png"],
+    ],
+    ids=["cam default-layer search", "inspect --profile", "grads --profile", "layers", "maps"],
+)
+def test_a_model_failing_in_any_pass_is_exit_3_naming_the_layer(
+    tmp_path: Path, args: list[str]
+) -> None:
+    r = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
+    assert_one_line_error(r, 3, "Fails failed in layer bad", "RuntimeError: boom")
+    assert list(tmp_path.iterdir()) == []
