@@ -15,6 +15,8 @@ import pytest
         "hookcli.cli",
         "hookcli.records",
         "hookcli.errors",
+        "hookcli.options",
+        "hookcli.output",
         "hookcli.render.table",
         "hookcli.render.json",
         "hookcli.render.csv",
