@@ -485,21 +485,12 @@ def layers(
         if used:
             _err(f"config: {used}")
         dest = _claim(p.output, reads=_reads(p, used))
-        from hookcli.loading import parse_model_args
         from hookcli.run import layers_report
 
         name = _need_model(p.model, "layers")
         with _status(f"loading {name}…"):
             report = layers_report(
-                name,
-                p.inputs or [],
-                input_specs=p.input_spec or [],
-                shapes=p.shapes,
-                depth=p.depth,
-                weights=p.weights,
-                seed=p.seed,
-                device=p.device,
-                model_args=parse_model_args(p.model_arg or []),
+                p.model_options(name), p.input_options(), shapes=p.shapes, depth=p.depth
             )
         _emit_listing(report, p.fmt, dest, "layers_table")
 
@@ -1012,25 +1003,19 @@ def maps(
             raise UsageError(
                 "maps needs a layer: -l LAYER.", "e.g. -l conv1; `hookcli layers MODEL` lists them."
             )
-        from hookcli.loading import parse_model_args
         from hookcli.render.images import maps_png
         from hookcli.visual import feature_maps
 
         name = _need_model(p.model, "maps")
         with _status(f"running {name}…"):
             picture = feature_maps(
-                name,
-                p.inputs or [],
+                p.model_options(name),
+                p.input_options(),
                 layer=chosen,
                 call=p.call,
                 channels=p.channels,
                 order=p.order,
                 image_index=p.image,
-                input_specs=p.input_spec or [],
-                weights=p.weights,
-                seed=p.seed,
-                device=p.device,
-                model_args=parse_model_args(p.model_arg or []),
             )
         png, meta = maps_png(picture)
         _save_png(out, png, meta)
@@ -1089,26 +1074,21 @@ def cam(
         raw_out = _claim(
             p.save_raw, "--save-raw", suffix=".npy", stdout_ok=False, reads=_reads(p, used)
         )
-        from hookcli.loading import parse_model_args
         from hookcli.render.images import cam_png
         from hookcli.visual import class_activation
 
         name = _need_model(p.model, "cam")
+        from hookcli.options import BackwardOptions
+
         with _status(f"running {name}…"):
             picture = class_activation(
-                name,
-                p.inputs or [],
+                p.model_options(name),
+                p.input_options(),
+                BackwardOptions(p.target, p.loss),
                 layer=_single_layer(p.layer),
                 call=p.call,
-                target=p.target,
-                loss=p.loss,
                 method=p.method,
                 image_index=p.image,
-                input_specs=p.input_spec or [],
-                weights=p.weights,
-                seed=p.seed,
-                device=p.device,
-                model_args=parse_model_args(p.model_arg or []),
             )
         png, meta = cam_png(picture)
         _save_png(out, png, meta)

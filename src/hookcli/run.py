@@ -418,27 +418,20 @@ def predict(
 
 
 def layers_report(
-    model: str | nn.Module,
-    inputs: Sequence[str] = (),
+    model: ModelOptions,
+    inputs: InputOptions = InputOptions(),
     *,
-    input_specs: Sequence[str] = (),
     shapes: bool = False,
     depth: int | None = None,
-    weights: str = "none",
-    seed: int = 0,
-    device: str = "auto",
-    model_args: Mapping[str, Any] | None = None,
 ) -> LayersReport:
     """The module tree; with shapes, one forward fills output shapes and call counts."""
     if depth is not None and depth < 1:
         raise UsageError(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
-    prepared = prepare(
-        ModelOptions(model, weights, seed, device if shapes else "cpu", model_args or {}),
-        Selection(every=True) if shapes else None,
-        InputOptions(tuple(inputs), tuple(input_specs)) if shapes else None,
-    )
+    if not shapes:  # no pass: no device, no input
+        model = dataclasses.replace(model, device="cpu")
+    prepared = prepare(model, Selection(every=True) if shapes else None, inputs if shapes else None)
     rows = [
         ModuleRow(
             e.name or ROOT_LABEL, e.type, e.depth, e.params, e.own_params, e.leaf, e.names[1:]

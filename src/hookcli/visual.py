@@ -7,14 +7,13 @@ It hands plain numpy arrays to render/images.py, which composes the PNG with Pil
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from hookcli.engine import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
@@ -144,38 +143,26 @@ def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float
     return None  # detection transforms only scale to [0, 1]
 
 
-def _items(inputs: Sequence[str] | torch.Tensor) -> tuple[Any, ...]:
-    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-
-
 def _shape(t: torch.Tensor) -> str:
     return "x".join(map(str, t.shape))
 
 
 def feature_maps(
-    model: str | nn.Module,
-    inputs: Sequence[str] | torch.Tensor,
+    model: ModelOptions,
+    inputs: InputOptions,
     *,
     layer: str,
     call: int = 0,
     channels: int = 64,
     order: str = "activity",
     image_index: int = 0,
-    input_specs: Sequence[str] = (),
-    weights: str = "none",
-    seed: int = 0,
-    device: str = "auto",
-    model_args: Mapping[str, Any] | None = None,
 ) -> Picture:
     """One call's output channels as normalised tiles, most active first or in index order."""
     if channels < 1:
         raise UsageError(f"--channels must be 1 or more, got {channels}.", "e.g. --channels 64")
     if order not in ("activity", "index"):
         raise UsageError(f"--order must be activity or index, got {order!r}.", "use --order index.")
-    prepared = prepare(
-        ModelOptions(model, weights, seed, device, model_args or {}),
-        inputs=InputOptions(_items(inputs), tuple(input_specs)),
-    )
+    prepared = prepare(model, inputs=inputs)
     loaded, minput = prepared.loaded, prepared.minput
     assert minput is not None
     target = one_target(prepared, layer)
@@ -250,29 +237,21 @@ def grad_cam(
 
 
 def class_activation(
-    model: str | nn.Module,
-    inputs: Sequence[str] | torch.Tensor,
+    model: ModelOptions,
+    inputs: InputOptions,
+    backward: BackwardOptions,
     *,
     layer: str | None = None,
     call: int = 0,
-    target: str | None = None,
-    loss: str | None = None,
     method: str = "gradcam",
     image_index: int = 0,
-    input_specs: Sequence[str] = (),
-    weights: str = "none",
-    seed: int = 0,
-    device: str = "auto",
-    model_args: Mapping[str, Any] | None = None,
 ) -> Picture:
-    """Grad-CAM of one image for the target, from the same tensor hooks as `grads`."""
+    """Grad-CAM of one image for the target (default: top-1), from the same tensor hooks as
+    `grads`."""
     if method not in ("gradcam", "gradcam++"):
         raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
-    prepared = prepare(
-        ModelOptions(model, weights, seed, device, model_args or {}),
-        inputs=InputOptions(_items(inputs), tuple(input_specs)),
-        backward=BackwardOptions(target or "top1", loss),
-    )
+    target, loss = backward.target, backward.loss
+    prepared = prepare(model, inputs=inputs, backward=BackwardOptions(target or "top1", loss))
     loaded, minput = prepared.loaded, prepared.minput
     assert minput is not None
     assert prepared.backward is not None
