@@ -188,3 +188,78 @@ def careful_serial(a: Any, shift: float, out: Any) -> None:
 def careful_parallel(a: Any, shift: float, out: Any) -> None:
     """As careful_serial, with blocks spread over numba's threads."""
     _careful(a, shift, out)
+
+
+# The difference kernel (hookcli diff): one read of both sides yields Σd², Σa², Σb², Σab and
+# max|d| over the elements finite on both sides, in float64, and the count of the others.
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
+def _diff_block(a: Any, b: Any) -> Any:
+    sd = 0.0
+    sa = 0.0
+    sb = 0.0
+    sab = 0.0
+    mx = 0.0
+    bad = 0.0
+    for j in range(a.shape[0]):
+        x = np.float64(a[j])
+        y = np.float64(b[j])
+        finite = ((x - x) == 0.0) and ((y - y) == 0.0)  # False for NaN and ±Inf
+        xf = x if finite else 0.0
+        yf = y if finite else 0.0
+        d = yf - xf
+        sd += d * d
+        sa += xf * xf
+        sb += yf * yf
+        sab += xf * yf
+        mx = _fmax_nonan(mx, abs(d))
+        bad += 0.0 if finite else 1.0
+    return sd, sa, sb, sab, mx, bad
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
+def _diff(a: Any, b: Any, out: Any) -> None:
+    n = a.shape[0]
+    nb = n // BLOCK
+    ablocks = a[: nb * BLOCK].reshape(nb, BLOCK)
+    bblocks = b[: nb * BLOCK].reshape(nb, BLOCK)
+    sd = 0.0
+    sa = 0.0
+    sb = 0.0
+    sab = 0.0
+    mx = 0.0
+    bad = 0.0
+    for k in prange(nb):  # a plain range where the caller is not parallel
+        d1, a1, b1, ab1, m1, x1 = _diff_block(ablocks[k], bblocks[k])
+        sd += d1
+        sa += a1
+        sb += b1
+        sab += ab1
+        mx = max(mx, m1)
+        bad += x1
+    if nb * BLOCK < n:
+        d1, a1, b1, ab1, m1, x1 = _diff_block(a[nb * BLOCK :], b[nb * BLOCK :])
+        sd += d1
+        sa += a1
+        sb += b1
+        sab += ab1
+        mx = max(mx, m1)
+        bad += x1
+    out[0] = sd
+    out[1] = sa
+    out[2] = sb
+    out[3] = sab
+    out[4] = mx
+    out[5] = bad
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True)
+def diff_serial(a: Any, b: Any, out: Any) -> None:
+    """out[:6] = Σ(b-a)², Σa², Σb², Σab, max|b-a| (elements finite on both sides), and the
+    number of elements not finite on one side or both. a and b: 1-D, the same length."""
+    _diff(a, b, out)
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)
+def diff_parallel(a: Any, b: Any, out: Any) -> None:
+    """As diff_serial, with blocks spread over numba's threads."""
+    _diff(a, b, out)

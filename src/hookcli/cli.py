@@ -360,6 +360,11 @@ class Given:
     image: int = 0
     method: str = "gradcam"
     save_raw: Path | None = None
+    a: str = "float32"
+    b: str | None = None
+    ref: str | None = None
+    isolate: bool = False
+    tol: float = 1e-3
 
     def model_options(self, name: str) -> Any:
         from hookcli.loading import parse_model_args
@@ -406,7 +411,7 @@ def _configure(
 
 def _format_choice(value: str, command: str, path: Path) -> Format | ListFormat:
     choices: type[Format] | type[ListFormat] = (
-        Format if command in ("inspect", "grads") else ListFormat
+        Format if command in ("inspect", "grads", "check", "diff") else ListFormat
     )
     try:
         return choices(value)
@@ -889,6 +894,131 @@ def _folder_run(name: str, p: Given, inv: Any) -> Any:
             bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
 
         return folder_report(inv, folder, progress=advance)
+
+
+@app.command()
+def diff(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="The model (as for inspect), or a first JSON report to compare with a second.",
+            show_default=False,
+        ),
+    ] = None,
+    inputs: InputsArg = None,
+    a: Annotated[
+        str,
+        typer.Option("--a", metavar="SIDE", help="Side A, the reference unless --ref is given."),
+    ] = "float32",
+    b: Annotated[
+        str | None,
+        typer.Option(
+            "--b",
+            metavar="SIDE",
+            help="Side B: float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, "
+            "weights=W, seed=N, device=D; joined with commas (float16,channels_last).",
+            show_default=False,
+        ),
+    ] = None,
+    ref: Annotated[
+        str | None,
+        typer.Option(
+            "--ref",
+            metavar="SIDE",
+            help="Measure both sides against this one (e.g. float64): which side is wrong.",
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            "--isolate",
+            help="Feed each selected layer the reference side's input: its own error only.",
+        ),
+    ] = False,
+    tol: Annotated[
+        float,
+        typer.Option("--tol", help="Relative L2 error past which a call fails (exit 1)."),
+    ] = 1e-3,
+    layer: LayerOpt = None,
+    type_: TypeOpt = None,
+    depth: DepthOpt = None,
+    input_spec: InputSpecOpt = None,
+    weights: WeightsOpt = "none",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    model_arg: ModelArgOpt = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", help="Images per batch for a folder [default: 32].", show_default=False
+        ),
+    ] = None,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+    config: ConfigOpt = None,
+    no_config: NoConfigOpt = False,
+) -> None:
+    """Run two variants of one model on the same input and compare every layer call's output:
+    max|Δ|, relative L2, cosine, SQNR; exit 1 when one is past --tol, naming the first.
+
+    Example: hookcli diff resnet18 sample_images/cat.jpeg --b bfloat16 --isolate
+    """
+    with _handled():
+        p, used = _configure(ctx, "diff", config, no_config)
+        dest = _claim(p.output, reads=_reads(p, used))
+        from hookcli.diff import diff_report, diff_saved, parse_side
+
+        name = _need_model(p.model, "diff")
+        saved = [x for x in [name, *(p.inputs or [])] if x.lower().endswith(".json")]
+        if saved:
+            if len(saved) != 2 or p.inputs is None or len(p.inputs) != 1:
+                raise UsageError(
+                    "diff of saved reports takes exactly two JSON files.",
+                    "hookcli diff a.json b.json (or a model and --b SIDE).",
+                )
+            report = diff_saved(saved[0], saved[1], p.tol)
+        else:
+            if p.b is None:
+                raise UsageError(
+                    "diff needs side B: --b SIDE.", "e.g. --b bfloat16, or --b weights=new.pt"
+                )
+            from hookcli.options import Selection
+
+            with _status(f"running {name} twice…"):
+                report = diff_report(
+                    p.model_options(name),
+                    Selection(tuple(p.layer or ()), tuple(p.type_ or ()), p.depth),
+                    p.input_options(),
+                    parse_side(p.a, "--a"),
+                    parse_side(p.b, "--b"),
+                    ref=parse_side(p.ref, "--ref") if p.ref is not None else None,
+                    isolate=p.isolate,
+                    tol=p.tol,
+                    batch_size=p.batch_size,
+                )
+        fmt_ = _format(p.fmt, dest)
+        _emit(_render_diff(report, fmt_, dest), dest)
+        if report.failed:
+            if fmt_ != Format.table or _to_file(dest):
+                _err(f"first past tolerance: {report.first_over}")
+            raise typer.Exit(1)
+
+
+def _render_diff(report: Any, fmt: Format, dest: Destination | None) -> str:
+    if fmt == Format.json:
+        import json
+
+        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+    if fmt == Format.csv:
+        from hookcli.render.csv import diff_csv
+
+        return diff_csv(report)
+    from hookcli.render.table import diff_markdown, diff_table
+
+    if fmt == Format.markdown:
+        return diff_markdown(report)
+    return diff_table(report, color=_color() and not _to_file(dest), width=_width())
 
 
 @app.command()

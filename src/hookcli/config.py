@@ -16,7 +16,7 @@ from typing import Any
 
 from hookcli.errors import UsageError
 
-COMMANDS = ("inspect", "grads", "check", "maps", "cam", "layers", "models", "show")
+COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
 # key → (parameter name, kind): str, int, bool, list (of str)
 KEYS: dict[str, tuple[str, str]] = {
     "model": ("model", "str"),
@@ -63,6 +63,11 @@ KEYS: dict[str, tuple[str, str]] = {
     "profile": ("profile", "bool"),
     "per-image": ("per_image", "int"),
     "save": ("save", "str"),
+    "a": ("a", "str"),
+    "b": ("b", "str"),
+    "ref": ("ref", "str"),
+    "isolate": ("isolate", "bool"),
+    "tol": ("tol", "float"),
 }
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")
 _TENSOR_FILE = (".pt", ".pth", ".npy")

@@ -33,6 +33,9 @@ from torch.utils.hooks import RemovableHandle
 from hookcli.records import LayerCall, TensorStats
 from hookcli.stats import StatsCollector, dtype_name
 
+# Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.
+InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
+
 # Nested outputs deeper or larger than this are cut short (a note says so).
 _MAX_DEPTH = 8
 _MAX_TENSORS = 512
@@ -121,6 +124,7 @@ class HookSession:
         collector: StatsCollector | None,
         *,
         on_output: Callable[[PendingCall, Any], None] | None = None,
+        on_input: InputHook | None = None,
         grads: bool = False,
         saver: Any = None,
         profile: bool = False,
@@ -128,6 +132,7 @@ class HookSession:
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
+        self.on_input = on_input  # may hand the module other arguments (diff --isolate)
         self.grads = grads
         self.saver = saver  # a saving.TensorSaver: tensors streamed to disk as seen
         self.profile = profile
@@ -223,17 +228,20 @@ class HookSession:
         """Calls whose module started and did not return (the forward raised inside them)."""
         return [c for stack in self._stacks for c in stack]
 
-    def _pre_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+    def _pre_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]:
         target = self.targets[i]
         stack = self._stacks[i]
 
-        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             entered = time.perf_counter_ns() if self.profile else 0
             call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
             self.counts[i] += 1
             pending = PendingCall(call)
             self.calls.append(pending)
             stack.append(pending)
+            replaced = self.on_input(pending, args, kwargs) if self.on_input else None
+            if replaced is not None:
+                args, kwargs = replaced
             if self.profile:
                 pending.parent = self._open[-1] if self._open else None
                 self._open.append(pending)
@@ -243,7 +251,7 @@ class HookSession:
                     self._watch_grads(args, "in", pending)
                 if self.profile:
                     self._mark_start(pending, args, entered)
-                return
+                return replaced
             try:
                 self.collector.context = (call.name, call.call, "in")
                 measure(self.collector, args, "in", call.inputs)
@@ -260,6 +268,7 @@ class HookSession:
                 call.error = f"could not measure inputs: {exc}"
             if self.profile:
                 self._mark_start(pending, args, entered)
+            return replaced
 
         return pre_hook
 

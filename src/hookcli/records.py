@@ -270,3 +270,65 @@ class SavedFile:
     path: str
     metadata: dict[str, str]
     tensors: list[TensorStats]
+
+
+@dataclass(slots=True)
+class TensorDiff:
+    """One tensor of one layer call on a compared side against the reference side, over the
+    elements finite on both (`nonfinite` counts the others). `rel_l2` = ‖b - a‖ / ‖a‖,
+    `cosine` = a·b / (‖a‖‖b‖), `sqnr_db` = 10·log10(‖a‖² / ‖b - a‖²) (null when identical),
+    `norm_rel` = |‖b‖ - ‖a‖| / ‖a‖ (all a report-vs-report diff can tell)."""
+
+    path: str
+    shape: tuple[int, ...]
+    numel: int
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    sqnr_db: float | None = None
+    norm_rel: float | None = None
+    nonfinite: int = 0
+    over: bool = False
+    note: str | None = None
+
+
+@dataclass(slots=True)
+class DiffCall:
+    """One layer call: side B against the reference (side A, or --ref), and with --ref side A
+    against it too."""
+
+    name: str
+    type: str
+    call: int
+    b: list[TensorDiff] = field(default_factory=list)
+    a: list[TensorDiff] | None = None
+
+
+@dataclass(slots=True)
+class DiffReport:
+    model: ModelInfo
+    input: InputInfo
+    device: str
+    a: str  # the sides, as described
+    b: str
+    ref: str | None  # --ref: the side both are measured against; None: side A is
+    isolate: bool  # each layer fed the reference side's input: its own error only
+    tol: float
+    calls: list[DiffCall]
+    outputs: list[DiffCall] = field(default_factory=list)  # the model's return value
+    first_over: str | None = None  # the first call (in return order) past --tol
+    missing: list[str] = field(default_factory=list)  # calls on one side only
+    notes: list[str] = field(default_factory=list)
+    command: str = "diff"
+    schema: int = SCHEMA_VERSION
+    hookcli_version: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.first_over is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        ordered: dict[str, Any] = {"schema": data.pop("schema")}
+        ordered.update(data)
+        return ordered

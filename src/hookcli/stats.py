@@ -62,6 +62,7 @@ class Kernels:
     def __init__(self, module: Any) -> None:
         self.fused = (module.fused_serial, module.fused_parallel)
         self.careful = (module.careful_serial, module.careful_parallel)
+        self.diff = (module.diff_serial, module.diff_parallel)
 
 
 def _load_kernels() -> Kernels | None:

@@ -17,12 +17,14 @@ from rich.table import Table
 from rich.text import Text
 
 from hookcli.records import (
+    DiffReport,
     LayerCall,
     LayersReport,
     ModelEntry,
     Prediction,
     Report,
     SavedFile,
+    TensorDiff,
     TensorStats,
 )
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
@@ -88,6 +90,15 @@ RIGHT = {
     "output MB",
     "change",
     "prob ",
+    "max|Δ|",
+    "rel L2",
+    "cosine",
+    "SQNR dB",
+    "norm Δ",
+    "rel L2 A",
+    "rel L2 B",
+    "SQNR A",
+    "SQNR B",
 }
 
 
@@ -665,3 +676,142 @@ def saved_table(saved: SavedFile, *, color: bool, width: int | None) -> str:
         )
     console.print(t)
     return _text(buf)
+
+
+# ---------------------------------------------------------------- hookcli diff
+
+
+def _db(v: float | None, rel: float | None) -> str:
+    if v is None:
+        return "inf" if rel == 0 else DASH  # identical: infinite signal-to-noise
+    return f"{v:.1f}"
+
+
+def _flag(d: TensorDiff) -> str:
+    if d.nonfinite:
+        return f"{d.nonfinite} not finite"
+    if d.note:
+        return d.note
+    return "over tol" if d.over else ""
+
+
+def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
+    with_ref = report.ref is not None
+    for c in [*report.calls, *report.outputs]:
+        a_by_path = {d.path: d for d in c.a or []}
+        for i, d in enumerate(c.b):
+            head = [c.name, str(c.call)] if i == 0 else ["", ""]
+            label = f"{d.path.removeprefix('out')} {shape(d.shape)}".strip()
+            if with_ref:
+                a = a_by_path.get(d.path)
+                worse = DASH
+                if a is not None and a.rel_l2 is not None and d.rel_l2 is not None:
+                    worse = "A" if a.rel_l2 > d.rel_l2 else "B" if d.rel_l2 > a.rel_l2 else "="
+                cells = [
+                    num(a.rel_l2) if a else DASH,
+                    num(d.rel_l2),
+                    _db(a.sqnr_db, a.rel_l2) if a else DASH,
+                    _db(d.sqnr_db, d.rel_l2),
+                    worse,
+                    "; ".join(f for f in (_flag(a) if a else "", _flag(d)) if f) or DASH,
+                ]
+                over = d.over or (a is not None and a.over)
+            else:
+                cells = [
+                    num(d.max_abs),
+                    num(d.rel_l2),
+                    DASH if d.cosine is None else f"{d.cosine:.6f}",
+                    _db(d.sqnr_db, d.rel_l2),
+                    num(d.norm_rel),
+                    _flag(d) or DASH,
+                ]
+                over = d.over
+            yield [*head, label, *cells], over
+
+
+DIFF_HEADERS = [
+    "layer",
+    "call",
+    "output",
+    "max|Δ|",
+    "rel L2",
+    "cosine",
+    "SQNR dB",
+    "norm Δ",
+    "flag",
+]
+DIFF_REF_HEADERS = [
+    "layer",
+    "call",
+    "output",
+    "rel L2 A",
+    "rel L2 B",
+    "SQNR A",
+    "SQNR B",
+    "worse",
+    "flag",
+]
+DROP["diff"] = ("norm Δ", "cosine", "max|Δ|", "output", "SQNR A", "SQNR B")
+
+
+def diff_table(report: DiffReport, *, color: bool, width: int | None) -> str:
+    console, buf = _console(color, width)
+    m = report.model
+    dim = "dim" if color else ""
+    console.print(
+        Text(f"diff: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}", style=dim)
+    )
+    console.print(Text(f"weights: {m.weights}", style=dim))
+    console.print(Text(f"input: {report.input.description}", style=dim))
+    if report.ref is not None:
+        console.print(
+            Text(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}", style=dim)
+        )
+    else:
+        console.print(Text(f"A (reference): {report.a}   B: {report.b}", style=dim))
+    headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
+    rel = "relative L2 = |B-A|/|A|" if report.ref is None else "relative L2 against the reference"
+    t = _table(
+        f"{len(report.calls)} layer calls ({rel}; tol {report.tol:g})", headers, color, DROP["diff"]
+    )
+    for cells, over in diff_rows(report):
+        t.add_row(*cells, style="red" if over and color else None)
+    console.print(t)
+    for line in diff_footer(report):
+        console.print(
+            Text(
+                line,
+                style=("bold red" if report.failed else "bold green")
+                if color and line.startswith(("first", "no call"))
+                else "",
+            )
+        )
+    return _text(buf)
+
+
+def diff_footer(report: DiffReport) -> list[str]:
+    lines = [f"note: {n}" for n in report.notes]
+    lines += [f"missing: {m}" for m in report.missing[:10]]
+    if len(report.missing) > 10:
+        lines.append(f"missing: … and {len(report.missing) - 10} more (all in -f json)")
+    if report.first_over is not None:
+        lines.append(f"first past tolerance: {report.first_over}")
+    else:
+        lines.append(f"no call past tolerance ({report.tol:g})")
+    return lines
+
+
+def diff_markdown(report: DiffReport) -> str:
+    m = report.model
+    headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
+    out = [
+        f"**diff** `{m.spec}` on {report.device}: A = {report.a}, B = {report.b}"
+        + (f", reference = {report.ref}" if report.ref else " (A is the reference)"),
+        "",
+        f"input: {_md_escape(report.input.description)}; tol {report.tol:g}",
+        "",
+        *_md_table(headers, (cells for cells, _ in diff_rows(report))),
+        "",
+        *(f"{line}  " for line in diff_footer(report)),
+    ]
+    return "\n".join(out) + "\n"
