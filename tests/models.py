@@ -229,3 +229,18 @@ def exits_on_build() -> nn.Module:
     import sys
 
     sys.exit(2)
+
+
+class Chain(nn.Module):
+    """Four linear layers with tanh between: a chain along which rounding error travels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 16)
+        self.l2 = nn.Linear(16, 16)
+        self.l3 = nn.Linear(16, 16)
+        self.l4 = nn.Linear(16, 4)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l4(self.act(self.l3(self.act(self.l2(self.act(self.l1(x)))))))

@@ -1,0 +1,301 @@
+"""hookcli diff (issue 10): per-layer differences against a hand computation on captured
+tensors, the first divergence named, isolated vs accumulated error, CLI contract."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+from hookcli.diff import diff_report, parse_side
+from hookcli.errors import UsageError
+from hookcli.options import InputOptions, ModelOptions, Selection
+from hookcli.records import DiffReport, TensorDiff
+from tests.conftest import CAT
+from tests.models import Chain
+from tests.test_cli import assert_one_line_error
+from tests.test_dataset import make_folder
+
+runner = CliRunner()
+CHAIN = "tests/models.py:Chain"
+
+
+def _captured(
+    model: nn.Module, x: torch.Tensor, feed: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Each leaf's first output (with feed: each leaf run on the given input instead).
+    The hooks return None: a forward hook that returns a value replaces the output."""
+    out: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Any:
+        def hook(mod: nn.Module, args: Any, o: torch.Tensor) -> None:
+            out.setdefault(name, o.detach().clone())
+
+        return hook
+
+    def give(name: str) -> Any:
+        def hook(mod: nn.Module, args: Any) -> Any:
+            return (feed[name],) if feed is not None and name in feed else None
+
+        return hook
+
+    handles = []
+    for name, m in model.named_modules():
+        if name and not list(m.children()):
+            handles.append(m.register_forward_pre_hook(give(name)))
+            handles.append(m.register_forward_hook(keep(name)))
+    try:
+        with torch.no_grad():
+            out["(model)"] = model(x).detach()
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def _inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each leaf's first input."""
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Any:
+        def hook(mod: nn.Module, args: Any) -> None:
+            got.setdefault(name, args[0].detach().clone())
+
+        return hook
+
+    handles = [
+        m.register_forward_pre_hook(keep(name))
+        for name, m in model.named_modules()
+        if name and not list(m.children())
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def _oracle(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    a64, b64 = a.double().reshape(-1), b.double().reshape(-1)
+    d = b64 - a64
+    return {
+        "max_abs": float(d.abs().max()),
+        "rel_l2": float(d.norm() / a64.norm()),
+        "cosine": float(a64 @ b64 / (a64.norm() * b64.norm())),
+        "sqnr_db": float(10 * torch.log10(a64.square().sum() / d.square().sum())),
+    }
+
+
+def _check(d: TensorDiff, want: dict[str, float]) -> None:
+    for key, value in want.items():
+        assert getattr(d, key) == pytest.approx(value, rel=1e-9, abs=1e-15), key
+
+
+def _chain_report(**kw: Any) -> DiffReport:
+    return diff_report(
+        ModelOptions(CHAIN, device="cpu"),
+        Selection(),
+        InputOptions(specs=("randn:8x16",)),
+        parse_side("float32", "--a"),
+        parse_side(kw.pop("b", "bfloat16"), "--b"),
+        **kw,
+    )
+
+
+def _chain_model(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)  # as hookcli builds a custom model: seed, then construct
+    model = Chain().eval().to(dtype)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    return model, x
+
+
+def test_accumulated_differences_equal_a_hand_computation() -> None:
+    report = _chain_report()
+    a_model, xa = _chain_model(torch.float32)
+    b_model, xb = _chain_model(torch.bfloat16)
+    ref, got = _captured(a_model, xa), _captured(b_model, xb)
+    rows = {c.name: c.b[0] for c in report.calls}
+    assert [(c.name, c.call) for c in report.calls] == [
+        ("l1", 0), ("act", 0), ("l2", 0), ("act", 1), ("l3", 0), ("act", 2), ("l4", 0)
+    ]  # fmt: skip
+    for name in ("l1", "l2", "l3", "l4"):
+        _check(rows[name], _oracle(ref[name], got[name].float()))
+    _check(report.outputs[0].b[0], _oracle(ref["(model)"], got["(model)"].float()))
+
+
+def test_isolated_differences_equal_each_layer_fed_the_reference_input() -> None:
+    report = _chain_report(isolate=True)
+    a_model, xa = _chain_model(torch.float32)
+    b_model, _ = _chain_model(torch.bfloat16)
+    ins = _inputs(a_model, xa)
+    ref = _captured(a_model, xa)
+    fed = {n: t.to(torch.bfloat16) for n, t in ins.items()}
+    got = _captured(b_model, xa.to(torch.bfloat16), feed=fed)
+    for c in report.calls:
+        if c.name.startswith("l"):
+            _check(c.b[0], _oracle(ref[c.name], got[c.name].float()))
+
+
+def test_isolate_separates_own_error_from_accumulated_error() -> None:
+    acc = {c.name: c.b[0].rel_l2 for c in _chain_report().calls if c.name.startswith("l")}
+    own = {
+        c.name: c.b[0].rel_l2 for c in _chain_report(isolate=True).calls if c.name.startswith("l")
+    }
+    assert acc["l1"] == pytest.approx(own["l1"])  # the first layer inherits nothing
+    for name in ("l2", "l3", "l4"):
+        assert own[name] is not None and acc[name] is not None
+        assert own[name] < acc[name], (name, own, acc)
+    assert all(0 < v < 0.02 for v in own.values())  # bfloat16's own rounding, ~2^-9
+
+
+def test_one_lossy_layer_is_named_as_the_first_divergence(tmp_path: Path) -> None:
+    """Side B's weights differ from A's in layer l3 only (a fine-tuned or corrupted layer)."""
+    model, _ = _chain_model(torch.float32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["l3.weight"] += 0.05 * torch.randn_like(state["l3.weight"])
+    path = tmp_path / "b.pt"
+    torch.save(state, path)
+    report = _chain_report(b=f"weights={path}")
+    rows = {c.name: c.b[0] for c in report.calls}
+    assert rows["l1"].rel_l2 == 0 and rows["l2"].rel_l2 == 0 and not rows["l2"].over
+    assert rows["l3"].over and rows["l4"].over
+    assert report.first_over is not None and report.first_over.startswith("l3 (Linear) call 0")
+
+
+def test_ref_float64_says_which_side_is_wrong() -> None:
+    report = diff_report(
+        ModelOptions(CHAIN, device="cpu"),
+        Selection(layers=("l*",)),
+        InputOptions(specs=("randn:8x16",)),
+        parse_side("float32", "--a"),
+        parse_side("bfloat16", "--b"),
+        ref=parse_side("float64", "--ref"),
+    )
+    assert report.ref == "float64"
+    for c in report.calls:
+        assert c.a is not None
+        a, b = c.a[0].rel_l2, c.b[0].rel_l2
+        assert a is not None and b is not None and a < 1e-5 < b  # float32 is right, bf16 is off
+
+
+def test_identical_sides_show_no_difference_and_exit_0() -> None:
+    r = runner.invoke(app, ["diff", CHAIN, "--input", "randn:4x16", "--b", "float32", "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["first_over"] is None
+    for c in data["calls"]:
+        d = c["b"][0]
+        assert d["rel_l2"] == 0 and d["max_abs"] == 0 and d["sqnr_db"] is None
+
+
+def test_cli_exit_1_past_tol_and_every_format(tmp_path: Path) -> None:
+    args = ["diff", CHAIN, "--input", "randn:4x16", "--b", "bfloat16"]
+    r = runner.invoke(app, [*args, "-f", "json"])
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["first_over"].startswith("l1 (Linear)")
+    assert "first past tolerance: l1" in r.stderr
+    assert runner.invoke(app, [*args, "--tol", "0.5"]).exit_code == 0
+    table = runner.invoke(app, args, env={"COLUMNS": "120"})
+    assert table.exit_code == 1 and "first past tolerance: l1 (Linear)" in table.stdout
+    csv_out = runner.invoke(app, [*args, "-f", "csv"])
+    assert csv_out.stdout.splitlines()[0].startswith("layer,type,call,side,path")
+    md = runner.invoke(app, [*args, "-f", "markdown"])
+    assert "| layer |" in md.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["diff", CHAIN, "--input", "randn:4x16"], ["needs side B", "--b"]),
+        (["diff", CHAIN, "--input", "randn:4x16", "--b", "float13"], ["'float13' is not a side"]),
+        (["diff", CHAIN, "--input", "randn:4x16", "--b", "bfloat16", "--tol", "-1"], ["--tol"]),
+        (["diff", "a.json"], ["exactly two JSON files"]),
+    ],
+)
+def test_cli_bad_input(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(runner.invoke(app, args), 2, *needles)
+
+
+def test_two_saved_reports(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    base = ["inspect", CHAIN, "--input", "randn:4x16", "-f", "json"]
+    assert runner.invoke(app, [*base, "-o", str(a)]).exit_code == 0
+    assert runner.invoke(app, [*base, "--seed", "1", "-o", str(b)]).exit_code == 0
+    r = runner.invoke(app, ["diff", str(a), str(b), "-f", "json"])
+    assert r.exit_code == 1, r.stderr
+    data = json.loads(r.stdout)
+
+    def norms(path: Path) -> dict[tuple[str, int], float]:
+        layers = json.loads(path.read_text())["layers"]
+        return {(c["name"], c["call"]): c["outputs"][0]["norm"] for c in layers}
+
+    old, new = norms(a), norms(b)
+    assert len(data["calls"]) == len(old) == 7
+    for c in data["calls"]:
+        key = (c["name"], c["call"])
+        want = abs(new[key] - old[key]) / old[key]
+        assert c["b"][0]["norm_rel"] == pytest.approx(want)
+    same = runner.invoke(app, ["diff", str(a), str(a)])
+    assert same.exit_code == 0 and "no call past tolerance" in same.stdout
+
+
+def test_a_folder_in_batches_equals_one_batch(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path / "data", 6, size=64)
+    common = {"a": parse_side("float32", "--a"), "b": parse_side("bfloat16", "--b")}
+    sel = Selection(layers=("layer1.0.*", "fc"))
+    model = ModelOptions("resnet18", device="cpu")
+    whole = diff_report(model, sel, InputOptions((str(folder),)), batch_size=6, **common)
+    parts = diff_report(model, sel, InputOptions((str(folder),)), batch_size=4, **common)
+    assert "6 images" in parts.input.description
+    for w, p in zip(whole.calls, parts.calls, strict=True):
+        assert (w.name, w.call) == (p.name, p.call)
+        for key in ("rel_l2", "cosine", "sqnr_db", "max_abs"):
+            assert getattr(p.b[0], key) == pytest.approx(getattr(w.b[0], key), rel=1e-6), key
+
+
+def test_isolate_on_a_real_network_and_channels_last() -> None:
+    report = diff_report(
+        ModelOptions("resnet18", device="cpu"),
+        Selection(layers=("layer1.0.conv1", "layer1.0.bn1")),
+        InputOptions((str(CAT),)),
+        parse_side("float32", "--a"),
+        parse_side("channels_last", "--b"),
+        tol=1e-4,
+    )
+    for c in report.calls:  # the same math in another memory layout: float rounding only
+        assert c.b[0].rel_l2 is not None and c.b[0].rel_l2 < 1e-5
+
+
+def test_side_grammar() -> None:
+    s = parse_side("float16, channels_last,weights=x.pt,seed=3", "--b")
+    assert (s.dtype, s.channels_last, s.weights, s.seed) == (torch.float16, True, "x.pt", 3)
+    assert parse_side("autocast", "--b").autocast == torch.bfloat16
+    with pytest.raises(UsageError):
+        parse_side("seed=x", "--b")
+
+
+def test_the_spill_keeps_nothing_in_memory() -> None:
+    from hookcli.diff import Spill
+
+    spill = Spill()
+    try:
+        t = torch.randn(1000)
+        spill.write(("x", 0, "out"), t)
+        del t
+        got = spill.read(("x", 0, "out"))
+        assert got is not None and got.shape == (1000,)
+        assert Path(spill.path).stat().st_size == 4000
+        assert math.isfinite(float(np.asarray(got).sum()))
+    finally:
+        spill.close()
+    assert not Path(spill.path).exists()
