@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 BLOCK = 4096
 _FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
@@ -190,8 +190,39 @@ def careful_parallel(a: Any, shift: float, out: Any) -> None:
     _careful(a, shift, out)
 
 
+@intrinsic
+def _bf16_to_f32(typingctx: Any, bits: Any) -> Any:
+    """A bfloat16, given as its uint16 bits, as float32: the same bits, 16 zero bits after."""
+    from numba.core import types
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+def _as_float(x: Any) -> Any:
+    """An element as a float: uint16 elements are bfloat16 bits (compiled by the overload)."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(_as_float, inline="always")
+def _as_float_impl(x: Any) -> Any:
+    from numba.core import types
+
+    def from_bits(x: Any) -> Any:  # the same signature as _as_float, as numba requires
+        return _bf16_to_f32(x)  # type: ignore[call-arg]  # numba supplies typingctx
+
+    def same(x: Any) -> Any:
+        return x
+
+    return from_bits if x == types.uint16 else same
+
+
 # The difference kernel (hookcli diff): one read of both sides yields Σd², Σa², Σb², Σab and
 # max|d| over the elements finite on both sides, in float64, and the count of the others.
+# b may be bfloat16 given as uint16 bits (numba has no bfloat16): read as float32 in the loop.
 @njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
 def _diff_block(a: Any, b: Any) -> Any:
     sd = 0.0
@@ -202,7 +233,7 @@ def _diff_block(a: Any, b: Any) -> Any:
     bad = 0.0
     for j in range(a.shape[0]):
         x = np.float64(a[j])
-        y = np.float64(b[j])
+        y = np.float64(_as_float(b[j]))
         finite = ((x - x) == 0.0) and ((y - y) == 0.0)  # False for NaN and ±Inf
         xf = x if finite else 0.0
         yf = y if finite else 0.0

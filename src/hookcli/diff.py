@@ -105,6 +105,7 @@ class Spill:
     def __init__(self) -> None:
         fd, self.path = tempfile.mkstemp(prefix="hookcli-diff-", suffix=".spill")
         self._file = os.fdopen(fd, "w+b")
+        self._buf = bytearray()  # one reused read buffer: the size of the largest tensor
         self.index: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
         self._end = 0
 
@@ -119,18 +120,25 @@ class Spill:
         self._end += arr.nbytes
 
     def read(self, key: tuple[str, int, str]) -> np.ndarray[Any, Any] | None:
+        """The tensor written under key — in a buffer that the next read reuses."""
         found = self.index.get(key)
         if found is None:
             return None
         offset, dtype, shape = found
-        self._file.seek(offset)
         count = int(np.prod(shape)) if shape else 1
-        return np.fromfile(self._file, dtype=dtype, count=count).reshape(shape)
+        nbytes = count * dtype.itemsize
+        if len(self._buf) < nbytes:
+            self._buf = bytearray(nbytes)
+        self._file.seek(offset)
+        view = memoryview(self._buf)[:nbytes]
+        if self._file.readinto(view) != nbytes:
+            raise OSError(f"the spill file {self.path} was cut short")
+        return np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
 
     def reset(self) -> None:
+        """Empty for the next batch; the file keeps its pages, overwritten in place."""
         self.index.clear()
         self._end = 0
-        self._file.truncate(0)
 
     def close(self) -> None:
         self._file.close()
@@ -186,12 +194,13 @@ class _Acc:
 def _sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     from hookcli.stats import kernels
 
-    x = got.detach()
-    if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    b = x.contiguous().cpu().numpy().reshape(-1)
+    x = got.detach().contiguous().cpu()
+    if x.dtype == torch.bfloat16:  # the kernel reads bfloat16 bits itself: no float copy
+        b = x.view(torch.uint16).numpy().reshape(-1)
+    else:
+        b = (x.float() if x.dtype == torch.float16 else x).numpy().reshape(-1)
     a = ref.reshape(-1)
-    if a.dtype != b.dtype:
+    if b.dtype not in (a.dtype, np.uint16):
         wide = np.promote_types(a.dtype, b.dtype)
         a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
     out = np.zeros(6, dtype=np.float64)
@@ -199,6 +208,8 @@ def _sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     if ks is not None and a.size:
         (ks.diff[1] if a.size >= 1 << 15 else ks.diff[0])(a, b, out)
         return out
+    if b.dtype == np.uint16:  # bfloat16 bits → float32
+        b = (b.astype(np.uint32) << 16).view(np.float32)
     fa, fb = a.astype(np.float64), b.astype(np.float64)  # no numba: the same sums, numpy
     finite = np.isfinite(fa) & np.isfinite(fb)
     fa, fb = np.where(finite, fa, 0.0), np.where(finite, fb, 0.0)
@@ -220,8 +231,8 @@ def _prepare_side(
     model: ModelOptions, selection: Selection, side: Side, *, with_input: InputOptions | None
 ) -> _Run:
     base = model.model
-    if isinstance(base, nn.Module):  # the Python API's own module: each side its own copy
-        base = copy.deepcopy(base)
+    if isinstance(base, nn.Module) and (side.dtype is not None or side.channels_last):
+        base = copy.deepcopy(base)  # the Python API's own module: never changed in place
     options = dataclasses.replace(
         model,
         model=base,
@@ -329,7 +340,7 @@ def _compared_pass(
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 ref = spill.read((c.name, c.call, f"in[{i}]"))
                 if ref is not None and tuple(ref.shape) == tuple(a.shape):
-                    x = torch.from_numpy(ref).to(a.device, a.dtype)
+                    x = torch.from_numpy(ref.copy()).to(a.device, a.dtype)  # buffer reused
                     if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
                         x = x.contiguous(memory_format=torch.channels_last)
                     new[i] = x

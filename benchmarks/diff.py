@@ -1,0 +1,141 @@
+"""hookcli diff: its cost against the two plain passes it compares, and flat memory.
+
+Prints, measured side by side in one process (time) and in fresh subprocesses (memory):
+
+(a) time of a diff (the reference side's hooked pass with its outputs spilled to disk, then the
+    other side's hooked pass comparing every leaf call's output) ÷ the two plain passes
+    (model_a(x_a) + model_b(x_b)), medians of interleaved rounds; target at most 1.5x;
+(b) peak RSS growth of a diff of a chain of N linear layers (1 MiB activations) for growing N:
+    flat means the reference side's activations are not held in memory.
+
+Usage: python benchmarks/diff.py [--rounds N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
+    import torch
+
+    from hookcli.diff import Spill, _cast, _Compared, _compared_pass, _prepare_side, parse_side
+    from hookcli.options import InputOptions, ModelOptions, Selection
+
+    model = ModelOptions(model_name, device="cpu")
+    inputs = InputOptions(specs=(f"randn:{batch}x3x224x224",))
+    ref = _prepare_side(model, Selection(), parse_side("float32", "--a"), with_input=inputs)
+    other = _prepare_side(model, Selection(), parse_side(side_b, "--b"), with_input=None)
+    assert ref.prepared.minput is not None
+    x_a = ref.prepared.minput
+    x_b = _cast(x_a, other.side, other.prepared.device)
+    model_a, model_b = ref.prepared.loaded.module.eval(), other.prepared.loaded.module.eval()
+
+    def plain() -> None:
+        with torch.no_grad():
+            model_a(*x_a.args)
+            model_b(*x_b.args)
+
+    def diff() -> None:
+        from hookcli.diff import _reference_pass
+
+        spill = Spill()
+        try:
+            _reference_pass(ref, x_a, spill, isolate=False)
+            _compared_pass(other, x_b, spill, isolate=False, into=_Compared())
+        finally:
+            spill.close()
+
+    times: dict[str, list[float]] = {"plain": [], "diff": []}
+    plain()
+    diff()
+    for _ in range(rounds):
+        for key, fn in (("plain", plain), ("diff", diff)):
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    p, d = statistics.median(times["plain"]), statistics.median(times["diff"])
+    return {"plain_ms": p * 1e3, "diff_ms": d * 1e3, "ratio": d / p}
+
+
+def memory_child(layers: int) -> None:
+    """In a fresh process: peak RSS growth of one diff of a Chain of `layers` layers."""
+    import torch
+    from torch import nn
+
+    from hookcli.diff import diff_report, parse_side
+    from hookcli.options import InputOptions, ModelOptions, Selection
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(layers)]).eval()  # 16 KiB each
+    x = torch.randn(4096, 64)  # each activation 1 MiB in float32
+
+    def once() -> None:
+        diff_report(
+            ModelOptions(model, device="cpu"),
+            Selection(),
+            InputOptions(items=(x,)),
+            parse_side("float32", "--a"),
+            parse_side("bfloat16", "--b"),
+        )
+
+    once()  # warm-up: imports, kernels, allocator pools
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kb("VmRSS")
+    once()
+    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory(layers: int) -> float:
+    env = {**os.environ, **PRECISE_MALLOC, "PYTHONPATH": str(ROOT)}
+    code = f"from benchmarks.diff import memory_child; memory_child({layers})"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["growth_kb"]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--quick", action="store_true", help="resnet18 only, 3 rounds")
+    args = parser.parse_args()
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    cases = [("resnet18", 8)] if args.quick else [("resnet18", 8), ("resnet50", 4)]
+    rounds = 3 if args.quick else args.rounds
+    print("(a) diff ÷ the two plain passes (median of interleaved rounds)")
+    for name, batch in cases:
+        for side in ("bfloat16", "channels_last"):
+            r = time_ratio(name, batch, side, rounds)
+            print(
+                f"  {name} batch {batch}, float32 vs {side}: plain {r['plain_ms']:.0f} ms, "
+                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x"
+            )
+    print("(b) peak RSS growth of a diff, chain of N linear layers with 1 MiB activations")
+    for n in (8, 64, 256):
+        print(f"  N = {n:3d}: {memory(n):.1f} MiB (the activations: {n} MiB per side)")
+
+
+if __name__ == "__main__":
+    main()
