@@ -299,3 +299,39 @@ def test_the_spill_keeps_nothing_in_memory() -> None:
     finally:
         spill.close()
     assert not Path(spill.path).exists()
+
+
+def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
+    """--b quantized: torchvision's quantizable resnet18 with A's weights, fused, calibrated on
+    the input and converted; the model output's difference equals one computed by hand."""
+    import copy
+
+    import torchvision
+    from torch.ao import quantization as tq
+
+    from hookcli.loading import load_model
+
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    report = diff_report(
+        ModelOptions("resnet18", device="cpu"),
+        Selection(layers=("layer1.0.conv1", "fc")),
+        InputOptions(specs=("randn:1x3x64x64",)),
+        parse_side("float32", "--a"),
+        parse_side("quantized", "--b"),
+    )
+    rows = {c.name: c.b[0] for c in report.calls}
+    assert set(rows) == {"layer1.0.conv1", "fc"}
+    assert all(0.001 < (d.rel_l2 or 0) < 0.2 for d in rows.values())  # int8: ~1-3 %
+    float_model = load_model("resnet18", seed=0).module
+    twin = torchvision.models.get_model("quantized_resnet18", weights=None, quantize=False)
+    twin.load_state_dict(float_model.state_dict())
+    twin.eval()
+    twin.fuse_model()
+    int8 = copy.deepcopy(twin)
+    int8.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(int8, inplace=True)
+    with torch.no_grad():
+        int8(x)
+        tq.convert(int8, inplace=True)
+        want = _oracle(twin(x), int8(x))
+    _check(report.outputs[0].b[0], want)

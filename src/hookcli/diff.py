@@ -47,8 +47,8 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 SIDE_HELP = (
-    "float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, weights=W, seed=N, "
-    "device=D; joined with commas"
+    "float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, quantized, weights=W, "
+    "seed=N, device=D; joined with commas"
 )
 
 
@@ -63,6 +63,7 @@ class Side:
     weights: str | None = None
     seed: int | None = None
     device: str | None = None
+    quantized: bool = False  # torchvision's int8 twin, calibrated on the run's input
 
     def describe(self) -> str:
         return self.spec or "as loaded"
@@ -84,6 +85,8 @@ def parse_side(raw: str, option: str) -> Side:
             fields["autocast"] = _DTYPES[name]
         elif key in ("channels_last", "nhwc") and not sep:
             fields["channels_last"] = True
+        elif key in ("quantized", "int8") and not sep:
+            fields["quantized"] = True
         elif key in ("weights", "device") and sep and value:
             fields[key] = value
         elif key == "seed" and sep and value.lstrip("-").isdigit():
@@ -280,15 +283,69 @@ def _autocast(side: Side, device: torch.device) -> Iterator[None]:
         yield
 
 
+def _quantizable_twin(run: _Run, selection: Selection, calibration: ModelInput) -> None:
+    """torchvision's quantizable version of the model, with this side's weights and conv+bn
+    (+relu) fused, so that every side has the same modules under the same names; for a
+    `quantized` side, then prepared, calibrated on the run's first input and converted to
+    int8 (CPU)."""
+    from torch.ao import quantization as tq
+
+    from hookcli.loading import _quiet_warnings, registry_names
+    from hookcli.selection import module_entries, select
+
+    p = run.prepared
+    name = f"quantized_{p.loaded.name}"
+    if name not in registry_names():
+        twins = [n.removeprefix("quantized_") for n in registry_names() if n.startswith("quant")]
+        raise UsageError(
+            f"{p.loaded.spec} has no quantized twin in torchvision.",
+            f"the quantized side works with: {', '.join(twins)}.",
+        )
+    if p.device.type != "cpu":
+        raise UsageError("the quantized side runs on the CPU only.", "add --device cpu.")
+    import torchvision
+
+    with _quiet_warnings():  # torch.ao.quantization's deprecation notices: not the user's
+        twin = torchvision.models.get_model(name, weights=None, quantize=False)
+        twin.load_state_dict(p.loaded.module.float().state_dict())
+        twin.eval()
+        twin.fuse_model()
+        if run.side.quantized:
+            twin.qconfig = tq.get_default_qconfig("x86")  # type: ignore[no-untyped-call]
+            tq.prepare(twin, inplace=True)  # type: ignore[no-untyped-call]
+            with torch.no_grad():
+                twin(*_cast(calibration, Side(""), p.device).args)
+            tq.convert(twin, inplace=True)  # type: ignore[no-untyped-call]
+    elif run.side.dtype is not None:
+        twin.to(run.side.dtype)
+    p.loaded.module = twin
+    p.entries = module_entries(twin)
+    p.targets = select(
+        p.entries,
+        layers=selection.layers,
+        types=selection.types,
+        depth=selection.depth,
+        model_label=p.loaded.spec,
+    )
+
+
 # ---------------------------------------------------------------- the passes
+
+
+def _real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The floating-point tensors of an output; int8 (quantized) ones as their real values."""
+    for path, t in iter_tensors(output, "out"):
+        if t.is_quantized:
+            yield path, t.dequantize()
+        elif t.is_floating_point():
+            yield path, t
 
 
 def _reference_pass(run: _Run, minput: ModelInput, spill: Spill, isolate: bool) -> None:
     def keep_output(pending: PendingCall, output: Any) -> None:
         c = pending.call
-        for path, t in iter_tensors(output, "out"):
-            if t.is_floating_point():
-                spill.write((c.name, c.call, path), t)
+        for path, t in _real(output):
+            spill.write((c.name, c.call, path), t)
 
     def keep_input(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         c = pending.call
@@ -305,9 +362,8 @@ def _reference_pass(run: _Run, minput: ModelInput, spill: Spill, isolate: bool) 
         torch.no_grad(),
         hooked_pass(p, session, minput=minput) as result,
     ):
-        for path, t in iter_tensors(result.output, "out"):
-            if t.is_floating_point():
-                spill.write(("(model)", 0, path), t)
+        for path, t in _real(result.output):
+            spill.write(("(model)", 0, path), t)
 
 
 @dataclass(slots=True)
@@ -329,21 +385,26 @@ def _compared_pass(
         c = pending.call
         _, accs = into.calls.setdefault((c.name, c.call), (c.type, {}))
         into.order.setdefault((c.name, c.call), pending.finished or 0)
-        for path, t in iter_tensors(output, "out"):
-            if t.is_floating_point():
-                _measure(accs, path, spill.read((c.name, c.call, path)), t)
+        for path, t in _real(output):
+            _measure(accs, path, spill.read((c.name, c.call, path)), t)
 
     def feed(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         c = pending.call
         new = list(args)
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.is_floating_point():
-                ref = spill.read((c.name, c.call, f"in[{i}]"))
-                if ref is not None and tuple(ref.shape) == tuple(a.shape):
-                    x = torch.from_numpy(ref.copy()).to(a.device, a.dtype)  # buffer reused
-                    if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    new[i] = x
+            if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_quantized):
+                continue
+            ref = spill.read((c.name, c.call, f"in[{i}]"))
+            if ref is None or tuple(ref.shape) != tuple(a.shape):
+                continue
+            x = torch.from_numpy(ref.copy())  # a copy: the read buffer is reused
+            if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
+                x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
+            else:
+                x = x.to(a.device, a.dtype)
+            if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
+                x = x.contiguous(memory_format=torch.channels_last)
+            new[i] = x
         return tuple(new), kwargs
 
     session = HookSession(p.targets, None, on_output=compare, on_input=feed if isolate else None)
@@ -352,9 +413,8 @@ def _compared_pass(
         torch.no_grad(),
         hooked_pass(p, session, minput=minput) as result,
     ):
-        for path, t in iter_tensors(result.output, "out"):
-            if t.is_floating_point():
-                _measure(into.outputs, path, spill.read(("(model)", 0, path)), t)
+        for path, t in _real(result.output):
+            _measure(into.outputs, path, spill.read(("(model)", 0, path)), t)
     seen = set(into.calls)
     for key in spill.index:
         if key[0] != "(model)" and not key[2].startswith("in[") and key[:2] not in seen:
@@ -401,8 +461,14 @@ def diff_report(
     reference = ref or a
     compared = [a, b] if ref is not None else [b]
     batches = _batches(inputs, batch_size)
+    twin = any(s.quantized for s in (reference, *compared))
     runs = [  # the input is built once, by the reference side, and cast for the others
-        _prepare_side(model, selection, s, with_input=None if batches or i else inputs)
+        _prepare_side(
+            model,
+            Selection() if twin else selection,  # the twin's own modules are selected later
+            s,
+            with_input=None if batches or i else inputs,
+        )
         for i, s in enumerate([reference, *compared])
     ]
     results = [_Compared() for _ in compared]
@@ -418,6 +484,9 @@ def diff_report(
             else:
                 assert base.minput is not None
                 minput = base.minput
+            if twin and first_input is None:  # every side the fused twin; int8 calibrated here
+                for run in runs:
+                    _quantizable_twin(run, selection, minput)
             first_input = first_input or minput
             spill.reset()
             _reference_pass(runs[0], _cast(minput, reference, base.device), spill, isolate)
