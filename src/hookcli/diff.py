@@ -316,7 +316,7 @@ def _quantizable_twin(run: _Run, selection: Selection, calibration: ModelInput) 
             with torch.no_grad():
                 twin(*_cast(calibration, Side(""), p.device).args)
             tq.convert(twin, inplace=True)  # type: ignore[no-untyped-call]
-    elif run.side.dtype is not None:
+    if not run.side.quantized and run.side.dtype is not None:
         twin.to(run.side.dtype)
     p.loaded.module = twin
     p.entries = module_entries(twin)
