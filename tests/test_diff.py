@@ -335,3 +335,19 @@ def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
         tq.convert(int8, inplace=True)
         want = _oracle(twin(x), int8(x))
     _check(report.outputs[0].b[0], want)
+
+
+def test_compiled_layers_are_measured_outside_the_compiled_code() -> None:
+    """--b compile: the selected leaves' forwards go through torch.compile while hookcli's hooks
+    stay eager, so every row is a real measurement (numel counted, reference read back)."""
+    report = diff_report(
+        ModelOptions(CHAIN, device="cpu"),
+        Selection(layers=("l2",)),
+        InputOptions(specs=("randn:8x16",)),
+        parse_side("float32", "--a"),
+        parse_side("compile", "--b"),
+        tol=1e-4,
+    )
+    (row,) = [c.b[0] for c in report.calls]
+    assert row.numel == 128 and row.note is None
+    assert row.rel_l2 is not None and row.rel_l2 < 1e-5 and row.cosine == pytest.approx(1.0)

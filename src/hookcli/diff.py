@@ -47,8 +47,8 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 SIDE_HELP = (
-    "float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, quantized, weights=W, "
-    "seed=N, device=D; joined with commas"
+    "float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, quantized, compile, "
+    "weights=W, seed=N, device=D; joined with commas"
 )
 
 
@@ -64,6 +64,7 @@ class Side:
     seed: int | None = None
     device: str | None = None
     quantized: bool = False  # torchvision's int8 twin, calibrated on the run's input
+    compile: bool = False  # each selected leaf module through torch.compile (inductor)
 
     def describe(self) -> str:
         return self.spec or "as loaded"
@@ -87,6 +88,8 @@ def parse_side(raw: str, option: str) -> Side:
             fields["channels_last"] = True
         elif key in ("quantized", "int8") and not sep:
             fields["quantized"] = True
+        elif key == "compile" and not sep:
+            fields["compile"] = True
         elif key in ("weights", "device") and sep and value:
             fields[key] = value
         elif key == "seed" and sep and value.lstrip("-").isdigit():
@@ -234,7 +237,7 @@ def _prepare_side(
     model: ModelOptions, selection: Selection, side: Side, *, with_input: InputOptions | None
 ) -> _Run:
     base = model.model
-    if isinstance(base, nn.Module) and (side.dtype is not None or side.channels_last):
+    if isinstance(base, nn.Module) and (side.dtype or side.channels_last or side.compile):
         base = copy.deepcopy(base)  # the Python API's own module: never changed in place
     options = dataclasses.replace(
         model,
@@ -251,7 +254,19 @@ def _prepare_side(
         module.to(memory_format=torch.channels_last)
     if prepared.minput is not None:
         prepared.minput = _cast(prepared.minput, side, prepared.device)
+    if side.compile:
+        _compile_leaves(prepared)
     return _Run(side, prepared)
+
+
+def _compile_leaves(prepared: Prepared) -> None:
+    """Each selected leaf module's forward through torch.compile (inductor), its hooks left
+    outside the compiled code, so each row shows that layer's compiled numerics. (A whole-model
+    torch.compile would break its graph at every hook anyway.) The first run compiles: seconds
+    per distinct layer."""
+    for t in prepared.targets:
+        if next(t.module.children(), None) is None:
+            t.module.forward = torch.compile(t.module.forward)
 
 
 def _cast_tensor(t: torch.Tensor, side: Side, device: torch.device) -> torch.Tensor:
