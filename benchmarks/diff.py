@@ -29,7 +29,7 @@ PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
     import torch
 
-    from hookcli.diff import Spill, _cast, _Compared, _compared_pass, _prepare_side, parse_side
+    from hookcli.compare import Spill, _cast, _Compared, _compared_pass, _prepare_side, parse_side
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     model = ModelOptions(model_name, device="cpu")
@@ -47,7 +47,7 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
             model_b(*x_b.args)
 
     def diff() -> None:
-        from hookcli.diff import _reference_pass
+        from hookcli.compare import _reference_pass
 
         spill = Spill()
         try:
@@ -73,7 +73,7 @@ def memory_child(layers: int) -> None:
     import torch
     from torch import nn
 
-    from hookcli.diff import diff_report, parse_side
+    from hookcli.compare import diff_report, parse_side
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     torch.manual_seed(0)

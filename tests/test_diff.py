@@ -15,7 +15,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.diff import diff_report, parse_side
+from hookcli.compare import diff_report, parse_side
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffReport, TensorDiff
@@ -285,7 +285,7 @@ def test_side_grammar() -> None:
 
 
 def test_the_spill_keeps_nothing_in_memory() -> None:
-    from hookcli.diff import Spill
+    from hookcli.compare import Spill
 
     spill = Spill()
     try:
@@ -351,3 +351,15 @@ def test_compiled_layers_are_measured_outside_the_compiled_code() -> None:
     (row,) = [c.b[0] for c in report.calls]
     assert row.numel == 128 and row.note is None
     assert row.rel_l2 is not None and row.rel_l2 < 1e-5 and row.cosine == pytest.approx(1.0)
+
+
+def test_python_api_leaves_the_users_module_as_it_was() -> None:
+    import hookcli
+
+    model, x = _chain_model(torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    d = hookcli.diff(model, x, b="bfloat16", isolate=True, layers=["l*"])
+    assert [c.name for c in d.calls] == ["l1", "l2", "l3", "l4"]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model._forward_hooks and not model.l1._forward_pre_hooks

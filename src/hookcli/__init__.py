@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from hookcli.records import Report
+    from hookcli.records import DiffReport, Report
 
-__all__ = ["__version__", "grads", "inspect"]
+__all__ = ["__version__", "diff", "grads", "inspect"]
 
 
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
@@ -33,3 +33,35 @@ def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     from hookcli.run import grads as _grads
 
     return _grads(model, inputs, **options)
+
+
+def diff(
+    model: Any,
+    inputs: Any = (),
+    *,
+    b: str,
+    a: str = "float32",
+    ref: str | None = None,
+    isolate: bool = False,
+    tol: float = 1e-3,
+    batch_size: int | None = None,
+    **options: Any,
+) -> DiffReport:
+    """Two sides of one model (e.g. a="float32", b="bfloat16,channels_last") on the same input,
+    compared layer call by layer call (see `hookcli.compare.diff_report`). Options as inspect's:
+    layers, types, depth, input_specs, weights, seed, device, model_args."""
+    from hookcli.compare import diff_report, parse_side
+    from hookcli.options import Invocation
+
+    inv = Invocation.from_api(model, inputs, options, backward=False)
+    return diff_report(
+        inv.model,
+        inv.selection,
+        inv.inputs,
+        parse_side(a, "a"),
+        parse_side(b, "b"),
+        ref=parse_side(ref, "ref") if ref is not None else None,
+        isolate=isolate,
+        tol=tol,
+        batch_size=batch_size,
+    )

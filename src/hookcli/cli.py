@@ -967,7 +967,7 @@ def diff(
     with _handled():
         p, used = _configure(ctx, "diff", config, no_config)
         dest = _claim(p.output, reads=_reads(p, used))
-        from hookcli.diff import diff_report, diff_saved, parse_side
+        from hookcli.compare import diff_report, diff_saved, parse_side
 
         name = _need_model(p.model, "diff")
         saved = [x for x in [name, *(p.inputs or [])] if x.lower().endswith(".json")]
