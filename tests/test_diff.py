@@ -363,3 +363,52 @@ def test_python_api_leaves_the_users_module_as_it_was() -> None:
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not model._forward_hooks and not model.l1._forward_pre_hooks
+
+
+def test_onnx_side_equals_onnx_runtime_run_by_hand() -> None:
+    """--b onnx: the model output's difference equals torch vs ONNX Runtime computed here, and
+    every module call is found in the graph, float32 rounding apart."""
+    import onnxruntime
+
+    report = _chain_report(b="onnx")
+    assert [(c.name, c.call) for c in report.calls] == [
+        ("l1", 0), ("act", 0), ("l2", 0), ("act", 1), ("l3", 0), ("act", 2), ("l4", 0)
+    ]  # fmt: skip
+    assert all(c.b[0].rel_l2 is not None and c.b[0].rel_l2 < 1e-5 for c in report.calls)
+    model, x = _chain_model(torch.float32)
+    program = torch.onnx.export(model, (x,), dynamo=True, optimize=False)
+    assert program is not None
+    session = onnxruntime.InferenceSession(
+        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = model(x)
+    _check(report.outputs[0].b[0], _oracle(want, torch.from_numpy(got)))
+
+
+def test_onnx_graph_calls_of_a_module_called_twice() -> None:
+    """ResNet's BasicBlock calls `relu` twice: two runs of nodes, calls 0 and 1, as the hooks
+    number them; a container's call ends at the value it hands on."""
+    import torchvision
+
+    from hookcli.onnx_side import call_outputs
+
+    model = torchvision.models.resnet18().eval()
+    program = torch.onnx.export(model, (torch.randn(1, 3, 64, 64),), dynamo=True, optimize=False)
+    assert program is not None
+    graph = program.model_proto.graph
+    calls = call_outputs(graph, {"layer1.0.relu", "layer1.0", "fc"})
+    assert [(n, c) for n, c, _ in calls] == [
+        ("layer1.0.relu", 0), ("layer1.0.relu", 1), ("layer1.0", 0), ("fc", 0)
+    ]  # fmt: skip
+    assert calls[1][2] == calls[2][2]  # the block's output is its second relu's
+    assert calls[3][2] == [graph.output[0].name]
+
+
+def test_onnx_side_refuses_isolate_and_the_reference_role() -> None:
+    args = ["diff", CHAIN, "--input", "randn:4x16"]
+    r = runner.invoke(app, [*args, "--b", "onnx", "--isolate"])
+    assert_one_line_error(r, 2, "--isolate cannot feed layers inside ONNX Runtime")
+    r = runner.invoke(app, [*args, "--a", "onnx", "--b", "float32"])
+    assert_one_line_error(r, 2, "cannot be the reference")

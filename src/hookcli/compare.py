@@ -48,7 +48,7 @@ _DTYPES = {
 }
 SIDE_HELP = (
     "float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, quantized, compile, "
-    "weights=W, seed=N, device=D; joined with commas"
+    "onnx, weights=W, seed=N, device=D; joined with commas"
 )
 
 
@@ -65,6 +65,7 @@ class Side:
     device: str | None = None
     quantized: bool = False  # torchvision's int8 twin, calibrated on the run's input
     compile: bool = False  # each selected leaf module through torch.compile (inductor)
+    onnx: bool = False  # exported with torch.onnx (dynamo), run by ONNX Runtime on the CPU
 
     def describe(self) -> str:
         return self.spec or "as loaded"
@@ -90,6 +91,8 @@ def parse_side(raw: str, option: str) -> Side:
             fields["quantized"] = True
         elif key == "compile" and not sep:
             fields["compile"] = True
+        elif key in ("onnx", "onnxruntime", "ort") and not sep:
+            fields["onnx"] = True
         elif key in ("weights", "device") and sep and value:
             fields[key] = value
         elif key == "seed" and sep and value.lstrip("-").isdigit():
@@ -475,6 +478,16 @@ def diff_report(
         raise UsageError(f"--batch-size must be 1 or more, got {batch_size}.", "e.g. 32")
     reference = ref or a
     compared = [a, b] if ref is not None else [b]
+    if reference.onnx:
+        raise UsageError(
+            "the onnx side cannot be the reference (its layers are not hooked).",
+            "put it on --b, e.g. --a float32 --b onnx.",
+        )
+    if isolate and any(s.onnx for s in compared):
+        raise UsageError(
+            "--isolate cannot feed layers inside ONNX Runtime.",
+            "drop --isolate for the onnx side (its rows are accumulated error).",
+        )
     batches = _batches(inputs, batch_size)
     twin = any(s.quantized for s in (reference, *compared))
     runs = [  # the input is built once, by the reference side, and cast for the others
@@ -507,7 +520,12 @@ def diff_report(
             _reference_pass(runs[0], _cast(minput, reference, base.device), spill, isolate)
             for run, into in zip(runs[1:], results, strict=True):
                 side_input = _cast(minput, run.side, run.prepared.device)
-                _compared_pass(run, side_input, spill, isolate, into)
+                if run.side.onnx:
+                    from hookcli.onnx_side import onnx_pass
+
+                    onnx_pass(run.prepared, side_input, spill, into)
+                else:
+                    _compared_pass(run, side_input, spill, isolate, into)
             seen += minput.shapes()[0][0] if minput.shapes() else 1
     finally:
         spill.close()
