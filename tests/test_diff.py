@@ -412,3 +412,14 @@ def test_onnx_side_refuses_isolate_and_the_reference_role() -> None:
     assert_one_line_error(r, 2, "--isolate cannot feed layers inside ONNX Runtime")
     r = runner.invoke(app, [*args, "--a", "onnx", "--b", "float32"])
     assert_one_line_error(r, 2, "cannot be the reference")
+
+
+def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
+    report = _chain_report(b="autocast")
+    rows = {(c.name, c.call): c.b[0] for c in report.calls}
+    model, x = _chain_model(torch.float32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _captured(model, x)
+    ref = _captured(_chain_model(torch.float32)[0], x)
+    _check(rows[("l1", 0)], _oracle(ref["l1"], got["l1"].float()))
+    assert rows[("l1", 0)].rel_l2 is not None and rows[("l1", 0)].rel_l2 > 1e-4
