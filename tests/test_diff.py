@@ -423,3 +423,23 @@ def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
     ref = _captured(_chain_model(torch.float32)[0], x)
     _check(rows[("l1", 0)], _oracle(ref["l1"], got["l1"].float()))
     assert rows[("l1", 0)].rel_l2 is not None and rows[("l1", 0)].rel_l2 > 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_sums_equal_the_contiguous_ones(dtype: torch.dtype) -> None:
+    """The kernel that reads a channels-last tensor in its own order pairs the same elements
+    as the flat one on a contiguous copy, and both equal float64 torch."""
+    from hookcli.compare import _sums
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 8, 5, 7, generator=g)
+    b = (a + 1e-3 * torch.randn(a.shape, generator=g)).to(dtype)
+    b[0, 3, 2, 1] = float("nan")
+    nhwc = _sums(a.numpy(), b.contiguous(memory_format=torch.channels_last))
+    flat = _sums(a.numpy(), b.contiguous())
+    np.testing.assert_allclose(nhwc, flat, rtol=1e-12)
+    finite = torch.isfinite(b.double())
+    d = torch.where(finite, b.double() - a.double(), 0.0)
+    assert nhwc[0] == pytest.approx(float(d.square().sum()), rel=1e-12)
+    assert nhwc[4] == pytest.approx(float(d.abs().max()), rel=1e-12)
+    assert nhwc[5] == 1

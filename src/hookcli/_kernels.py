@@ -294,3 +294,44 @@ def diff_serial(a: Any, b: Any, out: Any) -> None:
 def diff_parallel(a: Any, b: Any, out: Any) -> None:
     """As diff_serial, with blocks spread over numba's threads."""
     _diff(a, b, out)
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)
+def diff_nhwc(a: Any, b: Any, out: Any) -> None:
+    """As diff_parallel, for 4-D (N, C, H, W) arrays where b is laid out channels-last: b is
+    read in its own memory order and a at the same logical index, so neither is copied into
+    the other's layout."""
+    n, c, h, w = a.shape
+    rows = n * h
+    part = np.zeros((rows, 6))
+    for r in prange(rows):
+        i = r // h
+        y0 = r % h
+        sd = 0.0
+        sa = 0.0
+        sb = 0.0
+        sab = 0.0
+        mx = 0.0
+        bad = 0.0
+        for k in range(c):  # a's rows stream; b's (W, C) block of this row stays in cache
+            for x0 in range(w):
+                xv = np.float64(a[i, k, y0, x0])
+                yv = np.float64(_as_float(b[i, k, y0, x0]))
+                finite = ((xv - xv) == 0.0) and ((yv - yv) == 0.0)
+                xf = xv if finite else 0.0
+                yf = yv if finite else 0.0
+                d = yf - xf
+                sd += d * d
+                sa += xf * xf
+                sb += yf * yf
+                sab += xf * yf
+                mx = _fmax_nonan(mx, abs(d))
+                bad += 0.0 if finite else 1.0
+        part[r, 0] = sd
+        part[r, 1] = sa
+        part[r, 2] = sb
+        part[r, 3] = sab
+        part[r, 4] = mx
+        part[r, 5] = bad
+    for j in range(6):
+        out[j] = part[:, j].max() if j == 4 else part[:, j].sum()

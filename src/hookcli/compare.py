@@ -21,6 +21,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import mmap
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -109,33 +110,55 @@ def parse_side(raw: str, option: str) -> Side:
 
 class Spill:
     """The reference side's tensors, on disk: written as hooks see them, read back one at a
-    time. Nothing of them stays in memory."""
+    time. Nothing of them stays in memory.
+
+    A large tensor is read back by mapping its pages of the file (MAP_POPULATE: mapped in one
+    go, no copy); the mapping goes when the last array viewing it does, so at most the tensor
+    being compared is mapped. Each tensor starts on a page boundary for that."""
+
+    _MAP_FROM = 1 << 20  # below this, a plain read into a reused buffer is cheaper
 
     def __init__(self) -> None:
         fd, self.path = tempfile.mkstemp(prefix="hookcli-diff-", suffix=".spill")
         self._file = os.fdopen(fd, "w+b")
-        self._buf = bytearray()  # one reused read buffer: the size of the largest tensor
+        self._buf = bytearray()  # one reused read buffer for small tensors
         self.index: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
         self._end = 0
+        self._dirty = False
 
     def write(self, key: tuple[str, int, str], t: torch.Tensor) -> None:
         x = t.detach()
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         arr = x.contiguous().cpu().numpy()
-        self._file.seek(self._end)
+        start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        self._file.seek(start)
         arr.tofile(self._file)
-        self.index[key] = (self._end, arr.dtype, tuple(arr.shape))
-        self._end += arr.nbytes
+        self.index[key] = (start, arr.dtype, tuple(arr.shape))
+        self._end = start + arr.nbytes
+        self._dirty = True
 
     def read(self, key: tuple[str, int, str]) -> np.ndarray[Any, Any] | None:
-        """The tensor written under key — in a buffer that the next read reuses."""
+        """The tensor written under key: a read-only view of its mapped pages, or (small
+        tensors) a view of a buffer that the next read reuses."""
         found = self.index.get(key)
         if found is None:
             return None
+        if self._dirty:
+            self._file.flush()
+            self._dirty = False
         offset, dtype, shape = found
         count = int(np.prod(shape)) if shape else 1
         nbytes = count * dtype.itemsize
+        if nbytes >= self._MAP_FROM:
+            pages = mmap.mmap(
+                self._file.fileno(),
+                nbytes,
+                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                prot=mmap.PROT_READ,
+                offset=offset,
+            )
+            return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape)
         if len(self._buf) < nbytes:
             self._buf = bytearray(nbytes)
         self._file.seek(offset)
@@ -203,7 +226,21 @@ class _Acc:
 def _sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     from hookcli.stats import kernels
 
-    x = got.detach().contiguous().cpu()
+    ks = kernels()
+    x = got.detach().cpu()
+    out = np.zeros(6, dtype=np.float64)
+    if (
+        ks is not None
+        and x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and ref.dtype in (np.float32, np.float64)
+    ):  # channels-last: read in its own order, no copy into the reference's layout
+        b4 = x.view(torch.uint16).numpy() if x.dtype == torch.bfloat16 else x.numpy()
+        ks.diff_nhwc(ref, b4, out)
+        return out
+    x = x.contiguous()
     if x.dtype == torch.bfloat16:  # the kernel reads bfloat16 bits itself: no float copy
         b = x.view(torch.uint16).numpy().reshape(-1)
     else:
@@ -212,8 +249,6 @@ def _sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     if b.dtype not in (a.dtype, np.uint16):
         wide = np.promote_types(a.dtype, b.dtype)
         a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
-    out = np.zeros(6, dtype=np.float64)
-    ks = kernels()
     if ks is not None and a.size:
         (ks.diff[1] if a.size >= 1 << 15 else ks.diff[0])(a, b, out)
         return out

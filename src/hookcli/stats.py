@@ -63,6 +63,7 @@ class Kernels:
         self.fused = (module.fused_serial, module.fused_parallel)
         self.careful = (module.careful_serial, module.careful_parallel)
         self.diff = (module.diff_serial, module.diff_parallel)
+        self.diff_nhwc = module.diff_nhwc
 
 
 def _load_kernels() -> Kernels | None:
