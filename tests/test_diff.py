@@ -247,6 +247,10 @@ def test_two_saved_reports(tmp_path: Path) -> None:
         assert c["b"][0]["norm_rel"] == pytest.approx(want)
     same = runner.invoke(app, ["diff", str(a), str(a)])
     assert same.exit_code == 0 and "no call past tolerance" in same.stdout
+    kept = a.read_bytes()
+    r = runner.invoke(app, ["diff", str(a), str(b), "-o", str(a)])
+    assert_one_line_error(r, 2, "also an input of this run")
+    assert a.read_bytes() == kept
 
 
 def test_a_folder_in_batches_equals_one_batch(tmp_path: Path) -> None:

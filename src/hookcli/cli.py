@@ -1077,6 +1077,8 @@ def _png_output(p: Given, used: str | None) -> Destination | None:
 def _reads(p: Given, used: str | None) -> list[str]:
     """Every file this run reads: an output may not be one of them."""
     files = [*(p.inputs or []), *(p.input_spec or [])]
+    if p.model and Path(p.model).is_file():  # diff's first saved report
+        files.append(p.model)
     files += [str(x) for x in (p.baseline, used) if x is not None]
     if p.weights.lower() not in ("none", "default") and Path(p.weights).expanduser().is_file():
         files.append(p.weights)
