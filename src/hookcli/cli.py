@@ -917,6 +917,7 @@ def diff(
             "--b",
             metavar="SIDE",
             help="Side B: float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, "
+            "quantized (the int8 twin), compile (torch.compile), onnx (ONNX Runtime), "
             "weights=W, seed=N, device=D; joined with commas (float16,channels_last).",
             show_default=False,
         ),
