@@ -447,3 +447,19 @@ def test_channels_last_sums_equal_the_contiguous_ones(dtype: torch.dtype) -> Non
     assert nhwc[0] == pytest.approx(float(d.square().sum()), rel=1e-12)
     assert nhwc[4] == pytest.approx(float(d.abs().max()), rel=1e-12)
     assert nhwc[5] == 1
+
+
+def test_each_side_gets_the_original_input_not_the_references_cast() -> None:
+    """--a bfloat16 --b float32: side B runs on the float32 input itself, not on the input
+    after rounding it to the reference side's bfloat16."""
+    report = diff_report(
+        ModelOptions(CHAIN, device="cpu"),
+        Selection(layers=("l1",)),
+        InputOptions(specs=("randn:8x16",)),
+        parse_side("bfloat16", "--a"),
+        parse_side("float32", "--b"),
+    )
+    a_model, xa = _chain_model(torch.bfloat16)
+    b_model, xb = _chain_model(torch.float32)
+    ref, got = _captured(a_model, xa), _captured(b_model, xb)
+    _check(report.calls[0].b[0], _oracle(ref["l1"].float(), got["l1"]))

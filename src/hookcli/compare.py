@@ -290,8 +290,6 @@ def _prepare_side(
         module.to(side.dtype)
     if side.channels_last:
         module.to(memory_format=torch.channels_last)
-    if prepared.minput is not None:
-        prepared.minput = _cast(prepared.minput, side, prepared.device)
     if side.compile:
         _compile_leaves(prepared)
     return _Run(side, prepared)
@@ -525,7 +523,7 @@ def diff_report(
         )
     batches = _batches(inputs, batch_size)
     twin = any(s.quantized for s in (reference, *compared))
-    runs = [  # the input is built once, by the reference side, and cast for the others
+    runs = [  # the input is built once, by the reference side, and cast for each side
         _prepare_side(
             model,
             Selection() if twin else selection,  # the twin's own modules are selected later
