@@ -224,6 +224,19 @@ def _as_float_impl(x: Any) -> Any:
 # max|d| over the elements finite on both sides, in float64, and the count of the others.
 # b may be bfloat16 given as uint16 bits (numba has no bfloat16): read as float32 in the loop.
 @njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
+def _pair(xv: Any, yv: Any) -> Any:
+    """One element pair's terms: (b-a)², a², b², ab, |b-a|, and 1 when either is not finite
+    (its terms then 0)."""
+    x = np.float64(xv)
+    y = np.float64(_as_float(yv))
+    finite = ((x - x) == 0.0) and ((y - y) == 0.0)  # False for NaN and ±Inf
+    xf = x if finite else 0.0
+    yf = y if finite else 0.0
+    d = yf - xf
+    return d * d, xf * xf, yf * yf, xf * yf, abs(d), 0.0 if finite else 1.0
+
+
+@njit(fastmath=_CAREFUL, nogil=True, cache=True, inline="always")
 def _diff_block(a: Any, b: Any) -> Any:
     sd = 0.0
     sa = 0.0
@@ -232,18 +245,13 @@ def _diff_block(a: Any, b: Any) -> Any:
     mx = 0.0
     bad = 0.0
     for j in range(a.shape[0]):
-        x = np.float64(a[j])
-        y = np.float64(_as_float(b[j]))
-        finite = ((x - x) == 0.0) and ((y - y) == 0.0)  # False for NaN and ±Inf
-        xf = x if finite else 0.0
-        yf = y if finite else 0.0
-        d = yf - xf
-        sd += d * d
-        sa += xf * xf
-        sb += yf * yf
-        sab += xf * yf
-        mx = _fmax_nonan(mx, abs(d))
-        bad += 0.0 if finite else 1.0
+        d2, a2, b2, ab, ad, nf = _pair(a[j], b[j])
+        sd += d2
+        sa += a2
+        sb += b2
+        sab += ab
+        mx = _fmax_nonan(mx, ad)
+        bad += nf
     return sd, sa, sb, sab, mx, bad
 
 
@@ -315,18 +323,13 @@ def diff_nhwc(a: Any, b: Any, out: Any) -> None:
         bad = 0.0
         for k in range(c):  # a's rows stream; b's (W, C) block of this row stays in cache
             for x0 in range(w):
-                xv = np.float64(a[i, k, y0, x0])
-                yv = np.float64(_as_float(b[i, k, y0, x0]))
-                finite = ((xv - xv) == 0.0) and ((yv - yv) == 0.0)
-                xf = xv if finite else 0.0
-                yf = yv if finite else 0.0
-                d = yf - xf
-                sd += d * d
-                sa += xf * xf
-                sb += yf * yf
-                sab += xf * yf
-                mx = _fmax_nonan(mx, abs(d))
-                bad += 0.0 if finite else 1.0
+                d2, a2, b2, ab, ad, nf = _pair(a[i, k, y0, x0], b[i, k, y0, x0])
+                sd += d2
+                sa += a2
+                sb += b2
+                sab += ab
+                mx = _fmax_nonan(mx, ad)
+                bad += nf
         part[r, 0] = sd
         part[r, 1] = sa
         part[r, 2] = sb

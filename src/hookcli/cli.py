@@ -1069,10 +1069,10 @@ def _save_png(dest: Destination | None, image: Any, meta: dict[str, Any]) -> Non
         _err(f"wrote {dest.label} ({image.width}x{image.height})")
 
 
-def _png_output(p: Given, used: str | None) -> Destination | None:
+def _png_output(p: Given, reads: list[str]) -> Destination | None:
     if p.output is None:
         raise UsageError("-o FILE.png is required.", "e.g. -o out.png (or -o - for stdout)")
-    return _claim(p.output, "-o", suffix=".png", reads=_reads(p, used))
+    return _claim(p.output, "-o", suffix=".png", reads=reads)
 
 
 def _reads(p: Given, used: str | None) -> list[str]:
@@ -1130,7 +1130,7 @@ def maps(
         p, used = _configure(ctx, "maps", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _png_output(p, used)
+        out = _png_output(p, _reads(p, used))
         chosen = _single_layer(p.layer)
         if not chosen:
             raise UsageError(
@@ -1203,10 +1203,9 @@ def cam(
         p, used = _configure(ctx, "cam", config, no_config)
         if used:
             _err(f"config: {used}")
-        out = _png_output(p, used)
-        raw_out = _claim(
-            p.save_raw, "--save-raw", suffix=".npy", stdout_ok=False, reads=_reads(p, used)
-        )
+        reads = _reads(p, used)
+        out = _png_output(p, reads)
+        raw_out = _claim(p.save_raw, "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
         from hookcli.render.images import cam_png
         from hookcli.visual import class_activation
 

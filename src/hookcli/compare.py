@@ -426,6 +426,12 @@ class _Compared:
     outputs: dict[str, _Acc] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
 
+    def note_missing(self, spill: Spill, why: str) -> None:
+        """Reference calls this side never produced an output for."""
+        for name, call, path in spill.index:
+            if name != "(model)" and not path.startswith("in[") and (name, call) not in self.calls:
+                self.missing.add(f"{name} call {call}: {why}")
+
 
 def _compared_pass(
     run: _Run, minput: ModelInput, spill: Spill, isolate: bool, into: _Compared
@@ -466,10 +472,7 @@ def _compared_pass(
     ):
         for path, t in _real(result.output):
             _measure(into.outputs, path, spill.read(("(model)", 0, path)), t)
-    seen = set(into.calls)
-    for key in spill.index:
-        if key[0] != "(model)" and not key[2].startswith("in[") and key[:2] not in seen:
-            into.missing.add(f"{key[0]} call {key[1]}: only on the reference side")
+    into.note_missing(spill, "only on the reference side")
 
 
 def _measure(

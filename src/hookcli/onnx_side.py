@@ -150,7 +150,4 @@ def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Any, into: Any) -> 
     _measure(
         into.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first])
     )
-    seen = set(into.calls)
-    for key in spill.index:
-        if key[0] != "(model)" and not key[2].startswith("in[") and key[:2] not in seen:
-            into.missing.add(f"{key[0]} call {key[1]}: not in the ONNX graph (no node of its own)")
+    into.note_missing(spill, "not in the ONNX graph (no node of its own)")

@@ -53,7 +53,7 @@ from hookcli.records import (
     TensorStats,
 )
 from hookcli.selection import ROOT_LABEL
-from hookcli.stats import StatsCollector
+from hookcli.stats import StatsCollector, finite_or_none
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
 
@@ -168,7 +168,7 @@ def _one_run(
         notes.append(f"saved {len(saver.entries)} tensors to {saver.dest.label}")
         if saver.skipped:
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
-    value = None if result.scalar is None else _finite(float(result.scalar.detach()))
+    value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
     return Report(
         model=_model_info(loaded, run.train),
         input=_input_info(minput),
@@ -189,12 +189,6 @@ def _one_run(
         command=command,
         hookcli_version=__version__,
     )
-
-
-def _finite(v: float) -> float | None:
-    import math
-
-    return v if math.isfinite(v) else None
 
 
 def _input_info(minput: ModelInput) -> InputInfo:
@@ -369,7 +363,7 @@ def predict(
             rank,
             index,
             label(index),
-            _finite(prob),
+            finite_or_none(prob),
             img,
             sources[img] if img < len(sources) else None,
             classes[img] if img < len(classes) else None,

@@ -332,7 +332,7 @@ class StatsCollector:
             start = 0
             for i, part in zip(idxs, parts, strict=True):
                 n = part.numel()  # type: ignore[union-attr]
-                self._values[i] = [_finite_or_none(v) for v in flat[start : start + n]]
+                self._values[i] = [finite_or_none(v) for v in flat[start : start + n]]
                 start += n
         for stats, idx in self._wants_values:
             values = self._values[idx]
@@ -384,8 +384,9 @@ def _histogram(
     return on_device, (lo_t, hi_t)
 
 
-def _finite_or_none(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+def finite_or_none(v: float) -> float | None:
+    """v as a Python float, or None when it is NaN/Inf (JSON has no NaN)."""
+    return float(v) if math.isfinite(v) else None
 
 
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
@@ -394,7 +395,7 @@ def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     x, _ = _prepare(t)
     flat = x.reshape(-1).to(_accumulate_dtype(x.device))
     if flat.is_cpu:
-        return [_finite_or_none(v) for v in flat.tolist()]
+        return [finite_or_none(v) for v in flat.tolist()]
     return flat.clone()
 
 
@@ -408,10 +409,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _num(v: float) -> float | None:
-    return float(v) if math.isfinite(v) else None
-
-
 def _fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> TensorStats:
     """Complete a TensorStats from its finalized row."""
     count = row[COUNT]
@@ -419,11 +416,11 @@ def _fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> Ten
     stats.inf = int(row[INF])
     stats.zeros = float(row[ZEROS] / stats.numel) if stats.numel else None
     if count > 0:
-        stats.mean = _num(row[MEAN])
-        stats.std = _num(math.sqrt(max(row[VAR], 0.0)))
-        stats.min = _num(row[MIN])
-        stats.max = _num(row[MAX])
-        stats.norm = _num(row[NORM])
+        stats.mean = finite_or_none(row[MEAN])
+        stats.std = finite_or_none(math.sqrt(max(row[VAR], 0.0)))
+        stats.min = finite_or_none(row[MIN])
+        stats.max = finite_or_none(row[MAX])
+        stats.norm = finite_or_none(row[NORM])
     return stats
 
 
