@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
+
 ROOT = Path(__file__).resolve().parent.parent
-PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def make_images(folder: Path, n: int) -> None:
@@ -70,15 +69,8 @@ def throughput(
     def hooked() -> None:
         inspect_folder(model_name, [str(folder)], batch_size=batch, workers=workers, device="cpu")
 
-    times: dict[str, list[float]] = {"plain": [], "hookcli": []}
-    plain()
-    hooked()
-    for _ in range(rounds):
-        for key, fn in (("plain", plain), ("hookcli", hooked)):
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    return {k: len(files) / statistics.median(v) for k, v in times.items()}
+    medians = interleaved({"plain": plain, "hookcli": hooked}, rounds)
+    return {k: len(files) / v for k, v in medians.items()}
 
 
 def memory_child(folder: str, model_name: str, batch: int) -> None:
@@ -87,19 +79,9 @@ def memory_child(folder: str, model_name: str, batch: int) -> None:
     tiny = Path(tempfile.mkdtemp()) / "warm"
     make_images(tiny, batch)
     inspect_folder(model_name, [str(tiny)], batch_size=batch, device="cpu")  # warm-up
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_kb("VmRSS")
+    base = reset_peak()
     inspect_folder(model_name, [folder], batch_size=batch, device="cpu")
-    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
+    print(json.dumps({"growth_kb": status_kb("VmHWM") - base}))
 
 
 def memory(folder: Path, model_name: str, batch: int) -> float:

@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 
 
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
@@ -56,16 +52,12 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
         finally:
             spill.close()
 
-    times: dict[str, list[float]] = {"plain": [], "diff": []}
-    plain()
-    diff()
-    for _ in range(rounds):
-        for key, fn in (("plain", plain), ("diff", diff)):
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    p, d = statistics.median(times["plain"]), statistics.median(times["diff"])
-    return {"plain_ms": p * 1e3, "diff_ms": d * 1e3, "ratio": d / p}
+    t = interleaved({"plain": plain, "diff": diff}, rounds)
+    return {
+        "plain_ms": t["plain"] * 1e3,
+        "diff_ms": t["diff"] * 1e3,
+        "ratio": t["diff"] / t["plain"],
+    }
 
 
 def memory_child(layers: int) -> None:
@@ -90,26 +82,18 @@ def memory_child(layers: int) -> None:
         )
 
     once()  # warm-up: imports, kernels, allocator pools
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_kb("VmRSS")
+    base = reset_peak()
     once()
-    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    print(json.dumps({"growth_kb": status_kb("VmHWM") - base}))
 
 
 def memory(layers: int) -> float:
-    env = {**os.environ, **PRECISE_MALLOC, "PYTHONPATH": str(ROOT)}
-    code = f"from benchmarks.diff import memory_child; memory_child({layers})"
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        [sys.executable, __file__, "--memory-child", str(layers)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **PRECISE_MALLOC},
     )
     return float(json.loads(out.stdout.strip().splitlines()[-1])["growth_kb"]) / 1024
 
@@ -118,7 +102,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="resnet18 only, 3 rounds")
+    parser.add_argument("--memory-child", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child)
+        return
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")

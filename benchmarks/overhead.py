@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
+
 CASES = [("resnet50", 4), ("resnet18", 8)]
 
 
@@ -96,19 +98,6 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
     }
 
 
-def _interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds of each variant, run in turn, round after round."""
-    for fn in variants.values():  # warm-up: kernels compiled/loaded, allocator primed
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for key, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def grads_case(name: str, batch: int, rounds: int) -> dict[str, float]:
     import hookcli
 
@@ -123,7 +112,7 @@ def grads_case(name: str, batch: int, rounds: int) -> dict[str, float]:
     def hooked() -> object:
         return hookcli.grads(model, x, device="cpu", topk=0)
 
-    t = _interleaved({"plain": plain, "hookcli": hooked}, rounds)
+    t = interleaved({"plain": plain, "hookcli": hooked}, rounds)
     return {"hookcli": t["hookcli"] / t["plain"], "plain_ms": t["plain"] * 1e3}
 
 
@@ -132,20 +121,12 @@ def time_case(name: str, batch: int, rounds: int) -> dict[str, float]:
     against its own plain runs, so their large allocations do not disturb the main pair."""
     model, x = _build(name, batch)
     variants = _variants(model, x)
-    main = _interleaved({k: variants[k] for k in ("plain", "hookcli")}, rounds)
+    main = interleaved({k: variants[k] for k in ("plain", "hookcli")}, rounds)
     out = {"hookcli": main["hookcli"] / main["plain"], "plain_ms": main["plain"] * 1e3}
     for ref in ("hookcli (torch ops)", "hand-written .item() hooks"):
-        pair = _interleaved({"plain": variants["plain"], ref: variants[ref]}, max(3, rounds // 3))
+        pair = interleaved({"plain": variants["plain"], ref: variants[ref]}, max(3, rounds // 3))
         out[ref] = pair[ref] / pair["plain"]
     return out
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def memory_child(name: str, batch: int, variant: str) -> None:
@@ -163,17 +144,10 @@ def memory_child(name: str, batch: int, variant: str) -> None:
     stats.tensor_stats(torch.randn(1000))
     fn = _variants(model, x)[variant]
     fn()  # one-time allocations (oneDNN primitive caches, thread pools) are not the run's
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_kb("VmRSS")
+    base = reset_peak()
     for _ in range(3):
         fn()
-    print(json.dumps({"growth_kb": _status_kb("VmHWM") - base}))
-
-
-# Large blocks mmapped and unmapped on free: RSS then follows live memory instead of glibc's
-# heap-trimming decisions, which otherwise swing the peak by tens of MiB between runs.
-_PRECISE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    print(json.dumps({"growth_kb": status_kb("VmHWM") - base}))
 
 
 def memory_case(name: str, batch: int, repeats: int = 3) -> dict[str, float]:
@@ -187,7 +161,7 @@ def memory_case(name: str, batch: int, repeats: int = 3) -> dict[str, float]:
                 capture_output=True,
                 text=True,
                 check=True,
-                env={**os.environ, **_PRECISE_MALLOC},
+                env={**os.environ, **PRECISE_MALLOC},
             )
             growths.append(json.loads(res.stdout.strip().splitlines()[-1])["growth_kb"] / 1024)
         out[variant] = statistics.median(growths)
