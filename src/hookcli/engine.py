@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli import beacon
 from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import HookSession, Target
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
@@ -67,9 +68,10 @@ def prepare(
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
     (folder runs bring their batches)."""
     device = resolve_device(model.device)
-    loaded = load_model(
-        model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
-    )
+    with beacon.phase(f"building {model.model}"):
+        loaded = load_model(
+            model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
+        )
     if loaded.task == "quantized":
         device = _quantized_device(loaded, model.device, device, backward is not None)
     spec = None
@@ -196,6 +198,7 @@ def hooked_pass(
         torch.manual_seed(prepared.seed)  # dropout and the like, in train mode
         try:
             with torch.set_grad_enabled(backward):
+                beacon.at("in forward, before any hooked layer ran")
                 t0 = _clock(timed)
                 output = run_forward(loaded, x, session, prepared.device)
                 forward_ms = _clock(timed) - t0
@@ -204,6 +207,7 @@ def hooked_pass(
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
                     value = _scalar(loaded, prepared.backward, output, prepared.seed)
+                    beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
                     run_backward(loaded, value)
                     backward_ms = _clock(timed) - t1 if timed else None

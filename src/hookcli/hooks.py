@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookcli import beacon
 from hookcli.records import LayerCall, TensorStats
 from hookcli.stats import StatsCollector, dtype_name
 
@@ -146,6 +147,7 @@ class HookSession:
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
+        self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
 
     def __enter__(self) -> HookSession:
         try:
@@ -203,6 +205,13 @@ class HookSession:
             def grad_hook(grad: torch.Tensor, path: str = path) -> None:
                 # --profile: the first output gradient starts the module's backward, the
                 # first input gradient ends it
+                if self._beacon is not None:
+                    c = pending.call
+                    self._beacon.at(
+                        f"in the backward of layer {c.name} call {c.call}"
+                        if root == "out"
+                        else f"in backward, after layer {c.name} call {c.call}'s backward"
+                    )
                 marks = pending.t_backward
                 if self.profile and (
                     (root == "out" and not marks) or (root == "in" and len(marks) == 1)
@@ -236,6 +245,8 @@ class HookSession:
             entered = time.perf_counter_ns() if self.profile else 0
             call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
             self.counts[i] += 1
+            if self._beacon is not None:
+                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
             pending = PendingCall(call)
             self.calls.append(pending)
             stack.append(pending)
@@ -279,6 +290,8 @@ class HookSession:
             if not stack:
                 return  # hooks registered mid-call: nothing to pair with
             pending = stack.pop()
+            if self._beacon is not None:
+                self._beacon.leave()
             entered = 0
             if self.profile:
                 if pending in self._open:
