@@ -8,6 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from hookcli import isa
+
+# Before torch runs any kernel: on a CPU that advertises AMX but dies in its bfloat16 kernels,
+# the suite runs under the same oneDNN limit the CLI and the API take (issue 13).
+isa.ensure()
+
 ROOT = Path(__file__).resolve().parent.parent
 CAT = ROOT / "sample_images" / "cat.jpeg"
 COFFEE = ROOT / "sample_images" / "coffee.jpeg"

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli import __version__
+from hookcli import __version__, isa
 from hookcli.engine import Prepared, hooked_pass, model_input, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, iter_tensors
@@ -618,7 +618,8 @@ def _report(
     loaded = runs[0].prepared.loaded
     params = sum(p.numel() for p in loaded.module.parameters())
     info = ModelInfo(loaded.name, loaded.spec, loaded.task, loaded.weights_label, params)
-    notes = [
+    notes = isa.notes()
+    notes += [
         "--isolate: each selected layer was fed the reference side's input, so each row is "
         "that layer's own error"
         if isolate

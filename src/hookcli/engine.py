@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli import beacon
+from hookcli import beacon, isa
 from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import HookSession, Target
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
@@ -67,6 +67,7 @@ def prepare(
     """Model, modules and input for a run; every usage error is raised here, before any pass.
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
     (folder runs bring their batches)."""
+    isa.ensure()  # before oneDNN first runs: a CPU whose AMX kernels die gets a limit
     device = resolve_device(model.device)
     with beacon.phase(f"building {model.model}"):
         loaded = load_model(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli import __version__
+from hookcli import __version__, isa
 from hookcli.engine import (
     Prepared,
     deterministic_algorithms,
@@ -161,7 +161,7 @@ def _one_run(
         profile, by_call = timing
         for call in layers:
             call.profile = by_call.get((call.name, call.call))
-    notes = [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
+    notes = isa.notes() + [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
     if minput.skipped:
         notes.append(skipped_note(minput.skipped))
     if saver is not None:

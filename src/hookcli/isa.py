@@ -1,0 +1,236 @@
+"""CPUs that advertise an ISA they cannot run: find out once, then keep oneDNN below it.
+
+Some machines advertise AMX (amx_bf16, amx_tile) and the kernel grants the permission, yet any
+bfloat16 matmul or convolution that oneDNN dispatches to AMX dies with SIGILL (HOOK_PITFALLS 16).
+No `except` sees that. Where the CPU advertises AMX, a tiny probe — bfloat16 and float16 linear
+and convolution, autocast included — runs in a child process at oneDNN's default ISA; if it dies
+of a signal, again under `ONEDNN_MAX_CPU_ISA` limits from the highest down, and the first that
+survives is the answer. It is cached per machine (CPU model and flags, kernel) and torch version,
+so the probe's second or two is paid once. The limit must be in the environment before oneDNN
+first runs: the CLI's supervisor sets it before it forks the worker; the Python API sets it on
+its first run (a process that already ran oneDNN keeps its ISA: set it before importing torch).
+
+A user's own ONEDNN_MAX_CPU_ISA always wins. No torch here (the probe imports it in its child).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform as _host
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+ENV = "ONEDNN_MAX_CPU_ISA"
+# oneDNN's ISA names, highest first: each one a limit to try when the one above it dies
+LIMITS = (
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE",
+    "AVX2",
+    "SSE41",
+)
+PROBE_CODE = """
+import torch
+import torch.nn.functional as F
+x, w, k = torch.randn(4, 64), torch.randn(32, 64), torch.randn(8, 8, 3, 3)
+img = torch.randn(2, 8, 16, 16)
+for dtype in (torch.bfloat16, torch.float16):
+    F.linear(x.to(dtype), w.to(dtype))
+    F.conv2d(img.to(dtype), k.to(dtype))
+    with torch.autocast("cpu", dtype=dtype):
+        F.linear(x, w)
+        F.conv2d(img, k)
+print("ok")
+"""
+_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class IsaLimit:
+    """The probe's answer: the limit to run under (None: none needed) and why."""
+
+    limit: str | None
+    died: str | None = None  # the signal the default ISA died of, e.g. "SIGILL"
+
+    @property
+    def note(self) -> str | None:
+        if self.died is None:
+            return None
+        if self.limit is None:
+            return (
+                f"this CPU advertises AMX, but bfloat16/float16 kernels died with {self.died} "
+                "at every oneDNN ISA tried; such layers may crash this run"
+            )
+        return (
+            f"oneDNN limited to {self.limit} ({ENV}): this CPU advertises AMX, but bfloat16 "
+            f"kernels died with {self.died} at oneDNN's default ISA"
+        )
+
+
+_decided: IsaLimit | None = None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU flags the kernel reports (Linux; elsewhere none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return _host.processor()
+
+
+def _torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def cache_path(flags: set[str] | None = None) -> Path:
+    """Where the answer for this machine and torch version is kept."""
+    base = os.environ.get("HOOKCLI_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "hookcli")
+    key = "|".join(
+        (
+            _cpu_model(),
+            " ".join(sorted(cpu_flags() if flags is None else flags)),
+            _host.machine(),
+            _host.release(),
+            _torch_version(),
+        )
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(base) / f"onednn-{digest}.json"
+
+
+def run_probe(limit: str | None, timeout: float = 300.0) -> int:
+    """The probe's return code in a child (negative: the signal it died of)."""
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if limit is not None:
+        env[ENV] = limit
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE_CODE],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    return done.returncode
+
+
+def probe(run: Callable[[str | None], int] = run_probe) -> IsaLimit | None:
+    """Try the default ISA, then each limit down; None when the probe could not tell (it
+    failed without a signal: no torch, say) and nothing should be cached."""
+    died = None
+    for limit in (None, *LIMITS):
+        code = run(limit)
+        if code == 0:
+            return IsaLimit(limit, died)
+        if code > 0:
+            return None
+        if died is None:
+            died = _signal_name(-code)
+    return IsaLimit(None, died)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _read(path: Path) -> IsaLimit | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != _CACHE_VERSION:
+            return None
+        limit, died = data.get("limit"), data.get("died")
+        if (limit is None or limit in LIMITS) and (died is None or isinstance(died, str)):
+            return IsaLimit(limit, died)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _write(path: Path, answer: IsaLimit) -> None:
+    """Best effort: an unwritable cache only means probing again next time."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        body = {"version": _CACHE_VERSION, "limit": answer.limit, "died": answer.died}
+        tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def decide(
+    environ: Mapping[str, str] | None = None,
+    *,
+    flags: set[str] | None = None,
+    run: Callable[[str | None], int] = run_probe,
+) -> IsaLimit | None:
+    """This machine's answer: the user's own setting wins (None), then the cache, then — only
+    where the CPU advertises AMX — the probe (cached)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV) or env.get("HOOKCLI_NO_PROBE"):
+        return None
+    flags = cpu_flags() if flags is None else flags
+    path = cache_path(flags)
+    cached = _read(path)
+    if cached is not None:
+        return cached
+    if not any(f.startswith("amx") for f in flags):
+        return None
+    answer = probe(run)
+    if answer is not None:
+        _write(path, answer)
+    return answer
+
+
+def ensure(environ: MutableMapping[str, str] | None = None) -> IsaLimit | None:
+    """Decide once per process and put the limit in the environment (before oneDNN runs)."""
+    global _decided  # noqa: PLW0603 — one answer per process, like the environment it sets
+    if _decided is not None:
+        return _decided
+    env = os.environ if environ is None else environ
+    answer = decide(env)
+    if answer is not None and answer.limit is not None:
+        env[ENV] = answer.limit
+    _decided = answer if answer is not None else IsaLimit(None)
+    return _decided
+
+
+def notes() -> list[str]:
+    """What a report says about the platform (empty when nothing was changed)."""
+    note = _decided.note if _decided is not None else None
+    return [note] if note else []
