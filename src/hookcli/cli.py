@@ -1274,4 +1274,21 @@ def _render(
 
 
 def main() -> None:
-    app()
+    """The console script: safe standard streams, then the command in a supervised worker
+    (hookcli.supervise: a native crash becomes exit 3 naming the layer)."""
+    from hookcli import stdio
+    from hookcli.supervise import supervise
+
+    stdio.guard()
+    code = supervise(sys.argv[1:])
+    if code is None:  # the worker, or a light command run in-process
+        try:
+            app()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except HookcliError as exc:  # stdout failing outside a command (help to a closed stdout)
+            _err(f"error: {exc}")
+            code = exc.exit_code
+        code = stdio.finish(code)
+    sys.exit(code)

@@ -148,6 +148,7 @@ class HookSession:
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
+        self._started_by: tuple[int, tuple[int, ...]] | None = None  # the last output gradient
 
     def __enter__(self) -> HookSession:
         try:
@@ -206,12 +207,7 @@ class HookSession:
                 # --profile: the first output gradient starts the module's backward, the
                 # first input gradient ends it
                 if self._beacon is not None:
-                    c = pending.call
-                    self._beacon.at(
-                        f"in the backward of layer {c.name} call {c.call}"
-                        if root == "out"
-                        else f"in backward, after layer {c.name} call {c.call}'s backward"
-                    )
+                    self._mark_backward(pending.call, root, grad)
                 marks = pending.t_backward
                 if self.profile and (
                     (root == "out" and not marks) or (root == "in" and len(marks) == 1)
@@ -232,6 +228,21 @@ class HookSession:
                     pending.call.error = f"could not measure the gradient of {path}: {exc}"
 
             self.tensor_handles.append(t.register_hook(grad_hook))  # type: ignore[no-untyped-call]
+
+    def _mark_backward(self, call: LayerCall, root: str, grad: torch.Tensor) -> None:
+        """Crash beacon: an output gradient starts that layer's backward; an input gradient
+        ends it — unless the same gradient just started the backward of the layer that made
+        that input (one tensor, two hooks: the more precise place stays)."""
+        assert self._beacon is not None
+        try:
+            key = (grad.data_ptr(), tuple(grad.shape))
+        except Exception:  # no gradient (None), a sparse one: place by the hook alone
+            key = None
+        if root == "out":
+            self._started_by = key
+            self._beacon.at(f"in the backward of layer {call.name} call {call.call}")
+        elif key != self._started_by:
+            self._beacon.at(f"in backward, after layer {call.name} call {call.call}'s backward")
 
     def open_calls(self) -> list[PendingCall]:
         """Calls whose module started and did not return (the forward raised inside them)."""

@@ -1,0 +1,232 @@
+"""Crash isolation (issue 13): a worker that dies of a signal becomes exit 3 and one line naming
+the signal and the layer call that was running; Ctrl-C and SIGTERM still stop it cleanly.
+
+These run the real console entry (`python -m hookcli`) in a subprocess: CliRunner runs commands
+in-process, where nothing survives a signal. The models kill themselves with os.kill, as a
+segfaulting op or the OOM killer would (tests/crash_models.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hookcli import beacon
+from hookcli.supervise import death_message, is_light
+from tests.conftest import ROOT
+
+MODEL = "tests.crash_models:Net"
+
+
+def hookcli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hookcli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **(env or {})},
+        timeout=300,
+    )
+
+
+def one_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("how", "words"),
+    [
+        ("SIGSEGV", "segmentation fault"),
+        ("SIGILL", "illegal instruction"),
+        ("SIGBUS", "bus error"),
+        ("SIGKILL", "out-of-memory killer"),
+    ],
+)
+def test_a_layer_dying_of_a_signal_is_exit_3_naming_the_layer(
+    how: str, words: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "report.json"
+    r = hookcli("inspect", MODEL, "-i", "randn:2x4", "--model-arg", f"how={how}", "-o", str(out))
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    line = one_line(r.stderr)
+    assert line.startswith(f"error: the run died of {how}"), line
+    assert "in layer boom call 0 (forward)" in line and words in line and "Hint: " in line
+    assert r.stdout == ""
+    assert list(tmp_path.iterdir()) == [], "no output file, no temp file left"
+
+
+def test_a_death_in_backward_names_the_layer_whose_backward_ran(tmp_path: Path) -> None:
+    r = hookcli(
+        "grads", MODEL, "-i", "randn:2x4", "--model-arg", "when=backward", "--target", "sum"
+    )
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr)
+    assert "SIGSEGV" in line and "in the backward of layer boom call 0" in line, line
+
+
+def test_a_death_while_the_model_is_built_says_so() -> None:
+    r = hookcli("inspect", "tests.crash_models:dies_while_built", "-i", "randn:2x4")
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr)
+    assert "SIGSEGV" in line and "while building tests.crash_models:dies_while_built" in line
+
+
+def test_a_normal_run_is_unchanged_by_the_supervisor(tmp_path: Path) -> None:
+    """Same exit code and the same JSON with and without the supervising parent."""
+    reports = []
+    for env in ({}, {"HOOKCLI_NO_SUPERVISOR": "1"}):
+        r = hookcli(
+            "inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never", "-f", "json", env=env
+        )
+        assert r.returncode == 0, r.stderr
+        reports.append(json.loads(r.stdout)["layers"])
+    assert reports[0] == reports[1]
+
+
+def _started(marker: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the model never started"
+        time.sleep(0.1)
+
+
+def _waiting_run(marker: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hookcli",
+            "inspect",
+            MODEL,
+            "-i",
+            "randn:2x4",
+            "--model-arg",
+            f"marker={marker}",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,  # its own process group, as a shell job would be
+    )
+
+
+def test_sigterm_to_the_parent_stops_the_worker_and_exits_143(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    out = tmp_path / "out" / "r.json"
+    out.parent.mkdir()
+    proc = _waiting_run(marker, "-o", str(out))
+    _started(marker, proc)
+    proc.send_signal(signal.SIGTERM)  # the parent only, as `kill PID` would
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM in layer boom call 0 (forward)" in one_line(err)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_ctrl_c_reaches_the_worker_and_exits_130(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    proc = _waiting_run(marker)
+    _started(marker, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal signals the whole foreground group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert one_line(err) == "interrupted"
+
+
+def test_death_message_places() -> None:
+    words = beacon.LastWords("in layer fc call 2 (forward)", "diff side B (bfloat16)", ())
+    line = death_message(signal.SIGILL, words)
+    assert line.startswith("error: the run died of SIGILL (illegal instruction) in layer fc call 2")
+    assert line.count("\n") == 0 and "diff side B (bfloat16)" in line
+    assert "ONEDNN_MAX_CPU_ISA" in line
+    assert "before any hooked layer ran" in death_message(
+        signal.SIGSEGV, beacon.LastWords("", "", ())
+    )
+    assert death_message(signal.SIGINT, words) == "interrupted"
+
+
+def test_the_beacon_follows_nested_calls_and_temp_files() -> None:
+    light = beacon.Beacon()
+    light.phase("building m")
+    assert light.last_words() == beacon.LastWords("", "building m", ())
+    light.enter("layer a call 0 (forward)")
+    light.enter("layer a.b call 0 (forward)")
+    assert light.last_words().where == "in layer a.b call 0 (forward)"
+    light.leave()
+    assert light.last_words().where == "in layer a call 0 (forward)"
+    light.leave()
+    assert light.last_words().where == "after layer a call 0 (forward) returned"
+    light.track("/tmp/x")
+    light.track("/tmp/y")
+    light.untrack("/tmp/x")
+    assert light.last_words().temps == ("/tmp/y",)
+    light.at("é" * 5000)  # longer than its page: cut, never spilling into the next one
+    assert light.last_words().phase == "building m"
+
+
+def test_light_calls_are_not_forked() -> None:
+    assert is_light([]) and is_light(["--help"]) and is_light(["inspect", "-h"])
+    assert is_light(["models"]) and is_light(["--version"])
+    assert not is_light(["inspect", "resnet18"])
+
+
+def test_stdout_that_cannot_take_the_data_is_one_line_and_exit_2() -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hookcli",
+                "inspect",
+                MODEL,
+                "-i",
+                "randn:2x4",
+                "--model-arg",
+                "when=never",
+            ],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=False,
+        )
+    assert r.returncode == 2, r.stderr
+    assert "cannot write to standard output: No space left on device" in one_line(r.stderr)
+
+
+def test_closed_stdout_and_stderr() -> None:
+    base = [sys.executable, "-m", "hookcli", "inspect", MODEL, "-i", "randn:2x4"]
+    base += ["--model-arg", "when=never"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(base, stdout=None, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                       check=False, preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert r.returncode == 2 and "standard output is closed" in one_line(r.stderr)
+    # stderr closed: the usage error still has its exit code (2), not 1
+    r = subprocess.run([*base, "--topk", "x"], stdout=subprocess.PIPE, cwd=ROOT, env=env,
+                       check=False, preexec_fn=lambda: os.close(2))  # fmt: skip
+    assert r.returncode == 2
+
+
+def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
+    r = hookcli("inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never",
+                env={"PYTHONIOENCODING": "ascii"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "boom" in r.stdout and "internal error" not in r.stderr
