@@ -148,9 +148,10 @@ def run_probe(limit: str | None, timeout: float = 300.0) -> int:
     return done.returncode
 
 
-def probe(run: Callable[[str | None], int] = run_probe) -> IsaLimit | None:
+def probe(run: Callable[[str | None], int] | None = None) -> IsaLimit | None:
     """Try the default ISA, then each limit down; None when the probe could not tell (it
     failed without a signal: no torch, say) and nothing should be cached."""
+    run = run or run_probe
     died = None
     for limit in (None, *LIMITS):
         code = run(limit)
@@ -197,7 +198,7 @@ def decide(
     environ: Mapping[str, str] | None = None,
     *,
     flags: set[str] | None = None,
-    run: Callable[[str | None], int] = run_probe,
+    run: Callable[[str | None], int] | None = None,
 ) -> IsaLimit | None:
     """This machine's answer: the user's own setting wins (None), then the cache, then — only
     where the CPU advertises AMX — the probe (cached)."""
