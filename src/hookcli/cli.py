@@ -157,6 +157,9 @@ def _root(
 
     Example: hookcli inspect resnet34 sample_images/cat.jpeg
     """
+    from hookcli import output
+
+    output.begin()  # a new command: no file read, no output claimed yet
 
 
 # ------------------------------------------------------------------ plumbing
@@ -393,8 +396,10 @@ def _configure(
         return Given(**values), None
     from hookcli import config as project
 
-    if config is not None and not config.is_file():
+    if config is not None and not config.exists():  # a pipe, <(…), is read like a file
         raise UsageError(f"config file {config} not found.", "check the --config path.")
+    if config is not None and config.is_dir():
+        raise UsageError(f"config {config} is a folder.", "give the hookcli.toml file in it.")
     path = config or project.find(Path.cwd())
     if path is None:
         return Given(**values), None
@@ -1076,14 +1081,22 @@ def _png_output(p: Given, reads: list[str]) -> Destination | None:
 
 
 def _reads(p: Given, used: str | None) -> list[str]:
-    """Every file this run reads: an output may not be one of them."""
+    """Every file this run will read, known before any work (hookcli.output's registry, which
+    every reader also adds to): an output may not be one of them. Names that are not files
+    (randn:2, DEFAULT, ones) are dropped there."""
     files = [*(p.inputs or []), *(p.input_spec or [])]
-    if p.model and Path(p.model).is_file():  # diff's first saved report
-        files.append(p.model)
+    if p.model:  # diff's first saved report, or the source of path/to/file.py:Name
+        files += [p.model, p.model.rpartition(":")[0]]
     files += [str(x) for x in (p.baseline, used) if x is not None]
-    if p.weights.lower() not in ("none", "default") and Path(p.weights).expanduser().is_file():
-        files.append(p.weights)
-    return files
+    files.append(p.weights)
+    if p.loss:  # --loss mse:FILE.pt
+        files.append(p.loss.partition(":")[2])
+    for side in (p.a, p.b, p.ref):  # diff's --b weights=FILE (hookcli.compare.parse_side)
+        for part in (side or "").split(","):
+            key, sep, value = part.partition("=")
+            if sep and key.strip().lower() == "weights":
+                files.append(value.strip())
+    return [os.path.expanduser(f) for f in files if f]
 
 
 def _single_layer(value: Any) -> str | None:
