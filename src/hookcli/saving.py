@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -36,10 +35,12 @@ class TensorSaver:
         self.metadata = metadata
         self.entries: dict[str, dict[str, Any]] = {}
         self.skipped: list[str] = []
-        fd, self._data_path = tempfile.mkstemp(
-            prefix=".hookcli-save.", suffix=".data", dir=dest.scratch_dir
+        # Nameless (O_TMPFILE, or unlinked the moment it is made): only the descriptor holds
+        # the data, so no signal (SIGTERM, SIGKILL, the OOM killer) can leave a file behind;
+        # it is read back through the descriptor.
+        self._data = tempfile.TemporaryFile(  # noqa: SIM115 — lives until close() or discard()
+            "w+b", prefix=".hookcli-save.", suffix=".data", dir=dest.scratch_dir
         )
-        self._data = os.fdopen(fd, "wb")
         self._offset = 0
 
     def add(self, key: str, t: torch.Tensor) -> None:
@@ -63,14 +64,16 @@ class TensorSaver:
 
     def close(self) -> None:
         """Assemble the file (hookcli.output's policy: atomic for a regular file); the
-        temporary data file goes either way."""
-        self._data.close()
+        temporary data goes either way."""
         header: dict[str, Any] = {"__metadata__": self.metadata, **self.entries}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+        data = self._data
 
         def assemble(tmp: str) -> None:
-            with open(tmp, "wb") as out, open(self._data_path, "rb") as data:
+            data.flush()
+            data.seek(0)
+            with open(tmp, "wb") as out:
                 out.write(struct.pack("<Q", len(raw)))
                 out.write(raw)
                 shutil.copyfileobj(data, out, 1 << 20)
@@ -78,10 +81,8 @@ class TensorSaver:
         try:
             write_with(self.dest, assemble)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(self._data_path)
+            self.discard()
 
     def discard(self) -> None:
-        self._data.close()
         with contextlib.suppress(OSError):
-            os.unlink(self._data_path)
+            self._data.close()
