@@ -8,8 +8,13 @@ nothing: a deterministic random input of the shape the model expects.
 
 from __future__ import annotations
 
+import io
+import math
+import pickle
 import re
+import stat
 import warnings
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +25,20 @@ import torch
 
 from hookcli.errors import UsageError
 from hookcli.loading import LoadedModel
+from hookcli.output import note_read, user_path
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_MAX_NUMEL = 1 << 31
+_MAX_NUMEL = (1 << 31) - 1  # a spec tensor has fewer than 2**31 elements (8 GiB of float32)
+# Decoders hookcli lets Pillow run: raster formats only. EPS/PS would run Ghostscript, PDF and
+# WMF are not pictures to sample, and the scientific containers are not photographs.
+RASTER_FORMATS = (
+    "PNG", "JPEG", "MPO", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM", "TGA", "ICO", "CUR",
+    "PCX", "SGI", "JPEG2000", "QOI", "DDS", "PSD", "XBM", "XPM", "IM", "ICNS", "BLP", "AVIF",
+    "SUN", "MSP", "FLI", "DCX",
+)  # fmt: skip
+MAX_RESIZED_PIXELS = 64_000_000  # what a resize may make of one image before the center crop
+_piped: dict[str, bytes] = {}  # a pipe (<(cat img)) is read once; later reads get the bytes
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):([0-9]+(?:[x,][0-9]+)*)$")
 
 
@@ -94,8 +109,9 @@ def expand_paths(paths: Sequence[str]) -> list[ImageFile]:
     exts = image_extensions()
     out: list[ImageFile] = []
     for raw in paths:
-        p = Path(raw).expanduser()
+        p = user_path(raw, "input")
         if p.is_dir():
+            note_read(p)
             found = sorted(
                 f
                 for f in p.rglob("*")
@@ -118,18 +134,64 @@ def expand_paths(paths: Sequence[str]) -> list[ImageFile]:
     return out
 
 
+def _image_source(path: Path) -> Path | io.BytesIO:
+    """What PIL opens: the path of a regular file, or the bytes of a pipe or device (a
+    `<(cat img)` argument), read once and kept for any later read of the same name."""
+    key = str(path)
+    if key in _piped:
+        return io.BytesIO(_piped[key])
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read ({exc.strerror}).", "check the file.") from exc
+    if stat.S_ISREG(mode):
+        note_read(path)
+        return path
+    try:
+        with open(path, "rb") as f:
+            _piped[key] = data = f.read()
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read ({exc.strerror}).", "check the file.") from exc
+    if not data:
+        raise UsageError(f"{path} gave no data (an empty pipe).", "give a real image file.")
+    return io.BytesIO(data)
+
+
+def _format_of(source: Path | io.BytesIO) -> str | None:
+    """The format Pillow would take a file for, from its header alone (nothing decoded)."""
+    from PIL import Image
+
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    try:
+        with Image.open(source) as im:
+            return str(im.format)
+    except Exception:
+        return None
+
+
 def read_image(path: Path) -> Any:
     """A PIL RGB image, whatever the file's mode; one-line errors for unreadable files."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    if path.stat().st_size == 0:
+    source = _image_source(path)
+    if isinstance(source, Path) and path.stat().st_size == 0:
         raise UsageError(f"{path} is empty (0 bytes).", "give a real image file.")
+    Image.init()
+    formats = [f for f in RASTER_FORMATS if f in Image.OPEN]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(path)
+            img = Image.open(source, formats=formats)
             img.load()
     except UnidentifiedImageError as exc:
+        other = _format_of(source)
+        if other is not None:
+            raise UsageError(
+                f"{path} is {other}, not a raster image format hookcli decodes "
+                "(PNG, JPEG, BMP, GIF, TIFF, WebP, …); convert it to PNG or JPEG first.",
+                "convert it to PNG or JPEG first.",
+            ) from exc
         raise UsageError(
             f"{path} is not an image format PIL can read.",
             "give a JPEG/PNG/... file, or a tensor with --input file.pt.",
@@ -172,6 +234,42 @@ def to_rgb(img: Any) -> Any:
                 f"image mode {mode} cannot be converted to RGB.", "convert the image to RGB first."
             ) from exc
     return img
+
+
+def short_side_resize(preprocess: Any) -> int | None:
+    """The size a preprocessing resizes an image's short side to, when it does (torchvision's
+    presets: `resize_size` of one number); None for a fixed output size or no resize."""
+    size = getattr(preprocess, "resize_size", None)
+    if isinstance(size, list | tuple) and len(size) == 1:
+        size = size[0]
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def resize_problem(image: Any, short: int | None, name: str) -> str | None:
+    """Why an image cannot be preprocessed (resizing the short side of a 1x5000 strip to 256
+    makes 256x1280000: gigabytes before the crop), or None. Folder runs skip such an image."""
+    w, h = image.size
+    low = min(w, h)
+    if short is None or low <= 0:
+        return None
+    big_w, big_h = -(-w * short // low), -(-h * short // low)
+    pixels = big_w * big_h
+    if pixels <= MAX_RESIZED_PIXELS:
+        return None
+    return (
+        f"{name} is {w}x{h}: resizing its short side to {short} would make {big_w}x{big_h} "
+        f"({pixels / 1e6:,.0f} megapixels); hookcli refuses more than "
+        f"{MAX_RESIZED_PIXELS // 1_000_000} megapixels."
+    )
+
+
+def _check_sizes(files: list[ImageFile], images: list[Any], short: int | None) -> None:
+    for f, im in zip(files, images, strict=True):
+        problem = resize_problem(im, short, str(f.path))
+        if problem is not None:
+            raise UsageError(
+                problem, "crop it to a less extreme aspect ratio first (the model sees the middle)."
+            )
 
 
 def _imagenet_preprocess(size: tuple[int, int]) -> Any:
@@ -284,11 +382,13 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     if model.preprocess is not None:
         preprocess = model.preprocess
         label = model.preprocess_label
+        short = short_side_resize(preprocess)
     else:
         size = model.input_size or (224, 224)
         preprocess = _imagenet_preprocess(size)
-        resize = round(size[0] * 256 / 224)
-        label = f"ImageNet: resize {resize}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
+        short = round(size[0] * 256 / 224)
+        label = f"ImageNet: resize {short}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
+    _check_sizes(files, images, short)
     tensors = [preprocess(im) for im in images]
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
@@ -305,50 +405,100 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     return ModelInput((torch.stack(tensors),), desc, sources, label, classes)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split("\n", 1)[0].split())
+    return text or type(exc).__name__
+
+
+def _spec_shape(spec: str, dims: str) -> tuple[int, ...]:
+    """The shape of KIND:SHAPE, its element count checked exactly (Python ints never wrap)."""
+    kind = spec.partition(":")[0]
+    try:
+        shape = tuple(int(d) for d in re.split(r"[x,]", dims))
+    except ValueError as exc:  # more digits than int() takes
+        raise UsageError(
+            f"{kind}:{dims[:30]}…: a dimension has thousands of digits.", "use a smaller shape."
+        ) from exc
+    numel = math.prod(shape)
+    if numel > _MAX_NUMEL:
+        shown = dims if len(dims) <= 60 else dims[:40] + "…"
+        gib = numel * 4 / (1 << 30)
+        size = f"{gib:,.1f} GiB" if gib < 1e6 else "far beyond any memory"
+        raise UsageError(
+            f"{kind}:{shown} has {numel:,} elements ({size} as float32); the limit is "
+            f"{_MAX_NUMEL:,} (fewer than 2**31).",
+            "use a smaller shape.",
+        )
+    return shape
+
+
+def _load_tensors(raw: str, path: Path) -> Any:
+    """torch.load with weights_only=True: tensors and plain containers, never pickled code."""
+    if not path.is_file():
+        raise UsageError(f"tensor file {raw} not found.", "check the path.")
+    note_read(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if zipfile.is_zipfile(path):  # torch.save's format, holding more than tensors
+            raise UsageError(
+                f"tensor file {raw} stores pickled Python objects, not only tensors; hookcli "
+                "never unpickles code (it loads with weights_only=True).",
+                "save plain tensors: torch.save(tensor, 'x.pt') or a tuple of tensors.",
+            ) from exc
+        raise UsageError(
+            f"tensor file {raw} is not a torch.save file ({_one_line(exc)}).",
+            "save it with torch.save(tensor, 'x.pt').",
+        ) from exc
+    except Exception as exc:
+        raise UsageError(
+            f"tensor file {raw} is not readable: {_one_line(exc)}",
+            "save it with torch.save(tensor, 'x.pt').",
+        ) from exc
+
+
 def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
     """One --input spec → one or more tensors (a .pt file may hold a tuple of tensors)."""
     raw = spec.strip()
     m = _SPEC.match(raw)
     if m:
         kind, dims = m.groups()
-        shape = tuple(int(d) for d in re.split(r"[x,]", dims))
-        numel = int(np.prod(shape)) if shape else 1
-        if numel > _MAX_NUMEL:
-            raise UsageError(
-                f"--input {spec}: {numel:,} elements is too many.", "use a smaller shape."
-            )
+        shape = _spec_shape(raw, dims)
         gen = torch.Generator().manual_seed(seed)
         if kind == "randn":
             return [torch.randn(shape, generator=gen)]
         if kind == "rand":
             return [torch.rand(shape, generator=gen)]
         return [torch.ones(shape) if kind == "ones" else torch.zeros(shape)]
-    path = Path(raw).expanduser()
+    path = user_path(raw, "tensor file")
     if path.suffix.lower() in (".pt", ".pth"):
-        if not path.is_file():
-            raise UsageError(f"--input file {raw} not found.", "check the path.")
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise UsageError(
-                f"--input {raw} is not a readable tensor file: {exc}",
-                "save it with torch.save(tensor, 'x.pt').",
-            ) from exc
+        data = _load_tensors(raw, path)
         items = list(data) if isinstance(data, list | tuple) else [data]
         if not items or not all(isinstance(t, torch.Tensor) for t in items):
             raise UsageError(
-                f"--input {raw} holds a {type(data).__name__}, not tensors.",
+                f"tensor file {raw} holds a {type(data).__name__}, not tensors.",
                 "save a tensor or a tuple of tensors with torch.save.",
             )
+        for t in items:
+            if t.is_meta or t.layout != torch.strided:
+                what = (
+                    "a meta tensor (a shape with no data)" if t.is_meta else f"a {t.layout} tensor"
+                )
+                raise UsageError(
+                    f"tensor file {raw} holds {what}.",
+                    "save a dense tensor with values: torch.save(torch.randn(2, 3), 'x.pt').",
+                )
         return items
     if path.suffix.lower() == ".npy":
         if not path.is_file():
-            raise UsageError(f"--input file {raw} not found.", "check the path.")
+            raise UsageError(f"tensor file {raw} not found.", "check the path.")
+        note_read(path)
         try:
             return [torch.from_numpy(np.load(path, allow_pickle=False))]
         except Exception as exc:
             raise UsageError(
-                f"--input {raw} is not a readable .npy array: {exc}", "save it with numpy.save."
+                f"tensor file {raw} is not a readable .npy array: {_one_line(exc)}",
+                "save it with numpy.save.",
             ) from exc
     raise UsageError(
         f"malformed --input {spec!r}: expected KIND:SHAPE such as randn:1x3x224x224 "
