@@ -15,6 +15,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import io
 import os
 import pickle
 import sys
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from hookcli.errors import ModelError, UsageError
+from hookcli.output import note_read, user_path
 
 TASKS = ("classification", "segmentation", "detection", "video", "optical_flow", "quantized")
 CLIP_FRAMES = 16  # a still image repeated as a clip this long (MViT needs exactly 16)
@@ -284,7 +286,7 @@ def _resolve_weights(name: str, value: str, enum: Any | None) -> Any:
     raw = value.strip()
     if raw.lower() in ("none", ""):
         return None
-    path = Path(raw).expanduser()
+    path = user_path(raw, "--weights")
     if path.suffix.lower() in _WEIGHT_SUFFIXES or os.sep in raw or path.exists():
         if not path.is_file():
             raise UsageError(
@@ -341,6 +343,7 @@ def _build_pretrained(name: str, weights: Any, kwargs: dict[str, Any]) -> nn.Mod
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from .pth/.pt (weights_only) or .safetensors, unwrapped and de-prefixed."""
+    note_read(path)
     if path.suffix.lower() == ".safetensors":
         try:
             from safetensors.torch import load_file
@@ -348,7 +351,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:
             raise UsageError(
-                f"{path} is not a readable safetensors file: {exc}",
+                f"{path} is not a readable safetensors file: {_one_line(exc)}",
                 "check the file, or re-save it.",
             ) from exc
     else:
@@ -357,7 +360,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except pickle.UnpicklingError as exc:
             if not zipfile.is_zipfile(path):  # not torch.save's format: just not a checkpoint
                 raise UsageError(
-                    f"{path} is not a readable PyTorch file: {exc}",
+                    f"{path} is not a readable PyTorch file: {_one_line(exc)}",
                     "check the file; hookcli reads state dicts saved by torch.save.",
                 ) from exc
             raise UsageError(
@@ -367,7 +370,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             ) from exc
         except Exception as exc:
             raise UsageError(
-                f"{path} is not a readable PyTorch file: {exc}",
+                f"{path} is not a readable PyTorch file: {_one_line(exc)}",
                 "check the file; hookcli reads state dicts saved by torch.save.",
             ) from exc
     if isinstance(data, Mapping):
@@ -426,16 +429,42 @@ def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
 # ---------------------------------------------------------------- custom models
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as `Type: first line` (a model's message may run to pages)."""
+    first = " ".join(str(exc).split("\n", 1)[0].split())
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _read_model_file(source: str) -> Path:
+    """The model's source file, checked readable: a file hookcli cannot read is an input
+    problem (exit 2); what the file does when imported is the model's (exit 3)."""
+    path = user_path(source, "model file")
+    if path.is_dir():
+        raise UsageError(
+            f"model file {source} is a folder.", "give the .py file (path/to/file.py:Name)."
+        )
+    if not path.exists():
+        raise UsageError(
+            f"model file {source} not found.", "check the path in MODEL (path/to/file.py:Name)."
+        )
+    try:
+        with io.open_code(str(path)) as f:  # as the import will read it
+            f.read(1)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read model file {source}: {exc.strerror or exc}.",
+            "check the file's permissions (ls -l), or copy it somewhere readable.",
+        ) from exc
+    note_read(path)
+    return path
+
+
 def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> LoadedModel:
     source, _, attr = spec.rpartition(":")
     if not source or not attr.isidentifier():
         raise _unknown_model(spec)
     if source.endswith(".py"):
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise UsageError(
-                f"model file {source} not found.", "check the path in MODEL (path/to/file.py:Name)."
-            )
+        path = _read_model_file(source)
         module_name = f"_hookcli_user_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(module_name, path)
         if mod_spec is None or mod_spec.loader is None:
@@ -448,9 +477,11 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             raise UsageError(
                 f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
             ) from exc
-        except (Exception, SystemExit) as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
             raise ModelError(
-                f"importing {source} failed: {type(exc).__name__}: {exc}",
+                f"importing {source} failed: {_one_line(exc)}",
                 "fix the model file; run it with python to see the traceback.",
             ) from exc
         finally:
@@ -462,6 +493,13 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             raise UsageError(
                 f"cannot import module {source!r}: {exc}.",
                 "install the package, or give path/to/file.py:Name.",
+            ) from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise ModelError(
+                f"importing {source} failed: {_one_line(exc)}",
+                f"fix the module; python -c 'import {source}' shows the traceback.",
             ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
@@ -485,9 +523,11 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             f"{source}:{attr}({_kw(kwargs)}) failed: {exc}",
             "pass constructor arguments with --model-arg key=value.",
         ) from exc
-    except (Exception, SystemExit) as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
         raise ModelError(
-            f"{source}:{attr}({_kw(kwargs)}) raised {type(exc).__name__}: {exc}",
+            f"{source}:{attr}({_kw(kwargs)}) raised {_one_line(exc)}",
             "fix the model's constructor.",
         ) from exc
     if not isinstance(model, nn.Module):
@@ -500,7 +540,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
     loaded.spec = spec
     loaded.name = attr
     if weights.strip().lower() not in ("none", ""):
-        path = Path(weights).expanduser()
+        path = user_path(weights.strip(), "--weights")
         if not path.is_file():
             raise UsageError(
                 f"weights file {weights} not found.",
