@@ -3,18 +3,25 @@ directory or a parent. Keys are the long option names (`model`, `input`, `weight
 `target`, `loss`, …); a table named after a command (`[grads]`, `[tool.hookcli.grads]`)
 overrides for that command. Command-line flags override the file. Relative paths in the file
 are relative to the file's folder, so `hookcli grads` works from anywhere in the project.
+
+A config file found by walking up (not one named with --config) must belong to the current user
+or root, as git's safe.directory asks of a repository: a file another user can plant in a
+shared parent folder could otherwise choose the files a run writes.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hookcli.errors import UsageError
+from hookcli.output import note_read
 
 COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
 # key → (parameter name, kind): str, int, bool, list (of str)
@@ -77,64 +84,126 @@ _TENSOR_FILE = (".pt", ".pth", ".npy")
 class Config:
     path: Path
     values: dict[str, Any] = field(default_factory=dict)  # parameter name → value
+    text: str = ""  # the file as read (a pipe can be read only once)
 
     @property
     def folder(self) -> Path:
-        return self.path.parent
+        """What relative paths in the file are relative to: its folder; for a pipe
+        (`--config <(…)`), the working directory."""
+        try:
+            regular = stat.S_ISREG(self.path.stat().st_mode)
+        except OSError:
+            regular = False
+        return self.path.parent if regular else Path.cwd()
 
 
-def find(start: Path) -> Path | None:
-    """The nearest hookcli.toml, or pyproject.toml with [tool.hookcli], from start upwards."""
-    for folder in (start, *start.parents):
-        own = folder / "hookcli.toml"
-        if own.is_file():
-            return own
-        pyproject = folder / "pyproject.toml"
-        if pyproject.is_file() and "[tool.hookcli" in pyproject.read_text(errors="replace"):
-            return pyproject
-    return None
+def _owner(path: Path) -> int:
+    return path.stat().st_uid
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _trusted(path: Path) -> None:
+    """A found config must be the user's own (or root's): refuse another user's file."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # no owners to compare (Windows)
+        return
+    owner = _owner(path)
+    if owner not in (0, getuid()):
+        raise UsageError(
+            f"config {path} belongs to another user (uid {owner}); hookcli does not apply a "
+            "config it found that it cannot trust (it can name files to overwrite).",
+            f"pass --config {path} if you trust it, or --no-config to ignore it.",
+        )
+
+
+def _parse(path: Path) -> tuple[dict[str, Any], str]:
+    """The TOML of a config file, and its text; one-line errors naming the file."""
     try:
-        data = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise UsageError(
             f"cannot read config {path}: {exc.strerror}.", "check the --config path."
         ) from exc
+    note_read(path)
+    try:
+        text = data.decode("utf-8")  # TOML is UTF-8, whatever the locale
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"config {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}).",
+            "save it as UTF-8 (TOML files must be).",
+        ) from exc
+    try:
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config {path}: {exc}.", "fix the TOML syntax there.") from exc
+
+
+def _has_table(path: Path) -> bool:
+    """pyproject.toml configures hookcli only with a real [tool.hookcli] table (a comment
+    mentioning one is not); an unparsable file counts when it names the table, so its error
+    is shown rather than the file silently skipped."""
+    try:
+        data, _ = _parse(path)
+    except UsageError:
+        try:
+            return b"[tool.hookcli" in path.read_bytes()
+        except OSError:
+            return False
+    tool = data.get("tool")
+    return isinstance(tool, dict) and isinstance(tool.get("hookcli"), dict)
+
+
+def find(start: Path) -> Path | None:
+    """The nearest hookcli.toml, or pyproject.toml with [tool.hookcli], from start upwards
+    (refused when another user owns it)."""
+    for folder in (start, *start.parents):
+        own = folder / "hookcli.toml"
+        if own.is_file():
+            _trusted(own)
+            return own
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and _has_table(pyproject):
+            _trusted(pyproject)
+            return pyproject
+    return None
+
+
+def _read(path: Path) -> tuple[dict[str, Any], str]:
+    data, text = _parse(path)
     if path.name == "pyproject.toml":
         table = data.get("tool", {}).get("hookcli")
         if not isinstance(table, dict):
             raise UsageError(
                 f"{path} has no [tool.hookcli] table.", "add one, or pass --no-config."
             )
-        return table
-    return data
+        return table, text
+    return data, text
 
 
-def _line_of(path: Path, key: str) -> str:
+def _line_of(path: Path, key: str, text: str | None = None) -> str:
     """`path:line` of a key, for messages (TOML parsers do not keep positions)."""
     pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
-    try:
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if pattern.match(line):
-                return f"{path}:{n}"
-    except OSError:
-        pass
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return str(path)
+    for n, line in enumerate(text.splitlines(), 1):
+        if pattern.match(line):
+            return f"{path}:{n}"
     return str(path)
 
 
 def load(path: Path, command: str) -> Config:
     """The values of a config file for one command, checked and with paths resolved."""
-    table = _read(path)
+    table, text = _read(path)
     merged: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, dict):
             if key not in COMMANDS:
                 raise UsageError(
-                    f"{_line_of(path, key)}: unknown table [{key}].",
+                    f"{_line_of(path, key, text)}: unknown table [{key}].",
                     f"command tables are {', '.join(COMMANDS)}.",
                 )
             continue
@@ -142,23 +211,23 @@ def load(path: Path, command: str) -> Config:
     section = table.get(command)
     if isinstance(section, dict):
         merged.update(section)
-    config = Config(path)
+    config = Config(path, text=text)
     for key, value in merged.items():
         norm = key.replace("_", "-")
         if norm not in KEYS:
             close = difflib.get_close_matches(norm, list(KEYS), n=2)
             near = f" Did you mean {' or '.join(close)}?" if close else ""
             raise UsageError(
-                f"{_line_of(path, key)}: unknown key {key!r}.{near}",
+                f"{_line_of(path, key, text)}: unknown key {key!r}.{near}",
                 f"keys are the long option names: {', '.join(KEYS)}.",
             )
         param, kind = KEYS[norm]
-        config.values[param] = _check(path, key, value, kind)
+        config.values[param] = _check(path, key, value, kind, text)
     _resolve_paths(config)
     return config
 
 
-def _check(path: Path, key: str, value: Any, kind: str) -> Any:
+def _check(path: Path, key: str, value: Any, kind: str, text: str) -> Any:
     ok = {
         "str": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),
@@ -176,14 +245,14 @@ def _check(path: Path, key: str, value: Any, kind: str) -> Any:
             "list": "a string or a list of strings",
         }[kind]
         raise UsageError(
-            f"{_line_of(path, key)}: {key} must be {want}, not {value!r}.",
+            f"{_line_of(path, key, text)}: {key} must be {want}, not {value!r}.",
             "fix the value in the config file.",
         )
     return [value] if kind == "list" and isinstance(value, str) else value
 
 
 def _relative(folder: Path, raw: str) -> str:
-    p = Path(raw).expanduser()
+    p = Path(os.path.expanduser(raw))  # ~nouser stays as written: its reader reports it
     return raw if p.is_absolute() else str(folder / p)
 
 
