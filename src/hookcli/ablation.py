@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli import bounds
 from hookcli.errors import UsageError
 from hookcli.records import Ablation, LayerChange, Report
 from hookcli.selection import ModuleEntry
@@ -42,21 +43,24 @@ def parse(raw: str) -> AblationSpec:
     layer, sep, op = raw.partition("=")
     parts = op.strip().split(":")
     kind = parts[0].lower()
-    try:
-        args = tuple(float(p) for p in parts[1:])
-    except ValueError:
-        args = ()
-        kind = "?"
     want = {"zero": 0, "mean": 0, "scale": 1, "noise": 1, "clamp": 2}
-    if not sep or not layer.strip() or kind not in want or len(args) != want[kind]:
+    if not sep or not layer.strip() or kind not in want or len(parts) - 1 != want[kind]:
         raise UsageError(
             f"malformed --ablate {raw!r}: expected LAYER=OP with OP one of {', '.join(OPS)}.",
             "for example --ablate layer4=zero or --ablate layer3.1.relu=scale:0.5",
         )
-    if kind == "noise" and args[0] < 0:
-        raise UsageError(f"--ablate {raw!r}: noise std must be 0 or more.", "e.g. noise:0.1")
-    if kind == "clamp" and args[0] > args[1]:
-        raise UsageError(f"--ablate {raw!r}: clamp needs LO <= HI.", "e.g. clamp:0:6")
+    option = f"--ablate {raw!r}: {kind}"
+    if kind == "scale":
+        args: tuple[float, ...] = (bounds.number(parts[1], option, example="scale:0.5"),)
+    elif kind == "noise":
+        args = (bounds.number(parts[1], f"{option} std", low=0, example="noise:0.1"),)
+    elif kind == "clamp":  # an infinite bound is a one-sided clamp
+        lo, hi = (bounds.number(p, option, infinite=True, example="clamp:0:6") for p in parts[1:])
+        if lo > hi:
+            raise UsageError(f"--ablate {raw!r}: clamp needs LO <= HI.", "e.g. clamp:0:6")
+        args = (lo, hi)
+    else:
+        args = ()
     return AblationSpec(layer.strip(), kind, args)
 
 
@@ -111,7 +115,7 @@ def ablated(
                     f"--ablate: no layer named {spec.layer!r}.",
                     "ablation takes an exact layer name; see `hookcli layers MODEL`.",
                 )
-            change = _change(spec, seed + i)
+            change = _change(spec, (seed + i) % 2**64)  # torch seeds wrap at 2**64
 
             def hook(
                 module: nn.Module,

@@ -9,7 +9,6 @@ any recorded statistic beyond rtol/atol, or layers that appeared or vanished).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator
@@ -17,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hookcli import bounds
 from hookcli.errors import UsageError
-from hookcli.records import SCHEMA_VERSION, CheckResult, Report, TensorStats
+from hookcli.records import CheckResult, Report, TensorStats
 
 FAIL_ON = ("nonfinite", "dead")
 RELU_FAMILY = {
@@ -66,6 +66,18 @@ def parse_rules(
     rtol: float = 1e-3,
     atol: float = 1e-6,
 ) -> Rules:
+    dead_frac = bounds.number(
+        dead_frac, "--dead-frac", low=0, high=1, low_open=True, example="--dead-frac 0.99"
+    )
+    if max_abs is not None:
+        max_abs = bounds.number(max_abs, "--max-abs", low=0, low_open=True, example="--max-abs 1e4")
+    rtol = bounds.number(rtol, "--rtol", example="--rtol 1e-3")
+    atol = bounds.number(atol, "--atol", example="--atol 1e-6")
+    if rtol < 0 or atol < 0:
+        raise UsageError(
+            f"--rtol and --atol must be 0 or more (got {rtol:g}, {atol:g}).",
+            "e.g. --rtol 1e-3 --atol 1e-6",
+        )
     rules = Rules(dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol)
     for rule in fail_on or []:
         if rule not in FAIL_ON:
@@ -74,22 +86,11 @@ def parse_rules(
             )
         if rule not in rules.fail_on:
             rules.fail_on.append(rule)
-    if not 0 < dead_frac <= 1:
-        raise UsageError(
-            f"--dead-frac must be in (0, 1], got {dead_frac}.", "e.g. --dead-frac 0.99"
-        )
-    if max_abs is not None and not max_abs > 0:
-        raise UsageError(f"--max-abs must be positive, got {max_abs}.", "e.g. --max-abs 1e4")
-    if rtol < 0 or atol < 0:
-        raise UsageError(
-            f"--rtol and --atol must be 0 or more (got {rtol}, {atol}).",
-            "e.g. --rtol 1e-3 --atol 1e-6",
-        )
     if grad_norm is not None:
         rules.grad_norm = _parse_range(grad_norm)
     for raw in expect_shape or []:
         layer, sep, dims = raw.partition("=")
-        if not sep or not layer or not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
+        if not sep or not layer.strip() or not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
             raise UsageError(
                 f"malformed --expect-shape {raw!r}: expected LAYER=SHAPE.",
                 "for example --expect-shape conv1=1x64x112x112",
@@ -102,17 +103,20 @@ def parse_rules(
 
 
 def _parse_range(raw: str) -> tuple[float | None, float | None]:
-    lo_s, sep, hi_s = raw.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        lo = float(lo_s) if lo_s.strip() else None
-        hi = float(hi_s) if hi_s.strip() else None
-    except ValueError:
+    if not isinstance(raw, str) or raw.count(":") != 1:
         raise UsageError(
             f"malformed --grad-norm {raw!r}: expected MIN:MAX (either may be empty).",
             "for example --grad-norm 1e-8:1e3 or --grad-norm :100",
-        ) from None
+        )
+    lo_s, _, hi_s = raw.partition(":")
+    example = "--grad-norm 1e-8:1e3"
+    # norms are 0 or more; an infinite bound is no bound (allowed: inf means "no maximum")
+    lo = bounds.number(lo_s, "--grad-norm MIN", low=0, example=example) if lo_s.strip() else None
+    hi = (
+        bounds.number(hi_s, "--grad-norm MAX", low=0, infinite=True, example=example)
+        if hi_s.strip()
+        else None
+    )
     if (lo is None and hi is None) or (lo is not None and hi is not None and lo > hi):
         raise UsageError(
             f"--grad-norm {raw!r} is an empty range.", "for example --grad-norm 1e-8:1e3"
@@ -257,28 +261,10 @@ def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckRe
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(
-            f"baseline {path} not found.", f"record one: hookcli inspect MODEL … -f json -o {path}"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(
-            f"baseline {path} is not readable JSON: {exc}.", "record it again with -f json -o FILE."
-        ) from None
-    if not isinstance(data, dict) or not {"schema", "model", "layers"} <= set(data):
-        raise UsageError(
-            f"baseline {path} is not a hookcli JSON report.",
-            "record one with hookcli inspect … -f json -o FILE.",
-        )
-    if data["schema"] != SCHEMA_VERSION:
-        raise UsageError(
-            f"baseline {path} has schema {data['schema']}; "
-            f"this hookcli writes schema {SCHEMA_VERSION}.",
-            "record the baseline again with this version.",
-        )
-    return data
+    """The validated report at path (reportfile.load_report: the one loader of saved reports)."""
+    from hookcli.reportfile import load_report
+
+    return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {path}")
 
 
 def _entries(layers: list[dict[str, Any]]) -> dict[tuple[str, int, str, str], dict[str, Any]]:

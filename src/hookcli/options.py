@@ -6,10 +6,56 @@ with these, and the engine (engine.py) turns them into a prepared model and hook
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hookcli import bounds
+from hookcli.errors import UsageError
+
+MODEL_ARG_MAX = 1000  # characters of one --model-arg KEY=VALUE: far beyond any real one
+
+
+def check_model_arg_text(pairs: Sequence[str]) -> None:
+    """--model-arg KEY=VALUE texts, before they are parsed as Python literals: a value of
+    100k characters (or brackets nested that deep) is refused by its length."""
+    for pair in pairs:
+        if len(pair) > MODEL_ARG_MAX:
+            key = pair.partition("=")[0][:40]
+            raise UsageError(
+                f"--model-arg {key}=… is {len(pair)} characters long; "
+                f"at most {MODEL_ARG_MAX} are accepted.",
+                "give the value in a short form (a number, a name, a short list), or build the "
+                "model in a file.py:Name factory.",
+            )
+
+
+def _check_model_arg_values(args: Mapping[str, Any]) -> None:
+    """Integers in model arguments are sizes and counts (num_classes, widths, depths): one
+    beyond 2**31-1 only ever makes torch fail to allocate, with a C++ stack trace."""
+
+    def ints(value: Any, depth: int = 0) -> Iterator[int]:
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int):
+            yield value
+        elif isinstance(value, list | tuple | set | frozenset) and depth < 4:
+            for v in value:
+                yield from ints(v, depth + 1)
+        elif isinstance(value, dict) and depth < 4:
+            for v in value.values():
+                yield from ints(v, depth + 1)
+
+    for key, value in args.items():
+        for n in ints(value):
+            if abs(n) > bounds.INT32_MAX:
+                digits = str(n) if len(str(n)) <= 40 else f"a {len(str(n))}-digit number"
+                raise UsageError(
+                    f"--model-arg {key}: integers are sizes and counts, at most "
+                    f"{bounds.INT32_MAX} (2**31-1) in magnitude; got {digits}.",
+                    f"e.g. --model-arg {key}=10",
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +67,10 @@ class ModelOptions:
     seed: int = 0
     device: str = "auto"
     model_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
+        _check_model_arg_values(self.model_args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +120,10 @@ class RunOptions:
     stats_backend: str = "auto"  # "torch" skips the fused CPU kernel; results agree
     config: str | None = None  # the project config file used, stated in the report
 
+    def __post_init__(self) -> None:
+        if self.topk is not None:
+            bounds.integer(self.topk, "--topk", low=0, high=bounds.INT32_MAX, example="--topk 5")
+
 
 @dataclass(frozen=True, slots=True)
 class FolderOptions:
@@ -79,6 +133,19 @@ class FolderOptions:
     limit: int | None = None
     workers: int = 0  # DataLoader processes decoding images
     per_image: int = 0  # each image's top-K predictions, 0: none
+
+    def __post_init__(self) -> None:
+        bounds.integer(
+            self.batch_size, "--batch-size", low=1, high=bounds.BATCH_MAX, example="--batch-size 32"
+        )
+        if self.limit is not None:
+            bounds.integer(self.limit, "--limit", low=1, high=2**63 - 1, example="--limit 1000")
+        bounds.integer(
+            self.workers, "--workers", low=0, high=bounds.WORKERS_MAX, example="--workers 2"
+        )
+        bounds.integer(
+            self.per_image, "--per-image", low=0, high=bounds.INT32_MAX, example="--per-image 3"
+        )
 
 
 # The Python API's keyword arguments and where each one goes.
