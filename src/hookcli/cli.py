@@ -22,6 +22,7 @@ import typer
 from hookcli import __version__
 from hookcli.errors import HookcliError, UsageError
 from hookcli.render import SUFFIX_FORMATS, Format
+from hookcli.text import escape
 
 if TYPE_CHECKING:
     from hookcli.output import Destination
@@ -371,8 +372,9 @@ class Given:
 
     def model_options(self, name: str) -> Any:
         from hookcli.loading import parse_model_args
-        from hookcli.options import ModelOptions
+        from hookcli.options import ModelOptions, check_model_arg_text
 
+        check_model_arg_text(self.model_arg or [])
         args = parse_model_args(self.model_arg or [])
         return ModelOptions(name, self.weights, self.seed, self.device, args)
 
@@ -842,7 +844,7 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
     failed = [c for c in report.checks if not c.passed]
     if failed and command != "check" and (fmt != Format.table or _to_file(output)):
         for c in failed:  # the table shows them; other formats get them on stderr
-            _err(f"check failed: {c.rule}: {c.message}")
+            _err(escape(f"check failed: {c.rule}: {c.message}"))
     if report.interrupted:
         _err("interrupted: partial results above")
         raise typer.Exit(130)
@@ -1007,7 +1009,7 @@ def diff(
         _emit(_render_diff(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or _to_file(dest):
-                _err(f"first past tolerance: {report.first_over}")
+                _err(escape(f"first past tolerance: {report.first_over}"))
             raise typer.Exit(1)
 
 
@@ -1166,7 +1168,7 @@ def maps(
         png, meta = maps_png(picture)
         _save_png(out, png, meta)
         for note in picture.notes:
-            _err(f"note: {note}")
+            _err(escape(f"note: {note}"))
 
 
 @app.command()
@@ -1252,7 +1254,7 @@ def cam(
             write_with(raw_out, save_npy)
             _err(f"wrote {raw_out.label}")
         for note in picture.notes:
-            _err(f"note: {note}")
+            _err(escape(f"note: {note}"))
 
 
 def _render(

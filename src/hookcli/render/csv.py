@@ -1,4 +1,8 @@
-"""CSV: one row per tensor of every layer call (inputs and outputs)."""
+"""CSV: one row per tensor of every layer call (inputs and outputs).
+
+Text cells (names, paths, notes) go through text.csv_cell: control characters escaped and a
+cell a spreadsheet would run as a formula (`=cmd|…`) prefixed with `'`; numbers stay numbers.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import csv
 import io
 
 from hookcli.records import DiffReport, Report, TensorStats
+from hookcli.text import csv_cell
 
 FIELDS = [
     "layer",
@@ -39,13 +44,13 @@ def report_csv(report: Report) -> str:
     def row(layer: str, type_: str, call: int, kind: str, t: TensorStats) -> None:
         w.writerow(
             [
-                layer,
-                type_,
+                csv_cell(layer),
+                csv_cell(type_),
                 call,
                 kind,
-                t.path,
+                csv_cell(t.path),
                 "x".join(map(str, t.shape)),
-                t.dtype,
+                csv_cell(t.dtype),
                 t.numel,
                 _cell(t.mean),
                 _cell(t.std),
@@ -101,8 +106,9 @@ def diff_csv(report: DiffReport) -> str:
         for side, diffs in (("A", c.a or []), ("B", c.b)):
             for d in diffs:
                 w.writerow(
-                    [c.name, c.type, c.call, side, d.path, "x".join(map(str, d.shape)), d.numel]
+                    [csv_cell(c.name), csv_cell(c.type), c.call, side, csv_cell(d.path)]
+                    + ["x".join(map(str, d.shape)), d.numel]
                     + [_cell(v) for v in (d.max_abs, d.rel_l2, d.cosine, d.sqnr_db, d.norm_rel)]
-                    + [d.nonfinite, "yes" if d.over else "", d.note or ""]
+                    + [d.nonfinite, "yes" if d.over else "", csv_cell(d.note or "")]
                 )
     return buf.getvalue()

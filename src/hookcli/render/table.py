@@ -28,6 +28,7 @@ from hookcli.records import (
     TensorStats,
 )
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
+from hookcli.text import escape, markdown
 
 HEADERS = [
     "layer",
@@ -100,6 +101,11 @@ RIGHT = {
     "SQNR A",
     "SQNR B",
 }
+
+
+def _t(text: str, style: str = "") -> Text:
+    """A line or cell for Rich: user text escaped (text.escape), never read as markup."""
+    return Text(escape(text), style=style)
 
 
 def _input_label(call: LayerCall) -> str:
@@ -225,7 +231,8 @@ class Grid:
         self.rows: list[tuple[list[str], str | None]] = []
 
     def add_row(self, *cells: str, style: str | None = None) -> None:
-        self.rows.append((list(cells), style))
+        """A row; each cell escaped (names can hold ESC, newlines, markup)."""
+        self.rows.append(([escape(c) for c in cells], style))
 
     def _widths(self, wrap_headers: bool) -> list[int]:
         """Each column's width: its widest cell, and its header whole or (wrap_headers) its
@@ -265,13 +272,13 @@ class Grid:
         if hidden:
             note = f"(columns left out at {width} characters: {', '.join(hidden)}; widen the "
             note += "terminal, set COLUMNS, or use -f json)"
-            yield Text(note, style="dim" if self.color else "")
+            yield _t(note, style="dim" if self.color else "")
 
     def _table(
         self, headers: list[str], keep: list[int], widths: list[int], width: int, wrap: bool
     ) -> Table:
         t = Table(
-            title=self.title,
+            title=_t(self.title) if self.title else None,
             box=box.SIMPLE_HEAD if self.color else box.ASCII2,
             show_edge=False,
             title_justify="left",
@@ -289,26 +296,26 @@ class Grid:
                     label, justify="right" if right else "left", no_wrap=True, min_width=widths[i]
                 )
         for cells, style in self.rows:
-            t.add_row(*(cells[i] for i in keep), style=style if self.color else None)
+            t.add_row(*(Text(cells[i]) for i in keep), style=style if self.color else None)
         return t
 
     def _vertical(self, width: int) -> Iterable[Text]:
         """Each row as its name, then `header value` pairs packed into lines of the width."""
         if self.title:
-            yield Text(self.title, style="bold" if self.color else "")
+            yield _t(self.title, style="bold" if self.color else "")
         for cells, style in self.rows:
             look = (style or "") if self.color else ""
             pairs = [f"{h} {c}" for h, c in zip(self.headers[1:], cells[1:], strict=True) if c]
             if cells[0]:
-                yield Text(cells[0], style=(style or "bold") if self.color else "")
+                yield _t(cells[0], style=(style or "bold") if self.color else "")
             line = ""
             for pair in pairs:
                 if line and cell_len(line) + 2 + cell_len(pair) > width:
-                    yield Text(line, style=look)
+                    yield _t(line, style=look)
                     line = ""
                 line += "  " + pair
             if line:
-                yield Text(line, style=look)
+                yield _t(line, style=look)
 
 
 def _table(
@@ -334,6 +341,12 @@ def header_lines(report: Report) -> list[str]:
     return lines
 
 
+def _output_label(t: TensorStats) -> str:
+    """`1x10`, or `1x10 (10 Inf)`: a model output's NaN/Inf are counted where it is named."""
+    label = tensor_label(t, "out")
+    return f"{label} ({nonfinite(t)})" if t.nonfinite else label
+
+
 def _footer_lines(report: Report) -> list[str]:
     lines = []
     if report.never_called:
@@ -344,9 +357,12 @@ def _footer_lines(report: Report) -> list[str]:
             f"modules): {shown}{more}"
         )
     if report.outputs:
-        lines.append(
-            "model output: " + ", ".join(tensor_label(t, "out") for t in report.outputs[:6])
-        )
+        labels = [_output_label(t) for t in report.outputs[:6]]
+        hidden = report.outputs[6:]
+        bad = sum(t.nan + t.inf for t in hidden)
+        if bad:  # the NaN/Inf of outputs past the sixth are counted too
+            labels.append(f"+{len(hidden)} more ({bad} not finite)")
+        lines.append("model output: " + ", ".join(labels))
     for o in report.nonfinite_origins:
         lines.append(f"NaN/Inf first appeared — {o.describe()}")
     for g in report.input_grads or []:
@@ -360,7 +376,7 @@ def _footer_lines(report: Report) -> list[str]:
 def report_table(report: Report, *, color: bool, width: int | None) -> str:
     console, buf = _console(color, width)
     for line in header_lines(report):
-        console.print(Text(line, style="dim" if color else ""))
+        console.print(_t(line, style="dim" if color else ""))
     calls = len(report.layers)
     title = f"{calls} layer call{'s' if calls != 1 else ''}"
     if report.backward is not None:
@@ -382,15 +398,15 @@ def report_table(report: Report, *, color: bool, width: int | None) -> str:
             table.add_row(*cells, style=style if color else None)
         console.print(table)
     for line in _footer_lines(report):
-        console.print(Text(line))
+        console.print(_t(line))
     if report.predictions == []:
-        console.print("predictions: none (nothing detected)")
+        console.print(_t("predictions: none (nothing detected)"))
     if report.predictions:
         console.print(predictions_table(report.predictions, color))
     if report.predictions is not None and report.prediction_note:
-        console.print(Text(report.prediction_note, style="dim" if color else ""))
+        console.print(_t(report.prediction_note, style="dim" if color else ""))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="yellow" if color else ""))
+        console.print(_t(f"note: {note}", style="yellow" if color else ""))
     if report.profile is not None:
         _print_profile(console, report, color)
     if report.ablation is not None:
@@ -433,11 +449,11 @@ def _print_profile(console: Console, report: Report, color: bool) -> None:
         f"unhooked forward ({prof.unhooked_ms:.1f} ms, median of {prof.runs}); the rest runs "
         "outside modules (additions, reshapes) or in unselected ones"
     )
-    console.print(Text(line))
+    console.print(_t(line))
     if prof.unhooked_backward_ms is not None and prof.layers_backward_ms is not None:
         bshare = prof.layers_backward_ms / prof.unhooked_backward_ms
         console.print(
-            Text(
+            _t(
                 f"profile: their backward takes {prof.layers_backward_ms:.1f} ms = "
                 f"{bshare:.0%} of an unhooked backward ({prof.unhooked_backward_ms:.1f} ms)"
             )
@@ -448,7 +464,7 @@ def _print_ablation(console: Console, report: Report, color: bool) -> None:
     a = report.ablation
     assert a is not None
     console.print(
-        Text(
+        _t(
             f"ablation: {', '.join(a.specs)} (a second run, compared with the one above)",
             style="bold" if color else "",
         )
@@ -486,7 +502,7 @@ def _print_ablation(console: Console, report: Report, color: bool) -> None:
             )
         console.print(t)
     else:
-        console.print("no selected layer's output changed")
+        console.print(_t("no selected layer's output changed"))
 
 
 _SHOWN = 20  # failures listed per rule in text; JSON carries them all
@@ -497,13 +513,13 @@ def _print_checks(console: Console, report: Report, color: bool, *, quiet: bool)
         if quiet and c.passed:
             continue
         mark, style = ("PASS", "green") if c.passed else ("FAIL", "bold red")
-        line = Text(f"{mark} ", style=style if color else "")
-        line.append(f"{c.rule}: {c.message}")
+        line = _t(f"{mark} ", style=style if color else "")
+        line.append(escape(f"{c.rule}: {c.message}"))
         console.print(line)
         for f in c.failures[:_SHOWN]:
-            console.print(Text(f"    {f}"))
+            console.print(_t(f"    {f}"))
         if len(c.failures) > _SHOWN:
-            console.print(Text(f"    … and {len(c.failures) - _SHOWN} more (all in --format json)"))
+            console.print(_t(f"    … and {len(c.failures) - _SHOWN} more (all in --format json)"))
 
 
 def checks_table(report: Report, *, color: bool, width: int | None, quiet: bool) -> str:
@@ -511,18 +527,16 @@ def checks_table(report: Report, *, color: bool, width: int | None, quiet: bool)
     console, buf = _console(color, width)
     if not quiet:
         for line in header_lines(report):
-            console.print(Text(line, style="dim" if color else ""))
+            console.print(_t(line, style="dim" if color else ""))
     _print_checks(console, report, color, quiet=quiet)
     if not quiet or any(not c.passed for c in report.checks):
         for o in report.nonfinite_origins:
-            console.print(Text(f"NaN/Inf first appeared — {o.describe()}"))
+            console.print(_t(f"NaN/Inf first appeared — {o.describe()}"))
     if not quiet:
         failed = sum(not c.passed for c in report.checks)
         total = len(report.checks)
         verdict = f"{total - failed} passed, {failed} failed"
-        console.print(
-            Text(verdict, style=("bold red" if failed else "bold green") if color else "")
-        )
+        console.print(_t(verdict, style=("bold red" if failed else "bold green") if color else ""))
     out = _text(buf)
     return "" if out.strip() == "" else out
 
@@ -552,10 +566,10 @@ def layers_table(report: LayersReport, *, color: bool, width: int | None) -> str
     console, buf = _console(color, width)
     m = report.model
     console.print(
-        f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules"
+        _t(f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules")
     )
     if report.input is not None:
-        console.print(f"shapes from one forward pass; input: {report.input.description}")
+        console.print(_t(f"shapes from one forward pass; input: {report.input.description}"))
     headers = ["layer", "type", "params", "leaf", "also named"]
     if report.input is not None:
         headers += ["calls", "output shape"]
@@ -574,8 +588,10 @@ def layers_table(report: LayersReport, *, color: bool, width: int | None) -> str
         t.add_row(*cells)
     console.print(t)
     console.print(
-        "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"
-        " default: every leaf module"
+        _t(
+            "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"
+            " default: every leaf module"
+        )
     )
     return _text(buf)
 
@@ -598,12 +614,8 @@ def models_table(entries: list[ModelEntry], *, color: bool, width: int | None) -
             e.metric or DASH,
         )
     console.print(t)
-    console.print("* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none")
+    console.print(_t("* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none"))
     return _text(buf)
-
-
-def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|")
 
 
 def _md_table(headers: list[str], rows: Iterable[list[str]]) -> list[str]:
@@ -612,13 +624,14 @@ def _md_table(headers: list[str], rows: Iterable[list[str]]) -> list[str]:
         "| " + " | ".join(headers) + " |",
         "|" + "|".join("---:" if h in RIGHT else "---" for h in headers) + "|",
     ]
-    out += ["| " + " | ".join(_md_escape(c) for c in cells) + " |" for cells in rows]
+    out += ["| " + " | ".join(markdown(c) for c in cells) + " |" for cells in rows]
     return out
 
 
 def report_markdown(report: Report) -> str:
     out = [
-        f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(header_lines(report))
+        f"**{markdown(line)}**  " if i == 0 else f"{markdown(line)}  "
+        for i, line in enumerate(header_lines(report))
     ]
     if report.backward is not None:
         out += _md_table(GRAD_HEADERS, (cells for cells, _ in grad_rows(report)))
@@ -630,22 +643,22 @@ def report_markdown(report: Report) -> str:
         out += _md_table(headers, (cells for cells, _ in layer_rows(report)))
     footer = _footer_lines(report)
     if footer:
-        out += ["", *(f"{line}  " for line in footer)]
+        out += ["", *(f"{markdown(line)}  " for line in footer)]
     if report.predictions:
         out += [
             "",
-            f"predictions ({report.prediction_note}):",
+            f"predictions ({markdown(str(report.prediction_note))}):",
             "",
             "| image | # | class | index | prob |",
             "|---|---:|---|---:|---:|",
         ]
         for p in report.predictions:
-            label = _md_escape(p.label or DASH)
-            image = _md_escape(p.source) if p.source else str(p.image)
+            label = markdown(p.label or DASH)
+            image = markdown(p.source) if p.source else str(p.image)
             if p.folder_class:
-                image += f" ({_md_escape(p.folder_class)})"
+                image += f" ({markdown(p.folder_class)})"
             out.append(f"| {image} | {p.rank} | {label} | {p.index} | {prob(p.prob)} |")
-    out += [f"\nnote: {n}" for n in report.notes]
+    out += [f"\nnote: {markdown(n)}" for n in report.notes]
     return "\n".join(out) + "\n"
 
 
@@ -654,11 +667,9 @@ SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", 
 
 def saved_table(saved: SavedFile, *, color: bool, width: int | None) -> str:
     console, buf = _console(color, width)
-    console.print(
-        Text(f"{saved.path}: {len(saved.tensors)} tensors", style="bold" if color else "")
-    )
+    console.print(_t(f"{saved.path}: {len(saved.tensors)} tensors", style="bold" if color else ""))
     for key, value in sorted(saved.metadata.items()):
-        console.print(Text(f"{key}: {value}", style="dim" if color else ""))
+        console.print(_t(f"{key}: {value}", style="dim" if color else ""))
     t = _table(None, SAVED_HEADERS, color)
     for s in saved.tensors:
         style = "red" if (s.nonfinite and color) else None
@@ -759,16 +770,16 @@ def diff_table(report: DiffReport, *, color: bool, width: int | None) -> str:
     m = report.model
     dim = "dim" if color else ""
     console.print(
-        Text(f"diff: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}", style=dim)
+        _t(f"diff: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}", style=dim)
     )
-    console.print(Text(f"weights: {m.weights}", style=dim))
-    console.print(Text(f"input: {report.input.description}", style=dim))
+    console.print(_t(f"weights: {m.weights}", style=dim))
+    console.print(_t(f"input: {report.input.description}", style=dim))
     if report.ref is not None:
         console.print(
-            Text(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}", style=dim)
+            _t(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}", style=dim)
         )
     else:
-        console.print(Text(f"A (reference): {report.a}   B: {report.b}", style=dim))
+        console.print(_t(f"A (reference): {report.a}   B: {report.b}", style=dim))
     headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
     rel = "relative L2 = |B-A|/|A|" if report.ref is None else "relative L2 against the reference"
     t = _table(
@@ -779,7 +790,7 @@ def diff_table(report: DiffReport, *, color: bool, width: int | None) -> str:
     console.print(t)
     for line in diff_footer(report):
         console.print(
-            Text(
+            _t(
                 line,
                 style=("bold red" if report.failed else "bold green")
                 if color and line.startswith(("first", "no call"))
@@ -805,13 +816,15 @@ def diff_markdown(report: DiffReport) -> str:
     m = report.model
     headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
     out = [
-        f"**diff** `{m.spec}` on {report.device}: A = {report.a}, B = {report.b}"
-        + (f", reference = {report.ref}" if report.ref else " (A is the reference)"),
+        markdown(
+            f"**diff** `{m.spec}` on {report.device}: A = {report.a}, B = {report.b}"
+            + (f", reference = {report.ref}" if report.ref else " (A is the reference)")
+        ),
         "",
-        f"input: {_md_escape(report.input.description)}; tol {report.tol:g}",
+        f"input: {markdown(report.input.description)}; tol {report.tol:g}",
         "",
         *_md_table(headers, (cells for cells, _ in diff_rows(report))),
         "",
-        *(f"{line}  " for line in diff_footer(report)),
+        *(f"{markdown(line)}  " for line in diff_footer(report)),
     ]
     return "\n".join(out) + "\n"
