@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import errno
 import math
 import mmap
 import os
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli import __version__, isa
+from hookcli import __version__, bounds, isa
 from hookcli.engine import Prepared, hooked_pass, model_input, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, iter_tensors
@@ -84,7 +85,11 @@ def parse_side(raw: str, option: str) -> Side:
         elif key.startswith("autocast") and not sep:
             name = key.partition(":")[2] or "bfloat16"
             if name not in ("bfloat16", "float16"):
-                raise UsageError(f"{option} {raw!r}: autocast takes bfloat16 or float16.", "")
+                raise UsageError(
+                    f"{option} {raw!r}: autocast has no dtype {name!r}; "
+                    "its dtypes are bfloat16 and float16.",
+                    f"e.g. {option} autocast:bfloat16 (or {option} quantized for int8).",
+                )
             fields["autocast"] = _DTYPES[name]
         elif key in ("channels_last", "nhwc") and not sep:
             fields["channels_last"] = True
@@ -96,8 +101,10 @@ def parse_side(raw: str, option: str) -> Side:
             fields["onnx"] = True
         elif key in ("weights", "device") and sep and value:
             fields[key] = value
-        elif key == "seed" and sep and value.lstrip("-").isdigit():
-            fields["seed"] = int(value)
+        elif key == "seed" and sep and value.strip().lstrip("-").isdigit():
+            fields["seed"] = bounds.integer(
+                value.strip(), f"{option} seed", low=0, high=bounds.SEED_MAX, example="seed=1"
+            )
         else:
             raise UsageError(
                 f"{option} {raw!r}: {part!r} is not a side.", f"a side is made of: {SIDE_HELP}."
@@ -112,31 +119,76 @@ class Spill:
     """The reference side's tensors, on disk: written as hooks see them, read back one at a
     time. Nothing of them stays in memory.
 
+    The file is unlinked the moment it is created: only its descriptor reaches it, so it
+    cannot outlive the process, however that ends (SIGTERM, SIGKILL, the OOM killer). Writes
+    and reads go through the descriptor (pwrite/preadv: no buffering, no seek).
+
     A large tensor is read back by mapping its pages of the file (MAP_POPULATE: mapped in one
     go, no copy); the mapping goes when the last array viewing it does, so at most the tensor
-    being compared is mapped. Each tensor starts on a page boundary for that."""
+    being compared is mapped. Each tensor starts on a page boundary for that.
+
+    A failed write (a full TMPDIR) is kept in `failed`, not raised: hooks swallow errors to
+    protect the user's forward, so the caller checks `raise_if_failed()` after the pass —
+    else the missing tensor would show as a false "only on this side" divergence."""
 
     _MAP_FROM = 1 << 20  # below this, a plain read into a reused buffer is cheaper
 
     def __init__(self) -> None:
         fd, self.path = tempfile.mkstemp(prefix="hookcli-diff-", suffix=".spill")
-        self._file = os.fdopen(fd, "w+b")
+        self.dir = os.path.dirname(self.path)
+        try:
+            os.unlink(self.path)  # the name goes now; the descriptor keeps the file
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
         self._buf = bytearray()  # one reused read buffer for small tensors
         self.index: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
         self._end = 0
-        self._dirty = False
+        self.failed: OSError | None = None
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise ValueError("the spill file is closed")
+        return self._fd
 
     def write(self, key: tuple[str, int, str], t: torch.Tensor) -> None:
+        if self.failed is not None:
+            return  # the run stops after this pass; nothing more to keep
         x = t.detach()
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         arr = x.contiguous().cpu().numpy()
         start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
-        self._file.seek(start)
-        arr.tofile(self._file)
+        data = arr.reshape(-1).view(np.uint8).data  # the bytes, no copy
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], start + done)
+        except OSError as exc:
+            self.failed = exc
+            return
         self.index[key] = (start, arr.dtype, tuple(arr.shape))
         self._end = start + arr.nbytes
-        self._dirty = True
+
+    def raise_if_failed(self) -> None:
+        """The write error, if any, as the one-line error it is for the user."""
+        exc = self.failed
+        if exc is None:
+            return
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise UsageError(
+                f"no space left in TMPDIR ({self.dir}) for diff's spill file "
+                f"({self._end / 2**20:.0f} MB written of the reference side's outputs, "
+                f"{os.strerror(exc.errno)}).",
+                "set TMPDIR to a larger disk (TMPDIR=/path/with/space hookcli diff …), or "
+                "select fewer layers with -l.",
+            )
+        raise UsageError(
+            f"could not write diff's spill file in TMPDIR ({self.dir}): {exc.strerror or exc}.",
+            "set TMPDIR to a writable local disk.",
+        )
 
     def read(self, key: tuple[str, int, str]) -> np.ndarray[Any, Any] | None:
         """The tensor written under key: a read-only view of its mapped pages, or (small
@@ -144,15 +196,12 @@ class Spill:
         found = self.index.get(key)
         if found is None:
             return None
-        if self._dirty:
-            self._file.flush()
-            self._dirty = False
         offset, dtype, shape = found
         count = int(np.prod(shape)) if shape else 1
         nbytes = count * dtype.itemsize
         if nbytes >= self._MAP_FROM:
             pages = mmap.mmap(
-                self._file.fileno(),
+                self.fd,
                 nbytes,
                 flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                 prot=mmap.PROT_READ,
@@ -161,10 +210,13 @@ class Spill:
             return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape)
         if len(self._buf) < nbytes:
             self._buf = bytearray(nbytes)
-        self._file.seek(offset)
         view = memoryview(self._buf)[:nbytes]
-        if self._file.readinto(view) != nbytes:
-            raise OSError(f"the spill file {self.path} was cut short")
+        got = 0
+        while got < nbytes:
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n == 0:
+                raise OSError(f"the spill file in {self.dir} was cut short")
+            got += n
         return np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
 
     def reset(self) -> None:
@@ -173,9 +225,9 @@ class Spill:
         self._end = 0
 
     def close(self) -> None:
-        self._file.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # ---------------------------------------------------------------- accumulated differences
@@ -508,10 +560,11 @@ def diff_report(
     batch_size: int | None = None,
 ) -> DiffReport:
     """Side B (and, with a --ref side, side A) against the reference, per layer call."""
-    if tol < 0:
-        raise UsageError(f"--tol must be 0 or more, got {tol}.", "e.g. --tol 1e-3")
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}.", "e.g. 32")
+    tol = bounds.tolerance(tol, "--tol", "--tol 1e-3")
+    if batch_size is not None:
+        batch_size = bounds.integer(
+            batch_size, "--batch-size", low=1, high=bounds.BATCH_MAX, example="--batch-size 32"
+        )
     reference = ref or a
     compared = [a, b] if ref is not None else [b]
     if reference.onnx:
@@ -554,6 +607,7 @@ def diff_report(
             first_input = first_input or minput
             spill.reset()
             _reference_pass(runs[0], _cast(minput, reference, base.device), spill, isolate)
+            spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
             for run, into in zip(runs[1:], results, strict=True):
                 side_input = _cast(minput, run.side, run.prepared.device)
                 if run.side.onnx:
@@ -665,20 +719,11 @@ def diff_saved(path_a: str, path_b: str, tol: float = 1e-3) -> DiffReport:
     """Two JSON reports of one model (inspect/grads -f json): only their statistics are
     known, so each tensor is compared by the relative change of its norm (`norm_rel`); the
     mean and std changes are noted."""
-    import json
-    from pathlib import Path
+    from hookcli.reportfile import load_report
 
-    reports = []
-    for p in (path_a, path_b):
-        try:
-            data = json.loads(Path(p).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UsageError(
-                f"{p} is not a readable JSON report: {exc}", "give -f json output."
-            ) from exc
-        if not isinstance(data, dict) or data.get("schema") != 1 or "layers" not in data:
-            raise UsageError(f"{p} is not a hookcli JSON report (schema 1).", "use -f json -o.")
-        reports.append(data)
+    tol = bounds.tolerance(tol, "--tol", "--tol 1e-3")
+    record = "give two reports written by hookcli inspect/grads/check -f json -o FILE."
+    reports = [load_report(p, "", record) for p in (path_a, path_b)]
     a, b = reports
     if a["model"].get("spec") != b["model"].get("spec"):
         raise UsageError(
@@ -736,7 +781,7 @@ def _stat_diff(old: dict[str, Any] | None, new: dict[str, Any], tol: float) -> T
     if old["shape"] != new["shape"]:
         d.note, d.over = f"shapes differ: {_shape(old['shape'])} vs {_shape(new['shape'])}", True
         return d
-    d.nonfinite = int(new.get("nan", 0) + new.get("inf", 0))
+    d.nonfinite = int((new.get("nan") or 0) + (new.get("inf") or 0))
     na, nb = old.get("norm"), new.get("norm")
     if na is not None and nb is not None:
         d.norm_rel = abs(nb - na) / na if na else (0.0 if nb == 0 else None)
