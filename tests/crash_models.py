@@ -67,7 +67,7 @@ class Waits(nn.Module):
 
 
 class Net(nn.Module):
-    """fc1 → act → boom → fc2, where boom dies of `how` in forward or backward (`when`), or never."""
+    """fc1 → act → boom → fc2; boom dies of `how` in forward or backward (`when`), or never."""
 
     def __init__(self, how: str = "SIGSEGV", when: str = "forward", marker: str = "") -> None:
         super().__init__()

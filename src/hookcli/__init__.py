@@ -21,9 +21,18 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "diff", "grads", "inspect"]
 
 
+def _new_run() -> None:
+    """Each call is a run of its own: files an earlier call read may be written by this one."""
+    from hookcli import output
+
+    output.begin()
+
+
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     """Run one hooked forward pass and return its Report (see `hookcli.run.inspect`)."""
     from hookcli.run import inspect as _inspect
+
+    _new_run()
 
     return _inspect(model, inputs, **options)
 
@@ -31,6 +40,8 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
 def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     """Forward and backward with gradient hooks; return its Report (see `hookcli.run.grads`)."""
     from hookcli.run import grads as _grads
+
+    _new_run()
 
     return _grads(model, inputs, **options)
 
@@ -53,6 +64,7 @@ def diff(
     from hookcli.compare import diff_report, parse_side
     from hookcli.options import Invocation
 
+    _new_run()
     inv = Invocation.from_api(model, inputs, options, backward=False)
     return diff_report(
         inv.model,

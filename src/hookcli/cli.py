@@ -256,7 +256,7 @@ def _emit(text: str, dest: Destination | None) -> None:
         sys.stdout.flush()
         return
     write_text(dest, text)
-    if dest.path is not None:
+    if dest.path is not None and dest.fd is None:  # not `-o /dev/stdout`: that is the data
         _err(f"wrote {dest.label}")
 
 

@@ -124,8 +124,8 @@ _registry = Reads()
 
 
 def begin() -> None:
-    """A new command: nothing read, nothing claimed yet (the CLI calls this first; the Python
-    API keeps one registry for the process, which only ever refuses more)."""
+    """A new run: nothing read, nothing claimed yet (each CLI command and each Python API call
+    starts with this)."""
     global _registry  # noqa: PLW0603 — one run per process at a time, like the beacon
     _registry = Reads()
 
