@@ -123,6 +123,11 @@ def _torch_row(x: torch.Tensor) -> torch.Tensor:
     nan = torch.isnan(x).sum(dtype=acc)
     n_inf = torch.isinf(x).sum(dtype=acc)
     norm = torch.linalg.vector_norm(xf)
+    # a constant, exactly: mean the value, variance 0 (the sums carry rounding), no sync
+    constant = mn == mx
+    mean = torch.where(constant, mn, mean)
+    var = torch.where(constant, torch.zeros_like(var), var)
+    norm = torch.where(constant, mn.abs() * count.sqrt(), norm)
     return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
 
 
@@ -175,6 +180,8 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
         count = n - nan - inf
     if count == 0:
         return (0.0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan)
+    if mn == mx:  # a constant: exactly (the sums carry rounding; 0.1 gives std 1e-16)
+        return (count, mn, 0.0, mn, mx, zeros, nan, inf, abs(mn) * math.sqrt(count))
     mean = s / count
     norm = math.sqrt(q)
     var = max(q / count - mean * mean, 0.0)
