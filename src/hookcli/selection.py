@@ -1,19 +1,29 @@
 """Layer selection: dotted names, globs, types and depth → the module objects to hook.
 
 `named_modules()` hides aliases (`self.b = self.a` lists only `a`), so modules are gathered
-with `remove_duplicate=False` and grouped by object: one Target per module, all its names.
+path by path (aliases included) and grouped by object: one Target per module, all its names.
+A module graph with a cycle (a child holding its parent) is refused here, by name, instead
+of recursing without end.
+
+Parameters that do not exist yet (`nn.LazyLinear`'s UninitializedParameter) count 0 until
+the forward that materialises them; counts are taken again after it (`recount`). TorchScript
+modules refuse Python hooks (scripted) or never fire them inside (traced): they stay in the
+list, marked not hookable, and are never selected (HOOK_PITFALLS 15).
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+from torch.jit import TracedModule  # type: ignore[attr-defined]
+from torch.nn.parameter import is_lazy
 
-from hookcli.errors import UsageError
+from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import Target
 
 ROOT_LABEL = "(model)"
@@ -28,6 +38,8 @@ class ModuleEntry:
     leaf: bool
     own_params: int
     params: int
+    # why Python hooks cannot see this module (TorchScript), None when they can
+    unhookable: str | None = None
 
     @property
     def name(self) -> str:
@@ -38,10 +50,78 @@ def depth_of(name: str) -> int:
     return 0 if name == "" else name.count(".") + 1
 
 
+def numel(p: torch.Tensor | None) -> int:
+    """Elements of a parameter; 0 for one that does not exist yet (lazy modules)."""
+    return 0 if p is None or is_lazy(p) else p.numel()
+
+
+def count_params(model: nn.Module) -> int:
+    """Parameters of a model, each shared one once; lazy ones not yet materialised count 0."""
+    return sum(numel(p) for p in model.parameters())
+
+
+def has_lazy(model: nn.Module) -> bool:
+    """Whether parameters or buffers wait for a first forward to get their shapes."""
+    return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
+
+
+def walk(model: nn.Module) -> Iterator[tuple[str, nn.Module, nn.Module | None]]:
+    """(path, module, enclosing module) for every path to every module, aliases included, in
+    `named_modules(remove_duplicate=False)` order — without its recursion, and refusing a
+    cycle (a module that holds one of its own ancestors) with a ModelError naming it."""
+    stack: list[tuple[str, nn.Module, nn.Module | None, tuple[int, ...]]] = [("", model, None, ())]
+    while stack:
+        name, module, parent, above = stack.pop()
+        yield name, module, parent
+        ancestors = (*above, id(module))
+        children = [(n, m) for n, m in module._modules.items() if m is not None]
+        for child_name, child in reversed(children):
+            path = f"{name}.{child_name}" if name else child_name
+            if id(child) in ancestors:
+                raise ModelError(
+                    f"the module graph of {type(model).__name__} has a cycle: {path} is "
+                    f"{_cycle_name(model, child)}, which contains it, so the module tree has "
+                    "no end (named_modules, .to(), state_dict would recurse forever).",
+                    "hold the enclosing module in a plain attribute (not a registered "
+                    "submodule), e.g. via object.__setattr__ or a weakref.",
+                )
+            stack.append((path, child, module, ancestors))
+
+
+def _cycle_name(model: nn.Module, target: nn.Module) -> str:
+    if target is model:
+        return "the model itself"
+    for name, m in model.named_modules():  # memoised: finite even with a cycle
+        if m is target:
+            return str(name)
+    return type(target).__name__
+
+
+def _type_of(module: nn.Module) -> str:
+    """The class name; a TorchScript module's original class (not RecursiveScriptModule)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return str(getattr(module, "original_name", None) or type(module).__name__)
+    return type(module).__name__
+
+
+_SCRIPTED = "TorchScript (torch.jit.script) refuses Python hooks"
+_TRACED_INSIDE = "inside a traced TorchScript module, hooks never run"
+
+
+def _unhookable(module: nn.Module, parent: ModuleEntry | None) -> str | None:
+    if parent is not None and parent.unhookable is not None:
+        return parent.unhookable
+    if parent is not None and isinstance(parent.module, torch.jit.ScriptModule):
+        return _TRACED_INSIDE  # a traced module itself fires its hooks, its insides do not
+    if isinstance(module, torch.jit.ScriptModule) and not isinstance(module, TracedModule):
+        return _SCRIPTED
+    return None
+
+
 def module_entries(model: nn.Module) -> list[ModuleEntry]:
     """Every distinct module in registration order, with all the names it is reachable by."""
     by_id: dict[int, ModuleEntry] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
+    for name, module, parent in walk(model):
         entry = by_id.get(id(module))
         if entry is not None:
             entry.names.append(name)
@@ -49,22 +129,27 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
         by_id[id(module)] = ModuleEntry(
             module=module,
             names=[name],
-            type=type(module).__name__,
+            type=_type_of(module),
             depth=depth_of(name),
             leaf=next(iter(module.children()), None) is None,
-            own_params=sum(p.numel() for p in module._parameters.values() if p is not None),
+            own_params=0,
             params=0,
+            unhookable=_unhookable(module, by_id.get(id(parent))),
         )
-    # Subtree totals, counting a shared parameter once per subtree (as module.parameters()).
-    for entry in by_id.values():
+    entries = list(by_id.values())
+    recount(entries)
+    return entries
+
+
+def recount(entries: Sequence[ModuleEntry]) -> None:
+    """Parameter counts, again after a forward has materialised lazy parameters. Subtree
+    totals count a shared parameter once per subtree (as module.parameters())."""
+    for entry in entries:
+        entry.own_params = sum(numel(p) for p in entry.module._parameters.values())
         if entry.own_params == 0 and entry.leaf:
+            entry.params = 0
             continue
-        entry.params = (
-            sum(p.numel() for p in entry.module.parameters())
-            if not entry.leaf
-            else entry.own_params
-        )
-    return list(by_id.values())
+        entry.params = count_params(entry.module) if not entry.leaf else entry.own_params
 
 
 def _default(entry: ModuleEntry) -> bool:
@@ -139,12 +224,39 @@ def select(
         elif not layers and not _default(e):
             continue
         chosen.append(e)
-    if not chosen:
+    hookable = [e for e in chosen if e.unhookable is None]
+    if chosen and not hookable:
+        shown = ", ".join(e.name or ROOT_LABEL for e in chosen[:3])
+        raise UsageError(
+            f"{shown}{'…' if len(chosen) > 3 else ''} cannot be hooked: {chosen[0].unhookable}.",
+            "pick a layer outside the TorchScript module, or inspect the eager nn.Module "
+            "it was scripted from.",
+        )
+    if not hookable:
         raise UsageError(
             "the layer filters together select no layer.",
             f"loosen -l/-t/--depth; run `hookcli layers {model_label}` to see what exists.",
         )
-    return [Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type) for e in chosen]
+    return [Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type) for e in hookable]
+
+
+def unhookable_note(entries: Sequence[ModuleEntry]) -> str | None:
+    """A report note naming the modules Python hooks cannot see, or None when there are none."""
+    unh = [e for e in entries if e.unhookable is not None]
+    if not unh:
+        return None
+    roots = [
+        e
+        for e in unh
+        if not any(o is not e and o.name and e.name.startswith(o.name + ".") for o in unh)
+    ]
+    inside = len(unh) - len(roots)
+    names = ", ".join(e.name or ROOT_LABEL for e in roots[:5]) + ("…" if len(roots) > 5 else "")
+    more = f" and {inside} module{'s' if inside != 1 else ''} inside" if inside else ""
+    return (
+        f"not hookable, so not measured: {names}{more} ({roots[0].unhookable}); the rest "
+        "of the model is hooked"
+    )
 
 
 def _match(pattern: str, entry: ModuleEntry) -> bool:
