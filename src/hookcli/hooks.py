@@ -144,6 +144,7 @@ class HookSession:
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
         self.hook_errors: list[str] = []
+        self.unhooked: list[tuple[str, str]] = []  # targets that refused hooks, and why
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
@@ -153,14 +154,43 @@ class HookSession:
     def __enter__(self) -> HookSession:
         try:
             for i, target in enumerate(self.targets):
-                self._handles.append(
-                    target.module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True)
-                )
-                self._handles.append(target.module.register_forward_hook(self._post_hook(i)))
+                self._hook(i, target)
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _hook(self, i: int, target: Target) -> None:
+        """Both hooks on one module; a module that refuses hooks (TorchScript, HOOK_PITFALLS
+        15) is listed in `unhooked` and the others are hooked all the same."""
+        try:
+            pre = target.module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True)
+        except RuntimeError as exc:
+            self.unhooked.append((target.name, str(exc)))
+            return
+        try:
+            post = target.module.register_forward_hook(self._post_hook(i))
+        except RuntimeError as exc:
+            pre.remove()
+            self.unhooked.append((target.name, str(exc)))
+            return
+        self._handles += (pre, post)
+
+    def reset(self) -> None:
+        """Forget the calls of a forward that failed, before the same forward runs again
+        (engine: a model that needs autograd in its forward). The hooks stay."""
+        self.remove_tensor_hooks()
+        if self._beacon is not None:
+            for _ in self.open_calls():
+                self._beacon.leave()
+        self.calls.clear()
+        self.counts = [0] * len(self.targets)
+        for stack in self._stacks:
+            stack.clear()
+        self._open.clear()
+        self._finished = 0
+        self._grad_events = 0
+        self.hook_ns = 0
 
     def __exit__(
         self,
@@ -203,7 +233,9 @@ class HookSession:
             if not t.requires_grad:
                 continue
 
-            def grad_hook(grad: torch.Tensor, path: str = path) -> None:
+            def grad_hook(grad: torch.Tensor | None, path: str = path) -> None:
+                if grad is None:  # no gradient reached this tensor: null, never an error
+                    return
                 # --profile: the first output gradient starts the module's backward, the
                 # first input gradient ends it
                 if self._beacon is not None:

@@ -21,6 +21,7 @@ from hookcli.engine import (
     deterministic_algorithms,
     every_target,
     hooked_pass,
+    model_input,
     prepare,
     unhooked_pass,
 )
@@ -52,7 +53,7 @@ from hookcli.records import (
     SavedFile,
     TensorStats,
 )
-from hookcli.selection import ROOT_LABEL
+from hookcli.selection import ROOT_LABEL, count_params, has_lazy, recount
 from hookcli.stats import StatsCollector, finite_or_none
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
@@ -161,7 +162,11 @@ def _one_run(
         profile, by_call = timing
         for call in layers:
             call.profile = by_call.get((call.name, call.call))
-    notes = isa.notes() + [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
+    notes = isa.notes() + prepared.notes + result.notes
+    if session.unhooked:
+        refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
+        notes.append(f"not hookable, so not measured: {refused}")
+    notes += [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
     if minput.skipped:
         notes.append(skipped_note(minput.skipped))
     if saver is not None:
@@ -175,7 +180,9 @@ def _one_run(
         device=str(prepared.device),
         layers=layers,
         never_called=[
-            t.name for t, n in zip(prepared.targets, session.counts, strict=True) if n == 0
+            t.name
+            for t, n in zip(prepared.targets, session.counts, strict=True)
+            if n == 0 and all(t.name != name for name, _ in session.unhooked)
         ],
         outputs=outputs,
         predictions=predictions,
@@ -304,7 +311,9 @@ def _finish_param(pending: PendingParam) -> ParamStats:
 
 
 def _model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
-    params = sum(p.numel() for p in loaded.module.parameters())
+    """The model's description; its parameter count taken now (after the forward, lazy
+    parameters are materialised)."""
+    params = count_params(loaded.module)
     return ModelInfo(
         loaded.name,
         loaded.spec,
@@ -426,9 +435,27 @@ def layers_report(
     if not shapes:  # no pass: no device, no input
         model = dataclasses.replace(model, device="cpu")
     prepared = prepare(model, Selection(every=True) if shapes else None, inputs if shapes else None)
+    if not shapes and has_lazy(prepared.loaded.module):
+        # lazy parameters get their sizes in a first forward: run one, unhooked
+        x = model_input(prepared.loaded, inputs, model.seed).to(prepared.device)
+        with hooked_pass(prepared, HookSession([], None), minput=x):
+            pass
+        recount(prepared.entries)
+    session = HookSession(prepared.targets, None)
+    if shapes:
+        assert prepared.minput is not None
+        with hooked_pass(prepared, session):
+            pass
+        recount(prepared.entries)  # lazy parameters are materialised now
     rows = [
         ModuleRow(
-            e.name or ROOT_LABEL, e.type, e.depth, e.params, e.own_params, e.leaf, e.names[1:]
+            e.name or ROOT_LABEL,
+            e.type if e.unhookable is None else f"{e.type} (TorchScript, not hookable)",
+            e.depth,
+            e.params,
+            e.own_params,
+            e.leaf,
+            e.names[1:],
         )
         for e in prepared.entries
         if depth is None or e.depth <= depth
@@ -436,9 +463,6 @@ def layers_report(
     info = None
     if shapes:
         assert prepared.minput is not None
-        session = HookSession(prepared.targets, None)
-        with hooked_pass(prepared, session):
-            pass
         first: dict[str, LayerCall] = {}
         for p in session.calls:
             first.setdefault(p.call.name, p.call)
