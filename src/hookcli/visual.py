@@ -3,6 +3,11 @@
 The torch side lives here: capture the call's output (and, for CAM, its gradient, from the
 same in-place-safe tensor hooks as `grads`), choose and normalise channels, compute the CAM.
 It hands plain numpy arrays to render/images.py, which composes the PNG with Pillow.
+
+The output is copied in the hook, as the layer returned it: a later in-place op (resnet's
+`bn1` → in-place `relu`, densenet's `features` → `F.relu(inplace=True)`) would otherwise
+rewrite what the picture reads (HOOK_PITFALLS 12). Its gradient comes from a tensor hook
+on that same returned value, which receives the gradient of the value before the op.
 """
 
 from __future__ import annotations
@@ -64,11 +69,21 @@ def default_cam_layer(prepared: Prepared) -> str:
     return max(found)[1]
 
 
-def _capture(
-    prepared: Prepared, target: Target, call: int, *, backward: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None, float | None, Any]:
-    """The output (and its gradient, for CAM) of one call of one layer, the value backward
-    started from, and the model's output."""
+@dataclass(slots=True)
+class Captured:
+    """One call's output as the layer returned it, its gradient (CAM), the value backward
+    started from, the model's output, and notes on how the pass ran."""
+
+    out: torch.Tensor
+    grad: torch.Tensor | None
+    value: float | None
+    output: Any
+    notes: list[str]
+
+
+def _capture(prepared: Prepared, target: Target, call: int, *, backward: bool = False) -> Captured:
+    """The output (and its gradient, for CAM) of one call of one layer, copied in the hook
+    before any later in-place op can change it."""
     captured: dict[str, torch.Tensor] = {}
 
     def keep(pending: PendingCall, output: Any) -> None:
@@ -77,11 +92,12 @@ def _capture(
         first = next((t for _, t in iter_tensors(output, "out")), None)
         if first is None:
             return
-        captured["out"] = first
+        captured["out"] = first.detach().clone()  # the one copy: the picture's activation
         if backward and first.requires_grad:
 
-            def grab(grad: torch.Tensor) -> None:
-                captured["grad"] = grad.detach().clone()
+            def grab(grad: torch.Tensor | None) -> None:
+                if grad is not None:  # None: no gradient reaches this output
+                    captured["grad"] = grad.detach().clone()
 
             session.tensor_handles.append(first.register_hook(grab))  # type: ignore[no-untyped-call]
 
@@ -89,6 +105,7 @@ def _capture(
     with hooked_pass(prepared, session, backward=backward) as result:
         value = float(result.scalar.detach()) if result.scalar is not None else None
         output = result.output
+        notes = prepared.notes + result.notes
     calls = session.counts[0]
     if calls == 0:
         raise UsageError(
@@ -101,8 +118,7 @@ def _capture(
             f"(it ran {calls} time{'s' if calls != 1 else ''}).",
             f"use --call 0 to {calls - 1}.",
         )
-    out = captured["out"].detach()
-    return out, captured.get("grad"), value, output
+    return Captured(captured["out"], captured.get("grad"), value, output, notes)
 
 
 def _image_of(minput: ModelInput, index: int, loaded: LoadedModel) -> np.ndarray[Any, Any] | None:
@@ -166,7 +182,8 @@ def feature_maps(
     loaded, minput = prepared.loaded, prepared.minput
     assert minput is not None
     target = one_target(prepared, layer)
-    out, _, _, _ = _capture(prepared, target, call)
+    got = _capture(prepared, target, call)
+    out = got.out
     if out.dim() != 4:
         raise UsageError(
             f"layer {target.name} outputs a {out.dim()}-D tensor ({_shape(out)}); maps draws "
@@ -183,7 +200,7 @@ def feature_maps(
     )[:channels]
     tiles = _normalise_tiles(maps[picked])
     shown = len(picked)
-    notes = []
+    notes = list(got.notes)
     if shown < channels and channels != 64:
         notes.append(f"the layer has only {maps.shape[0]} channels")
     how = "most active first (mean |activation|)" if order == "activity" else "in channel order"
@@ -261,7 +278,9 @@ def class_activation(
         layer = default_cam_layer(prepared)
         notes.append(f"layer {layer}: the last convolutional block (choose another with -l)")
     tgt = one_target(prepared, layer)
-    out, grad, value, model_out = _capture(prepared, tgt, call, backward=True)
+    got = _capture(prepared, tgt, call, backward=True)
+    out, grad, value, model_out = got.out, got.grad, got.value, got.output
+    notes += got.notes
     if out.dim() != 4:
         raise UsageError(
             f"layer {tgt.name} outputs a {out.dim()}-D tensor ({_shape(out)}); Grad-CAM needs "
