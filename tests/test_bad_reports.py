@@ -256,6 +256,12 @@ def test_bound_parser_units() -> None:
     with pytest.raises(UsageError, match="must be a number"):
         bounds.number("abc", "--x", example="1")
     assert bounds.integer(bounds.SEED_MAX, "--seed", low=0, high=bounds.SEED_MAX, example="0")
+    import numpy as np  # the Python API may pass numpy scalars
+
+    assert bounds.integer(np.int64(3), "--topk", low=0, high=9, example="1") == 3
+    assert bounds.number(np.float32(0.5), "--x", example="1") == 0.5
+    with pytest.raises(UsageError, match=r"must be an integer, got 1\.5"):
+        bounds.integer(1.5, "--topk", low=0, high=9, example="1")
     with pytest.raises(UsageError, match="a 101-digit number"):
         bounds.integer(10**100, "--seed", low=0, high=bounds.SEED_MAX, example="0")
 
@@ -380,6 +386,13 @@ def test_show_escapes_safetensors_metadata(tmp_path: Path) -> None:
     assert "a\\nb: c" in r.stdout and "\\x1b[2Jkey" in r.stdout
     r = run("show", str(path), "-f", "json")
     assert "\\u001b]0;owned" in r.stdout, "JSON keeps the data (escaped the JSON way)"
+
+
+def test_a_baseline_name_is_escaped_in_errors(tmp_path: Path) -> None:
+    path = tmp_path / "x\x1b[2J.json"
+    r = run("check", HEALTHY, *TINY, "--baseline", str(path))
+    assert_one_line_error(r, 2, "x\\x1b[2J.json not found", "-o " + escape(str(path)))
+    _no_raw_controls(r.stderr)
 
 
 def test_newlines_in_file_names_do_not_split_rows(evil: str, tmp_path: Path) -> None:

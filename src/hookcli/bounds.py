@@ -10,7 +10,8 @@ and an example (exit 2). No torch: the CLI and the options use it.
 from __future__ import annotations
 
 import math
-from typing import Any
+import operator
+from typing import Any, SupportsFloat, SupportsIndex
 
 from hookcli.errors import UsageError
 
@@ -54,11 +55,11 @@ def number(
     where = _span(low, high, low_open, high_open)
     a_number = f"a number {where}" if where else "a number"
     hint = f"e.g. {example}"
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, str | SupportsFloat):
         raise UsageError(f"{option} must be {a_number}, got {_show(value)}.", hint)
     try:
         x = float(value)
-    except (ValueError, OverflowError):
+    except (ValueError, TypeError, OverflowError):
         raise UsageError(f"{option} must be {a_number}, got {_show(value)}.", hint) from None
     if math.isnan(x):
         raise UsageError(
@@ -78,11 +79,11 @@ def number(
 def integer(value: Any, option: str, *, low: int, high: int, example: str) -> int:
     """An int option within [low, high]; the message names the range."""
     hint = f"e.g. {example}"
-    if isinstance(value, bool) or not isinstance(value, int | str):
+    if isinstance(value, bool) or not isinstance(value, str | SupportsIndex):
         raise UsageError(f"{option} must be an integer, got {_show(value)}.", hint)
     try:
-        n = int(value)
-    except ValueError:
+        n = int(value) if isinstance(value, str) else operator.index(value)
+    except (ValueError, TypeError):
         raise UsageError(f"{option} must be an integer, got {_show(value)}.", hint) from None
     digits = str(n)
     shown = digits if len(digits) <= 40 else f"a {len(digits)}-digit number"

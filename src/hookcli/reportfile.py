@@ -37,6 +37,7 @@ def load_report(path: str | Path, role: str, record: str) -> dict[str, Any]:
     """The validated report at path. `role` names it in messages ("baseline", "report");
     `record` is the hint's command that writes a good one."""
     p = Path(path)
+    record = escape(record)  # it may name the file too
     label = f"{role} {escape(str(p))}" if role else escape(str(p))
 
     def refuse(what: str) -> NoReturn:
