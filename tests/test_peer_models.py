@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,6 +136,27 @@ class FrozenMaml(Maml):
     def __init__(self) -> None:
         super().__init__()
         self.lin.requires_grad_(False)
+
+
+class ImageMaml(nn.Module):
+    """An image model with a scripted child, a counting buffer and an inner gradient step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 16, stride=16)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.mid = torch.jit.script(Inner())
+        self.head = nn.Linear(4, 3)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += x.shape[0]
+        h = self.mid(self.pool(self.conv(x)).flatten(1))
+        w = self.head.weight
+        (g,) = torch.autograd.grad(self.head(h).pow(2).sum(), w, create_graph=True)
+        return nn.functional.linear(h, w - 0.1 * g, self.head.bias)
 
 
 class Constant(nn.Module):
@@ -426,6 +448,26 @@ def captured_outputs_with_grad(model: nn.Module, x: torch.Tensor, name: str) -> 
     finally:
         h.remove()
     return got[0]
+
+
+def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found(
+    tmp_path: Path,
+) -> None:
+    from hookcli.dataset import inspect_folder
+    from tests.conftest import CAT, COFFEE
+
+    for src in (CAT, COFFEE):
+        (tmp_path / src.name).write_bytes(src.read_bytes())
+    torch.manual_seed(0)
+    model = ImageMaml().eval()
+    before = state(model)
+    report = inspect_folder(model, [str(tmp_path)], batch_size=1, device="cpu")
+    assert report.input.shapes == [(2, 3, 224, 224)]
+    assert [c.name for c in report.layers] == ["conv", "pool", "head"]
+    assert "mid" not in report.never_called
+    assert sum("differentiates inside its forward" in n for n in report.notes) == 1
+    assert sum("not hookable" in n and "mid" in n for n in report.notes) == 1
+    assert same_state(before, state(model))
 
 
 def test_a_forward_that_cannot_differentiate_names_the_cause() -> None:

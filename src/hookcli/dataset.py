@@ -141,6 +141,10 @@ def folder_report(
         "statistics are over all images"
         + ("" if folder.per_image else "; add --per-image K for each image's top-K predictions")
     ]
+    notes += prepared.notes + run.notes  # modules hooks cannot see; how the passes ran
+    if run.unhooked:
+        refused = ", ".join(f"{name} ({why})" for name, why in list(run.unhooked.items())[:5])
+        notes.append(f"not hookable, so not measured: {refused}")
     if skipped:
         notes.append(skipped_note(skipped))
     if interrupted:
@@ -158,7 +162,11 @@ def folder_report(
         ),
         device=str(prepared.device),
         layers=run.layer_calls(),
-        never_called=[t.name for t, n in zip(prepared.targets, run.counts, strict=True) if n == 0],
+        never_called=[
+            t.name
+            for t, n in zip(prepared.targets, run.counts, strict=True)
+            if n == 0 and t.name not in run.unhooked
+        ],
         outputs=run.model_out.tensors("(model)", 0, "outputs"),
         predictions=predictions if folder.per_image else None,
         prediction_note=prediction_note,
@@ -184,6 +192,8 @@ class _FolderRun:
         self.batches = 0
         self.shape: tuple[int, ...] | None = None
         self.edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by batch one
+        self.notes: list[str] = []  # each distinct note of the passes, once
+        self.unhooked: dict[str, str] = {}  # targets that refused hooks, and why
 
     def batch(self, tensors: list[torch.Tensor], files: list[ImageFile]) -> Any:
         prepared = self.prepared
@@ -207,6 +217,10 @@ class _FolderRun:
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", out_stats)
         collector.finalize()
+        self.unhooked.update(session.unhooked)
+        for note in result.notes:
+            if note not in self.notes:
+                self.notes.append(note)
         for p in session.calls:
             call = p.complete(False)
             self.agg.add(call.name, call.type, call.call, "inputs", call.inputs)
