@@ -106,3 +106,23 @@ class SeesIsa(nn.Module):
         if got != self.expect:
             raise RuntimeError(f"ONEDNN_MAX_CPU_ISA is {got!r}")
         return self.fc(x)  # type: ignore[no-any-return]
+
+
+class DiesInBfloat16(nn.Module):
+    """fc → boom → fc2, where boom dies of SIGILL only when it sees bfloat16 (diff --b bfloat16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.boom = _Bf16Boom()
+        self.fc2 = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.boom(self.fc(x)))  # type: ignore[no-any-return]
+
+
+class _Bf16Boom(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.bfloat16:
+            _die("SIGILL")
+        return x

@@ -230,3 +230,33 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
                 env={"PYTHONIOENCODING": "ascii"})  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "boom" in r.stdout and "internal error" not in r.stderr
+
+
+def test_a_death_on_one_diff_side_names_the_side() -> None:
+    r = hookcli("diff", "tests.crash_models:DiesInBfloat16", "-i", "randn:2x4", "--b", "bfloat16")
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr)
+    assert "SIGILL" in line and "in layer boom call 0 (forward), diff side B (bfloat16)" in line
+
+
+def test_a_building_model_out_of_memory_is_one_line() -> None:
+    r = hookcli("inspect", "resnet18", "--model-arg", "num_classes=2000000000", "-l", "fc")
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr)
+    assert "building resnet18(num_classes=2000000000) failed" in line
+    assert "more memory than there is" in line and "internal error" not in line
+
+
+def test_seeds_near_the_top_wrap_for_each_input_spec() -> None:
+    r = hookcli("inspect", "tests/models.py:Divide", "-i", "randn:4", "-i", "randn:4",
+                "--seed", str(2**64 - 1), "-f", "json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layers"]
+
+
+def test_user_text_on_stderr_is_escaped(tmp_path: Path) -> None:
+    bad = tmp_path / "cat\x1b[31m\n.jpeg"
+    r = hookcli("inspect", "resnet18", str(bad))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "\x1b" not in r.stderr and "\\x1b[31m\\n.jpeg" in line

@@ -167,7 +167,9 @@ def _root(
 
 
 def _err(message: str) -> None:
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    """One line on stderr; what users and models control in it (paths, layer names, messages)
+    is escaped, so it can neither split the line nor reach the terminal as a control code."""
+    sys.stderr.write(escape(message.rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 
@@ -844,7 +846,7 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
     failed = [c for c in report.checks if not c.passed]
     if failed and command != "check" and (fmt != Format.table or _to_file(output)):
         for c in failed:  # the table shows them; other formats get them on stderr
-            _err(escape(f"check failed: {c.rule}: {c.message}"))
+            _err(f"check failed: {c.rule}: {c.message}")
     if report.interrupted:
         _err("interrupted: partial results above")
         raise typer.Exit(130)
@@ -1009,7 +1011,7 @@ def diff(
         _emit(_render_diff(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or _to_file(dest):
-                _err(escape(f"first past tolerance: {report.first_over}"))
+                _err(f"first past tolerance: {report.first_over}")
             raise typer.Exit(1)
 
 
@@ -1168,7 +1170,7 @@ def maps(
         png, meta = maps_png(picture)
         _save_png(out, png, meta)
         for note in picture.notes:
-            _err(escape(f"note: {note}"))
+            _err(f"note: {note}")
 
 
 @app.command()
@@ -1254,7 +1256,7 @@ def cam(
             write_with(raw_out, save_npy)
             _err(f"wrote {raw_out.label}")
         for note in picture.notes:
-            _err(escape(f"note: {note}"))
+            _err(f"note: {note}")
 
 
 def _render(

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli import __version__, bounds, isa
+from hookcli import __version__, beacon, bounds, isa
 from hookcli.engine import Prepared, hooked_pass, model_input, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, iter_tensors
@@ -589,6 +589,7 @@ def diff_report(
         for i, s in enumerate([reference, *compared])
     ]
     results = [_Compared() for _ in compared]
+    labels = ["ref", "A", "B"][-len(runs) :]  # what a crash message calls each side
     spill = Spill()
     seen = 0
     first_input: ModelInput | None = None
@@ -606,16 +607,18 @@ def diff_report(
                     _quantizable_twin(run, selection, minput)
             first_input = first_input or minput
             spill.reset()
-            _reference_pass(runs[0], _cast(minput, reference, base.device), spill, isolate)
+            with beacon.phase(f"diff side {labels[0]} ({runs[0].side.describe()})"):
+                _reference_pass(runs[0], _cast(minput, reference, base.device), spill, isolate)
             spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
-            for run, into in zip(runs[1:], results, strict=True):
+            for label, run, into in zip(labels[1:], runs[1:], results, strict=True):
                 side_input = _cast(minput, run.side, run.prepared.device)
-                if run.side.onnx:
-                    from hookcli.onnx_side import onnx_pass
+                with beacon.phase(f"diff side {label} ({run.side.describe()})"):
+                    if run.side.onnx:
+                        from hookcli.onnx_side import onnx_pass
 
-                    onnx_pass(run.prepared, side_input, spill, into)
-                else:
-                    _compared_pass(run, side_input, spill, isolate, into)
+                        onnx_pass(run.prepared, side_input, spill, into)
+                    else:
+                        _compared_pass(run, side_input, spill, isolate, into)
             seen += minput.shapes()[0][0] if minput.shapes() else 1
     finally:
         spill.close()

@@ -510,7 +510,7 @@ def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
 def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInput:
     tensors: list[torch.Tensor] = []
     for i, spec in enumerate(specs):
-        tensors.extend(parse_spec(spec, seed + i))
+        tensors.extend(parse_spec(spec, (seed + i) % 2**64))  # torch seeds wrap at 2**64
     desc = ", ".join(specs)
     if model.task == "detection":
         batch = tensors[0]

@@ -181,6 +181,13 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
             f"cannot build {name} with {kwargs or 'these arguments'}: {exc}",
             "check --model-arg names against the torchvision builder's parameters.",
         ) from exc
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        raise ModelError(
+            f"building {name}({_kw(kwargs)}) failed: {_one_line(exc)}",
+            "a --model-arg size asks for more memory than there is; check the arguments."
+            if "allocate" in str(exc) or isinstance(exc, MemoryError)
+            else "check --model-arg values against the torchvision builder's parameters.",
+        ) from exc
     if isinstance(choice, Path):
         load_state_dict_file(model, choice, name)
         label = str(choice)
