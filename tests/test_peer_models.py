@@ -540,7 +540,7 @@ def test_ctrl_c_in_forward_still_exits_130() -> None:
 
 def test_a_raising_train_method_is_blamed_on_the_model() -> None:
     r = run("inspect", f"{HERE}:BadTrain", "-i", "randn:2x4")
-    assert_one_line_error(r, 3, "BadTrain.train", "train() refuses")
+    assert_one_line_error(r, 3, "BadTrain's eval() raised", "train() refuses")
     # the engine sets modes itself (never calls train()): the API runs such a model
     report = hookcli.inspect(BadTrain(), torch.randn(2, 4), device="cpu", topk=0)
     assert [c.name for c in report.layers] == ["lin"]
@@ -551,3 +551,14 @@ def test_a_module_cycle_is_named_not_an_internal_error() -> None:
     assert_one_line_error(r, 3, "cycle", "child.parent")
     with pytest.raises(ModelError, match=r"cycle: child\.parent is the model itself"):
         hookcli.inspect(Cycle(), torch.randn(2, 4), device="cpu")
+
+
+def test_a_lazy_first_layer_needs_an_input_and_says_so() -> None:
+    r = run("inspect", f"{HERE}:LazyNet")
+    assert_one_line_error(r, 2, "first layer is lazy", "--input")
+
+
+def test_diff_of_a_lazy_model_counts_its_parameters_after_the_passes() -> None:
+    report = hookcli.diff(LazyNet(), torch.randn(2, 7), b="float64", device="cpu")
+    assert report.model.params == 7 * 5 + 5 + 5 * 3 + 3
+    assert [c.name for c in report.calls] == ["a", "b"]

@@ -40,6 +40,7 @@ from hookcli.hooks import HookSession, PendingCall, iter_tensors
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
+from hookcli.selection import count_params
 
 _DTYPES = {
     "float32": torch.float32,
@@ -673,7 +674,7 @@ def _report(
     if with_ref:
         outputs[0].a = [acc.result(p, tol) for p, acc in results[0].outputs.items()]
     loaded = runs[0].prepared.loaded
-    params = sum(p.numel() for p in loaded.module.parameters())
+    params = count_params(loaded.module)  # lazy parameters as materialised by the passes
     info = ModelInfo(loaded.name, loaded.spec, loaded.task, loaded.weights_label, params)
     notes = isa.notes()
     notes += [

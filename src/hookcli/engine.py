@@ -18,8 +18,6 @@ run under no_grad: such a forward is run again with gradients enabled, and the r
 from __future__ import annotations
 
 import contextlib
-import os
-import sysconfig
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,7 +30,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from hookcli import beacon, isa
-from hookcli.errors import HookcliError, ModelError, UsageError
+from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import HookSession, Target
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.loading import LoadedModel, load_model, resolve_device
@@ -43,7 +41,6 @@ from hookcli.selection import (
     module_entries,
     select,
     unhookable_note,
-    walk,
 )
 from hookcli.targets import TargetSpec, parse_target
 from hookcli.targets import scalar as scalar_of
@@ -89,17 +86,9 @@ def prepare(
     # a module given through the API is named by its class: its repr can be huge, or endless
     label = model.model if isinstance(model.model, str) else type(model.model).__name__
     with beacon.phase(f"building {label}"):
-        try:
-            loaded = load_model(
-                model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
-            )
-        except (HookcliError, KeyboardInterrupt):
-            raise
-        except BaseException as exc:  # the model's own code (constructor, eval()) raised?
-            blamed = _model_failure(exc, label)
-            if blamed is None:
-                raise
-            raise blamed from exc
+        loaded = load_model(
+            model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
+        )
     if loaded.task == "quantized":
         device = _quantized_device(loaded, model.device, device, backward is not None)
     spec = None
@@ -137,51 +126,6 @@ def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
         for e in entries
         if e.unhookable is None
     ]
-
-
-_HOOKCLI_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# torch and the standard library: frames there are not the model's own code
-_LIBRARY_DIRS = (
-    os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep,
-    *(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")),
-)
-
-
-def _model_failure(exc: BaseException, spec: str) -> ModelError | None:
-    """A failure while building the model that is the model's own (its constructor, or an
-    eval()/train() it overrides, raised; its module graph has a cycle) as a ModelError; None
-    when nothing points at the model's code (then it is hookcli's)."""
-    tb = exc.__traceback__
-    if isinstance(exc, RecursionError):
-        seen: set[int] = set()
-        while tb is not None:
-            owner = tb.tb_frame.f_locals.get("self")
-            if isinstance(owner, nn.Module) and id(owner) not in seen:
-                seen.add(id(owner))
-                try:
-                    for _ in walk(owner):
-                        pass
-                except ModelError as cycle:
-                    return cycle
-                if len(seen) > 3:
-                    break
-            tb = tb.tb_next
-        tb = exc.__traceback__
-    where = None  # the innermost frame of the model's code below hookcli's last frame
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        path = os.path.abspath(code.co_filename)
-        if path.startswith(_HOOKCLI_DIR):
-            where = None
-        elif not path.startswith(_LIBRARY_DIRS) and not code.co_filename.startswith("<"):
-            where = f"{code.co_qualname} ({os.path.basename(path)}:{tb.tb_lineno})"
-        tb = tb.tb_next
-    if where is None:
-        return None
-    return ModelError(
-        f"building {spec} failed in the model's own code, {where}: {one_line(exc)}",
-        "fix the model's code (hookcli builds it and calls its eval()).",
-    )
 
 
 def _quantized_device(

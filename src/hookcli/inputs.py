@@ -556,8 +556,14 @@ def _guess_custom(model: LoadedModel) -> tuple[int, ...]:
     first = next((m for m in model.module.modules() if isinstance(m, nn.Conv2d | nn.Linear)), None)
     if isinstance(first, nn.Conv2d):
         return (1, first.in_channels, 224, 224)
-    if isinstance(first, nn.Linear):
+    if isinstance(first, nn.Linear) and first.in_features > 0:
         return (1, first.in_features)
+    if isinstance(first, nn.modules.lazy.LazyModuleMixin):  # LazyLinear: in_features 0 till used
+        raise UsageError(
+            f"{model.spec}'s first layer is lazy: its input size is set by the first input, "
+            "so hookcli cannot guess it.",
+            "give an input, e.g. --input randn:1x16.",
+        )
     raise UsageError(
         f"{model.spec} needs an input hookcli cannot guess.",
         "give an image or a tensor spec, e.g. --input randn:1x3x224x224.",

@@ -542,7 +542,19 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
             "name an nn.Module subclass or a function returning one.",
         )
-    model.eval()
+    from hookcli.selection import walk
+
+    for _ in walk(model):  # a module cycle is named here, not hit as a RecursionError in eval()
+        pass
+    try:
+        model.eval()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the model's own train()/eval() override
+        raise ModelError(
+            f"{source}:{attr}'s eval() raised {_one_line(exc)}",
+            "fix the model's train()/eval() method.",
+        ) from exc
     loaded = _wrap_module(model, "none")
     loaded.spec = spec
     loaded.name = attr
