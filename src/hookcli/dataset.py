@@ -27,6 +27,8 @@ from hookcli.inputs import (
     ModelInput,
     _imagenet_preprocess,
     expand_paths,
+    resize_problem,
+    short_side_resize,
     skip_or_raise,
     skipped_note,
     try_read,
@@ -53,14 +55,19 @@ class ImageFiles(Dataset[Item]):
     def __init__(self, files: Sequence[ImageFile], preprocess: Callable[[Any], torch.Tensor]):
         self.files = list(files)
         self.preprocess = preprocess
+        self.short_side = short_side_resize(preprocess)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> Item:
-        image, why = try_read(self.files[i])
+        file = self.files[i]
+        image, why = try_read(file)
         if image is None:
             return None, i, why or "unreadable"
+        why = resize_problem(image, self.short_side, str(file.path))
+        if why is not None:  # a 1x5000 strip: gigabytes after the resize, skipped like unreadable
+            return None, i, why
         return self.preprocess(image), i, None
 
 
