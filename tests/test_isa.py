@@ -102,67 +102,35 @@ def test_ensure_sets_the_limit_before_torch_runs_and_reports_say_so(
     assert isa.notes() == [answer.note]
 
 
-def _inject(cache_dir: Path, limit: str) -> dict[str, str]:
-    """The probe's answer for this machine, cached where the CLI looks; the environment a
-    fresh `hookcli` process gets (no limit of its own)."""
-    path = isa.cache_path()
-    path = cache_dir / path.name
-    path.write_text(json.dumps({"version": 1, "limit": limit, "died": "SIGILL"}))
+def _run_under(limit: str, cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hookcli ARGS` in a fresh process that finds the probe's answer `limit` for this machine
+    cached where the CLI looks, with no limit of its own in the environment."""
+    (cache_dir / isa.cache_path().name).write_text(
+        json.dumps({"version": 1, "limit": limit, "died": "SIGILL"})
+    )
     env = {k: v for k, v in os.environ.items() if k != isa.ENV}
-    return {**env, "HOOKCLI_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
-
-
-def test_the_cli_runs_the_model_under_the_limit_and_says_so(tmp_path: Path) -> None:
-    env = _inject(tmp_path, "AVX512_CORE_BF16")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "inspect",
-            "tests.crash_models:SeesIsa",
-            "--model-arg",
-            "expect=AVX512_CORE_BF16",
-            "-i",
-            "randn:2x4",
-            "-f",
-            "json",
-        ],
+    env |= {"HOOKCLI_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "hookcli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env=env,
         check=False,
     )
+
+
+def test_the_cli_runs_the_model_under_the_limit_and_says_so(tmp_path: Path) -> None:
+    sees = ("tests.crash_models:SeesIsa", "--model-arg", "expect=AVX512_CORE_BF16")
+    r = _run_under("AVX512_CORE_BF16", tmp_path, "inspect", *sees, "-i", "randn:2x4", "-f", "json")
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["notes"]
     assert any("oneDNN limited to AVX512_CORE_BF16" in n and "SIGILL" in n for n in notes), notes
 
 
 def test_diff_in_bfloat16_takes_the_fallback_and_says_so(tmp_path: Path) -> None:
-    env = _inject(tmp_path, "AVX512_CORE_BF16")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "diff",
-            "resnet18",
-            "-i",
-            "randn:1x3x64x64",
-            "--b",
-            "bfloat16",
-            "-l",
-            "layer1.*",
-            "-f",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    r = _run_under("AVX512_CORE_BF16", tmp_path, "diff", "resnet18", "-i", "randn:1x3x64x64",
+                   "--b", "bfloat16", "-l", "layer1.*", "-f", "json")  # fmt: skip
     assert r.returncode in (0, 1), r.stderr
     report = json.loads(r.stdout)
     assert any("oneDNN limited to AVX512_CORE_BF16" in n for n in report["notes"])

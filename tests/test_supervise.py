@@ -23,18 +23,28 @@ from hookcli.supervise import death_message, is_light
 from tests.conftest import ROOT
 
 MODEL = "tests.crash_models:Net"
+QUIET = ("inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never")  # a run that lives
+
+
+def child_env() -> dict[str, str]:
+    """The test's environment (its TORCH_HOME included), with the tests importable."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hookcli", *args]
 
 
 def hookcli(
     *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hookcli", *args],
+        argv(*args),
         capture_output=True,
         text=True,
         check=False,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1", **(env or {})},
+        env={**child_env(), "PYTHONFAULTHANDLER": "1", **(env or {})},
         timeout=300,
     )
 
@@ -88,9 +98,7 @@ def test_a_normal_run_is_unchanged_by_the_supervisor(tmp_path: Path) -> None:
     """Same exit code and the same JSON with and without the supervising parent."""
     reports = []
     for env in ({}, {"HOOKCLI_NO_SUPERVISOR": "1"}):
-        r = hookcli(
-            "inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never", "-f", "json", env=env
-        )
+        r = hookcli(*QUIET, "-f", "json", env=env)
         assert r.returncode == 0, r.stderr
         reports.append(json.loads(r.stdout)["layers"])
     assert reports[0] == reports[1]
@@ -106,23 +114,12 @@ def _started(marker: Path, proc: subprocess.Popen[str]) -> None:
 
 def _waiting_run(marker: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hookcli",
-            "inspect",
-            MODEL,
-            "-i",
-            "randn:2x4",
-            "--model-arg",
-            f"marker={marker}",
-            *extra,
-        ],
+        argv("inspect", MODEL, "-i", "randn:2x4", "--model-arg", f"marker={marker}", *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
         start_new_session=True,  # its own process group, as a shell job would be
     )
 
@@ -189,45 +186,24 @@ def test_light_calls_are_not_forked() -> None:
 
 def test_stdout_that_cannot_take_the_data_is_one_line_and_exit_2() -> None:
     with open("/dev/full", "w") as full:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hookcli",
-                "inspect",
-                MODEL,
-                "-i",
-                "randn:2x4",
-                "--model-arg",
-                "when=never",
-            ],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            check=False,
-        )
+        r = subprocess.run(argv(*QUIET), stdout=full, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, env=child_env(), check=False)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert "cannot write to standard output: No space left on device" in one_line(r.stderr)
 
 
 def test_closed_stdout_and_stderr() -> None:
-    base = [sys.executable, "-m", "hookcli", "inspect", MODEL, "-i", "randn:2x4"]
-    base += ["--model-arg", "when=never"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(base, stdout=None, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+    r = subprocess.run(argv(*QUIET), stderr=subprocess.PIPE, text=True, cwd=ROOT, env=child_env(),
                        check=False, preexec_fn=lambda: os.close(1))  # fmt: skip
     assert r.returncode == 2 and "standard output is closed" in one_line(r.stderr)
     # stderr closed: the usage error still has its exit code (2), not 1
-    r = subprocess.run([*base, "--topk", "x"], stdout=subprocess.PIPE, cwd=ROOT, env=env,
-                       check=False, preexec_fn=lambda: os.close(2))  # fmt: skip
+    r = subprocess.run(argv(*QUIET, "--topk", "x"), stdout=subprocess.PIPE, cwd=ROOT,
+                       env=child_env(), check=False, preexec_fn=lambda: os.close(2))  # fmt: skip
     assert r.returncode == 2
 
 
 def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
-    r = hookcli("inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never",
-                env={"PYTHONIOENCODING": "ascii"})  # fmt: skip
+    r = hookcli(*QUIET, env={"PYTHONIOENCODING": "ascii"})
     assert r.returncode == 0, r.stderr
     assert "boom" in r.stdout and "internal error" not in r.stderr
 
