@@ -6,6 +6,7 @@ illegal instruction in a kernel or the OOM killer ends a process: no `except` ca
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import time
@@ -61,7 +62,7 @@ class Waits(nn.Module):
         self.marker = marker
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        Path(self.marker).write_text("running")
+        Path(self.marker).write_text(str(os.getpid()))  # the worker's pid
         time.sleep(60)
         return x
 
@@ -126,3 +127,9 @@ class _Bf16Boom(nn.Module):
         if x.dtype == torch.bfloat16:
             _die("SIGILL")
         return x
+
+
+def dies_at_exit() -> nn.Module:
+    """A model whose library dies as the interpreter exits (after the run is over)."""
+    atexit.register(_die, "SIGSEGV")
+    return Net(when="never")

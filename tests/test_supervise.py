@@ -137,6 +137,56 @@ def test_sigterm_to_the_parent_stops_the_worker_and_exits_143(tmp_path: Path) ->
     assert list(out.parent.iterdir()) == []
 
 
+def test_sigint_to_the_parent_alone_is_passed_on(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    proc = _waiting_run(marker)
+    _started(marker, proc)
+    proc.send_signal(signal.SIGINT)  # `kill -INT PID`, a harness: not the terminal's Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert one_line(err) == "interrupted"
+
+
+def test_the_worker_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    proc = _waiting_run(marker)
+    _started(marker, proc)
+    worker = int(marker.read_text())
+    assert worker != proc.pid
+    proc.kill()  # SIGKILL: the parent cannot pass anything on
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while _alive(worker):
+        assert time.monotonic() < deadline, "the worker outlived its parent"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie is dead, waiting to be reaped
+
+
+def test_an_ignored_sigchld_from_the_launcher_changes_nothing() -> None:
+    def ignore_sigchld() -> None:  # as some daemons and shells leave it for their children
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    r = subprocess.run(argv(*QUIET, "-f", "json"), capture_output=True, text=True, cwd=ROOT,
+                       env=child_env(), check=False, preexec_fn=ignore_sigchld)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layers"]
+
+
+def test_a_death_after_the_run_finished_keeps_its_results(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    r = hookcli("inspect", "tests.crash_models:dies_at_exit", "-i", "randn:2x4", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["layers"]
+    assert "warning: the worker died of SIGSEGV while exiting" in r.stderr
+
+
 def test_ctrl_c_reaches_the_worker_and_exits_130(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     proc = _waiting_run(marker)

@@ -21,8 +21,9 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# one page each: the running call, the phase, then the temp files (NUL-separated paths)
-_WHERE, _PHASE, _TEMPS = 0, 4096, 8192
+# one page each: the running call, the phase, the exit code once the run is over, then the
+# temp files (NUL-separated paths)
+_WHERE, _PHASE, _FINISHED, _TEMPS = 0, 4096, 8192, 12288
 _SIZE = 1 << 16
 _LEN = struct.Struct("<I")
 
@@ -34,6 +35,7 @@ class LastWords:
     where: str
     phase: str
     temps: tuple[str, ...]
+    finished: int | None = None  # the run was over, with this exit code, when the worker died
 
 
 class Beacon:
@@ -47,7 +49,10 @@ class Beacon:
 
     # ---------------------------------------------------------------- child side
     def _put(self, offset: int, text: str, limit: int) -> None:
+        """Length 0, then the bytes, then their length: a death between two writes leaves an
+        empty field, never new bytes read with an old length."""
         data = text.encode("utf-8", "replace")[: limit - _LEN.size]
+        _LEN.pack_into(self._map, offset, 0)
         self._map[offset + _LEN.size : offset + _LEN.size + len(data)] = data
         _LEN.pack_into(self._map, offset, len(data))
 
@@ -77,6 +82,10 @@ class Beacon:
         self._put(_WHERE, "", 4096)
         self._put(_PHASE, text, 4096)
 
+    def finish(self, code: int) -> None:
+        """The run is over (its outputs written): a death from here on is not the run's."""
+        self._put(_FINISHED, str(code), 64)
+
     def current_phase(self) -> str:
         return self._read(_PHASE)
 
@@ -97,12 +106,16 @@ class Beacon:
 
     def last_words(self) -> LastWords:
         temps = self._read(_TEMPS)
+        code = self._read(_FINISHED)
         return LastWords(
-            self._read(_WHERE), self._read(_PHASE), tuple(t for t in temps.split("\0") if t)
+            self._read(_WHERE),
+            self._read(_PHASE),
+            tuple(t for t in temps.split("\0") if t),
+            int(code) if code.lstrip("-").isdigit() else None,
         )
 
     def clear(self) -> None:
-        for offset in (_WHERE, _PHASE, _TEMPS):
+        for offset in (_WHERE, _PHASE, _FINISHED, _TEMPS):
             _LEN.pack_into(self._map, offset, 0)
 
 
@@ -119,6 +132,11 @@ def start() -> Beacon:
 def current() -> Beacon | None:
     """The active beacon, or None (no supervisor: nothing is written)."""
     return _beacon
+
+
+def finish(code: int) -> None:
+    if _beacon is not None:
+        _beacon.finish(code)
 
 
 def at(text: str) -> None:

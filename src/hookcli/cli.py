@@ -1293,7 +1293,7 @@ def _render(
 def main() -> None:
     """The console script: safe standard streams, then the command in a supervised worker
     (hookcli.supervise: a native crash becomes exit 3 naming the layer)."""
-    from hookcli import stdio
+    from hookcli import beacon, stdio
     from hookcli.supervise import supervise
 
     stdio.guard()
@@ -1308,4 +1308,5 @@ def main() -> None:
             _err(f"error: {exc}")
             code = exc.exit_code
         code = stdio.finish(code)
+        beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
     sys.exit(code)

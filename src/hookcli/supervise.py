@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from hookcli import beacon, isa
+from hookcli.text import escape
 
 # commands that run no model: not worth a process of their own
 _LIGHT = frozenset({"models", "show"})
@@ -75,27 +76,47 @@ def supervise(argv: Sequence[str]) -> int | None:
     (or where no fork is made): return None, and the caller runs the command."""
     if not hasattr(os, "fork") or os.environ.get("HOOKCLI_NO_SUPERVISOR") or is_light(argv):
         return None
-    isa.ensure()  # before the fork: the worker's oneDNN starts under the limit, if any
+    try:
+        isa.ensure()  # before the fork: the worker's oneDNN starts under the limit, if any
+    except KeyboardInterrupt:  # Ctrl-C during the first run's probe
+        sys.stderr.write("interrupted\n")
+        return 130
     light = beacon.start()
+    parent = os.getpid()
+    # a SIGCHLD ignored by whoever started us would have the kernel reap the worker before
+    # waitpid sees it: a no-op handler makes it deliverable (the worker resets it)
+    signal.signal(signal.SIGCHLD, _noop)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         pid = os.fork()
     except OSError:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         return None  # no process to spare: run in-process, unsupervised
     if pid == 0:
-        _worker_setup()
+        _worker_setup(parent)
         return None
-    return _watch(pid, light)
+    try:
+        return _watch(pid, light)
+    except KeyboardInterrupt:  # only in the instant before the signals are blocked
+        return _watch(pid, light)
 
 
-def _worker_setup() -> None:
-    """The child: no core file and no fatal-error dump on screen when it dies of a signal
-    (the parent says what happened in one line) unless HOOKCLI_DEBUG asks for them."""
-    if os.environ.get("HOOKCLI_DEBUG"):
-        return
+def _noop(signum: int, frame: FrameType | None) -> None:
+    pass
+
+
+def _worker_setup(parent: int) -> None:
+    """The child: dies with its parent (a `kill -9` of hookcli leaves no orphan running), no core
+    file and no fatal-error dump on screen when it dies of a signal (the parent says what
+    happened in one line) unless HOOKCLI_DEBUG asks for them."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _die_with(parent)
     import faulthandler
 
+    if os.environ.get("HOOKCLI_DEBUG"):
+        faulthandler.enable()
+        return
     faulthandler.disable()
     with contextlib.suppress(ImportError, ValueError, OSError):
         import resource
@@ -104,38 +125,89 @@ def _worker_setup() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
 
 
+def _die_with(parent: int) -> None:
+    """Linux: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _watch(pid: int, light: beacon.Beacon) -> int:
-    """Wait for the worker; its exit code, or a one-line account of its death."""
-
-    def pass_on(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child gets the terminal's Ctrl-C itself
-    for s in _STOPS:
-        signal.signal(s, pass_on)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            return 3
-        except InterruptedError:  # pragma: no cover — PEP 475 retries waitpid itself
-            continue
+    """Wait for the worker, passing on the signals meant for it; its exit code, or a one-line
+    account of its death."""
+    status = _wait(pid)
+    if status is None:
+        sys.stderr.write("error: lost track of the worker process. Hint: rerun the command.\n")
+        return 3
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     signum = os.WTERMSIG(status)
     words = light.last_words()
-    for path in words.temps:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    sys.stderr.write(death_message(signum, words) + "\n")
+    for path in words.temps:  # only our own temp files, by absolute path
+        if os.path.isabs(path) and os.path.basename(path).startswith(".hookcli-"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    if words.finished is not None:  # a library died at interpreter exit, after the run
+        sys.stderr.write(
+            escape(f"warning: the worker died of {_name(signum)} while exiting, after the run "
+                   "had finished; its results stand.") + "\n"
+        )  # fmt: skip
+        sys.stderr.flush()
+        return words.finished
+    sys.stderr.write(escape(death_message(signum, words)) + "\n")
     sys.stderr.flush()
     if signum == signal.SIGINT:
         return 130
     if signum in _STOPS:
         return 128 + signum
     return 3
+
+
+_SI_USER = 0  # siginfo si_code of a signal sent by kill(), not by the terminal driver
+
+
+def _wait(pid: int) -> int | None:
+    """The worker's wait status. Ctrl-C at the terminal reaches the worker directly (same
+    process group), so the parent never repeats it; a SIGINT sent to the parent alone (`kill
+    -INT`, a harness's send_signal) and SIGTERM/SIGHUP/SIGQUIT are passed on."""
+    passed = {signal.SIGINT, *_STOPS}
+    if not hasattr(signal, "sigwaitinfo"):  # macOS: no siginfo; SIGINT left to the terminal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for s in _STOPS:
+            signal.signal(s, lambda signum, frame: _pass_on(pid, signum))
+        return _reap(pid, block=True)
+    watched = {signal.SIGCHLD, *passed}
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    while True:
+        status = _reap(pid, block=False)
+        if status != -1:
+            return status
+        info = signal.sigwaitinfo(watched)
+        if info.si_signo == signal.SIGCHLD:
+            continue
+        if info.si_signo == signal.SIGINT and info.si_code != _SI_USER:
+            continue  # the terminal's Ctrl-C: the worker got it too
+        _pass_on(pid, info.si_signo)
+
+
+def _pass_on(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _reap(pid: int, *, block: bool) -> int | None:
+    """The wait status; -1 while the worker runs (block=False); None if it is not our child."""
+    try:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return status if done else -1
 
 
 def _name(signum: int) -> str:
