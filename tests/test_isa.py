@@ -55,6 +55,9 @@ def test_the_probe_walks_down_to_the_first_isa_that_survives(
 
 def test_a_probe_that_fails_without_a_signal_decides_nothing() -> None:
     assert isa.probe(lambda limit: 1) is None
+    # a probe stopped by Ctrl-C, SIGTERM or the OOM killer says nothing of the CPU
+    for stopped in (-2, -15, -9):
+        assert isa.probe(lambda limit, code=stopped: code) is None
     assert isa.probe(lambda limit: 0) == isa.IsaLimit(None, None)
     everywhere = isa.probe(lambda limit: -4)
     assert everywhere == isa.IsaLimit(None, "SIGILL")

@@ -23,6 +23,7 @@ import platform as _host
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -52,6 +53,10 @@ for dtype in (torch.bfloat16, torch.float16):
 print("ok")
 """
 _CACHE_VERSION = 1
+# the deaths that say an ISA does not run here (a kernel's instruction refused, or faulting)
+_ISA_FAULTS = frozenset(
+    getattr(signal, n) for n in ("SIGILL", "SIGSEGV", "SIGBUS") if hasattr(signal, n)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,7 @@ def run_probe(limit: str | None, timeout: float = 300.0) -> int:
         env[ENV] = limit
     try:
         done = subprocess.run(
-            [sys.executable, "-c", PROBE_CODE],
+            [sys.executable, "-P", "-c", PROBE_CODE],  # -P: no torch.py of the cwd imported
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -150,14 +155,15 @@ def run_probe(limit: str | None, timeout: float = 300.0) -> int:
 
 def probe(run: Callable[[str | None], int] | None = None) -> IsaLimit | None:
     """Try the default ISA, then each limit down; None when the probe could not tell (it
-    failed without a signal: no torch, say) and nothing should be cached."""
+    failed without a signal — no torch, say — or was stopped by one that says nothing of the
+    CPU: Ctrl-C, SIGTERM, the OOM killer) and nothing should be cached."""
     run = run or run_probe
     died = None
     for limit in (None, *LIMITS):
         code = run(limit)
         if code == 0:
             return IsaLimit(limit, died)
-        if code > 0:
+        if code > 0 or -code not in _ISA_FAULTS:
             return None
         if died is None:
             died = _signal_name(-code)
@@ -188,10 +194,15 @@ def _write(path: Path, answer: IsaLimit) -> None:
     """Best effort: an unwritable cache only means probing again next time."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         body = {"version": _CACHE_VERSION, "limit": answer.limit, "died": answer.died}
-        tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(body) + "\n")
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def decide(
