@@ -426,6 +426,27 @@ def test_an_image_from_a_pipe_is_read(tmp_path: Path) -> None:
     assert a["layers"][0]["outputs"] == b["layers"][0]["outputs"]
 
 
+def test_an_endless_device_is_refused_not_read_to_the_end() -> None:
+    r = invoke("inspect", "resnet18", "/dev/zero", "-l", "conv1", "--no-config")
+    assert_one_line_error(r, 2, "/dev/zero gives more than 256 MiB")
+
+
+def test_pipe_bytes_are_kept_for_one_run_only(tmp_path: Path) -> None:
+    from hookcli.inputs import _image_source
+
+    fifo = tmp_path / "img"
+    os.mkfifo(fifo)
+    feeder = threading.Thread(target=fifo.write_bytes, args=(CAT.read_bytes(),))
+    feeder.start()
+    output.begin()
+    first = _image_source(fifo)
+    feeder.join(timeout=10)
+    assert isinstance(first, io.BytesIO) and first.getvalue() == CAT.read_bytes()
+    assert _image_source(fifo).getvalue() == CAT.read_bytes(), "read once in a run"  # type: ignore[union-attr]
+    output.begin()  # a new run reads the pipe anew: nothing of the last run's bytes
+    assert str(fifo) not in output.registry().piped
+
+
 def test_a_config_from_a_pipe_is_read() -> None:
     fd, feeder = _pipe(f'model = "{NET}:Net"\ninput = "ones:2x2"\nformat = "json"\n'.encode())
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import re
 import stat
@@ -25,7 +26,7 @@ import torch
 
 from hookcli.errors import UsageError
 from hookcli.loading import LoadedModel
-from hookcli.output import note_read, user_path
+from hookcli.output import note_read, registry, user_path
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -38,7 +39,7 @@ RASTER_FORMATS = (
     "SUN", "MSP", "FLI", "DCX",
 )  # fmt: skip
 MAX_RESIZED_PIXELS = 64_000_000  # what a resize may make of one image before the center crop
-_piped: dict[str, bytes] = {}  # a pipe (<(cat img)) is read once; later reads get the bytes
+MAX_PIPED_BYTES = 256 << 20  # an image from a pipe or device: read into memory up to this
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):([0-9]+(?:[x,][0-9]+)*)$")
 
 
@@ -138,8 +139,9 @@ def _image_source(path: Path) -> Path | io.BytesIO:
     """What PIL opens: the path of a regular file, or the bytes of a pipe or device (a
     `<(cat img)` argument), read once and kept for any later read of the same name."""
     key = str(path)
-    if key in _piped:
-        return io.BytesIO(_piped[key])
+    piped = registry().piped  # this run's: read once, the bytes kept for any later read
+    if key in piped:
+        return io.BytesIO(piped[key])
     try:
         mode = path.stat().st_mode
     except OSError as exc:
@@ -149,9 +151,19 @@ def _image_source(path: Path) -> Path | io.BytesIO:
         return path
     try:
         with open(path, "rb") as f:
-            _piped[key] = data = f.read()
+            if os.isatty(f.fileno()):
+                raise UsageError(
+                    f"{path} is a terminal, not an image.", "give an image file or a pipe."
+                )
+            data = f.read(MAX_PIPED_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{path} cannot be read ({exc.strerror}).", "check the file.") from exc
+    if len(data) > MAX_PIPED_BYTES:  # /dev/zero, <(yes): never read to the end
+        raise UsageError(
+            f"{path} gives more than {MAX_PIPED_BYTES >> 20} MiB, more than any image.",
+            "give an image file.",
+        )
+    piped[key] = data
     if not data:
         raise UsageError(f"{path} gave no data (an empty pipe).", "give a real image file.")
     return io.BytesIO(data)

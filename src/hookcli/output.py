@@ -71,6 +71,7 @@ class Reads:
         self.files: dict[str, str] = {}  # real path → the path as named
         self.folders: dict[str, str] = {}
         self.outputs: dict[str, str] = {}  # real path → the option that claimed it
+        self.piped: dict[str, bytes] = {}  # images read from pipes and devices, by name
 
     def add(self, path: str | os.PathLike[str]) -> None:
         """A file the run reads (regular files only: a pipe or device read cannot be
