@@ -67,6 +67,20 @@ class ScriptedChild(nn.Module):
         return self.post(self.mid(self.pre(x)))
 
 
+class ScriptedNorm(nn.Module):
+    """A scripted BatchNorm child: in train mode TorchScript updates its running statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.bn = torch.jit.script(nn.BatchNorm1d(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.pre(x))  # type: ignore[no-any-return]
+
+
 class LSTMClassifier(nn.Module):
     """Classifies from the last hidden state; the sequence output only feeds a custom op
     that gives it no gradient (a masking step), so autograd hands its hook None."""
@@ -411,6 +425,19 @@ def test_buffers_rewritten_in_forward_are_restored_after_every_run(
     assert dict(model.named_buffers()).keys() == objects.keys()
     assert all(b is objects[n] for n, b in model.named_buffers()), "the same tensor objects"
     assert model.training is False and hooks_left(model) == 0
+
+
+def test_a_scripted_childs_buffers_are_restored_after_train_mode() -> None:
+    torch.manual_seed(0)
+    model = ScriptedNorm().eval()
+    x = torch.randn(8, 4)
+    before = state(model)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.train()(x)
+    assert not same_state(before, state(changed)), "the oracle: train mode moves the statistics"
+    hookcli.inspect(model, x, device="cpu", topk=0, train=True)
+    assert same_state(before, state(model))
 
 
 # ---------------------------------------------------------------- 5. autograd in forward

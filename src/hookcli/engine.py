@@ -354,15 +354,25 @@ class BufferSnapshot:
     batch_norm's kernel updates running statistics without moving it. Restoring writes only
     what changed (a buffer written back moves its version counter, nothing else does). Cost
     per pass: one clone and one comparison of all buffers (resnet50: 0.2 MB, well under a
-    millisecond). Lazy buffers (not materialised yet) are left to materialise."""
+    millisecond). Lazy buffers (not materialised yet) are left to materialise. A TorchScript
+    module's buffers (a scripted BatchNorm in train mode updates them inside TorchScript) get
+    their values copied back; their objects stay as TorchScript holds them. Off the CPU the
+    values are copied back without comparing them first: a comparison would wait for the
+    device, once per buffer (HOOK_PITFALLS 8); a copy is queued like any kernel."""
 
     def __init__(self, modules: Iterator[nn.Module] | Sequence[nn.Module]) -> None:
         self.items: list[tuple[nn.Module, str, Any, int | None, torch.Tensor | None]] = []
         self.names: list[tuple[nn.Module, frozenset[str]]] = []
+        self.scripted: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             for m in modules:
                 if isinstance(m, torch.jit.ScriptModule):
-                    continue  # its buffers live in TorchScript: no Python forward rewrites them
+                    self.scripted += [
+                        (b, b.detach().clone())
+                        for _, b in m.named_buffers(recurse=False)
+                        if not is_lazy(b)
+                    ]
+                    continue
                 bufs = m._buffers
                 self.names.append((m, frozenset(bufs)))
                 for name, b in bufs.items():
@@ -381,15 +391,21 @@ class BufferSnapshot:
                     continue
                 if version is None or _version(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
+            for b, copy in self.scripted:
+                if not _same(b, copy):
+                    b.copy_(copy)
             for m, names in self.names:
                 for extra in [n for n in m._buffers if n not in names]:
                     del m._buffers[extra]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The same values, bit for bit (a NaN equals itself, unlike torch.equal)."""
+    """The same values, bit for bit (a NaN equals itself, unlike torch.equal); off the CPU,
+    never known without waiting for the device, so taken as changed."""
     if a.device.type == "meta":
         return True  # no values
+    if a.device.type != "cpu":
+        return False
     bits = _BITS.get(a.element_size())
     if (a.is_floating_point() or a.is_complex()) and bits is not None:
         a, b = a.view(bits), b.view(bits)
