@@ -560,6 +560,18 @@ def test_a_folder_run_skips_a_strip_naming_its_size(tmp_path: Path) -> None:
     assert_one_line_error(r, 2, "strip.png is 1x5000")
 
 
+def test_a_folder_run_of_a_custom_model_skips_a_strip_too(tmp_path: Path) -> None:
+    """hookcli's own ImageNet preprocessing (custom models) resizes too: same guard."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
+    Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
+    r = invoke("inspect", f"{ROOT}/tests/models.py:TwoBranches", folder, "--batch-size", "1",
+               "--no-config")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "strip.png (1x5000" in r.stdout and "256x1280000" in r.stdout
+
+
 def test_an_ordinary_wide_image_still_runs(tmp_path: Path) -> None:
     wide = tmp_path / "wide.png"
     Image.new("RGB", (900, 200), "white").save(wide)

@@ -249,9 +249,16 @@ def to_rgb(img: Any) -> Any:
 
 
 def short_side_resize(preprocess: Any) -> int | None:
-    """The size a preprocessing resizes an image's short side to, when it does (torchvision's
-    presets: `resize_size` of one number); None for a fixed output size or no resize."""
+    """The size a preprocessing resizes an image's short side to, when it does: torchvision's
+    presets (`resize_size` of one number) or the first `Resize(N)` of a Compose (hookcli's own
+    ImageNet preprocessing, a custom one); None for a fixed output size or no resize."""
     size = getattr(preprocess, "resize_size", None)
+    if size is None:
+        resize = next(
+            (t for t in getattr(preprocess, "transforms", ()) if type(t).__name__ == "Resize"),
+            None,
+        )
+        size = getattr(resize, "size", None)
     if isinstance(size, list | tuple) and len(size) == 1:
         size = size[0]
     return size if isinstance(size, int) and not isinstance(size, bool) else None
@@ -394,13 +401,14 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     if model.preprocess is not None:
         preprocess = model.preprocess
         label = model.preprocess_label
-        short = short_side_resize(preprocess)
     else:
         size = model.input_size or (224, 224)
         preprocess = _imagenet_preprocess(size)
-        short = round(size[0] * 256 / 224)
-        label = f"ImageNet: resize {short}, center crop {size[0]}x{size[1]}, ImageNet mean/std"
-    _check_sizes(files, images, short)
+        label = (
+            f"ImageNet: resize {short_side_resize(preprocess)}, center crop {size[0]}x{size[1]}"
+            ", ImageNet mean/std"
+        )
+    _check_sizes(files, images, short_side_resize(preprocess))
     tensors = [preprocess(im) for im in images]
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
