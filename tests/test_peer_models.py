@@ -8,6 +8,7 @@ The models are defined here and loaded by the CLI as tests/test_peer_models.py:N
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -370,6 +371,12 @@ def test_layers_lists_the_scripted_child_and_naming_it_is_refused() -> None:
     r = run("layers", f"{HERE}:ScriptedChild")
     assert r.exit_code == 0, r.stderr
     assert "mid " in r.stdout and "mid.lin" in r.stdout and "not hookable" in r.stdout
+    rows = {
+        m["name"]: m
+        for m in json.loads(run("layers", f"{HERE}:ScriptedChild", "-f", "json").stdout)["modules"]
+    }
+    assert rows["mid"]["type"] == "Inner" and rows["mid"]["hookable"] is False
+    assert rows["pre"]["hookable"] is True, "JSON keeps type names; a field says hookable"
     r = run("inspect", f"{HERE}:ScriptedChild", "-i", "randn:2x4", "-l", "mid")
     assert_one_line_error(r, 2, "mid", "TorchScript")
 

@@ -265,6 +265,15 @@ def test_a_death_on_one_diff_side_names_the_side() -> None:
     assert "SIGILL" in line and "in layer boom call 0 (forward), diff side B (bfloat16)" in line
 
 
+def _overcommits() -> bool:
+    """vm.overcommit_memory=1: a 4 TB allocation succeeds and the OOM killer comes later."""
+    try:
+        return Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_overcommits(), reason="the kernel grants any allocation (overcommit 1)")
 def test_a_building_model_out_of_memory_is_one_line() -> None:
     r = hookcli("inspect", "resnet18", "--model-arg", "num_classes=2000000000", "-l", "fc")
     assert r.returncode == 3, r.stderr
@@ -286,3 +295,13 @@ def test_user_text_on_stderr_is_escaped(tmp_path: Path) -> None:
     assert r.returncode == 2
     line = one_line(r.stderr)
     assert "\x1b" not in r.stderr and "\\x1b[31m\\n.jpeg" in line
+
+
+def test_the_working_directory_is_importable_from_the_console_script() -> None:
+    """CLI.md: pkg.mod:Name from the current directory, as with `python -m`."""
+    script = Path(sys.executable).with_name("hookcli")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(script), "layers", "tests.crash_models:Net"], capture_output=True,
+                       text=True, cwd=ROOT, env=env, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "boom" in r.stdout

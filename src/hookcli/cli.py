@@ -1297,6 +1297,10 @@ def main() -> None:
     from hookcli.supervise import supervise
 
     stdio.guard()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # CLI.md: the current directory is importable (pkg.mod:Name), as with `python -m`;
+        # last, so a local torch.py cannot shadow the installed one
+        sys.path.append(os.getcwd())
     code = supervise(sys.argv[1:])
     if code is None:  # the worker, or a light command run in-process
         try:

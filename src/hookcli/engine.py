@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from hookcli import beacon, isa
-from hookcli.errors import ModelError, UsageError
+from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.hooks import HookSession, Target
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.loading import LoadedModel, load_model, resolve_device
@@ -463,14 +463,6 @@ def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | 
             innermost = names[id(owner)]
         tb = tb.tb_next
     return innermost
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line of at most ~300 characters: `Type: first line`."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    first = first if len(first) <= 300 else first[:297] + "..."
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def run_forward(

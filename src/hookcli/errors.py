@@ -33,3 +33,13 @@ class CheckFailed(HookcliError):
     """The run completed and a check failed (exit 1)."""
 
     exit_code = 1
+
+
+def one_line(exc: BaseException, *, with_type: bool = True) -> str:
+    """An exception as one line of at most ~300 characters — `Type: first line`, whitespace
+    folded — since a model's or torch's message may run to pages (a C++ stack after it)."""
+    first = " ".join(str(exc).strip().split("\n", 1)[0].split())
+    first = first if len(first) <= 300 else first[:297] + "..."
+    if not with_type:
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.loading import LoadedModel
 from hookcli.output import note_read, registry, user_path
 
@@ -425,11 +425,6 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     return ModelInput((torch.stack(tensors),), desc, sources, label, classes)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split("\n", 1)[0].split())
-    return text or type(exc).__name__
-
-
 def _spec_shape(spec: str, dims: str) -> tuple[int, ...]:
     """The shape of KIND:SHAPE, its element count checked exactly (Python ints never wrap)."""
     kind = spec.partition(":")[0]
@@ -467,12 +462,12 @@ def _load_tensors(raw: str, path: Path) -> Any:
                 "save plain tensors: torch.save(tensor, 'x.pt') or a tuple of tensors.",
             ) from exc
         raise UsageError(
-            f"tensor file {raw} is not a torch.save file ({_one_line(exc)}).",
+            f"tensor file {raw} is not a torch.save file ({one_line(exc, with_type=False)}).",
             "save it with torch.save(tensor, 'x.pt').",
         ) from exc
     except Exception as exc:
         raise UsageError(
-            f"tensor file {raw} is not readable: {_one_line(exc)}",
+            f"tensor file {raw} is not readable: {one_line(exc, with_type=False)}",
             "save it with torch.save(tensor, 'x.pt').",
         ) from exc
 
@@ -517,7 +512,7 @@ def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
             return [torch.from_numpy(np.load(path, allow_pickle=False))]
         except Exception as exc:
             raise UsageError(
-                f"tensor file {raw} is not a readable .npy array: {_one_line(exc)}",
+                f"tensor file {raw} is not a readable .npy array: {one_line(exc, with_type=False)}",
                 "save it with numpy.save.",
             ) from exc
     raise UsageError(

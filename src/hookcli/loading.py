@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookcli.errors import ModelError, UsageError
+from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.output import note_read, user_path
 
 TASKS = ("classification", "segmentation", "detection", "video", "optical_flow", "quantized")
@@ -178,12 +178,12 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
                 model = _build_pretrained(name, choice, kwargs)
     except (TypeError, ValueError) as exc:
         raise UsageError(
-            f"cannot build {name} with {kwargs or 'these arguments'}: {exc}",
+            f"cannot build {name}({_kw(kwargs)}): {one_line(exc)}",
             "check --model-arg names against the torchvision builder's parameters.",
         ) from exc
     except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         raise ModelError(
-            f"building {name}({_kw(kwargs)}) failed: {_one_line(exc)}",
+            f"building {name}({_kw(kwargs)}) failed: {one_line(exc)}",
             "a --model-arg size asks for more memory than there is; check the arguments."
             if "allocate" in str(exc) or isinstance(exc, MemoryError)
             else "check --model-arg values against the torchvision builder's parameters.",
@@ -358,7 +358,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             data: Any = load_file(str(path), device="cpu")
         except Exception as exc:
             raise UsageError(
-                f"{path} is not a readable safetensors file: {_one_line(exc)}",
+                f"{path} is not a readable safetensors file: {one_line(exc)}",
                 "check the file, or re-save it.",
             ) from exc
     else:
@@ -367,7 +367,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except pickle.UnpicklingError as exc:
             if not zipfile.is_zipfile(path):  # not torch.save's format: just not a checkpoint
                 raise UsageError(
-                    f"{path} is not a readable PyTorch file: {_one_line(exc)}",
+                    f"{path} is not a readable PyTorch file: {one_line(exc)}",
                     "check the file; hookcli reads state dicts saved by torch.save.",
                 ) from exc
             raise UsageError(
@@ -377,7 +377,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             ) from exc
         except Exception as exc:
             raise UsageError(
-                f"{path} is not a readable PyTorch file: {_one_line(exc)}",
+                f"{path} is not a readable PyTorch file: {one_line(exc)}",
                 "check the file; hookcli reads state dicts saved by torch.save.",
             ) from exc
     if isinstance(data, Mapping):
@@ -436,12 +436,6 @@ def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
 # ---------------------------------------------------------------- custom models
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception as `Type: first line` (a model's message may run to pages)."""
-    first = " ".join(str(exc).split("\n", 1)[0].split())
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
 def _read_model_file(source: str) -> Path:
     """The model's source file, checked readable: a file hookcli cannot read is an input
     problem (exit 2); what the file does when imported is the model's (exit 3)."""
@@ -488,7 +482,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             raise
         except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
             raise ModelError(
-                f"importing {source} failed: {_one_line(exc)}",
+                f"importing {source} failed: {one_line(exc)}",
                 "fix the model file; run it with python to see the traceback.",
             ) from exc
         finally:
@@ -505,7 +499,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
             raise
         except BaseException as exc:
             raise ModelError(
-                f"importing {source} failed: {_one_line(exc)}",
+                f"importing {source} failed: {one_line(exc)}",
                 f"fix the module; python -c 'import {source}' shows the traceback.",
             ) from exc
     obj = getattr(module, attr, None)
@@ -534,7 +528,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
         raise
     except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
         raise ModelError(
-            f"{source}:{attr}({_kw(kwargs)}) raised {_one_line(exc)}",
+            f"{source}:{attr}({_kw(kwargs)}) raised {one_line(exc)}",
             "fix the model's constructor.",
         ) from exc
     if not isinstance(model, nn.Module):
@@ -552,7 +546,7 @@ def _load_custom(spec: str, weights: str, seed: int, kwargs: dict[str, Any]) -> 
         raise
     except BaseException as exc:  # the model's own train()/eval() override
         raise ModelError(
-            f"{source}:{attr}'s eval() raised {_one_line(exc)}",
+            f"{source}:{attr}'s eval() raised {one_line(exc)}",
             "fix the model's train()/eval() method.",
         ) from exc
     loaded = _wrap_module(model, "none")

@@ -6,7 +6,7 @@ with these, and the engine (engine.py) turns them into a prepared model and hook
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,33 +31,6 @@ def check_model_arg_text(pairs: Sequence[str]) -> None:
             )
 
 
-def _check_model_arg_values(args: Mapping[str, Any]) -> None:
-    """Integers in model arguments are sizes and counts (num_classes, widths, depths): one
-    beyond 2**31-1 only ever makes torch fail to allocate, with a C++ stack trace."""
-
-    def ints(value: Any, depth: int = 0) -> Iterator[int]:
-        if isinstance(value, bool):
-            return
-        if isinstance(value, int):
-            yield value
-        elif isinstance(value, list | tuple | set | frozenset) and depth < 4:
-            for v in value:
-                yield from ints(v, depth + 1)
-        elif isinstance(value, dict) and depth < 4:
-            for v in value.values():
-                yield from ints(v, depth + 1)
-
-    for key, value in args.items():
-        for n in ints(value):
-            if abs(n) > bounds.INT32_MAX:
-                digits = str(n) if len(str(n)) <= 40 else f"a {len(str(n))}-digit number"
-                raise UsageError(
-                    f"--model-arg {key}: integers are sizes and counts, at most "
-                    f"{bounds.INT32_MAX} (2**31-1) in magnitude; got {digits}.",
-                    f"e.g. --model-arg {key}=10",
-                )
-
-
 @dataclass(frozen=True, slots=True)
 class ModelOptions:
     """Which model, with which weights, on which device."""
@@ -70,7 +43,6 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
-        _check_model_arg_values(self.model_args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,6 +241,7 @@ class ModuleRow:
     aliases: list[str] = field(default_factory=list)
     output_shapes: list[str] | None = None
     calls: int | None = None
+    hookable: bool = True  # False: inside TorchScript, where Python hooks cannot reach
 
 
 @dataclass(slots=True)

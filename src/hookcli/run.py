@@ -450,12 +450,13 @@ def layers_report(
     rows = [
         ModuleRow(
             e.name or ROOT_LABEL,
-            e.type if e.unhookable is None else f"{e.type} (TorchScript, not hookable)",
+            e.type,
             e.depth,
             e.params,
             e.own_params,
             e.leaf,
             e.names[1:],
+            hookable=e.unhookable is None,
         )
         for e in prepared.entries
         if depth is None or e.depth <= depth

@@ -578,7 +578,7 @@ def layers_table(report: LayersReport, *, color: bool, width: int | None) -> str
         indent = "  " * max(r.depth - 1, 0)
         cells = [
             indent + r.name,
-            r.type,
+            r.type if r.hookable else f"{r.type} (TorchScript, not hookable)",
             count(r.params),
             "yes" if r.leaf else "",
             ", ".join(r.aliases),
