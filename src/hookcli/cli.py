@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hookcli import __version__
+from hookcli._version import __version__
 from hookcli.errors import HookcliError, UsageError
 from hookcli.render import SUFFIX_FORMATS, Format
 from hookcli.text import escape

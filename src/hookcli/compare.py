@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookcli import __version__, beacon, bounds, isa
+from hookcli import beacon, bounds, isa
+from hookcli._version import __version__
 from hookcli.engine import Prepared, hooked_pass, model_input, prepare
 from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, iter_tensors

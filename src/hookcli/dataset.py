@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hookcli import __version__
+from hookcli._version import __version__
 from hookcli.aggregate import Aggregate
 from hookcli.engine import Prepared, hooked_pass, prepare
 from hookcli.errors import UsageError

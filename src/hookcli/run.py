@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli import __version__, isa
+from hookcli import isa
+from hookcli._version import __version__
 from hookcli.engine import (
     Prepared,
     deterministic_algorithms,
