@@ -25,7 +25,8 @@ from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
     import torch
 
-    from hookcli.compare import Spill, _cast, _Compared, _compared_pass, _prepare_side, parse_side
+    from hookcli.compare import _cast, _compared_pass, _prepare_side, parse_side
+    from hookcli.measure import Compared, Spill
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     model = ModelOptions(model_name, device="cpu")
@@ -48,7 +49,7 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
         spill = Spill()
         try:
             _reference_pass(ref, x_a, spill, isolate=False)
-            _compared_pass(other, x_b, spill, isolate=False, into=_Compared())
+            _compared_pass(other, x_b, spill, isolate=False, into=Compared())
         finally:
             spill.close()
 

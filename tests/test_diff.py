@@ -290,7 +290,7 @@ def test_side_grammar() -> None:
 
 
 def test_the_spill_keeps_nothing_in_memory() -> None:
-    from hookcli.compare import Spill
+    from hookcli.measure import Spill
 
     spill = Spill()
     try:
@@ -434,14 +434,14 @@ def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
 def test_channels_last_sums_equal_the_contiguous_ones(dtype: torch.dtype) -> None:
     """The kernel that reads a channels-last tensor in its own order pairs the same elements
     as the flat one on a contiguous copy, and both equal float64 torch."""
-    from hookcli.compare import _sums
+    from hookcli.measure import sums
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(2, 8, 5, 7, generator=g)
     b = (a + 1e-3 * torch.randn(a.shape, generator=g)).to(dtype)
     b[0, 3, 2, 1] = float("nan")
-    nhwc = _sums(a.numpy(), b.contiguous(memory_format=torch.channels_last))
-    flat = _sums(a.numpy(), b.contiguous())
+    nhwc = sums(a.numpy(), b.contiguous(memory_format=torch.channels_last))
+    flat = sums(a.numpy(), b.contiguous())
     np.testing.assert_allclose(nhwc, flat, rtol=1e-12)
     finite = torch.isfinite(b.double())
     d = torch.where(finite, b.double() - a.double(), 0.0)

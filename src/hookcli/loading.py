@@ -122,7 +122,7 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _quiet_warnings() -> Iterator[list[warnings.WarningMessage]]:
+def quiet_warnings() -> Iterator[list[warnings.WarningMessage]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught
@@ -169,7 +169,7 @@ def _load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) -
     tv = _tv_models()
     torch.manual_seed(seed)
     try:
-        with _quiet_warnings():
+        with quiet_warnings():
             if choice is None or isinstance(choice, Path):
                 if _builder_accepts(name, "weights_backbone"):
                     kwargs.setdefault("weights_backbone", None)  # never fetch a backbone

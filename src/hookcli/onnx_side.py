@@ -23,6 +23,7 @@ from hookcli.engine import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.hooks import iter_tensors
 from hookcli.inputs import ModelInput
+from hookcli.measure import measure
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
 
@@ -106,8 +107,6 @@ def call_outputs(graph: Any, names: set[str]) -> list[tuple[str, int, list[str]]
 def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Any, into: Any) -> None:
     """Export, run with ONNX Runtime returning every selected call's output, and measure each
     against the reference side's (read back from the spill)."""
-    from hookcli.compare import _measure
-
     onnx, ort = _modules()
     model = export(prepared, minput)
     graph = model.graph
@@ -145,9 +144,7 @@ def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Any, into: Any) -> 
         _, accs = into.calls.setdefault((name, call), (targets[name], {}))
         into.order.setdefault((name, call), rank)
         got = torch.from_numpy(np.asarray(values[outs[-1]]))
-        _measure(accs, "out", spill.read((name, call, "out")), got)
+        measure(accs, "out", spill.read((name, call, "out")), got)
     first = graph.output[0].name
-    _measure(
-        into.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first])
-    )
+    measure(into.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first]))
     into.note_missing(spill, "not in the ONNX graph (no node of its own)")

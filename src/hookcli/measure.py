@@ -1,0 +1,253 @@
+"""What a diff measures, shared by every kind of compared side (hooked passes in compare.py,
+ONNX Runtime in onnx_side.py): the reference side's tensors spilled to disk, the five sums of
+one difference accumulated exactly across batches, and what one compared side collects.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import mmap
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookcli.errors import UsageError
+from hookcli.records import TensorDiff
+
+
+class Spill:
+    """The reference side's tensors, on disk: written as hooks see them, read back one at a
+    time. Nothing of them stays in memory.
+
+    The file is unlinked the moment it is created: only its descriptor reaches it, so it
+    cannot outlive the process, however that ends (SIGTERM, SIGKILL, the OOM killer). Writes
+    and reads go through the descriptor (pwrite/preadv: no buffering, no seek).
+
+    A large tensor is read back by mapping its pages of the file (MAP_POPULATE: mapped in one
+    go, no copy); the mapping goes when the last array viewing it does, so at most the tensor
+    being compared is mapped. Each tensor starts on a page boundary for that.
+
+    A failed write (a full TMPDIR) is kept in `failed`, not raised: hooks swallow errors to
+    protect the user's forward, so the caller checks `raise_if_failed()` after the pass —
+    else the missing tensor would show as a false "only on this side" divergence."""
+
+    _MAP_FROM = 1 << 20  # below this, a plain read into a reused buffer is cheaper
+
+    def __init__(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="hookcli-diff-", suffix=".spill")
+        self.dir = os.path.dirname(self.path)
+        try:
+            os.unlink(self.path)  # the name goes now; the descriptor keeps the file
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        self._buf = bytearray()  # one reused read buffer for small tensors
+        self.index: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        self._end = 0
+        self.failed: OSError | None = None
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise ValueError("the spill file is closed")
+        return self._fd
+
+    def write(self, key: tuple[str, int, str], t: torch.Tensor) -> None:
+        if self.failed is not None:
+            return  # the run stops after this pass; nothing more to keep
+        x = t.detach()
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+        arr = x.contiguous().cpu().numpy()
+        start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        data = arr.reshape(-1).view(np.uint8).data  # the bytes, no copy
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], start + done)
+        except OSError as exc:
+            self.failed = exc
+            return
+        self.index[key] = (start, arr.dtype, tuple(arr.shape))
+        self._end = start + arr.nbytes
+
+    def raise_if_failed(self) -> None:
+        """The write error, if any, as the one-line error it is for the user."""
+        exc = self.failed
+        if exc is None:
+            return
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise UsageError(
+                f"no space left in TMPDIR ({self.dir}) for diff's spill file "
+                f"({self._end / 2**20:.0f} MB written of the reference side's outputs, "
+                f"{os.strerror(exc.errno)}).",
+                "set TMPDIR to a larger disk (TMPDIR=/path/with/space hookcli diff …), or "
+                "select fewer layers with -l.",
+            )
+        raise UsageError(
+            f"could not write diff's spill file in TMPDIR ({self.dir}): {exc.strerror or exc}.",
+            "set TMPDIR to a writable local disk.",
+        )
+
+    def read(self, key: tuple[str, int, str]) -> np.ndarray[Any, Any] | None:
+        """The tensor written under key: a read-only view of its mapped pages, or (small
+        tensors) a view of a buffer that the next read reuses."""
+        found = self.index.get(key)
+        if found is None:
+            return None
+        offset, dtype, shape = found
+        count = int(np.prod(shape)) if shape else 1
+        nbytes = count * dtype.itemsize
+        if nbytes >= self._MAP_FROM:
+            pages = mmap.mmap(
+                self.fd,
+                nbytes,
+                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                prot=mmap.PROT_READ,
+                offset=offset,
+            )
+            return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape)
+        if len(self._buf) < nbytes:
+            self._buf = bytearray(nbytes)
+        view = memoryview(self._buf)[:nbytes]
+        got = 0
+        while got < nbytes:
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n == 0:
+                raise OSError(f"the spill file in {self.dir} was cut short")
+            got += n
+        return np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
+
+    def reset(self) -> None:
+        """Empty for the next batch; the file keeps its pages, overwritten in place."""
+        self.index.clear()
+        self._end = 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ---------------------------------------------------------------- accumulated differences
+
+
+@dataclass(slots=True)
+class Accumulator:
+    """The sums of one (call, tensor) difference; they add exactly across batches."""
+
+    shape: tuple[int, ...]
+    numel: int = 0
+    sd: float = 0.0  # Σ(b - a)²
+    sa: float = 0.0  # Σa²
+    sb: float = 0.0  # Σb²
+    sab: float = 0.0  # Σab
+    max_abs: float = 0.0
+    nonfinite: int = 0
+    notes: set[str] = field(default_factory=set)
+
+    def add(self, sums: np.ndarray[Any, Any], numel: int) -> None:
+        self.sd += float(sums[0])
+        self.sa += float(sums[1])
+        self.sb += float(sums[2])
+        self.sab += float(sums[3])
+        self.max_abs = max(self.max_abs, float(sums[4]))
+        self.nonfinite += int(sums[5])
+        self.numel += numel
+
+    def result(self, path: str, tol: float) -> TensorDiff:
+        d = TensorDiff(path, self.shape, self.numel, nonfinite=self.nonfinite)
+        d.note = "; ".join(sorted(self.notes)) or None
+        if self.notes and self.numel == 0:
+            d.over = True
+            return d
+        d.max_abs = self.max_abs
+        if self.sa > 0:
+            d.rel_l2 = math.sqrt(self.sd / self.sa)
+            d.norm_rel = abs(math.sqrt(self.sb) - math.sqrt(self.sa)) / math.sqrt(self.sa)
+            d.sqnr_db = 10 * math.log10(self.sa / self.sd) if self.sd > 0 else None
+        elif self.sd == 0:
+            d.rel_l2 = 0.0
+        if self.sa > 0 and self.sb > 0:
+            d.cosine = max(-1.0, min(1.0, self.sab / math.sqrt(self.sa * self.sb)))
+        d.over = self.nonfinite > 0 or d.rel_l2 is None or d.rel_l2 > tol
+        return d
+
+
+def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
+    from hookcli.stats import kernels
+
+    ks = kernels()
+    x = got.detach().cpu()
+    out = np.zeros(6, dtype=np.float64)
+    if (
+        ks is not None
+        and x.dim() == 4
+        and not x.is_contiguous()
+        and x.is_contiguous(memory_format=torch.channels_last)
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and ref.dtype in (np.float32, np.float64)
+    ):  # channels-last: read in its own order, no copy into the reference's layout
+        b4 = x.view(torch.uint16).numpy() if x.dtype == torch.bfloat16 else x.numpy()
+        ks.diff_nhwc(ref, b4, out)
+        return out
+    x = x.contiguous()
+    if x.dtype == torch.bfloat16:  # the kernel reads bfloat16 bits itself: no float copy
+        b = x.view(torch.uint16).numpy().reshape(-1)
+    else:
+        b = (x.float() if x.dtype == torch.float16 else x).numpy().reshape(-1)
+    a = ref.reshape(-1)
+    if b.dtype not in (a.dtype, np.uint16):
+        wide = np.promote_types(a.dtype, b.dtype)
+        a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
+    if ks is not None and a.size:
+        (ks.diff[1] if a.size >= 1 << 15 else ks.diff[0])(a, b, out)
+        return out
+    if b.dtype == np.uint16:  # bfloat16 bits → float32
+        b = (b.astype(np.uint32) << 16).view(np.float32)
+    fa, fb = a.astype(np.float64), b.astype(np.float64)  # no numba: the same sums, numpy
+    finite = np.isfinite(fa) & np.isfinite(fb)
+    fa, fb = np.where(finite, fa, 0.0), np.where(finite, fb, 0.0)
+    d = fb - fa
+    top = float(np.abs(d).max()) if d.size else 0.0
+    return np.array([d @ d, fa @ fa, fb @ fb, fa @ fb, top, float((~finite).sum())])
+
+
+@dataclass(slots=True)
+class Compared:
+    """What one compared side accumulates over every batch."""
+
+    calls: dict[tuple[str, int], tuple[str, dict[str, Accumulator]]] = field(default_factory=dict)
+    order: dict[tuple[str, int], int] = field(default_factory=dict)  # return order
+    outputs: dict[str, Accumulator] = field(default_factory=dict)
+    missing: set[str] = field(default_factory=set)
+
+    def note_missing(self, spill: Spill, why: str) -> None:
+        """Reference calls this side never produced an output for."""
+        for name, call, path in spill.index:
+            if name != "(model)" and not path.startswith("in[") and (name, call) not in self.calls:
+                self.missing.add(f"{name} call {call}: {why}")
+
+
+def measure(
+    accs: dict[str, Accumulator], path: str, ref: np.ndarray[Any, Any] | None, got: torch.Tensor
+) -> None:
+    acc = accs.setdefault(path, Accumulator(tuple(got.shape)))
+    if ref is None:
+        acc.notes.add("only on this side")
+        return
+    if tuple(ref.shape) != tuple(got.shape):
+        acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
+        return
+    acc.add(sums(ref, got), got.numel())
+
+
+def shape_label(s: Sequence[int]) -> str:
+    return "x".join(map(str, s)) or "scalar"
