@@ -293,33 +293,36 @@ class HookSession:
             pending = PendingCall(call)
             self.calls.append(pending)
             stack.append(pending)
-            replaced = self.on_input(pending, args, kwargs) if self.on_input else None
-            if replaced is not None:
-                args, kwargs = replaced
+            replaced = None
+            if self.on_input is not None:
+                try:
+                    replaced = self.on_input(pending, args, kwargs)
+                except Exception as exc:  # the module gets its own arguments, unchanged
+                    call.error = f"could not replace the inputs: {exc}"
+                if replaced is not None:
+                    args, kwargs = replaced
             if self.profile:
                 pending.parent = self._open[-1] if self._open else None
                 self._open.append(pending)
-            if self.collector is None:  # shapes only (layers --shapes, --profile timing)
-                call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
-                if self.grads:
-                    self._watch_grads(args, "in", pending)
-                if self.profile:
-                    self._mark_start(pending, args, entered)
-                return replaced
             try:
-                self.collector.context = (call.name, call.call, "in")
-                measure(self.collector, args, "in", call.inputs)
-                if kwargs:
-                    measure(self.collector, kwargs, "in", call.inputs)
-                if self.grads:
-                    self._watch_grads(args, "in", pending)
+                if self.collector is None:  # shapes only (layers --shapes, --profile timing)
+                    call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
+                    if self.grads:
+                        self._watch_grads(args, "in", pending)
+                else:
+                    self.collector.context = (call.name, call.call, "in")
+                    measure(self.collector, args, "in", call.inputs)
                     if kwargs:
-                        self._watch_grads(kwargs, "in", pending)
-                if self.saver is not None:
-                    self._save(args, "in", "input", call)
-                    self._save(kwargs, "in", "input", call)
+                        measure(self.collector, kwargs, "in", call.inputs)
+                    if self.grads:
+                        self._watch_grads(args, "in", pending)
+                        if kwargs:
+                            self._watch_grads(kwargs, "in", pending)
+                    if self.saver is not None:
+                        self._save(args, "in", "input", call)
+                        self._save(kwargs, "in", "input", call)
             except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
-                call.error = f"could not measure inputs: {exc}"
+                call.error = call.error or f"could not measure inputs: {exc}"
             if self.profile:
                 self._mark_start(pending, args, entered)
             return replaced
@@ -345,13 +348,14 @@ class HookSession:
                 # a container's span holds its children's hooks: take their time out
                 nested = self.hook_ns - pending.hook_ns_at_start
                 pending.t_forward.append(entered - nested)
-                pending.output_bytes = sum(
-                    t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
-                )
             pending.finished = self._finished
             self._finished += 1
             call = pending.call
             try:
+                if self.profile:
+                    pending.output_bytes = sum(
+                        t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
+                    )
                 if self.collector is None:
                     call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
                     if self.grads:
@@ -378,7 +382,12 @@ def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
 
 
 def _on_cuda(obj: Any) -> bool:
-    return any(t.is_cuda for _, t in iter_tensors(obj, ""))
+    """Whether any tensor in obj is on a CUDA device; False when obj cannot be walked (the
+    measuring part of the hook has noted that already)."""
+    try:
+        return any(t.is_cuda for _, t in iter_tensors(obj, ""))
+    except Exception:
+        return False
 
 
 def _event() -> Any:
