@@ -9,6 +9,7 @@ any recorded statistic beyond rtol/atol, or layers that appeared or vanished).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -39,10 +40,12 @@ class Rules:
     baseline_path: str | None = None
     rtol: float = 1e-3
     atol: float = 1e-6
+    backward: bool = False  # check --backward: gradients are measured (and checked) too
 
     @property
     def needs_backward(self) -> bool:
-        return self.grad_norm is not None
+        """check runs backward: asked for (--backward), or a gradient rule needs it."""
+        return self.backward or self.grad_norm is not None
 
     @property
     def any(self) -> bool:
@@ -65,6 +68,7 @@ def parse_rules(
     baseline: Path | None = None,
     rtol: float = 1e-3,
     atol: float = 1e-6,
+    backward: bool = False,
 ) -> Rules:
     dead_frac = bounds.number(
         dead_frac, "--dead-frac", low=0, high=1, low_open=True, example="--dead-frac 0.99"
@@ -78,7 +82,7 @@ def parse_rules(
             f"--rtol and --atol must be 0 or more (got {rtol:g}, {atol:g}).",
             "e.g. --rtol 1e-3 --atol 1e-6",
         )
-    rules = Rules(dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol)
+    rules = Rules(dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol, backward=backward)
     for rule in fail_on or []:
         if rule not in FAIL_ON:
             raise UsageError(
@@ -100,6 +104,31 @@ def parse_rules(
         rules.baseline = load_baseline(baseline)
         rules.baseline_path = str(baseline)
     return rules
+
+
+def for_check(rules: Rules) -> Rules:
+    """`check`'s rules: with none given, --fail-on nonfinite."""
+    if rules.any:
+        return rules
+    return dataclasses.replace(rules, fail_on=["nonfinite"])
+
+
+def failures(report: Report) -> list[CheckResult]:
+    """The rules the report failed."""
+    return [c for c in report.checks if not c.passed]
+
+
+def exit_code(report: Report) -> int:
+    """The exit code a finished run ends with (the CLI's, and `hookcli.exit_code`):
+    130 when a folder run was interrupted (partial results), 1 when a check failed, else 0."""
+    if report.interrupted:
+        return 130
+    return 1 if failures(report) else 0
+
+
+def passed(report: Report) -> bool:
+    """Every check passed and the run was whole: exit code 0."""
+    return exit_code(report) == 0
 
 
 def _parse_range(raw: str) -> tuple[float | None, float | None]:

@@ -25,6 +25,7 @@ from hookcli.render import SUFFIX_FORMATS, Format
 from hookcli.text import escape
 
 if TYPE_CHECKING:
+    from hookcli.commands import Drawing, Running
     from hookcli.output import Destination
 
 app = typer.Typer(
@@ -777,18 +778,14 @@ def check(
         _run_command(ctx, "check", config, no_config)
 
 
-HIST_BINS = 12
-
-
 def _run_command(ctx: typer.Context, command: str, config: Path | None, no_config: bool) -> None:
-    """inspect, grads and check: config, checks, the run, the rendering."""
+    """inspect, grads and check: options → hookcli.commands.run_command → rendering."""
     p, used = _configure(ctx, command, config, no_config)
     reads = _reads(p, used)
     output = _claim(p.output, reads=reads)
     baseline_out = _claim(p.save_baseline, "--save-baseline", stdout_ok=False, reads=reads)
     save = _claim(p.save, "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
-    from hookcli import run
-    from hookcli.checks import evaluate, parse_rules
+    from hookcli.checks import exit_code, failures, parse_rules
 
     rules = parse_rules(
         fail_on=p.fail_on,
@@ -799,41 +796,36 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
         baseline=p.baseline,
         rtol=p.rtol,
         atol=p.atol,
+        backward=p.backward,
     )
-    if command == "check" and not rules.any:
-        rules.fail_on.append("nonfinite")
-    backward = command == "grads" or (command == "check" and (p.backward or rules.needs_backward))
     name = _need_model(p.model, command)
-    from hookcli.options import BackwardOptions, Invocation, RunOptions, Selection
+    from hookcli.commands import run_command
+    from hookcli.options import (
+        BackwardOptions,
+        Batching,
+        Invocation,
+        RunOptions,
+        Selection,
+        hist_bins,
+    )
 
     inv = Invocation(
         model=p.model_options(name),
-        selection=Selection(
-            tuple(p.layer or ()),
-            tuple(p.type_ or ()),
-            p.depth,
-            tuple(layer for layer, _ in rules.expect_shapes),
-        ),
+        selection=Selection(tuple(p.layer or ()), tuple(p.type_ or ()), p.depth),
         inputs=p.input_options(),
         run=RunOptions(
             train=p.train,
-            topk=0 if command == "check" else p.topk,  # check needs no predictions
-            hist=HIST_BINS if p.hist else 0,
+            topk=p.topk,
+            hist=hist_bins(p.hist),
             profile=p.profile,
             save=save,
             ablate=tuple(p.ablate or ()),
-            deterministic=command == "check",
             config=used,
         ),
-        backward=BackwardOptions(p.target, p.loss, p.input_grad) if backward else None,
+        backward=None if command == "inspect" else BackwardOptions(p.target, p.loss, p.input_grad),
     )
-    if command == "inspect" and _is_folder_run(p):
-        report = _folder_run(name, p, inv)
-    else:
-        with _status(f"running {name}…"):
-            report = run.report(inv, "grads" if backward else "inspect")
-    report.command = command
-    report.checks = evaluate(report, rules)
+    batching = Batching(p.batch_size, p.limit, p.workers, p.per_image)
+    report = run_command(command, inv, rules, batching=batching, running=_running(name))
     fmt = _format(p.fmt, output)
     if used and (fmt != Format.table or _to_file(output)):
         _err(f"config: {used}")  # a table on stdout says so in its header
@@ -843,66 +835,56 @@ def _run_command(ctx: typer.Context, command: str, config: Path | None, no_confi
         _emit(report_json(report), baseline_out)
     quiet = bool(p.quiet)
     _emit(_render(report, fmt, output, checks_only=command == "check", quiet=quiet), output)
-    failed = [c for c in report.checks if not c.passed]
+    failed = failures(report)
     if failed and command != "check" and (fmt != Format.table or _to_file(output)):
         for c in failed:  # the table shows them; other formats get them on stderr
             _err(f"check failed: {c.rule}: {c.message}")
     if report.interrupted:
         _err("interrupted: partial results above")
-        raise typer.Exit(130)
-    if failed:
-        raise typer.Exit(1)
+    code = exit_code(report)
+    if code:
+        raise typer.Exit(code)
 
 
-def _is_folder_run(p: Given) -> bool:
-    """Batches with aggregated statistics: asked for, or more images than one batch holds."""
-    if not p.inputs:
-        return False
-    if p.batch_size is not None or p.limit is not None or p.workers:
-        return True
-    from hookcli.dataset import DEFAULT_BATCH, image_files
+def _running(name: str) -> Running:
+    """What the run shows while the model runs: a spinner, or for a folder run a progress bar
+    (at a terminal); the model's own print() goes to stderr either way."""
 
-    return len(image_files(p.inputs)) > DEFAULT_BATCH
+    @contextlib.contextmanager
+    def running(folder: bool) -> Iterator[Any]:
+        if not folder:
+            with _status(f"running {name}…"):
+                yield None
+            return
+        if not sys.stderr.isatty() or os.environ.get("CI"):
+            with _model_output_to_stderr():
+                yield None
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, transient=True) as bar, _model_output_to_stderr():
+            task = bar.add_task(f"inspect {name}", total=None, rate="")
 
-def _folder_run(name: str, p: Given, inv: Any) -> Any:
-    for flag, value in (
-        ("ablate", p.ablate),
-        ("save", p.save),
-        ("train", p.train),
-        ("profile", p.profile),
-    ):
-        if value:
-            raise UsageError(
-                f"--{flag} works on one batch, not on a folder run.",
-                "give at most 32 images without --batch-size/--limit/--workers.",
-            )
-    from hookcli.dataset import DEFAULT_BATCH, folder_report
-    from hookcli.options import FolderOptions
+            def advance(done: int, total: int) -> None:
+                elapsed = bar.tasks[0].elapsed or 1e-9
+                bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
 
-    folder = FolderOptions(
-        DEFAULT_BATCH if p.batch_size is None else p.batch_size, p.limit, p.workers, p.per_image
-    )
-    if not sys.stderr.isatty() or os.environ.get("CI"):
-        with _model_output_to_stderr():
-            return folder_report(inv, folder)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            yield advance
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, transient=True) as bar, _model_output_to_stderr():
-        task = bar.add_task(f"inspect {name}", total=None, rate="")
-
-        def advance(done: int, total: int) -> None:
-            elapsed = bar.tasks[0].elapsed or 1e-9
-            bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
-
-        return folder_report(inv, folder, progress=advance)
+    return running
 
 
 @app.command()
@@ -1066,16 +1048,11 @@ CallOpt = Annotated[int, typer.Option("--call", help="Which call of a reused mod
 ImageOpt = Annotated[int, typer.Option("--image", help="Which image of the batch.")]
 
 
-def _save_png(dest: Destination | None, image: Any, meta: dict[str, Any]) -> None:
-    from hookcli.output import write_with
-    from hookcli.render.images import png_bytes_info
-
+def _save_png(dest: Destination | None, drawing: Drawing) -> None:
     assert dest is not None
-    write_with(
-        dest, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=png_bytes_info(meta))
-    )
+    drawing.write(dest)
     if dest.path is not None:
-        _err(f"wrote {dest.label} ({image.width}x{image.height})")
+        _err(f"wrote {dest.label} ({drawing.image.width}x{drawing.image.height})")
 
 
 def _png_output(p: Given, reads: list[str]) -> Destination | None:
@@ -1148,17 +1125,14 @@ def maps(
         if used:
             _err(f"config: {used}")
         out = _png_output(p, _reads(p, used))
-        chosen = _single_layer(p.layer)
-        if not chosen:
-            raise UsageError(
-                "maps needs a layer: -l LAYER.", "e.g. -l conv1; `hookcli layers MODEL` lists them."
-            )
-        from hookcli.render.images import maps_png
-        from hookcli.visual import feature_maps
+        from hookcli.options import need_layer
+
+        chosen = need_layer(_single_layer(p.layer))
+        from hookcli import commands
 
         name = _need_model(p.model, "maps")
         with _status(f"running {name}…"):
-            picture = feature_maps(
+            drawing = commands.maps(
                 p.model_options(name),
                 p.input_options(),
                 layer=chosen,
@@ -1167,9 +1141,8 @@ def maps(
                 order=p.order,
                 image_index=p.image,
             )
-        png, meta = maps_png(picture)
-        _save_png(out, png, meta)
-        for note in picture.notes:
+        _save_png(out, drawing)
+        for note in drawing.notes:
             _err(f"note: {note}")
 
 
@@ -1223,14 +1196,12 @@ def cam(
         reads = _reads(p, used)
         out = _png_output(p, reads)
         raw_out = _claim(p.save_raw, "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
-        from hookcli.render.images import cam_png
-        from hookcli.visual import class_activation
-
-        name = _need_model(p.model, "cam")
+        from hookcli import commands
         from hookcli.options import BackwardOptions
 
+        name = _need_model(p.model, "cam")
         with _status(f"running {name}…"):
-            picture = class_activation(
+            drawing = commands.cam(
                 p.model_options(name),
                 p.input_options(),
                 BackwardOptions(p.target, p.loss),
@@ -1239,14 +1210,13 @@ def cam(
                 method=p.method,
                 image_index=p.image,
             )
-        png, meta = cam_png(picture)
-        _save_png(out, png, meta)
+        _save_png(out, drawing)
         if raw_out is not None:
             import numpy as np
 
             from hookcli.output import write_with
 
-            raw = picture.raw
+            raw = drawing.raw
             assert raw is not None
 
             def save_npy(tmp: str) -> None:
@@ -1255,7 +1225,7 @@ def cam(
 
             write_with(raw_out, save_npy)
             _err(f"wrote {raw_out.label}")
-        for note in picture.notes:
+        for note in drawing.notes:
             _err(f"note: {note}")
 
 

@@ -33,12 +33,10 @@ from hookcli.inputs import (
     skipped_note,
     try_read,
 )
-from hookcli.options import FolderOptions, Invocation
+from hookcli.options import DEFAULT_BATCH, Batching, FolderOptions, Invocation
 from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
-from hookcli.run import _model_info, predict
+from hookcli.run import model_info, predict
 from hookcli.stats import StatsCollector
-
-DEFAULT_BATCH = FolderOptions().batch_size
 
 Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
 
@@ -75,6 +73,42 @@ def _collate(items: list[Item]) -> tuple[list[torch.Tensor], list[int], list[tup
     ok = [(t, i) for t, i, _ in items if t is not None]
     failed = [(i, why) for t, i, why in items if t is None and why is not None]
     return [t for t, _ in ok], [i for _, i in ok], failed
+
+
+def is_folder_run(items: Sequence[Any], batching: Batching) -> bool:
+    """Batches with aggregated statistics: asked for (--batch-size, --limit, --workers), or
+    more images than one batch holds. Only image files and folders are batched."""
+    if not items:
+        return False
+    if not all(isinstance(x, str) for x in items):  # tensors (the Python API)
+        if batching.asked:
+            raise UsageError(
+                "batch_size, limit and workers batch image files and folders, not tensors.",
+                "pass image paths or a folder, or leave batching out.",
+            )
+        return False
+    if batching.asked:
+        return True
+    return len(image_files(items)) > DEFAULT_BATCH
+
+
+def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
+    """The folder run an inspection makes (None: one batch), its one-batch options refused."""
+    if not is_folder_run(inv.inputs.items, batching):
+        return None
+    run = inv.run
+    for flag, value in (
+        ("ablate", run.ablate),
+        ("save", run.save),
+        ("train", run.train),
+        ("profile", run.profile),
+    ):
+        if value:
+            raise UsageError(
+                f"--{flag} works on one batch, not on a folder run.",
+                f"give at most {DEFAULT_BATCH} images without --batch-size/--limit/--workers.",
+            )
+    return batching.folder()
 
 
 def inspect_folder(
@@ -160,7 +194,7 @@ def folder_report(
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
     report = Report(
-        model=_model_info(loaded, inv.run.train),
+        model=model_info(loaded, inv.run.train),
         input=InputInfo(
             f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}",
             [(run.seen, *run.shape)] if run.shape else [],

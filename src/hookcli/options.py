@@ -15,6 +15,15 @@ from hookcli import bounds
 from hookcli.errors import UsageError
 
 MODEL_ARG_MAX = 1000  # characters of one --model-arg KEY=VALUE: far beyond any real one
+HIST_BINS = 12  # --hist and the API's hist=True: equal bins from min to max of the finite values
+DEFAULT_BATCH = 32  # images per batch of a folder run; a folder with more is batched
+
+
+def hist_bins(hist: bool | int) -> int:
+    """--hist / hist=True → HIST_BINS bins, False → none; an int is a bin count."""
+    if isinstance(hist, bool):
+        return HIST_BINS if hist else 0
+    return hist
 
 
 def check_model_arg_text(pairs: Sequence[str]) -> None:
@@ -29,6 +38,15 @@ def check_model_arg_text(pairs: Sequence[str]) -> None:
                 "give the value in a short form (a number, a name, a short list), or build the "
                 "model in a file.py:Name factory.",
             )
+
+
+def need_layer(layer: str | None) -> str:
+    """maps draws one named layer."""
+    if not layer:
+        raise UsageError(
+            "maps needs a layer: -l LAYER.", "e.g. -l conv1; `hookcli layers MODEL` lists them."
+        )
+    return layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +119,7 @@ class RunOptions:
 class FolderOptions:
     """A folder run: images in batches, statistics aggregated across them."""
 
-    batch_size: int = 32
+    batch_size: int = DEFAULT_BATCH
     limit: int | None = None
     workers: int = 0  # DataLoader processes decoding images
     per_image: int = 0  # each image's top-K predictions, 0: none
@@ -120,8 +138,29 @@ class FolderOptions:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """What was asked of batching: --batch-size, --limit, --workers, --per-image (None or 0:
+    not given). Asking for any of the first three makes an image run a folder run; so does a
+    folder holding more images than one batch (dataset.folder_options decides)."""
+
+    batch_size: int | None = None
+    limit: int | None = None
+    workers: int = 0
+    per_image: int = 0
+
+    @property
+    def asked(self) -> bool:
+        return self.batch_size is not None or self.limit is not None or bool(self.workers)
+
+    def folder(self) -> FolderOptions:
+        """The folder run's options (validated here)."""
+        size = DEFAULT_BATCH if self.batch_size is None else self.batch_size
+        return FolderOptions(size, self.limit, self.workers, self.per_image)
+
+
 # The Python API's keyword arguments and where each one goes.
-_API_KEYS: dict[str, tuple[str, str]] = {
+API_KEYS: dict[str, tuple[str, str]] = {
     "weights": ("model", "weights"),
     "seed": ("model", "seed"),
     "device": ("model", "device"),
@@ -170,11 +209,13 @@ class Invocation:
             "backward": {},
         }
         for key, value in options.items():
-            if key not in _API_KEYS:
-                allowed = ", ".join(sorted(_API_KEYS))
+            if key not in API_KEYS:
+                allowed = ", ".join(sorted(API_KEYS))
                 raise TypeError(f"unexpected option {key!r}; options are: {allowed}")
-            part, name = _API_KEYS[key]
+            part, name = API_KEYS[key]
             parts[part][name] = tuple(value) if isinstance(value, list) else value
+        if "hist" in parts["run"]:
+            parts["run"]["hist"] = hist_bins(parts["run"]["hist"])
         if not backward and parts["backward"]:
             raise TypeError(f"{', '.join(parts['backward'])}: options of grads, not inspect")
         if parts["run"].get("save") is not None:

@@ -176,7 +176,7 @@ def _one_run(
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
     return Report(
-        model=_model_info(loaded, run.train),
+        model=model_info(loaded, run.train),
         input=_input_info(minput),
         device=str(prepared.device),
         layers=layers,
@@ -311,7 +311,7 @@ def _finish_param(pending: PendingParam) -> ParamStats:
     return ps
 
 
-def _model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
+def model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
     """The model's description; its parameter count taken now (after the forward, lazy
     parameters are materialised)."""
     params = count_params(loaded.module)
@@ -479,7 +479,7 @@ def layers_report(
                     for o in call.outputs
                 ]
         info = _input_info(prepared.minput)
-    return LayersReport(_model_info(prepared.loaded), rows, info)
+    return LayersReport(model_info(prepared.loaded), rows, info)
 
 
 def _metric(meta: Mapping[str, Any]) -> str | None:

@@ -42,6 +42,8 @@ class Picture:
     raw: np.ndarray[Any, np.dtype[np.float32]] | None = None  # (H, W) CAM before scaling
     legend: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    layer: str = ""  # the layer drawn (for CAM without -l: the one chosen)
+    call: int = 0
 
 
 def default_cam_layer(prepared: Prepared) -> str:
@@ -215,6 +217,8 @@ def feature_maps(
         labels=[f"{int(c)}" for c in picked.tolist()],
         legend=[f"output {_shape(out)}; each tile scaled to its own min..max"],
         notes=notes,
+        layer=target.name,
+        call=call,
     )
 
 
@@ -328,6 +332,8 @@ def class_activation(
         raw=raw.float().cpu().numpy(),
         legend=legend,
         notes=notes,
+        layer=tgt.name,
+        call=call,
     )
 
 

@@ -1,0 +1,296 @@
+"""What inspect, grads, check, maps and cam compute: the one path the Python API
+(`hookcli.inspect`, `grads`, `check`, `maps`, `cam`) and the CLI commands both take.
+
+The CLI parses its options into the option objects (options.py, checks.Rules), calls one
+function here and renders or writes what it returns; the Python API turns keyword arguments
+into the same objects (`api_report`, `picture_options`). Command rules live here and nowhere
+else: check's default rule, when backward runs, no predictions and deterministic algorithms
+for check, the layers --expect-shape names, and whether an image run is a folder run.
+
+No torch at import: the engine, the dataset and the pictures are imported on use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookcli.checks import Rules, evaluate, for_check, parse_rules
+from hookcli.options import (
+    API_KEYS,
+    BackwardOptions,
+    Batching,
+    InputOptions,
+    Invocation,
+    ModelOptions,
+    need_layer,
+)
+from hookcli.records import Report
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+    from hookcli.output import Destination
+    from hookcli.visual import Picture
+
+COMMANDS = ("inspect", "grads", "check")
+Progress = Callable[[int, int], None]  # (images done, images in all) of a folder run
+# Entered around the model's run, told whether it is a folder run; yields a progress callback
+# for folder runs (or None). The CLI's spinner and progress bar; the API passes none.
+Running = Callable[[bool], AbstractContextManager[Progress | None]]
+
+# Keyword arguments of the Python API beyond Invocation.from_api's, by command
+RULE_KEYS = (
+    "fail_on",
+    "dead_frac",
+    "max_abs",
+    "grad_norm",
+    "expect_shape",
+    "baseline",
+    "rtol",
+    "atol",
+    "backward",
+)
+INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
+BATCH_KEYS = ("batch_size", "limit", "workers", "per_image")  # inspect's folder runs
+PICTURE_KEYS = ("weights", "seed", "device", "model_args", "input_specs", "strict")
+
+
+def run_command(
+    command: str,
+    inv: Invocation,
+    rules: Rules | None = None,
+    *,
+    batching: Batching = Batching(),
+    running: Running | None = None,
+) -> Report:
+    """inspect, grads or check as the command asks: the run (one batch, or a folder run in
+    batches), then its rules evaluated into `report.checks`. `checks.exit_code(report)` is the
+    exit decision."""
+    from hookcli import run
+    from hookcli.dataset import folder_options, folder_report
+
+    if command not in COMMANDS:
+        raise ValueError(f"command must be one of {', '.join(COMMANDS)}, not {command!r}")
+    rules = rules if rules is not None else Rules()
+    if command == "check":
+        rules = for_check(rules)
+    inv = command_invocation(command, inv, rules)
+    folder = folder_options(inv, batching) if command == "inspect" else None
+    context = running(folder is not None) if running is not None else contextlib.nullcontext()
+    with context as progress:
+        if folder is not None:
+            report = folder_report(inv, folder, progress)
+        else:
+            report = run.report(inv, "grads" if inv.backward is not None else "inspect")
+    report.command = command
+    report.checks = evaluate(report, rules)
+    return report
+
+
+def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocation:
+    """What the command adds to what was asked: backward for grads, and for check when asked
+    or a gradient rule needs it (target and loss apply then); --expect-shape's layers hooked
+    whatever the selection; check makes no predictions and runs deterministic algorithms."""
+    backward: BackwardOptions | None = None
+    if command == "grads" or (command == "check" and rules.needs_backward):
+        backward = inv.backward or BackwardOptions()
+    selection = inv.selection
+    also = tuple(layer for layer, _ in rules.expect_shapes)
+    if also:
+        selection = dataclasses.replace(selection, also=selection.also + also)
+    run = inv.run
+    if command == "check":
+        run = dataclasses.replace(run, topk=0, deterministic=True)
+    return dataclasses.replace(inv, selection=selection, run=run, backward=backward)
+
+
+def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]) -> Report:
+    """hookcli.inspect/grads/check: keyword arguments → the option objects → run_command."""
+    rule_keys = RULE_KEYS if command == "check" else INSPECT_RULE_KEYS
+    batch_keys = BATCH_KEYS if command == "inspect" else ()
+    allowed = {*API_KEYS, *rule_keys, *batch_keys}
+    if command == "check":
+        allowed.discard("topk")  # check makes no predictions
+    for key in options:
+        if key not in allowed:
+            raise TypeError(
+                f"unexpected option {key!r} for {command}; options are: "
+                + ", ".join(sorted(allowed))
+            )
+    given = dict(options)
+    rule_options = {k: given.pop(k) for k in rule_keys if k in given}
+    batching = Batching(**{k: given.pop(k) for k in batch_keys if k in given})
+    inv = Invocation.from_api(model, inputs, given, backward=command != "inspect")
+    return run_command(command, inv, rules_from_api(**rule_options), batching=batching)
+
+
+def rules_from_api(
+    *,
+    fail_on: str | Sequence[str] | None = None,
+    dead_frac: float = 1.0,
+    max_abs: float | None = None,
+    grad_norm: str | tuple[float | None, float | None] | None = None,
+    expect_shape: str | Sequence[str] | Mapping[str, Any] | None = None,
+    baseline: str | Path | None = None,
+    rtol: float = 1e-3,
+    atol: float = 1e-6,
+    backward: bool = False,
+) -> Rules:
+    """The check options of the Python API, in the CLI's forms or Python's: fail_on="dead" or
+    a list; grad_norm "MIN:MAX" or (min, max) with None for no bound; expect_shape
+    "LAYER=1x64x112x112", a list of those, or {layer: (1, 64, 112, 112)}."""
+    if isinstance(grad_norm, tuple):
+        grad_norm = ":".join("" if v is None else repr(float(v)) for v in grad_norm)
+    shapes: list[str] | None = None
+    if isinstance(expect_shape, str):
+        shapes = [expect_shape]
+    elif isinstance(expect_shape, Mapping):
+        shapes = [
+            f"{layer}={shape if isinstance(shape, str) else 'x'.join(map(str, shape))}"
+            for layer, shape in expect_shape.items()
+        ]
+    elif expect_shape is not None:
+        shapes = list(expect_shape)
+    return parse_rules(
+        fail_on=[fail_on] if isinstance(fail_on, str) else list(fail_on or []) or None,
+        dead_frac=dead_frac,
+        max_abs=max_abs,
+        grad_norm=grad_norm,
+        expect_shape=shapes,
+        baseline=Path(baseline) if baseline is not None else None,
+        rtol=rtol,
+        atol=atol,
+        backward=backward,
+    )
+
+
+# ---------------------------------------------------------------- pictures
+
+
+@dataclass(slots=True)
+class Drawing:
+    """A picture as `hookcli maps`/`cam` write it: `image` is the PNG's PIL image, `picture`
+    the arrays and words it was drawn from (visual.Picture: `tiles`, `heat`, `raw`, `labels`,
+    `legend`, `title`, `notes`), `metadata` the PNG's `hookcli` text chunk."""
+
+    image: Image.Image
+    picture: Picture
+    metadata: dict[str, Any]
+
+    @property
+    def layer(self) -> str:
+        """The layer drawn (for cam without `layer=`, the one chosen)."""
+        return self.picture.layer
+
+    @property
+    def call(self) -> int:
+        return self.picture.call
+
+    @property
+    def raw(self) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+        """cam: the heat map before scaling (float32, input resolution); `--save-raw`'s data."""
+        return self.picture.raw
+
+    @property
+    def heat(self) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+        """cam: the heat map scaled to [0, 1], as drawn."""
+        return self.picture.heat
+
+    @property
+    def notes(self) -> list[str]:
+        return self.picture.notes
+
+    def write(self, dest: Destination) -> None:
+        """Into a claimed output (hookcli.output's policy), with the metadata chunk."""
+        from hookcli.output import write_with
+        from hookcli.render.images import png_bytes_info
+
+        info = png_bytes_info(self.metadata)
+
+        def fill(tmp: str) -> None:
+            self.image.save(tmp, format="PNG", optimize=True, pnginfo=info)
+
+        write_with(dest, fill)
+
+    def save(self, path: str | Path) -> None:
+        """The PNG the CLI writes, at path (replaced atomically)."""
+        from hookcli.output import claim
+
+        dest = claim(path, "save", suffix=".png", stdout_ok=False)
+        assert dest is not None
+        self.write(dest)
+
+
+def maps(
+    model: ModelOptions,
+    inputs: InputOptions,
+    *,
+    layer: str | None,
+    call: int = 0,
+    channels: int = 64,
+    order: str = "activity",
+    image_index: int = 0,
+) -> Drawing:
+    """One layer call's output channels as a labelled grid beside the input."""
+    from hookcli.render.images import maps_png
+    from hookcli.visual import feature_maps
+
+    picture = feature_maps(
+        model,
+        inputs,
+        layer=need_layer(layer),
+        call=call,
+        channels=channels,
+        order=order,
+        image_index=image_index,
+    )
+    image, metadata = maps_png(picture)
+    return Drawing(image, picture, metadata)
+
+
+def cam(
+    model: ModelOptions,
+    inputs: InputOptions,
+    backward: BackwardOptions = BackwardOptions(),
+    *,
+    layer: str | None = None,
+    call: int = 0,
+    method: str = "gradcam",
+    image_index: int = 0,
+) -> Drawing:
+    """Grad-CAM (or Grad-CAM++) of one image for a target, over the image."""
+    from hookcli.render.images import cam_png
+    from hookcli.visual import class_activation
+
+    picture = class_activation(
+        model,
+        inputs,
+        backward,
+        layer=layer,
+        call=call,
+        method=method,
+        image_index=image_index,
+    )
+    image, metadata = cam_png(picture)
+    return Drawing(image, picture, metadata)
+
+
+def picture_options(
+    model: Any, inputs: Any, options: Mapping[str, Any], command: str
+) -> tuple[ModelOptions, InputOptions]:
+    """hookcli.maps/cam's model and input keyword arguments → option objects."""
+    for key in options:
+        if key not in PICTURE_KEYS:
+            raise TypeError(
+                f"unexpected option {key!r} for {command}; options are: "
+                + ", ".join(sorted(PICTURE_KEYS))
+            )
+    inv = Invocation.from_api(model, inputs, options, backward=False)
+    return inv.model, inv.inputs
