@@ -1,10 +1,14 @@
 """hookcli: hook any torchvision or custom PyTorch model and see what every layer does.
 
-The public Python API mirrors the command line and returns the same `Report` the CLI renders:
+The public Python API mirrors the command line and returns the same `Report` the CLI renders
+(or, for pictures, the same PNG): each function takes the path the CLI command takes.
 
     >>> import hookcli
     >>> report = hookcli.inspect("resnet18", ["sample_images/cat.jpeg"], layers=["layer4.*"])
     >>> report.layers[0].outputs[0].mean
+    >>> report = hookcli.check("resnet18", fail_on=["nonfinite", "dead"], baseline="base.json")
+    >>> hookcli.passed(report), hookcli.exit_code(report)
+    >>> hookcli.cam("resnet18", "sample_images/cat.jpeg").image.save("cam.png")
 
 Importing this package never imports torch; it is imported on first use.
 """
@@ -16,9 +20,20 @@ from typing import TYPE_CHECKING, Any
 from hookcli._version import __version__
 
 if TYPE_CHECKING:
+    from hookcli.commands import Drawing
     from hookcli.records import DiffReport, Report
 
-__all__ = ["__version__", "diff", "grads", "inspect"]
+__all__ = [
+    "__version__",
+    "cam",
+    "check",
+    "diff",
+    "exit_code",
+    "grads",
+    "inspect",
+    "maps",
+    "passed",
+]
 
 
 def _new_run() -> None:
@@ -29,21 +44,125 @@ def _new_run() -> None:
 
 
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
-    """Run one hooked forward pass and return its Report (see `hookcli.run.inspect`)."""
-    from hookcli.run import inspect as _inspect
+    """One hooked forward pass; its Report, as `hookcli inspect` makes it.
+
+    `model`: a registry name, `file.py:Name`, `pkg.mod:Name` or an nn.Module; `inputs`: image
+    paths and folders, or tensors. Options (the CLI's long names in snake_case, see
+    `hookcli.run.inspect`): layers, types, depth, input_specs, weights, seed, device,
+    model_args, train, topk, hist (True: the CLI's 12 bins), profile, save, ablate, strict,
+    fail_on, dead_frac. A folder of more than 32 images, or batch_size=, limit=, workers=
+    (per_image=K for each image's top-K), runs in batches with statistics merged exactly, as
+    the CLI does: memory stays flat however many images pass.
+    """
+    from hookcli.commands import api_report
 
     _new_run()
-
-    return _inspect(model, inputs, **options)
+    return api_report("inspect", model, inputs, options)
 
 
 def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
-    """Forward and backward with gradient hooks; return its Report (see `hookcli.run.grads`)."""
-    from hookcli.run import grads as _grads
+    """Forward and backward with gradient hooks; its Report, as `hookcli grads` makes it.
+    Options as inspect's (no batching), plus target ("top1", a class index or label, "sum"),
+    loss ("ce:IDX", "mse:ones", …) and input_grad."""
+    from hookcli.commands import api_report
 
     _new_run()
+    return api_report("grads", model, inputs, options)
 
-    return _grads(model, inputs, **options)
+
+def check(model: Any, inputs: Any = (), **options: Any) -> Report:
+    """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
+    evaluate rules into `report.checks`; `hookcli.passed(report)` and
+    `hookcli.exit_code(report)` give the CLI's verdict. Rules: fail_on ("nonfinite", "dead"
+    or a list; no rule at all means nonfinite), dead_frac, max_abs, grad_norm ("MIN:MAX" or
+    (min, max), None for no bound), expect_shape ("LAYER=1x64x112x112", a list, or
+    {layer: shape}), baseline (a JSON report's path), rtol, atol, backward. Runs are
+    deterministic and make no predictions. Other options as grads' (target and loss apply
+    when backward runs)."""
+    from hookcli.commands import api_report
+
+    _new_run()
+    return api_report("check", model, inputs, options)
+
+
+def exit_code(report: Report) -> int:
+    """The exit code the CLI ends this report's run with: 0 every check passed, 1 a check
+    failed, 130 a folder run was interrupted (partial statistics)."""
+    from hookcli.checks import exit_code as _exit_code
+
+    return _exit_code(report)
+
+
+def passed(report: Report) -> bool:
+    """Every check in `report.checks` passed and the run was whole (exit code 0)."""
+    from hookcli.checks import passed as _passed
+
+    return _passed(report)
+
+
+def maps(
+    model: Any,
+    image: Any = (),
+    *,
+    layer: str,
+    call: int = 0,
+    channels: int = 64,
+    order: str = "activity",
+    image_index: int = 0,
+    **options: Any,
+) -> Drawing:
+    """`hookcli maps`: one layer call's output channels as a labelled grid beside the input.
+    Returns a Drawing: `.image` (the PIL image the CLI saves as PNG), `.picture.tiles` (the
+    normalised channels, uint8), `.picture.labels` (their channel indexes), `.layer`,
+    `.metadata`, `.notes`; `.save("maps.png")` writes the CLI's PNG. `image_index` is the CLI's
+    --image (which image of the batch). Options: weights, seed, device, model_args,
+    input_specs, strict."""
+    from hookcli import commands
+
+    _new_run()
+    model_options, inputs = commands.picture_options(model, image, options, "maps")
+    return commands.maps(
+        model_options,
+        inputs,
+        layer=layer,
+        call=call,
+        channels=channels,
+        order=order,
+        image_index=image_index,
+    )
+
+
+def cam(
+    model: Any,
+    image: Any = (),
+    *,
+    layer: str | None = None,
+    target: str | None = None,
+    loss: str | None = None,
+    method: str = "gradcam",
+    call: int = 0,
+    image_index: int = 0,
+    **options: Any,
+) -> Drawing:
+    """`hookcli cam`: Grad-CAM (method="gradcam++": Grad-CAM++) of one image for a target
+    (default top-1; or a loss), over the image. Returns a Drawing: `.image` (the PIL image the
+    CLI saves), `.raw` (the heat map before scaling, float32 at input resolution: --save-raw's
+    array), `.heat` (scaled to [0, 1]), `.layer` (the layer used; without `layer=`, the last
+    convolutional block), `.notes`; `.save("cam.png")` writes the CLI's PNG. Options as maps'."""
+    from hookcli import commands
+    from hookcli.options import BackwardOptions
+
+    _new_run()
+    model_options, inputs = commands.picture_options(model, image, options, "cam")
+    return commands.cam(
+        model_options,
+        inputs,
+        BackwardOptions(target, loss),
+        layer=layer,
+        call=call,
+        method=method,
+        image_index=image_index,
+    )
 
 
 def diff(
