@@ -14,7 +14,7 @@ from torch import nn
 
 import hookcli
 from hookcli.errors import UsageError
-from hookcli.hooks import iter_tensors
+from hookcli.tree import iter_tensors
 from tests.conftest import assert_stats_match, hooks_left
 
 

@@ -14,8 +14,8 @@ from torch import nn
 
 import hookcli
 from hookcli.errors import ModelError, UsageError
-from hookcli.hooks import iter_tensors
 from hookcli.records import Report
+from hookcli.tree import iter_tensors
 from tests.conftest import CAT, assert_stats_match, hooks_left
 from tests.models import Aliased, Fails, Kinds, KwargOnly
 

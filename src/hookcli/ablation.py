@@ -25,6 +25,7 @@ from hookcli import bounds
 from hookcli.errors import UsageError
 from hookcli.records import Ablation, LayerChange, Report
 from hookcli.selection import ModuleEntry
+from hookcli.tree import map_tensors
 
 OPS = ("zero", "mean", "scale:K", "noise:S", "clamp:LO:HI")
 
@@ -87,19 +88,6 @@ def _change(spec: AblationSpec, seed: int) -> Callable[[torch.Tensor], torch.Ten
     return change
 
 
-def _apply(obj: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """The output with every floating-point tensor changed, structure kept."""
-    if isinstance(obj, torch.Tensor):
-        return change(obj) if obj.is_floating_point() else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_apply(v, change) for v in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(_apply(v, change) for v in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _apply(v, change)) for k, v in obj.items())
-    return obj
-
-
 @contextmanager
 def ablated(
     entries: Sequence[ModuleEntry], specs: Sequence[AblationSpec], seed: int
@@ -125,7 +113,8 @@ def ablated(
                 change: Callable[[torch.Tensor], torch.Tensor] = change,
             ) -> Any:
                 calls[i] += 1
-                return _apply(out, change)
+                # every floating-point tensor of the output changed, its structure kept
+                return map_tensors(out, lambda _, t: change(t) if t.is_floating_point() else t)
 
             handles.append(entry.module.register_forward_hook(hook))
         yield calls

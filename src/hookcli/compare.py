@@ -31,12 +31,13 @@ from hookcli import beacon, bounds, isa
 from hookcli._version import __version__
 from hookcli.engine import Prepared, hooked_pass, model_input, prepare
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession, PendingCall, iter_tensors
+from hookcli.hooks import HookSession, PendingCall
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.measure import Compared, Spill, measure, shape_label
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
 from hookcli.selection import count_params
+from hookcli.tree import iter_tensors
 
 _DTYPES = {
     "float32": torch.float32,

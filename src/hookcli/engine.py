@@ -44,6 +44,7 @@ from hookcli.selection import (
 )
 from hookcli.targets import TargetSpec, parse_target
 from hookcli.targets import scalar as scalar_of
+from hookcli.tree import map_tensors
 
 
 @dataclass(slots=True)
@@ -173,26 +174,14 @@ def _with_input_grad(
     """Copies of the floating-point inputs that require grad (the user's stay untouched)."""
     leaves: list[tuple[str, torch.Tensor]] = []
 
-    def leaf(t: torch.Tensor, path: str) -> torch.Tensor:
+    def leaf(t: torch.Tensor, path: str) -> torch.Tensor:  # paths as hooks name inputs: in[0]
         if not t.is_floating_point():
             return t
         copy = t.detach().clone().requires_grad_(True)
         leaves.append((path, copy))
         return copy
 
-    args: list[Any] = []
-    for i, a in enumerate(minput.args):
-        if isinstance(a, torch.Tensor):
-            args.append(leaf(a, f"in[{i}]"))
-        elif isinstance(a, list):
-            args.append(
-                [
-                    leaf(t, f"in[{i}][{j}]") if isinstance(t, torch.Tensor) else t
-                    for j, t in enumerate(a)
-                ]
-            )
-        else:
-            args.append(a)
+    args = map_tensors(minput.args, lambda path, t: leaf(t, path), "in")
     return minput.replace_args(tuple(args)), tuple(leaves)
 
 

@@ -21,7 +21,7 @@ leaves its gradient absent: reported as null, never 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -33,12 +33,13 @@ from torch.utils.hooks import RemovableHandle
 from hookcli import beacon
 from hookcli.records import LayerCall, TensorStats
 from hookcli.stats import StatsCollector, dtype_name
+from hookcli.tree import iter_tensors
 
 # Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.
 InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
 
-# Nested outputs deeper or larger than this are cut short (a note says so).
-_MAX_DEPTH = 8
+# Nested outputs with more tensors than this are cut short (a note says so); deeper than
+# tree.MAX_DEPTH, not walked.
 _MAX_TENSORS = 512
 
 
@@ -81,24 +82,6 @@ class PendingCall:
                 grads_out[t.path] for t in call.outputs if t.path in grads_out
             ] or None
         return call
-
-
-def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor inside obj, with its path: `out`, `out[0]`, `out["boxes"]`, `out.logits`."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif depth >= _MAX_DEPTH:
-        return
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        for name in obj._fields:
-            yield from iter_tensors(getattr(obj, name), f"{path}.{name}", depth + 1)
-    elif isinstance(obj, list | tuple):
-        for i, item in enumerate(obj):
-            yield from iter_tensors(item, f"{path}[{i}]", depth + 1)
-    elif isinstance(obj, Mapping):
-        for key, item in obj.items():
-            label = f'"{key}"' if isinstance(key, str) else repr(key)
-            yield from iter_tensors(item, f"{path}[{label}]", depth + 1)
 
 
 def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats]) -> None:

@@ -21,9 +21,9 @@ import torch
 
 from hookcli.engine import Prepared
 from hookcli.errors import ModelError, UsageError
-from hookcli.hooks import iter_tensors
 from hookcli.inputs import ModelInput
 from hookcli.measure import measure
+from hookcli.tree import iter_tensors
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from hookcli.errors import UsageError
-from hookcli.hooks import iter_tensors
 from hookcli.inputs import parse_spec
+from hookcli.tree import iter_tensors
 
 LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
 

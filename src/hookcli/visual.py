@@ -22,10 +22,11 @@ import torch.nn.functional as F
 
 from hookcli.engine import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession, PendingCall, Target, iter_tensors
+from hookcli.hooks import HookSession, PendingCall, Target
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
 from hookcli.loading import LoadedModel
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions
+from hookcli.tree import iter_tensors
 
 _POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")
 
