@@ -1,9 +1,12 @@
-"""Imports flow one way: the CLI entry and the renderers never import torch."""
+"""Imports flow one way: the CLI entry and the renderers never import torch, no module imports
+another that imports it back, and none imports another module's private names."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +30,84 @@ def test_module_does_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
+
+
+# ---------------------------------------------------------------- the import graph
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def _sources() -> dict[str, str]:
+    """Every module of the package by dotted name (a package by its own name): its source."""
+    found = {}
+    for path in (SRC / "hookcli").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path.read_text(encoding="utf-8")
+    return found
+
+
+def _imports(modules: dict[str, str]) -> tuple[dict[str, set[str]], list[str]]:
+    """Who imports whom (module-level and inside functions alike: a lazy import is still an
+    arrow), and every `from x import _name` of another module's private name."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    private = []
+    for name, source_text in modules.items():
+        for node in ast.walk(ast.parse(source_text)):
+            if isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hookcli"):
+                source = str(node.module)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:  # `from hookcli import beacon`
+                        graph[name].add(f"{source}.{alias.name}")
+                        continue
+                    graph[name].add(source)
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        private.append(f"{name}:{node.lineno} imports {source}.{alias.name}")
+        graph[name].discard(name)
+    return graph, private
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)) is not None:
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)) is not None:
+            return found
+    return None
+
+
+def test_no_import_cycle_and_no_private_name_across_modules() -> None:
+    graph, private = _imports(_sources())
+    assert graph["hookcli.compare"], "the graph was read"
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    assert private == [], private
+
+
+def test_the_graph_check_finds_a_cycle_and_a_private_import() -> None:
+    """The checker itself can fail: a made-up package with both faults is caught."""
+    graph, private = _imports(
+        {
+            "hookcli.a": "def f():\n    from hookcli.b import _hidden, shown\n",
+            "hookcli.b": "import hookcli.c\n",
+            "hookcli.c": "from hookcli import a\n",
+        }
+    )
+    assert _cycle(graph) == ["hookcli.a", "hookcli.b", "hookcli.c", "hookcli.a"]
+    assert private == ["hookcli.a:2 imports hookcli.b._hidden"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

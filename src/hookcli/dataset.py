@@ -25,8 +25,8 @@ from hookcli.hooks import HookSession, measure
 from hookcli.inputs import (
     ImageFile,
     ModelInput,
-    _imagenet_preprocess,
     expand_paths,
+    imagenet_preprocess,
     resize_problem,
     short_side_resize,
     skip_or_raise,
@@ -146,7 +146,7 @@ def folder_report(
     files = image_files(paths)[: folder.limit]
     prepared = prepare(inv.model, inv.selection, None)
     loaded = prepared.loaded
-    preprocess = loaded.preprocess or _imagenet_preprocess(loaded.input_size or (224, 224))
+    preprocess = loaded.preprocess or imagenet_preprocess(loaded.input_size or (224, 224))
     loader = DataLoader(
         ImageFiles(files, preprocess),
         batch_size=folder.batch_size,

@@ -291,7 +291,7 @@ def _check_sizes(files: list[ImageFile], images: list[Any], short: int | None) -
             )
 
 
-def _imagenet_preprocess(size: tuple[int, int]) -> Any:
+def imagenet_preprocess(size: tuple[int, int]) -> Any:
     from torchvision.transforms import v2
 
     return v2.Compose(
@@ -403,7 +403,7 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
         label = model.preprocess_label
     else:
         size = model.input_size or (224, 224)
-        preprocess = _imagenet_preprocess(size)
+        preprocess = imagenet_preprocess(size)
         label = (
             f"ImageNet: resize {short_side_resize(preprocess)}, center crop {size[0]}x{size[1]}"
             ", ImageNet mean/std"
