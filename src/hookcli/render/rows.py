@@ -1,0 +1,748 @@
+"""Format-neutral report sections: what a report says, before any format decides how it looks.
+
+A report becomes a list of `Section`s (header lines, the per-call table, predictions, notes,
+profile, ablation, checks, ...), each a list of `Line`s and `Table`s of plain strings. The
+table renderer (render/table.py: Rich, width fitting, colour) and the Markdown renderer
+(render/markdown.py) both lay out these same sections, so a section built here reaches every
+text format, and a new format (HTML) starts from them rather than from the records.
+
+Strings are raw: each format escapes them its own way (text.escape, text.markdown). Styles
+are meanings ("dim", "bad"), never colours; widths and column dropping are the table's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hookcli.records import (
+    DiffReport,
+    LayerCall,
+    LayersReport,
+    ModelEntry,
+    Prediction,
+    Report,
+    SavedFile,
+    TensorDiff,
+    TensorStats,
+)
+from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
+
+Style = Literal["plain", "dim", "note", "heading", "item", "good", "bad"]
+"""What a line is: plain text; context (dim); a note (a warning); a heading; an item of the
+list above it (a check's failures); a verdict that is good or bad."""
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of text. `mark` ("PASS"/"FAIL") is a check's verdict shown before it."""
+
+    text: str
+    style: Style = "plain"
+    mark: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One table row's cells; `flagged` when it shows something wrong (NaN/Inf, over tol)."""
+
+    cells: list[str]
+    flagged: bool = False
+
+
+@dataclass(slots=True)
+class Table:
+    """A titled table. `drop`: the columns given up first, in order, when the table does not
+    fit (a width-fitting format reads it; others ignore it). `hidden`: columns every format
+    that lays out its columns like the table leaves out because they say nothing here
+    (predictions of one image: the image column), kept for formats that show them anyway."""
+
+    title: str | None
+    headers: list[str]
+    rows: list[Row] = field(default_factory=list)
+    drop: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+
+    @property
+    def shown(self) -> list[int]:
+        """The indices of the columns that are not hidden."""
+        return [i for i, h in enumerate(self.headers) if h not in self.hidden]
+
+    def shown_headers(self) -> list[str]:
+        return [self.headers[i] for i in self.shown]
+
+    def shown_cells(self, row: Row) -> list[str]:
+        return [row.cells[i] for i in self.shown]
+
+
+Part = Line | Table
+
+
+@dataclass(slots=True)
+class Section:
+    """A named part of a report. `name` is stable (formats and tests key on it); `title` is
+    what a format that heads its sections calls it."""
+
+    name: str
+    title: str
+    parts: list[Part] = field(default_factory=list)
+
+    def lines(self) -> list[Line]:
+        return [p for p in self.parts if isinstance(p, Line)]
+
+    def tables(self) -> list[Table]:
+        return [p for p in self.parts if isinstance(p, Table)]
+
+
+HEADERS = [
+    "layer",
+    "type",
+    "call",
+    "input",
+    "output",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zeros",
+    "nan/inf",
+]
+GRAD_HEADERS = [
+    "layer",
+    "type",
+    "call",
+    "output",
+    "mean",
+    "std",
+    "grad_out norm",
+    "grad_out mean",
+    "grad_out std",
+    "grad_in norm",
+    "nan/inf",
+]
+PARAM_HEADERS = [
+    "layer",
+    "param",
+    "shape",
+    "norm",
+    "grad norm",
+    "grad mean",
+    "grad max|abs|",
+    "grad/weight",
+]
+PROFILE_TITLE = (
+    "profile (total: from entering the module to its return; self: less the modules it "
+    "calls; hookcli's hook work excluded)"
+)
+SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", "nan/inf"]
+DIFF_HEADERS = [
+    "layer",
+    "call",
+    "output",
+    "max|Δ|",
+    "rel L2",
+    "cosine",
+    "SQNR dB",
+    "norm Δ",
+    "flag",
+]
+DIFF_REF_HEADERS = [
+    "layer",
+    "call",
+    "output",
+    "rel L2 A",
+    "rel L2 B",
+    "SQNR A",
+    "SQNR B",
+    "worse",
+    "flag",
+]
+
+# Numeric columns: aligned right where a format aligns.
+RIGHT = {
+    "#",
+    "index",
+    "prob",
+    "params",
+    "calls",
+    "call",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zeros",
+    "norm",
+    "grad_out norm",
+    "grad_out mean",
+    "grad_out std",
+    "grad_in norm",
+    "grad norm",
+    "grad mean",
+    "grad max|abs|",
+    "grad/weight",
+    "norm clean",
+    "norm ablated",
+    "total ms",
+    "self ms",
+    "% of pass",
+    "backward ms",
+    "output MB",
+    "change",
+    "prob ",
+    "max|Δ|",
+    "rel L2",
+    "cosine",
+    "SQNR dB",
+    "norm Δ",
+    "rel L2 A",
+    "rel L2 B",
+    "SQNR A",
+    "SQNR B",
+}
+
+# Columns each table gives up first when the terminal is too narrow, in that order.
+DROP: dict[str, tuple[str, ...]] = {
+    "layers": ("hist", "input", "type", "min", "max", "zeros"),
+    "grads": ("type", "grad_out mean", "grad_out std", "std", "mean", "output"),
+    "params": ("grad mean", "grad max|abs|", "shape", "norm"),
+    "profile": ("output MB", "backward ms", "% of pass"),
+    "predictions": ("folder", "index"),
+    "diff": ("norm Δ", "cosine", "max|Δ|", "output", "SQNR A", "SQNR B"),
+}
+
+SHOWN_FAILURES = 20  # failures listed per rule in text; JSON carries them all
+
+
+# ---------------------------------------------------------------- the per-call tables
+
+
+def input_label(call: LayerCall) -> str:
+    if not call.inputs:
+        return DASH
+    label = tensor_label(call.inputs[0], "in")
+    if label.startswith("[0] "):
+        label = label[4:]
+    extra = len(call.inputs) - 1
+    return f"{label} +{extra}" if extra else label
+
+
+def nonfinite_cell(*tensors: TensorStats | None) -> str:
+    flagged = [nonfinite(t) for t in tensors if t is not None and t.nonfinite]
+    return "; ".join(flagged) if flagged else DASH
+
+
+def grad_rows(report: Report) -> Iterable[tuple[list[str], bool]]:
+    """grads: one row per (call, output tensor) with its gradient; flag when non-finite."""
+    for c in report.layers:
+        grads_out = {g.path: g for g in c.grad_outputs or []}
+        grad_in = c.grad_inputs[0] if c.grad_inputs else None
+        head = [c.name, c.type, str(c.call)]
+        if not c.outputs:
+            yield [*head, c.error or DASH, *[DASH] * 7], False
+            continue
+        for i, t in enumerate(c.outputs):
+            g = grads_out.get(t.path)
+            cells = head if i == 0 else ["", "", ""]
+            gin = num(grad_in.norm) if (i == 0 and grad_in is not None) else DASH
+            row = [
+                *cells,
+                tensor_label(t, "out"),
+                num(t.mean),
+                num(t.std),
+                num(g.norm) if g else DASH,
+                num(g.mean) if g else DASH,
+                num(g.std) if g else DASH,
+                gin,
+                nonfinite_cell(t, g, grad_in if i == 0 else None),
+            ]
+            yield row, any(x is not None and x.nonfinite for x in (t, g))
+
+
+def param_rows(report: Report) -> Iterable[list[str]]:
+    for c in report.layers:
+        for p in c.params or []:
+            yield [
+                c.name,
+                p.name,
+                shape(p.shape),
+                num(p.norm),
+                num(p.grad_norm),
+                num(p.grad_mean),
+                num(p.grad_max_abs),
+                num(p.ratio),
+            ]
+
+
+def has_hist(report: Report) -> bool:
+    return any(t.hist for c in report.layers for t in c.outputs)
+
+
+def layer_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
+    """The cells of every table row, with the tensor the row describes."""
+    with_hist = has_hist(report)
+    for cells, t in _stat_rows(report):
+        yield ([*cells, spark(t.hist if t else None)] if with_hist else cells), t
+
+
+def _stat_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
+    for c in report.layers:
+        head = [c.name, c.type, str(c.call), input_label(c)]
+        if not c.outputs:
+            yield [*head, c.error or DASH, *[DASH] * 6], None
+            continue
+        for i, t in enumerate(c.outputs):
+            cells = head if i == 0 else ["", "", "", ""]
+            stats = [num(t.mean), num(t.std), num(t.min), num(t.max), pct(t.zeros)]
+            yield [*cells, tensor_label(t, "out"), *stats, nonfinite(t) or DASH], t
+
+
+def calls_title(report: Report) -> str:
+    calls = len(report.layers)
+    return f"{calls} layer call{'s' if calls != 1 else ''}"
+
+
+def calls_table(report: Report) -> Table:
+    """The per-call table: statistics (inspect), or gradients when a backward ran (grads)."""
+    title = calls_title(report)
+    if report.backward is not None:
+        rows = [Row(cells, bad) for cells, bad in grad_rows(report)]
+        return Table(title, list(GRAD_HEADERS), rows, DROP["grads"])
+    headers = HEADERS + (["hist"] if has_hist(report) else [])
+    rows = [Row(cells, t is not None and t.nonfinite) for cells, t in layer_rows(report)]
+    return Table(title, headers, rows, DROP["layers"])
+
+
+def params_table(report: Report) -> Table:
+    rows = [Row(cells) for cells in param_rows(report)]
+    return Table("parameter gradients", list(PARAM_HEADERS), rows, DROP["params"])
+
+
+# ---------------------------------------------------------------- lines around the table
+
+
+def header_lines(report: Report) -> list[str]:
+    m = report.model
+    mode = ", train mode" if m.mode == "train" else ""
+    lines = [
+        f"{report.command}: {m.spec} ({m.task}, {count(m.params)} params{mode}) on {report.device}",
+        f"weights: {m.weights}",
+        f"input: {report.input.description} -> " + ", ".join(shape(s) for s in report.input.shapes),
+    ]
+    if report.input.preprocessing:
+        lines.append(f"preprocessing: {report.input.preprocessing}")
+    if report.config:
+        lines.append(f"config: {report.config}")
+    if report.backward is not None:
+        lines.append(f"backward from: {report.backward.source} = {num(report.backward.value)}")
+    return lines
+
+
+def output_label(t: TensorStats) -> str:
+    """`1x10`, or `1x10 (10 Inf)`: a model output's NaN/Inf are counted where it is named."""
+    label = tensor_label(t, "out")
+    return f"{label} ({nonfinite(t)})" if t.nonfinite else label
+
+
+def summary_lines(report: Report) -> list[str]:
+    """Modules that never ran and the model's own output."""
+    lines = []
+    if report.never_called:
+        shown = ", ".join(report.never_called[:8])
+        more = f" (+{len(report.never_called) - 8} more)" if len(report.never_called) > 8 else ""
+        lines.append(
+            f"never called ({len(report.never_called)} selected modules did not run as "
+            f"modules): {shown}{more}"
+        )
+    if report.outputs:
+        labels = [output_label(t) for t in report.outputs[:6]]
+        hidden = report.outputs[6:]
+        bad = sum(t.nan + t.inf for t in hidden)
+        if bad:  # the NaN/Inf of outputs past the sixth are counted too
+            labels.append(f"+{len(hidden)} more ({bad} not finite)")
+        lines.append("model output: " + ", ".join(labels))
+    return lines
+
+
+def origin_lines(report: Report) -> list[str]:
+    return [f"NaN/Inf first appeared — {o.describe()}" for o in report.nonfinite_origins]
+
+
+def input_grad_lines(report: Report) -> list[str]:
+    return [
+        f"input gradient {g.path}: {shape(g.shape)} norm {num(g.norm)}, "
+        f"mean {num(g.mean)}, std {num(g.std)}, min {num(g.min)}, max {num(g.max)}"
+        for g in report.input_grads or []
+    ]
+
+
+def footer_lines(report: Report) -> list[str]:
+    """The lines under the per-call table: summary, origins, input gradients."""
+    return summary_lines(report) + origin_lines(report) + input_grad_lines(report)
+
+
+# ---------------------------------------------------------------- predictions
+
+
+def predictions_table(preds: list[Prediction]) -> Table:
+    """Top-k per image; several images: which image (its path in the folder) and, in an
+    ImageFolder tree, its class folder. A non-finite score is flagged. Every column is
+    built; the image column is hidden for one image, the folder column outside a tree."""
+    images = {p.image for p in preds}
+    folders = any(p.folder_class for p in preds)
+    hidden = (() if len(images) > 1 else ("image",)) + (() if folders else ("folder",))
+    rows = [
+        Row(
+            [
+                p.source or str(p.image),
+                p.folder_class or DASH,
+                str(p.rank),
+                p.label or DASH,
+                str(p.index),
+                prob(p.prob),
+            ],
+            p.prob is None,
+        )
+        for p in preds
+    ]
+    headers = ["image", "folder", "#", "class", "index", "prob"]
+    return Table("predictions", headers, rows, DROP["predictions"], hidden)
+
+
+def predictions_section(report: Report) -> Section:
+    s = Section("predictions", "predictions")
+    if report.predictions == []:
+        s.parts.append(Line("predictions: none (nothing detected)"))
+    if report.predictions:
+        s.parts.append(predictions_table(report.predictions))
+    if report.predictions is not None and report.prediction_note:
+        s.parts.append(Line(report.prediction_note, "dim"))
+    return s
+
+
+# ---------------------------------------------------------------- profile, ablation, checks
+
+
+def profile_section(report: Report) -> Section:
+    s = Section("profile", "profile")
+    prof = report.profile
+    if prof is None:
+        return s
+    backward = prof.unhooked_backward_ms is not None
+    headers = ["layer", "call", "total ms", "self ms", "% of pass"]
+    headers += ["backward ms"] if backward else []
+    headers += ["output MB"]
+    t = Table(PROFILE_TITLE, headers, [], DROP["profile"])
+    for c in report.layers:
+        p = c.profile
+        if p is None:
+            continue
+        cells = [
+            c.name,
+            str(c.call),
+            f"{p.forward_ms:.3f}",
+            f"{p.self_ms:.3f}" if p.self_ms is not None else DASH,
+            f"{p.share:.1%}" if p.share is not None else DASH,
+        ]
+        if backward:
+            cells.append(f"{p.backward_ms:.3f}" if p.backward_ms is not None else DASH)
+        cells.append(f"{p.output_bytes / 2**20:.2f}")
+        t.rows.append(Row(cells))
+    s.parts.append(t)
+    share = prof.layers_ms / prof.unhooked_ms if prof.unhooked_ms else 0.0
+    s.parts.append(
+        Line(
+            f"profile: the selected leaf calls take {prof.layers_ms:.1f} ms = {share:.0%} of an "
+            f"unhooked forward ({prof.unhooked_ms:.1f} ms, median of {prof.runs}); the rest runs "
+            "outside modules (additions, reshapes) or in unselected ones"
+        )
+    )
+    if prof.unhooked_backward_ms is not None and prof.layers_backward_ms is not None:
+        bshare = prof.layers_backward_ms / prof.unhooked_backward_ms
+        s.parts.append(
+            Line(
+                f"profile: their backward takes {prof.layers_backward_ms:.1f} ms = "
+                f"{bshare:.0%} of an unhooked backward ({prof.unhooked_backward_ms:.1f} ms)"
+            )
+        )
+    return s
+
+
+SHOWN_CHANGES = 20  # changed layer outputs listed; JSON carries them all
+
+
+def ablation_section(report: Report) -> Section:
+    s = Section("ablation", "ablation")
+    a = report.ablation
+    if a is None:
+        return s
+    s.parts.append(
+        Line(
+            f"ablation: {', '.join(a.specs)} (a second run, compared with the one above)", "heading"
+        )
+    )
+    before, after = a.predictions_before or [], a.predictions_after or []
+    if before or after:
+        t = Table("predictions, clean -> ablated", ["#", "clean", "prob", "ablated", "prob "])
+        for i in range(max(len(before), len(after))):
+            b = before[i] if i < len(before) else None
+            f = after[i] if i < len(after) else None
+            cells = [
+                str(i + 1),
+                (b.label or str(b.index)) if b else DASH,
+                prob(b.prob) if b else DASH,
+                (f.label or str(f.index)) if f else DASH,
+                prob(f.prob) if f else DASH,
+            ]
+            t.rows.append(Row(cells))
+        s.parts.append(t)
+    if a.changed_layers:
+        t = Table(
+            "layer outputs that changed (largest relative change of the norm first)",
+            ["layer", "call", "output", "norm clean", "norm ablated", "change"],
+        )
+        for ch in a.changed_layers[:SHOWN_CHANGES]:
+            change = (
+                f"+{ch.relative:.1%}" if ch.norm_after >= ch.norm_before else f"-{ch.relative:.1%}"
+            )
+            cells = [
+                ch.layer,
+                str(ch.call),
+                ch.path,
+                num(ch.norm_before),
+                num(ch.norm_after),
+                change,
+            ]
+            t.rows.append(Row(cells))
+        s.parts.append(t)
+    else:
+        s.parts.append(Line("no selected layer's output changed"))
+    return s
+
+
+def checks_section(report: Report, *, quiet: bool = False) -> Section:
+    """Each rule's verdict and its first failures (with quiet, only the rules that failed)."""
+    s = Section("checks", "checks")
+    for c in report.checks:
+        if quiet and c.passed:
+            continue
+        verdict: Style = "good" if c.passed else "bad"
+        s.parts.append(Line(f"{c.rule}: {c.message}", verdict, "PASS" if c.passed else "FAIL"))
+        s.parts += [Line(f, "item") for f in c.failures[:SHOWN_FAILURES]]
+        if len(c.failures) > SHOWN_FAILURES:
+            more = len(c.failures) - SHOWN_FAILURES
+            s.parts.append(Line(f"… and {more} more (all in --format json)", "item"))
+    return s
+
+
+def _lines(name: str, title: str, texts: list[str], style: Style = "plain") -> Section:
+    return Section(name, title, [Line(t, style) for t in texts])
+
+
+def report_sections(report: Report) -> list[Section]:
+    """inspect and grads: every section in the order the table prints them. A section with
+    nothing to say is left out."""
+    calls = Section("calls", "layer calls", [calls_table(report)])
+    if report.backward is not None:
+        params = params_table(report)
+        if params.rows:
+            calls.parts.append(params)
+    sections = [
+        _lines("header", "run", header_lines(report), "dim"),
+        calls,
+        _lines("summary", "summary", summary_lines(report)),
+        _lines("origins", "non-finite origins", origin_lines(report)),
+        _lines("input_grads", "input gradients", input_grad_lines(report)),
+        predictions_section(report),
+        _lines("notes", "notes", [f"note: {n}" for n in report.notes], "note"),
+        profile_section(report),
+        ablation_section(report),
+        checks_section(report),
+    ]
+    return [s for s in sections if s.parts]
+
+
+def checks_sections(report: Report, *, quiet: bool) -> list[Section]:
+    """check: the pass/fail list (with quiet, only failures, and nothing when all pass)."""
+    sections = [] if quiet else [_lines("header", "run", header_lines(report), "dim")]
+    sections.append(checks_section(report, quiet=quiet))
+    if not quiet or any(not c.passed for c in report.checks):
+        sections.append(_lines("origins", "non-finite origins", origin_lines(report)))
+    if not quiet:
+        failed = sum(not c.passed for c in report.checks)
+        verdict = f"{len(report.checks) - failed} passed, {failed} failed"
+        sections.append(Section("verdict", "verdict", [Line(verdict, "bad" if failed else "good")]))
+    return [s for s in sections if s.parts]
+
+
+# ---------------------------------------------------------------- layers, models, saved files
+
+
+def layers_sections(report: LayersReport) -> list[Section]:
+    m = report.model
+    head = [f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules"]
+    if report.input is not None:
+        head.append(f"shapes from one forward pass; input: {report.input.description}")
+    headers = ["layer", "type", "params", "leaf", "also named"]
+    if report.input is not None:
+        headers += ["calls", "output shape"]
+    t = Table(None, headers)
+    for r in report.modules:
+        indent = "  " * max(r.depth - 1, 0)
+        cells = [
+            indent + r.name,
+            r.type if r.hookable else f"{r.type} (TorchScript, not hookable)",
+            count(r.params),
+            "yes" if r.leaf else "",
+            ", ".join(r.aliases),
+        ]
+        if report.input is not None:
+            cells += [str(r.calls or 0), "; ".join(r.output_shapes or []) or DASH]
+        t.rows.append(Row(cells))
+    hint = (
+        "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"
+        " default: every leaf module"
+    )
+    return [
+        _lines("header", "model", head),
+        Section("modules", "modules", [t]),
+        _lines("hint", "selecting", [hint]),
+    ]
+
+
+def models_sections(entries: list[ModelEntry]) -> list[Section]:
+    t = Table(
+        f"{len(entries)} torchvision models",
+        ["name", "task", "params", "input", "weights", "metric (DEFAULT)"],
+    )
+    for e in entries:
+        weights = ", ".join(w + ("*" if w == e.default else "") for w in e.weights) or DASH
+        cells = [
+            e.name,
+            e.task,
+            count(e.params) if e.params else DASH,
+            e.input_size or DASH,
+            weights,
+            e.metric or DASH,
+        ]
+        t.rows.append(Row(cells))
+    hint = "* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none"
+    return [Section("models", "models", [t]), _lines("hint", "using", [hint])]
+
+
+def saved_sections(saved: SavedFile) -> list[Section]:
+    head: list[Part] = [Line(f"{saved.path}: {len(saved.tensors)} tensors", "heading")]
+    head += [Line(f"{key}: {value}", "dim") for key, value in sorted(saved.metadata.items())]
+    t = Table(None, list(SAVED_HEADERS))
+    for s in saved.tensors:
+        cells = [
+            s.path,
+            shape(s.shape),
+            s.dtype,
+            num(s.mean),
+            num(s.std),
+            num(s.min),
+            num(s.max),
+            pct(s.zeros),
+            nonfinite(s) or DASH,
+        ]
+        t.rows.append(Row(cells, s.nonfinite))
+    return [Section("header", "file", head), Section("tensors", "tensors", [t])]
+
+
+# ---------------------------------------------------------------- hookcli diff
+
+
+def db(v: float | None, rel: float | None) -> str:
+    if v is None:
+        return "inf" if rel == 0 else DASH  # identical: infinite signal-to-noise
+    return f"{v:.1f}"
+
+
+def diff_flag(d: TensorDiff) -> str:
+    if d.nonfinite:
+        return f"{d.nonfinite} not finite"
+    if d.note:
+        return d.note
+    return "over tol" if d.over else ""
+
+
+def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
+    with_ref = report.ref is not None
+    for c in [*report.calls, *report.outputs]:
+        a_by_path = {d.path: d for d in c.a or []}
+        for i, d in enumerate(c.b):
+            head = [c.name, str(c.call)] if i == 0 else ["", ""]
+            label = f"{d.path.removeprefix('out')} {shape(d.shape)}".strip()
+            if with_ref:
+                a = a_by_path.get(d.path)
+                worse = DASH
+                if a is not None and a.rel_l2 is not None and d.rel_l2 is not None:
+                    worse = "A" if a.rel_l2 > d.rel_l2 else "B" if d.rel_l2 > a.rel_l2 else "="
+                cells = [
+                    num(a.rel_l2) if a else DASH,
+                    num(d.rel_l2),
+                    db(a.sqnr_db, a.rel_l2) if a else DASH,
+                    db(d.sqnr_db, d.rel_l2),
+                    worse,
+                    "; ".join(f for f in (diff_flag(a) if a else "", diff_flag(d)) if f) or DASH,
+                ]
+                over = d.over or (a is not None and a.over)
+            else:
+                cells = [
+                    num(d.max_abs),
+                    num(d.rel_l2),
+                    DASH if d.cosine is None else f"{d.cosine:.6f}",
+                    db(d.sqnr_db, d.rel_l2),
+                    num(d.norm_rel),
+                    diff_flag(d) or DASH,
+                ]
+                over = d.over
+            yield [*head, label, *cells], over
+
+
+def diff_table(report: DiffReport) -> Table:
+    headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
+    rel = "relative L2 = |B-A|/|A|" if report.ref is None else "relative L2 against the reference"
+    title = f"{len(report.calls)} layer calls ({rel}; tol {report.tol:g})"
+    rows = [Row(cells, over) for cells, over in diff_rows(report)]
+    return Table(title, list(headers), rows, DROP["diff"])
+
+
+def diff_header_lines(report: DiffReport) -> list[str]:
+    m = report.model
+    lines = [
+        f"diff: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}",
+        f"weights: {m.weights}",
+        f"input: {report.input.description}",
+    ]
+    if report.ref is not None:
+        lines.append(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}")
+    else:
+        lines.append(f"A (reference): {report.a}   B: {report.b}")
+    return lines
+
+
+def diff_footer(report: DiffReport) -> list[str]:
+    lines = [f"note: {n}" for n in report.notes]
+    lines += [f"missing: {m}" for m in report.missing[:10]]
+    if len(report.missing) > 10:
+        lines.append(f"missing: … and {len(report.missing) - 10} more (all in -f json)")
+    if report.first_over is not None:
+        lines.append(f"first past tolerance: {report.first_over}")
+    else:
+        lines.append(f"no call past tolerance ({report.tol:g})")
+    return lines
+
+
+def diff_sections(report: DiffReport) -> list[Section]:
+    verdict: Style = "bad" if report.failed else "good"
+    footer = [
+        Line(line, verdict if line.startswith(("first", "no call")) else "plain")
+        for line in diff_footer(report)
+    ]
+    return [
+        _lines("header", "run", diff_header_lines(report), "dim"),
+        Section("calls", "layer calls", [diff_table(report)]),
+        Section("footer", "verdict", list(footer)),
+    ]
