@@ -25,17 +25,18 @@ from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
     import torch
 
-    from hookcli.compare import _cast, _compared_pass, _prepare_side, parse_side
-    from hookcli.measure import Compared, Spill
+    from hookcli.compare.measure import Compared, Spill
+    from hookcli.compare.passes import compared_pass, reference_pass
+    from hookcli.compare.sides import parse_side, prepare_side
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     model = ModelOptions(model_name, device="cpu")
     inputs = InputOptions(specs=(f"randn:{batch}x3x224x224",))
-    ref = _prepare_side(model, Selection(), parse_side("float32", "--a"), with_input=inputs)
-    other = _prepare_side(model, Selection(), parse_side(side_b, "--b"), with_input=None)
+    ref = prepare_side(model, Selection(), parse_side("float32", "--a"), with_input=inputs)
+    other = prepare_side(model, Selection(), parse_side(side_b, "--b"), with_input=None)
     assert ref.prepared.minput is not None
     x_a = ref.prepared.minput
-    x_b = _cast(x_a, other.side, other.prepared.device)
+    x_b = other.side.cast(x_a, other.prepared.device)
     model_a, model_b = ref.prepared.loaded.module.eval(), other.prepared.loaded.module.eval()
 
     def plain() -> None:
@@ -44,12 +45,10 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
             model_b(*x_b.args)
 
     def diff() -> None:
-        from hookcli.compare import _reference_pass
-
         spill = Spill()
         try:
-            _reference_pass(ref, x_a, spill, isolate=False)
-            _compared_pass(other, x_b, spill, isolate=False, into=Compared())
+            reference_pass(ref, x_a, spill, isolate=False)
+            compared_pass(other, x_b, spill, isolate=False, into=Compared())
         finally:
             spill.close()
 

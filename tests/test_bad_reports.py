@@ -523,7 +523,7 @@ def test_the_spill_file_has_no_name_in_tmpdir(tmp_path: Path) -> None:
     """Unlinked once opened: SIGKILL cannot leave it behind."""
     script = (
         "import os, signal, torch\n"
-        "from hookcli.measure import Spill\n"
+        "from hookcli.compare.measure import Spill\n"
         "s = Spill()\n"
         "s.write(('l', 0, 'out'), torch.randn(300, 1000))\n"
         "s.write(('m', 0, 'out'), torch.randn(10))\n"

@@ -290,7 +290,7 @@ def test_side_grammar() -> None:
 
 
 def test_the_spill_keeps_nothing_in_memory() -> None:
-    from hookcli.measure import Spill
+    from hookcli.compare.measure import Spill
 
     spill = Spill()
     try:
@@ -397,7 +397,7 @@ def test_onnx_graph_calls_of_a_module_called_twice() -> None:
     number them; a container's call ends at the value it hands on."""
     import torchvision
 
-    from hookcli.onnx_side import call_outputs
+    from hookcli.compare.onnx import call_outputs
 
     model = torchvision.models.resnet18().eval()
     program = torch.onnx.export(model, (torch.randn(1, 3, 64, 64),), dynamo=True, optimize=False)
@@ -434,7 +434,7 @@ def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
 def test_channels_last_sums_equal_the_contiguous_ones(dtype: torch.dtype) -> None:
     """The kernel that reads a channels-last tensor in its own order pairs the same elements
     as the flat one on a contiguous copy, and both equal float64 torch."""
-    from hookcli.measure import sums
+    from hookcli.compare.measure import sums
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(2, 8, 5, 7, generator=g)

@@ -1,6 +1,7 @@
-"""What a diff measures, shared by every kind of compared side (hooked passes in compare.py,
-ONNX Runtime in onnx_side.py): the reference side's tensors spilled to disk, the five sums of
-one difference accumulated exactly across batches, and what one compared side collects.
+"""What a diff measures, shared by every kind of compared side (the hooked passes in
+passes.py, ONNX Runtime in onnx.py) and by the diff of two saved reports (saved.py): the
+reference side's tensors spilled to disk, the five sums of one difference accumulated exactly
+across batches, what one compared side collects, and how a call past tolerance is named.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from hookcli.errors import UsageError
-from hookcli.records import TensorDiff
+from hookcli.records import DiffCall, TensorDiff
 
 
 class Spill:
@@ -251,3 +252,14 @@ def measure(
 
 def shape_label(s: Sequence[int]) -> str:
     return "x".join(map(str, s)) or "scalar"
+
+
+def describe_over(call: DiffCall, d: TensorDiff, tol: float) -> str:
+    """A call past tolerance, as the report's `first_over` names it."""
+    side = "A" if call.a and d in call.a else "B"
+    what = (
+        f"{d.nonfinite} values not finite"
+        if d.nonfinite
+        else d.note or f"relative L2 {d.rel_l2:.3g} > tol {tol:g}"
+    )
+    return f"{call.name} ({call.type}) call {call.call}, {d.path}, side {side}: {what}"

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from hookcli.compare.measure import Compared, Spill, measure
 from hookcli.engine import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
-from hookcli.measure import measure
 from hookcli.tree import iter_tensors
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
@@ -104,7 +104,7 @@ def call_outputs(graph: Any, names: set[str]) -> list[tuple[str, int, list[str]]
     return calls
 
 
-def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Any, into: Any) -> None:
+def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Spill, into: Compared) -> None:
     """Export, run with ONNX Runtime returning every selected call's output, and measure each
     against the reference side's (read back from the spill)."""
     onnx, ort = _modules()

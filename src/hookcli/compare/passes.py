@@ -1,0 +1,105 @@
+"""The two passes of a diff: the reference side's hooked pass spilling every selected call's
+output (and, for --isolate, input) to disk, and a compared side's pass measuring each of its
+outputs against the spilled one — the hooked pass, or the side's own (ONNX Runtime)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hookcli.compare.measure import Compared, Spill, measure
+from hookcli.compare.sides import SideRun
+from hookcli.engine import hooked_pass
+from hookcli.hooks import HookSession, PendingCall
+from hookcli.inputs import ModelInput
+from hookcli.tree import iter_tensors
+
+
+def real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The floating-point tensors of an output; int8 (quantized) ones as their real values."""
+    for path, t in iter_tensors(output, "out"):
+        if t.is_quantized:
+            yield path, t.dequantize()
+        elif t.is_floating_point():
+            yield path, t
+
+
+def reference_pass(run: SideRun, minput: ModelInput, spill: Spill, isolate: bool) -> None:
+    def keep_output(pending: PendingCall, output: Any) -> None:
+        c = pending.call
+        for path, t in real(output):
+            spill.write((c.name, c.call, path), t)
+
+    def keep_input(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = pending.call
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                spill.write((c.name, c.call, f"in[{i}]"), a)
+
+    p = run.prepared
+    session = HookSession(
+        p.targets, None, on_output=keep_output, on_input=keep_input if isolate else None
+    )
+    with (
+        run.side.context(p.device),
+        torch.no_grad(),
+        hooked_pass(p, session, minput=minput) as result,
+    ):
+        for path, t in real(result.output):
+            spill.write(("(model)", 0, path), t)
+
+
+def compared_pass(
+    run: SideRun, minput: ModelInput, spill: Spill, isolate: bool, into: Compared
+) -> None:
+    """The hooked pass of a compared side."""
+    p = run.prepared
+
+    def compare(pending: PendingCall, output: Any) -> None:
+        c = pending.call
+        _, accs = into.calls.setdefault((c.name, c.call), (c.type, {}))
+        into.order.setdefault((c.name, c.call), pending.finished or 0)
+        for path, t in real(output):
+            measure(accs, path, spill.read((c.name, c.call, path)), t)
+
+    def feed(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        c = pending.call
+        new = list(args)
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_quantized):
+                continue
+            ref = spill.read((c.name, c.call, f"in[{i}]"))
+            if ref is None or tuple(ref.shape) != tuple(a.shape):
+                continue
+            x = torch.from_numpy(ref.copy())  # a copy: the read buffer is reused
+            if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
+                x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
+            else:
+                x = x.to(a.device, a.dtype)
+            if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
+                x = x.contiguous(memory_format=torch.channels_last)
+            new[i] = x
+        return tuple(new), kwargs
+
+    session = HookSession(p.targets, None, on_output=compare, on_input=feed if isolate else None)
+    with (
+        run.side.context(p.device),
+        torch.no_grad(),
+        hooked_pass(p, session, minput=minput) as result,
+    ):
+        for path, t in real(result.output):
+            measure(into.outputs, path, spill.read(("(model)", 0, path)), t)
+    into.note_missing(spill, "only on the reference side")
+
+
+def side_pass(
+    run: SideRun, minput: ModelInput, spill: Spill, isolate: bool, into: Compared
+) -> None:
+    """A compared side's pass: its own if its kinds bring one (ONNX Runtime), else hooked."""
+    runner = run.side.pass_runner()
+    if runner is not None:
+        runner(run.prepared, minput, spill, into)
+    else:
+        compared_pass(run, minput, spill, isolate, into)

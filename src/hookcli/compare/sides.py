@@ -1,0 +1,507 @@
+"""The sides of a diff: what each kind of variant changes, one class per kind.
+
+A side (`--b float16,channels_last`) is a composite of *side kinds*. Each kind owns all it
+changes, behind one small interface (`SideKind`), every step of which defaults to "nothing":
+
+- `model_options`: the load itself (another `weights=`, `seed=`, `device=`);
+- `changes_module`: whether it changes the module in place (the Python API's own module is
+  then copied first), and `prepare`: how (`module.to(float16)`, channels-last, torch.compile);
+- `cast`: how a floating-point input tensor is cast (already on the side's device);
+- `context`: what the side's pass runs under (autocast);
+- `needs_twin` / `adapt_twin`: torchvision's quantizable twin, and what this kind does to it;
+- `check_role`: a role it cannot take (the reference side, `--isolate`);
+- `pass_runner`: a pass of its own instead of the hooked one (ONNX Runtime).
+
+`parse_side` reads a spec with the registered kinds, in registration order: the first kind
+whose `parse` accepts a part takes it. Adding a side kind is one class and `@register`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from hookcli import bounds
+from hookcli.compare.measure import Compared, Spill
+from hookcli.compare.onnx import onnx_pass
+from hookcli.engine import Prepared, prepare
+from hookcli.errors import UsageError
+from hookcli.inputs import ModelInput
+from hookcli.options import InputOptions, ModelOptions, Selection
+
+
+class PassRunner(Protocol):
+    """A compared side's pass that is not the hooked one: the side's input through its own
+    runtime, each selected call's output measured against the spilled reference into `into`."""
+
+    def __call__(
+        self, prepared: Prepared, minput: ModelInput, spill: Spill, into: Compared
+    ) -> None: ...
+
+
+class SideKind:
+    """One thing a side changes. Subclasses override what their kind touches; the rest stays
+    as loaded."""
+
+    help: ClassVar[str]  # how the kind is written, for the list of sides
+    changes_module: ClassVar[bool] = False  # `prepare` changes the module in place
+    needs_twin: ClassVar[bool] = False  # every side then runs the quantizable twin
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        """This kind from one part of a spec (`key`, lower case, and the text after `=`, None
+        without one), or None when the part is not of this kind."""
+        raise NotImplementedError
+
+    @property
+    def slot(self) -> object:
+        """A later part with the same slot replaces an earlier one (`float16,float32`)."""
+        return type(self)
+
+    def model_options(self, options: ModelOptions) -> ModelOptions:
+        return options
+
+    def prepare(self, prepared: Prepared) -> None:
+        """Change the loaded (already copied) model: dtype, memory format, compiled layers."""
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        """A floating-point input tensor, already on the side's device."""
+        return t
+
+    def context(self, device: torch.device) -> AbstractContextManager[None]:
+        """What the side's pass runs under."""
+        return contextlib.nullcontext()
+
+    def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
+        """The quantizable twin (fused, this side's weights), changed as this kind changes a
+        model. `calibrate` runs the twin once on the run's first input."""
+
+    def check_role(self, *, reference: bool, isolate: bool) -> None:
+        """Refuse a role this kind cannot take (a UsageError)."""
+
+    def pass_runner(self) -> PassRunner | None:
+        """A pass of its own for a compared side; None: the hooked pass."""
+        return None
+
+
+KINDS: list[type[SideKind]] = []
+K = TypeVar("K", bound=type[SideKind])
+
+
+def register(kind: K) -> K:
+    """Add a side kind to the grammar (after the kinds registered before it)."""
+    if kind not in KINDS:
+        KINDS.append(kind)
+    return kind
+
+
+def side_help() -> str:
+    """The side grammar, from the registered kinds."""
+    return ", ".join(k.help for k in KINDS) + "; joined with commas"
+
+
+# ---------------------------------------------------------------- the built-in kinds
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class DType(SideKind):
+    """The model's parameters and its floating-point input in another dtype."""
+
+    dtype: torch.dtype
+    help: ClassVar[str] = "float32|float64|float16|bfloat16"
+    changes_module: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        return cls(DTYPES[key]) if key in DTYPES and value is None else None
+
+    def prepare(self, prepared: Prepared) -> None:
+        prepared.loaded.module.to(self.dtype)
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype)
+
+    def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
+        if not side.has(Quantized):  # an int8 twin keeps its own dtypes
+            twin.to(self.dtype)
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class Autocast(SideKind):
+    """The pass under torch.autocast (the parameters stay float32)."""
+
+    dtype: torch.dtype
+    help: ClassVar[str] = "autocast[:DTYPE]"
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        if not key.startswith("autocast") or value is not None:
+            return None
+        name = key.partition(":")[2] or "bfloat16"
+        if name not in ("bfloat16", "float16"):
+            raise UsageError(
+                f"{option} {raw!r}: autocast has no dtype {name!r}; "
+                "its dtypes are bfloat16 and float16.",
+                f"e.g. {option} autocast:bfloat16 (or {option} quantized for int8).",
+            )
+        return cls(DTYPES[name])
+
+    def context(self, device: torch.device) -> AbstractContextManager[None]:
+        return torch.autocast(device.type, dtype=self.dtype)
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class ChannelsLast(SideKind):
+    """The model and its 4-D inputs in channels-last memory format."""
+
+    help: ClassVar[str] = "channels_last"
+    changes_module: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        return cls() if key in ("channels_last", "nhwc") and value is None else None
+
+    def prepare(self, prepared: Prepared) -> None:
+        prepared.loaded.module.to(memory_format=torch.channels_last)
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class Quantized(SideKind):
+    """torchvision's int8 twin, calibrated on the run's input (CPU). Every side of the diff
+    then runs the fused twin, so that both have the same modules under the same names."""
+
+    help: ClassVar[str] = "quantized"
+    needs_twin: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        return cls() if key in ("quantized", "int8") and value is None else None
+
+    def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
+        from torch.ao import quantization as tq
+
+        from hookcli.loading import quiet_warnings
+
+        with quiet_warnings():  # torch.ao.quantization's deprecation notices: not the user's
+            twin.qconfig = tq.get_default_qconfig("x86")  # type: ignore[no-untyped-call]
+            tq.prepare(twin, inplace=True)  # type: ignore[no-untyped-call]
+            with torch.no_grad():
+                calibrate()
+            tq.convert(twin, inplace=True)  # type: ignore[no-untyped-call]
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class Compile(SideKind):
+    """Each selected leaf module's forward through torch.compile (inductor), its hooks left
+    outside the compiled code, so each row shows that layer's compiled numerics. (A
+    whole-model torch.compile would break its graph at every hook anyway.) The first run
+    compiles: seconds per distinct layer."""
+
+    help: ClassVar[str] = "compile"
+    changes_module: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        return cls() if key == "compile" and value is None else None
+
+    def prepare(self, prepared: Prepared) -> None:
+        for t in prepared.targets:
+            if next(t.module.children(), None) is None:
+                t.module.forward = torch.compile(t.module.forward)
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class Onnx(SideKind):
+    """Exported with torch.onnx (dynamo) and run by ONNX Runtime on the CPU: no hooks inside,
+    so it can be neither the reference nor fed the reference's inputs (--isolate)."""
+
+    help: ClassVar[str] = "onnx"
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        return cls() if key in ("onnx", "onnxruntime", "ort") and value is None else None
+
+    def check_role(self, *, reference: bool, isolate: bool) -> None:
+        if reference:
+            raise UsageError(
+                "the onnx side cannot be the reference (its layers are not hooked).",
+                "put it on --b, e.g. --a float32 --b onnx.",
+            )
+        if isolate:
+            raise UsageError(
+                "--isolate cannot feed layers inside ONNX Runtime.",
+                "drop --isolate for the onnx side (its rows are accumulated error).",
+            )
+
+    def pass_runner(self) -> PassRunner | None:
+        return onnx_pass
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class Setting(SideKind):
+    """Another load of the model: `weights=W`, `seed=N` or `device=D`."""
+
+    name: str  # a field of ModelOptions: weights, seed or device
+    value: str | int
+    help: ClassVar[str] = "weights=W, seed=N, device=D"
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        if key in ("weights", "device") and value:
+            return cls(key, value)
+        if key == "seed" and value is not None and value.strip().lstrip("-").isdigit():
+            seed = bounds.integer(
+                value.strip(), f"{option} seed", low=0, high=bounds.SEED_MAX, example="seed=1"
+            )
+            return cls(key, seed)
+        return None
+
+    @property
+    def slot(self) -> object:
+        return (type(self), self.name)
+
+    def model_options(self, options: ModelOptions) -> ModelOptions:
+        changes: dict[str, Any] = {self.name: self.value}
+        return dataclasses.replace(options, **changes)
+
+
+# ---------------------------------------------------------------- a side: its kinds together
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One variant of the model: its spec and its kinds, in registration order."""
+
+    spec: str
+    parts: tuple[SideKind, ...] = ()
+
+    def describe(self) -> str:
+        return self.spec or "as loaded"
+
+    def has(self, kind: type[SideKind]) -> bool:
+        return any(isinstance(p, kind) for p in self.parts)
+
+    def find(self, kind: type[SideKind]) -> SideKind | None:
+        return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    # what the side is, for reading (no step of a diff reads these: each kind acts itself)
+    @property
+    def dtype(self) -> torch.dtype | None:
+        p = self.find(DType)
+        return p.dtype if isinstance(p, DType) else None
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        p = self.find(Autocast)
+        return p.dtype if isinstance(p, Autocast) else None
+
+    @property
+    def channels_last(self) -> bool:
+        return self.has(ChannelsLast)
+
+    @property
+    def quantized(self) -> bool:
+        return self.has(Quantized)
+
+    @property
+    def compile(self) -> bool:
+        return self.has(Compile)
+
+    @property
+    def onnx(self) -> bool:
+        return self.has(Onnx)
+
+    def _setting(self, name: str) -> Any:
+        found = [p.value for p in self.parts if isinstance(p, Setting) and p.name == name]
+        return found[-1] if found else None
+
+    @property
+    def weights(self) -> str | None:
+        value: str | None = self._setting("weights")
+        return value
+
+    @property
+    def seed(self) -> int | None:
+        value: int | None = self._setting("seed")
+        return value
+
+    @property
+    def device(self) -> str | None:
+        value: str | None = self._setting("device")
+        return value
+
+    # the steps of a diff, each the kinds' own in turn
+    @property
+    def changes_module(self) -> bool:
+        return any(p.changes_module for p in self.parts)
+
+    @property
+    def needs_twin(self) -> bool:
+        return any(p.needs_twin for p in self.parts)
+
+    def model_options(self, options: ModelOptions) -> ModelOptions:
+        for p in self.parts:
+            options = p.model_options(options)
+        return options
+
+    def prepare(self, prepared: Prepared) -> None:
+        for p in self.parts:
+            p.prepare(prepared)
+
+    def cast_tensor(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        t = t.to(device)
+        if t.is_floating_point():
+            for p in self.parts:
+                t = p.cast(t)
+        return t
+
+    def cast(self, minput: ModelInput, device: torch.device) -> ModelInput:
+        """The run's input for this side: on its device, its floating-point tensors cast."""
+
+        def cast(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return self.cast_tensor(a, device)
+            if isinstance(a, list):
+                return [cast(x) for x in a]
+            return a
+
+        return minput.replace_args(tuple(cast(a) for a in minput.args))
+
+    @contextlib.contextmanager
+    def context(self, device: torch.device) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for p in self.parts:
+                stack.enter_context(p.context(device))
+            yield
+
+    def adapt_twin(self, twin: nn.Module, calibrate: Callable[[], None]) -> None:
+        for p in self.parts:
+            p.adapt_twin(twin, self, calibrate)
+
+    def check_role(self, *, reference: bool, isolate: bool) -> None:
+        for p in self.parts:
+            p.check_role(reference=reference, isolate=isolate)
+
+    def pass_runner(self) -> PassRunner | None:
+        return next((r for p in self.parts if (r := p.pass_runner()) is not None), None)
+
+
+def parse_side(raw: str, option: str) -> Side:
+    """A side from its spec (`float16,channels_last`), with the registered kinds."""
+    parts: dict[object, SideKind] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.lower()
+        found = None
+        for kind in KINDS:
+            found = kind.parse(key, value if sep else None, raw, option)
+            if found is not None:
+                break
+        if found is None:
+            raise UsageError(
+                f"{option} {raw!r}: {part!r} is not a side.", f"a side is made of: {side_help()}."
+            )
+        parts.pop(found.slot, None)
+        parts[found.slot] = found
+    return Side(raw.strip(), tuple(sorted(parts.values(), key=_rank)))
+
+
+def _rank(part: SideKind) -> int:
+    """Kinds act in registration order, whatever the order of the spec."""
+    return KINDS.index(type(part)) if type(part) in KINDS else len(KINDS)
+
+
+SIDE_HELP = side_help()  # the built-in kinds' grammar
+
+
+# ---------------------------------------------------------------- a side, loaded
+
+
+@dataclass(slots=True)
+class SideRun:
+    """A side and its prepared model."""
+
+    side: Side
+    prepared: Prepared
+
+
+def prepare_side(
+    model: ModelOptions, selection: Selection, side: Side, *, with_input: InputOptions | None
+) -> SideRun:
+    """The model loaded and changed as the side says."""
+    base = model.model
+    if isinstance(base, nn.Module) and side.changes_module:
+        base = copy.deepcopy(base)  # the Python API's own module: never changed in place
+    options = side.model_options(dataclasses.replace(model, model=base))
+    prepared = prepare(options, selection, with_input)
+    side.prepare(prepared)
+    return SideRun(side, prepared)
+
+
+def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput) -> None:
+    """torchvision's quantizable version of the model, with this side's weights and conv+bn
+    (+relu) fused, so that every side has the same modules under the same names; then changed
+    by the side's kinds (a `quantized` side: prepared, calibrated on the run's first input and
+    converted to int8 on the CPU)."""
+    from hookcli.loading import quiet_warnings, registry_names
+    from hookcli.selection import module_entries, select
+
+    p = run.prepared
+    name = f"quantized_{p.loaded.name}"
+    if name not in registry_names():
+        twins = [n.removeprefix("quantized_") for n in registry_names() if n.startswith("quant")]
+        raise UsageError(
+            f"{p.loaded.spec} has no quantized twin in torchvision.",
+            f"the quantized side works with: {', '.join(twins)}.",
+        )
+    if p.device.type != "cpu":
+        raise UsageError("the quantized side runs on the CPU only.", "add --device cpu.")
+    import torchvision
+
+    with quiet_warnings():  # torch.ao.quantization's deprecation notices: not the user's
+        twin = torchvision.models.get_model(name, weights=None, quantize=False)
+        twin.load_state_dict(p.loaded.module.float().state_dict())
+        twin.eval()
+        twin.fuse_model()
+
+    def calibrate() -> None:
+        twin(*Side("").cast(calibration, p.device).args)
+
+    run.side.adapt_twin(twin, calibrate)
+    p.loaded.module = twin
+    p.entries = module_entries(twin)
+    p.targets = select(
+        p.entries,
+        layers=selection.layers,
+        types=selection.types,
+        depth=selection.depth,
+        model_label=p.loaded.spec,
+    )
