@@ -1,4 +1,10 @@
-"""Renderers: Report → text. They read records only and never import torch."""
+"""Renderers: Report → text. They read records only and never import torch.
+
+rows.py turns a report into format-neutral sections (lines and tables of strings); table.py
+(Rich, width fitting, colour) and markdown.py lay out those same sections. csv.py and json.py
+write the records' raw numbers (CSV one row per tensor, JSON the whole report), not the
+formatted cells. images.py draws PNGs.
+"""
 
 from __future__ import annotations
 
