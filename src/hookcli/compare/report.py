@@ -13,6 +13,8 @@ sums a difference needs. Peak memory is one activation, whatever the number of l
 sums add exactly across batches (folders). `--isolate` feeds each selected layer the reference
 side's input, so a row shows that layer's own error rather than what it inherited; `--ref SIDE`
 (e.g. float64) measures both sides against a third run, to say which one is wrong.
+
+This module runs the steps in order; what each side changes is its kinds' own (sides.py).
 """
 
 from __future__ import annotations

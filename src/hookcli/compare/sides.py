@@ -294,12 +294,21 @@ class Setting(SideKind):
 # ---------------------------------------------------------------- a side: its kinds together
 
 
+def _rank(part: SideKind) -> int:
+    """A kind's place: its registration's (a kind not registered acts last)."""
+    return KINDS.index(type(part)) if type(part) in KINDS else len(KINDS)
+
+
 @dataclass(frozen=True, slots=True)
 class Side:
-    """One variant of the model: its spec and its kinds, in registration order."""
+    """One variant of the model: its spec and its kinds, which act in registration order
+    whatever the order they are given in."""
 
     spec: str
     parts: tuple[SideKind, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(sorted(self.parts, key=_rank)))
 
     def describe(self) -> str:
         return self.spec or "as loaded"
@@ -431,12 +440,7 @@ def parse_side(raw: str, option: str) -> Side:
             )
         parts.pop(found.slot, None)
         parts[found.slot] = found
-    return Side(raw.strip(), tuple(sorted(parts.values(), key=_rank)))
-
-
-def _rank(part: SideKind) -> int:
-    """Kinds act in registration order, whatever the order of the spec."""
-    return KINDS.index(type(part)) if type(part) in KINDS else len(KINDS)
+    return Side(raw.strip(), tuple(parts.values()))
 
 
 SIDE_HELP = side_help()  # the built-in kinds' grammar
