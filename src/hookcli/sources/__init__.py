@@ -1,0 +1,72 @@
+"""Model sources: a MODEL spec → a LoadedModel (module, weights, preprocessing, labels, default
+input size, and the Task that reads its batches and outputs).
+
+`resolve(spec)` picks the source by prefix (`timm:NAME`) or by the shape of the spec; the
+built-in ones register below through the same `register` a plug-in calls:
+
+    torchvision   resnet34                  (TorchvisionSource)
+    file          path/to/file.py:Name      (FileSource)
+    module        package.module:Name       (ModuleSource, also every other spec with a colon)
+
+A new source subclasses Source (base.py), returns a LoadedModel whose `kind` is a Task
+(tasks.py, or its own subclass), and calls `register(MySource())`; no command changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from hookcli.errors import UsageError
+from hookcli.sources.base import Source, parse_model_args, quiet_warnings
+from hookcli.sources.custom import FileSource, ModuleSource, wrap_module
+from hookcli.sources.device import resolve_device
+from hookcli.sources.model import LoadedModel
+from hookcli.sources.registry import register, resolve, sources, unknown_model, unregister
+from hookcli.sources.tasks import CLIP_FRAMES, TASKS, Task
+from hookcli.sources.torchvision import TorchvisionSource
+
+register(TorchvisionSource())
+register(FileSource())
+register(ModuleSource())
+
+__all__ = [
+    "CLIP_FRAMES",
+    "TASKS",
+    "LoadedModel",
+    "Source",
+    "Task",
+    "load_model",
+    "parse_model_args",
+    "quiet_warnings",
+    "register",
+    "resolve",
+    "resolve_device",
+    "sources",
+    "unknown_model",
+    "unregister",
+]
+
+
+def load_model(
+    spec: str | nn.Module | LoadedModel,
+    *,
+    weights: str = "none",
+    seed: int = 0,
+    model_args: Mapping[str, Any] | None = None,
+) -> LoadedModel:
+    """Build the model named by spec with the given weights, in eval mode, on the CPU.
+    A model already loaded (LoadedModel) is returned as it is."""
+    if isinstance(spec, LoadedModel):
+        return spec
+    if isinstance(spec, nn.Module):  # the Python API may pass a module directly
+        return wrap_module(spec, weights)
+    spec = spec.strip()
+    if not spec:
+        raise UsageError(
+            "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
+        )
+    source = resolve(spec)
+    return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))

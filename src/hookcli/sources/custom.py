@@ -1,0 +1,219 @@
+"""A user's model: `path/to/file.py:Name` (imported from the file) or `package.module:Name`
+(imported by name), Name an nn.Module subclass or a factory returning one; or an nn.Module
+passed through the Python API. Weights: as constructed, or a local state dict."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.output import note_read, user_path
+from hookcli.sources.base import Source, kwargs_text
+from hookcli.sources.model import LoadedModel
+from hookcli.sources.registry import unknown_model
+from hookcli.sources.statedict import load_state_dict_file
+from hookcli.sources.tasks import CUSTOM
+
+
+class FileSource(Source):
+    """`path/to/file.py:Name`."""
+
+    name = "file"
+
+    def claims(self, spec: str) -> bool:
+        return spec.rpartition(":")[0].endswith(".py")
+
+    def load(
+        self, spec: str, *, weights: str, seed: int, model_args: dict[str, Any]
+    ) -> LoadedModel:
+        return load_custom(spec, weights, seed, model_args, import_file)
+
+
+class ModuleSource(Source):
+    """`package.module:Name` (any other spec with a colon: it reports what is wrong)."""
+
+    name = "module"
+
+    def claims(self, spec: str) -> bool:
+        return ":" in spec
+
+    def load(
+        self, spec: str, *, weights: str, seed: int, model_args: dict[str, Any]
+    ) -> LoadedModel:
+        return load_custom(spec, weights, seed, model_args, import_module)
+
+
+def _read_model_file(source: str) -> Path:
+    """The model's source file, checked readable: a file hookcli cannot read is an input
+    problem (exit 2); what the file does when imported is the model's (exit 3)."""
+    path = user_path(source, "model file")
+    if path.is_dir():
+        raise UsageError(
+            f"model file {source} is a folder.", "give the .py file (path/to/file.py:Name)."
+        )
+    if not path.exists():
+        raise UsageError(
+            f"model file {source} not found.", "check the path in MODEL (path/to/file.py:Name)."
+        )
+    try:
+        with io.open_code(str(path)) as f:  # as the import will read it
+            f.read(1)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read model file {source}: {exc.strerror or exc}.",
+            "check the file's permissions (ls -l), or copy it somewhere readable.",
+        ) from exc
+    note_read(path)
+    return path
+
+
+def import_file(source: str) -> ModuleType:
+    """The module of a model file, executed with its folder first on sys.path."""
+    path = _read_model_file(source)
+    module_name = f"_hookcli_user_{path.stem}"
+    mod_spec = importlib.util.spec_from_file_location(module_name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise UsageError(f"cannot import {source}.", "give a Python source file.")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        mod_spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise UsageError(
+            f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
+        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
+        raise ModelError(
+            f"importing {source} failed: {one_line(exc)}",
+            "fix the model file; run it with python to see the traceback.",
+        ) from exc
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
+
+
+def import_module(source: str) -> ModuleType:
+    """An installed (or importable) module by its dotted name."""
+    try:
+        return importlib.import_module(source)
+    except ModuleNotFoundError as exc:
+        raise UsageError(
+            f"cannot import module {source!r}: {exc}.",
+            "install the package, or give path/to/file.py:Name.",
+        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ModelError(
+            f"importing {source} failed: {one_line(exc)}",
+            f"fix the module; python -c 'import {source}' shows the traceback.",
+        ) from exc
+
+
+def load_custom(
+    spec: str,
+    weights: str,
+    seed: int,
+    kwargs: dict[str, Any],
+    importer: Callable[[str], ModuleType],
+) -> LoadedModel:
+    source, _, attr = spec.rpartition(":")
+    if not source or not attr.isidentifier():
+        raise unknown_model(spec)
+    module = importer(source)
+    obj = getattr(module, attr, None)
+    if obj is None:
+        names = [
+            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, nn.Module)
+        ]
+        near = f" It defines: {', '.join(names)}." if names else ""
+        raise UsageError(
+            f"{source} has no {attr!r}.{near}", "name a class or factory defined in that file."
+        )
+    if not callable(obj):
+        raise UsageError(
+            f"{source}:{attr} is a {type(obj).__name__}, not a class or factory.",
+            "name an nn.Module subclass or a function returning one.",
+        )
+    torch.manual_seed(seed)
+    try:
+        model = obj(**kwargs)
+    except TypeError as exc:
+        raise UsageError(
+            f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",
+            "pass constructor arguments with --model-arg key=value.",
+        ) from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
+        raise ModelError(
+            f"{source}:{attr}({kwargs_text(kwargs)}) raised {one_line(exc)}",
+            "fix the model's constructor.",
+        ) from exc
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
+            "name an nn.Module subclass or a function returning one.",
+        )
+    from hookcli.selection import walk
+
+    for _ in walk(model):  # a module cycle is named here, not hit as a RecursionError in eval()
+        pass
+    try:
+        model.eval()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the model's own train()/eval() override
+        raise ModelError(
+            f"{source}:{attr}'s eval() raised {one_line(exc)}",
+            "fix the model's train()/eval() method.",
+        ) from exc
+    loaded = wrap_module(model, "none")
+    loaded.spec = spec
+    loaded.name = attr
+    if weights.strip().lower() not in ("none", ""):
+        path = user_path(weights.strip(), "--weights")
+        if not path.is_file():
+            raise UsageError(
+                f"weights file {weights} not found.",
+                "custom models take --weights PATH to a state dict, or none.",
+            )
+        load_state_dict_file(model, path, spec)
+        loaded.weights_label = str(path)
+        loaded.pretrained = True
+    else:
+        loaded.weights_label = f"none (as constructed, seed {seed})"
+    return loaded
+
+
+def wrap_module(model: nn.Module, weights: str) -> LoadedModel:
+    if isinstance(model, torch.jit.ScriptModule):
+        raise UsageError(
+            "TorchScript modules do not run Python hooks (scripted ones refuse them, traced ones "
+            "never fire them).",
+            "inspect the original nn.Module instead of the scripted/traced one.",
+        )
+    # No eval() here: the run sets eval for the pass and restores every module's mode after.
+    return LoadedModel(
+        module=model,
+        name=type(model).__name__,
+        spec=type(model).__name__,
+        kind=CUSTOM,
+        weights_label="as given",
+        pretrained=weights != "none",
+        preprocess=None,
+        preprocess_label="ImageNet: resize 256, center crop 224, ImageNet mean/std",
+        input_size=None,
+    )

@@ -1,0 +1,103 @@
+"""Local state dict files (.pth/.pt with weights_only=True, .safetensors): read, unwrap,
+check against a model and load — the same for every source."""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.errors import UsageError, one_line
+from hookcli.output import note_read
+
+WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from .pth/.pt (weights_only) or .safetensors, unwrapped and de-prefixed."""
+    note_read(path)
+    if path.suffix.lower() == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+
+            data: Any = load_file(str(path), device="cpu")
+        except Exception as exc:
+            raise UsageError(
+                f"{path} is not a readable safetensors file: {one_line(exc)}",
+                "check the file, or re-save it.",
+            ) from exc
+    else:
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            if not zipfile.is_zipfile(path):  # not torch.save's format: just not a checkpoint
+                raise UsageError(
+                    f"{path} is not a readable PyTorch file: {one_line(exc)}",
+                    "check the file; hookcli reads state dicts saved by torch.save.",
+                ) from exc
+            raise UsageError(
+                f"{path} needs full unpickling (it stores Python objects, not only tensors) "
+                "and hookcli loads weights with weights_only=True for safety.",
+                "re-save it as a state dict: torch.save(model.state_dict(), 'weights.pth').",
+            ) from exc
+        except Exception as exc:
+            raise UsageError(
+                f"{path} is not a readable PyTorch file: {one_line(exc)}",
+                "check the file; hookcli reads state dicts saved by torch.save.",
+            ) from exc
+    if isinstance(data, Mapping):
+        for key in ("state_dict", "model_state_dict", "model", "module"):
+            inner = data.get(key)
+            if (
+                isinstance(inner, Mapping)
+                and inner
+                and all(isinstance(v, torch.Tensor) for v in inner.values())
+            ):
+                data = inner
+                break
+    if not isinstance(data, Mapping) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise UsageError(
+            f"{path} holds a {type(data).__name__}, not a state dict of tensors.",
+            "save weights with torch.save(model.state_dict(), 'weights.pth').",
+        )
+    sd = {str(k): v for k, v in data.items()}
+    for prefix in ("module.", "_orig_mod."):  # DataParallel / torch.compile wrappers
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
+    return sd
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
+    sd = read_state_dict(path)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    mismatched = [
+        f"{k} (file {'x'.join(map(str, sd[k].shape))}, model {'x'.join(map(str, v.shape))})"
+        for k, v in expected.items()
+        if k in sd and sd[k].shape != v.shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing: {_few(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected: {_few(unexpected)}")
+    if mismatched:
+        problems.append(f"{len(mismatched)} of another shape: {_few(mismatched, 2)}")
+    if problems:
+        raise UsageError(
+            f"{path} does not fit {label}: " + "; ".join(problems) + ".",
+            "check the file belongs to this model "
+            "(for another class count: --model-arg num_classes=N).",
+        )
+    model.load_state_dict(sd, strict=True)
