@@ -90,8 +90,8 @@ def prepare(
         loaded = load_model(
             model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
         )
-    if loaded.task == "quantized":
-        device = _quantized_device(loaded, model.device, device, backward is not None)
+    # the task may constrain the device (quantized: CPU only, no backward)
+    device = loaded.kind.device(loaded.spec, model.device, device, backward is not None)
     spec = None
     if backward is not None:
         spec = parse_target(backward.target, backward.loss, loaded.categories)
@@ -127,24 +127,6 @@ def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
         for e in entries
         if e.unhookable is None
     ]
-
-
-def _quantized_device(
-    loaded: LoadedModel, asked: str, device: torch.device, backward: bool
-) -> torch.device:
-    if backward:
-        raise UsageError(
-            f"{loaded.spec} is quantized: int8 kernels have no autograd, so there are no "
-            "gradients.",
-            f"use the float model ({loaded.spec.removeprefix('quantized_')}).",
-        )
-    if asked.strip().lower() == "auto":
-        return torch.device("cpu")  # int8 kernels exist on the CPU only
-    if device.type != "cpu":
-        raise UsageError(
-            f"{loaded.spec} is quantized and runs on the CPU only.", "use --device cpu."
-        )
-    return device
 
 
 def model_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:
@@ -282,7 +264,7 @@ def unhooked_pass(
 
 def _scalar(loaded: LoadedModel, spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
     try:
-        return scalar_of(spec, output, seed)
+        return scalar_of(spec, output, seed, loaded.kind.scores)
     except UsageError:
         raise
     except Exception as exc:  # the target does not fit what the model returned

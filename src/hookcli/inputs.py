@@ -305,32 +305,6 @@ def imagenet_preprocess(size: tuple[int, int]) -> Any:
     )
 
 
-def _clips(images: list[Any], model: LoadedModel) -> torch.Tensor:
-    """Video models: each still image repeated as a clip, through the weights' transforms."""
-    from torchvision.transforms.functional import pil_to_tensor
-
-    from hookcli.loading import CLIP_FRAMES
-
-    assert model.preprocess is not None
-    clips = [pil_to_tensor(im).unsqueeze(0).expand(CLIP_FRAMES, -1, -1, -1) for im in images]
-    return torch.stack([model.preprocess(c) for c in clips])  # (N, C, T, H, W)
-
-
-def _flow_pair(images: list[Any], model: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """Optical flow: two images, the second resized to the first, both to multiples of 8."""
-    if len(images) != 2:
-        raise UsageError(
-            f"optical-flow models take two images (frame 1, frame 2); got {len(images)}.",
-            "give exactly two image files.",
-        )
-    w, h = images[0].size
-    size = (max(128, w // 8 * 8), max(128, h // 8 * 8))
-    a, b = (im.resize(size) for im in images)
-    assert model.preprocess is not None
-    one, two = model.preprocess(a, b)  # type: ignore[call-arg]
-    return one.unsqueeze(0), two.unsqueeze(0)
-
-
 def try_read(file: ImageFile) -> tuple[Any | None, str | None]:
     """The image, or None and why not (safe in DataLoader workers: never raises)."""
     try:
@@ -385,19 +359,10 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     )
     sources = [f.name for f in files]
     classes = [f.folder_class for f in files]
-    if model.task == "video":
-        from hookcli.loading import CLIP_FRAMES
-
-        desc += f", each repeated as a clip of {CLIP_FRAMES} frames"
-        return ModelInput((_clips(images, model),), desc, sources, model.preprocess_label, classes)
-    if model.task == "optical_flow":
-        return ModelInput(
-            _flow_pair(images, model),
-            desc + " (frame 1, frame 2)",
-            sources,
-            model.preprocess_label,
-            classes,
-        )
+    own = model.kind.images(images, model.preprocess)  # clips, frame pairs: the task's own
+    if own is not None:
+        args, suffix = own
+        return ModelInput(args, desc + suffix, sources, model.preprocess_label, classes)
     if model.preprocess is not None:
         preprocess = model.preprocess
         label = model.preprocess_label
@@ -412,17 +377,7 @@ def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> 
     tensors = [preprocess(im) for im in images]
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
-    if model.task == "detection":  # detection takes a list
-        return ModelInput((list(tensors),), desc, sources, label, classes)
-    shapes = {tuple(t.shape) for t in tensors}
-    if len(shapes) > 1:
-        raise UsageError(
-            "the images have different sizes after preprocessing ("
-            + ", ".join("x".join(map(str, s)) for s in sorted(shapes))
-            + ") and cannot form one batch.",
-            "give one image at a time, or images of the same aspect ratio.",
-        )
-    return ModelInput((torch.stack(tensors),), desc, sources, label, classes)
+    return ModelInput(model.kind.batch(tensors), desc, sources, label, classes)
 
 
 def _spec_shape(spec: str, dims: str) -> tuple[int, ...]:
@@ -527,11 +482,7 @@ def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInpu
     for i, spec in enumerate(specs):
         tensors.extend(parse_spec(spec, (seed + i) % 2**64))  # torch seeds wrap at 2**64
     desc = ", ".join(specs)
-    if model.task == "detection":
-        batch = tensors[0]
-        images = list(batch) if batch.dim() == 4 else [batch]
-        return ModelInput((images,), desc)
-    return ModelInput(tuple(tensors), desc)
+    return ModelInput(model.kind.spec_args(tensors), desc)
 
 
 def default_input(model: LoadedModel, seed: int) -> ModelInput:
@@ -544,24 +495,8 @@ def default_input(model: LoadedModel, seed: int) -> ModelInput:
         return ModelInput(
             (x,), f"no input given: randn {dims} (seed {seed}), guessed from the first layer"
         )
-    h, w = model.input_size
-    if model.task == "video":
-        from hookcli.loading import CLIP_FRAMES
-
-        x = torch.randn((1, 3, CLIP_FRAMES, h, w), generator=gen)
-        return ModelInput(
-            (x,), f"no input given: randn 1x3x{CLIP_FRAMES}x{h}x{w} clip (seed {seed})"
-        )
-    if model.task == "optical_flow":
-        a, b = (torch.rand((1, 3, 224, 224), generator=gen) * 2 - 1 for _ in range(2))
-        return ModelInput(
-            (a, b), f"no input given: two rand 1x3x224x224 frames in [-1, 1] (seed {seed})"
-        )
-    if model.task == "detection":
-        img = torch.rand((3, h, w), generator=gen)
-        return ModelInput(([img],), f"no input given: rand 3x{h}x{w} image (seed {seed})")
-    x = torch.randn((1, 3, h, w), generator=gen)
-    return ModelInput((x,), f"no input given: randn 1x3x{h}x{w} (seed {seed})")
+    args, description = model.kind.default_input(model.input_size, gen, seed)
+    return ModelInput(args, description)
 
 
 def _guess_custom(model: LoadedModel) -> tuple[int, ...]:

@@ -281,7 +281,7 @@ def _forward_ms(p: PendingCall) -> float:
 
 def _topk(topk: int | None, loaded: LoadedModel) -> int:
     if topk is None:  # a custom model's output is not known to be class scores: ask first
-        return 0 if loaded.task == "custom" else 5
+        return loaded.kind.default_topk
     return topk
 
 
@@ -379,43 +379,12 @@ def predict(
             classes[img] if img < len(classes) else None,
         )
 
-    preds: list[Prediction] = []
     with torch.no_grad():
-        if loaded.task == "detection" and isinstance(output, list):
-            for img, det in enumerate(output):
-                if not isinstance(det, Mapping) or "scores" not in det:
-                    return None, None
-                scores, labels = det["scores"].float().cpu(), det["labels"].cpu()
-                order = torch.argsort(scores, descending=True)[:topk]
-                for rank, j in enumerate(order.tolist(), 1):
-                    idx = int(labels[j])
-                    preds.append(row(rank, idx, float(scores[j]), img))
-            return preds, f"top-{topk} detections per image by score{meaningless}"
-        if loaded.task == "segmentation" and isinstance(output, Mapping) and "out" in output:
-            logits = output["out"]
-            for img in range(logits.shape[0]):
-                cls = logits[img].argmax(0).reshape(-1).cpu()
-                share = torch.bincount(cls, minlength=logits.shape[1]).double() / cls.numel()
-                values, idxs = share.topk(min(topk, share.numel()))
-                for rank, (v, i) in enumerate(zip(values.tolist(), idxs.tolist(), strict=True), 1):
-                    preds.append(row(rank, i, v, img))
-            return preds, f"classes by share of pixels (prob = fraction of pixels){meaningless}"
-        if (
-            loaded.task in ("classification", "custom", "video", "quantized")
-            and isinstance(output, torch.Tensor)
-            and output.dim() == 2
-            and output.is_floating_point()
-            and output.shape[1] > 1
-        ):
-            probs = torch.softmax(output.detach().double(), dim=1).cpu()
-            values, idxs = probs.topk(min(topk, probs.shape[1]), dim=1)
-            for img in range(probs.shape[0]):
-                for rank, (v, i) in enumerate(
-                    zip(values[img].tolist(), idxs[img].tolist(), strict=True), 1
-                ):
-                    preds.append(row(rank, i, v, img))
-            return preds, f"top-{topk} classes by softmax probability{meaningless}"
-    return None, None
+        read = loaded.kind.predict(output, topk, row)
+    if read is None:
+        return None, None
+    preds, header = read
+    return preds, header + meaningless
 
 
 # ---------------------------------------------------------------- layers and models

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from hookcli.errors import UsageError
 from hookcli.inputs import parse_spec
+from hookcli.sources.tasks import read_scores
 from hookcli.tree import iter_tensors
 
 LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
@@ -98,20 +99,6 @@ def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int
     )
 
 
-def _scores(output: Any) -> torch.Tensor:
-    """The (N, classes, ...) score tensor of a classification or segmentation output."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping) and isinstance(output.get("out"), torch.Tensor):
-        return output["out"]  # type: ignore[no-any-return]  # segmentation
-    if isinstance(output, tuple) and hasattr(output, "logits"):
-        return output.logits  # type: ignore[no-any-return]
-    raise UsageError(
-        f"the model returns a {type(output).__name__}, not class scores.",
-        "use --target sum, or a --loss against a target tensor.",
-    )
-
-
 def _check_class(index: int, scores: torch.Tensor, option: str) -> None:
     if scores.dim() < 2:
         raise UsageError(
@@ -127,8 +114,14 @@ def _check_class(index: int, scores: torch.Tensor, option: str) -> None:
         )
 
 
-def scalar(spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
-    """The scalar backward starts from, computed from the model's output (graph kept)."""
+def scalar(
+    spec: TargetSpec,
+    output: Any,
+    seed: int,
+    scores_of: Callable[[Any], torch.Tensor] = read_scores,
+) -> torch.Tensor:
+    """The scalar backward starts from, computed from the model's output (graph kept);
+    scores_of reads the class scores (the model's Task says how)."""
     if spec.kind == "sum":
         parts = [t.sum() for _, t in iter_tensors(output, "out") if t.is_floating_point()]
         if not parts:
@@ -138,21 +131,20 @@ def scalar(spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
             )
         return torch.stack(parts).sum()
     if spec.kind == "top1":
-        scores = _scores(output)
+        scores = scores_of(output)
         _check_class(0, scores, "--target top1")
         flat = scores.flatten(2) if scores.dim() > 2 else scores.unsqueeze(-1)
         # top-1 class per image (per pixel for segmentation), its score summed
         return flat.max(dim=1).values.sum()
     if spec.kind == "index":
         assert spec.index is not None
-        scores = _scores(output)
+        scores = scores_of(output)
         _check_class(spec.index, scores, "--target")
         return scores[:, spec.index].sum()
-    return _loss(spec, output, seed)
+    return _loss(spec, scores_of(output), seed)
 
 
-def _loss(spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
-    scores = _scores(output)
+def _loss(spec: TargetSpec, scores: torch.Tensor, seed: int) -> torch.Tensor:
     kind = spec.loss
     if kind in ("ce", "nll"):
         assert spec.index is not None
