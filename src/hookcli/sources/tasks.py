@@ -44,8 +44,9 @@ class Task:
     fallback_size: tuple[int, int] = (224, 224)  # H, W when the transforms do not say
     default_topk = 5  # predictions shown when --topk is not given
     stacks = True  # images form one stacked batch (False: a list of images, any sizes)
-    # images were normalised with ImageNet's mean/std when the source gave no preprocessing
-    imagenet_when_unknown = False
+    # pictures (cam overlays) undo ImageNet's mean/std when the source gave no preprocessing
+    # (visual.py tests `task == "custom"` for this today)
+    denormalise_imagenet = False
 
     def builder_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Adds what the builder needs for this task (kwargs edited in place)."""
@@ -125,7 +126,7 @@ class Custom(Classification):
 
     name = "custom"
     default_topk = 0
-    imagenet_when_unknown = True
+    denormalise_imagenet = True
 
 
 class Quantized(Classification):
