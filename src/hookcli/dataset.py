@@ -240,15 +240,13 @@ class _FolderRun:
         prepared = self.prepared
         loaded = prepared.loaded
         shapes = {tuple(t.shape) for t in tensors}
-        if len(shapes) > 1 and loaded.task != "detection":
+        if len(shapes) > 1 and loaded.kind.stacks:
             raise UsageError(
                 f"images of different sizes after preprocessing in one batch ({files[0].name}: "
                 f"{'x'.join(map(str, tensors[0].shape))}, …).",
                 "use a model whose preprocessing crops to one size, or --batch-size 1.",
             )
-        args: tuple[Any, ...] = (
-            (list(tensors),) if loaded.task == "detection" else (torch.stack(tensors),)
-        )
+        args: tuple[Any, ...] = (torch.stack(tensors),) if loaded.kind.stacks else (list(tensors),)
         minput = ModelInput(args, "batch").to(prepared.device)
         self.shape = self.shape or tuple(minput.shapes()[0])[1:]
         collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)

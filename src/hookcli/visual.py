@@ -155,7 +155,7 @@ def _check_image(index: int, out: torch.Tensor) -> None:
 def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float]] | None:
     t = loaded.preprocess
     if t is None:
-        return (IMAGENET_MEAN, IMAGENET_STD) if loaded.task == "custom" else None
+        return (IMAGENET_MEAN, IMAGENET_STD) if loaded.kind.denormalise_imagenet else None
     mean, std = getattr(t, "mean", None), getattr(t, "std", None)
     if mean is not None and std is not None:
         return list(mean), list(std)

@@ -45,7 +45,6 @@ class Task:
     default_topk = 5  # predictions shown when --topk is not given
     stacks = True  # images form one stacked batch (False: a list of images, any sizes)
     # pictures (cam overlays) undo ImageNet's mean/std when the source gave no preprocessing
-    # (visual.py tests `task == "custom"` for this today)
     denormalise_imagenet = False
 
     def builder_kwargs(self, kwargs: dict[str, Any]) -> None:
