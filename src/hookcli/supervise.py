@@ -25,7 +25,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from hookcli import beacon, isa
@@ -111,6 +112,7 @@ def _worker_setup(parent: int) -> None:
     file and no fatal-error dump on screen when it dies of a signal (the parent says what
     happened in one line) unless HOOKCLI_DEBUG asks for them."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, _interrupt_once())
     _die_with(parent)
     import faulthandler
 
@@ -123,6 +125,23 @@ def _worker_setup(parent: int) -> None:
 
         _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
         resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+
+
+def _interrupt_once() -> Callable[[int, FrameType | None], None]:
+    """Ctrl-C as KeyboardInterrupt, as Python's own handler does — but one interrupt however
+    often it is delivered: a SIGINT sent to the whole process group (`kill -INT -PGID`) reaches
+    the worker directly and through the parent, and a second KeyboardInterrupt while the first
+    is printing partial results would cut them short."""
+    last = [-1.0]
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if last[0] >= 0 and now - last[0] < 1.0:
+            return  # the same interrupt, delivered twice
+        last[0] = now
+        raise KeyboardInterrupt
+
+    return on_sigint
 
 
 def _die_with(parent: int) -> None:
