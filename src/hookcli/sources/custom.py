@@ -4,11 +4,12 @@ passed through the Python API. Weights: as constructed, or a local state dict.""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.output import note_read, user_path
 from hookcli.sources.base import Source, kwargs_text
 from hookcli.sources.model import LoadedModel
@@ -86,40 +87,47 @@ def import_file(source: str) -> ModuleType:
         raise UsageError(f"cannot import {source}.", "give a Python source file.")
     module = importlib.util.module_from_spec(mod_spec)
     sys.path.insert(0, str(path.resolve().parent))
-    try:
-        mod_spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise UsageError(
-            f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
-        ) from exc
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
-        raise ModelError(
-            f"importing {source} failed: {one_line(exc)}",
-            "fix the model file; run it with python to see the traceback.",
-        ) from exc
-    finally:
-        sys.path.remove(str(path.resolve().parent))
+    with models_own(
+        f"importing {source} failed:",
+        "fix the model file; run it with python to see the traceback.",
+    ):
+        try:
+            mod_spec.loader.exec_module(module)
+        except SyntaxError as exc:
+            raise UsageError(
+                f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
+            ) from exc
+        finally:
+            sys.path.remove(str(path.resolve().parent))
     return module
+
+
+@contextlib.contextmanager
+def models_own(what: str, hint: str) -> Iterator[None]:
+    """What the model's own code raises — any exception, SystemExit, GeneratorExit, its own
+    BaseException subclass — is the model's failure (exit 3), said as `what Type: message`;
+    hookcli's own errors and Ctrl-C pass through as they are."""
+    try:
+        yield
+    except (KeyboardInterrupt, HookcliError):
+        raise
+    except BaseException as exc:
+        raise ModelError(f"{what} {one_line(exc)}", hint) from exc
 
 
 def import_module(source: str) -> ModuleType:
     """An installed (or importable) module by its dotted name."""
-    try:
-        return importlib.import_module(source)
-    except ModuleNotFoundError as exc:
-        raise UsageError(
-            f"cannot import module {source!r}: {exc}.",
-            "install the package, or give path/to/file.py:Name.",
-        ) from exc
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        raise ModelError(
-            f"importing {source} failed: {one_line(exc)}",
-            f"fix the module; python -c 'import {source}' shows the traceback.",
-        ) from exc
+    with models_own(
+        f"importing {source} failed:",
+        f"fix the module; python -c 'import {source}' shows the traceback.",
+    ):
+        try:
+            return importlib.import_module(source)
+        except ModuleNotFoundError as exc:
+            raise UsageError(
+                f"cannot import module {source!r}: {exc}.",
+                "install the package, or give path/to/file.py:Name.",
+            ) from exc
 
 
 def load_custom(
@@ -148,20 +156,16 @@ def load_custom(
             "name an nn.Module subclass or a function returning one.",
         )
     torch.manual_seed(seed)
-    try:
-        model = obj(**kwargs)
-    except TypeError as exc:
-        raise UsageError(
-            f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",
-            "pass constructor arguments with --model-arg key=value.",
-        ) from exc
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit, GeneratorExit, a model's own BaseException
-        raise ModelError(
-            f"{source}:{attr}({kwargs_text(kwargs)}) raised {one_line(exc)}",
-            "fix the model's constructor.",
-        ) from exc
+    with models_own(
+        f"{source}:{attr}({kwargs_text(kwargs)}) raised", "fix the model's constructor."
+    ):
+        try:
+            model = obj(**kwargs)
+        except TypeError as exc:
+            raise UsageError(
+                f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",
+                "pass constructor arguments with --model-arg key=value.",
+            ) from exc
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
@@ -171,15 +175,8 @@ def load_custom(
 
     for _ in walk(model):  # a module cycle is named here, not hit as a RecursionError in eval()
         pass
-    try:
+    with models_own(f"{source}:{attr}'s eval() raised", "fix the model's train()/eval() method."):
         model.eval()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # the model's own train()/eval() override
-        raise ModelError(
-            f"{source}:{attr}'s eval() raised {one_line(exc)}",
-            "fix the model's train()/eval() method.",
-        ) from exc
     loaded = wrap_module(model, "none")
     loaded.spec = spec
     loaded.name = attr
