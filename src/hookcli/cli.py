@@ -464,7 +464,7 @@ def models(
     """
     with _handled():
         dest = _claim(output)
-        from hookcli.run import list_registry
+        from hookcli.listing import list_registry
 
         entries = list_registry(pattern, task.value if task else None)
         _emit_listing(entries, fmt, dest, "models_table")
@@ -500,7 +500,7 @@ def layers(
         if used:
             _err(f"config: {used}")
         dest = _claim(p.output, reads=_reads(p, used))
-        from hookcli.run import layers_report
+        from hookcli.listing import layers_report
 
         name = _need_model(p.model, "layers")
         with _status(f"loading {name}…"):
@@ -1027,7 +1027,7 @@ def show(
     """
     with _handled():
         dest = _claim(output, reads=[str(file)])
-        from hookcli.run import show_file
+        from hookcli.listing import show_file
 
         _emit_listing(show_file(file), fmt, dest, "saved_table")
 

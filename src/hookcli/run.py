@@ -1,4 +1,5 @@
-"""One inspection: prepare → hooked pass (and backward) → Report. Also `layers` and `models`.
+"""One inspection: prepare → hooked pass (and backward) → Report, with its predictions.
+(`layers`, `models` and `show` are listing.py; where NaN/Inf began, origins.py.)
 
 Every pass goes through the engine (engine.py), which leaves the model as found.
 """
@@ -6,10 +7,8 @@ Every pass goes through the engine (engine.py), which leaves the model as found.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import statistics
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,7 +21,6 @@ from hookcli.engine import (
     deterministic_algorithms,
     every_target,
     hooked_pass,
-    model_input,
     prepare,
     unhooked_pass,
 )
@@ -30,31 +28,23 @@ from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, measure
 from hookcli.inputs import ModelInput, skipped_note
 from hookcli.loading import (
-    TASKS,
     LoadedModel,
-    registry_names,
-    task_of,
-    weights_enum,
 )
-from hookcli.options import InputOptions, Invocation, ModelOptions, RunOptions, Selection
+from hookcli.options import Invocation, RunOptions
+from hookcli.origins import find_origins
 from hookcli.records import (
     Backward,
     CallProfile,
     InputInfo,
     LayerCall,
-    LayersReport,
-    ModelEntry,
     ModelInfo,
-    ModuleRow,
-    Origin,
     ParamStats,
     Prediction,
     Profile,
     Report,
-    SavedFile,
     TensorStats,
 )
-from hookcli.selection import ROOT_LABEL, count_params, has_lazy, recount
+from hookcli.selection import count_params
 from hookcli.stats import StatsCollector, finite_or_none
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
@@ -177,7 +167,7 @@ def _one_run(
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
     return Report(
         model=model_info(loaded, run.train),
-        input=_input_info(minput),
+        input=input_info(minput),
         device=str(prepared.device),
         layers=layers,
         never_called=[
@@ -199,7 +189,7 @@ def _one_run(
     )
 
 
-def _input_info(minput: ModelInput) -> InputInfo:
+def input_info(minput: ModelInput) -> InputInfo:
     return InputInfo(minput.description, minput.shapes(), minput.sources, minput.preprocessing)
 
 
@@ -325,30 +315,6 @@ def model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
     )
 
 
-def find_origins(calls: Sequence[PendingCall]) -> list[Origin]:
-    """Where NaN/Inf first appeared, from the order hooks ran in — no re-run, no trace.
-
-    Forward: calls in the order they *returned* (a child before its container), the first
-    with finite inputs and a non-finite output. Backward: calls in the order their input
-    gradient arrived, the first whose output gradients are finite and an input gradient not.
-    """
-    origins = []
-    for p in sorted((p for p in calls if p.finished is not None), key=lambda p: p.finished or 0):
-        c = p.call
-        bad = next((t for t in c.outputs if t.nonfinite), None)
-        if bad is not None and not any(t.nonfinite for t in c.inputs):
-            origins.append(Origin("forward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf))
-            break
-    arrived = (p for p in calls if p.grad_input_seen is not None)
-    for p in sorted(arrived, key=lambda p: p.grad_input_seen or 0):
-        c = p.call
-        bad = next((g for g in c.grad_inputs or [] if g.nonfinite), None)
-        if bad is not None and not any(g.nonfinite for g in c.grad_outputs or []):
-            origins.append(Origin("backward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf))
-            break
-    return origins
-
-
 # ---------------------------------------------------------------- predictions
 
 
@@ -385,132 +351,3 @@ def predict(
         return None, None
     preds, header = read
     return preds, header + meaningless
-
-
-# ---------------------------------------------------------------- layers and models
-
-
-def layers_report(
-    model: ModelOptions,
-    inputs: InputOptions = InputOptions(),
-    *,
-    shapes: bool = False,
-    depth: int | None = None,
-) -> LayersReport:
-    """The module tree; with shapes, one forward fills output shapes and call counts."""
-    if depth is not None and depth < 1:
-        raise UsageError(
-            f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
-        )
-    if not shapes:  # no pass: no device, no input
-        model = dataclasses.replace(model, device="cpu")
-    prepared = prepare(model, Selection(every=True) if shapes else None, inputs if shapes else None)
-    if not shapes and has_lazy(prepared.loaded.module):
-        # lazy parameters get their sizes in a first forward: run one, unhooked
-        x = model_input(prepared.loaded, inputs, model.seed).to(prepared.device)
-        with hooked_pass(prepared, HookSession([], None), minput=x):
-            pass
-        recount(prepared.entries)
-    session = HookSession(prepared.targets, None)
-    if shapes:
-        assert prepared.minput is not None
-        with hooked_pass(prepared, session):
-            pass
-        recount(prepared.entries)  # lazy parameters are materialised now
-    rows = [
-        ModuleRow(
-            e.name or ROOT_LABEL,
-            e.type,
-            e.depth,
-            e.params,
-            e.own_params,
-            e.leaf,
-            e.names[1:],
-            hookable=e.unhookable is None,
-        )
-        for e in prepared.entries
-        if depth is None or e.depth <= depth
-    ]
-    info = None
-    if shapes:
-        assert prepared.minput is not None
-        first: dict[str, LayerCall] = {}
-        for p in session.calls:
-            first.setdefault(p.call.name, p.call)
-        counts = {t.name: n for t, n in zip(prepared.targets, session.counts, strict=True)}
-        for row in rows:
-            call = first.get(row.name)
-            row.calls = counts.get(row.name, 0)
-            if call is not None:
-                row.output_shapes = [
-                    ("" if o.path == "out" else o.path.removeprefix("out") + " ")
-                    + "x".join(map(str, o.shape))
-                    for o in call.outputs
-                ]
-        info = _input_info(prepared.minput)
-    return LayersReport(model_info(prepared.loaded), rows, info)
-
-
-def _metric(meta: Mapping[str, Any]) -> str | None:
-    metrics = meta.get("_metrics") or {}
-    for dataset, values in metrics.items():
-        for key, value in values.items():
-            return f"{dataset} {key} {value}"
-    return None
-
-
-def list_registry(pattern: str | None = None, task: str | None = None) -> list[ModelEntry]:
-    if task is not None and task not in TASKS:
-        raise UsageError(f"unknown task {task!r}.", f"use one of: {', '.join(TASKS)}.")
-    out: list[ModelEntry] = []
-    for name in registry_names():
-        if pattern and not fnmatch.fnmatchcase(name, pattern):
-            continue
-        t = task_of(name)
-        if task is not None and t != task:
-            continue
-        enum = weights_enum(name)
-        members = [w.name for w in enum] if enum is not None else []
-        default = enum.DEFAULT if enum is not None else None
-        size = None
-        if default is not None:
-            crop = getattr(default.transforms(), "crop_size", None)
-            size = f"{crop[0]}" if crop else None
-        out.append(
-            ModelEntry(
-                name=name,
-                task=t,
-                weights=members,
-                default=default.name if default is not None else None,
-                params=default.meta.get("num_params") if default is not None else None,
-                input_size=size,
-                metric=_metric(default.meta) if default is not None else None,
-            )
-        )
-    if not out:
-        what = f" matching {pattern!r}" if pattern else ""
-        raise UsageError(
-            f"no registry model{what}{f' in task {task}' if task else ''}.",
-            "run `hookcli models` to list them all.",
-        )
-    return out
-
-
-def show_file(path: str | Path) -> SavedFile:
-    """Every tensor in a .safetensors file, with its statistics; metadata as stored."""
-    from safetensors import safe_open
-
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{p} not found.", "give a file written by --save.")
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
-            collector = StatsCollector()
-            tensors = [collector.add(f.get_tensor(key), key) for key in f.keys()]  # noqa: SIM118
-    except Exception as exc:
-        raise UsageError(
-            f"{p} is not a readable safetensors file: {exc}", "give a file written by --save."
-        ) from exc
-    collector.finalize()
-    return SavedFile(str(p), metadata, tensors)
