@@ -114,10 +114,6 @@ class Beacon:
             int(code) if code.lstrip("-").isdigit() else None,
         )
 
-    def clear(self) -> None:
-        for offset in (_WHERE, _PHASE, _FINISHED, _TEMPS):
-            _LEN.pack_into(self._map, offset, 0)
-
 
 _beacon: Beacon | None = None
 
