@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 import hookcli
 from hookcli.engine import one_target, prepare
 from hookcli.loading import load_model
-from hookcli.options import BackwardOptions, InputOptions, ModelOptions
+from hookcli.options import BackwardOptions, CamOptions, InputOptions, MapOptions, ModelOptions
 from hookcli.visual import _capture, _normalise_tiles, class_activation, feature_maps
 from tests.conftest import CAT
 
@@ -59,7 +59,7 @@ def test_maps_of_resnet18_layer1_0_bn1_show_the_values_before_the_in_place_relu(
     assert got.out.min() < 0
     assert torch.equal(got.out, returned)
 
-    picture = feature_maps(model, inputs, layer="layer1.0.bn1", channels=64, order="index")
+    picture = feature_maps(model, inputs, MapOptions("layer1.0.bn1", channels=64, order="index"))
     assert picture.tiles is not None
     assert np.array_equal(picture.tiles, _normalise_tiles(returned[0].float()))
     assert not np.array_equal(picture.tiles, _normalise_tiles(rewritten[0].float()))
@@ -110,7 +110,10 @@ def test_densenet121_grad_cam_equals_the_hand_computation_on_the_returned_activa
     assert float((textbook - rewritten).abs().max()) > 1e-3 * scale, "the ReLU must matter"
 
     picture = class_activation(
-        ModelOptions("densenet121", device="cpu"), InputOptions(items=(x,)), BackwardOptions()
+        ModelOptions("densenet121", device="cpu"),
+        InputOptions(items=(x,)),
+        BackwardOptions(),
+        CamOptions(),
     )
     assert "layer features" in " ".join(picture.notes)  # the default CAM layer
     assert picture.raw is not None and picture.heat is not None

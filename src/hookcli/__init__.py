@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hookcli._version import __version__
+from hookcli.options import DEFAULTS
 
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
@@ -105,10 +106,10 @@ def maps(
     image: Any = (),
     *,
     layer: str,
-    call: int = 0,
-    channels: int = 64,
-    order: str = "activity",
-    image_index: int = 0,
+    call: int = DEFAULTS.maps.call,
+    channels: int = DEFAULTS.maps.channels,
+    order: str = DEFAULTS.maps.order,
+    image_index: int = DEFAULTS.maps.image_index,
     **options: Any,
 ) -> Drawing:
     """`hookcli maps`: one layer call's output channels as a labelled grid beside the input.
@@ -118,17 +119,12 @@ def maps(
     --image (which image of the batch). Options: weights, seed, device, model_args,
     input_specs, strict."""
     from hookcli import commands
+    from hookcli.options import MapOptions
 
     _new_run()
     model_options, inputs = commands.picture_options(model, image, options, "maps")
     return commands.maps(
-        model_options,
-        inputs,
-        layer=layer,
-        call=call,
-        channels=channels,
-        order=order,
-        image_index=image_index,
+        model_options, inputs, MapOptions(layer, call, channels, order, image_index)
     )
 
 
@@ -139,9 +135,9 @@ def cam(
     layer: str | None = None,
     target: str | None = None,
     loss: str | None = None,
-    method: str = "gradcam",
-    call: int = 0,
-    image_index: int = 0,
+    method: str = DEFAULTS.cam.method,
+    call: int = DEFAULTS.cam.call,
+    image_index: int = DEFAULTS.cam.image_index,
     **options: Any,
 ) -> Drawing:
     """`hookcli cam`: Grad-CAM (method="gradcam++": Grad-CAM++) of one image for a target
@@ -150,7 +146,7 @@ def cam(
     array), `.heat` (scaled to [0, 1]), `.layer` (the layer used; without `layer=`, the last
     convolutional block), `.notes`; `.save("cam.png")` writes the CLI's PNG. Options as maps'."""
     from hookcli import commands
-    from hookcli.options import BackwardOptions
+    from hookcli.options import BackwardOptions, CamOptions
 
     _new_run()
     model_options, inputs = commands.picture_options(model, image, options, "cam")
@@ -158,10 +154,7 @@ def cam(
         model_options,
         inputs,
         BackwardOptions(target, loss),
-        layer=layer,
-        call=call,
-        method=method,
-        image_index=image_index,
+        CamOptions(layer, call, method, image_index),
     )
 
 
@@ -170,10 +163,10 @@ def diff(
     inputs: Any = (),
     *,
     b: str,
-    a: str = "float32",
+    a: str = DEFAULTS.diff.a,
     ref: str | None = None,
-    isolate: bool = False,
-    tol: float = 1e-3,
+    isolate: bool = DEFAULTS.diff.isolate,
+    tol: float = DEFAULTS.diff.tol,
     batch_size: int | None = None,
     **options: Any,
 ) -> DiffReport:

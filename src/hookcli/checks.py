@@ -19,6 +19,7 @@ from typing import Any
 
 from hookcli import bounds
 from hookcli.errors import UsageError
+from hookcli.options import RuleOptions
 from hookcli.records import CheckResult, Report, TensorStats
 
 FAIL_ON = ("nonfinite", "dead")
@@ -29,17 +30,22 @@ RELU_FAMILY = {
 STATS = ("mean", "std", "min", "max", "zeros", "norm", "nan", "inf")
 
 
+_ASKED = RuleOptions()
+
+
 @dataclass(slots=True)
 class Rules:
+    """The rules validated (parse_rules): ranges parsed, shapes split, the baseline read."""
+
     fail_on: list[str] = field(default_factory=list)
-    dead_frac: float = 1.0
+    dead_frac: float = _ASKED.dead_frac
     max_abs: float | None = None
     grad_norm: tuple[float | None, float | None] | None = None
     expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     baseline_path: str | None = None
-    rtol: float = 1e-3
-    atol: float = 1e-6
+    rtol: float = _ASKED.rtol
+    atol: float = _ASKED.atol
     backward: bool = False  # check --backward: gradients are measured (and checked) too
 
     @property
@@ -58,41 +64,34 @@ class Rules:
         )
 
 
-def parse_rules(
-    *,
-    fail_on: list[str] | None = None,
-    dead_frac: float = 1.0,
-    max_abs: float | None = None,
-    grad_norm: str | None = None,
-    expect_shape: list[str] | None = None,
-    baseline: Path | None = None,
-    rtol: float = 1e-3,
-    atol: float = 1e-6,
-    backward: bool = False,
-) -> Rules:
+def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
+    """The rules asked for, validated (one-line errors naming the option)."""
     dead_frac = bounds.number(
-        dead_frac, "--dead-frac", low=0, high=1, low_open=True, example="--dead-frac 0.99"
+        options.dead_frac, "--dead-frac", low=0, high=1, low_open=True, example="--dead-frac 0.99"
     )
+    max_abs = options.max_abs
     if max_abs is not None:
         max_abs = bounds.number(max_abs, "--max-abs", low=0, low_open=True, example="--max-abs 1e4")
-    rtol = bounds.number(rtol, "--rtol", example="--rtol 1e-3")
-    atol = bounds.number(atol, "--atol", example="--atol 1e-6")
+    rtol = bounds.number(options.rtol, "--rtol", example="--rtol 1e-3")
+    atol = bounds.number(options.atol, "--atol", example="--atol 1e-6")
     if rtol < 0 or atol < 0:
         raise UsageError(
             f"--rtol and --atol must be 0 or more (got {rtol:g}, {atol:g}).",
             "e.g. --rtol 1e-3 --atol 1e-6",
         )
-    rules = Rules(dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol, backward=backward)
-    for rule in fail_on or []:
+    rules = Rules(
+        dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol, backward=options.backward
+    )
+    for rule in options.fail_on:
         if rule not in FAIL_ON:
             raise UsageError(
                 f"unknown --fail-on rule {rule!r}.", f"use one of: {', '.join(FAIL_ON)}."
             )
         if rule not in rules.fail_on:
             rules.fail_on.append(rule)
-    if grad_norm is not None:
-        rules.grad_norm = _parse_range(grad_norm)
-    for raw in expect_shape or []:
+    if options.grad_norm is not None:
+        rules.grad_norm = _parse_range(options.grad_norm)
+    for raw in options.expect_shape:
         layer, sep, dims = raw.partition("=")
         if not sep or not layer.strip() or not re.fullmatch(r"\d+(x\d+)*", dims.strip()):
             raise UsageError(
@@ -100,9 +99,9 @@ def parse_rules(
                 "for example --expect-shape conv1=1x64x112x112",
             )
         rules.expect_shapes.append((layer.strip(), tuple(int(d) for d in dims.strip().split("x"))))
-    if baseline is not None:
-        rules.baseline = load_baseline(baseline)
-        rules.baseline_path = str(baseline)
+    if options.baseline is not None:
+        rules.baseline = load_baseline(options.baseline)
+        rules.baseline_path = str(options.baseline)
     return rules
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +25,14 @@ from hookcli.options import (
     API_KEYS,
     BackwardOptions,
     Batching,
+    CamOptions,
     InputOptions,
     Invocation,
+    MapOptions,
     ModelOptions,
-    need_layer,
+    RuleOptions,
+    field_names,
+    pick,
 )
 from hookcli.records import Report
 
@@ -45,20 +49,11 @@ Progress = Callable[[int, int], None]  # (images done, images in all) of a folde
 # for folder runs (or None). The CLI's spinner and progress bar; the API passes none.
 Running = Callable[[bool], AbstractContextManager[Progress | None]]
 
-# Keyword arguments of the Python API beyond Invocation.from_api's, by command
-RULE_KEYS = (
-    "fail_on",
-    "dead_frac",
-    "max_abs",
-    "grad_norm",
-    "expect_shape",
-    "baseline",
-    "rtol",
-    "atol",
-    "backward",
-)
+# Keyword arguments of the Python API beyond Invocation.from_api's, by command: the fields
+# of the option objects they fill
+RULE_KEYS = field_names(RuleOptions)
 INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
-BATCH_KEYS = ("batch_size", "limit", "workers", "per_image")  # inspect's folder runs
+BATCH_KEYS = field_names(Batching)  # inspect's folder runs
 PICTURE_KEYS = ("weights", "seed", "device", "model_args", "input_specs", "strict")
 
 
@@ -126,49 +121,34 @@ def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]
             )
     given = dict(options)
     rule_options = {k: given.pop(k) for k in rule_keys if k in given}
-    batching = Batching(**{k: given.pop(k) for k in batch_keys if k in given})
+    batching = pick(Batching, {k: given.pop(k) for k in batch_keys if k in given})
     inv = Invocation.from_api(model, inputs, given, backward=command != "inspect")
-    return run_command(command, inv, rules_from_api(**rule_options), batching=batching)
+    return run_command(command, inv, rules_from_api(rule_options), batching=batching)
 
 
-def rules_from_api(
-    *,
-    fail_on: str | Sequence[str] | None = None,
-    dead_frac: float = 1.0,
-    max_abs: float | None = None,
-    grad_norm: str | tuple[float | None, float | None] | None = None,
-    expect_shape: str | Sequence[str] | Mapping[str, Any] | None = None,
-    baseline: str | Path | None = None,
-    rtol: float = 1e-3,
-    atol: float = 1e-6,
-    backward: bool = False,
-) -> Rules:
+def rules_from_api(options: Mapping[str, Any]) -> Rules:
     """The check options of the Python API, in the CLI's forms or Python's: fail_on="dead" or
     a list; grad_norm "MIN:MAX" or (min, max) with None for no bound; expect_shape
     "LAYER=1x64x112x112", a list of those, or {layer: (1, 64, 112, 112)}."""
+    given = dict(options)
+    if isinstance(given.get("fail_on"), str):
+        given["fail_on"] = [given["fail_on"]]
+    grad_norm = given.get("grad_norm")
     if isinstance(grad_norm, tuple):
-        grad_norm = ":".join("" if v is None else repr(float(v)) for v in grad_norm)
-    shapes: list[str] | None = None
-    if isinstance(expect_shape, str):
-        shapes = [expect_shape]
-    elif isinstance(expect_shape, Mapping):
-        shapes = [
+        given["grad_norm"] = ":".join("" if v is None else repr(float(v)) for v in grad_norm)
+    shapes = given.get("expect_shape")
+    if isinstance(shapes, str):
+        given["expect_shape"] = [shapes]
+    elif isinstance(shapes, Mapping):
+        given["expect_shape"] = [
             f"{layer}={shape if isinstance(shape, str) else 'x'.join(map(str, shape))}"
-            for layer, shape in expect_shape.items()
+            for layer, shape in shapes.items()
         ]
-    elif expect_shape is not None:
-        shapes = list(expect_shape)
-    return parse_rules(
-        fail_on=[fail_on] if isinstance(fail_on, str) else list(fail_on or []) or None,
-        dead_frac=dead_frac,
-        max_abs=max_abs,
-        grad_norm=grad_norm,
-        expect_shape=shapes,
-        baseline=Path(baseline) if baseline is not None else None,
-        rtol=rtol,
-        atol=atol,
-        backward=backward,
-    )
+    elif shapes is not None:
+        given["expect_shape"] = list(shapes)
+    if given.get("baseline") is not None:
+        given["baseline"] = Path(given["baseline"])
+    return parse_rules(pick(RuleOptions, given))
 
 
 # ---------------------------------------------------------------- pictures
@@ -228,29 +208,12 @@ class Drawing:
         self.write(dest)
 
 
-def maps(
-    model: ModelOptions,
-    inputs: InputOptions,
-    *,
-    layer: str | None,
-    call: int = 0,
-    channels: int = 64,
-    order: str = "activity",
-    image_index: int = 0,
-) -> Drawing:
+def maps(model: ModelOptions, inputs: InputOptions, options: MapOptions) -> Drawing:
     """One layer call's output channels as a labelled grid beside the input."""
     from hookcli.render.images import maps_png
     from hookcli.visual import feature_maps
 
-    picture = feature_maps(
-        model,
-        inputs,
-        layer=need_layer(layer),
-        call=call,
-        channels=channels,
-        order=order,
-        image_index=image_index,
-    )
+    picture = feature_maps(model, inputs, options)
     image, metadata = maps_png(picture)
     return Drawing(image, picture, metadata)
 
@@ -259,25 +222,13 @@ def cam(
     model: ModelOptions,
     inputs: InputOptions,
     backward: BackwardOptions = BackwardOptions(),
-    *,
-    layer: str | None = None,
-    call: int = 0,
-    method: str = "gradcam",
-    image_index: int = 0,
+    options: CamOptions = CamOptions(),
 ) -> Drawing:
     """Grad-CAM (or Grad-CAM++) of one image for a target, over the image."""
     from hookcli.render.images import cam_png
     from hookcli.visual import class_activation
 
-    picture = class_activation(
-        model,
-        inputs,
-        backward,
-        layer=layer,
-        call=call,
-        method=method,
-        image_index=image_index,
-    )
+    picture = class_activation(model, inputs, backward, options)
     image, metadata = cam_png(picture)
     return Drawing(image, picture, metadata)
 

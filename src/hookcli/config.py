@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,58 +25,20 @@ from hookcli.errors import UsageError
 from hookcli.output import note_read
 
 COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
-# key → (parameter name, kind): str, int, bool, list (of str)
-KEYS: dict[str, tuple[str, str]] = {
-    "model": ("model", "str"),
-    "input": ("input", "list"),
-    "weights": ("weights", "str"),
-    "seed": ("seed", "int"),
-    "device": ("device", "str"),
-    "layer": ("layer", "list"),
-    "type": ("type_", "list"),
-    "depth": ("depth", "int"),
-    "model-arg": ("model_arg", "list"),
-    "topk": ("topk", "int"),
-    "format": ("fmt", "str"),
-    "output": ("output", "str"),
-    "train": ("train", "bool"),
-    "target": ("target", "str"),
-    "loss": ("loss", "str"),
-    "input-grad": ("input_grad", "bool"),
-    "shapes": ("shapes", "bool"),
-    "fail-on": ("fail_on", "list"),
-    "dead-frac": ("dead_frac", "float"),
-    "save-baseline": ("save_baseline", "str"),
-    "max-abs": ("max_abs", "float"),
-    "grad-norm": ("grad_norm", "str"),
-    "expect-shape": ("expect_shape", "list"),
-    "baseline": ("baseline", "str"),
-    "rtol": ("rtol", "float"),
-    "atol": ("atol", "float"),
-    "backward": ("backward", "bool"),
-    "quiet": ("quiet", "bool"),
-    "channels": ("channels", "int"),
-    "order": ("order", "str"),
-    "call": ("call", "int"),
-    "image": ("image", "int"),
-    "method": ("method", "str"),
-    "force": ("force", "bool"),
-    "save-raw": ("save_raw", "str"),
-    "hist": ("hist", "bool"),
-    "ablate": ("ablate", "list"),
-    "batch-size": ("batch_size", "int"),
-    "limit": ("limit", "int"),
-    "workers": ("workers", "int"),
-    "strict": ("strict", "bool"),
-    "profile": ("profile", "bool"),
-    "per-image": ("per_image", "int"),
-    "save": ("save", "str"),
-    "a": ("a", "str"),
-    "b": ("b", "str"),
-    "ref": ("ref", "str"),
-    "isolate": ("isolate", "bool"),
-    "tol": ("tol", "float"),
-}
+KINDS = ("str", "path", "int", "float", "bool", "list")  # path: a file; list: of strings
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """What a config key feeds: the command parameter's name, the kind of value it takes, and
+    for a choice the values allowed. The CLI derives the keys from its own options (one key
+    per long option name), so an option needs no second declaration here."""
+
+    param: str
+    kind: str
+    choices: tuple[str, ...] = ()
+
+
 _SPEC = re.compile(r"^(randn|rand|ones|zeros):")
 _TENSOR_FILE = (".pt", ".pth", ".npy")
 
@@ -85,6 +48,7 @@ class Config:
     path: Path
     values: dict[str, Any] = field(default_factory=dict)  # parameter name → value
     text: str = ""  # the file as read (a pipe can be read only once)
+    paths: list[str] = field(default_factory=list)  # parameters naming files to write or read
 
     @property
     def folder(self) -> Path:
@@ -195,8 +159,11 @@ def _line_of(path: Path, key: str, text: str | None = None) -> str:
     return str(path)
 
 
-def load(path: Path, command: str) -> Config:
-    """The values of a config file for one command, checked and with paths resolved."""
+def load(path: Path, command: str, keys: Mapping[str, Key], given: Collection[str] = ()) -> Config:
+    """The values of a config file for one command, checked and with paths resolved; `keys`
+    are every command's (a key at the top level may be meant for another command); `given`
+    are the parameters the command line sets, whose values here are neither checked nor
+    kept (the flag wins)."""
     table, text = _read(path)
     merged: dict[str, Any] = {}
     for key, value in table.items():
@@ -214,22 +181,28 @@ def load(path: Path, command: str) -> Config:
     config = Config(path, text=text)
     for key, value in merged.items():
         norm = key.replace("_", "-")
-        if norm not in KEYS:
-            close = difflib.get_close_matches(norm, list(KEYS), n=2)
+        if norm not in keys:
+            close = difflib.get_close_matches(norm, list(keys), n=2)
             near = f" Did you mean {' or '.join(close)}?" if close else ""
             raise UsageError(
                 f"{_line_of(path, key, text)}: unknown key {key!r}.{near}",
-                f"keys are the long option names: {', '.join(KEYS)}.",
+                f"keys are the long option names: {', '.join(keys)}.",
             )
-        param, kind = KEYS[norm]
-        config.values[param] = _check(path, key, value, kind, text)
+        spec = keys[norm]
+        if spec.param in given:
+            continue
+        config.values[spec.param] = _check(path, key, value, spec, text)
+        if spec.kind == "path":
+            config.paths.append(spec.param)
     _resolve_paths(config)
     return config
 
 
-def _check(path: Path, key: str, value: Any, kind: str, text: str) -> Any:
+def _check(path: Path, key: str, value: Any, spec: Key, text: str) -> Any:
+    kind = spec.kind
     ok = {
         "str": isinstance(value, str),
+        "path": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, int | float) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
@@ -239,6 +212,7 @@ def _check(path: Path, key: str, value: Any, kind: str, text: str) -> Any:
     if not ok:
         want = {
             "str": "a string",
+            "path": "a path (a string)",
             "int": "an integer",
             "float": "a number",
             "bool": "true or false",
@@ -248,6 +222,14 @@ def _check(path: Path, key: str, value: Any, kind: str, text: str) -> Any:
             f"{_line_of(path, key, text)}: {key} must be {want}, not {value!r}.",
             "fix the value in the config file.",
         )
+    if spec.choices and value not in spec.choices:
+        raise UsageError(
+            f"{_line_of(path, key, text)}: {key} {value!r} is not one of "
+            f"{', '.join(spec.choices)}.",
+            f"fix the {key} key.",
+        )
+    if kind == "float":
+        return float(value)
     return [value] if kind == "list" and isinstance(value, str) else value
 
 
@@ -263,9 +245,9 @@ def _resolve_paths(config: Config) -> None:
         source, _, name = model.rpartition(":")
         if source.endswith(".py"):
             v["model"] = f"{_relative(folder, source)}:{name}"
-    if "input" in v:
+    if "input_spec" in v:  # `input`: images and tensor specs alike
         images, specs = [], []
-        for item in v.pop("input"):
+        for item in v.pop("input_spec"):
             if _SPEC.match(item):
                 specs.append(item)
             elif item.lower().endswith(_TENSOR_FILE):
@@ -286,9 +268,6 @@ def _resolve_paths(config: Config) -> None:
         kind, _, arg = loss.partition(":")
         if arg.lower().endswith(_TENSOR_FILE):
             v["loss"] = f"{kind}:{_relative(folder, arg)}"
-    for key in ("output", "save_baseline", "baseline", "save_raw", "save"):
+    for key in config.paths:
         if isinstance(v.get(key), str):
             v[key] = Path(_relative(folder, v[key]))
-    for key in ("dead_frac", "max_abs", "rtol", "atol"):
-        if key in v:
-            v[key] = float(v[key])

@@ -1,15 +1,20 @@
 """What a run is asked to do, as small frozen objects (no torch: the CLI builds them).
 
-Every command — inspect, grads, check, layers, maps, cam and folder runs — describes its run
-with these, and the engine (engine.py) turns them into a prepared model and hooked passes.
+Every command — inspect, grads, check, layers, maps, cam, diff and folder runs — describes its
+run with these, and the engine turns them into a prepared model and hooked passes.
+
+An option's default lives here, in its field, and nowhere else: the CLI's parameters take
+their defaults from these objects (`DEFAULTS`), the Python API's keyword arguments fill the same
+objects (`pick`), and the project config feeds the CLI's parameters (Click's default_map).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hookcli import bounds
 from hookcli.errors import UsageError
@@ -17,6 +22,28 @@ from hookcli.errors import UsageError
 MODEL_ARG_MAX = 1000  # characters of one --model-arg KEY=VALUE: far beyond any real one
 HIST_BINS = 12  # --hist and the API's hist=True: equal bins from min to max of the finite values
 DEFAULT_BATCH = 32  # images per batch of a folder run; a folder with more is batched
+
+
+T = TypeVar("T")
+
+
+def pick(cls: type[T], params: Mapping[str, Any], **given: Any) -> T:
+    """An option object from parsed parameters (the CLI's `ctx.params`, the API's keywords):
+    each field whose name is a parameter takes its value (lists as tuples); a field with no
+    parameter, or one left unset (None), keeps its default; `given` are fields converted by the
+    caller. So a new option is one parameter plus one field with its default."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in given:
+            values[f.name] = given[f.name]
+        elif params.get(f.name) is not None:
+            value = params[f.name]
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def field_names(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def hist_bins(hist: bool | int) -> int:
@@ -243,3 +270,72 @@ def _input_items(inputs: Any) -> tuple[Any, ...]:
     if isinstance(inputs, Sequence):
         return tuple(str(x) if isinstance(x, Path) else x for x in inputs)
     return tuple(inputs)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleOptions:
+    """What check is asked to verify (inspect and grads take --fail-on and --dead-frac too);
+    checks.parse_rules validates them into Rules. No rule at all means nonfinite for check."""
+
+    fail_on: tuple[str, ...] = ()
+    dead_frac: float = 1.0  # "dead": a ReLU-like output whose zero fraction reaches this
+    max_abs: float | None = None
+    grad_norm: str | None = None  # "MIN:MAX", either bound may be empty
+    expect_shape: tuple[str, ...] = ()  # "LAYER=1x64x112x112"
+    baseline: Path | None = None
+    rtol: float = 1e-3
+    atol: float = 1e-6
+    backward: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MapOptions:
+    """maps: which layer call's channels, how many, in which order, of which image."""
+
+    layer: str | None = None
+    call: int = 0
+    channels: int = 64
+    order: str = "activity"
+    image_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CamOptions:
+    """cam: which layer call (None: the last convolutional block), which method, which image."""
+
+    layer: str | None = None
+    call: int = 0
+    method: str = "gradcam"
+    image_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DiffOptions:
+    """diff: the two sides (and an optional reference side), as side specs
+    (compare.parse_side), whether passes run in processes of their own, the tolerance, and
+    the batch size for a folder."""
+
+    a: str = "float32"
+    b: str | None = None
+    ref: str | None = None
+    isolate: bool = False
+    tol: float = 1e-3
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """One instance of each option object: what the CLI's parameters default to."""
+
+    model: ModelOptions = ModelOptions(None)
+    inputs: InputOptions = InputOptions()
+    backward: BackwardOptions = BackwardOptions()
+    run: RunOptions = RunOptions()
+    batching: Batching = Batching()
+    rules: RuleOptions = RuleOptions()
+    maps: MapOptions = MapOptions()
+    cam: CamOptions = CamOptions()
+    diff: DiffOptions = DiffOptions()
+
+
+DEFAULTS = Defaults()

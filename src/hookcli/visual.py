@@ -25,7 +25,14 @@ from hookcli.errors import UsageError
 from hookcli.hooks import HookSession, PendingCall, Target
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
 from hookcli.loading import LoadedModel
-from hookcli.options import BackwardOptions, InputOptions, ModelOptions
+from hookcli.options import (
+    BackwardOptions,
+    CamOptions,
+    InputOptions,
+    MapOptions,
+    ModelOptions,
+    need_layer,
+)
 from hookcli.tree import iter_tensors
 
 _POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")
@@ -166,17 +173,10 @@ def _shape(t: torch.Tensor) -> str:
     return "x".join(map(str, t.shape))
 
 
-def feature_maps(
-    model: ModelOptions,
-    inputs: InputOptions,
-    *,
-    layer: str,
-    call: int = 0,
-    channels: int = 64,
-    order: str = "activity",
-    image_index: int = 0,
-) -> Picture:
+def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions) -> Picture:
     """One call's output channels as normalised tiles, most active first or in index order."""
+    layer, call, channels = need_layer(options.layer), options.call, options.channels
+    order, image_index = options.order, options.image_index
     if channels < 1:
         raise UsageError(f"--channels must be 1 or more, got {channels}.", "e.g. --channels 64")
     if order not in ("activity", "index"):
@@ -262,14 +262,16 @@ def class_activation(
     model: ModelOptions,
     inputs: InputOptions,
     backward: BackwardOptions,
-    *,
-    layer: str | None = None,
-    call: int = 0,
-    method: str = "gradcam",
-    image_index: int = 0,
+    options: CamOptions,
 ) -> Picture:
     """Grad-CAM of one image for the target (default: top-1), from the same tensor hooks as
     `grads`."""
+    layer, call, method, image_index = (
+        options.layer,
+        options.call,
+        options.method,
+        options.image_index,
+    )
     if method not in ("gradcam", "gradcam++"):
         raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
     target, loss = backward.target, backward.loss

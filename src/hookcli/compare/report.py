@@ -28,7 +28,7 @@ from hookcli.compare.passes import reference_pass, side_pass
 from hookcli.compare.sides import Side, SideRun, prepare_side, quantizable_twin
 from hookcli.engine import model_input
 from hookcli.inputs import ModelInput, expand_paths
-from hookcli.options import InputOptions, ModelOptions, Selection
+from hookcli.options import DEFAULTS, InputOptions, ModelOptions, Selection
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo
 from hookcli.selection import count_params
 
@@ -41,8 +41,8 @@ def diff_report(
     b: Side,
     *,
     ref: Side | None = None,
-    isolate: bool = False,
-    tol: float = 1e-3,
+    isolate: bool = DEFAULTS.diff.isolate,
+    tol: float = DEFAULTS.diff.tol,
     batch_size: int | None = None,
 ) -> DiffReport:
     """Side B (and, with a --ref side, side A) against the reference, per layer call."""

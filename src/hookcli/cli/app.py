@@ -1,0 +1,88 @@
+"""The Typer app and the console script. Commands register on `app` from the modules of this
+package (hookcli.cli imports them all); `main` runs them in a supervised worker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from hookcli._version import __version__
+from hookcli.cli import diff, inspect, listing, pictures
+from hookcli.cli.console import err
+from hookcli.cli.params import register
+from hookcli.errors import HookcliError
+
+app = typer.Typer(
+    name="hookcli",
+    help="Hook any torchvision or custom PyTorch model and see what every layer does.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hookcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Hook any torchvision or custom PyTorch model and see what every layer does.
+
+    Example: hookcli inspect resnet34 sample_images/cat.jpeg
+    """
+    from hookcli import output
+
+    output.begin()  # a new command: no file read, no output claimed yet
+
+
+# The commands, in the order --help lists them; those that read the project config take it
+# through params.ConfigCommand.
+register(app, listing.models, config=False)
+register(app, listing.layers, config=True)
+register(app, inspect.inspect, config=True)
+register(app, inspect.grads, config=True)
+register(app, inspect.check, config=True)
+register(app, diff.diff, config=True)
+register(app, listing.show, config=False)
+register(app, pictures.maps, config=True)
+register(app, pictures.cam, config=True)
+
+
+def main() -> None:
+    """The console script: safe standard streams, then the command in a supervised worker
+    (hookcli.supervise: a native crash becomes exit 3 naming the layer)."""
+    from hookcli import beacon, stdio
+    from hookcli.supervise import supervise
+
+    stdio.guard()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # CLI.md: the current directory is importable (pkg.mod:Name), as with `python -m`;
+        # last, so a local torch.py cannot shadow the installed one
+        sys.path.append(os.getcwd())
+    code = supervise(sys.argv[1:])
+    if code is None:  # the worker, or a light command run in-process
+        try:
+            app()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except HookcliError as exc:  # stdout failing outside a command (help to a closed stdout)
+            err(f"error: {exc}")
+            code = exc.exit_code
+        code = stdio.finish(code)
+        beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
+    sys.exit(code)

@@ -1,0 +1,145 @@
+"""What the commands share at the edge: one-line errors and their exit codes, the spinner,
+and where output goes (stdout or a claimed file). No torch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hookcli.errors import HookcliError
+from hookcli.render import SUFFIX_FORMATS, Format
+from hookcli.text import escape
+
+if TYPE_CHECKING:
+    from hookcli.output import Destination
+
+
+class ListFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def err(message: str) -> None:
+    """One line on stderr; what users and models control in it (paths, layer names, messages)
+    is escaped, so it can neither split the line nor reach the terminal as a control code."""
+    sys.stderr.write(escape(message.rstrip("\n")) + "\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """Typed errors → one line on stderr and their exit code; Ctrl-C → 130."""
+    try:
+        yield
+    except HookcliError as exc:
+        err(f"error: {exc}")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err("interrupted")
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("HOOKCLI_DEBUG"):
+            raise
+        err(
+            f"error: internal error: {type(exc).__name__}: {exc} "
+            "Hint: this is a hookcli bug; rerun with HOOKCLI_DEBUG=1 for the traceback "
+            "and report it."
+        )
+        raise typer.Exit(3) from None
+
+
+@contextlib.contextmanager
+def model_output_to_stderr() -> Iterator[None]:
+    """While user code runs (model files, constructors, forward): its print() goes to stderr,
+    so stdout carries only hookcli's data (a JSON report stays parseable)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+@contextlib.contextmanager
+def status(message: str) -> Iterator[None]:
+    """While the model loads and runs: a spinner on stderr for a person at a terminal, and
+    the model's own print() sent to stderr."""
+    if not sys.stderr.isatty() or os.environ.get("NO_COLOR") or os.environ.get("CI"):
+        with model_output_to_stderr():
+            yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(message), model_output_to_stderr():
+        yield
+
+
+def color() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def width() -> int | None:
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    env = os.environ.get("COLUMNS", "")
+    return int(env) if env.isdigit() else 200
+
+
+def claim(
+    path: Path | None,
+    option: str = "--output",
+    *,
+    suffix: str | None = None,
+    stdout_ok: bool = True,
+    reads: list[str] | None = None,
+) -> Destination | None:
+    """An output checked before any work is done (hookcli.output has the one policy)."""
+    from hookcli.output import claim as claim_output
+
+    return claim_output(path, option, suffix=suffix, stdout_ok=stdout_ok, reads=reads or [])
+
+
+def to_file(dest: Destination | None) -> bool:
+    """Output to a file (not stdout, not `-o -`)."""
+    return dest is not None and dest.path is not None
+
+
+def emit(text: str, dest: Destination | None) -> None:
+    """stdout, or the claimed destination (atomically replaced, or written through)."""
+    from hookcli.output import write_text
+
+    if dest is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_text(dest, text)
+    if dest.path is not None and dest.fd is None:  # not `-o /dev/stdout`: that is the data
+        err(f"wrote {dest.label}")
+
+
+def emit_listing(data: object, fmt: ListFormat, output: Destination | None, table: str) -> None:
+    """`models`, `layers` and `show`: JSON of the records, or the named table renderer."""
+    if fmt == ListFormat.json:
+        from hookcli.render.json import data_json
+
+        text = data_json(data)
+    else:
+        from hookcli.render import table as tables
+
+        text = getattr(tables, table)(data, color=color() and not to_file(output), width=width())
+    emit(text, output)
+
+
+def output_format(fmt: Format | None, output: Destination | None) -> Format:
+    """--format, else the -o file's suffix, else a table."""
+    if fmt is not None:
+        return fmt
+    if output is not None and output.path is not None:
+        return SUFFIX_FORMATS.get(output.path.suffix.lower(), Format.table)
+    return Format.table

@@ -1,0 +1,153 @@
+"""diff: two variants of one model (or two saved JSON reports), layer call by layer call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import (
+    claim,
+    color,
+    emit,
+    err,
+    handled,
+    output_format,
+    status,
+    to_file,
+    width,
+)
+from hookcli.errors import UsageError
+from hookcli.options import DEFAULTS
+from hookcli.render import Format
+
+if TYPE_CHECKING:
+    from hookcli.output import Destination
+    from hookcli.records import DiffReport
+
+
+def diff(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="The model (as for inspect), or a first JSON report to compare with a second.",
+            show_default=False,
+        ),
+    ] = None,
+    inputs: opt.InputsArg = None,
+    a: Annotated[
+        str,
+        typer.Option("--a", metavar="SIDE", help="Side A, the reference unless --ref is given."),
+    ] = DEFAULTS.diff.a,
+    b: Annotated[
+        str | None,
+        typer.Option(
+            "--b",
+            metavar="SIDE",
+            help="Side B: float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, "
+            "quantized (the int8 twin), compile (torch.compile), onnx (ONNX Runtime), "
+            "weights=W, seed=N, device=D; joined with commas (float16,channels_last).",
+            show_default=False,
+        ),
+    ] = None,
+    ref: Annotated[
+        str | None,
+        typer.Option(
+            "--ref",
+            metavar="SIDE",
+            help="Measure both sides against this one (e.g. float64): which side is wrong.",
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            "--isolate",
+            help="Feed each selected layer the reference side's input: its own error only.",
+        ),
+    ] = DEFAULTS.diff.isolate,
+    tol: Annotated[
+        float,
+        typer.Option("--tol", help="Relative L2 error past which a call fails (exit 1)."),
+    ] = DEFAULTS.diff.tol,
+    layer: opt.LayerOpt = None,
+    type_: opt.TypeOpt = None,
+    depth: opt.DepthOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", help="Images per batch for a folder [default: 32].", show_default=False
+        ),
+    ] = None,
+    fmt: opt.FormatOpt = None,
+    output: opt.OutputOpt = None,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Run two variants of one model on the same input and compare every layer call's output:
+    max|Δ|, relative L2, cosine, SQNR; exit 1 when one is past --tol, naming the first.
+
+    Example: hookcli diff resnet18 sample_images/cat.jpeg --b bfloat16 --isolate
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        dest = claim(p["output"], reads=opt.reads(p, used))
+        from hookcli.compare import diff_report, diff_saved, parse_side
+
+        name = opt.need_model(p, "diff")
+        inputs = p["inputs"]
+        saved = [x for x in [name, *(inputs or [])] if x.lower().endswith(".json")]
+        if saved:
+            if len(saved) != 2 or inputs is None or len(inputs) != 1:
+                raise UsageError(
+                    "diff of saved reports takes exactly two JSON files.",
+                    "hookcli diff a.json b.json (or a model and --b SIDE).",
+                )
+            report = diff_saved(saved[0], saved[1], p["tol"])
+        else:
+            if p["b"] is None:
+                raise UsageError(
+                    "diff needs side B: --b SIDE.", "e.g. --b bfloat16, or --b weights=new.pt"
+                )
+            with status(f"running {name} twice…"):
+                report = diff_report(
+                    opt.model_options(p, "diff"),
+                    opt.selection(p),
+                    opt.input_options(p),
+                    parse_side(p["a"], "--a"),
+                    parse_side(p["b"], "--b"),
+                    ref=parse_side(p["ref"], "--ref") if p["ref"] is not None else None,
+                    isolate=p["isolate"],
+                    tol=p["tol"],
+                    batch_size=p["batch_size"],
+                )
+        fmt_ = output_format(p["fmt"], dest)
+        emit(render(report, fmt_, dest), dest)
+        if report.failed:
+            if fmt_ != Format.table or to_file(dest):
+                err(f"first past tolerance: {report.first_over}")
+            raise typer.Exit(1)
+
+
+def render(report: DiffReport, fmt: Format, dest: Destination | None) -> str:
+    if fmt == Format.json:
+        import json
+
+        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+    if fmt == Format.csv:
+        from hookcli.render.csv import diff_csv
+
+        return diff_csv(report)
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import diff_markdown
+
+        return diff_markdown(report)
+    from hookcli.render.table import diff_table
+
+    return diff_table(report, color=color() and not to_file(dest), width=width())

@@ -1,0 +1,327 @@
+"""inspect, grads and check: options → hookcli.commands.run_command → rendering and the exit
+code (hookcli.checks.exit_code decides it, for the API as for the CLI)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import (
+    claim,
+    color,
+    emit,
+    err,
+    handled,
+    model_output_to_stderr,
+    output_format,
+    status,
+    to_file,
+    width,
+)
+from hookcli.options import DEFAULTS
+from hookcli.render import Format
+
+if TYPE_CHECKING:
+    from hookcli.commands import Running
+    from hookcli.output import Destination
+    from hookcli.records import Report
+
+
+def inspect(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    layer: opt.LayerOpt = None,
+    type_: opt.TypeOpt = None,
+    depth: opt.DepthOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    train: opt.TrainOpt = DEFAULTS.run.train,
+    topk: opt.TopkOpt = None,
+    batch_size: opt.BatchSizeOpt = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Use at most N images.")] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", help="DataLoader processes decoding images.")
+    ] = DEFAULTS.batching.workers,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
+    ] = DEFAULTS.inputs.strict,
+    per_image: Annotated[
+        int,
+        typer.Option(
+            "--per-image",
+            metavar="K",
+            help="Folder runs: also list each image's top-K predictions.",
+        ),
+    ] = DEFAULTS.batching.per_image,
+    ablate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ablate",
+            metavar="LAYER=OP",
+            help="Change a layer's output for a second run and compare: zero, mean, scale:K, "
+            "noise:S, clamp:LO:HI. Repeatable.",
+        ),
+    ] = None,
+    fail_on: opt.FailOnOpt = None,
+    dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
+    fmt: opt.FormatOpt = None,
+    output: opt.OutputOpt = None,
+    hist: opt.HistOpt = False,
+    profile: opt.ProfileOpt = DEFAULTS.run.profile,
+    save: opt.SaveOpt = None,
+    force: opt.ForceOpt = False,
+    save_baseline: opt.SaveBaselineOpt = None,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Forward pass with hooks on the selected layers: statistics of every call's inputs and
+    outputs, and the top-k predictions.
+
+    Example: hookcli inspect resnet34 sample_images/cat.jpeg -l 'layer4.*'
+    """
+    with handled():
+        run_command(ctx, "inspect")
+
+
+def grads(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    layer: opt.LayerOpt = None,
+    type_: opt.TypeOpt = None,
+    depth: opt.DepthOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    target: opt.TargetOpt = None,
+    loss: opt.LossOpt = None,
+    input_grad: Annotated[
+        bool, typer.Option("--input-grad", help="Also the gradient w.r.t. the model input.")
+    ] = DEFAULTS.backward.input_grad,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    train: opt.TrainOpt = DEFAULTS.run.train,
+    topk: opt.TopkOpt = None,
+    fail_on: opt.FailOnOpt = None,
+    dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
+    fmt: opt.FormatOpt = None,
+    output: opt.OutputOpt = None,
+    hist: opt.HistOpt = False,
+    profile: opt.ProfileOpt = DEFAULTS.run.profile,
+    save: opt.SaveOpt = None,
+    force: opt.ForceOpt = False,
+    save_baseline: opt.SaveBaselineOpt = None,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Forward and backward pass: everything inspect shows, plus each call's gradients w.r.t.
+    its outputs and inputs and each layer's parameter gradients.
+
+    Example: hookcli grads resnet34 sample_images/cat.jpeg -l 'layer4.*' --target "tabby cat"
+    """
+    with handled():
+        run_command(ctx, "grads")
+
+
+def check(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    fail_on: opt.FailOnOpt = None,
+    dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
+    max_abs: Annotated[
+        float | None,
+        typer.Option("--max-abs", metavar="X", help="Fail when any activation exceeds |X|."),
+    ] = None,
+    grad_norm: Annotated[
+        str | None,
+        typer.Option(
+            "--grad-norm",
+            metavar="MIN:MAX",
+            help="Fail when a gradient norm (outputs, parameters) leaves [MIN, MAX]; "
+            "implies --backward. Either bound may be empty.",
+        ),
+    ] = None,
+    expect_shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--expect-shape",
+            metavar="LAYER=SHAPE",
+            help="Fail unless LAYER's first output has this shape, e.g. conv1=1x64x112x112.",
+        ),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            metavar="FILE",
+            help="Compare every statistic with a recorded JSON report (inspect -f json -o FILE).",
+        ),
+    ] = None,
+    rtol: Annotated[
+        float, typer.Option("--rtol", help="Relative tolerance for --baseline.")
+    ] = DEFAULTS.rules.rtol,
+    atol: Annotated[
+        float, typer.Option("--atol", help="Absolute tolerance for --baseline.")
+    ] = DEFAULTS.rules.atol,
+    backward: Annotated[
+        bool, typer.Option("--backward", help="Also run backward (gradients are checked too).")
+    ] = DEFAULTS.rules.backward,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures.")] = False,
+    layer: opt.LayerOpt = None,
+    type_: opt.TypeOpt = None,
+    depth: opt.DepthOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    target: opt.TargetOpt = None,
+    loss: opt.LossOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    train: opt.TrainOpt = DEFAULTS.run.train,
+    fmt: opt.FormatOpt = None,
+    output: opt.OutputOpt = None,
+    save_baseline: opt.SaveBaselineOpt = None,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Run the model (and backward with --backward or a gradient rule) and check rules: exit 0
+    when all pass, 1 when any fails. Without rules: --fail-on nonfinite. Deterministic.
+
+    Example: hookcli check resnet50 --fail-on nonfinite --fail-on dead --baseline base.json
+    """
+    with handled():
+        run_command(ctx, "check")
+
+
+def run_command(ctx: typer.Context, command: str) -> None:
+    """inspect, grads and check: parameters → option objects → hookcli.commands.run_command →
+    rendering and the exit code."""
+    p, used = opt.configured(ctx)
+    reads = opt.reads(p, used)
+    output = claim(p["output"], reads=reads)
+    baseline_out = claim(p["save_baseline"], "--save-baseline", stdout_ok=False, reads=reads)
+    save = claim(p.get("save"), "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
+    from hookcli.checks import exit_code, failures, parse_rules
+    from hookcli.commands import run_command as run
+    from hookcli.options import (
+        BackwardOptions,
+        Batching,
+        Invocation,
+        RuleOptions,
+        RunOptions,
+        hist_bins,
+        pick,
+    )
+
+    rules = parse_rules(pick(RuleOptions, p))
+    name = opt.need_model(p, command)
+    inv = Invocation(
+        model=opt.model_options(p, command),
+        selection=opt.selection(p),
+        inputs=opt.input_options(p),
+        run=pick(RunOptions, p, hist=hist_bins(bool(p.get("hist"))), save=save, config=used),
+        backward=None if command == "inspect" else pick(BackwardOptions, p),
+    )
+    report = run(command, inv, rules, batching=pick(Batching, p), running=_running(name))
+    fmt = output_format(p["fmt"], output)
+    if used and (fmt != Format.table or to_file(output)):
+        err(f"config: {used}")  # a table on stdout says so in its header
+    if baseline_out is not None:
+        from hookcli.render.json import report_json
+
+        emit(report_json(report), baseline_out)
+    emit(
+        render(report, fmt, output, checks_only=command == "check", quiet=bool(p.get("quiet"))),
+        output,
+    )
+    failed = failures(report)
+    if failed and command != "check" and (fmt != Format.table or to_file(output)):
+        for c in failed:  # the table shows them; other formats get them on stderr
+            err(f"check failed: {c.rule}: {c.message}")
+    if report.interrupted:
+        err("interrupted: partial results above")
+    code = exit_code(report)
+    if code:
+        raise typer.Exit(code)
+
+
+def _running(name: str) -> Running:
+    """What the run shows while the model runs: a spinner, or for a folder run a progress bar
+    (at a terminal); the model's own print() goes to stderr either way."""
+
+    @contextlib.contextmanager
+    def running(folder: bool) -> Iterator[Any]:
+        if not folder:
+            with status(f"running {name}…"):
+                yield None
+            return
+        if not sys.stderr.isatty() or os.environ.get("CI"):
+            with model_output_to_stderr():
+                yield None
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, transient=True) as bar, model_output_to_stderr():
+            task = bar.add_task(f"inspect {name}", total=None, rate="")
+
+            def advance(done: int, total: int) -> None:
+                elapsed = bar.tasks[0].elapsed or 1e-9
+                bar.update(task, completed=done, total=total, rate=f"{done / elapsed:.1f} img/s")
+
+            yield advance
+
+    return running
+
+
+def render(
+    report: Report,
+    fmt: Format,
+    output: Destination | None,
+    *,
+    checks_only: bool = False,
+    quiet: bool = False,
+) -> str:
+    """A report in the format asked; check's table shows its checks only."""
+    if fmt == Format.json:
+        from hookcli.render.json import report_json
+
+        return report_json(report)
+    if fmt == Format.csv:
+        from hookcli.render.csv import report_csv
+
+        return report_csv(report)
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import report_markdown
+
+        return report_markdown(report)
+    from hookcli.render.table import checks_table, report_table
+
+    tint = color() and not to_file(output)
+    if checks_only:
+        return checks_table(report, color=tint, width=width(), quiet=quiet)
+    return report_table(report, color=tint, width=width())

@@ -1,0 +1,103 @@
+"""models, layers and show: what there is to hook, and what a saved file holds."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import ListFormat, claim, emit_listing, err, handled, status
+from hookcli.options import DEFAULTS
+
+ListFormatOpt = Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")]
+
+
+class Task(StrEnum):
+    classification = "classification"
+    segmentation = "segmentation"
+    detection = "detection"
+    video = "video"
+    optical_flow = "optical_flow"
+    quantized = "quantized"
+
+
+def models(
+    pattern: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[GLOB]", help="Glob on model names, e.g. 'resnet*'.", show_default=False
+        ),
+    ] = None,
+    task: Annotated[Task | None, typer.Option("--task", help="Only this task.")] = None,
+    fmt: ListFormatOpt = ListFormat.table,
+    output: opt.OutputOpt = None,
+) -> None:
+    """List torchvision registry models with their task, size and weight enums.
+
+    Example: hookcli models 'resnet*' --task classification
+    """
+    with handled():
+        dest = claim(output)
+        from hookcli.listing import list_registry
+
+        entries = list_registry(pattern, task.value if task else None)
+        emit_listing(entries, fmt, dest, "models_table")
+
+
+def layers(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    shapes: Annotated[
+        bool, typer.Option("--shapes", help="Run one forward to add output shapes.")
+    ] = False,
+    depth: opt.DepthOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    fmt: ListFormatOpt = ListFormat.table,
+    output: opt.OutputOpt = None,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Show the module tree: dotted names, types, parameter counts and aliases.
+
+    Example: hookcli layers resnet18 --shapes --depth 2
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        if used:
+            err(f"config: {used}")
+        dest = claim(p["output"], reads=opt.reads(p, used))
+        from hookcli.listing import layers_report
+
+        name = opt.need_model(p, "layers")
+        with status(f"loading {name}…"):
+            report = layers_report(
+                opt.model_options(p, "layers"),
+                opt.input_options(p),
+                shapes=p["shapes"],
+                depth=p["depth"],
+            )
+        emit_listing(report, p["fmt"], dest, "layers_table")
+
+
+def show(
+    file: Annotated[Path, typer.Argument(help="A .safetensors file written by --save.")],
+    fmt: ListFormatOpt = ListFormat.table,
+    output: opt.OutputOpt = None,
+) -> None:
+    """List what a saved .safetensors file holds: keys, shapes, dtypes and statistics.
+
+    Example: hookcli show run.safetensors
+    """
+    with handled():
+        dest = claim(output, reads=[str(file)])
+        from hookcli.listing import show_file
+
+        emit_listing(show_file(file), fmt, dest, "saved_table")

@@ -1,0 +1,176 @@
+"""maps and cam: one layer call drawn as a PNG (hookcli.commands.maps / cam)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import claim, err, handled, status
+from hookcli.errors import UsageError
+from hookcli.options import DEFAULTS
+
+if TYPE_CHECKING:
+    from hookcli.commands import Drawing
+    from hookcli.output import Destination
+
+PngOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE.png",
+        help="The PNG to write (required).",
+        show_default=False,
+    ),
+]
+CallOpt = Annotated[int, typer.Option("--call", help="Which call of a reused module.")]
+ImageOpt = Annotated[int, typer.Option("--image", help="Which image of the batch.")]
+
+
+def maps(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option("--layer", "-l", metavar="LAYER", help="The layer to draw (one)."),
+    ] = None,
+    output: PngOpt = None,
+    channels: Annotated[
+        int, typer.Option("--channels", help="How many channels to draw.")
+    ] = DEFAULTS.maps.channels,
+    order: Annotated[
+        str,
+        typer.Option("--order", metavar="activity|index", help="Most active first, or by index."),
+    ] = DEFAULTS.maps.order,
+    call: CallOpt = DEFAULTS.maps.call,
+    image_index: ImageOpt = DEFAULTS.maps.image_index,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    force: opt.ForceOpt = False,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Draw one layer call's output channels as a labelled grid beside the input image (PNG).
+
+    Example: hookcli maps resnet18 sample_images/cat.jpeg -l conv1 -o maps.png
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        if used:
+            err(f"config: {used}")
+        out = _png_output(p, opt.reads(p, used))
+        from hookcli.options import MapOptions, need_layer, pick
+
+        options = pick(MapOptions, p, layer=need_layer(opt.single_layer(p)))
+        from hookcli import commands
+
+        name = opt.need_model(p, "maps")
+        with status(f"running {name}…"):
+            drawing = commands.maps(opt.model_options(p, "maps"), opt.input_options(p), options)
+        _save_png(out, drawing)
+        for note in drawing.notes:
+            err(f"note: {note}")
+
+
+def cam(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layer",
+            "-l",
+            metavar="LAYER",
+            help="The layer [default: the last convolutional block, stated].",
+        ),
+    ] = None,
+    output: PngOpt = None,
+    target: opt.TargetOpt = None,
+    loss: opt.LossOpt = None,
+    method: Annotated[
+        str, typer.Option("--method", metavar="gradcam|gradcam++", help="CAM weighting.")
+    ] = DEFAULTS.cam.method,
+    save_raw: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-raw",
+            metavar="FILE.npy",
+            help="Also save the raw heat map (float32, input resolution).",
+        ),
+    ] = None,
+    call: CallOpt = DEFAULTS.cam.call,
+    image_index: ImageOpt = DEFAULTS.cam.image_index,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    force: opt.ForceOpt = False,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Grad-CAM heat map of one layer for a target, overlaid on the image (PNG).
+
+    Example: hookcli cam resnet50 sample_images/cat.jpeg --weights DEFAULT -o cam.png
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        if used:
+            err(f"config: {used}")
+        reads = opt.reads(p, used)
+        out = _png_output(p, reads)
+        raw_out = claim(p["save_raw"], "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
+        from hookcli import commands
+        from hookcli.options import BackwardOptions, CamOptions, pick
+
+        options = pick(CamOptions, p, layer=opt.single_layer(p))
+        name = opt.need_model(p, "cam")
+        with status(f"running {name}…"):
+            drawing = commands.cam(
+                opt.model_options(p, "cam"),
+                opt.input_options(p),
+                pick(BackwardOptions, p),
+                options,
+            )
+        _save_png(out, drawing)
+        if raw_out is not None:
+            _save_raw(raw_out, drawing)
+        for note in drawing.notes:
+            err(f"note: {note}")
+
+
+def _png_output(p: dict[str, Any], reads: list[str]) -> Destination | None:
+    if p["output"] is None:
+        raise UsageError("-o FILE.png is required.", "e.g. -o out.png (or -o - for stdout)")
+    return claim(p["output"], "-o", suffix=".png", reads=reads)
+
+
+def _save_png(dest: Destination | None, drawing: Drawing) -> None:
+    assert dest is not None
+    drawing.write(dest)
+    if dest.path is not None:
+        err(f"wrote {dest.label} ({drawing.image.width}x{drawing.image.height})")
+
+
+def _save_raw(dest: Destination, drawing: Drawing) -> None:
+    import numpy as np
+
+    from hookcli.output import write_with
+
+    raw = drawing.raw
+    assert raw is not None
+
+    def save_npy(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a handle: np.save(path) would append ".npy"
+            np.save(f, raw)
+
+    write_with(dest, save_npy)
+    err(f"wrote {dest.label}")

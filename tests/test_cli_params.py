@@ -1,0 +1,86 @@
+"""Options declared once: config keys derived from the commands' own declarations, the
+project config applied as Click's default_map, and option objects keeping their defaults."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import typing
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+from hookcli.cli.params import config_keys
+from hookcli.options import DEFAULTS, RuleOptions, pick
+from tests.conftest import ROOT
+
+runner = CliRunner()
+NET = ROOT / "examples" / "tiny" / "net.py"
+
+
+def _long_options(command: typer.models.CommandInfo) -> set[str]:
+    assert command.callback is not None
+    hints = typing.get_type_hints(command.callback, include_extras=True)
+    names = set()
+    for hint in hints.values():
+        for info in typing.get_args(hint)[1:]:
+            if isinstance(info, typer.models.OptionInfo):
+                decls = [info.default, *(info.param_decls or ())]
+                names |= {d[2:] for d in decls if isinstance(d, str) and d.startswith("--")}
+    return names
+
+
+def test_every_long_option_of_a_config_command_is_a_config_key() -> None:
+    keys = config_keys("inspect")
+    commands = [c for c in app.registered_commands if "config" in _long_options(c)]
+    assert {c.callback.__name__ for c in commands if c.callback} == {
+        "layers", "inspect", "grads", "check", "diff", "maps", "cam",
+    }  # fmt: skip
+    for command in commands:
+        missing = _long_options(command) - {"config", "no-config"} - set(keys)
+        assert not missing, (command.callback, missing)
+    assert keys["image"].param == "image_index"  # --image feeds MapOptions.image_index
+    assert keys["input"].param == "input_spec" and keys["input"].kind == "list"
+    assert keys["output"].kind == "path" and keys["tol"].kind == "float"
+
+
+def test_a_choice_is_checked_against_the_running_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "hookcli.toml").write_text(
+        f'model = "{NET}:Net"\ninput = "ones:2x2"\nformat = "csv"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    ran = runner.invoke(app, ["inspect"])
+    assert ran.exit_code == 0, ran.stderr
+    header = next(csv.reader(io.StringIO(ran.stdout)))
+    assert "layer" in header  # csv: inspect's --format admits it
+    listed = runner.invoke(app, ["layers"])
+    assert listed.exit_code == 2
+    assert "hookcli.toml:3" in listed.stderr and "table, json" in listed.stderr
+    assert runner.invoke(app, ["layers", "-f", "json"]).exit_code == 0  # the flag wins
+
+
+def test_a_config_value_reaches_the_option_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "hookcli.toml").write_text(
+        f'model = "{NET}:Net"\ninput = "ones:2x2"\n[check]\nmax-abs = 1e-9\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    failed = runner.invoke(app, ["check", "-f", "json"])
+    assert failed.exit_code == 1, failed.stderr  # the config's bound, far below the outputs
+    rules = {c["rule"] for c in json.loads(failed.stdout)["checks"] if not c["passed"]}
+    assert rules == {"max-abs"}, rules
+    assert runner.invoke(app, ["check", "--max-abs", "1e9"]).exit_code == 0
+
+
+def test_pick_keeps_the_field_default_for_what_is_not_given() -> None:
+    assert pick(RuleOptions, {}) == RuleOptions() == DEFAULTS.rules
+    assert pick(RuleOptions, {"dead_frac": None, "tol": 5.0}) == RuleOptions()
+    picked = pick(RuleOptions, {"fail_on": ["dead"], "rtol": 0.5}, atol=0.25)
+    assert picked == RuleOptions(fail_on=("dead",), rtol=0.5, atol=0.25)
