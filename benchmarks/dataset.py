@@ -46,8 +46,8 @@ def throughput(
     import torch
     from torch.utils.data import DataLoader
 
-    from hookcli.dataset import ImageFiles, _collate, image_files, inspect_folder
-    from hookcli.loading import load_model
+    from hookcli.commands.folder import ImageFiles, _collate, image_files, inspect_folder
+    from hookcli.sources import load_model
 
     loaded = load_model(model_name)
     model = loaded.module.eval()
@@ -74,7 +74,7 @@ def throughput(
 
 
 def memory_child(folder: str, model_name: str, batch: int) -> None:
-    from hookcli.dataset import inspect_folder
+    from hookcli.commands.folder import inspect_folder
 
     tiny = Path(tempfile.mkdtemp()) / "warm"
     make_images(tiny, batch)

@@ -25,9 +25,9 @@ from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
     import torch
 
-    from hookcli.compare.measure import Compared, Spill
-    from hookcli.compare.passes import compared_pass, reference_pass
-    from hookcli.compare.sides import parse_side, prepare_side
+    from hookcli.commands.diff.measure import Compared, Spill
+    from hookcli.commands.diff.passes import compared_pass, reference_pass
+    from hookcli.commands.diff.sides import parse_side, prepare_side
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     model = ModelOptions(model_name, device="cpu")
@@ -65,7 +65,7 @@ def memory_child(layers: int) -> None:
     import torch
     from torch import nn
 
-    from hookcli.compare import diff_report, parse_side
+    from hookcli.commands.diff import diff_report, parse_side
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     torch.manual_seed(0)

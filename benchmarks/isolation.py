@@ -53,7 +53,7 @@ def in_pass(rounds: int, quick: bool) -> None:
     import torchvision
 
     import hookcli
-    from hookcli import beacon
+    from hookcli.runtime import beacon
 
     cases = [("resnet18", 8)] if quick else [("resnet50", 4), ("resnet18", 8)]
     for name, batch in cases:

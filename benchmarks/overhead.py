@@ -137,7 +137,7 @@ def memory_child(name: str, batch: int, variant: str) -> None:
     """
     import torch
 
-    from hookcli import stats
+    from hookcli.engine import stats
 
     model, x = _build(name, batch)
     stats.tensor_stats(torch.randn(100_000))  # kernels loaded before the baseline

@@ -24,7 +24,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 import hookcli
 from hookcli.errors import HookcliError
-from hookcli.loading import task_of
+from hookcli.sources.torchvision import task_of
 name = sys.argv[1]
 out = {"name": name, "task": task_of(name)}
 try:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hookcli import isa
+from hookcli.runtime import isa
 
 # Before torch runs any kernel: on a CPU that advertises AMX but dies in its bfloat16 kernels,
 # the suite runs under the same oneDNN limit the CLI and the API take (issue 13).

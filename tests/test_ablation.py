@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from hookcli.loading import load_model
+from hookcli.sources import load_model
 from tests.conftest import CAT, assert_stats_match, hooks_left
 from tests.test_cli import assert_one_line_error
 

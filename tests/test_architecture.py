@@ -19,7 +19,7 @@ import pytest
         "hookcli.records",
         "hookcli.errors",
         "hookcli.options",
-        "hookcli.output",
+        "hookcli.io.output",
         "hookcli.render.rows",
         "hookcli.render.table",
         "hookcli.render.markdown",
@@ -96,7 +96,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_and_no_private_name_across_modules() -> None:
     graph, private = _imports(_sources())
-    assert graph["hookcli.compare"], "the graph was read"
+    assert graph["hookcli.commands.diff"], "the graph was read"
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
     assert private == [], private
 
@@ -113,3 +113,51 @@ def test_the_graph_check_finds_a_cycle_and_a_private_import() -> None:
     assert _cycle(graph) == ["hookcli.a", "hookcli.b", "hookcli.c", "hookcli.a"]
     assert private == ["hookcli.a:2 imports hookcli.b._hidden"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# the layers, lowest last: a module may import its own layer and the layers below it
+LAYERS = {
+    "hookcli.cli": 4,
+    "hookcli.commands": 3,
+    "hookcli.engine": 2,
+    "hookcli.sources": 2,
+    "hookcli.inputs": 2,
+    "hookcli.render": 1,
+    "hookcli.io": 1,
+    "hookcli.runtime": 1,
+}
+
+
+def _layer(module: str) -> int:
+    """A module's layer: its package's, or 0 for the shared base (records, options, errors,
+    tree, text, bounds, _version)."""
+    for prefix, layer in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return 0
+
+
+def test_imports_point_down_the_layers() -> None:
+    """cli parses → commands compute → engine runs passes, sources and inputs supply → io,
+    render and runtime write and guard; never the other way (the public API, hookcli
+    itself, and `python -m hookcli` sit on top)."""
+    graph, _ = _imports(_sources())
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module not in ("hookcli", "hookcli.__main__")
+        for target in targets
+        if target != "hookcli" and _layer(target) > _layer(module)
+    ]
+    assert not upward, upward
+
+
+def test_the_layer_test_sees_an_upward_arrow() -> None:
+    graph, _ = _imports(
+        {
+            "hookcli.engine.x": "from hookcli.commands import run_command\n",
+            "hookcli.commands": "",
+        }
+    )
+    assert _layer("hookcli.commands") > _layer("hookcli.engine.x")
+    assert "hookcli.commands" in graph["hookcli.engine.x"]

@@ -18,9 +18,10 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner, Result
 
-from hookcli import beacon, config, output
 from hookcli.cli import app
 from hookcli.errors import UsageError
+from hookcli.io import config, output
+from hookcli.runtime import beacon
 from tests.conftest import CAT, ROOT
 from tests.test_cli import assert_one_line_error
 
@@ -161,12 +162,12 @@ def test_dev_stdout_in_process_goes_to_stdout() -> None:
 def test_two_outputs_on_one_path_are_refused_before_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str
 ) -> None:
-    import hookcli.run
+    import hookcli.commands.inspect
 
     def must_not_run(*a: object, **k: object) -> None:
         raise AssertionError("the model ran although two outputs share a path")
 
-    monkeypatch.setattr(hookcli.run, "report", must_not_run)
+    monkeypatch.setattr(hookcli.commands.inspect, "report", must_not_run)
     out = tmp_path / "x.safetensors"
     out.write_bytes(b"old")
     r = invoke("inspect", *TINY, first, out, second, out)
@@ -243,7 +244,7 @@ def test_a_killed_save_leaves_no_temp_file(tmp_path: Path) -> None:
 
 
 def test_the_save_data_file_has_no_name_while_the_run_goes(tmp_path: Path) -> None:
-    from hookcli.saving import TensorSaver
+    from hookcli.io.saving import TensorSaver
 
     dest = output.claim(tmp_path / "s.safetensors", "--save", suffix=".safetensors")
     assert dest is not None

@@ -21,9 +21,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hookcli import bounds, reportfile
+from hookcli import bounds
 from hookcli.cli import app
 from hookcli.errors import UsageError
+from hookcli.io import reportfile
 from hookcli.text import csv_cell, escape, markdown
 from tests.conftest import CAT, ROOT
 from tests.test_cli import assert_one_line_error
@@ -523,7 +524,7 @@ def test_the_spill_file_has_no_name_in_tmpdir(tmp_path: Path) -> None:
     """Unlinked once opened: SIGKILL cannot leave it behind."""
     script = (
         "import os, signal, torch\n"
-        "from hookcli.compare.measure import Spill\n"
+        "from hookcli.commands.diff.measure import Spill\n"
         "s = Spill()\n"
         "s.write(('l', 0, 'out'), torch.randn(300, 1000))\n"
         "s.write(('m', 0, 'out'), torch.randn(10))\n"

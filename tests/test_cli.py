@@ -139,12 +139,12 @@ def test_failed_run_leaves_no_partial_output(tmp_path: Path) -> None:
 def test_unwritable_output_is_refused_before_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hookcli.run
+    import hookcli.commands.inspect
 
     def must_not_run(*a: object, **k: object) -> None:
         raise AssertionError("the model ran although -o cannot be written")
 
-    monkeypatch.setattr(hookcli.run, "report", must_not_run)
+    monkeypatch.setattr(hookcli.commands.inspect, "report", must_not_run)
     r = run("inspect", "resnet18", "-o", str(tmp_path / "no" / "such" / "dir.json"))
     assert_one_line_error(r, 2, "does not exist")
     # /proc accepts no new files, whoever we are (permission bits would not stop root)
@@ -153,12 +153,12 @@ def test_unwritable_output_is_refused_before_running(
 
 
 def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hookcli.run
+    import hookcli.commands.inspect
 
     def interrupted(*a: object, **k: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hookcli.run, "report", interrupted)
+    monkeypatch.setattr(hookcli.commands.inspect, "report", interrupted)
     r = run("inspect", "resnet18")
     assert r.exit_code == 130
     assert r.stderr.strip() == "interrupted" and r.stdout == ""

@@ -13,12 +13,12 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from hookcli import dataset
-from hookcli.aggregate import merge_reports
 from hookcli.cli import app
-from hookcli.dataset import image_files, inspect_folder
+from hookcli.commands import folder as dataset
+from hookcli.commands.folder import image_files, inspect_folder
+from hookcli.engine.aggregate import merge_reports
 from hookcli.inputs import read_image
-from hookcli.loading import load_model
+from hookcli.sources import load_model
 from tests.conftest import CAT, COFFEE, assert_stats_match
 from tests.test_cli import assert_one_line_error
 from tests.test_run import retained_outputs

@@ -16,7 +16,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.compare import diff_report, parse_side
+from hookcli.commands.diff import diff_report, parse_side
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffReport, TensorDiff
@@ -290,7 +290,7 @@ def test_side_grammar() -> None:
 
 
 def test_the_spill_keeps_nothing_in_memory() -> None:
-    from hookcli.compare.measure import Spill
+    from hookcli.commands.diff.measure import Spill
 
     spill = Spill()
     try:
@@ -314,7 +314,7 @@ def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
     import torchvision
     from torch.ao import quantization as tq
 
-    from hookcli.loading import load_model
+    from hookcli.sources import load_model
 
     x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     report = diff_report(
@@ -397,7 +397,7 @@ def test_onnx_graph_calls_of_a_module_called_twice() -> None:
     number them; a container's call ends at the value it hands on."""
     import torchvision
 
-    from hookcli.compare.onnx import call_outputs
+    from hookcli.commands.diff.onnx import call_outputs
 
     model = torchvision.models.resnet18().eval()
     program = torch.onnx.export(model, (torch.randn(1, 3, 64, 64),), dynamo=True, optimize=False)
@@ -434,7 +434,7 @@ def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
 def test_channels_last_sums_equal_the_contiguous_ones(dtype: torch.dtype) -> None:
     """The kernel that reads a channels-last tensor in its own order pairs the same elements
     as the flat one on a contiguous copy, and both equal float64 torch."""
-    from hookcli.compare.measure import sums
+    from hookcli.commands.diff.measure import sums
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(2, 8, 5, 7, generator=g)

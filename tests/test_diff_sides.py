@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from hookcli.compare import Side, SideKind, diff_report, parse_side, register
-from hookcli.compare.sides import (
+from hookcli.commands.diff import Side, SideKind, diff_report, parse_side, register
+from hookcli.commands.diff.sides import (
     KINDS,
     Autocast,
     ChannelsLast,

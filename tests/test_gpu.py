@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 
 def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
-    from hookcli.stats import StatsCollector
+    from hookcli.engine.stats import StatsCollector
 
     model = torchvision.models.resnet18().eval().cuda()
     x = torch.randn(2, 3, 224, 224, device="cuda")

@@ -181,7 +181,7 @@ def test_frozen_model_without_input_grad_is_refused() -> None:
 
 
 def test_targets_and_losses() -> None:
-    from hookcli.loading import load_model
+    from hookcli.sources import load_model
 
     model = load_model("resnet18", seed=0).module  # the same weights the runs below build
     x = torch.randn(1, 3, 64, 64)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookcli.hooks import HookSession, PendingCall, Target
-from hookcli.stats import StatsCollector
+from hookcli.engine.hooks import HookSession, PendingCall, Target
+from hookcli.engine.stats import StatsCollector
 from tests.conftest import hooks_left
 
 

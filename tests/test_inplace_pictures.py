@@ -18,10 +18,10 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import hookcli
-from hookcli.engine import one_target, prepare
-from hookcli.loading import load_model
+from hookcli.commands.pictures import _capture, _normalise_tiles, class_activation, feature_maps
+from hookcli.engine.passes import one_target, prepare
 from hookcli.options import BackwardOptions, CamOptions, InputOptions, MapOptions, ModelOptions
-from hookcli.visual import _capture, _normalise_tiles, class_activation, feature_maps
+from hookcli.sources import load_model
 from tests.conftest import CAT
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hookcli import isa
+from hookcli.runtime import isa
 from tests.conftest import ROOT
 
 # a stand-in for a CPU whose AMX bfloat16 kernels die: SIGILL unless oneDNN is held at or below

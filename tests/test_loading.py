@@ -10,7 +10,8 @@ import torch
 import torchvision
 
 from hookcli.errors import UsageError
-from hookcli.loading import cache_path, load_model, parse_model_args, weights_enum
+from hookcli.sources import load_model, parse_model_args
+from hookcli.sources.torchvision import cache_path, weights_enum
 
 
 def test_unknown_model_suggests_close_names() -> None:

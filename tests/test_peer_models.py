@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
+from hookcli.engine.stats import StatsCollector
 from hookcli.errors import ModelError
-from hookcli.stats import StatsCollector
 from tests.conftest import assert_stats_match, hooks_left
 from tests.test_cli import assert_one_line_error
 
@@ -487,7 +487,7 @@ def captured_outputs_with_grad(model: nn.Module, x: torch.Tensor, name: str) -> 
 def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found(
     tmp_path: Path,
 ) -> None:
-    from hookcli.dataset import inspect_folder
+    from hookcli.commands.folder import inspect_folder
     from tests.conftest import CAT, COFFEE
 
     for src in (CAT, COFFEE):

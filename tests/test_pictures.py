@@ -13,7 +13,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.loading import load_model
+from hookcli.sources import load_model
 from tests.conftest import CAT
 from tests.test_cli import assert_one_line_error
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torchvision
 
+from hookcli.engine.selection import module_entries, select
 from hookcli.errors import UsageError
-from hookcli.selection import module_entries, select
 from tests.models import Aliased
 
 

@@ -9,8 +9,8 @@ import weakref
 import pytest
 import torch
 
-from hookcli import stats as stats_mod
-from hookcli.stats import StatsCollector, tensor_stats
+from hookcli.engine import stats as stats_mod
+from hookcli.engine.stats import StatsCollector, tensor_stats
 from tests.conftest import assert_stats_match
 
 BIG = 3 * (1 << 15) + 123  # above the parallel threshold, not a multiple of the block size

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hookcli import beacon
-from hookcli.supervise import death_message, is_light
+from hookcli.runtime import beacon
+from hookcli.runtime.supervise import death_message, is_light
 from tests.conftest import ROOT
 
 MODEL = "tests.crash_models:Net"

@@ -39,7 +39,7 @@ __all__ = [
 
 def _new_run() -> None:
     """Each call is a run of its own: files an earlier call read may be written by this one."""
-    from hookcli import output
+    from hookcli.io import output
 
     output.begin()
 
@@ -49,7 +49,7 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
 
     `model`: a registry name, `file.py:Name`, `pkg.mod:Name` or an nn.Module; `inputs`: image
     paths and folders, or tensors. Options (the CLI's long names in snake_case, see
-    `hookcli.run.inspect`): layers, types, depth, input_specs, weights, seed, device,
+    `hookcli.commands.inspect.inspect`): layers, types, depth, input_specs, weights, seed, device,
     model_args, train, topk, hist (True: the CLI's 12 bins), profile, save, ablate, strict,
     fail_on, dead_frac. A folder of more than 32 images, or batch_size=, limit=, workers=
     (per_image=K for each image's top-K), runs in batches with statistics merged exactly, as
@@ -89,14 +89,14 @@ def check(model: Any, inputs: Any = (), **options: Any) -> Report:
 def exit_code(report: Report) -> int:
     """The exit code the CLI ends this report's run with: 0 every check passed, 1 a check
     failed, 130 a folder run was interrupted (partial statistics)."""
-    from hookcli.checks import exit_code as _exit_code
+    from hookcli.commands.checks import exit_code as _exit_code
 
     return _exit_code(report)
 
 
 def passed(report: Report) -> bool:
     """Every check in `report.checks` passed and the run was whole (exit code 0)."""
-    from hookcli.checks import passed as _passed
+    from hookcli.commands.checks import passed as _passed
 
     return _passed(report)
 
@@ -171,9 +171,9 @@ def diff(
     **options: Any,
 ) -> DiffReport:
     """Two sides of one model (e.g. a="float32", b="bfloat16,channels_last") on the same input,
-    compared layer call by layer call (see `hookcli.compare.diff_report`). Options as inspect's:
-    layers, types, depth, input_specs, weights, seed, device, model_args."""
-    from hookcli.compare import diff_report, parse_side
+    compared layer call by layer call (see `hookcli.commands.diff.diff_report`). Options as
+    inspect's: layers, types, depth, input_specs, weights, seed, device, model_args."""
+    from hookcli.commands.diff import diff_report, parse_side
     from hookcli.options import Invocation
 
     _new_run()

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from hookcli.errors import UsageError, one_line
-from hookcli.loading import LoadedModel
-from hookcli.output import note_read, registry, user_path
+from hookcli.io.output import note_read, registry, user_path
+from hookcli.sources import LoadedModel
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

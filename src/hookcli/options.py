@@ -131,7 +131,7 @@ class RunOptions:
     topk: int | None = None
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
-    save: Any = None  # an output.Destination (the Python API: a path, claimed on use)
+    save: Any = None  # an io.output.Destination (the API claims a path it is given)
     ablate: tuple[str, ...] = ()
     deterministic: bool = False
     stats_backend: str = "auto"  # "torch" skips the fused CPU kernel; results agree
@@ -245,12 +245,6 @@ class Invocation:
             parts["run"]["hist"] = hist_bins(parts["run"]["hist"])
         if not backward and parts["backward"]:
             raise TypeError(f"{', '.join(parts['backward'])}: options of grads, not inspect")
-        if parts["run"].get("save") is not None:
-            from hookcli.output import claim
-
-            parts["run"]["save"] = claim(
-                parts["run"]["save"], "save", suffix=".safetensors", stdout_ok=False
-            )
         items = _input_items(inputs)
         return cls(
             model=ModelOptions(model, **parts["model"]),

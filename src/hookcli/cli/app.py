@@ -44,7 +44,7 @@ def _root(
 
     Example: hookcli inspect resnet34 sample_images/cat.jpeg
     """
-    from hookcli import output
+    from hookcli.io import output
 
     output.begin()  # a new command: no file read, no output claimed yet
 
@@ -64,9 +64,9 @@ register(app, pictures.cam, config=True)
 
 def main() -> None:
     """The console script: safe standard streams, then the command in a supervised worker
-    (hookcli.supervise: a native crash becomes exit 3 naming the layer)."""
-    from hookcli import beacon, stdio
-    from hookcli.supervise import supervise
+    (hookcli.runtime.supervise: a native crash becomes exit 3 naming the layer)."""
+    from hookcli.runtime import beacon, stdio
+    from hookcli.runtime.supervise import supervise
 
     stdio.guard()
     if "" not in sys.path and os.getcwd() not in sys.path:

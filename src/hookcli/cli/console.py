@@ -19,7 +19,7 @@ from hookcli.render import SUFFIX_FORMATS, Format
 from hookcli.text import escape
 
 if TYPE_CHECKING:
-    from hookcli.output import Destination
+    from hookcli.io.output import Destination
 
 
 class ListFormat(StrEnum):
@@ -99,8 +99,8 @@ def claim(
     stdout_ok: bool = True,
     reads: list[str] | None = None,
 ) -> Destination | None:
-    """An output checked before any work is done (hookcli.output has the one policy)."""
-    from hookcli.output import claim as claim_output
+    """An output checked before any work is done (hookcli.io.output has the one policy)."""
+    from hookcli.io.output import claim as claim_output
 
     return claim_output(path, option, suffix=suffix, stdout_ok=stdout_ok, reads=reads or [])
 
@@ -112,7 +112,7 @@ def to_file(dest: Destination | None) -> bool:
 
 def emit(text: str, dest: Destination | None) -> None:
     """stdout, or the claimed destination (atomically replaced, or written through)."""
-    from hookcli.output import write_text
+    from hookcli.io.output import write_text
 
     if dest is None:
         sys.stdout.write(text)

@@ -23,7 +23,7 @@ from hookcli.options import DEFAULTS
 from hookcli.render import Format
 
 if TYPE_CHECKING:
-    from hookcli.output import Destination
+    from hookcli.io.output import Destination
     from hookcli.records import DiffReport
 
 
@@ -98,7 +98,7 @@ def diff(
     with handled():
         p, used = opt.configured(ctx)
         dest = claim(p["output"], reads=opt.reads(p, used))
-        from hookcli.compare import diff_report, diff_saved, parse_side
+        from hookcli.commands.diff import diff_report, diff_saved, parse_side
 
         name = opt.need_model(p, "diff")
         inputs = p["inputs"]

@@ -1,5 +1,5 @@
 """inspect, grads and check: options → hookcli.commands.run_command → rendering and the exit
-code (hookcli.checks.exit_code decides it, for the API as for the CLI)."""
+code (hookcli.commands.checks.exit_code decides it, for the API as for the CLI)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from hookcli.render import Format
 
 if TYPE_CHECKING:
     from hookcli.commands import Running
-    from hookcli.output import Destination
+    from hookcli.io.output import Destination
     from hookcli.records import Report
 
 
@@ -213,8 +213,8 @@ def run_command(ctx: typer.Context, command: str) -> None:
     output = claim(p["output"], reads=reads)
     baseline_out = claim(p["save_baseline"], "--save-baseline", stdout_ok=False, reads=reads)
     save = claim(p.get("save"), "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
-    from hookcli.checks import exit_code, failures, parse_rules
     from hookcli.commands import run_command as run
+    from hookcli.commands.checks import exit_code, failures, parse_rules
     from hookcli.options import (
         BackwardOptions,
         Batching,

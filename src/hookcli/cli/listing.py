@@ -41,7 +41,7 @@ def models(
     """
     with handled():
         dest = claim(output)
-        from hookcli.listing import list_registry
+        from hookcli.commands.listing import list_registry
 
         entries = list_registry(pattern, task.value if task else None)
         emit_listing(entries, fmt, dest, "models_table")
@@ -74,7 +74,7 @@ def layers(
         if used:
             err(f"config: {used}")
         dest = claim(p["output"], reads=opt.reads(p, used))
-        from hookcli.listing import layers_report
+        from hookcli.commands.listing import layers_report
 
         name = opt.need_model(p, "layers")
         with status(f"loading {name}…"):
@@ -98,6 +98,6 @@ def show(
     """
     with handled():
         dest = claim(output, reads=[str(file)])
-        from hookcli.listing import show_file
+        from hookcli.commands.listing import show_file
 
         emit_listing(show_file(file), fmt, dest, "saved_table")

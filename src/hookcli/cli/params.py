@@ -17,8 +17,8 @@ import typer
 from typer.core import TyperCommand
 from typer.models import OptionInfo
 
-from hookcli.config import Key
 from hookcli.errors import HookcliError, UsageError
+from hookcli.io.config import Key
 from hookcli.options import (
     InputOptions,
     ModelOptions,
@@ -290,7 +290,7 @@ def _project_config(command: Any, args: Sequence[str]) -> tuple[Path, dict[str, 
     named, off = _config_args(args)
     if off:
         return None
-    from hookcli import config as project
+    from hookcli.io import config as project
 
     if named is not None:
         path = Path(named)
@@ -442,7 +442,7 @@ def single_layer(params: Mapping[str, Any]) -> str | None:
 
 
 def reads(params: Mapping[str, Any], used: str | None) -> list[str]:
-    """Every file this run will read, known before any work (hookcli.output's registry, which
+    """Every file this run will read, known before any work (hookcli.io.output's registry, which
     every reader also adds to): an output may not be one of them. Names that are not files
     (randn:2, DEFAULT, ones) are dropped there."""
     p = params

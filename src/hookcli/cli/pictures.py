@@ -14,7 +14,7 @@ from hookcli.options import DEFAULTS
 
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
-    from hookcli.output import Destination
+    from hookcli.io.output import Destination
 
 PngOpt = Annotated[
     Path | None,
@@ -163,7 +163,7 @@ def _save_png(dest: Destination | None, drawing: Drawing) -> None:
 def _save_raw(dest: Destination, drawing: Drawing) -> None:
     import numpy as np
 
-    from hookcli.output import write_with
+    from hookcli.io.output import write_with
 
     raw = drawing.raw
     assert raw is not None

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
-from hookcli.output import note_read, user_path
+from hookcli.io.output import note_read, user_path
 from hookcli.sources.base import Source, kwargs_text
 from hookcli.sources.model import LoadedModel
 from hookcli.sources.registry import unknown_model
@@ -171,7 +171,7 @@ def load_custom(
             f"{source}:{attr} gave a {type(model).__name__}, not an nn.Module.",
             "name an nn.Module subclass or a function returning one.",
         )
-    from hookcli.selection import walk
+    from hookcli.engine.selection import walk
 
     for _ in walk(model):  # a module cycle is named here, not hit as a RecursionError in eval()
         pass

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from hookcli.errors import UsageError, one_line
-from hookcli.output import note_read
+from hookcli.io.output import note_read
 
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hookcli.errors import ModelError, UsageError, one_line
-from hookcli.output import user_path
+from hookcli.io.output import user_path
 from hookcli.sources.base import Source, kwargs_text, quiet_warnings
 from hookcli.sources.model import LoadedModel
 from hookcli.sources.statedict import WEIGHT_SUFFIXES, load_state_dict_file

@@ -8,7 +8,7 @@ from typing import Any
 
 from hookcli import bounds
 from hookcli._version import __version__
-from hookcli.compare.measure import describe_over, shape_label
+from hookcli.commands.diff.measure import describe_over, shape_label
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
 
@@ -17,7 +17,7 @@ def diff_saved(path_a: str, path_b: str, tol: float = 1e-3) -> DiffReport:
     """Two JSON reports of one model (inspect/grads -f json): only their statistics are
     known, so each tensor is compared by the relative change of its norm (`norm_rel`); the
     mean and std changes are noted."""
-    from hookcli.reportfile import load_report
+    from hookcli.io.reportfile import load_report
 
     tol = bounds.tolerance(tol, "--tol", "--tol 1e-3")
     record = "give two reports written by hookcli inspect/grads/check -f json -o FILE."

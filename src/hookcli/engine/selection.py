@@ -23,8 +23,8 @@ from torch import nn
 from torch.jit import TracedModule  # type: ignore[attr-defined]
 from torch.nn.parameter import is_lazy
 
+from hookcli.engine.hooks import Target
 from hookcli.errors import ModelError, UsageError
-from hookcli.hooks import Target
 
 ROOT_LABEL = "(model)"
 

@@ -290,7 +290,7 @@ def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckRe
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """The validated report at path (reportfile.load_report: the one loader of saved reports)."""
-    from hookcli.reportfile import load_report
+    from hookcli.io.reportfile import load_report
 
     return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {path}")
 

@@ -20,11 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hookcli.engine import Prepared, every_target, hooked_pass, one_target, prepare
+from hookcli.engine.hooks import HookSession, PendingCall, Target
+from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession, PendingCall, Target
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
-from hookcli.loading import LoadedModel
 from hookcli.options import (
     BackwardOptions,
     CamOptions,
@@ -33,6 +32,7 @@ from hookcli.options import (
     ModelOptions,
     need_layer,
 )
+from hookcli.sources import LoadedModel
 from hookcli.tree import iter_tensors
 
 _POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")

@@ -29,21 +29,21 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from hookcli import beacon, isa
-from hookcli.errors import ModelError, UsageError, one_line
-from hookcli.hooks import HookSession, Target
-from hookcli.inputs import ModelInput, default_input, from_images, from_specs
-from hookcli.loading import LoadedModel, load_model, resolve_device
-from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
-from hookcli.selection import (
+from hookcli.engine.hooks import HookSession, Target
+from hookcli.engine.selection import (
     ROOT_LABEL,
     ModuleEntry,
     module_entries,
     select,
     unhookable_note,
 )
-from hookcli.targets import TargetSpec, parse_target
-from hookcli.targets import scalar as scalar_of
+from hookcli.engine.targets import TargetSpec, parse_target
+from hookcli.engine.targets import scalar as scalar_of
+from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.inputs import ModelInput, default_input, from_images, from_specs
+from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
+from hookcli.runtime import beacon, isa
+from hookcli.sources import LoadedModel, load_model, resolve_device
 from hookcli.tree import map_tensors
 
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from hookcli import beacon
 from hookcli.errors import UsageError
+from hookcli.runtime import beacon
 
 STDOUT = "-"
 # the descriptors a path can name; /proc/PID/fd/N only for this process's PID

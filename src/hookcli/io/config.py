@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hookcli.errors import UsageError
-from hookcli.output import note_read
+from hookcli.io.output import note_read
 
 COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
 KINDS = ("str", "path", "int", "float", "bool", "list")  # path: a file; list: of strings

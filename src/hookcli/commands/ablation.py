@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from hookcli import bounds
+from hookcli.engine.selection import ModuleEntry
 from hookcli.errors import UsageError
 from hookcli.records import Ablation, LayerChange, Report
-from hookcli.selection import ModuleEntry
 from hookcli.tree import map_tensors
 
 OPS = ("zero", "mean", "scale:K", "noise:S", "clamp:LO:HI")

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from hookcli import beacon, bounds, isa
+from hookcli import bounds
 from hookcli._version import __version__
-from hookcli.compare.measure import Compared, Spill, describe_over
-from hookcli.compare.passes import reference_pass, side_pass
-from hookcli.compare.sides import Side, SideRun, prepare_side, quantizable_twin
-from hookcli.engine import model_input
+from hookcli.commands.diff.measure import Compared, Spill, describe_over
+from hookcli.commands.diff.passes import reference_pass, side_pass
+from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
+from hookcli.engine.passes import model_input
+from hookcli.engine.selection import count_params
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.options import DEFAULTS, InputOptions, ModelOptions, Selection
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo
-from hookcli.selection import count_params
+from hookcli.runtime import beacon, isa
 
 
 def diff_report(

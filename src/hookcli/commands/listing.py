@@ -9,15 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hookcli.engine import hooked_pass, model_input, prepare
+from hookcli.commands.inspect import input_info, model_info
+from hookcli.engine.hooks import HookSession
+from hookcli.engine.passes import hooked_pass, model_input, prepare
+from hookcli.engine.selection import ROOT_LABEL, has_lazy, recount
+from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession
-from hookcli.loading import TASKS, registry_names, task_of, weights_enum
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import LayerCall, LayersReport, ModelEntry, ModuleRow, SavedFile
-from hookcli.run import input_info, model_info
-from hookcli.selection import ROOT_LABEL, has_lazy, recount
-from hookcli.stats import StatsCollector
+from hookcli.sources import TASKS
+from hookcli.sources.torchvision import registry_names, task_of, weights_enum
 
 
 def layers_report(

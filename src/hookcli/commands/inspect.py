@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli import isa
 from hookcli._version import __version__
-from hookcli.engine import (
+from hookcli.engine.hooks import HookSession, PendingCall, measure
+from hookcli.engine.origins import find_origins
+from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
     every_target,
@@ -24,14 +25,11 @@ from hookcli.engine import (
     prepare,
     unhooked_pass,
 )
+from hookcli.engine.selection import count_params
+from hookcli.engine.stats import StatsCollector, finite_or_none
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession, PendingCall, measure
 from hookcli.inputs import ModelInput, skipped_note
-from hookcli.loading import (
-    LoadedModel,
-)
 from hookcli.options import Invocation, RunOptions
-from hookcli.origins import find_origins
 from hookcli.records import (
     Backward,
     CallProfile,
@@ -44,8 +42,8 @@ from hookcli.records import (
     Report,
     TensorStats,
 )
-from hookcli.selection import count_params
-from hookcli.stats import StatsCollector, finite_or_none
+from hookcli.runtime import isa
+from hookcli.sources import LoadedModel
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
 
@@ -84,7 +82,7 @@ def report(inv: Invocation, command: str) -> Report:
         raise UsageError(f"--topk must be 0 or more, got {run.topk}.", "use --topk 5.")
     if run.hist < 0:
         raise UsageError(f"histogram bins must be 0 or more, got {run.hist}.", "use --hist.")
-    from hookcli import ablation
+    from hookcli.commands import ablation
 
     specs = [ablation.parse(a) for a in run.ablate]
     prepared = prepare(inv.model, inv.selection, inv.inputs, backward=inv.backward)
@@ -103,7 +101,7 @@ PendingParam = tuple[ParamStats, TensorStats, TensorStats | None]  # the weight'
 def _one_run(
     prepared: Prepared, run: RunOptions, command: str, ablations: Sequence[Any] = ()
 ) -> Report:
-    from hookcli.ablation import ablated
+    from hookcli.commands.ablation import ablated
 
     loaded, minput = prepared.loaded, prepared.minput
     assert minput is not None
@@ -194,7 +192,7 @@ def input_info(minput: ModelInput) -> InputInfo:
 
 
 def _saver(prepared: Prepared, run: RunOptions, command: str) -> Any:
-    from hookcli.saving import TensorSaver
+    from hookcli.io.saving import TensorSaver
 
     assert run.save is not None
     assert prepared.minput is not None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hookcli.output import Destination, write_with
+from hookcli.io.output import Destination, write_with
 
 _DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -63,7 +63,7 @@ class TensorSaver:
         self._offset += len(data)
 
     def close(self) -> None:
-        """Assemble the file (hookcli.output's policy: atomic for a regular file); the
+        """Assemble the file (hookcli.io.output's policy: atomic for a regular file); the
         temporary data goes either way."""
         header: dict[str, Any] = {"__metadata__": self.metadata, **self.entries}
         raw = json.dumps(header, separators=(",", ":")).encode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hookcli.hooks import PendingCall
+from hookcli.engine.hooks import PendingCall
 from hookcli.records import Origin
 
 

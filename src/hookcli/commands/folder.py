@@ -18,10 +18,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
-from hookcli.aggregate import Aggregate
-from hookcli.engine import Prepared, hooked_pass, prepare
+from hookcli.commands.inspect import model_info, predict
+from hookcli.engine.aggregate import Aggregate
+from hookcli.engine.hooks import HookSession, measure
+from hookcli.engine.passes import Prepared, hooked_pass, prepare
+from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
-from hookcli.hooks import HookSession, measure
 from hookcli.inputs import (
     ImageFile,
     ModelInput,
@@ -35,8 +37,6 @@ from hookcli.inputs import (
 )
 from hookcli.options import DEFAULT_BATCH, Batching, FolderOptions, Invocation
 from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
-from hookcli.run import model_info, predict
-from hookcli.stats import StatsCollector
 
 Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
 

@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from hookcli.compare.report import diff_report
-from hookcli.compare.saved import diff_saved
-from hookcli.compare.sides import SIDE_HELP, Side, SideKind, parse_side, register
+from hookcli.commands.diff.report import diff_report
+from hookcli.commands.diff.saved import diff_saved
+from hookcli.commands.diff.sides import SIDE_HELP, Side, SideKind, parse_side, register
 
 __all__ = ["SIDE_HELP", "Side", "SideKind", "diff_report", "diff_saved", "parse_side", "register"]

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.compare.measure import Compared, Spill, measure
-from hookcli.engine import Prepared
+from hookcli.commands.diff.measure import Compared, Spill, measure
+from hookcli.engine.passes import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
 from hookcli.tree import iter_tensors

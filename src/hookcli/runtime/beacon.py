@@ -2,11 +2,11 @@
 
 A native crash (SIGSEGV in a custom op, SIGILL in a kernel built for an ISA the machine cannot
 run, the OOM killer's SIGKILL) ends a process before any `except` or `finally` runs
-(HOOK_PITFALLS 16). The CLI therefore runs the work in a forked child (hookcli.supervise) and
-shares one anonymous memory page with it: the child writes into it, as it goes, which layer call
-is running (forward or backward), the phase of the run (building the model, a diff side) and the
-temp files it has made; the parent reads it when the child died of a signal, names the layer and
-removes the temp files.
+(HOOK_PITFALLS 16). The CLI therefore runs the work in a forked child
+(hookcli.runtime.supervise) and shares one anonymous memory page with it: the child writes into
+it, as it goes, which layer call is running (forward or backward), the phase of the run
+(building the model, a diff side) and the temp files it has made; the parent reads it when the
+child died of a signal, names the layer and removes the temp files.
 
 Writing costs one small memcpy per hooked call; with no supervisor (the Python API, tests) the
 module-level beacon is None and every function returns at once. No torch here.

@@ -183,7 +183,7 @@ class Accumulator:
 
 
 def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
-    from hookcli.stats import kernels
+    from hookcli.engine.stats import kernels
 
     ks = kernels()
     x = got.detach().cpu()

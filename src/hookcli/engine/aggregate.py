@@ -135,7 +135,7 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Merge JSON reports of the same model and layers run on different data (shards): the
     result is what one run over all the data would report, statistics exact.
 
-        import json, hookcli.aggregate as agg
+        import json, hookcli.engine.aggregate as agg
         parts = [json.load(open(f"rank{r}.json")) for r in range(world_size)]
         json.dump(agg.merge_reports(parts), open("all.json", "w"))
     """

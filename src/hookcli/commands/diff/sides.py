@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from hookcli import bounds
-from hookcli.compare.measure import Compared, Spill
-from hookcli.compare.onnx import onnx_pass
-from hookcli.engine import Prepared, prepare
+from hookcli.commands.diff.measure import Compared, Spill
+from hookcli.commands.diff.onnx import onnx_pass
+from hookcli.engine.passes import Prepared, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
 from hookcli.options import InputOptions, ModelOptions, Selection
@@ -203,7 +203,7 @@ class Quantized(SideKind):
     def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
         from torch.ao import quantization as tq
 
-        from hookcli.loading import quiet_warnings
+        from hookcli.sources import quiet_warnings
 
         with quiet_warnings():  # torch.ao.quantization's deprecation notices: not the user's
             twin.qconfig = tq.get_default_qconfig("x86")  # type: ignore[no-untyped-call]
@@ -475,8 +475,9 @@ def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput
     (+relu) fused, so that every side has the same modules under the same names; then changed
     by the side's kinds (a `quantized` side: prepared, calibrated on the run's first input and
     converted to int8 on the CPU)."""
-    from hookcli.loading import quiet_warnings, registry_names
-    from hookcli.selection import module_entries, select
+    from hookcli.engine.selection import module_entries, select
+    from hookcli.sources import quiet_warnings
+    from hookcli.sources.torchvision import registry_names
 
     p = run.prepared
     name = f"quantized_{p.loaded.name}"

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookcli import beacon
+from hookcli.engine.stats import StatsCollector, dtype_name
 from hookcli.records import LayerCall, TensorStats
-from hookcli.stats import StatsCollector, dtype_name
+from hookcli.runtime import beacon
 from hookcli.tree import iter_tensors
 
 # Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.

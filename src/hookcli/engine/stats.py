@@ -73,7 +73,7 @@ def _load_kernels() -> Kernels | None:
     try:
         import numba
 
-        from hookcli import _kernels
+        from hookcli.engine import _kernels
     except Exception:  # numba absent or broken: the torch path is exact, only slower
         return None
     # The kernels run between torch's own ops: use no more threads than torch does.

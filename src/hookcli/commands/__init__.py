@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookcli.checks import Rules, evaluate, for_check, parse_rules
+from hookcli.commands.checks import Rules, evaluate, for_check, parse_rules
 from hookcli.options import (
     API_KEYS,
     BackwardOptions,
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-    from hookcli.output import Destination
-    from hookcli.visual import Picture
+    from hookcli.commands.pictures import Picture
+    from hookcli.io.output import Destination
 
 COMMANDS = ("inspect", "grads", "check")
 Progress = Callable[[int, int], None]  # (images done, images in all) of a folder run
@@ -68,8 +68,8 @@ def run_command(
     """inspect, grads or check as the command asks: the run (one batch, or a folder run in
     batches), then its rules evaluated into `report.checks`. `checks.exit_code(report)` is the
     exit decision."""
-    from hookcli import run
-    from hookcli.dataset import folder_options, folder_report
+    from hookcli.commands import inspect as run
+    from hookcli.commands.folder import folder_options, folder_report
 
     if command not in COMMANDS:
         raise ValueError(f"command must be one of {', '.join(COMMANDS)}, not {command!r}")
@@ -123,6 +123,11 @@ def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]
     rule_options = {k: given.pop(k) for k in rule_keys if k in given}
     batching = pick(Batching, {k: given.pop(k) for k in batch_keys if k in given})
     inv = Invocation.from_api(model, inputs, given, backward=command != "inspect")
+    if inv.run.save is not None:
+        from hookcli.io.output import claim
+
+        save = claim(inv.run.save, "save", suffix=".safetensors", stdout_ok=False)
+        inv = dataclasses.replace(inv, run=dataclasses.replace(inv.run, save=save))
     return run_command(command, inv, rules_from_api(rule_options), batching=batching)
 
 
@@ -188,8 +193,8 @@ class Drawing:
         return self.picture.notes
 
     def write(self, dest: Destination) -> None:
-        """Into a claimed output (hookcli.output's policy), with the metadata chunk."""
-        from hookcli.output import write_with
+        """Into a claimed output (hookcli.io.output's policy), with the metadata chunk."""
+        from hookcli.io.output import write_with
         from hookcli.render.images import png_bytes_info
 
         info = png_bytes_info(self.metadata)
@@ -201,7 +206,7 @@ class Drawing:
 
     def save(self, path: str | Path) -> None:
         """The PNG the CLI writes, at path (replaced atomically)."""
-        from hookcli.output import claim
+        from hookcli.io.output import claim
 
         dest = claim(path, "save", suffix=".png", stdout_ok=False)
         assert dest is not None
@@ -210,8 +215,8 @@ class Drawing:
 
 def maps(model: ModelOptions, inputs: InputOptions, options: MapOptions) -> Drawing:
     """One layer call's output channels as a labelled grid beside the input."""
+    from hookcli.commands.pictures import feature_maps
     from hookcli.render.images import maps_png
-    from hookcli.visual import feature_maps
 
     picture = feature_maps(model, inputs, options)
     image, metadata = maps_png(picture)
@@ -225,8 +230,8 @@ def cam(
     options: CamOptions = CamOptions(),
 ) -> Drawing:
     """Grad-CAM (or Grad-CAM++) of one image for a target, over the image."""
+    from hookcli.commands.pictures import class_activation
     from hookcli.render.images import cam_png
-    from hookcli.visual import class_activation
 
     picture = class_activation(model, inputs, backward, options)
     image, metadata = cam_png(picture)

@@ -4,13 +4,14 @@ A model can kill the process in ways no `except` sees (HOOK_PITFALLS 16): a cust
 segfaults, a kernel built for an ISA the CPU cannot run dies with SIGILL, a native library aborts,
 the OOM killer sends SIGKILL. That is when a user most needs to know which layer was running.
 
-So `hookcli` forks before anything heavy is imported (torch included): the child runs the command
-as it always did — same stdin, stdout and stderr, same terminal, so tables, JSON and progress
-bars are untouched — and writes where it is into a shared page (hookcli.beacon). The parent only
-waits. If the child dies of a signal, the parent prints one line naming the signal, the layer
-call that was running (forward or backward, and the phase: building the model, a diff side) and a
-next step, removes the temp files the child had made, and exits 3. Outputs are written
-atomically at the end of a run, so a dead run leaves none.
+So `hookcli` forks before anything heavy is imported (torch included): the child runs the
+command as it always did — same stdin, stdout and stderr, same terminal, so tables, JSON and
+progress bars are untouched — and writes where it is into a shared page
+(hookcli.runtime.beacon). The parent only waits. If the child dies of a signal, the parent
+prints one line naming the signal, the layer call that was running (forward or backward, and the
+phase: building the model, a diff side) and a next step, removes the temp files the child had
+made, and exits 3. Outputs are written atomically at the end of a run, so a dead run leaves
+none.
 
 Ctrl-C reaches the child directly (the terminal signals the whole foreground process group; the
 parent ignores it), so partial results and exit 130 work as before. SIGTERM and SIGHUP sent to
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from hookcli import beacon, isa
+from hookcli.runtime import beacon, isa
 from hookcli.text import escape
 
 # commands that run no model: not worth a process of their own

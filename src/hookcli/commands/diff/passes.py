@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from hookcli.compare.measure import Compared, Spill, measure
-from hookcli.compare.sides import SideRun
-from hookcli.engine import hooked_pass
-from hookcli.hooks import HookSession, PendingCall
+from hookcli.commands.diff.measure import Compared, Spill, measure
+from hookcli.commands.diff.sides import SideRun
+from hookcli.engine.hooks import HookSession, PendingCall
+from hookcli.engine.passes import hooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.tree import iter_tensors
 

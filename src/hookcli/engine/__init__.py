@@ -1,0 +1,1 @@
+"""The torch side of a pass: model + selection + input → hooked passes, statistics, backward."""

@@ -1,0 +1,1 @@
+"""Files: the output policy (atomic writes), safetensors saving, project config, JSON reports."""
