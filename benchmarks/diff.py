@@ -34,8 +34,8 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
     inputs = InputOptions(specs=(f"randn:{batch}x3x224x224",))
     ref = prepare_side(model, Selection(), parse_side("float32", "--a"), with_input=inputs)
     other = prepare_side(model, Selection(), parse_side(side_b, "--b"), with_input=None)
-    assert ref.prepared.minput is not None
-    x_a = ref.prepared.minput
+    assert ref.prepared.model_input is not None
+    x_a = ref.prepared.model_input
     x_b = other.side.cast(x_a, other.prepared.device)
     model_a, model_b = ref.prepared.loaded.module.eval(), other.prepared.loaded.module.eval()
 
@@ -48,7 +48,7 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
         spill = Spill()
         try:
             reference_pass(ref, x_a, spill, isolate=False)
-            compared_pass(other, x_b, spill, isolate=False, into=Compared())
+            compared_pass(other, x_b, spill, isolate=False, compared=Compared())
         finally:
             spill.close()
 

@@ -348,9 +348,9 @@ def from_images(paths: Sequence[str], model: LoadedModel, *, strict: bool = Fals
     images = [im for _, im in read if im is not None]
     if not files:
         raise UsageError(f"none of the {len(found)} images could be read.", "check the files.")
-    minput = _from_pil(files, images, model)
-    minput.skipped = skipped
-    return minput
+    model_input = _from_pil(files, images, model)
+    model_input.skipped = skipped
+    return model_input
 
 
 def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> ModelInput:

@@ -92,13 +92,13 @@ class ModelOptions:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which modules to hook: patterns, types, depth; `also` is hooked whatever the rest says
+    """Which modules to hook: patterns, types, depth; `always` is hooked whatever the rest says
     (--expect-shape's layers); `every` hooks every module (layers --shapes, CAM's search)."""
 
     layers: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
     depth: int | None = None
-    also: tuple[str, ...] = ()
+    always: tuple[str, ...] = ()
     every: bool = False
 
 
@@ -195,7 +195,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "layers": ("selection", "layers"),
     "types": ("selection", "types"),
     "depth": ("selection", "depth"),
-    "also_layers": ("selection", "also"),
+    "also_layers": ("selection", "always"),
     "input_specs": ("inputs", "specs"),
     "strict": ("inputs", "strict"),
     "target": ("backward", "target"),

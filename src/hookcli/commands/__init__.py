@@ -99,7 +99,7 @@ def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocatio
     selection = inv.selection
     also = tuple(layer for layer, _ in rules.expect_shapes)
     if also:
-        selection = dataclasses.replace(selection, also=selection.also + also)
+        selection = dataclasses.replace(selection, always=selection.always + also)
     run = inv.run
     if command == "check":
         run = dataclasses.replace(run, topk=0, deterministic=True)

@@ -167,10 +167,10 @@ def folder_report(
                 chosen = [files[i] for i in indexes]
                 output = run.batch(tensors, chosen)
                 if folder.per_image:
-                    minput = ModelInput(
+                    model_input = ModelInput(
                         (), "", [f.name for f in chosen], classes=[f.folder_class for f in chosen]
                     )
-                    preds, prediction_note = predict(output, loaded, folder.per_image, minput)
+                    preds, prediction_note = predict(output, loaded, folder.per_image, model_input)
                     for pr in preds or []:
                         pr.image += run.seen - len(tensors)
                     predictions.extend(preds or [])
@@ -247,12 +247,12 @@ class _FolderRun:
                 "use a model whose preprocessing crops to one size, or --batch-size 1.",
             )
         args: tuple[Any, ...] = (torch.stack(tensors),) if loaded.kind.stacks else (list(tensors),)
-        minput = ModelInput(args, "batch").to(prepared.device)
-        self.shape = self.shape or tuple(minput.shapes()[0])[1:]
+        model_input = ModelInput(args, "batch").to(prepared.device)
+        self.shape = self.shape or tuple(model_input.shapes()[0])[1:]
         collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)
         session = HookSession(prepared.targets, collector)
         out_stats: list[TensorStats] = []
-        with hooked_pass(prepared, session, minput=minput, train=self.train) as result:
+        with hooked_pass(prepared, session, model_input=model_input, train=self.train) as result:
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", out_stats)
         collector.finalize()

@@ -103,8 +103,8 @@ def _one_run(
 ) -> Report:
     from hookcli.commands.ablation import ablated
 
-    loaded, minput = prepared.loaded, prepared.minput
-    assert minput is not None
+    loaded, model_input = prepared.loaded, prepared.model_input
+    assert model_input is not None
     backward = prepared.backward is not None
     collector = StatsCollector(fused=run.stats_backend != "torch", hist_bins=run.hist)
     saver = _saver(prepared, run, command) if run.save is not None else None
@@ -125,7 +125,7 @@ def _one_run(
                 for path, t in prepared.input_leaves
                 if t.grad is not None
             ]
-            predictions, note = predict(result.output, loaded, _topk(run.topk, loaded), minput)
+            predictions, note = predict(result.output, loaded, _topk(run.topk, loaded), model_input)
     except BaseException:
         if saver is not None:
             saver.discard()  # never a half-written file
@@ -156,8 +156,8 @@ def _one_run(
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")
     notes += [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
-    if minput.skipped:
-        notes.append(skipped_note(minput.skipped))
+    if model_input.skipped:
+        notes.append(skipped_note(model_input.skipped))
     if saver is not None:
         notes.append(f"saved {len(saver.entries)} tensors to {saver.dest.label}")
         if saver.skipped:
@@ -165,7 +165,7 @@ def _one_run(
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
     return Report(
         model=model_info(loaded, run.train),
-        input=input_info(minput),
+        input=input_info(model_input),
         device=str(prepared.device),
         layers=layers,
         never_called=[
@@ -187,15 +187,20 @@ def _one_run(
     )
 
 
-def input_info(minput: ModelInput) -> InputInfo:
-    return InputInfo(minput.description, minput.shapes(), minput.sources, minput.preprocessing)
+def input_info(model_input: ModelInput) -> InputInfo:
+    return InputInfo(
+        model_input.description,
+        model_input.shapes(),
+        model_input.sources,
+        model_input.preprocessing,
+    )
 
 
 def _saver(prepared: Prepared, run: RunOptions, command: str) -> Any:
     from hookcli.io.saving import TensorSaver
 
     assert run.save is not None
-    assert prepared.minput is not None
+    assert prepared.model_input is not None
     return TensorSaver(
         run.save,
         {
@@ -204,7 +209,7 @@ def _saver(prepared: Prepared, run: RunOptions, command: str) -> Any:
             "command": command,
             "model": prepared.loaded.spec,
             "weights": prepared.loaded.weights_label,
-            "input": prepared.minput.description,
+            "input": prepared.model_input.description,
             "device": str(prepared.device),
         },
     )
@@ -317,7 +322,7 @@ def model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
 
 
 def predict(
-    output: Any, loaded: LoadedModel, topk: int, minput: ModelInput
+    output: Any, loaded: LoadedModel, topk: int, model_input: ModelInput
 ) -> tuple[list[Prediction] | None, str | None]:
     """Top-k per image: classes (classification), detections (detection), pixel shares
     (segmentation). Labels come from the weights' categories; each row names its image (path
@@ -327,7 +332,7 @@ def predict(
         return None, None
     cats = loaded.categories
     meaningless = "" if loaded.pretrained else f"; {RANDOM_WEIGHTS_NOTE}"
-    sources, classes = minput.sources, minput.classes
+    sources, classes = model_input.sources, model_input.classes
 
     def label(i: int) -> str | None:
         return cats[i] if cats is not None and 0 <= i < len(cats) else None

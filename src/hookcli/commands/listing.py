@@ -11,7 +11,7 @@ from typing import Any
 
 from hookcli.commands.inspect import input_info, model_info
 from hookcli.engine.hooks import HookSession
-from hookcli.engine.passes import hooked_pass, model_input, prepare
+from hookcli.engine.passes import build_input, hooked_pass, prepare
 from hookcli.engine.selection import ROOT_LABEL, has_lazy, recount
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
@@ -38,13 +38,13 @@ def layers_report(
     prepared = prepare(model, Selection(every=True) if shapes else None, inputs if shapes else None)
     if not shapes and has_lazy(prepared.loaded.module):
         # lazy parameters get their sizes in a first forward: run one, unhooked
-        x = model_input(prepared.loaded, inputs, model.seed).to(prepared.device)
-        with hooked_pass(prepared, HookSession([], None), minput=x):
+        x = build_input(prepared.loaded, inputs, model.seed).to(prepared.device)
+        with hooked_pass(prepared, HookSession([], None), model_input=x):
             pass
         recount(prepared.entries)
     session = HookSession(prepared.targets, None)
     if shapes:
-        assert prepared.minput is not None
+        assert prepared.model_input is not None
         with hooked_pass(prepared, session):
             pass
         recount(prepared.entries)  # lazy parameters are materialised now
@@ -64,7 +64,7 @@ def layers_report(
     ]
     info = None
     if shapes:
-        assert prepared.minput is not None
+        assert prepared.model_input is not None
         first: dict[str, LayerCall] = {}
         for p in session.calls:
             first.setdefault(p.call.name, p.call)
@@ -78,7 +78,7 @@ def layers_report(
                     + "x".join(map(str, o.shape))
                     for o in call.outputs
                 ]
-        info = input_info(prepared.minput)
+        info = input_info(prepared.model_input)
     return LayersReport(model_info(prepared.loaded), rows, info)
 
 

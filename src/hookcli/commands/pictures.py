@@ -131,9 +131,11 @@ def _capture(prepared: Prepared, target: Target, call: int, *, backward: bool = 
     return Captured(captured["out"], captured.get("grad"), value, output, notes)
 
 
-def _image_of(minput: ModelInput, index: int, loaded: LoadedModel) -> np.ndarray[Any, Any] | None:
+def _image_of(
+    model_input: ModelInput, index: int, loaded: LoadedModel
+) -> np.ndarray[Any, Any] | None:
     """The input image as the model saw it (after resize/crop), de-normalised to uint8."""
-    x = minput.args[0] if minput.args else None
+    x = model_input.args[0] if model_input.args else None
     if isinstance(x, list):
         x = x[index] if index < len(x) else None
     elif isinstance(x, torch.Tensor) and x.dim() == 4:
@@ -182,8 +184,8 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     if order not in ("activity", "index"):
         raise UsageError(f"--order must be activity or index, got {order!r}.", "use --order index.")
     prepared = prepare(model, inputs=inputs)
-    loaded, minput = prepared.loaded, prepared.minput
-    assert minput is not None
+    loaded, model_input = prepared.loaded, prepared.model_input
+    assert model_input is not None
     target = one_target(prepared, layer)
     got = _capture(prepared, target, call)
     out = got.out
@@ -213,7 +215,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     )
     return Picture(
         title=title,
-        image=_image_of(minput, image_index, loaded),
+        image=_image_of(model_input, image_index, loaded),
         tiles=tiles,
         labels=[f"{int(c)}" for c in picked.tolist()],
         legend=[f"output {_shape(out)}; each tile scaled to its own min..max"],
@@ -276,8 +278,8 @@ def class_activation(
         raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
     target, loss = backward.target, backward.loss
     prepared = prepare(model, inputs=inputs, backward=BackwardOptions(target or "top1", loss))
-    loaded, minput = prepared.loaded, prepared.minput
-    assert minput is not None
+    loaded, model_input = prepared.loaded, prepared.model_input
+    assert model_input is not None
     assert prepared.backward is not None
     described = prepared.backward.describe()
     notes = []
@@ -300,7 +302,7 @@ def class_activation(
             "pick a layer before the output, or another --target.",
         )
     _check_image(image_index, out)
-    image = _image_of(minput, image_index, loaded)
+    image = _image_of(model_input, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
     raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]
     finite = torch.isfinite(raw)

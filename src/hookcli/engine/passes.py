@@ -57,7 +57,7 @@ class Prepared:
     seed: int
     entries: list[ModuleEntry]
     targets: list[Target]
-    minput: ModelInput | None
+    model_input: ModelInput | None
     backward: TargetSpec | None = None
     input_leaves: tuple[tuple[str, torch.Tensor], ...] = ()  # --input-grad: the input copies
     notes: list[str] = field(default_factory=list)  # for the report: modules hooks cannot see
@@ -106,17 +106,25 @@ def prepare(
             types=selection.types,
             depth=selection.depth,
             model_label=loaded.spec,
-            also=selection.also,
+            always=selection.always,
         )
-    minput = None
+    model_input = None
     leaves: tuple[tuple[str, torch.Tensor], ...] = ()
     if inputs is not None:
-        minput = model_input(loaded, inputs, model.seed).to(device)
+        model_input = build_input(loaded, inputs, model.seed).to(device)
         if backward is not None and backward.input_grad:
-            minput, leaves = _with_input_grad(minput)
+            model_input, leaves = _with_input_grad(model_input)
     note = unhookable_note(entries)
     return Prepared(
-        loaded, device, model.seed, entries, targets, minput, spec, leaves, [note] if note else []
+        loaded,
+        device,
+        model.seed,
+        entries,
+        targets,
+        model_input,
+        spec,
+        leaves,
+        [note] if note else [],
     )
 
 
@@ -129,7 +137,7 @@ def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
     ]
 
 
-def model_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:
+def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:
     """Images, tensors (Python API), tensor specs, or a random input of the right shape."""
     items = inputs.items
     if items and all(isinstance(x, torch.Tensor) for x in items):
@@ -151,7 +159,7 @@ def model_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
 
 
 def _with_input_grad(
-    minput: ModelInput,
+    model_input: ModelInput,
 ) -> tuple[ModelInput, tuple[tuple[str, torch.Tensor], ...]]:
     """Copies of the floating-point inputs that require grad (the user's stay untouched)."""
     leaves: list[tuple[str, torch.Tensor]] = []
@@ -163,8 +171,8 @@ def _with_input_grad(
         leaves.append((path, copy))
         return copy
 
-    args = map_tensors(minput.args, lambda path, t: leaf(t, path), "in")
-    return minput.replace_args(tuple(args)), tuple(leaves)
+    args = map_tensors(model_input.args, lambda path, t: leaf(t, path), "in")
+    return model_input.replace_args(tuple(args)), tuple(leaves)
 
 
 @contextlib.contextmanager
@@ -172,7 +180,7 @@ def hooked_pass(
     prepared: Prepared,
     session: HookSession,
     *,
-    minput: ModelInput | None = None,
+    model_input: ModelInput | None = None,
     train: bool = False,
     backward: bool = False,
     timed: bool = False,
@@ -182,7 +190,7 @@ def hooked_pass(
     the model is as it was (mode, device, buffers, the user's .grad) and no hook remains.
     `timed`: forward and backward wall times, the device synchronised around each."""
     loaded = prepared.loaded
-    x = minput if minput is not None else prepared.minput
+    x = model_input if model_input is not None else prepared.model_input
     assert x is not None, "prepare() was given no inputs and the pass none either"
     # every parameter: a forward may call backward itself (MAML); the user's .grad comes back
     params: list[torch.Tensor] = list(loaded.module.parameters())
@@ -437,7 +445,7 @@ def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | 
 
 
 def run_forward(
-    loaded: LoadedModel, minput: ModelInput, session: HookSession, device: torch.device
+    loaded: LoadedModel, model_input: ModelInput, session: HookSession, device: torch.device
 ) -> Any:
     """The hooked forward (the caller sets grad mode and the model's state); model failures
     — an exception of any kind (a BaseException subclass, GeneratorExit), running out of
@@ -446,7 +454,7 @@ def run_forward(
     model = loaded.module
     with session:
         try:
-            return model(*minput.args)
+            return model(*model_input.args)
         except KeyboardInterrupt:
             raise
         except torch.OutOfMemoryError as exc:

@@ -176,7 +176,7 @@ def select(
     types: Sequence[str] = (),
     depth: int | None = None,
     model_label: str = "MODEL",
-    also: Sequence[str] = (),
+    always: Sequence[str] = (),
 ) -> list[Target]:
     """The modules to hook. Kinds of filter intersect; repeated filters of one kind unite.
 
@@ -188,7 +188,7 @@ def select(
         raise UsageError(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
-    for pattern in (*layers, *also):
+    for pattern in (*layers, *always):
         if not any(_match(pattern, e) for e in entries):
             close = _suggest(pattern, names)
             near = f" Nearest: {', '.join(close)}." if close else ""
@@ -211,7 +211,7 @@ def select(
 
     chosen: list[ModuleEntry] = []
     for e in entries:
-        if any(_match(p, e) for p in also):  # needed by a rule (--expect-shape), whatever else
+        if any(_match(p, e) for p in always):  # needed by a rule (--expect-shape), whatever else
             chosen.append(e)
             continue
         if layers and not any(_match(p, e) for p in layers):

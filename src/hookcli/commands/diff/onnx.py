@@ -40,13 +40,13 @@ def _modules() -> tuple[Any, Any]:
     return onnx, onnxruntime
 
 
-def export(prepared: Prepared, minput: ModelInput) -> Any:
+def export(prepared: Prepared, model_input: ModelInput) -> Any:
     """The model as an ONNX ModelProto, traced on this input (float32, CPU)."""
     _modules()
     module = prepared.loaded.module
     try:
         program = torch.onnx.export(
-            module, tuple(minput.args), dynamo=True, optimize=False, verbose=False
+            module, tuple(model_input.args), dynamo=True, optimize=False, verbose=False
         )
     except Exception as exc:
         raise ModelError(
@@ -104,11 +104,13 @@ def call_outputs(graph: Any, names: set[str]) -> list[tuple[str, int, list[str]]
     return calls
 
 
-def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Spill, into: Compared) -> None:
+def onnx_pass(
+    prepared: Prepared, model_input: ModelInput, spill: Spill, compared: Compared
+) -> None:
     """Export, run with ONNX Runtime returning every selected call's output, and measure each
     against the reference side's (read back from the spill)."""
     onnx, ort = _modules()
-    model = export(prepared, minput)
+    model = export(prepared, model_input)
     graph = model.graph
     targets = {t.name: t.type for t in prepared.targets}
     calls = call_outputs(graph, set(targets))
@@ -127,7 +129,7 @@ def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Spill, into: Compar
         feeds = {
             i.name: t.detach().cpu().numpy()
             for i, (_, t) in zip(
-                session.get_inputs(), iter_tensors(minput.args, "in"), strict=False
+                session.get_inputs(), iter_tensors(model_input.args, "in"), strict=False
             )
         }
         names = [o.name for o in session.get_outputs()]
@@ -141,10 +143,12 @@ def onnx_pass(prepared: Prepared, minput: ModelInput, spill: Spill, into: Compar
     for rank, (name, call, outs) in enumerate(calls):
         if not outs:
             continue
-        _, accs = into.calls.setdefault((name, call), (targets[name], {}))
-        into.order.setdefault((name, call), rank)
+        _, accs = compared.calls.setdefault((name, call), (targets[name], {}))
+        compared.order.setdefault((name, call), rank)
         got = torch.from_numpy(np.asarray(values[outs[-1]]))
         measure(accs, "out", spill.read((name, call, "out")), got)
     first = graph.output[0].name
-    measure(into.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first]))
-    into.note_missing(spill, "not in the ONNX graph (no node of its own)")
+    measure(
+        compared.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first])
+    )
+    compared.note_missing(spill, "not in the ONNX graph (no node of its own)")

@@ -26,7 +26,7 @@ def real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield path, t
 
 
-def reference_pass(run: SideRun, minput: ModelInput, spill: Spill, isolate: bool) -> None:
+def reference_pass(run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool) -> None:
     def keep_output(pending: PendingCall, output: Any) -> None:
         c = pending.call
         for path, t in real(output):
@@ -45,22 +45,22 @@ def reference_pass(run: SideRun, minput: ModelInput, spill: Spill, isolate: bool
     with (
         run.side.context(p.device),
         torch.no_grad(),
-        hooked_pass(p, session, minput=minput) as result,
+        hooked_pass(p, session, model_input=model_input) as result,
     ):
         for path, t in real(result.output):
             spill.write(("(model)", 0, path), t)
 
 
 def compared_pass(
-    run: SideRun, minput: ModelInput, spill: Spill, isolate: bool, into: Compared
+    run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool, compared: Compared
 ) -> None:
     """The hooked pass of a compared side."""
     p = run.prepared
 
     def compare(pending: PendingCall, output: Any) -> None:
         c = pending.call
-        _, accs = into.calls.setdefault((c.name, c.call), (c.type, {}))
-        into.order.setdefault((c.name, c.call), pending.finished or 0)
+        _, accs = compared.calls.setdefault((c.name, c.call), (c.type, {}))
+        compared.order.setdefault((c.name, c.call), pending.finished or 0)
         for path, t in real(output):
             measure(accs, path, spill.read((c.name, c.call, path)), t)
 
@@ -87,19 +87,19 @@ def compared_pass(
     with (
         run.side.context(p.device),
         torch.no_grad(),
-        hooked_pass(p, session, minput=minput) as result,
+        hooked_pass(p, session, model_input=model_input) as result,
     ):
         for path, t in real(result.output):
-            measure(into.outputs, path, spill.read(("(model)", 0, path)), t)
-    into.note_missing(spill, "only on the reference side")
+            measure(compared.outputs, path, spill.read(("(model)", 0, path)), t)
+    compared.note_missing(spill, "only on the reference side")
 
 
 def side_pass(
-    run: SideRun, minput: ModelInput, spill: Spill, isolate: bool, into: Compared
+    run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool, compared: Compared
 ) -> None:
     """A compared side's pass: its own if its kinds bring one (ONNX Runtime), else hooked."""
     runner = run.side.pass_runner()
     if runner is not None:
-        runner(run.prepared, minput, spill, into)
+        runner(run.prepared, model_input, spill, compared)
     else:
-        compared_pass(run, minput, spill, isolate, into)
+        compared_pass(run, model_input, spill, isolate, compared)

@@ -26,7 +26,7 @@ from hookcli._version import __version__
 from hookcli.commands.diff.measure import Compared, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
-from hookcli.engine.passes import model_input
+from hookcli.engine.passes import build_input
 from hookcli.engine.selection import count_params
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.options import DEFAULTS, InputOptions, ModelOptions, Selection
@@ -78,23 +78,23 @@ def diff_report(
         for batch in todo:
             base = runs[0].prepared
             if batch is not None:
-                minput = model_input(base.loaded, batch, model.seed)
+                model_input = build_input(base.loaded, batch, model.seed)
             else:
-                assert base.minput is not None
-                minput = base.minput
+                assert base.model_input is not None
+                model_input = base.model_input
             if twin and first_input is None:  # every side the fused twin; int8 calibrated here
                 for run in runs:
-                    quantizable_twin(run, selection, minput)
-            first_input = first_input or minput
+                    quantizable_twin(run, selection, model_input)
+            first_input = first_input or model_input
             spill.reset()
             with beacon.phase(f"diff side {labels[0]} ({runs[0].side.describe()})"):
-                reference_pass(runs[0], reference.cast(minput, base.device), spill, isolate)
+                reference_pass(runs[0], reference.cast(model_input, base.device), spill, isolate)
             spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
-            for label, run, into in zip(labels[1:], runs[1:], results, strict=True):
-                side_input = run.side.cast(minput, run.prepared.device)
+            for label, run, result in zip(labels[1:], runs[1:], results, strict=True):
+                side_input = run.side.cast(model_input, run.prepared.device)
                 with beacon.phase(f"diff side {label} ({run.side.describe()})"):
-                    side_pass(run, side_input, spill, isolate, into)
-            seen += minput.shapes()[0][0] if minput.shapes() else 1
+                    side_pass(run, side_input, spill, isolate, result)
+            seen += model_input.shapes()[0][0] if model_input.shapes() else 1
     finally:
         spill.close()
     assert first_input is not None
@@ -120,7 +120,7 @@ def _batches(inputs: InputOptions, batch_size: int | None) -> list[InputOptions]
 def _report(
     runs: list[SideRun],
     results: list[Compared],
-    minput: ModelInput,
+    model_input: ModelInput,
     seen: int,
     *,
     isolate: bool,
@@ -158,13 +158,15 @@ def _report(
         else "errors accumulate: each row includes what the layers before it passed on "
         "(--isolate separates a layer's own error)"
     ]
-    description = minput.description
+    description = model_input.description
     if folder is not None:
         description = f"{seen} images from {folder}"
         notes.append(f"differences are over all {seen} images, summed exactly across batches")
     return DiffReport(
         model=info,
-        input=InputInfo(description, minput.shapes(), minput.sources, minput.preprocessing),
+        input=InputInfo(
+            description, model_input.shapes(), model_input.sources, model_input.preprocessing
+        ),
         device=str(runs[0].prepared.device),
         a=runs[1].side.describe() if with_ref else runs[0].side.describe(),
         b=runs[-1].side.describe(),

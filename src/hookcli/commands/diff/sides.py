@@ -43,7 +43,7 @@ class PassRunner(Protocol):
     runtime, each selected call's output measured against the spilled reference into `into`."""
 
     def __call__(
-        self, prepared: Prepared, minput: ModelInput, spill: Spill, into: Compared
+        self, prepared: Prepared, model_input: ModelInput, spill: Spill, compared: Compared
     ) -> None: ...
 
 
@@ -390,7 +390,7 @@ class Side:
                 t = p.cast(t)
         return t
 
-    def cast(self, minput: ModelInput, device: torch.device) -> ModelInput:
+    def cast(self, model_input: ModelInput, device: torch.device) -> ModelInput:
         """The run's input for this side: on its device, its floating-point tensors cast."""
 
         def cast(a: Any) -> Any:
@@ -400,7 +400,7 @@ class Side:
                 return [cast(x) for x in a]
             return a
 
-        return minput.replace_args(tuple(cast(a) for a in minput.args))
+        return model_input.replace_args(tuple(cast(a) for a in model_input.args))
 
     @contextlib.contextmanager
     def context(self, device: torch.device) -> Iterator[None]:
