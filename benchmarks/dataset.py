@@ -46,7 +46,8 @@ def throughput(
     import torch
     from torch.utils.data import DataLoader
 
-    from hookcli.commands.folder import ImageFiles, _collate, image_files, inspect_folder
+    import hookcli
+    from hookcli.commands.folder import ImageFiles, _collate, image_files
     from hookcli.sources import load_model
 
     loaded = load_model(model_name)
@@ -67,20 +68,20 @@ def throughput(
                 model(torch.stack(tensors))
 
     def hooked() -> None:
-        inspect_folder(model_name, [str(folder)], batch_size=batch, workers=workers, device="cpu")
+        hookcli.inspect(model_name, [str(folder)], batch_size=batch, workers=workers, device="cpu")
 
     medians = interleaved({"plain": plain, "hookcli": hooked}, rounds)
     return {k: len(files) / v for k, v in medians.items()}
 
 
 def memory_child(folder: str, model_name: str, batch: int) -> None:
-    from hookcli.commands.folder import inspect_folder
+    import hookcli
 
     tiny = Path(tempfile.mkdtemp()) / "warm"
     make_images(tiny, batch)
-    inspect_folder(model_name, [str(tiny)], batch_size=batch, device="cpu")  # warm-up
+    hookcli.inspect(model_name, [str(tiny)], batch_size=batch, device="cpu")  # warm-up
     base = reset_peak()
-    inspect_folder(model_name, [folder], batch_size=batch, device="cpu")
+    hookcli.inspect(model_name, [folder], batch_size=batch, device="cpu")
     print(json.dumps({"growth_kb": status_kb("VmHWM") - base}))
 
 

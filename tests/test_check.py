@@ -280,3 +280,18 @@ def test_check_is_deterministic() -> None:
     b = run("check", "resnet18", "--input", "randn:1x3x64x64", "-f", "json")
     assert json.loads(a.stdout)["layers"] == json.loads(b.stdout)["layers"]
     assert not torch.are_deterministic_algorithms_enabled(), "the global setting is restored"
+
+
+def test_check_markdown_has_the_lines_of_its_table() -> None:
+    """check -f markdown shows what check's table shows (header, each check, the tally), not
+    inspect's layer statistics."""
+    net = str(ROOT / "examples" / "tiny" / "net.py") + ":Net"
+    args = ("check", net, "-i", "ones:2x2", "--fail-on", "dead", "--no-config")
+    table = runner.invoke(app, [*args]).stdout
+    markdown = runner.invoke(app, [*args, "-f", "markdown"]).stdout
+    lines = [ln.strip() for ln in table.splitlines() if ln.strip()]
+    assert any(ln.startswith(("PASS", "FAIL")) for ln in lines)
+    for line in lines:
+        words = line.split()
+        assert all(w in markdown for w in words[1:]), (line, markdown)
+    assert "| layer" not in markdown and "mean" not in markdown

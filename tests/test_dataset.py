@@ -13,9 +13,10 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+import hookcli
 from hookcli.cli import app
 from hookcli.commands import folder as dataset
-from hookcli.commands.folder import image_files, inspect_folder
+from hookcli.commands.folder import image_files
 from hookcli.engine.aggregate import merge_reports
 from hookcli.inputs import read_image
 from hookcli.sources import load_model
@@ -41,7 +42,7 @@ def make_folder(root: Path, n: int, size: int = 240) -> Path:
 def test_aggregated_statistics_equal_one_concatenated_batch(tmp_path: Path) -> None:
     folder = make_folder(tmp_path / "data", 10)
     layers = ["conv1", "layer1.0.*", "fc"]
-    report = inspect_folder("resnet18", [str(folder)], batch_size=3, layers=layers, device="cpu")
+    report = hookcli.inspect("resnet18", [str(folder)], batch_size=3, layers=layers, device="cpu")
     loaded = load_model("resnet18", seed=0)
     files = image_files([str(folder)])
     x = torch.stack([loaded.preprocess(read_image(f.path)) for f in files])  # type: ignore[misc]
@@ -66,10 +67,10 @@ def test_reports_of_two_shards_merge_into_the_whole(tmp_path: Path) -> None:
     folder = make_folder(tmp_path / "data", 8)
     files = [str(f.path) for f in image_files([str(folder)])]
     half = [
-        inspect_folder("resnet18", part, batch_size=2, layers=["layer1.0.relu"], device="cpu")
+        hookcli.inspect("resnet18", part, batch_size=2, layers=["layer1.0.relu"], device="cpu")
         for part in (files[:4], files[4:])
     ]
-    whole = inspect_folder("resnet18", files, batch_size=8, layers=["layer1.0.relu"], device="cpu")
+    whole = hookcli.inspect("resnet18", files, batch_size=8, layers=["layer1.0.relu"], device="cpu")
     merged = merge_reports([h.to_dict() for h in half])
     for m, w in zip(merged["layers"], whole.to_dict()["layers"], strict=True):
         for key in ("mean", "std", "min", "max", "zeros", "norm"):
@@ -81,7 +82,7 @@ def test_memory_stays_flat_as_images_grow(tmp_path: Path) -> None:
 
     def peak(folder: Path) -> int:
         tracemalloc.start()
-        inspect_folder("tests/models.py:TwoBranches", [str(folder)], batch_size=16, device="cpu")
+        hookcli.inspect("tests/models.py:TwoBranches", [str(folder)], batch_size=16, device="cpu")
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         return top
@@ -176,7 +177,7 @@ def test_ctrl_c_reports_partial_results_and_exits_130(
 
 def test_per_image_predictions_in_a_folder_run(tmp_path: Path) -> None:
     folder = make_folder(tmp_path / "data", 5)
-    report = inspect_folder(
+    report = hookcli.inspect(
         "resnet18", [str(folder)], batch_size=2, layers=["fc"], device="cpu", per_image=2
     )
     loaded = load_model("resnet18", seed=0)
@@ -199,7 +200,7 @@ def test_folder_histograms_merge_exactly_over_shared_edges(tmp_path: Path) -> No
     import numpy as np
 
     folder = make_folder(tmp_path / "data", 7)
-    report = inspect_folder(
+    report = hookcli.inspect(
         "resnet18", [str(folder)], batch_size=3, layers=["layer1.0.conv1"], device="cpu", hist=12
     )
     loaded = load_model("resnet18", seed=0)

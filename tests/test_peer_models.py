@@ -487,7 +487,6 @@ def captured_outputs_with_grad(model: nn.Module, x: torch.Tensor, name: str) -> 
 def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found(
     tmp_path: Path,
 ) -> None:
-    from hookcli.commands.folder import inspect_folder
     from tests.conftest import CAT, COFFEE
 
     for src in (CAT, COFFEE):
@@ -495,7 +494,7 @@ def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found
     torch.manual_seed(0)
     model = ImageMaml().eval()
     before = state(model)
-    report = inspect_folder(model, [str(tmp_path)], batch_size=1, device="cpu")
+    report = hookcli.inspect(model, [str(tmp_path)], batch_size=1, device="cpu")
     assert report.input.shapes == [(2, 3, 224, 224)]
     assert [c.name for c in report.layers] == ["conv", "pool", "head"]
     assert "mid" not in report.never_called

@@ -315,9 +315,11 @@ def render(
         from hookcli.render.csv import report_csv
 
         return report_csv(report)
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import report_markdown
+    if fmt == Format.markdown:  # the same sections as the table
+        from hookcli.render.markdown import checks_markdown, report_markdown
 
+        if checks_only:
+            return checks_markdown(report, quiet=quiet)
         return report_markdown(report)
     from hookcli.render.table import checks_table, report_table
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
@@ -109,24 +108,6 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
                 f"give at most {DEFAULT_BATCH} images without --batch-size/--limit/--workers.",
             )
     return batching.folder()
-
-
-def inspect_folder(
-    model: str | nn.Module,
-    paths: Sequence[str],
-    *,
-    batch_size: int = DEFAULT_BATCH,
-    limit: int | None = None,
-    workers: int = 0,
-    per_image: int = 0,
-    progress: Callable[[int, int], None] | None = None,
-    **options: Any,
-) -> Report:
-    """Statistics of every selected layer over every image, aggregated across batches;
-    with per_image=K, also each image's top-K predictions. Other options as hookcli.inspect
-    (layers, types, depth, weights, seed, device, model_args, train, hist, strict)."""
-    inv = Invocation.from_api(model, paths, options, backward=False)
-    return folder_report(inv, FolderOptions(batch_size, limit, workers, per_image), progress)
 
 
 def folder_report(

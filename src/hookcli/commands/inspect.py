@@ -1,13 +1,13 @@
 """One inspection: prepare → hooked pass (and backward) → Report, with its predictions.
-(`layers`, `models` and `show` are listing.py; where NaN/Inf began, origins.py.)
+(`layers`, `models` and `show` are listing.py; --profile's timing, profile.py; where NaN/Inf
+began, engine/origins.py.) The Python API reaches it through hookcli.commands.run_command.
 
-Every pass goes through the engine (engine.py), which leaves the model as found.
+Every pass goes through the engine (engine/passes.py), which leaves the model as found.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,15 +15,14 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
-from hookcli.engine.hooks import HookSession, PendingCall, measure
+from hookcli.commands.profile import profile_calls
+from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
-    every_target,
     hooked_pass,
     prepare,
-    unhooked_pass,
 )
 from hookcli.engine.selection import count_params
 from hookcli.engine.stats import StatsCollector, finite_or_none
@@ -32,13 +31,11 @@ from hookcli.inputs import ModelInput, skipped_note
 from hookcli.options import Invocation, RunOptions
 from hookcli.records import (
     Backward,
-    CallProfile,
     InputInfo,
     LayerCall,
     ModelInfo,
     ParamStats,
     Prediction,
-    Profile,
     Report,
     TensorStats,
 )
@@ -46,33 +43,6 @@ from hookcli.runtime import isa
 from hookcli.sources import LoadedModel
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
-
-
-def inspect(
-    model: str | nn.Module,
-    inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor] = (),
-    **options: Any,
-) -> Report:
-    """Run one forward pass with statistics hooks on the selected layers; return the Report.
-
-    `model` is a registry name, `file.py:Name`, `package.module:Name` or an nn.Module;
-    `inputs` image paths/folders, or tensors (positional arguments of forward). Options:
-    input_specs, layers, types, depth, also_layers, weights, seed, device, topk, model_args,
-    train, hist, profile, save, ablate, deterministic, strict, config,
-    stats_backend ("torch" skips the fused CPU kernel; results agree).
-    """
-    return report(Invocation.from_api(model, inputs, options, backward=False), "inspect")
-
-
-def grads(
-    model: str | nn.Module,
-    inputs: Sequence[str] | torch.Tensor | Sequence[torch.Tensor] = (),
-    **options: Any,
-) -> Report:
-    """As inspect, plus a backward pass: each call's grad_output/grad_input statistics and
-    each selected layer's parameter gradients. Extra options: target ("top1", a class index
-    or label, "sum"), loss ("ce:IDX", "mse:ones", …), input_grad."""
-    return report(Invocation.from_api(model, inputs, options, backward=True), "grads")
 
 
 def report(inv: Invocation, command: str) -> Report:
@@ -109,7 +79,7 @@ def _one_run(
     collector = StatsCollector(fused=run.stats_backend != "torch", hist_bins=run.hist)
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(prepared.targets, collector, grads=backward, saver=saver)
-    timing = _profile(prepared, run) if run.profile else None
+    timing = profile_calls(prepared, run) if run.profile else None
     params: dict[str, list[PendingParam]] = {}
     outputs: list[TensorStats] = []
     try:
@@ -213,63 +183,6 @@ def _saver(prepared: Prepared, run: RunOptions, command: str) -> Any:
             "device": str(prepared.device),
         },
     )
-
-
-# ---------------------------------------------------------------- --profile
-
-
-def _profile(
-    prepared: Prepared, run: RunOptions, *, runs: int = 3
-) -> tuple[Profile, dict[tuple[str, int], CallProfile]]:
-    """Per call times from a pass whose hooks only read the clock (no statistics between
-    layers to disturb the caches), against the same pass unhooked (median of `runs` after a
-    warm-up). Every module is timed, so a container's self time is its total less its
-    children's; the selected calls are reported."""
-    backward = prepared.backward is not None
-    reference = [
-        unhooked_pass(prepared, train=run.train, backward=backward, timed=True)
-        for _ in range(runs + 1)
-    ][1:]
-    unhooked_ms = statistics.median(r.forward_ms for r in reference)
-    unhooked_bwd = statistics.median(r.backward_ms or 0.0 for r in reference) if backward else None
-    session = HookSession(every_target(prepared.entries), None, grads=backward, profile=True)
-    with hooked_pass(prepared, session, train=run.train, backward=backward):
-        pass
-    if any(p.events for p in session.calls):
-        torch.cuda.synchronize()  # once: every recorded event has completed
-    total = {id(p): _forward_ms(p) for p in session.calls}
-    children = {id(p): 0.0 for p in session.calls}
-    for p in session.calls:
-        if p.parent is not None:
-            children[id(p.parent)] += total[id(p)]
-    wanted = {t.name for t in prepared.targets}
-    leaves = {t.name for t in prepared.targets if next(t.module.children(), None) is None}
-    by_call: dict[tuple[str, int], CallProfile] = {}
-    layers_ms = layers_bwd = 0.0
-    for p in session.calls:
-        name = p.call.name
-        if name not in wanted:
-            continue
-        f = total[id(p)]
-        b = (p.t_backward[1] - p.t_backward[0]) / 1e6 if len(p.t_backward) == 2 else None
-        by_call[(name, p.call.call)] = CallProfile(
-            f,
-            b,
-            p.output_bytes,
-            f / unhooked_ms if unhooked_ms else None,
-            max(f - children[id(p)], 0.0),
-        )
-        if name in leaves:
-            layers_ms += f
-            layers_bwd += b or 0.0
-    profile = Profile(unhooked_ms, layers_ms, runs, unhooked_bwd, layers_bwd if backward else None)
-    return profile, by_call
-
-
-def _forward_ms(p: PendingCall) -> float:
-    if len(p.events) == 2:  # CUDA: the device's own time between the two events
-        return float(p.events[0].elapsed_time(p.events[1]))
-    return (p.t_forward[1] - p.t_forward[0]) / 1e6 if len(p.t_forward) == 2 else 0.0
 
 
 def _topk(topk: int | None, loaded: LoadedModel) -> int:
