@@ -11,14 +11,13 @@ import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
 from typer.models import OptionInfo
 
 from hookcli.errors import HookcliError, UsageError
-from hookcli.io.config import Key
 from hookcli.options import (
     InputOptions,
     ModelOptions,
@@ -27,6 +26,9 @@ from hookcli.options import (
     pick,
 )
 from hookcli.render import Format
+
+if TYPE_CHECKING:
+    from hookcli.io.config import Key
 
 # ------------------------------------------------------------------ model and input
 
@@ -325,6 +327,8 @@ def config_keys(current: str) -> dict[str, Key]:
     """Every config key: the long option names of every command that reads the config (a key
     at the top level of the file may be meant for another command), read from the commands'
     own declarations; the current command's own (its --format choices) first."""
+    from hookcli.io.config import Key
+
     keys: dict[str, Key] = {"model": Key("model", "str")}
     order = sorted(_READS_CONFIG.values(), key=lambda c: c.__name__ != current)
     for command in order:
@@ -350,6 +354,8 @@ def _decls(info: Any) -> list[str]:
 def _key(name: str, hint: Any) -> Key:
     """A parameter's config kind, from its Python type (`int | None` → int, `list[str]` → a
     list, an Enum → its values as choices)."""
+    from hookcli.io.config import Key
+
     types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     kind = types[0]
     if typing.get_origin(kind) is list:
