@@ -274,7 +274,7 @@ def test_cam_equals_the_cli_png_and_raw_map(tmp_path: Path) -> None:
         "cam", "resnet18", str(CAT), "--device", "cpu", "-o", str(out), "--save-raw", str(raw)
     )
     assert code == 0, err
-    assert "layer layer4: the last convolutional block" in err
+    assert "layer layer4: the last layer over the image" in err
     drawing = hookcli.cam("resnet18", CAT, device="cpu")
     assert drawing.layer == "layer4"
     pixels, meta = png(out)

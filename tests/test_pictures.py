@@ -103,7 +103,7 @@ def test_grad_cam_equals_an_independent_computation(tmp_path: Path, method: str)
     png, raw = tmp_path / "cam.png", tmp_path / "cam.npy"
     r = run("cam", "resnet18", str(CAT), "-o", str(png), "--save-raw", str(raw), "--method", method)
     assert r.exit_code == 0, r.stderr
-    assert "the last convolutional block" in r.stderr and "layer4" in r.stderr
+    assert "the last layer over the image" in r.stderr and "layer4" in r.stderr
     got = np.load(raw)
     want = _reference_cam(method)
     assert got.shape == (224, 224) and got.dtype == np.float32
@@ -135,7 +135,7 @@ def test_cam_names_the_class(tmp_path: Path) -> None:
     [
         (
             ["maps", "resnet18", str(CAT), "-l", "fc", "-o", "{tmp}/a.png"],
-            ["outputs a 2-D tensor (1x1000)", "convolutional"],
+            ["outputs a 2-D tensor (1x1000)", "(N, H, W, C) or tokens"],
         ),
         (
             ["maps", "resnet18", str(CAT), "-l", "conv1", "--channels", "0", "-o", "{tmp}/a.png"],
@@ -172,7 +172,7 @@ def test_cam_names_the_class(tmp_path: Path) -> None:
         ),
         (
             ["cam", "resnet18", str(CAT), "-l", "fc", "-o", "{tmp}/a.png"],
-            ["Grad-CAM needs (N, C, H, W)"],
+            ["outputs a 2-D tensor", "pictures need (N, C, H, W)"],
         ),
         (
             ["cam", "resnet18", str(CAT), "--method", "scorecam", "-o", "{tmp}/a.png"],

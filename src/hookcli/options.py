@@ -295,7 +295,8 @@ class MapOptions:
 
 @dataclass(frozen=True, slots=True)
 class CamOptions:
-    """cam: which layer call (None: the last convolutional block), which method, which image."""
+    """cam: which layer call (None: the last layer over the image that the gradient reaches),
+    which method, which image."""
 
     layer: str | None = None
     call: int = 0

@@ -36,6 +36,9 @@ class TensorStats:
     note: str | None = None
     values: list[float | None] | None = None  # the elements (non-finite: None), numel <= 16
     hist: dict[str, list[float]] | None = None  # --hist: "counts" per bin, "edges" (bins + 1)
+    # a layer's 3-D/4-D output: NCHW, NHWC or tokens:K+HxW (engine.layout), unknown when it
+    # cannot be told; None for other tensors
+    layout: str | None = None
 
     @property
     def nonfinite(self) -> bool:

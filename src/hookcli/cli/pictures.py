@@ -89,7 +89,7 @@ def cam(
             "--layer",
             "-l",
             metavar="LAYER",
-            help="The layer [default: the last convolutional block, stated].",
+            help="The layer [default: the last layer over the image the target reaches, stated].",
         ),
     ] = None,
     output: PngOpt = None,

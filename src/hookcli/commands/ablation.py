@@ -5,7 +5,8 @@ replaces what a module returns, on purpose, and only during the ablated run. Hoo
 removed afterwards; the model is left unchanged.
 
     zero        the output becomes zeros
-    mean        each channel (dim 1) becomes its mean over every other dim (a scalar for 1-D)
+    mean        each channel becomes its mean over every other dim (a scalar for 1-D); the
+                channel dim follows the output's layout (NHWC, tokens: engine.layout)
     scale:K     multiplied by K
     noise:S     plus Gaussian noise of std S (seeded)
     clamp:LO:HI clamped into [LO, HI]
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from hookcli import bounds
+from hookcli.engine.layout import NHWC, TOKENS, Layout
 from hookcli.engine.selection import ModuleEntry
 from hookcli.errors import UsageError
 from hookcli.records import Ablation, LayerChange, Report
@@ -65,7 +67,9 @@ def parse(raw: str) -> AblationSpec:
     return AblationSpec(layer.strip(), kind, args)
 
 
-def _change(spec: AblationSpec, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _change(
+    spec: AblationSpec, seed: int, channel_dim: Callable[[torch.Tensor], int]
+) -> Callable[[torch.Tensor], torch.Tensor]:
     gen: list[torch.Generator] = []
 
     def change(t: torch.Tensor) -> torch.Tensor:
@@ -78,7 +82,8 @@ def _change(spec: AblationSpec, seed: int) -> Callable[[torch.Tensor], torch.Ten
         if spec.op == "mean":
             if t.dim() < 2:
                 return torch.full_like(t, float(t.float().mean()))
-            dims = [d for d in range(t.dim()) if d != 1]
+            channel = channel_dim(t)
+            dims = [d for d in range(t.dim()) if d != channel]
             return t.mean(dim=dims, keepdim=True).expand_as(t).clone()
         if not gen:
             gen.append(torch.Generator(device=t.device).manual_seed(seed))
@@ -90,9 +95,14 @@ def _change(spec: AblationSpec, seed: int) -> Callable[[torch.Tensor], torch.Ten
 
 @contextmanager
 def ablated(
-    entries: Sequence[ModuleEntry], specs: Sequence[AblationSpec], seed: int
+    entries: Sequence[ModuleEntry],
+    specs: Sequence[AblationSpec],
+    seed: int,
+    layout: Callable[[str, tuple[int, ...]], Layout] | None = None,
 ) -> Iterator[list[int]]:
-    """Hooks that change the named layers' outputs; yields their call counts, removed after."""
+    """Hooks that change the named layers' outputs; yields their call counts, removed after.
+    `layout` tells `mean` where a 3-D/4-D output keeps its channels (engine.layout: dim 3 of
+    NHWC, dim 2 of tokens); without it, or for other ranks, dim 1."""
     handles = []
     calls = [0] * len(specs)
     try:
@@ -103,7 +113,14 @@ def ablated(
                     f"--ablate: no layer named {spec.layer!r}.",
                     "ablation takes an exact layer name; see `hookcli layers MODEL`.",
                 )
-            change = _change(spec, (seed + i) % 2**64)  # torch seeds wrap at 2**64
+
+            def channel_dim(t: torch.Tensor, name: str = spec.layer) -> int:
+                if layout is None or t.dim() not in (3, 4):
+                    return 1
+                kind = layout(name, tuple(t.shape)).kind
+                return 3 if kind == NHWC else 2 if kind == TOKENS else 1
+
+            change = _change(spec, (seed + i) % 2**64, channel_dim)  # torch seeds wrap at 2**64
 
             def hook(
                 module: nn.Module,

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
-from hookcli.commands.inspect import model_info, predict
+from hookcli.commands.inspect import label_layouts, model_info, predict
 from hookcli.engine.aggregate import Aggregate
 from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.passes import Prepared, hooked_pass, prepare
@@ -174,6 +174,9 @@ def folder_report(
     if run.seen == 0 and not interrupted:
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
+    layers = run.layer_calls()
+    shape = run.shape or ()
+    label_layouts(layers, prepared, (shape[-2], shape[-1]) if len(shape) == 3 else None)
     report = Report(
         model=model_info(loaded, inv.run.train),
         input=InputInfo(
@@ -183,7 +186,7 @@ def folder_report(
             loaded.preprocess_label,
         ),
         device=str(prepared.device),
-        layers=run.layer_calls(),
+        layers=layers,
         never_called=[
             t.name
             for t, n in zip(prepared.targets, run.counts, strict=True)

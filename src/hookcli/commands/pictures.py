@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hookcli.engine.hooks import HookSession, PendingCall, Target
+from hookcli.engine.layout import Layout, input_size, model_hints, resolve
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
@@ -36,6 +37,7 @@ from hookcli.sources import LoadedModel
 from hookcli.tree import iter_tensors
 
 _POOLS = ("AdaptiveAvgPool2d", "AvgPool2d", "MaxPool2d", "AdaptiveMaxPool2d")
+_SKIP = (*_POOLS, "Permute", "Flatten", "Identity", "Dropout")  # no default CAM layer of their own
 
 
 @dataclass(slots=True)
@@ -52,31 +54,60 @@ class Picture:
     notes: list[str] = field(default_factory=list)
     layer: str = ""  # the layer drawn (for CAM without -l: the one chosen)
     call: int = 0
+    layout: str = ""  # how the activation was read (engine.layout), stated on the picture
 
 
-def default_cam_layer(prepared: Prepared) -> str:
-    """The last module to finish with a spatial (N, C, H>1, W>1) output, pooling excluded:
-    the last convolutional block of a CNN (resnet `layer4`, densenet/vgg/mobilenet
-    `features`, inception `Mixed_7c`). Found by one pass hooking every module."""
-    found: list[tuple[int, str]] = []
+def default_cam_layer(prepared: Prepared) -> tuple[str, str | None]:
+    """The last module to finish whose output reads as maps over the image (engine.layout:
+    NCHW, NHWC or patch tokens, more than 1x1) and whose gradient for the target is non-zero on
+    those cells: the last convolutional block of a CNN (resnet `layer4`, densenet `features`),
+    a Swin's final `norm`, a ConvNeXt's `features`, and for a ViT the last block's
+    pre-attention norm (`ln_1`): after it only the class token reaches the head, so later
+    layers have no gradient on the patches (pytorch-grad-cam's ViT recipe, found rather than
+    hard-coded). Pools and pure layout moves (Permute, Flatten) are skipped. One forward and
+    backward with every module hooked. With no gradient anywhere (constant scores), the last
+    such layer, and a note saying why."""
+    hints = model_hints(prepared.loaded.module)
+    assert prepared.model_input is not None
+    size = input_size(tuple(prepared.model_input.args))
+    drawable: list[tuple[int, str]] = []
+    with_grad: list[tuple[int, str]] = []
 
     def watch(pending: PendingCall, out: Any) -> None:
         call = pending.call
-        if call.type in _POOLS or call.name == "(model)" or pending.finished is None:
+        if call.type in _SKIP or call.name == "(model)" or pending.finished is None:
             return
         first = next((t for _, t in iter_tensors(out, "out")), None)
-        if first is not None and first.dim() == 4 and first.shape[2] > 1 and first.shape[3] > 1:
-            found.append((pending.finished, call.name))
+        if first is None or first.dim() not in (3, 4):
+            return
+        try:
+            layout = resolve(call.name, tuple(first.shape), size, hints)
+        except UsageError:
+            return
+        if min(layout.grid) < 2:
+            return
+        order = pending.finished
+        drawable.append((order, call.name))
+        if first.requires_grad:
+
+            def seen(grad: torch.Tensor | None) -> None:
+                if grad is not None and bool(layout.to_nchw(grad).abs().sum() > 0):
+                    with_grad.append((order, call.name))
+
+            session.tensor_handles.append(first.register_hook(seen))  # type: ignore[no-untyped-call]
 
     session = HookSession(every_target(prepared.entries), None, on_output=watch)
-    with torch.no_grad(), hooked_pass(prepared, session):
+    with hooked_pass(prepared, session, backward=prepared.backward is not None):
         pass
-    if not found:
+    if with_grad:
+        return max(with_grad)[1], None
+    if not drawable:
         raise UsageError(
-            f"{prepared.loaded.spec} has no layer with an (N, C, H, W) output to draw a CAM on.",
+            f"{prepared.loaded.spec} has no layer whose output maps onto the image "
+            "((N, C, H, W), (N, H, W, C) or patch tokens) to draw a CAM on.",
             "name a layer with -l.",
         )
-    return max(found)[1]
+    return max(drawable)[1], "no layer receives a gradient for this target"
 
 
 @dataclass(slots=True)
@@ -171,6 +202,14 @@ def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float
     return None  # detection transforms only scale to [0, 1]
 
 
+def _layout(prepared: Prepared, name: str, out: torch.Tensor) -> Layout:
+    """How to read this layer's output as (N, C, h, w) maps (engine.layout; refused with the
+    shape when it cannot be told)."""
+    assert prepared.model_input is not None
+    size = input_size(tuple(prepared.model_input.args))
+    return resolve(name, tuple(out.shape), size, model_hints(prepared.loaded.module))
+
+
 def _shape(t: torch.Tensor) -> str:
     return "x".join(map(str, t.shape))
 
@@ -188,13 +227,8 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     assert model_input is not None
     target = one_target(prepared, layer)
     got = _capture(prepared, target, call)
-    out = got.out
-    if out.dim() != 4:
-        raise UsageError(
-            f"layer {target.name} outputs a {out.dim()}-D tensor ({_shape(out)}); maps draws "
-            "(N, C, H, W) feature maps.",
-            "pick a convolutional layer: `hookcli layers MODEL --shapes` shows output shapes.",
-        )
+    layout = _layout(prepared, target.name, got.out)
+    out = layout.to_nchw(got.out)
     _check_image(image_index, out)
     maps = out[image_index].float()
     activity = maps.abs().mean(dim=(1, 2))
@@ -218,10 +252,14 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
         image=_image_of(model_input, image_index, loaded),
         tiles=tiles,
         labels=[f"{int(c)}" for c in picked.tolist()],
-        legend=[f"output {_shape(out)}; each tile scaled to its own min..max"],
+        legend=[
+            f"output {_shape(got.out)}: {layout.describe()}",
+            "each tile scaled to its own min..max",
+        ],
         notes=notes,
         layer=target.name,
         call=call,
+        layout=layout.describe(),
     )
 
 
@@ -283,24 +321,25 @@ def class_activation(
     assert prepared.backward is not None
     described = prepared.backward.describe()
     notes = []
+    no_gradient = None
     if layer is None:
-        layer = default_cam_layer(prepared)
-        notes.append(f"layer {layer}: the last convolutional block (choose another with -l)")
+        layer, no_gradient = default_cam_layer(prepared)
+        notes.append(
+            f"layer {layer}: the last layer over the image that the target's gradient reaches "
+            "(choose another with -l)"
+        )
     tgt = one_target(prepared, layer)
     got = _capture(prepared, tgt, call, backward=True)
-    out, grad, value, model_out = got.out, got.grad, got.value, got.output
+    value, model_out = got.value, got.output
     notes += got.notes
-    if out.dim() != 4:
-        raise UsageError(
-            f"layer {tgt.name} outputs a {out.dim()}-D tensor ({_shape(out)}); Grad-CAM needs "
-            "(N, C, H, W) activations.",
-            "pick a convolutional layer, e.g. the last block (omit -l for the default).",
-        )
+    layout = _layout(prepared, tgt.name, got.out)
+    out, grad = layout.to_nchw(got.out), got.grad
     if grad is None:
         raise UsageError(
             f"layer {tgt.name} has no gradient for this target (its output does not reach it).",
             "pick a layer before the output, or another --target.",
         )
+    grad = layout.to_nchw(grad)
     _check_image(image_index, out)
     image = _image_of(model_input, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
@@ -316,13 +355,14 @@ def class_activation(
             "not finite; `hookcli grads` shows where they start): drawn as zero"
         )
     elif top == 0:
-        notes.append("the map is all zero: no channel has positive evidence for this target")
+        notes.append(_why_zero(grad[image_index], model_out, image_index, no_gradient))
     name = "Grad-CAM++" if method == "gradcam++" else "Grad-CAM"
     label = _target_label(
         target, loss, loaded, output=model_out, image_index=image_index, described=described
     )
     title = f"{name} · {loaded.spec} · {tgt.name} · {label}"
     legend = [
+        f"layer output {_shape(got.out)}: {layout.describe()}",
         f"target: {described} = "
         + (f"{value:.4g}" if value is not None and np.isfinite(value) else "not finite"),
         f"heat: {name} scaled to its maximum ({top:.4g})"
@@ -339,7 +379,26 @@ def class_activation(
         notes=notes,
         layer=tgt.name,
         call=call,
+        layout=layout.describe(),
     )
+
+
+def _why_zero(grad: torch.Tensor, output: Any, image_index: int, no_gradient: str | None) -> str:
+    """The real cause of an all-zero map: constant scores (a zero-initialised head: torchvision
+    ViT's with random weights), no gradient reaching the layer, or no positive evidence."""
+    scores = output if isinstance(output, torch.Tensor) and output.dim() == 2 else None
+    if scores is not None and bool((scores[image_index] == scores[image_index][0]).all()):
+        return (
+            "the map is all zero: the model's scores are the same for every class (a "
+            "zero-initialised head, as torchvision's ViT has with random weights), so no "
+            "gradient reaches any layer; load weights with --weights"
+        )
+    if no_gradient is not None or not bool(grad.abs().sum() > 0):
+        return (
+            "the map is all zero: the target's gradient does not reach this layer's "
+            "activations; pick an earlier layer with -l, or another --target"
+        )
+    return "the map is all zero: no channel has positive evidence for this target"
 
 
 def _target_label(

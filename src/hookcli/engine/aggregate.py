@@ -41,6 +41,7 @@ class Accumulator:
     notes: set[str] = field(default_factory=set)
     hist_counts: list[float] | None = None  # merged when every part used the same edges
     hist_edges: list[float] | None = None
+    layout: str | None = None  # the same in every batch: the layer's, not the data's
 
     def add(self, t: TensorStats) -> None:
         n = t.numel - t.nan - t.inf
@@ -52,6 +53,7 @@ class Accumulator:
         )  # fmt: skip
         if t.note:
             self.notes.add(t.note)
+        other.layout = t.layout
         if t.hist:
             other.hist_counts = list(t.hist["counts"])
             other.hist_edges = list(t.hist["edges"])
@@ -72,6 +74,8 @@ class Accumulator:
         self.nan += o.nan
         self.inf += o.inf
         first = self.rows == 0
+        if first:
+            self.layout = o.layout
         self.rows += o.rows
         self.notes |= o.notes
         if first:
@@ -97,6 +101,7 @@ class Accumulator:
             inf=self.inf,
             norm=math.sqrt(self.sumsq) if has else None,
             note="; ".join(sorted(self.notes)) or None,
+            layout=self.layout,
             hist=(
                 {"counts": self.hist_counts, "edges": self.hist_edges}
                 if self.hist_counts is not None and self.hist_edges is not None
@@ -170,7 +175,19 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _stats(d: dict[str, Any]) -> TensorStats:
     fields = {
         k: d.get(k)
-        for k in ("path", "dtype", "numel", "mean", "std", "min", "max", "zeros", "norm", "note")
+        for k in (
+            "path",
+            "dtype",
+            "numel",
+            "mean",
+            "std",
+            "min",
+            "max",
+            "zeros",
+            "norm",
+            "note",
+            "layout",
+        )
     }
     return TensorStats(shape=tuple(d["shape"]), nan=d.get("nan", 0), inf=d.get("inf", 0), **fields)  # type: ignore[arg-type]
 

@@ -32,6 +32,7 @@ class PictureLike(Protocol):
     heat: np.ndarray[Any, Any] | None
     legend: list[str]
     notes: list[str]
+    layout: str
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
@@ -159,7 +160,7 @@ def maps_png(picture: PictureLike) -> tuple[Image.Image, dict[str, Any]]:
     for b in boxes:  # in canvas coordinates
         x0, y0, x1, y1 = b["box"]
         b["box"] = [x0 + gx, y0 + gy, x1 + gx, y1 + gy]
-    return canvas, {"title": picture.title, "tiles": boxes}
+    return canvas, {"title": picture.title, "layout": picture.layout, "tiles": boxes}
 
 
 def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dict[str, Any]]:
@@ -177,7 +178,7 @@ def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dic
         for p in panels
     ]
     canvas, _ = _compose(panels, picture, under_last=_colour_bar(panels[-1].width))
-    return canvas, {"title": picture.title}
+    return canvas, {"title": picture.title, "layout": picture.layout}
 
 
 def png_bytes_info(meta: dict[str, Any]) -> PngImagePlugin.PngInfo:

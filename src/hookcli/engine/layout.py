@@ -1,0 +1,202 @@
+"""Which layout a 3-D or 4-D activation has, so a picture reads it right: NCHW, NHWC
+(channels-last stages: Swin, ConvNeXt block internals), or tokens (N, L, C) with k prefix
+tokens (class, distillation, register) before an hxw patch grid (ViT).
+
+What the model says is used first: torchvision's `Permute` modules open and close channels-last
+regions (walked in execution order), `class_token` counts a prefix token. Otherwise the layout is
+inferred from the input size: a spatial map keeps the input's aspect with one stride in both
+directions, and a token sequence holds a grid of patches of one size. When both NCHW and NHWC fit
+(an 8x8x8 output of a square image), or no grid fits, the caller gets an error naming the shape:
+a picture is never drawn from a guessed layout. The layout used is stated with the picture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hookcli.errors import UsageError
+
+NCHW, NHWC, TOKENS = "NCHW", "NHWC", "tokens"
+MAX_PREFIX = 8  # prefix tokens tried when the model does not say: class, distillation, registers
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How to read one activation as (N, C, h, w) feature maps."""
+
+    kind: str  # NCHW, NHWC or tokens
+    grid: tuple[int, int]  # (h, w) of the map
+    channels: int
+    prefix: int = 0  # tokens: prefix tokens dropped before the grid
+    how: str = ""  # how it is known: "the model's Permute modules", "inferred from the input size"
+
+    @property
+    def label(self) -> str:
+        """The short form in reports: NCHW, NHWC, or tokens:1+14x14."""
+        if self.kind == TOKENS:
+            return f"tokens:{self.prefix}+{self.grid[0]}x{self.grid[1]}"
+        return self.kind
+
+    def describe(self) -> str:
+        """`NHWC 7x7, 768 channels (the model's Permute modules)`."""
+        h, w = self.grid
+        what = f"{self.kind} {h}x{w}, {self.channels} channels"
+        if self.kind == TOKENS:
+            what = f"tokens: {self.prefix} prefix + {h}x{w} patches, {self.channels} channels"
+        return f"{what} ({self.how})" if self.how else what
+
+    def to_nchw(self, t: torch.Tensor) -> torch.Tensor:
+        """The activation (or its gradient) as (N, C, h, w), prefix tokens dropped."""
+        if self.kind == NHWC:
+            return t.permute(0, 3, 1, 2)
+        if self.kind == TOKENS:
+            h, w = self.grid
+            return t[:, self.prefix :, :].reshape(t.shape[0], h, w, t.shape[2]).permute(0, 3, 1, 2)
+        return t
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHints:
+    """What the model says about its layouts: the modules whose outputs are channels-last, and
+    how many prefix tokens its token sequences carry (None: it does not say)."""
+
+    channels_last: frozenset[str] = frozenset()
+    channels_first: frozenset[str] = frozenset()  # inside a model that has Permute modules
+    prefix_tokens: int | None = None
+    source: str = ""
+
+
+def model_hints(model: nn.Module) -> ModelHints:
+    """torchvision's structure: `Permute([0, 2, 3, 1])` starts a channels-last region and
+    `Permute([0, 3, 1, 2])` ends it; modules are visited in registration order, which is
+    execution order in these models (Sequential stages). A container's output has the layout in
+    force when its last child has run. `class_token` (ViT) is one prefix token."""
+    prefix = None
+    if isinstance(getattr(model, "class_token", None), torch.Tensor):
+        prefix = 1
+    permutes = [m for m in model.modules() if type(m).__name__ == "Permute" and hasattr(m, "dims")]
+    if not permutes:
+        return ModelHints(prefix_tokens=prefix, source="the model's class token" if prefix else "")
+    last: set[str] = set()
+    first: set[str] = set()
+    state = [NCHW]
+
+    def visit(name: str, module: nn.Module) -> None:
+        children = list(module.named_children())
+        if type(module).__name__ == "Permute":
+            dims = list(getattr(module, "dims", []))
+            if dims == [0, 2, 3, 1]:
+                state[0] = NHWC
+            elif dims == [0, 3, 1, 2]:
+                state[0] = NCHW
+        for child_name, child in children:
+            visit(f"{name}.{child_name}" if name else child_name, child)
+        if name:
+            (last if state[0] == NHWC else first).add(name)
+
+    visit("", model)
+    return ModelHints(frozenset(last), frozenset(first), prefix, "the model's Permute modules")
+
+
+def _fits(grid: tuple[int, int], size: tuple[int, int]) -> bool:
+    """A map of `grid` cells can come from an input of `size` with one stride in both
+    directions: exactly square for a square input; otherwise strides within 5%."""
+    (h, w), (height, width) = grid, size
+    if h < 1 or w < 1:
+        return False
+    if height == width:
+        return h == w
+    sh, sw = height / h, width / w
+    return abs(sh / sw - 1) <= 0.05
+
+
+def _token_grids(
+    length: int, size: tuple[int, int], prefixes: range | list[int]
+) -> list[tuple[int, tuple[int, int]]]:
+    """(prefix, (h, w)) splits of a token sequence into prefix tokens and a patch grid whose
+    patches tile the input: one patch size in both directions, dividing the input exactly when
+    the input is square."""
+    found = []
+    height, width = size
+    for k in prefixes:
+        n = length - k
+        if n < 1:
+            continue
+        if height == width:
+            h = math.isqrt(n)
+            if h * h == n and height % h == 0:
+                found.append((k, (h, h)))
+            continue
+        h = round(math.sqrt(n * height / width))
+        for hh in (h - 1, h, h + 1):
+            if hh >= 1 and n % hh == 0 and _fits((hh, n // hh), size):
+                found.append((k, (hh, n // hh)))
+                break
+    return found
+
+
+def resolve(
+    name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
+) -> Layout:
+    """The layout of layer `name`'s output of `shape`, for an input image of `input_size`
+    (None: no image-shaped input). Raises a UsageError naming the shape when it cannot be told."""
+    dims = "x".join(map(str, shape))
+    if len(shape) == 4:
+        _, a, b, c = shape
+        if name in hints.channels_last:
+            return Layout(NHWC, (a, b), c, how=hints.source)
+        if name in hints.channels_first:
+            return Layout(NCHW, (b, c), a, how=hints.source)
+        if input_size is None:
+            return Layout(NCHW, (b, c), a, how="assumed: no image input to check it against")
+        first, last = _fits((b, c), input_size), _fits((a, b), input_size)
+        if first and not last:
+            return Layout(NCHW, (b, c), a, how="inferred from the input size")
+        if last and not first:
+            return Layout(NHWC, (a, b), c, how="inferred from the input size")
+        why = "both NCHW and NHWC fit" if first else "neither NCHW nor NHWC fits"
+        raise UsageError(
+            f"layer {name}'s output {dims} has no layout hookcli can be sure of ({why} the "
+            f"{input_size[0]}x{input_size[1]} input).",
+            "pick a layer whose output shape shows its layout: `hookcli layers MODEL --shapes`.",
+        )
+    if len(shape) == 3:
+        _, length, c = shape
+        if input_size is None:
+            raise UsageError(
+                f"layer {name} outputs tokens {dims} but the input is not an image: there is no "
+                "patch grid to draw them on.",
+                "give an image input, or pick a layer with an (N, C, H, W) output.",
+            )
+        told = hints.prefix_tokens
+        prefixes = [told] if told is not None else range(MAX_PREFIX + 1)
+        grids = _token_grids(length, input_size, prefixes)
+        how = f"{hints.source}, grid from the input size" if told is not None else ""
+        if len(grids) == 1:
+            k, grid = grids[0]
+            return Layout(TOKENS, grid, c, prefix=k, how=how or "inferred from the input size")
+        why = "several prefix/grid splits fit" if grids else "no patch grid fits"
+        raise UsageError(
+            f"layer {name}'s output {dims} is not a token sequence hookcli can lay on the "
+            f"{input_size[0]}x{input_size[1]} input ({why}).",
+            "pick a layer with an (N, C, H, W) or (N, prefix + h*w, C) output: "
+            "`hookcli layers MODEL --shapes`.",
+        )
+    raise UsageError(
+        f"layer {name} outputs a {len(shape)}-D tensor ({dims}); pictures need (N, C, H, W), "
+        "(N, H, W, C) or tokens (N, L, C).",
+        "pick another layer: `hookcli layers MODEL --shapes` shows output shapes.",
+    )
+
+
+def input_size(args: tuple[object, ...]) -> tuple[int, int] | None:
+    """The (H, W) of the first image-shaped input (N, C, H, W) or (C, H, W), if any."""
+    for arg in args:
+        x = (arg[0] if arg else None) if isinstance(arg, list) else arg
+        if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-3] in (1, 3, 4):
+            return int(x.shape[-2]), int(x.shape[-1])
+    return None

@@ -1,0 +1,240 @@
+"""Layouts of 3-D and 4-D activations (engine.layout): what torchvision's structure says, what
+the input size implies, refusal when neither tells; and Grad-CAM on channels-last and token
+layers against pytorch-grad-cam given the reshape_transform its docs ask users to write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import hookcli
+from hookcli.engine.layout import NCHW, NHWC, TOKENS, ModelHints, model_hints, resolve
+from hookcli.errors import UsageError
+from tests.conftest import ROOT
+
+NONE = ModelHints()
+
+
+def test_torchvision_permute_modules_mark_the_channels_last_layers() -> None:
+    swin = model_hints(torchvision.models.swin_t())
+    for name in ("features.0", "features.0.2", "features.5", "features.7.1.norm1", "norm"):
+        assert name in swin.channels_last, name
+    for name in ("features.0.0", "permute", "avgpool", "head"):
+        assert name in swin.channels_first, name
+    convnext = model_hints(torchvision.models.convnext_tiny())
+    for name in ("features.7.2.block.2", "features.7.2.block.3", "features.7.2.block.5"):
+        assert name in convnext.channels_last, name
+    for name in ("features.7.2.block.0", "features.7.2.block", "features.7.2", "features"):
+        assert name in convnext.channels_first, name
+    vit = model_hints(torchvision.models.vit_b_16())
+    assert vit.prefix_tokens == 1 and not vit.channels_last
+
+
+def test_the_permuted_layout_is_the_truth() -> None:
+    """The oracle: swin's `features` output is what its own `permute` turns into NCHW."""
+    model = torchvision.models.swin_t().eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        inner = model.features(x)
+        truth = model.permute(model.norm(inner))
+    layout = resolve("norm", tuple(inner.shape), (224, 224), model_hints(model))
+    assert layout.kind == NHWC and layout.grid == (7, 7) and layout.channels == 768
+    with torch.no_grad():
+        assert torch.equal(layout.to_nchw(model.norm(inner)), truth)
+
+
+def test_shapes_tell_the_layout_when_the_model_does_not() -> None:
+    nchw = resolve("conv", (2, 64, 56, 56), (224, 224), NONE)
+    assert (nchw.kind, nchw.grid, nchw.channels) == (NCHW, (56, 56), 64)
+    nhwc = resolve("blk", (2, 14, 14, 384), (224, 224), NONE)
+    assert (nhwc.kind, nhwc.grid, nhwc.channels) == (NHWC, (14, 14), 384)
+    wide = resolve("conv", (1, 64, 60, 80), (480, 640), NONE)  # not square: strides agree
+    assert (wide.kind, wide.grid) == (NCHW, (60, 80))
+    tokens = resolve("ln", (1, 197, 768), (224, 224), NONE)
+    assert (tokens.kind, tokens.prefix, tokens.grid) == (TOKENS, 1, (14, 14))
+    t = torch.arange(197 * 4, dtype=torch.float32).reshape(1, 197, 4)
+    grid = tokens.to_nchw(t)
+    assert grid.shape == (1, 4, 14, 14)
+    assert torch.equal(grid[0, :, 0, 1], t[0, 2])  # row 0, column 1 is patch 1, after the class
+    assert "inferred from the input size" in tokens.describe()
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "needle"),
+    [
+        ((1, 8, 8, 8), (224, 224), "both NCHW and NHWC fit"),
+        ((1, 30, 20, 10), (224, 224), "neither NCHW nor NHWC fits"),
+        ((1, 170, 64), (224, 224), "no patch grid fits"),  # 169 = 13x13 does not tile 224
+        ((1, 16, 64), (48, 48), "several prefix/grid splits fit"),  # 4x4, or 7 + 3x3
+    ],
+)
+def test_an_unknowable_layout_is_refused_with_its_shape(
+    shape: tuple[int, ...], size: tuple[int, int], needle: str
+) -> None:
+    with pytest.raises(UsageError) as err:
+        resolve("x", shape, size, NONE)
+    assert "x".join(map(str, shape)) in str(err.value) and needle in str(err.value)
+
+
+class Ambiguous(nn.Module):
+    """A 4-D output both layouts fit: 8 channels of 8x8, or 8x8 cells of 8 channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 4, stride=4)
+        self.head = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).flatten(1))
+
+
+def test_a_picture_is_never_drawn_from_a_guessed_layout() -> None:
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(UsageError, match="1x8x8x8"):
+        hookcli.maps(Ambiguous(), [x], layer="conv")
+
+
+# ---------------------------------------------------------------- Grad-CAM oracle
+
+
+def _grad_cam_oracle(model: nn.Module, layer: nn.Module, x: torch.Tensor, reshape: object) -> Any:
+    pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    with torch.no_grad():
+        top = int(model(x).argmax())
+    with GradCAM(model=model, target_layers=[layer], reshape_transform=reshape) as cam:
+        return cam(input_tensor=x, targets=[ClassifierOutputTarget(top)])[0]
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, 3, 1, 2)
+
+
+def _vit_tokens(t: torch.Tensor) -> torch.Tensor:  # pytorch-grad-cam's ViT recipe
+    return t[:, 1:, :].reshape(t.size(0), 14, 14, t.size(2)).permute(0, 3, 1, 2)
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)().eval()
+    if name.startswith("vit"):  # torchvision zero-initialises ViT's head: no gradient at all
+        nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("name", "layer", "reshape"),
+    [
+        ("swin_t", "features.7", _nhwc),
+        ("convnext_tiny", "features.7.2.block.3", _nhwc),
+        ("vit_b_16", "encoder.layers.encoder_layer_11.ln_1", _vit_tokens),
+    ],
+)
+def test_cam_on_channels_last_and_token_layers_equals_pytorch_grad_cam(
+    name: str, layer: str, reshape: object
+) -> None:
+    model = _model(name)
+    torch.manual_seed(1)
+    x = torch.randn(1, 3, 224, 224)
+    expected = _grad_cam_oracle(model, model.get_submodule(layer), x, reshape)
+    drawing = hookcli.cam(model, [x], layer=layer, device="cpu")
+    assert drawing.raw is not None
+    ours = drawing.raw.astype(np.float64).ravel()
+    theirs = np.asarray(expected, dtype=np.float64).ravel()
+    assert ours.std() > 0 and theirs.std() > 0
+    assert np.corrcoef(ours, theirs)[0, 1] >= 0.999
+    assert drawing.picture.layout.startswith(TOKENS if name.startswith("vit") else NHWC)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("vit_b_16", "encoder.layers.encoder_layer_11.ln_1"),  # the ViT recipe's layer
+        ("swin_t", "norm"),
+        ("convnext_tiny", "features"),
+    ],
+)
+def test_the_default_cam_layer_is_the_last_one_the_gradient_reaches(
+    name: str, expected: str
+) -> None:
+    torch.manual_seed(1)
+    drawing = hookcli.cam(_model(name), [torch.randn(1, 3, 224, 224)], device="cpu")
+    assert drawing.layer == expected
+    assert drawing.heat is not None and float(drawing.heat.max()) == 1.0
+
+
+def test_an_all_zero_map_names_its_cause() -> None:
+    torch.manual_seed(0)
+    vit = torchvision.models.vit_b_16().eval()  # as torchvision builds it: the head is zero
+    drawing = hookcli.cam(
+        vit, [torch.randn(1, 3, 224, 224)], layer="encoder.layers.encoder_layer_11.ln_1"
+    )
+    assert drawing.heat is not None and not drawing.heat.any()
+    assert any("same for every class" in n and "zero-initialised head" in n for n in drawing.notes)
+
+
+def test_ablate_mean_keeps_each_channel_where_the_layout_has_it() -> None:
+    """--ablate LAYER=mean on a channels-last output averages over N, H and W per channel
+    (dim 3), not over dim 1 as for NCHW."""
+    from torchvision.ops.misc import Permute
+
+    from hookcli.commands.ablation import ablated, parse
+    from hookcli.engine.layout import model_hints, resolve
+    from hookcli.engine.selection import module_entries
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 4, stride=4), Permute([0, 2, 3, 1]), nn.LayerNorm(4))
+    x = torch.randn(2, 3, 32, 32)
+    hints = model_hints(model)
+
+    def layout(name: str, shape: tuple[int, ...]) -> Any:
+        return resolve(name, shape, (32, 32), hints)
+
+    with torch.no_grad():
+        plain = model(x)
+        with ablated(module_entries(model), [parse("2=mean")], 0, layout):
+            changed = model(x)
+    assert changed.shape == (2, 8, 8, 4)
+    expected = plain.mean(dim=(0, 1, 2))
+    assert torch.allclose(changed, expected.expand_as(changed))
+
+
+class Stages(nn.Module):
+    """A conv stage, a channels-last stage (torchvision's Permute), a token view, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.ops.misc import Permute
+
+        self.conv = nn.Conv2d(3, 6, 4, stride=4)  # 1x6x8x8: NCHW
+        self.to_last = Permute([0, 2, 3, 1])
+        self.norm = nn.LayerNorm(6)  # 1x8x8x6: NHWC, from the model's Permute
+        self.tokens = nn.Flatten(1, 2)  # 1x64x6: 8x8 patch tokens, no prefix
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.tokens(self.norm(self.to_last(self.conv(x)))).mean(1))
+
+
+def test_json_states_each_3d_and_4d_output_layout() -> None:
+    report = hookcli.inspect(Stages(), [torch.randn(1, 3, 32, 32)], device="cpu")
+    layouts = {c.name: c.outputs[0].layout for c in report.layers}
+    assert layouts == {
+        "conv": "NCHW",
+        "to_last": "NHWC",
+        "norm": "NHWC",
+        "tokens": "tokens:0+8x8",
+        "head": None,
+    }
+    assert report.to_dict()["layers"][2]["outputs"][0]["layout"] == "NHWC"
+    ambiguous = hookcli.inspect(Ambiguous(), [torch.randn(1, 3, 32, 32)], device="cpu")
+    assert ambiguous.layers[0].outputs[0].layout == "unknown"
+    folder = hookcli.inspect(Stages(), [str(ROOT / "sample_images")], batch_size=1, device="cpu")
+    assert [c.outputs[0].layout for c in folder.layers][:2] == ["NCHW", "NHWC"]
