@@ -226,9 +226,10 @@ def run_command(ctx: typer.Context, command: str) -> None:
     )
 
     rules = parse_rules(pick(RuleOptions, p))
-    name = opt.need_model(p, command)
+    model_opts = opt.model_options(p, command)
+    name = str(model_opts.model)
     inv = Invocation(
-        model=opt.model_options(p, command),
+        model=model_opts,
         selection=opt.selection(p),
         inputs=opt.input_options(p),
         run=pick(RunOptions, p, hist=hist_bins(bool(p.get("hist"))), save=save, config=used),

@@ -76,10 +76,11 @@ def layers(
         dest = claim(p["output"], reads=opt.reads(p, used))
         from hookcli.commands.listing import layers_report
 
-        name = opt.need_model(p, "layers")
+        model_opts = opt.model_options(p, "layers")
+        name = str(model_opts.model)
         with status(f"loading {name}…"):
             report = layers_report(
-                opt.model_options(p, "layers"),
+                model_opts,
                 opt.input_options(p),
                 shapes=p["shapes"],
                 depth=p["depth"],

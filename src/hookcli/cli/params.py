@@ -259,11 +259,15 @@ class ConfigCommand(TyperCommand):
         return rest
 
 
+def _options_part(args: Sequence[str]) -> Sequence[str]:
+    """The words before `--` (after it, everything is an argument)."""
+    return args[: args.index("--")] if "--" in args else args
+
+
 def _flags_given(command: Any, args: Sequence[str]) -> set[str]:
     """The options the command line sets, seen before Click parses it (`--tol 1e-2`,
     `--tol=1e-2`, `-f json`): their config values are not even checked."""
-    words = list(args[: args.index("--")] if "--" in args else args)
-    flags = {w.partition("=")[0] for w in words if w.startswith("-")}
+    flags = {w.partition("=")[0] for w in _options_part(args) if w.startswith("-")}
     return {
         p.name
         for p in command.params
@@ -274,20 +278,19 @@ def _flags_given(command: Any, args: Sequence[str]) -> set[str]:
 def _config_args(args: Sequence[str]) -> tuple[str | None, bool]:
     """--config FILE and --no-config, read before Click parses the rest."""
     path, off = None, False
-    for i, arg in enumerate(args):
-        if arg == "--":
-            break
+    words = _options_part(args)
+    for i, arg in enumerate(words):
         if arg == "--no-config":
             off = True
-        elif arg == "--config" and i + 1 < len(args):
-            path = args[i + 1]
+        elif arg == "--config" and i + 1 < len(words):
+            path = words[i + 1]
         elif arg.startswith("--config="):
             path = arg.partition("=")[2]
     return path, off
 
 
 def _project_config(command: Any, args: Sequence[str]) -> tuple[Path, dict[str, Any]] | None:
-    if any(a in ("--help", "-h") for a in args[: args.index("--") if "--" in args else None]):
+    if any(a in ("--help", "-h") for a in _options_part(args)):
         return None  # help is shown whatever the config says
     named, off = _config_args(args)
     if off:

@@ -71,9 +71,10 @@ def maps(
         options = pick(MapOptions, p, layer=need_layer(opt.single_layer(p)))
         from hookcli import commands
 
-        name = opt.need_model(p, "maps")
+        model_opts = opt.model_options(p, "maps")
+        name = str(model_opts.model)
         with status(f"running {name}…"):
-            drawing = commands.maps(opt.model_options(p, "maps"), opt.input_options(p), options)
+            drawing = commands.maps(model_opts, opt.input_options(p), options)
         _save_png(out, drawing)
         for note in drawing.notes:
             err(f"note: {note}")
@@ -132,10 +133,11 @@ def cam(
         from hookcli.options import BackwardOptions, CamOptions, pick
 
         options = pick(CamOptions, p, layer=opt.single_layer(p))
-        name = opt.need_model(p, "cam")
+        model_opts = opt.model_options(p, "cam")
+        name = str(model_opts.model)
         with status(f"running {name}…"):
             drawing = commands.cam(
-                opt.model_options(p, "cam"),
+                model_opts,
                 opt.input_options(p),
                 pick(BackwardOptions, p),
                 options,

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from hookcli import bounds
-from hookcli.engine.layout import NHWC, TOKENS, Layout
+from hookcli.engine.layout import NHWC, TOKENS, LayoutOf
 from hookcli.engine.selection import ModuleEntry
 from hookcli.errors import UsageError
 from hookcli.records import Ablation, LayerChange, Report
@@ -98,7 +98,7 @@ def ablated(
     entries: Sequence[ModuleEntry],
     specs: Sequence[AblationSpec],
     seed: int,
-    layout: Callable[[str, tuple[int, ...]], Layout] | None = None,
+    layout: LayoutOf | None = None,
 ) -> Iterator[list[int]]:
     """Hooks that change the named layers' outputs; yields their call counts, removed after.
     `layout` tells `mean` where a 3-D/4-D output keeps its channels (engine.layout: dim 3 of

@@ -20,6 +20,7 @@ from hookcli._version import __version__
 from hookcli.commands.inspect import label_layouts, model_info, predict
 from hookcli.engine.aggregate import Aggregate
 from hookcli.engine.hooks import HookSession, measure
+from hookcli.engine.layout import reader
 from hookcli.engine.passes import Prepared, hooked_pass, prepare
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
@@ -176,7 +177,8 @@ def folder_report(
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
     layers = run.layer_calls()
     shape = run.shape or ()
-    label_layouts(layers, prepared, (shape[-2], shape[-1]) if len(shape) == 3 else None)
+    size = (shape[-2], shape[-1]) if len(shape) == 3 else None
+    label_layouts(layers, reader(loaded.module, size))
     report = Report(
         model=model_info(loaded, inv.run.train),
         input=InputInfo(

@@ -8,7 +8,7 @@ Every pass goes through the engine (engine/passes.py), which leaves the model as
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 from hookcli._version import __version__
 from hookcli.commands.profile import profile_calls
 from hookcli.engine.hooks import HookSession, measure
-from hookcli.engine.layout import Layout, ModelHints, input_size, model_hints, resolve
+from hookcli.engine.layout import LayoutOf, input_size, reader
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import (
     Prepared,
@@ -69,12 +69,9 @@ def report(inv: Invocation, command: str) -> Report:
 PendingParam = tuple[ParamStats, TensorStats, TensorStats | None]  # the weight's, the gradient's
 
 
-def label_layouts(
-    layers: Sequence[LayerCall], prepared: Prepared, size: tuple[int, int] | None
-) -> None:
+def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:
     """Each 3-D/4-D output's layout (engine.layout) into its stats: NCHW, NHWC, tokens:K+HxW,
-    or unknown when neither the model nor the input size (H, W) tells."""
-    layout_of = _layouts(prepared, size)
+    or unknown when neither the model nor the input size tells."""
     for call in layers:
         for t in call.outputs:
             if len(t.shape) in (3, 4):
@@ -82,21 +79,6 @@ def label_layouts(
                     t.layout = layout_of(call.name, t.shape).label
                 except UsageError:
                     t.layout = "unknown"
-
-
-def _layouts(
-    prepared: Prepared, size: tuple[int, int] | None
-) -> Callable[[str, tuple[int, ...]], Layout]:
-    """How a layer's output is laid out (engine.layout), for an input image of `size`: the
-    model's hints read once, on first use."""
-    hints: list[ModelHints] = []
-
-    def layout_of(name: str, shape: tuple[int, ...]) -> Layout:
-        if not hints:
-            hints.append(model_hints(prepared.loaded.module))
-        return resolve(name, shape, size, hints[0])
-
-    return layout_of
 
 
 def _one_run(
@@ -111,16 +93,12 @@ def _one_run(
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(prepared.targets, collector, grads=backward, saver=saver)
     timing = profile_calls(prepared, run) if run.profile else None
+    layout_of = reader(loaded.module, input_size(tuple(model_input.args)))
     params: dict[str, list[PendingParam]] = {}
     outputs: list[TensorStats] = []
     try:
         with (
-            ablated(
-                prepared.entries,
-                ablations,
-                prepared.seed,
-                _layouts(prepared, input_size(tuple(model_input.args))),
-            ) as ablation_calls,
+            ablated(prepared.entries, ablations, prepared.seed, layout_of) as ablation_calls,
             hooked_pass(prepared, session, train=run.train, backward=backward) as result,
         ):
             if backward:
@@ -146,8 +124,7 @@ def _one_run(
             )
     collector.finalize()
     layers = [p.complete(backward) for p in session.calls]
-    size = input_size(tuple(model_input.args))
-    label_layouts(layers, prepared, size)
+    label_layouts(layers, layout_of)
     first_call: dict[str, LayerCall] = {}
     for call in layers:
         first_call.setdefault(call.name, call)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hookcli.engine.hooks import HookSession, PendingCall, Target
-from hookcli.engine.layout import Layout, input_size, model_hints, resolve
+from hookcli.engine.layout import LayoutOf, input_size, reader
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
@@ -57,7 +57,7 @@ class Picture:
     layout: str = ""  # how the activation was read (engine.layout), stated on the picture
 
 
-def default_cam_layer(prepared: Prepared) -> tuple[str, str | None]:
+def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str | None]:
     """The last module to finish whose output reads as maps over the image (engine.layout:
     NCHW, NHWC or patch tokens, more than 1x1) and whose gradient for the target is non-zero on
     those cells: the last convolutional block of a CNN (resnet `layer4`, densenet `features`),
@@ -67,9 +67,6 @@ def default_cam_layer(prepared: Prepared) -> tuple[str, str | None]:
     hard-coded). Pools and pure layout moves (Permute, Flatten) are skipped. One forward and
     backward with every module hooked. With no gradient anywhere (constant scores), the last
     such layer, and a note saying why."""
-    hints = model_hints(prepared.loaded.module)
-    assert prepared.model_input is not None
-    size = input_size(tuple(prepared.model_input.args))
     drawable: list[tuple[int, str]] = []
     with_grad: list[tuple[int, str]] = []
 
@@ -81,7 +78,7 @@ def default_cam_layer(prepared: Prepared) -> tuple[str, str | None]:
         if first is None or first.dim() not in (3, 4):
             return
         try:
-            layout = resolve(call.name, tuple(first.shape), size, hints)
+            layout = layout_of(call.name, tuple(first.shape))
         except UsageError:
             return
         if min(layout.grid) < 2:
@@ -202,12 +199,11 @@ def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float
     return None  # detection transforms only scale to [0, 1]
 
 
-def _layout(prepared: Prepared, name: str, out: torch.Tensor) -> Layout:
-    """How to read this layer's output as (N, C, h, w) maps (engine.layout; refused with the
-    shape when it cannot be told)."""
+def _reader(prepared: Prepared) -> LayoutOf:
+    """How to read this run's layer outputs as (N, C, h, w) maps (engine.layout; refused with
+    the shape when it cannot be told)."""
     assert prepared.model_input is not None
-    size = input_size(tuple(prepared.model_input.args))
-    return resolve(name, tuple(out.shape), size, model_hints(prepared.loaded.module))
+    return reader(prepared.loaded.module, input_size(tuple(prepared.model_input.args)))
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -227,7 +223,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     assert model_input is not None
     target = one_target(prepared, layer)
     got = _capture(prepared, target, call)
-    layout = _layout(prepared, target.name, got.out)
+    layout = _reader(prepared)(target.name, tuple(got.out.shape))
     out = layout.to_nchw(got.out)
     _check_image(image_index, out)
     maps = out[image_index].float()
@@ -321,9 +317,10 @@ def class_activation(
     assert prepared.backward is not None
     described = prepared.backward.describe()
     notes = []
+    layout_of = _reader(prepared)
     no_gradient = None
     if layer is None:
-        layer, no_gradient = default_cam_layer(prepared)
+        layer, no_gradient = default_cam_layer(prepared, layout_of)
         notes.append(
             f"layer {layer}: the last layer over the image that the target's gradient reaches "
             "(choose another with -l)"
@@ -332,7 +329,7 @@ def class_activation(
     got = _capture(prepared, tgt, call, backward=True)
     value, model_out = got.value, got.output
     notes += got.notes
-    layout = _layout(prepared, tgt.name, got.out)
+    layout = layout_of(tgt.name, tuple(got.out.shape))
     out, grad = layout.to_nchw(got.out), got.grad
     if grad is None:
         raise UsageError(

@@ -10,6 +10,7 @@ data) merge into the report one process would have written: see `merge_reports`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -172,22 +173,12 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+_NOT_READ = ("shape", "nan", "inf", "values", "hist")  # given below, or not merged
+
+
 def _stats(d: dict[str, Any]) -> TensorStats:
     fields = {
-        k: d.get(k)
-        for k in (
-            "path",
-            "dtype",
-            "numel",
-            "mean",
-            "std",
-            "min",
-            "max",
-            "zeros",
-            "norm",
-            "note",
-            "layout",
-        )
+        f.name: d.get(f.name) for f in dataclasses.fields(TensorStats) if f.name not in _NOT_READ
     }
     return TensorStats(shape=tuple(d["shape"]), nan=d.get("nan", 0), inf=d.get("inf", 0), **fields)  # type: ignore[arg-type]
 

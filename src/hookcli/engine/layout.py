@@ -13,6 +13,7 @@ a picture is never drawn from a guessed layout. The layout used is stated with t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -191,6 +192,22 @@ def resolve(
         "(N, H, W, C) or tokens (N, L, C).",
         "pick another layer: `hookcli layers MODEL --shapes` shows output shapes.",
     )
+
+
+LayoutOf = Callable[[str, tuple[int, ...]], Layout]  # layer name, output shape → its layout
+
+
+def reader(model: nn.Module, size: tuple[int, int] | None) -> LayoutOf:
+    """`resolve` for one model and input size (H, W): the model's hints read once, on first
+    use (a model with no 3-D/4-D output never walks its tree)."""
+    hints: list[ModelHints] = []
+
+    def layout_of(name: str, shape: tuple[int, ...]) -> Layout:
+        if not hints:
+            hints.append(model_hints(model))
+        return resolve(name, shape, size, hints[0])
+
+    return layout_of
 
 
 def input_size(args: tuple[object, ...]) -> tuple[int, int] | None:

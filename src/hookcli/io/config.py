@@ -25,7 +25,6 @@ from hookcli.errors import UsageError
 from hookcli.io.output import note_read
 
 COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
-KINDS = ("str", "path", "int", "float", "bool", "list")  # path: a file; list: of strings
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ class Key:
     per long option name), so an option needs no second declaration here."""
 
     param: str
-    kind: str
+    kind: str  # str, path (a file, relative to the config's folder), int, float, bool, list
     choices: tuple[str, ...] = ()
 
 
