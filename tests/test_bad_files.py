@@ -433,7 +433,7 @@ def test_an_endless_device_is_refused_not_read_to_the_end() -> None:
 
 
 def test_pipe_bytes_are_kept_for_one_run_only(tmp_path: Path) -> None:
-    from hookcli.inputs import _image_source
+    from hookcli.inputs.images import _image_source
 
     fifo = tmp_path / "img"
     os.mkfifo(fifo)
@@ -600,11 +600,11 @@ def test_an_absurd_spec_size_is_refused_naming_the_limit(spec: str, needle: str)
 
 
 def test_a_spec_just_under_the_limit_is_not_refused_by_the_check() -> None:
-    from hookcli.inputs import _spec_shape
+    from hookcli.inputs.specs import spec_shape
 
-    assert _spec_shape("zeros:2147483647", "2147483647") == (2147483647,)
+    assert spec_shape("zeros:2147483647", "2147483647") == (2147483647,)
     with pytest.raises(UsageError):
-        _spec_shape("zeros:2147483648", "2147483648")
+        spec_shape("zeros:2147483648", "2147483648")
 
 
 # ---------------------------------------------------------------- 15. BaseException in a factory

@@ -24,13 +24,15 @@ def test_torchvision_permute_modules_mark_the_channels_last_layers() -> None:
     swin = model_hints(torchvision.models.swin_t())
     for name in ("features.0", "features.0.2", "features.5", "features.7.1.norm1", "norm"):
         assert name in swin.channels_last, name
-    for name in ("features.0.0", "permute", "avgpool", "head"):
+    for name in ("permute", "avgpool", "head"):
         assert name in swin.channels_first, name
+    assert "features.0.0" in swin.convolutions  # the patch convolution: NCHW by its type
     convnext = model_hints(torchvision.models.convnext_tiny())
     for name in ("features.7.2.block.2", "features.7.2.block.3", "features.7.2.block.5"):
         assert name in convnext.channels_last, name
-    for name in ("features.7.2.block.0", "features.7.2.block", "features.7.2", "features"):
+    for name in ("features.7.2.block", "features.7.2", "features"):
         assert name in convnext.channels_first, name
+    assert "features.7.2.block.0" in convnext.convolutions
     vit = model_hints(torchvision.models.vit_b_16())
     assert vit.prefix_tokens == 1 and not vit.channels_last
 
@@ -82,21 +84,26 @@ def test_an_unknowable_layout_is_refused_with_its_shape(
 
 
 class Ambiguous(nn.Module):
-    """A 4-D output both layouts fit: 8 channels of 8x8, or 8x8 cells of 8 channels."""
+    """A 4-D output both layouts fit (8 channels of 8x8, or 8x8 cells of 8 channels) from a
+    module whose type does not say: the convolution's output is NCHW by its type, the
+    activation after it could be either."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 4, stride=4)
+        self.act = nn.GELU()
         self.head = nn.Linear(8 * 8 * 8, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.conv(x).flatten(1))
+        return self.head(self.act(self.conv(x)).flatten(1))
 
 
 def test_a_picture_is_never_drawn_from_a_guessed_layout() -> None:
     x = torch.randn(1, 3, 32, 32)
     with pytest.raises(UsageError, match="1x8x8x8"):
-        hookcli.maps(Ambiguous(), [x], layer="conv")
+        hookcli.maps(Ambiguous(), [x], layer="act")
+    drawn = hookcli.maps(Ambiguous(), [x], layer="conv")
+    assert "a convolution's output" in drawn.metadata["layout"]
 
 
 # ---------------------------------------------------------------- Grad-CAM oracle
@@ -235,6 +242,6 @@ def test_json_states_each_3d_and_4d_output_layout() -> None:
     }
     assert report.to_dict()["layers"][2]["outputs"][0]["layout"] == "NHWC"
     ambiguous = hookcli.inspect(Ambiguous(), [torch.randn(1, 3, 32, 32)], device="cpu")
-    assert ambiguous.layers[0].outputs[0].layout == "unknown"
+    assert [c.outputs[0].layout for c in ambiguous.layers[:2]] == ["NCHW", "unknown"]
     folder = hookcli.inspect(Stages(), [str(ROOT / "sample_images")], batch_size=1, device="cpu")
     assert [c.outputs[0].layout for c in folder.layers][:2] == ["NCHW", "NHWC"]

@@ -15,6 +15,12 @@ from hookcli.options import DEFAULTS
 ListFormatOpt = Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")]
 
 
+class ModelSource(StrEnum):
+    torchvision = "torchvision"
+    timm = "timm"
+    hf = "hf"
+
+
 class Task(StrEnum):
     classification = "classification"
     segmentation = "segmentation"
@@ -32,18 +38,27 @@ def models(
         ),
     ] = None,
     task: Annotated[Task | None, typer.Option("--task", help="Only this task.")] = None,
+    source: Annotated[
+        ModelSource,
+        typer.Option(
+            "--source",
+            help="Whose registry: torchvision's, timm's (hookcli[timm]) or the Hugging Face "
+            "model types with a classification head (hookcli[hf]).",
+        ),
+    ] = ModelSource.torchvision,
     fmt: ListFormatOpt = ListFormat.table,
     output: opt.OutputOpt = None,
 ) -> None:
-    """List torchvision registry models with their task, size and weight enums.
+    """List models with their task, size and weights: torchvision's registry, timm's, or the
+    Hugging Face model types.
 
-    Example: hookcli models 'resnet*' --task classification
+    Example: hookcli models 'resnet*' --task classification; hookcli models --source timm 'vit*'
     """
     with handled():
         dest = claim(output)
-        from hookcli.commands.listing import list_registry
+        from hookcli.commands.listing import list_models
 
-        entries = list_registry(pattern, task.value if task else None)
+        entries = list_models(pattern, task.value if task else None, source.value)
         emit_listing(entries, fmt, dest, "models_table")
 
 

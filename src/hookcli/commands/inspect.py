@@ -17,7 +17,7 @@ from torch import nn
 from hookcli._version import __version__
 from hookcli.commands.profile import profile_calls
 from hookcli.engine.hooks import HookSession, measure
-from hookcli.engine.layout import LayoutOf, input_size, reader
+from hookcli.engine.layout import LayoutOf, image_of, reader
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import (
     Prepared,
@@ -93,7 +93,7 @@ def _one_run(
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(prepared.targets, collector, grads=backward, saver=saver)
     timing = profile_calls(prepared, run) if run.profile else None
-    layout_of = reader(loaded.module, input_size(tuple(model_input.args)))
+    layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
     params: dict[str, list[PendingParam]] = {}
     outputs: list[TensorStats] = []
     try:

@@ -90,6 +90,65 @@ def _metric(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+SOURCES = ("torchvision", "timm", "hf")
+
+
+def list_models(
+    pattern: str | None = None, task: str | None = None, source: str = "torchvision"
+) -> list[ModelEntry]:
+    """`hookcli models`: torchvision's registry, timm's (`--source timm`), or the Hugging Face
+    model types with a classification head (`--source hf`); GLOB on the name after the prefix."""
+    if source == "torchvision":
+        return list_registry(pattern, task)
+    if source not in SOURCES:
+        raise UsageError(f"unknown source {source!r}.", f"use one of: {', '.join(SOURCES)}.")
+    if task is not None and task != "classification":
+        raise UsageError(
+            f"--source {source} lists classification models only, not {task}.",
+            "drop --task, or use --source torchvision.",
+        )
+    out = _timm_entries(pattern) if source == "timm" else _hf_entries(pattern)
+    if not out:
+        raise UsageError(
+            f"no {source} model matching {pattern!r}.",
+            f"run `hookcli models --source {source}` to list them all.",
+        )
+    return out
+
+
+def _timm_entries(pattern: str | None) -> list[ModelEntry]:
+    from hookcli.sources.timm import list_timm, pretrained_tags
+
+    tags = pretrained_tags()
+    out = []
+    for name in list_timm(pattern):
+        own = tags.get(name, ([], None))
+        out.append(
+            ModelEntry(
+                name=f"timm:{name}",
+                task="classification",
+                weights=own[0],
+                default=own[0][0] if own[0] else None,
+                params=None,
+                input_size=own[1],
+                metric=None,
+            )
+        )
+    return out
+
+
+def _hf_entries(pattern: str | None) -> list[ModelEntry]:
+    from hookcli.sources.hf import model_types
+
+    kinds = [("image", "classification"), ("text", "text-classification")]
+    return [
+        ModelEntry(f"hf:{t}", task, [], None, None, None, None)
+        for kind, task in kinds
+        for t in model_types(kind)
+        if not pattern or fnmatch.fnmatchcase(t, pattern)
+    ]
+
+
 def list_registry(pattern: str | None = None, task: str | None = None) -> list[ModelEntry]:
     if task is not None and task not in TASKS:
         raise UsageError(f"unknown task {task!r}.", f"use one of: {', '.join(TASKS)}.")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hookcli.engine.hooks import HookSession, PendingCall, Target
-from hookcli.engine.layout import LayoutOf, input_size, reader
+from hookcli.engine.layout import LayoutOf, image_of, reader
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
@@ -203,7 +203,7 @@ def _reader(prepared: Prepared) -> LayoutOf:
     """How to read this run's layer outputs as (N, C, h, w) maps (engine.layout; refused with
     the shape when it cannot be told)."""
     assert prepared.model_input is not None
-    return reader(prepared.loaded.module, input_size(tuple(prepared.model_input.args)))
+    return reader(prepared.loaded.module, *image_of(prepared.model_input.forward_values()))
 
 
 def _shape(t: torch.Tensor) -> str:

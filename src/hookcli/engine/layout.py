@@ -66,41 +66,93 @@ class ModelHints:
     how many prefix tokens its token sequences carry (None: it does not say)."""
 
     channels_last: frozenset[str] = frozenset()
-    channels_first: frozenset[str] = frozenset()  # inside a model that has Permute modules
+    channels_first: frozenset[str] = frozenset()  # convolutions, and NCHW regions
     prefix_tokens: int | None = None
-    source: str = ""
+    source: str = ""  # how channels_last/channels_first are known
+    prefix_source: str = ""  # how prefix_tokens is known
+    convolutions: frozenset[str] = frozenset()  # modules whose output is NCHW by their type
+
+
+_PREFIX_PARAMS = ("class_token", "cls_token", "dist_token", "distillation_token", "reg_token",
+                  "register_tokens")  # fmt: skip
+_CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d)
+
+
+def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:
+    """How many tokens precede the patch grid, as the model says: timm's `num_prefix_tokens`,
+    else its class/distillation/register token parameters (torchvision `class_token`, timm and
+    Hugging Face `cls_token`, `distillation_token`, `register_tokens`)."""
+    told = getattr(model, "num_prefix_tokens", None)
+    if isinstance(told, int) and not isinstance(told, bool):
+        return told, "the model's num_prefix_tokens"
+    count = 0
+    for name, value in [*model.named_parameters(), *model.named_buffers()]:
+        if name.rpartition(".")[2] in _PREFIX_PARAMS:
+            count += int(value.shape[-2]) if value.dim() == 3 else 1
+    for name, module in model.named_modules():  # timm: the attribute lives on the ViT inside
+        told = getattr(module, "num_prefix_tokens", None)
+        if name and isinstance(told, int) and not isinstance(told, bool):
+            return told, "the model's num_prefix_tokens"
+    if count:
+        return count, "the model's class token" + ("s" if count > 1 else "")
+    return None, ""
+
+
+def _format(module: nn.Module) -> str | None:
+    """A module's own `output_fmt` (timm: Format.NHWC or 'NHWC'), NCHW or NHWC, else None."""
+    fmt = getattr(module, "output_fmt", None)
+    text = str(getattr(fmt, "value", fmt)) if fmt is not None else ""
+    return text if text in (NCHW, NHWC) else None
 
 
 def model_hints(model: nn.Module) -> ModelHints:
-    """torchvision's structure: `Permute([0, 2, 3, 1])` starts a channels-last region and
-    `Permute([0, 3, 1, 2])` ends it; modules are visited in registration order, which is
-    execution order in these models (Sequential stages). A container's output has the layout in
-    force when its last child has run. `class_token` (ViT) is one prefix token."""
-    prefix = None
-    if isinstance(getattr(model, "class_token", None), torch.Tensor):
-        prefix = 1
-    permutes = [m for m in model.modules() if type(m).__name__ == "Permute" and hasattr(m, "dims")]
-    if not permutes:
-        return ModelHints(prefix_tokens=prefix, source="the model's class token" if prefix else "")
+    """What the model's structure says. torchvision: `Permute([0, 2, 3, 1])` starts a
+    channels-last region and `Permute([0, 3, 1, 2])` ends it, modules visited in registration
+    order (execution order in these Sequential stages); a container's output has the layout in
+    force when its last child has run. timm: a model (or module) whose `output_fmt` is NHWC
+    (Swin, MambaOut, Hiera) keeps its 4-D activations channels-last, its convolutions aside.
+    Everywhere: a convolution, 2-D batch norm or 2-D pooling outputs NCHW. Prefix tokens come
+    from `num_prefix_tokens` or the class/register token parameters."""
+    prefix, prefix_source = _prefix_tokens(model)
     last: set[str] = set()
     first: set[str] = set()
-    state = [NCHW]
+    convs: set[str] = set()
+    permutes = any(type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules())
+    model_fmt = _format(model)
+    state = [model_fmt or NCHW]
+    source = ""
+    if permutes:
+        source = "the model's Permute modules"
+    elif model_fmt == NHWC:
+        source = "the model's output_fmt NHWC"
 
-    def visit(name: str, module: nn.Module) -> None:
-        children = list(module.named_children())
+    def visit(name: str, module: nn.Module, inherited: str) -> None:
+        own = _format(module) if name else None
         if type(module).__name__ == "Permute":
             dims = list(getattr(module, "dims", []))
             if dims == [0, 2, 3, 1]:
                 state[0] = NHWC
             elif dims == [0, 3, 1, 2]:
                 state[0] = NCHW
-        for child_name, child in children:
-            visit(f"{name}.{child_name}" if name else child_name, child)
-        if name:
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child, own or inherited)
+        if not name:
+            return
+        if isinstance(module, _CONV_LIKE):
+            convs.add(name)
+        elif own is not None:
+            (last if own == NHWC else first).add(name)
+        elif permutes:
             (last if state[0] == NHWC else first).add(name)
+        elif inherited == NHWC:
+            last.add(name)
 
-    visit("", model)
-    return ModelHints(frozenset(last), frozenset(first), prefix, "the model's Permute modules")
+    visit("", model, model_fmt or "")
+    if (last or first) and not source:
+        source = "the modules' output_fmt"
+    return ModelHints(
+        frozenset(last), frozenset(first), prefix, source, prefix_source, frozenset(convs)
+    )
 
 
 def _fits(grid: tuple[int, int], size: tuple[int, int]) -> bool:
@@ -141,52 +193,26 @@ def _token_grids(
 
 
 def resolve(
-    name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
+    name: str,
+    shape: tuple[int, ...],
+    input_size: tuple[int, int] | None,
+    hints: ModelHints,
+    batch: int | None = None,
 ) -> Layout:
     """The layout of layer `name`'s output of `shape`, for an input image of `input_size`
-    (None: no image-shaped input). Raises a UsageError naming the shape when it cannot be told."""
+    (None: no image-shaped input) holding `batch` images (None: unknown). Raises a UsageError
+    naming the shape when it cannot be told."""
     dims = "x".join(map(str, shape))
+    if batch is not None and len(shape) in (3, 4) and shape[0] != batch:
+        raise UsageError(
+            f"layer {name}'s output {dims} has {shape[0]} rows for {batch} input image(s): its "
+            "first dimension holds windows, heads or a flattened batch, not images.",
+            "pick the block that holds the windows together (its parent in `hookcli layers`).",
+        )
     if len(shape) == 4:
-        _, a, b, c = shape
-        if name in hints.channels_last:
-            return Layout(NHWC, (a, b), c, how=hints.source)
-        if name in hints.channels_first:
-            return Layout(NCHW, (b, c), a, how=hints.source)
-        if input_size is None:
-            return Layout(NCHW, (b, c), a, how="assumed: no image input to check it against")
-        first, last = _fits((b, c), input_size), _fits((a, b), input_size)
-        if first and not last:
-            return Layout(NCHW, (b, c), a, how="inferred from the input size")
-        if last and not first:
-            return Layout(NHWC, (a, b), c, how="inferred from the input size")
-        why = "both NCHW and NHWC fit" if first else "neither NCHW nor NHWC fits"
-        raise UsageError(
-            f"layer {name}'s output {dims} has no layout hookcli can be sure of ({why} the "
-            f"{input_size[0]}x{input_size[1]} input).",
-            "pick a layer whose output shape shows its layout: `hookcli layers MODEL --shapes`.",
-        )
+        return _spatial(name, shape, input_size, hints)
     if len(shape) == 3:
-        _, length, c = shape
-        if input_size is None:
-            raise UsageError(
-                f"layer {name} outputs tokens {dims} but the input is not an image: there is no "
-                "patch grid to draw them on.",
-                "give an image input, or pick a layer with an (N, C, H, W) output.",
-            )
-        told = hints.prefix_tokens
-        prefixes = [told] if told is not None else range(MAX_PREFIX + 1)
-        grids = _token_grids(length, input_size, prefixes)
-        how = f"{hints.source}, grid from the input size" if told is not None else ""
-        if len(grids) == 1:
-            k, grid = grids[0]
-            return Layout(TOKENS, grid, c, prefix=k, how=how or "inferred from the input size")
-        why = "several prefix/grid splits fit" if grids else "no patch grid fits"
-        raise UsageError(
-            f"layer {name}'s output {dims} is not a token sequence hookcli can lay on the "
-            f"{input_size[0]}x{input_size[1]} input ({why}).",
-            "pick a layer with an (N, C, H, W) or (N, prefix + h*w, C) output: "
-            "`hookcli layers MODEL --shapes`.",
-        )
+        return _tokens(name, shape, input_size, hints)
     raise UsageError(
         f"layer {name} outputs a {len(shape)}-D tensor ({dims}); pictures need (N, C, H, W), "
         "(N, H, W, C) or tokens (N, L, C).",
@@ -194,26 +220,89 @@ def resolve(
     )
 
 
+def _spatial(
+    name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
+) -> Layout:
+    """A 4-D output: NCHW or NHWC."""
+    dims = "x".join(map(str, shape))
+    _, a, b, c = shape
+    if name in hints.convolutions:
+        return Layout(NCHW, (b, c), a, how="a convolution's output")
+    if name in hints.channels_last:
+        return Layout(NHWC, (a, b), c, how=hints.source)
+    if name in hints.channels_first:
+        return Layout(NCHW, (b, c), a, how=hints.source)
+    if input_size is None:
+        return Layout(NCHW, (b, c), a, how="assumed: no image input to check it against")
+    first, last = _fits((b, c), input_size), _fits((a, b), input_size)
+    if first and not last:
+        return Layout(NCHW, (b, c), a, how="inferred from the input size")
+    if last and not first:
+        return Layout(NHWC, (a, b), c, how="inferred from the input size")
+    why = "both NCHW and NHWC fit" if first else "neither NCHW nor NHWC fits"
+    raise UsageError(
+        f"layer {name}'s output {dims} has no layout hookcli can be sure of ({why} the "
+        f"{input_size[0]}x{input_size[1]} input).",
+        "pick a layer whose output shape shows its layout: `hookcli layers MODEL --shapes`.",
+    )
+
+
+def _tokens(
+    name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
+) -> Layout:
+    """A 3-D output: a token sequence (N, prefix + h*w, C)."""
+    dims = "x".join(map(str, shape))
+    _, length, c = shape
+    if input_size is None:
+        raise UsageError(
+            f"layer {name} outputs tokens {dims} but the input is not an image: there is no "
+            "patch grid to draw them on.",
+            "give an image input, or pick a layer with an (N, C, H, W) output.",
+        )
+    told = hints.prefix_tokens
+    prefixes = [told] if told is not None else range(MAX_PREFIX + 1)
+    grids = _token_grids(length, input_size, prefixes)
+    how = f"{hints.prefix_source}, grid from the input size" if told is not None else ""
+    if len(grids) == 1:
+        k, grid = grids[0]
+        return Layout(TOKENS, grid, c, prefix=k, how=how or "inferred from the input size")
+    why = "several prefix/grid splits fit" if grids else "no patch grid fits"
+    raise UsageError(
+        f"layer {name}'s output {dims} is not a token sequence hookcli can lay on the "
+        f"{input_size[0]}x{input_size[1]} input ({why}).",
+        "pick a layer with an (N, C, H, W) or (N, prefix + h*w, C) output: "
+        "`hookcli layers MODEL --shapes`.",
+    )
+
+
 LayoutOf = Callable[[str, tuple[int, ...]], Layout]  # layer name, output shape → its layout
 
 
-def reader(model: nn.Module, size: tuple[int, int] | None) -> LayoutOf:
-    """`resolve` for one model and input size (H, W): the model's hints read once, on first
-    use (a model with no 3-D/4-D output never walks its tree)."""
+def reader(model: nn.Module, size: tuple[int, int] | None, batch: int | None = None) -> LayoutOf:
+    """`resolve` for one model, input size (H, W) and batch (None: not checked; `image_of`
+    reads both from the forward's arguments): the model's hints read once, on first use (a
+    model with no 3-D/4-D output never walks its tree)."""
     hints: list[ModelHints] = []
 
     def layout_of(name: str, shape: tuple[int, ...]) -> Layout:
         if not hints:
             hints.append(model_hints(model))
-        return resolve(name, shape, size, hints[0])
+        return resolve(name, shape, size, hints[0], batch)
 
     return layout_of
 
 
-def input_size(args: tuple[object, ...]) -> tuple[int, int] | None:
-    """The (H, W) of the first image-shaped input (N, C, H, W) or (C, H, W), if any."""
+def image_of(args: tuple[object, ...]) -> tuple[tuple[int, int] | None, int | None]:
+    """The (H, W) of the first image-shaped input — (N, C, H, W), (C, H, W) or a list of
+    (C, H, W) — and its batch size; (None, None) when no input is an image."""
     for arg in args:
         x = (arg[0] if arg else None) if isinstance(arg, list) else arg
         if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-3] in (1, 3, 4):
-            return int(x.shape[-2]), int(x.shape[-1])
-    return None
+            batch = len(arg) if isinstance(arg, list) else (x.shape[0] if x.dim() == 4 else 1)
+            return (int(x.shape[-2]), int(x.shape[-1])), int(batch)
+    return None, None
+
+
+def input_size(args: tuple[object, ...]) -> tuple[int, int] | None:
+    """The (H, W) of the first image-shaped input (N, C, H, W) or (C, H, W), if any."""
+    return image_of(args)[0]

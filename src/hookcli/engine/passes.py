@@ -44,7 +44,6 @@ from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
 from hookcli.runtime import beacon, isa
 from hookcli.sources import LoadedModel, load_model, resolve_device
-from hookcli.tree import map_tensors
 
 
 @dataclass(slots=True)
@@ -171,8 +170,7 @@ def _with_input_grad(
         leaves.append((path, copy))
         return copy
 
-    args = map_tensors(model_input.args, lambda path, t: leaf(t, path), "in")
-    return model_input.replace_args(tuple(args)), tuple(leaves)
+    return model_input.map(lambda path, t: leaf(t, path)), tuple(leaves)
 
 
 @contextlib.contextmanager
@@ -454,7 +452,7 @@ def run_forward(
     model = loaded.module
     with session:
         try:
-            return model(*model_input.args)
+            return model(*model_input.args, **model_input.kwargs)
         except KeyboardInterrupt:
             raise
         except torch.OutOfMemoryError as exc:

@@ -611,8 +611,12 @@ def layers_sections(report: LayersReport) -> list[Section]:
 
 
 def models_sections(entries: list[ModelEntry]) -> list[Section]:
+    prefix = entries[0].name.partition(":")[0] if entries and ":" in entries[0].name else ""
+    source = {"timm": "timm", "hf": "Hugging Face model types with a classification head"}.get(
+        prefix, "torchvision"
+    )
     t = Table(
-        f"{len(entries)} torchvision models",
+        f"{len(entries)} {source}" + ("" if prefix == "hf" else " models"),
         ["name", "task", "params", "input", "weights", "metric (DEFAULT)"],
     )
     for e in entries:
@@ -626,7 +630,12 @@ def models_sections(entries: list[ModelEntry]) -> list[Section]:
             e.metric or DASH,
         ]
         t.rows.append(Row(cells))
-    hint = "* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none"
+    hint = {
+        "timm": "* = DEFAULT (read from the local Hugging Face cache). Use: hookcli inspect "
+        "timm:NAME [IMAGE] --weights DEFAULT|TAG|FILE|none",
+        "hf": "Use: hookcli inspect hf:TYPE [IMAGE] --model-arg key=value (config fields); "
+        "random init. hf:PATH or hf:ORG/NAME load saved weights.",
+    }.get(prefix, "* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none")
     return [Section("models", "models", [t]), _lines("hint", "using", [hint])]
 
 

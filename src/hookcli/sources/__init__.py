@@ -5,6 +5,8 @@ input size, and the Task that reads its batches and outputs).
 built-in ones register below through the same `register` a plug-in calls:
 
     torchvision   resnet34                  (TorchvisionSource)
+    timm          timm:NAME                 (TimmSource, the hookcli[timm] extra)
+    hf            hf:TYPE, hf:PATH, hf:ORG/NAME  (HFSource, the hookcli[hf] extra)
     file          path/to/file.py:Name      (FileSource)
     module        package.module:Name       (ModuleSource, also every other spec with a colon)
 
@@ -23,12 +25,16 @@ from hookcli.errors import UsageError
 from hookcli.sources.base import Source, parse_model_args, quiet_warnings
 from hookcli.sources.custom import FileSource, ModuleSource, wrap_module
 from hookcli.sources.device import resolve_device
+from hookcli.sources.hf import HFSource
 from hookcli.sources.model import LoadedModel
 from hookcli.sources.registry import register, resolve, sources, unknown_model, unregister
 from hookcli.sources.tasks import CLIP_FRAMES, TASKS, Task
+from hookcli.sources.timm import TimmSource
 from hookcli.sources.torchvision import TorchvisionSource
 
 register(TorchvisionSource())
+register(TimmSource())
+register(HFSource())
 register(FileSource())
 register(ModuleSource())
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.sources.model import LoadedModel
 
 
@@ -71,3 +73,43 @@ def quiet_warnings() -> Iterator[list[warnings.WarningMessage]]:
 def kwargs_text(kwargs: Mapping[str, Any]) -> str:
     """`a=1, b='x'`: constructor arguments as messages show them."""
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def import_extra(module: str, extra: str, what: str) -> Any:
+    """The optional package `module`, or a one-line error naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(
+            f"{what} need the {module} package, which is not installed ({one_line(exc)}).",
+            f"pip install 'hookcli[{extra}]'",
+        ) from exc
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache as huggingface_hub finds it: HF_HUB_CACHE, else
+    HF_HOME/hub, else ~/.cache/huggingface/hub (read now, not at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def hf_cached(repo: str, filenames: tuple[str, ...]) -> Path | None:
+    """The first of filenames in the local hub cache's snapshot of repo (never downloads)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in filenames:
+        found = try_to_load_from_cache(repo, filename, cache_dir=str(hf_cache_dir()))
+        if isinstance(found, str):
+            return Path(found)
+    return None
+
+
+def hf_cache_path(repo: str) -> Path:
+    """Where the hub cache keeps (or would keep) repo's snapshots."""
+    return hf_cache_dir() / ("models--" + repo.replace("/", "--")) / "snapshots"

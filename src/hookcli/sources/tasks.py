@@ -21,6 +21,8 @@ CLIP_FRAMES = 16  # a still image repeated as a clip this long (MViT needs exact
 # (rank, class index, probability or share, image index) → one prediction row
 Row = Callable[[int, int, float, int], Prediction]
 Preprocess = Callable[..., Any]
+# a forward's positional arguments, keyword arguments, and a note on how they were made
+Forward = tuple[tuple[Any, ...], dict[str, Any], str]
 
 
 def read_scores(output: Any) -> torch.Tensor:
@@ -75,17 +77,19 @@ class Task:
             )
         return (torch.stack(list(tensors)),)
 
-    def spec_args(self, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-        """Tensors from --input specs → the forward's arguments."""
-        return tuple(tensors)
+    def spec_inputs(
+        self, tensors: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
+    ) -> Forward:
+        """Tensors from --input specs (positional, and NAME=SPEC ones) → the forward's
+        arguments, keyword arguments and a note for the input's description."""
+        return tuple(tensors), dict(named), ""
 
-    def default_input(
-        self, size: tuple[int, int], gen: torch.Generator, seed: int
-    ) -> tuple[tuple[Any, ...], str]:
-        """A deterministic random input of the model's size, and its description."""
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
+        """A deterministic random input of the model's size: arguments, keyword arguments
+        and its description."""
         h, w = size
         x = torch.randn((1, 3, h, w), generator=gen)
-        return (x,), f"no input given: randn 1x3x{h}x{w} (seed {seed})"
+        return (x,), {}, f"no input given: randn 1x3x{h}x{w} (seed {seed})"
 
     def predict(self, output: Any, topk: int, row: Row) -> tuple[list[Prediction], str] | None:
         """Top-k rows per image and their header; None when the output is not readable."""
@@ -162,12 +166,10 @@ class Video(Classification):
         batch = torch.stack([preprocess(c) for c in clips])  # (N, C, T, H, W)
         return (batch,), f", each repeated as a clip of {CLIP_FRAMES} frames"
 
-    def default_input(
-        self, size: tuple[int, int], gen: torch.Generator, seed: int
-    ) -> tuple[tuple[Any, ...], str]:
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
         h, w = size
         x = torch.randn((1, 3, CLIP_FRAMES, h, w), generator=gen)
-        return (x,), f"no input given: randn 1x3x{CLIP_FRAMES}x{h}x{w} clip (seed {seed})"
+        return (x,), {}, f"no input given: randn 1x3x{CLIP_FRAMES}x{h}x{w} clip (seed {seed})"
 
 
 class Segmentation(Task):
@@ -192,16 +194,18 @@ class Detection(Task):
     fallback_size = (320, 320)
     stacks = False  # detection takes a list of images of any sizes
 
-    def spec_args(self, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    def spec_inputs(
+        self, tensors: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
+    ) -> Forward:
+        if not tensors:
+            return (), dict(named), ""
         batch = tensors[0]
-        return (list(batch) if batch.dim() == 4 else [batch],)
+        return (list(batch) if batch.dim() == 4 else [batch], *tensors[1:]), dict(named), ""
 
-    def default_input(
-        self, size: tuple[int, int], gen: torch.Generator, seed: int
-    ) -> tuple[tuple[Any, ...], str]:
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
         h, w = size
         img = torch.rand((3, h, w), generator=gen)
-        return ([img],), f"no input given: rand 3x{h}x{w} image (seed {seed})"
+        return ([img],), {}, f"no input given: rand 3x{h}x{w} image (seed {seed})"
 
     def predict(self, output: Any, topk: int, row: Row) -> tuple[list[Prediction], str] | None:
         if not isinstance(output, list):
@@ -236,11 +240,9 @@ class OpticalFlow(Task):
         one, two = preprocess(a, b)
         return (one.unsqueeze(0), two.unsqueeze(0)), " (frame 1, frame 2)"
 
-    def default_input(
-        self, size: tuple[int, int], gen: torch.Generator, seed: int
-    ) -> tuple[tuple[Any, ...], str]:
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
         a, b = (torch.rand((1, 3, 224, 224), generator=gen) * 2 - 1 for _ in range(2))
-        return (a, b), f"no input given: two rand 1x3x224x224 frames in [-1, 1] (seed {seed})"
+        return (a, b), {}, f"no input given: two rand 1x3x224x224 frames in [-1, 1] (seed {seed})"
 
 
 CUSTOM = Custom()

@@ -46,7 +46,12 @@ def export(prepared: Prepared, model_input: ModelInput) -> Any:
     module = prepared.loaded.module
     try:
         program = torch.onnx.export(
-            module, tuple(model_input.args), dynamo=True, optimize=False, verbose=False
+            module,
+            tuple(model_input.args),
+            kwargs=model_input.kwargs or None,
+            dynamo=True,
+            optimize=False,
+            verbose=False,
         )
     except Exception as exc:
         raise ModelError(
@@ -129,7 +134,9 @@ def onnx_pass(
         feeds = {
             i.name: t.detach().cpu().numpy()
             for i, (_, t) in zip(
-                session.get_inputs(), iter_tensors(model_input.args, "in"), strict=False
+                session.get_inputs(),
+                iter_tensors((*model_input.args, *model_input.kwargs.values()), "in"),
+                strict=False,
             )
         }
         names = [o.name for o in session.get_outputs()]

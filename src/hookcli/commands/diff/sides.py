@@ -393,14 +393,7 @@ class Side:
     def cast(self, model_input: ModelInput, device: torch.device) -> ModelInput:
         """The run's input for this side: on its device, its floating-point tensors cast."""
 
-        def cast(a: Any) -> Any:
-            if isinstance(a, torch.Tensor):
-                return self.cast_tensor(a, device)
-            if isinstance(a, list):
-                return [cast(x) for x in a]
-            return a
-
-        return model_input.replace_args(tuple(cast(a) for a in model_input.args))
+        return model_input.map(lambda _path, t: self.cast_tensor(t, device))
 
     @contextlib.contextmanager
     def context(self, device: torch.device) -> Iterator[None]:
@@ -498,7 +491,8 @@ def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput
         twin.fuse_model()
 
     def calibrate() -> None:
-        twin(*Side("").cast(calibration, p.device).args)
+        x = Side("").cast(calibration, p.device)
+        twin(*x.args, **x.kwargs)
 
     run.side.adapt_twin(twin, calibrate)
     p.loaded.module = twin

@@ -1,36 +1,29 @@
-"""INPUT → the positional arguments of the model's forward.
+"""Image files and folders → RGB images and their preprocessing.
 
-Image files (any PIL format, converted to RGB: grayscale, palette, RGBA composited on white,
-16-bit scaled, CMYK converted, EXIF rotation applied), folders (every image in them), tensor
-specs (`randn:1x3x224x224`, `rand:…`, `ones:2`, `zeros:…`, `file.pt`, `file.npy`), or
-nothing: a deterministic random input of the shape the model expects.
+Any PIL raster format, converted to RGB: grayscale, palette, RGBA composited on white, 16-bit
+scaled, CMYK converted, EXIF rotation applied; a folder means every image in it (an ImageFolder
+tree); an unreadable file named on the command line is an error, one found in a folder skipped.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
-import pickle
-import re
 import stat
 import warnings
-import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from hookcli.errors import UsageError, one_line
+from hookcli.errors import UsageError
 from hookcli.io.output import note_read, registry, user_path
-from hookcli.sources import LoadedModel
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_MAX_NUMEL = (1 << 31) - 1  # a spec tensor has fewer than 2**31 elements (8 GiB of float32)
 # Decoders hookcli lets Pillow run: raster formats only. EPS/PS would run Ghostscript, PDF and
 # WMF are not pictures to sample, and the scientific containers are not photographs.
 RASTER_FORMATS = (
@@ -40,41 +33,6 @@ RASTER_FORMATS = (
 )  # fmt: skip
 MAX_RESIZED_PIXELS = 64_000_000  # what a resize may make of one image before the center crop
 MAX_PIPED_BYTES = 256 << 20  # an image from a pipe or device: read into memory up to this
-_SPEC = re.compile(r"^(randn|rand|ones|zeros):([0-9]+(?:[x,][0-9]+)*)$")
-
-
-@dataclass(slots=True)
-class ModelInput:
-    args: tuple[Any, ...]
-    description: str
-    sources: list[str] = field(default_factory=list)  # per image: path relative to its folder
-    preprocessing: str | None = None
-    classes: list[str | None] = field(default_factory=list)  # per image: its class folder
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable: (path, why)
-
-    def replace_args(self, args: tuple[Any, ...]) -> ModelInput:
-        return ModelInput(
-            args, self.description, self.sources, self.preprocessing, self.classes, self.skipped
-        )
-
-    def shapes(self) -> list[tuple[int, ...]]:
-        out: list[tuple[int, ...]] = []
-        for a in self.args:
-            if isinstance(a, torch.Tensor):
-                out.append(tuple(a.shape))
-            elif isinstance(a, list):
-                out.extend(tuple(t.shape) for t in a if isinstance(t, torch.Tensor))
-        return out
-
-    def to(self, device: torch.device) -> ModelInput:
-        def move(a: Any) -> Any:
-            if isinstance(a, torch.Tensor):
-                return a.to(device)
-            if isinstance(a, list):
-                return [move(x) for x in a]
-            return a
-
-        return self.replace_args(tuple(move(a) for a in self.args))
 
 
 def image_extensions() -> set[str]:
@@ -282,7 +240,7 @@ def resize_problem(image: Any, short: int | None, name: str) -> str | None:
     )
 
 
-def _check_sizes(files: list[ImageFile], images: list[Any], short: int | None) -> None:
+def check_sizes(files: list[ImageFile], images: list[Any], short: int | None) -> None:
     for f, im in zip(files, images, strict=True):
         problem = resize_problem(im, short, str(f.path))
         if problem is not None:
@@ -338,183 +296,3 @@ def skipped_note(skipped: Sequence[tuple[str, str]]) -> str:
     shown = ", ".join(f"{name} ({why})" for name, why in skipped[:5])
     more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
     return f"skipped {len(skipped)} unreadable image(s): {shown}{more}"
-
-
-def from_images(paths: Sequence[str], model: LoadedModel, *, strict: bool = False) -> ModelInput:
-    skipped: list[tuple[str, str]] = []
-    found = expand_paths(paths)
-    read = [(f, read_or_skip(f, strict, skipped)) for f in found]
-    files = [f for f, im in read if im is not None]
-    images = [im for _, im in read if im is not None]
-    if not files:
-        raise UsageError(f"none of the {len(found)} images could be read.", "check the files.")
-    model_input = _from_pil(files, images, model)
-    model_input.skipped = skipped
-    return model_input
-
-
-def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> ModelInput:
-    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
-        f.path.name for f in files[:4]
-    )
-    sources = [f.name for f in files]
-    classes = [f.folder_class for f in files]
-    own = model.kind.images(images, model.preprocess)  # clips, frame pairs: the task's own
-    if own is not None:
-        args, suffix = own
-        return ModelInput(args, desc + suffix, sources, model.preprocess_label, classes)
-    if model.preprocess is not None:
-        preprocess = model.preprocess
-        label = model.preprocess_label
-    else:
-        size = model.input_size or (224, 224)
-        preprocess = imagenet_preprocess(size)
-        label = (
-            f"ImageNet: resize {short_side_resize(preprocess)}, center crop {size[0]}x{size[1]}"
-            ", ImageNet mean/std"
-        )
-    _check_sizes(files, images, short_side_resize(preprocess))
-    tensors = [preprocess(im) for im in images]
-    if len(files) > 4:
-        desc += f", … (+{len(files) - 4})"
-    return ModelInput(model.kind.batch(tensors), desc, sources, label, classes)
-
-
-def _spec_shape(spec: str, dims: str) -> tuple[int, ...]:
-    """The shape of KIND:SHAPE, its element count checked exactly (Python ints never wrap)."""
-    kind = spec.partition(":")[0]
-    try:
-        shape = tuple(int(d) for d in re.split(r"[x,]", dims))
-    except ValueError as exc:  # more digits than int() takes
-        raise UsageError(
-            f"{kind}:{dims[:30]}…: a dimension has thousands of digits.", "use a smaller shape."
-        ) from exc
-    numel = math.prod(shape)
-    if numel > _MAX_NUMEL:
-        shown = dims if len(dims) <= 60 else dims[:40] + "…"
-        gib = numel * 4 / (1 << 30)
-        size = f"{gib:,.1f} GiB" if gib < 1e6 else "far beyond any memory"
-        raise UsageError(
-            f"{kind}:{shown} has {numel:,} elements ({size} as float32); the limit is "
-            f"{_MAX_NUMEL:,} (fewer than 2**31).",
-            "use a smaller shape.",
-        )
-    return shape
-
-
-def _load_tensors(raw: str, path: Path) -> Any:
-    """torch.load with weights_only=True: tensors and plain containers, never pickled code."""
-    if not path.is_file():
-        raise UsageError(f"tensor file {raw} not found.", "check the path.")
-    note_read(path)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if zipfile.is_zipfile(path):  # torch.save's format, holding more than tensors
-            raise UsageError(
-                f"tensor file {raw} stores pickled Python objects, not only tensors; hookcli "
-                "never unpickles code (it loads with weights_only=True).",
-                "save plain tensors: torch.save(tensor, 'x.pt') or a tuple of tensors.",
-            ) from exc
-        raise UsageError(
-            f"tensor file {raw} is not a torch.save file ({one_line(exc, with_type=False)}).",
-            "save it with torch.save(tensor, 'x.pt').",
-        ) from exc
-    except Exception as exc:
-        raise UsageError(
-            f"tensor file {raw} is not readable: {one_line(exc, with_type=False)}",
-            "save it with torch.save(tensor, 'x.pt').",
-        ) from exc
-
-
-def parse_spec(spec: str, seed: int) -> list[torch.Tensor]:
-    """One --input spec → one or more tensors (a .pt file may hold a tuple of tensors)."""
-    raw = spec.strip()
-    m = _SPEC.match(raw)
-    if m:
-        kind, dims = m.groups()
-        shape = _spec_shape(raw, dims)
-        gen = torch.Generator().manual_seed(seed)
-        if kind == "randn":
-            return [torch.randn(shape, generator=gen)]
-        if kind == "rand":
-            return [torch.rand(shape, generator=gen)]
-        return [torch.ones(shape) if kind == "ones" else torch.zeros(shape)]
-    path = user_path(raw, "tensor file")
-    if path.suffix.lower() in (".pt", ".pth"):
-        data = _load_tensors(raw, path)
-        items = list(data) if isinstance(data, list | tuple) else [data]
-        if not items or not all(isinstance(t, torch.Tensor) for t in items):
-            raise UsageError(
-                f"tensor file {raw} holds a {type(data).__name__}, not tensors.",
-                "save a tensor or a tuple of tensors with torch.save.",
-            )
-        for t in items:
-            if t.is_meta or t.layout != torch.strided:
-                what = (
-                    "a meta tensor (a shape with no data)" if t.is_meta else f"a {t.layout} tensor"
-                )
-                raise UsageError(
-                    f"tensor file {raw} holds {what}.",
-                    "save a dense tensor with values: torch.save(torch.randn(2, 3), 'x.pt').",
-                )
-        return items
-    if path.suffix.lower() == ".npy":
-        if not path.is_file():
-            raise UsageError(f"tensor file {raw} not found.", "check the path.")
-        note_read(path)
-        try:
-            return [torch.from_numpy(np.load(path, allow_pickle=False))]
-        except Exception as exc:
-            raise UsageError(
-                f"tensor file {raw} is not a readable .npy array: {one_line(exc, with_type=False)}",
-                "save it with numpy.save.",
-            ) from exc
-    raise UsageError(
-        f"malformed --input {spec!r}: expected KIND:SHAPE such as randn:1x3x224x224 "
-        "(KIND randn, rand, ones or zeros), or a .pt/.npy file.",
-        "for example --input randn:1x3x224x224",
-    )
-
-
-def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInput:
-    tensors: list[torch.Tensor] = []
-    for i, spec in enumerate(specs):
-        tensors.extend(parse_spec(spec, (seed + i) % 2**64))  # torch seeds wrap at 2**64
-    desc = ", ".join(specs)
-    return ModelInput(model.kind.spec_args(tensors), desc)
-
-
-def default_input(model: LoadedModel, seed: int) -> ModelInput:
-    """A deterministic random input of the shape the model expects, described as such."""
-    gen = torch.Generator().manual_seed(seed)
-    if model.input_size is None:
-        shape = _guess_custom(model)
-        x = torch.randn(shape, generator=gen)
-        dims = "x".join(map(str, shape))
-        return ModelInput(
-            (x,), f"no input given: randn {dims} (seed {seed}), guessed from the first layer"
-        )
-    args, description = model.kind.default_input(model.input_size, gen, seed)
-    return ModelInput(args, description)
-
-
-def _guess_custom(model: LoadedModel) -> tuple[int, ...]:
-    """The input of a custom model's first Conv2d/Linear (registration order)."""
-    from torch import nn
-
-    first = next((m for m in model.module.modules() if isinstance(m, nn.Conv2d | nn.Linear)), None)
-    if isinstance(first, nn.Conv2d):
-        return (1, first.in_channels, 224, 224)
-    if isinstance(first, nn.Linear) and first.in_features > 0:
-        return (1, first.in_features)
-    if isinstance(first, nn.modules.lazy.LazyModuleMixin):  # LazyLinear: in_features 0 till used
-        raise UsageError(
-            f"{model.spec}'s first layer is lazy: its input size is set by the first input, "
-            "so hookcli cannot guess it.",
-            "give an input, e.g. --input randn:1x16.",
-        )
-    raise UsageError(
-        f"{model.spec} needs an input hookcli cannot guess.",
-        "give an image or a tensor spec, e.g. --input randn:1x3x224x224.",
-    )

@@ -1,0 +1,386 @@
+"""Hugging Face transformers models, offline and never with `trust_remote_code`:
+
+    hf:TYPE        a randomly initialised model from AutoConfig.for_model(TYPE) — image
+                   classification for vision types, sequence classification for text types;
+                   --model-arg key=value sets config fields (hidden_size=64, num_labels=10)
+    hf:PATH        a model directory saved with save_pretrained (its weights)
+    hf:ORG/NAME    a model in the local hub cache (its weights; never downloaded)
+
+The output is a ModelOutput: `logits` drive predictions and backward targets. Images go through
+the model's image processor into `pixel_values`; token ids (`--input randint:0:1000:1x16`)
+become `input_ids` with an all-ones `attention_mask`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.io.output import user_path
+from hookcli.records import Prediction
+from hookcli.sources.base import Source, hf_cache_path, import_extra, kwargs_text, quiet_warnings
+from hookcli.sources.model import LoadedModel
+from hookcli.sources.statedict import load_state_dict_file
+from hookcli.sources.tasks import Classification, Forward, Row, Task
+
+TEXT_LENGTH = 16  # tokens in the default random input of a text model
+
+
+def _transformers() -> Any:
+    return import_extra("transformers", "hf", "hf: models")
+
+
+def logits_of(output: Any) -> Any:
+    """`logits` of a ModelOutput (or a dict holding it); other outputs as they are."""
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    return output
+
+
+class HFVision(Classification):
+    """An HF image classifier: pixel_values in, ModelOutput(logits) out."""
+
+    name = "classification"
+
+    def predict(self, output: Any, topk: int, row: Row) -> tuple[list[Prediction], str] | None:
+        return super().predict(logits_of(output), topk, row)
+
+    def scores(self, output: Any) -> torch.Tensor:
+        return super().scores(logits_of(output))
+
+
+class HFText(HFVision):
+    """An HF sequence classifier: input_ids (+ attention_mask) in, logits out."""
+
+    name = "text-classification"
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def spec_inputs(
+        self, tensors: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
+    ) -> Forward:
+        kwargs = dict(named)
+        args = list(tensors)
+        if args and "input_ids" not in kwargs and not args[0].is_floating_point():
+            kwargs["input_ids"] = args.pop(0)
+        ids = kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and "attention_mask" not in kwargs and not args:
+            kwargs["attention_mask"] = torch.ones_like(ids)
+            return tuple(args), kwargs, " (as input_ids, attention_mask all ones)"
+        return tuple(args), kwargs, ""
+
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
+        ids = torch.randint(0, self.vocab_size, (1, TEXT_LENGTH), generator=gen)
+        return (
+            (),
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            f"no input given: input_ids randint:0:{self.vocab_size}:1x{TEXT_LENGTH}, "
+            f"attention_mask all ones (seed {seed})",
+        )
+
+
+class HFOther(Task):
+    """An HF model with no classification head: its outputs are reported, not predicted."""
+
+    name = "hf"
+
+    def scores(self, output: Any) -> torch.Tensor:
+        out = logits_of(output)
+        if isinstance(out, torch.Tensor):
+            return out
+        return super().scores(out)
+
+
+class HFSource(Source):
+    """`hf:TYPE`, `hf:PATH`, `hf:ORG/NAME`."""
+
+    name = "hf"
+    prefix = "hf"
+
+    def load(
+        self, spec: str, *, weights: str, seed: int, model_args: dict[str, Any]
+    ) -> LoadedModel:
+        rest = spec.removeprefix("hf:").strip()
+        if not rest:
+            raise UsageError(
+                "hf: needs a model type, a saved model folder or ORG/NAME.",
+                "for example hf:vit, hf:./my-model or hf:google/vit-base-patch16-224",
+            )
+        return load_hf(spec, rest, weights, seed, model_args)
+
+
+def size_fields(size: Any) -> dict[str, Any]:
+    """An image processor's `size` (a dict, or transformers 5's SizeDict) as a dict of the
+    fields that are set."""
+    if isinstance(size, Mapping):
+        items = dict(size)
+    elif hasattr(size, "__dataclass_fields__"):
+        items = {f: getattr(size, f) for f in size.__dataclass_fields__}
+    else:
+        items = {}
+    return {k: v for k, v in items.items() if v is not None}
+
+
+class ImageProcessor:
+    """An HF image processor as a PIL image → (C, H, W) tensor preprocessing."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        short = size_fields(getattr(processor, "size", None)).get("shortest_edge")
+        # inputs.short_side_resize reads this to refuse images a resize would blow up
+        self.resize_size = [int(short)] if isinstance(short, int) else None
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        out = self.processor(images=image, return_tensors="pt")
+        return out["pixel_values"][0]  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        p = self.processor
+        parts = [type(p).__name__ + ":"]
+        size = size_fields(getattr(p, "size", None))
+        if getattr(p, "do_resize", True) and size:
+            shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in size.items())
+            pct = getattr(p, "crop_pct", None)
+            parts.append(f"resize ({shown}{f', crop_pct {pct:g}' if pct else ''}),")
+        crop = size_fields(getattr(p, "crop_size", None))
+        if getattr(p, "do_center_crop", False) and crop:
+            parts.append(f"center crop {crop.get('height')}x{crop.get('width')},")
+        if getattr(p, "do_normalize", False):
+            mean = ", ".join(f"{v:g}" for v in p.image_mean)
+            std = ", ".join(f"{v:g}" for v in p.image_std)
+            parts.append(f"mean ({mean}), std ({std})")
+        return " ".join(parts).rstrip(",")
+
+
+def _auto_module(name: str) -> Any:
+    """transformers.models.auto.NAME (its name tables are not re-exported)."""
+    import importlib
+
+    return importlib.import_module(f"transformers.models.auto.{name}")
+
+
+def _mapping(tf: Any, which: str) -> Mapping[str, Any]:
+    return getattr(_auto_module("modeling_auto"), which)  # type: ignore[no-any-return]
+
+
+def model_types(kind: str) -> list[str]:
+    """Model types with an image-classification (`image`) or sequence-classification
+    (`text`) head."""
+    tf = _transformers()
+    which = (
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"
+        if kind == "image"
+        else "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
+    )
+    return sorted(_mapping(tf, which))
+
+
+def _head(tf: Any, model_type: str) -> tuple[Any, str]:
+    """The Auto class for a model type's head, and what it is."""
+    if model_type in _mapping(tf, "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"):
+        return tf.AutoModelForImageClassification, "image"
+    if model_type in _mapping(tf, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"):
+        return tf.AutoModelForSequenceClassification, "text"
+    return tf.AutoModel, "other"
+
+
+def _config_for_type(tf: Any, model_type: str, overrides: dict[str, Any]) -> Any:
+    known = _auto_module("configuration_auto").CONFIG_MAPPING_NAMES
+    if model_type not in known:
+        close = difflib.get_close_matches(model_type, list(known), n=4, cutoff=0.6)
+        near = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(
+            f"transformers has no model type {model_type!r}.{near}",
+            "give a model type (hf:vit, hf:bert), a saved model folder, or ORG/NAME.",
+        )
+    try:
+        return tf.AutoConfig.for_model(model_type, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"cannot make a {model_type} config ({kwargs_text(overrides)}): {one_line(exc)}",
+            "check --model-arg names against the model's config fields.",
+        ) from exc
+
+
+def _processor_for_type(tf: Any, model_type: str, config: Any) -> Any | None:
+    found = _auto_module("image_processing_auto").IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if not found:
+        return None
+    names: list[str | None]
+    if isinstance(found, Mapping):  # transformers 5: {"pil": …, "torchvision": …}
+        names = [found.get("pil"), found.get("torchvision")]
+    elif isinstance(found, str):
+        names = [found]
+    else:  # transformers 4: (slow, fast)
+        names = list(found)
+    for class_name in names:
+        cls = getattr(tf, class_name, None) if class_name else None
+        if cls is None:
+            continue
+        with quiet_warnings():
+            processor = cls()
+            size = getattr(config, "image_size", None)
+            current = size_fields(getattr(processor, "size", None))
+            if isinstance(size, int):  # the size the config was built for
+                if "height" in current:
+                    processor = cls(size={"height": size, "width": size})
+                elif "shortest_edge" in current:
+                    processor = cls(size={"shortest_edge": size})
+        return processor
+    return None
+
+
+def load_hf(
+    spec: str, rest: str, weights: str, seed: int, overrides: dict[str, Any]
+) -> LoadedModel:
+    tf = _transformers()
+    local = user_path(rest, "hf: model folder")
+    torch.manual_seed(seed)
+    processor = None
+    if local.is_dir() or rest.startswith((".", "/", "~")) or os.sep + os.sep in rest:
+        model, processor, label = _from_saved(tf, rest, local, overrides)
+    elif "/" in rest:
+        model, processor, label = _from_cache(tf, rest, overrides)
+    else:
+        config = _config_for_type(tf, rest, overrides)
+        auto, _ = _head(tf, rest)
+        model = _build(lambda: auto.from_config(config), spec, overrides)
+        processor = _processor_for_type(tf, rest, config)
+        label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
+    raw = weights.strip()
+    pretrained = not label.startswith("none")
+    if raw.lower() not in ("", "none"):
+        path = user_path(raw, "--weights")
+        if not path.is_file():
+            raise UsageError(
+                f"weights file {raw} not found.",
+                "hf: models take --weights PATH to a state dict, or none.",
+            )
+        load_state_dict_file(model, path, spec)
+        label, pretrained = str(path), True
+    model.eval()
+    config = model.config
+    model_type = str(getattr(config, "model_type", ""))
+    _, kind_name = _head(tf, model_type)
+    kind: Task
+    if kind_name == "text" or (kind_name == "other" and processor is None):
+        kind = HFText(int(getattr(config, "vocab_size", 0) or 1000))
+        if kind_name == "other":
+            kind = HFOther()
+    else:
+        kind = HFVision()
+    preprocess = ImageProcessor(processor) if processor is not None else None
+    size = getattr(config, "image_size", None)
+    input_size = (size, size) if isinstance(size, int) else (224, 224)
+    if isinstance(kind, HFText):
+        input_size = (224, 224)
+    return LoadedModel(
+        module=model,
+        name=spec.removeprefix("hf:"),
+        spec=spec,
+        kind=kind,
+        weights_label=label,
+        pretrained=pretrained,
+        categories=_labels(config),
+        preprocess=preprocess,
+        preprocess_label=preprocess.describe() if preprocess is not None else "",
+        input_size=input_size,
+    )
+
+
+def _build(make: Any, spec: str, overrides: dict[str, Any]) -> nn.Module:
+    try:
+        with quiet_warnings():
+            return make()  # type: ignore[no-any-return]
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"cannot build {spec}({kwargs_text(overrides)}): {one_line(exc)}",
+            "check --model-arg values against the model's config fields.",
+        ) from exc
+    except Exception as exc:
+        raise ModelError(
+            f"building {spec}({kwargs_text(overrides)}) failed: {one_line(exc)}",
+            "this model cannot be built offline as it is.",
+        ) from exc
+
+
+def _auto_for(tf: Any, config: Any) -> Any:
+    auto, _ = _head(tf, str(getattr(config, "model_type", "")))
+    return auto
+
+
+def _from_saved(
+    tf: Any, rest: str, path: Path, overrides: dict[str, Any]
+) -> tuple[nn.Module, Any, str]:
+    if not (path / "config.json").is_file():
+        raise UsageError(
+            f"hf:{rest} is not a saved model folder (no config.json in {path}).",
+            "give a folder written by save_pretrained, a model type (hf:vit) or ORG/NAME.",
+        )
+    config = _build(
+        lambda: tf.AutoConfig.from_pretrained(path, trust_remote_code=False, **overrides),
+        f"hf:{rest}",
+        overrides,
+    )
+    auto = _auto_for(tf, config)
+    model = _build(
+        lambda: auto.from_pretrained(path, config=config, trust_remote_code=False),
+        f"hf:{rest}",
+        overrides,
+    )
+    return model, _saved_processor(tf, path, config), f"saved model {path}"
+
+
+def _saved_processor(tf: Any, where: Any, config: Any, **kw: Any) -> Any | None:
+    try:
+        with quiet_warnings():
+            return tf.AutoImageProcessor.from_pretrained(where, trust_remote_code=False, **kw)
+    except Exception:  # no preprocessor_config.json: the type's default processor
+        return _processor_for_type(tf, str(getattr(config, "model_type", "")), config)
+
+
+def _from_cache(tf: Any, repo: str, overrides: dict[str, Any]) -> tuple[nn.Module, Any, str]:
+    from hookcli.sources.base import hf_cache_dir
+
+    cache = str(hf_cache_dir())
+    try:
+        with quiet_warnings():
+            config = tf.AutoConfig.from_pretrained(
+                repo, local_files_only=True, cache_dir=cache, trust_remote_code=False, **overrides
+            )
+    except OSError as exc:
+        raise UsageError(
+            f"hf:{repo} is not in the local Hugging Face cache (expected "
+            f"{hf_cache_path(repo)}/<revision>/config.json); hookcli does not download.",
+            f"fetch it once with `huggingface-cli download {repo}` (or set HF_HOME), or give "
+            "a saved model folder.",
+        ) from exc
+    except ValueError as exc:
+        raise UsageError(f"hf:{repo}: {one_line(exc)}", "give a model transformers knows.") from exc
+    auto = _auto_for(tf, config)
+    model = _build(
+        lambda: auto.from_pretrained(
+            repo, config=config, local_files_only=True, cache_dir=cache, trust_remote_code=False
+        ),
+        f"hf:{repo}",
+        overrides,
+    )
+    processor = _saved_processor(tf, repo, config, local_files_only=True, cache_dir=cache)
+    return model, processor, f"hf:{repo} from the local cache"
+
+
+def _labels(config: Any) -> list[str] | None:
+    """The config's id2label, unless it is the placeholder LABEL_0, LABEL_1, …"""
+    id2label = getattr(config, "id2label", None) or {}
+    names = [str(id2label.get(i, id2label.get(str(i), ""))) for i in range(len(id2label))]
+    if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return None
+    return names
