@@ -1,7 +1,11 @@
-"""Shared fixtures. Tests never touch the network: TORCH_HOME points at an empty folder."""
+"""Shared fixtures. Tests never touch the network: TORCH_HOME and the Hugging Face cache point
+at empty folders, and huggingface_hub is offline."""
 
 from __future__ import annotations
 
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ def _isolated_torch_home(
 ) -> Path:
     home = tmp_path_factory.mktemp("torch_home")
     monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hf_hub"))  # an empty Hugging Face cache
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     return home

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 ModelArg = Annotated[
     str | None,
     typer.Argument(
-        help="torchvision name (resnet34), path/to/file.py:Name or package.module:Name "
-        "[default: `model` from hookcli.toml].",
+        help="torchvision name (resnet34), timm:NAME, hf:TYPE|PATH|ORG/NAME, "
+        "path/to/file.py:Name or package.module:Name [default: `model` from hookcli.toml].",
         show_default=False,
     ),
 ]
@@ -54,7 +54,9 @@ InputSpecOpt = Annotated[
         "-i",
         metavar="SPEC",
         help="Tensor input instead of images: randn:1x3x224x224, rand:…, ones:…, zeros:…, "
-        "file.pt, file.npy. Repeat for several forward arguments.",
+        "randint:LOW:HIGH:SHAPE (token ids), file.pt, file.npy; :DTYPE after any "
+        "(randn:1x3x8x8:bfloat16); NAME=SPEC for a keyword argument "
+        "(input_ids=randint:0:1000:1x16). Repeat for several forward arguments.",
     ),
 ]
 WeightsOpt = Annotated[
@@ -64,7 +66,8 @@ WeightsOpt = Annotated[
         "-w",
         metavar="none|DEFAULT|ENUM|PATH",
         help="none = random init under --seed; DEFAULT or an enum name = torchvision weights "
-        "(hub cache, else download); PATH = a local state dict.",
+        "(hub cache, else download), for timm:NAME DEFAULT or a tag (local HF cache only); "
+        "PATH = a local state dict.",
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random weights and inputs.")]

@@ -194,7 +194,8 @@ def parse(spec: str, seed: int) -> Spec:
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype, spec: str) -> torch.Tensor:
-    if t.is_floating_point() and not dtype.is_floating_point and dtype != torch.bool:
+    whole = not t.is_floating_point() or bool(torch.equal(t, t.round()))
+    if not whole and not dtype.is_floating_point and dtype != torch.bool:
         # randn values as token ids would be silently truncated toward zero
         raise UsageError(
             f"--input {spec!r} casts floating-point values to {dtype}: they would be truncated.",

@@ -89,7 +89,10 @@ def _pretrained_file(timm: Any, name: str, value: str) -> tuple[str, Path]:
     if value.upper() != "DEFAULT":
         tag = value
     full = f"{arch}.{tag}" if tag else arch
-    cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
+    try:
+        cfg = timm.models.get_pretrained_cfg(full, allow_unregistered=False)
+    except RuntimeError:  # "Invalid pretrained tag"
+        cfg = None
     if cfg is None:
         tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
         have = f"; its tags: {', '.join(tags)}" if tags else "; timm has no weights for it"
