@@ -85,6 +85,7 @@ class ModelOptions:
     seed: int = 0
     device: str = "auto"
     model_args: Mapping[str, Any] = field(default_factory=dict)
+    output_key: str | None = None  # the element of a dict/tuple output read for predictions
 
     def __post_init__(self) -> None:
         bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
@@ -192,6 +193,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "seed": ("model", "seed"),
     "device": ("model", "device"),
     "model_args": ("model", "model_args"),
+    "output_key": ("model", "output_key"),
     "layers": ("selection", "layers"),
     "types": ("selection", "types"),
     "depth": ("selection", "depth"),

@@ -10,6 +10,7 @@ same depth, so a pathological nesting cannot recurse without end.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -61,3 +62,67 @@ def map_tensors(
 
 def _label(key: Any) -> str:
     return f'"{key}"' if isinstance(key, str) else repr(key)
+
+
+_STEP = re.compile(r'\[(-?\d+)\]|\["([^"]*)"\]|\[\'([^\']*)\'\]|\.?([A-Za-z_][\w]*)|\.?(-?\d+)')
+
+
+def steps(key: str) -> list[str | int]:
+    """`logits` → ["logits"]; `0` → [0]; `out[0]["boxes"]`, `[0].boxes` → [0, "boxes"] (a
+    leading `out` is the output itself, as paths name it). Raises ValueError when malformed."""
+    text = key.strip()
+    if text == "out":
+        return []
+    text = text.removeprefix("out") if text.startswith(("out[", "out.")) else text
+    out: list[str | int] = []
+    pos = 0
+    while pos < len(text):
+        m = _STEP.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"cannot read {key!r} at {text[pos:]!r}")
+        index, dq, sq, name, bare = m.groups()
+        if index is not None or bare is not None:
+            out.append(int(index if index is not None else bare))
+        else:
+            out.append(dq if dq is not None else sq if sq is not None else name)
+        pos = m.end()
+    return out
+
+
+def children(obj: Any) -> list[str]:
+    """What one step into obj can name: its keys, fields or indices."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return list(obj._fields)
+    if isinstance(obj, Mapping):
+        return [str(k) for k in obj]
+    if isinstance(obj, list | tuple):
+        return [str(i) for i in range(len(obj))]
+    return []
+
+
+def pick(obj: Any, key: str) -> Any:
+    """The element of a nested output named by key (see `steps`); a LookupError naming what
+    there is when a step does not exist."""
+    for step in steps(key):
+        if isinstance(obj, Mapping) and step in obj:
+            obj = obj[step]
+        elif isinstance(obj, Mapping) and str(step) in obj:
+            obj = obj[str(step)]
+        elif isinstance(step, str) and isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            if step not in obj._fields:
+                raise LookupError(f"no {step!r} (it has {', '.join(children(obj))})")
+            obj = getattr(obj, step)
+        elif isinstance(step, int) and isinstance(obj, list | tuple):
+            if not -len(obj) <= step < len(obj):
+                raise LookupError(f"no index {step} (it has {len(obj)} elements)")
+            obj = obj[step]
+        elif isinstance(step, int) and isinstance(obj, Mapping):  # ModelOutput: by position
+            values = list(obj.values())
+            if not -len(values) <= step < len(values):
+                raise LookupError(f"no index {step} (it has {', '.join(children(obj))})")
+            obj = values[step]
+        else:
+            have = children(obj)
+            what = f"it has {', '.join(have)}" if have else f"it is a {type(obj).__name__}"
+            raise LookupError(f"no {step!r} ({what})")
+    return obj

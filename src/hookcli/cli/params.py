@@ -85,6 +85,15 @@ ModelArgOpt = Annotated[
         help="Keyword argument for the model builder. Repeatable.",
     ),
 ]
+OutputKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--output-key",
+        metavar="KEY",
+        help="The element of a dict/tuple output that predictions, targets and CAM read: a key "
+        '(logits, out), an index (0) or a path (out[0]["boxes"]).',
+    ),
+]
 TrainOpt = Annotated[
     bool,
     typer.Option(

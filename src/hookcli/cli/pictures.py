@@ -114,6 +114,7 @@ def cam(
     seed: opt.SeedOpt = DEFAULTS.model.seed,
     device: opt.DeviceOpt = DEFAULTS.model.device,
     model_arg: opt.ModelArgOpt = None,
+    output_key: opt.OutputKeyOpt = None,
     force: opt.ForceOpt = False,
     config: opt.ConfigOpt = None,
     no_config: opt.NoConfigOpt = False,

@@ -54,7 +54,7 @@ Running = Callable[[bool], AbstractContextManager[Progress | None]]
 RULE_KEYS = field_names(RuleOptions)
 INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
 BATCH_KEYS = field_names(Batching)  # inspect's folder runs
-PICTURE_KEYS = ("weights", "seed", "device", "model_args", "input_specs", "strict")
+PICTURE_KEYS = ("weights", "seed", "device", "model_args", "output_key", "input_specs", "strict")
 
 
 def run_command(

@@ -277,7 +277,7 @@ def predict(
         )
 
     with torch.no_grad():
-        read = loaded.kind.predict(output, topk, row)
+        read = loaded.kind.predict(loaded.kind.select(output), topk, row)
     if read is None:
         return None, None
     preds, header = read

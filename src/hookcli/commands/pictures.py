@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from hookcli.engine.hooks import HookSession, PendingCall, Target
 from hookcli.engine.layout import LayoutOf, image_of, reader
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
+from hookcli.engine.targets import TargetSpec
 from hookcli.errors import UsageError
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
 from hookcli.options import (
@@ -311,7 +312,7 @@ def class_activation(
     if method not in ("gradcam", "gradcam++"):
         raise UsageError(f"unknown --method {method!r}.", "use gradcam or gradcam++.")
     target, loss = backward.target, backward.loss
-    prepared = prepare(model, inputs=inputs, backward=BackwardOptions(target or "top1", loss))
+    prepared = prepare(model, inputs=inputs, backward=BackwardOptions(target, loss))
     loaded, model_input = prepared.loaded, prepared.model_input
     assert model_input is not None
     assert prepared.backward is not None
@@ -329,6 +330,10 @@ def class_activation(
     got = _capture(prepared, tgt, call, backward=True)
     value, model_out = got.value, got.output
     notes += got.notes
+    try:  # the class scores the target read (logits of a ModelOutput, --output-key's element)
+        scores: torch.Tensor | None = loaded.kind.scores(loaded.kind.select(model_out)).detach()
+    except UsageError:
+        scores = None
     layout = layout_of(tgt.name, tuple(got.out.shape))
     out, grad = layout.to_nchw(got.out), got.grad
     if grad is None:
@@ -352,10 +357,17 @@ def class_activation(
             "not finite; `hookcli grads` shows where they start): drawn as zero"
         )
     elif top == 0:
-        notes.append(_why_zero(grad[image_index], model_out, image_index, no_gradient))
+        notes.append(
+            _why_zero(grad[image_index], scores, image_index, no_gradient, prepared.backward)
+        )
     name = "Grad-CAM++" if method == "gradcam++" else "Grad-CAM"
     label = _target_label(
-        target, loss, loaded, output=model_out, image_index=image_index, described=described
+        target or loaded.kind.default_target,
+        loss,
+        loaded,
+        scores=scores,
+        image_index=image_index,
+        described=described,
     )
     title = f"{name} · {loaded.spec} · {tgt.name} · {label}"
     legend = [
@@ -380,11 +392,26 @@ def class_activation(
     )
 
 
-def _why_zero(grad: torch.Tensor, output: Any, image_index: int, no_gradient: str | None) -> str:
+def _why_zero(
+    grad: torch.Tensor,
+    scores: torch.Tensor | None,
+    image_index: int,
+    no_gradient: str | None,
+    spec: TargetSpec,
+) -> str:
     """The real cause of an all-zero map: constant scores (a zero-initialised head: torchvision
-    ViT's with random weights), no gradient reaching the layer, or no positive evidence."""
-    scores = output if isinstance(output, torch.Tensor) and output.dim() == 2 else None
-    if scores is not None and bool((scores[image_index] == scores[image_index][0]).all()):
+    ViT's with random weights), an empty segmentation mask, no gradient reaching the layer, or
+    no positive evidence."""
+    cls = spec.index if spec.kind == "mask" else None
+    predicted = scores[image_index].argmax(0) if scores is not None and scores.dim() == 4 else None
+    if cls is not None and predicted is not None and not bool(torch.eq(predicted, cls).any()):
+        return (
+            f"the map is all zero: no pixel of this image is predicted as class {cls}, so "
+            "its mask is empty; pick a class the model predicts (`hookcli inspect` lists "
+            "them by share of pixels)"
+        )
+    row = scores[image_index] if scores is not None and scores.dim() == 2 else None
+    if row is not None and bool((row == row[0]).all()):
         return (
             "the map is all zero: the model's scores are the same for every class (a "
             "zero-initialised head, as torchvision's ViT has with random weights), so no "
@@ -403,7 +430,7 @@ def _target_label(
     loss: str | None,
     loaded: LoadedModel,
     *,
-    output: Any,
+    scores: torch.Tensor | None,
     image_index: int,
     described: str,
 ) -> str:
@@ -413,8 +440,8 @@ def _target_label(
     raw = (target or "top1").strip()
     if raw.lower() != "top1":
         return described
-    if isinstance(output, torch.Tensor) and output.dim() == 2:
-        idx = int(output[image_index].argmax())
+    if scores is not None and scores.dim() == 2:
+        idx = int(scores[image_index].argmax())
         cats = loaded.categories
         name = f" {cats[idx]!r}" if cats and idx < len(cats) else ""
         return f"top-1: class {idx}{name}"

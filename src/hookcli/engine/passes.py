@@ -18,6 +18,7 @@ run under no_grad: such a forward is run again with gradients enabled, and the r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -89,11 +90,14 @@ def prepare(
         loaded = load_model(
             model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
         )
+    if model.output_key:  # a copy: a LoadedModel passed in is left as it was
+        loaded = dataclasses.replace(loaded, kind=loaded.kind.keyed(model.output_key))
     # the task may constrain the device (quantized: CPU only, no backward)
     device = loaded.kind.device(loaded.spec, model.device, device, backward is not None)
     spec = None
     if backward is not None:
-        spec = parse_target(backward.target, backward.loss, loaded.categories)
+        target = backward.target or (None if backward.loss else loaded.kind.default_target)
+        spec = parse_target(target, backward.loss, loaded.categories)
     entries = module_entries(loaded.module)
     targets: list[Target] = []
     if selection is not None and selection.every:
@@ -270,7 +274,7 @@ def unhooked_pass(
 
 def _scalar(loaded: LoadedModel, spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
     try:
-        return scalar_of(spec, output, seed, loaded.kind.scores)
+        return scalar_of(spec, loaded.kind.select(output), seed, loaded.kind.scores)
     except UsageError:
         raise
     except Exception as exc:  # the target does not fit what the model returned

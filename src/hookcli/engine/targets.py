@@ -1,6 +1,10 @@
 """What backward starts from: a target on the model's scores, or a loss against a tensor.
 
 --target top1 | <class index> | "<class label>" | sum
+         | box:K         detection: the K-th detection's score plus its box's IoU with itself,
+                         per image (pytorch-grad-cam's FasterRCNNBoxScoreTarget on that box)
+         | mask:CLASS    segmentation: CLASS's scores summed over the pixels predicted as CLASS
+                         (pytorch-grad-cam's SemanticSegmentationTarget)
 --loss ce:<idx> | nll:<idx> | l1:<spec> | mse:<spec> | bce:<spec> | bcelogits:<spec>
 
 where <spec> is a tensor spec: `ones`, `zeros` (shaped like the output), `ones:2x10`,
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +34,7 @@ LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
 class TargetSpec:
     """A parsed --target or --loss, resolved against the model's output at backward time."""
 
-    kind: str  # top1 | index | sum | loss
+    kind: str  # top1 | index | sum | loss | box | mask
     index: int | None = None
     label: str | None = None
     loss: str | None = None
@@ -44,6 +48,11 @@ class TargetSpec:
             return f"score (logit) of class {self.index}{named}, summed over images"
         if self.kind == "sum":
             return "sum of every floating-point output element"
+        if self.kind == "box":
+            return f"score + IoU of detection {self.index} (by score) of each image, summed"
+        if self.kind == "mask":
+            named = f" ({self.label!r})" if self.label else ""
+            return f"score of class {self.index}{named} over the pixels predicted as it, summed"
         return f"{self.loss} loss against {self.spec}"
 
 
@@ -70,9 +79,26 @@ def parse_target(
         return TargetSpec("top1")
     if raw.lower() == "sum":
         return TargetSpec("sum")
+    kind, sep, rest = raw.partition(":")
+    if sep and kind.lower() in ("box", "mask"):
+        return _region_target(raw, kind.lower(), rest.strip(), categories)
     index = _class_index(raw, categories, option="--target")
     label = categories[index] if categories and 0 <= index < len(categories) else None
     return TargetSpec("index", index=index, label=label)
+
+
+def _region_target(raw: str, kind: str, rest: str, categories: Sequence[str] | None) -> TargetSpec:
+    """box:K (a detection rank) or mask:CLASS (a class index or label)."""
+    if kind == "box":
+        if not rest.isdigit():
+            raise UsageError(
+                f"malformed --target {raw!r}: box:K takes a detection rank (0 = the top one).",
+                "for example --target box:0",
+            )
+        return TargetSpec("box", index=int(rest))
+    index = _class_index(rest, categories, option="--target mask:")
+    label = categories[index] if categories and 0 <= index < len(categories) else None
+    return TargetSpec("mask", index=index, label=label)
 
 
 def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int:
@@ -141,7 +167,61 @@ def scalar(
         scores = scores_of(output)
         _check_class(spec.index, scores, "--target")
         return scores[:, spec.index].sum()
+    if spec.kind == "box":
+        assert spec.index is not None
+        return box_score(output, spec.index)
+    if spec.kind == "mask":
+        assert spec.index is not None
+        scores = scores_of(output)
+        _check_class(spec.index, scores, "--target mask:")
+        if scores.dim() < 3:
+            raise UsageError(
+                "--target mask: needs per-pixel scores (N, classes, H, W); the output is "
+                f"{'x'.join(map(str, scores.shape))}.",
+                "use a segmentation model, or --target with a class index.",
+            )
+        mask = (scores.argmax(dim=1) == spec.index).to(scores.dtype).detach()
+        return (scores[:, spec.index] * mask).sum()
     return _loss(spec, scores_of(output), seed)
+
+
+IOU_THRESHOLD = 0.5  # as pytorch-grad-cam's FasterRCNNBoxScoreTarget
+
+
+def box_score(output: Any, rank: int) -> torch.Tensor:
+    """Per image, detection `rank`'s box as the reference: the detection that overlaps it most
+    (itself), if its IoU passes the threshold and its label matches, adds IoU + score."""
+    from torchvision.ops import box_iou
+
+    if not (
+        isinstance(output, list | tuple)
+        and output
+        and all(isinstance(d, Mapping) and {"boxes", "scores", "labels"} <= set(d) for d in output)
+    ):
+        raise UsageError(
+            "--target box:K needs detections (a list of dicts with boxes, scores and labels).",
+            "use it with a detection model, or pick the detections with --output-key.",
+        )
+    found = [len(d["scores"]) for d in output]
+    if all(n <= rank for n in found):
+        raise UsageError(
+            f"--target box:{rank}: no image has a detection {rank} (detections per image: "
+            f"{', '.join(map(str, found))}).",
+            "pick a lower rank, or lower the score threshold (--model-arg box_score_thresh=0.0).",
+        )
+    total: torch.Tensor | None = None
+    for det in output:
+        if len(det["scores"]) <= rank:
+            continue
+        boxes, labels = det["boxes"], det["labels"]
+        ref = boxes[rank].detach()[None]
+        ious = box_iou(ref, boxes)
+        best = int(ious.argmax())
+        if float(ious[0, best].detach()) > IOU_THRESHOLD and int(labels[best]) == int(labels[rank]):
+            score = ious[0, best] + det["scores"][best]
+            total = score if total is None else total + score
+    assert total is not None  # the reference box overlaps itself (IoU 1)
+    return total
 
 
 def _loss(spec: TargetSpec, scores: torch.Tensor, seed: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from hookcli.sources.base import Source, kwargs_text
 from hookcli.sources.model import LoadedModel
 from hookcli.sources.registry import unknown_model
 from hookcli.sources.statedict import load_state_dict_file
-from hookcli.sources.tasks import CUSTOM
+from hookcli.sources.tasks import CUSTOM, Task, task_named
 
 
 class FileSource(Source):
@@ -195,6 +195,16 @@ def load_custom(
     return loaded
 
 
+def _torchvision_task(model: nn.Module) -> Task:
+    """A torchvision detection or segmentation model passed in keeps its task (its outputs
+    are boxes or per-pixel scores); any other module is a custom one."""
+    package = type(model).__module__
+    for part in ("detection", "segmentation"):
+        if package.startswith(f"torchvision.models.{part}."):
+            return task_named(part)
+    return CUSTOM
+
+
 def wrap_module(model: nn.Module, weights: str) -> LoadedModel:
     if isinstance(model, torch.jit.ScriptModule):
         raise UsageError(
@@ -207,7 +217,7 @@ def wrap_module(model: nn.Module, weights: str) -> LoadedModel:
         module=model,
         name=type(model).__name__,
         spec=type(model).__name__,
-        kind=CUSTOM,
+        kind=_torchvision_task(model),
         weights_label="as given",
         pretrained=weights != "none",
         preprocess=None,

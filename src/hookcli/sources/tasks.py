@@ -8,6 +8,7 @@ A plug-in source may subclass Task (or one of these) to read its own outputs.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from hookcli.errors import UsageError
 from hookcli.records import Prediction
+from hookcli.tree import pick
 
 CLIP_FRAMES = 16  # a still image repeated as a clip this long (MViT needs exactly 16)
 
@@ -48,6 +50,29 @@ class Task:
     stacks = True  # images form one stacked batch (False: a list of images, any sizes)
     # pictures (cam overlays) undo ImageNet's mean/std when the source gave no preprocessing
     denormalise_imagenet = False
+    default_target = "top1"  # what backward starts from when --target is not given
+    output_key: str | None = None  # --output-key: the element of the output that is read
+
+    def keyed(self, key: str | None) -> Task:
+        """This task reading the element `key` of the output (a copy; None: itself)."""
+        if not key:
+            return self
+        twin = copy.copy(self)
+        twin.output_key = key
+        return twin
+
+    def select(self, output: Any) -> Any:
+        """The part of the output predictions and targets read (--output-key), else all."""
+        if self.output_key is None:
+            return output
+        try:
+            return pick(output, self.output_key)
+        except (LookupError, ValueError) as exc:
+            raise UsageError(
+                f"--output-key {self.output_key!r}: the model's output has {exc}.",
+                'name a key, index or path of it (logits, 0, out[0]["boxes"]); '
+                "`hookcli inspect MODEL -l '(model)'` lists the output's paths.",
+            ) from exc
 
     def builder_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Adds what the builder needs for this task (kwargs edited in place)."""
@@ -192,6 +217,7 @@ class Segmentation(Task):
 class Detection(Task):
     name = "detection"
     fallback_size = (320, 320)
+    default_target = "box:0"  # the top detection's score (pytorch-grad-cam's box target)
     stacks = False  # detection takes a list of images of any sizes
 
     def spec_inputs(
