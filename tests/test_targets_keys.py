@@ -58,7 +58,9 @@ def test_output_key_drives_predictions_and_targets() -> None:
     for (img, idx), prob in got.items():
         assert prob == pytest.approx(float(probs[img, idx]))
     assert len(got) == 6
-    grads = hookcli.grads(model, [x], device="cpu", output_key="logits", target="2", layers=["head"])
+    grads = hookcli.grads(
+        model, [x], device="cpu", output_key="logits", target="2", layers=["head"]
+    )
     g = grads.layers[0].grad_outputs[0]
     assert g is not None and g.norm == pytest.approx(2**0.5)  # one-hot on class 2, two rows
     with pytest.raises(UsageError, match="no 'nope'.*features, logits"):
@@ -121,7 +123,9 @@ def test_box_target_equals_pytorch_grad_cams_and_its_map_too() -> None:
 
 def test_box_target_refuses_a_rank_with_no_detection() -> None:
     with pytest.raises(UsageError, match="no image has a detection 3"):
-        box_score([{"boxes": torch.zeros(1, 4), "scores": torch.ones(1), "labels": torch.ones(1)}], 3)
+        box_score(
+            [{"boxes": torch.zeros(1, 4), "scores": torch.ones(1), "labels": torch.ones(1)}], 3
+        )
     with pytest.raises(UsageError, match="needs detections"):
         box_score(torch.zeros(2, 3), 0)
     with pytest.raises(UsageError, match="box:K takes a detection rank"):
