@@ -20,6 +20,7 @@ from hookcli.errors import UsageError
 from hookcli.tree import pick, steps
 
 runner = CliRunner()
+SEG = ["inspect", "deeplabv3_mobilenet_v3_large", "--input", "randn:1x3x64x64"]
 
 
 class DictHead(nn.Module):
@@ -63,22 +64,20 @@ def test_output_key_drives_predictions_and_targets() -> None:
     )
     g = grads.layers[0].grad_outputs[0]
     assert g is not None and g.norm == pytest.approx(2**0.5)  # one-hot on class 2, two rows
-    with pytest.raises(UsageError, match="no 'nope'.*features, logits"):
+    with pytest.raises(UsageError, match=r"no 'nope'.*features, logits"):
         hookcli.grads(model, [x], device="cpu", output_key="nope")
 
 
 def test_output_key_on_the_command_line() -> None:
     ok = runner.invoke(
         app,
-        ["inspect", "deeplabv3_mobilenet_v3_large", "--input", "randn:1x3x64x64"]
-        + ["--output-key", "out", "-l", "classifier.4", "-f", "json"],
+        [*SEG, "--output-key", "out", "-l", "classifier.4", "-f", "json"],
     )
     assert ok.exit_code == 0, ok.stderr
     assert json.loads(ok.stdout)["predictions"]
     bad = runner.invoke(
         app,
-        ["grads", "deeplabv3_mobilenet_v3_large", "--input", "randn:1x3x64x64"]
-        + ["--output-key", "aux", "-l", "classifier.4"],
+        ["grads", *SEG[1:], "--output-key", "aux", "-l", "classifier.4"],
     )
     assert bad.exit_code == 2 and bad.stdout == ""
     line = bad.stderr.strip()
