@@ -1,6 +1,7 @@
 """Overhead of hookcli's statistics hooks, measured side by side in one process.
 
-Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval):
+Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval), and for time
+(a, d) also vit_b_16 batch 2 and timm's vit_small_patch16_224 batch 4:
 
 (a) time: `hookcli.inspect` with full statistics on every leaf module (inputs and outputs)
     ÷ plain `model(x)` under no_grad. Variants run interleaved, round after round, and the
@@ -34,6 +35,8 @@ from typing import Any
 from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 
 CASES = [("resnet50", 4), ("resnet18", 8)]
+# transformers (issue 15): torchvision's ViT-B/16 and a timm ViT, time ratios (a) and (d)
+VIT_CASES = [("vit_b_16", 2), ("timm:vit_small_patch16_224", 4)]
 
 
 def _build(name: str, batch: int) -> tuple[Any, Any]:
@@ -41,7 +44,12 @@ def _build(name: str, batch: int) -> tuple[Any, Any]:
     import torchvision
 
     torch.manual_seed(0)
-    model = torchvision.models.get_model(name, weights=None).eval()
+    if name.startswith("timm:"):
+        import timm
+
+        model = timm.create_model(name.removeprefix("timm:"), pretrained=False).eval()
+    else:
+        model = torchvision.models.get_model(name, weights=None).eval()
     x = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     return model, x
 
@@ -205,7 +213,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} threads, CPU; {rounds} interleaved rounds")
     print("(a) time ratio to plain model(x) under no_grad (median of rounds)")
-    for name, batch in cases:
+    for name, batch in cases + VIT_CASES:
         r = time_case(name, batch, rounds)
         plain_ms = r.pop("plain_ms")
         cells = ", ".join(f"{k} {v:.3f}x" for k, v in r.items() if k != "plain")
@@ -222,7 +230,7 @@ def main() -> None:
         f"(c) hookcli --help: {wall * 1e3:.0f} ms wall (median of 7), torch imported: {torch_seen}"
     )
     print("(d) grads ÷ plain forward+backward (median of rounds)")
-    for name, batch in cases:
+    for name, batch in cases + VIT_CASES:
         g = grads_case(name, batch, rounds)
         print(f"  {name} batch {batch} (plain {g['plain_ms']:.0f} ms): hookcli {g['hookcli']:.3f}x")
     import hookcli
