@@ -9,6 +9,7 @@ The public Python API mirrors the command line and returns the same `Report` the
     >>> report = hookcli.check("resnet18", fail_on=["nonfinite", "dead"], baseline="base.json")
     >>> hookcli.passed(report), hookcli.exit_code(report)
     >>> hookcli.cam("resnet18", "sample_images/cat.jpeg").image.save("cam.png")
+    >>> hookcli.attn("vit_b_16", "sample_images/cat.jpeg").rollout.shape  # (1, 197, 197)
 
 Importing this package never imports torch; it is imported on first use.
 """
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "__version__",
+    "attn",
     "cam",
     "check",
     "diff",
@@ -156,6 +158,31 @@ def cam(
         BackwardOptions(target, loss),
         CamOptions(layer, call, method, image_index),
     )
+
+
+def attn(
+    model: Any,
+    image: Any = (),
+    *,
+    layer: str | None = None,
+    image_index: int = DEFAULTS.attn.image_index,
+    **options: Any,
+) -> Drawing:
+    """`hookcli attn`: the attention probabilities of one transformer block (default: the
+    last; `layer=` a dotted name or glob, e.g. "blocks.3"), per head, and the attention rollout
+    over every block, over the image (token x token matrices for text models). Works with torch
+    nn.MultiheadAttention (torchvision ViT), timm attention modules and Hugging Face models;
+    the model is left as found. Returns a Drawing: `.image` (the PIL image the CLI saves),
+    `.raw` (the block's probabilities, float32 batch x heads x tokens x tokens: --save-raw's
+    array), `.rollout` (float32 batch x tokens x tokens), `.layer` (the block drawn),
+    `.picture.tiles` (each head's map as drawn, uint8), `.notes`; `.save("attn.png")` writes
+    the CLI's PNG. Options as maps'."""
+    from hookcli import commands
+    from hookcli.options import AttnOptions
+
+    _new_run()
+    model_options, inputs = commands.picture_options(model, image, options, "attn")
+    return commands.attn(model_options, inputs, AttnOptions(layer, image_index))
 
 
 def diff(

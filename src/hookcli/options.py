@@ -307,6 +307,15 @@ class CamOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class AttnOptions:
+    """attn: which attention block (a dotted name or glob; None: the last block) and which
+    image of the batch."""
+
+    layer: str | None = None
+    image_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class DiffOptions:
     """diff: the two sides (and an optional reference side), as side specs
     (compare.parse_side), whether passes run in processes of their own, the tolerance, and
@@ -332,6 +341,7 @@ class Defaults:
     rules: RuleOptions = RuleOptions()
     maps: MapOptions = MapOptions()
     cam: CamOptions = CamOptions()
+    attn: AttnOptions = AttnOptions()
     diff: DiffOptions = DiffOptions()
 
 

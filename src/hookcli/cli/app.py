@@ -60,6 +60,7 @@ register(app, diff.diff, config=True)
 register(app, listing.show, config=False)
 register(app, pictures.maps, config=True)
 register(app, pictures.cam, config=True)
+register(app, pictures.attn, config=True)
 
 
 def main() -> None:

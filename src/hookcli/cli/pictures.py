@@ -1,4 +1,5 @@
-"""maps and cam: one layer call drawn as a PNG (hookcli.commands.maps / cam)."""
+"""maps, cam and attn: one layer call (attn: one attention block) drawn as a PNG
+(hookcli.commands.maps / cam / attn)."""
 
 from __future__ import annotations
 
@@ -143,6 +144,67 @@ def cam(
                 pick(BackwardOptions, p),
                 options,
             )
+        _save_png(out, drawing)
+        if raw_out is not None:
+            _save_raw(raw_out, drawing)
+        for note in drawing.notes:
+            err(f"note: {note}")
+
+
+def attn(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    layer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--layer",
+            "-l",
+            metavar="BLOCK",
+            help="The attention block: dotted name or glob (blocks.3, "
+            "encoder.layers.encoder_layer_3) [default: the last block].",
+        ),
+    ] = None,
+    output: PngOpt = None,
+    save_raw: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-raw",
+            metavar="FILE.npy",
+            help="Also save the block's attention probabilities (float32, "
+            "batch x heads x tokens x tokens).",
+        ),
+    ] = None,
+    image_index: ImageOpt = DEFAULTS.attn.image_index,
+    input_spec: opt.InputSpecOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    force: opt.ForceOpt = False,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Per-head attention of one transformer block and the attention rollout over all blocks,
+    over the image (token x token matrices for text models) (PNG).
+
+    Example: hookcli attn vit_b_16 sample_images/cat.jpeg -o attn.png
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        if used:
+            err(f"config: {used}")
+        reads = opt.reads(p, used)
+        out = _png_output(p, reads)
+        raw_out = claim(p["save_raw"], "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
+        from hookcli import commands
+        from hookcli.options import AttnOptions, pick
+
+        options = pick(AttnOptions, p, layer=opt.single_layer(p))
+        model_opts = opt.model_options(p, "attn")
+        name = str(model_opts.model)
+        with status(f"running {name}…"):
+            drawing = commands.attn(model_opts, opt.input_options(p), options)
         _save_png(out, drawing)
         if raw_out is not None:
             _save_raw(raw_out, drawing)

@@ -1,5 +1,5 @@
-"""What inspect, grads, check, maps and cam compute: the one path the Python API
-(`hookcli.inspect`, `grads`, `check`, `maps`, `cam`) and the CLI commands both take.
+"""What inspect, grads, check, maps, cam and attn compute: the one path the Python API
+(`hookcli.inspect`, `grads`, `check`, `maps`, `cam`, `attn`) and the CLI commands both take.
 
 The CLI parses its options into the option objects (options.py, checks.Rules), calls one
 function here and renders or writes what it returns; the Python API turns keyword arguments
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hookcli.commands.checks import Rules, evaluate, for_check, parse_rules
 from hookcli.options import (
     API_KEYS,
+    AttnOptions,
     BackwardOptions,
     Batching,
     CamOptions,
@@ -161,9 +162,10 @@ def rules_from_api(options: Mapping[str, Any]) -> Rules:
 
 @dataclass(slots=True)
 class Drawing:
-    """A picture as `hookcli maps`/`cam` write it: `image` is the PNG's PIL image, `picture`
-    the arrays and words it was drawn from (visual.Picture: `tiles`, `heat`, `raw`, `labels`,
-    `legend`, `title`, `notes`), `metadata` the PNG's `hookcli` text chunk."""
+    """A picture as `hookcli maps`/`cam`/`attn` write it: `image` is the PNG's PIL image,
+    `picture` the arrays and words it was drawn from (pictures.Picture: `tiles`, `heat`, `raw`,
+    `rollout`, `labels`, `legend`, `title`, `notes`), `metadata` the PNG's `hookcli` text
+    chunk."""
 
     image: Image.Image
     picture: Picture
@@ -180,8 +182,14 @@ class Drawing:
 
     @property
     def raw(self) -> np.ndarray[Any, np.dtype[np.float32]] | None:
-        """cam: the heat map before scaling (float32, input resolution); `--save-raw`'s data."""
+        """`--save-raw`'s data. cam: the heat map before scaling (float32, input resolution);
+        attn: the block's attention probabilities (float32, batch x heads x tokens x tokens)."""
         return self.picture.raw
+
+    @property
+    def rollout(self) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+        """attn: the attention rollout over every block (float32, batch x tokens x tokens)."""
+        return self.picture.rollout
 
     @property
     def heat(self) -> np.ndarray[Any, np.dtype[np.float32]] | None:
@@ -238,10 +246,23 @@ def cam(
     return Drawing(image, picture, metadata)
 
 
+def attn(
+    model: ModelOptions, inputs: InputOptions, options: AttnOptions = AttnOptions()
+) -> Drawing:
+    """One block's per-head attention probabilities and the rollout over every block, over
+    the image (or as token x token matrices)."""
+    from hookcli.commands.attention import attention_maps
+    from hookcli.render.images import attn_png
+
+    picture = attention_maps(model, inputs, options)
+    image, metadata = attn_png(picture)
+    return Drawing(image, picture, metadata)
+
+
 def picture_options(
     model: Any, inputs: Any, options: Mapping[str, Any], command: str
 ) -> tuple[ModelOptions, InputOptions]:
-    """hookcli.maps/cam's model and input keyword arguments → option objects."""
+    """hookcli.maps/cam/attn's model and input keyword arguments → option objects."""
     for key in options:
         if key not in PICTURE_KEYS:
             raise TypeError(

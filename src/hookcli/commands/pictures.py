@@ -50,12 +50,14 @@ class Picture:
     tiles: np.ndarray[Any, np.dtype[np.uint8]] | None = None  # (K, h, w) normalised channels
     labels: list[str] = field(default_factory=list)
     heat: np.ndarray[Any, np.dtype[np.float32]] | None = None  # (H, W) CAM in [0, 1]
-    raw: np.ndarray[Any, np.dtype[np.float32]] | None = None  # (H, W) CAM before scaling
+    # (H, W) CAM before scaling; attn: the block's probabilities (B, heads, L, L)
+    raw: np.ndarray[Any, np.dtype[np.float32]] | None = None
     legend: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     layer: str = ""  # the layer drawn (for CAM without -l: the one chosen)
     call: int = 0
     layout: str = ""  # how the activation was read (engine.layout), stated on the picture
+    rollout: np.ndarray[Any, np.dtype[np.float32]] | None = None  # attn: (B, L, L) rollout
 
 
 def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str | None]:
@@ -160,7 +162,7 @@ def _capture(prepared: Prepared, target: Target, call: int, *, backward: bool = 
     return Captured(captured["out"], captured.get("grad"), value, output, notes)
 
 
-def _image_of(
+def input_image(
     model_input: ModelInput, index: int, loaded: LoadedModel
 ) -> np.ndarray[Any, Any] | None:
     """The input image as the model saw it (after resize/crop), de-normalised to uint8."""
@@ -182,7 +184,8 @@ def _image_of(
     return (img.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
 
 
-def _check_image(index: int, out: torch.Tensor) -> None:
+def check_image_index(index: int, out: torch.Tensor) -> None:
+    """--image I must be one of the batch's images (out: the batch first)."""
     if not 0 <= index < out.shape[0]:
         raise UsageError(
             f"--image {index} is out of range: the batch has {out.shape[0]}.",
@@ -226,7 +229,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     got = _capture(prepared, target, call)
     layout = _reader(prepared)(target.name, tuple(got.out.shape))
     out = layout.to_nchw(got.out)
-    _check_image(image_index, out)
+    check_image_index(image_index, out)
     maps = out[image_index].float()
     activity = maps.abs().mean(dim=(1, 2))
     picked = (
@@ -246,7 +249,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     )
     return Picture(
         title=title,
-        image=_image_of(model_input, image_index, loaded),
+        image=input_image(model_input, image_index, loaded),
         tiles=tiles,
         labels=[f"{int(c)}" for c in picked.tolist()],
         legend=[
@@ -342,8 +345,8 @@ def class_activation(
             "pick a layer before the output, or another --target.",
         )
     grad = layout.to_nchw(grad)
-    _check_image(image_index, out)
-    image = _image_of(model_input, image_index, loaded)
+    check_image_index(image_index, out)
+    image = input_image(model_input, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
     raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]
     finite = torch.isfinite(raw)

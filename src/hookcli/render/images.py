@@ -1,5 +1,6 @@
 """PNG pictures with Pillow: feature-map grids beside the input, Grad-CAM overlays with a
-colour bar. Reads numpy arrays and strings (a visual.Picture), never torch.
+colour bar, attention heads and rollout over the image. Reads numpy arrays and strings (a
+commands.pictures.Picture), never torch.
 
 Every PNG carries a `hookcli` text chunk (JSON): the title and, for grids, each tile's box and
 label, so a test or a script can find what was drawn where.
@@ -61,7 +62,7 @@ def grid_layout(k: int, h: int, w: int) -> tuple[int, int, int, int]:
 def _grid(
     tiles: np.ndarray[Any, Any], labels: list[str]
 ) -> tuple[Image.Image, list[dict[str, Any]]]:
-    k, h, w = tiles.shape
+    k, h, w = tiles.shape[:3]
     rows, cols, th, tw = grid_layout(k, h, w)
     grid = Image.new(
         "RGB", (cols * tw + (cols - 1) * GAP, rows * th + (rows - 1) * GAP), BACKGROUND
@@ -69,24 +70,42 @@ def _grid(
     draw = ImageDraw.Draw(grid)
     font = _font(max(10, min(16, th // 5)))
     boxes = []
+    mode = "RGB" if tiles.ndim == 4 else "L"  # (K, h, w, 3) colour tiles, or grey ones
     for i in range(k):
         r, c = divmod(i, cols)
         x, y = c * (tw + GAP), r * (th + GAP)
         resample = Image.Resampling.NEAREST if th >= h else Image.Resampling.BILINEAR
-        tile = Image.fromarray(tiles[i], mode="L").resize((tw, th), resample)
+        tile = Image.fromarray(tiles[i], mode=mode).resize((tw, th), resample)
         grid.paste(tile.convert("RGB"), (x, y))
         label = labels[i] if i < len(labels) else str(i)
-        lb = draw.textbbox((x + 2, y + 1), label, font=font)
-        draw.rectangle((lb[0] - 2, lb[1] - 1, lb[2] + 2, lb[3] + 1), fill=(0, 0, 0))
-        draw.text((x + 2, y + 1), label, fill=(255, 255, 0), font=font)
+        _label(draw, (x, y), label, font)
         boxes.append({"label": label, "box": [x, y, x + tw, y + th]})
     return grid, boxes
+
+
+def _label(draw: ImageDraw.ImageDraw, at: tuple[int, int], text: str, font: Any) -> None:
+    """A tile's label: yellow on a black box in its top-left corner."""
+    x, y = at
+    lb = draw.textbbox((x + 2, y + 1), text, font=font)
+    draw.rectangle((lb[0] - 2, lb[1] - 1, lb[2] + 2, lb[3] + 1), fill=(0, 0, 0))
+    draw.text((x + 2, y + 1), text, fill=(255, 255, 0), font=font)
 
 
 def heat_rgb(heat: np.ndarray[Any, Any]) -> Image.Image:
     """A [0, 1] map coloured blue → yellow → red."""
     gray = Image.fromarray((np.clip(heat, 0, 1) * 255 + 0.5).astype(np.uint8), mode="L")
     return ImageOps.colorize(gray, black=COLD, mid=WARM, white=HOT)
+
+
+def overlay(heat: np.ndarray[Any, Any], base: Image.Image, alpha: float = 0.55) -> Image.Image:
+    """A [0, 1] map coloured and laid over `base`, more opaque where it is higher; a map
+    coarser than the image (attention on a patch grid) is enlarged cell by cell."""
+    coloured = heat_rgb(heat)
+    mask = Image.fromarray((np.clip(heat, 0, 1) * 255 * alpha).astype(np.uint8), "L")
+    if coloured.size != base.size:
+        coloured = coloured.resize(base.size, Image.Resampling.NEAREST)
+        mask = mask.resize(base.size, Image.Resampling.NEAREST)
+    return Image.composite(coloured, base, mask)
 
 
 def _colour_bar(width: int) -> Image.Image:
@@ -104,9 +123,9 @@ def _colour_bar(width: int) -> Image.Image:
 
 def _compose(
     panels: list[Image.Image], picture: PictureLike, under_last: Image.Image | None = None
-) -> tuple[Image.Image, tuple[int, int]]:
+) -> tuple[Image.Image, list[tuple[int, int]]]:
     """Panels side by side under a title; an optional band under the last panel; legend and
-    notes below. Returns the canvas and the top-left of the last panel."""
+    notes below. Returns the canvas and the top-left of each panel."""
     title_font, text_font = _font(16), _font(13)
     th, lh = _text_height(title_font), _text_height(text_font)
     height = max(p.height for p in panels)
@@ -125,19 +144,19 @@ def _compose(
     draw.text((MARGIN, MARGIN), picture.title, fill=INK, font=title_font)
     x = MARGIN
     top = MARGIN + th + GAP
-    last = (x, top)
+    places = []
     for panel in panels:
-        last = (x, top + (height - panel.height) // 2)
-        canvas.paste(panel, last)
+        places.append((x, top + (height - panel.height) // 2))
+        canvas.paste(panel, places[-1])
         x += panel.width + GAP * 3
     y = top + height + GAP
     if under_last is not None:
-        canvas.paste(under_last, (last[0], y))
+        canvas.paste(under_last, (places[-1][0], y))
         y += band
     for line in lines:
         draw.text((MARGIN, y), line, fill=INK, font=text_font)
         y += lh
-    return canvas, last
+    return canvas, places
 
 
 def _input_panel(picture: PictureLike, height: int) -> Image.Image | None:
@@ -156,7 +175,8 @@ def maps_png(picture: PictureLike) -> tuple[Image.Image, dict[str, Any]]:
     assert picture.tiles is not None
     grid, boxes = _grid(picture.tiles, picture.labels)
     panels = [p for p in (_input_panel(picture, grid.height), grid) if p is not None]
-    canvas, (gx, gy) = _compose(panels, picture)
+    canvas, places = _compose(panels, picture)
+    gx, gy = places[-1]
     for b in boxes:  # in canvas coordinates
         x0, y0, x1, y1 = b["box"]
         b["box"] = [x0 + gx, y0 + gy, x1 + gx, y1 + gy]
@@ -165,13 +185,11 @@ def maps_png(picture: PictureLike) -> tuple[Image.Image, dict[str, Any]]:
 
 def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dict[str, Any]]:
     assert picture.heat is not None
-    heat = heat_rgb(picture.heat)
     if picture.image is not None:
         base = Image.fromarray(picture.image, mode="RGB")
-        mask = Image.fromarray((np.clip(picture.heat, 0, 1) * 255 * alpha).astype(np.uint8), "L")
-        panels = [base, Image.composite(heat, base, mask)]
+        panels = [base, overlay(picture.heat, base, alpha)]
     else:
-        panels = [heat]
+        panels = [heat_rgb(picture.heat)]
     size = max(224, panels[0].height)
     panels = [
         p.resize((round(p.width * size / p.height), size), Image.Resampling.BILINEAR)
@@ -179,6 +197,37 @@ def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dic
     ]
     canvas, _ = _compose(panels, picture, under_last=_colour_bar(panels[-1].width))
     return canvas, {"title": picture.title, "layout": picture.layout}
+
+
+def attn_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dict[str, Any]]:
+    """attn: the input, a grid of the heads' maps (over the image, or token x token
+    matrices), and the rollout with a colour bar under it."""
+    assert picture.tiles is not None
+    assert picture.heat is not None
+    base = Image.fromarray(picture.image, mode="RGB") if picture.image is not None else None
+    heads = [t.astype(np.float32) / 255 for t in picture.tiles]
+    if base is not None:
+        tiles = np.stack([np.asarray(overlay(m, base, alpha)) for m in heads])
+    else:
+        tiles = np.stack([np.asarray(heat_rgb(m)) for m in heads])
+    grid, boxes = _grid(tiles, picture.labels)
+    rolled = overlay(picture.heat, base, alpha) if base is not None else heat_rgb(picture.heat)
+    size = max(224, grid.height)
+    resample = Image.Resampling.NEAREST if rolled.height < size else Image.Resampling.BILINEAR
+    rolled = rolled.resize((round(rolled.width * size / rolled.height), size), resample)
+    _label(ImageDraw.Draw(rolled), (0, 0), "rollout", _font(13))
+    panels = [p for p in (_input_panel(picture, grid.height), grid, rolled) if p is not None]
+    canvas, places = _compose(panels, picture, under_last=_colour_bar(rolled.width))
+    (gx, gy), (rx, ry) = places[-2], places[-1]
+    for b in boxes:  # in canvas coordinates
+        x0, y0, x1, y1 = b["box"]
+        b["box"] = [x0 + gx, y0 + gy, x1 + gx, y1 + gy]
+    return canvas, {
+        "title": picture.title,
+        "layout": picture.layout,
+        "tiles": boxes,
+        "rollout": {"box": [rx, ry, rx + rolled.width, ry + rolled.height]},
+    }
 
 
 def png_bytes_info(meta: dict[str, Any]) -> PngImagePlugin.PngInfo:

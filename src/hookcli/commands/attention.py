@@ -1,0 +1,201 @@
+"""attn: the attention probabilities of one transformer block, per head, and the attention
+rollout over every block, as the arrays render/images.py draws.
+
+engine.attention reads the probabilities (torch MultiheadAttention, timm, Hugging Face) in one
+pass that leaves the model as found. Here they become a Picture: for an image model, each
+head's attention from the class token (a model with no class token: the mean over query
+tokens) to every patch, laid on the patch grid engine.layout finds (prefix tokens, grid), and
+the rollout's class-token row on the same grid; for a text model (no image input, or tokens
+that lie on no grid of the image), the token x token matrices and the rollout matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookcli.commands.pictures import Picture, check_image_index, input_image
+from hookcli.engine.attention import (
+    HF,
+    HOW,
+    capture_attention,
+    find_attention,
+    pick_block,
+    rollout,
+)
+from hookcli.engine.layout import Layout, image_of, reader
+from hookcli.engine.passes import prepare
+from hookcli.errors import UsageError
+from hookcli.options import AttnOptions, InputOptions, ModelOptions
+
+_CLASS_TOKENS = ("class_token", "cls_token")
+
+
+def has_class_token(model: torch.nn.Module) -> bool:
+    """Whether the model holds a class token (torchvision `class_token`, timm and Hugging Face
+    `cls_token`): the first token of its sequences. Register tokens are not one."""
+    return any(
+        name.rpartition(".")[2] in _CLASS_TOKENS
+        for name, _ in [*model.named_parameters(), *model.named_buffers()]
+    )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _scaled(maps: torch.Tensor) -> torch.Tensor:
+    """Each map (along the first dimension) scaled from its own minimum to its maximum (as
+    matplotlib's imshow shows it); a flat map is all 0."""
+    flat = maps.flatten(1)
+    shape = (-1, *([1] * (maps.dim() - 1)))
+    low, high = flat.amin(dim=1).view(shape), flat.amax(dim=1).view(shape)
+    span = high - low
+    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), 0).clamp(0, 1)
+
+
+def _uint8(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Each map scaled to its own range, as uint8."""
+    out: np.ndarray[Any, np.dtype[np.uint8]] = (
+        _scaled(maps).float().cpu().numpy() * 255 + 0.5
+    ).astype(np.uint8)
+    return out
+
+
+def _heat(m: torch.Tensor) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """One map scaled to its own range, float32 in [0, 1]."""
+    out: np.ndarray[Any, np.dtype[np.float32]] = (
+        _scaled(m.unsqueeze(0))[0].float().cpu().numpy().astype(np.float32)
+    )
+    return out
+
+
+def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptions) -> Picture:
+    """One block's per-head attention of one image, and the rollout over every block."""
+    prepared = prepare(model, inputs=inputs)
+    loaded, model_input = prepared.loaded, prepared.model_input
+    assert model_input is not None
+    sites = find_attention(loaded.module)
+    block = pick_block(prepared, sites, options.layer)
+    got = capture_attention(prepared, sites, keep={s.name for s in sites if s.block == block})
+    calls = [c for c in got.calls if c.site.block == block]
+    if not calls:
+        names = ", ".join(s.name for s in sites if s.block == block)
+        raise UsageError(
+            f"block {block}'s attention ({names}) gave no probabilities in this forward pass: "
+            "it did not run, or computes them where hookcli does not read them.",
+            "pick a block that runs (`hookcli layers MODEL --shapes` shows calls).",
+        )
+    first = calls[0]
+    probs = first.probs
+    if probs is None or not first.square:
+        raise UsageError(
+            f"block {block}'s attention ({first.site.name}, {first.site.type}) gave "
+            f"probabilities of shape {_shape(first.shape)}, not (batch, heads, L, L): it is "
+            "not self-attention over one token sequence.",
+            "pick another block: attn reads self-attention (ViT, DeiT, BERT …).",
+        )
+    b, heads, length, _ = probs.shape
+    size, batch = image_of(model_input.forward_values())
+    if batch is not None and b != batch:
+        raise UsageError(
+            f"block {block}'s attention has {b} rows for {batch} input image(s) "
+            f"({_shape(first.shape)}): it attends within windows, so there is no "
+            "token x token map of the whole input.",
+            "attn reads global self-attention (ViT, DeiT, BERT …), not windowed attention.",
+        )
+    index = options.image_index
+    check_image_index(index, probs)
+    usable = [
+        c
+        for c in got.calls
+        if c.mean is not None and c.square and c.shape[0] == b and c.shape[2] == length
+    ]
+    rolled = rollout([c.mean for c in usable if c.mean is not None])
+    notes = prepared.notes + got.notes
+    if len(calls) > 1:
+        notes.append(f"block {block} ran {len(calls)} times: call 0 drawn; the rollout has all")
+    if len(usable) < len(got.calls):
+        notes.append(
+            f"{len(got.calls) - len(usable)} attention call(s) over another token sequence "
+            "left out of the rollout"
+        )
+    layout = None
+    if size is not None:
+        try:
+            layout = reader(loaded.module, size, batch)(block, (b, length, heads))
+        except UsageError as exc:
+            notes.append(f"{exc.message} Drawn as token x token matrices")
+    kind = first.site.kind
+    how = HOW[kind] + (f"; it was {got.hf_was}" if kind == HF and got.hf_was else "")
+    legend = [
+        f"block {block}: {first.site.name} ({first.site.type}), {heads} heads; "
+        f"probabilities {_shape(first.shape)} (batch x heads x query x key tokens)",
+    ]
+    blocks = len({c.site.block for c in usable})
+    rolled_how = (
+        f"rollout over {len(usable)} attention calls of {blocks} blocks (Abnar & Zuidema): "
+        "heads averaged, identity added for the residual, rows renormalised, multiplied "
+        "through the blocks"
+    )
+    p = probs[index].double()
+    r = rolled[index]
+    if layout is not None:
+        tiles, heat, lines = _on_grid(p, r, layout, has_class_token(loaded.module))
+        legend += lines
+        shown = layout.label
+    else:
+        tiles, heat = _uint8(p), _heat(r)
+        legend.append(
+            f"token x token: rows are the {length} query tokens, columns the key tokens; "
+            "each head and the rollout scaled from their own minimum to maximum"
+        )
+        shown = f"tokens:{length}x{length}"
+    legend += [rolled_how, f"read: {how}"]
+    if not loaded.pretrained:
+        notes.append("weights are random (--weights none): the attention shows nothing learned")
+    return Picture(
+        title=f"attention · {loaded.spec} · {block} · image {index}",
+        image=input_image(model_input, index, loaded) if layout is not None else None,
+        tiles=tiles,
+        labels=[f"head {h}" for h in range(heads)],
+        heat=heat,
+        raw=probs.cpu().numpy().astype(np.float32),
+        legend=legend,
+        notes=notes,
+        layer=block,
+        call=first.call,
+        layout=shown,
+        rollout=rolled.float().cpu().numpy(),
+    )
+
+
+def _on_grid(
+    p: torch.Tensor, r: torch.Tensor, layout: Layout, class_token: bool
+) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.float32]], list[str]]:
+    """Per-head maps (H, h, w) and the rollout map (h, w) of one image on the patch grid:
+    the class token's row (no class token: the mean over query tokens), prefix tokens
+    dropped."""
+    k = layout.prefix
+    h, w = layout.grid
+    use_class = class_token and k >= 1
+    rows = p[:, 0, :] if use_class else p.mean(dim=1)  # (heads, L)
+    row = r[0] if use_class else r.mean(dim=0)  # (L,)
+    maps = rows[:, k:].reshape(-1, h, w)
+    source = "the class token" if use_class else f"every query token (mean of {p.shape[1]})"
+    lines = [
+        f"tokens: {k} prefix + {h}x{w} patches ({layout.how}); each head: attention from "
+        f"{source} to each patch, scaled from its own minimum to maximum"
+    ]
+    if k:
+        lines.append(
+            f"attention to the {k} prefix token{'s' if k != 1 else ''} is not drawn "
+            f"({float(rows[:, :k].sum(dim=1).mean()):.0%} of each row, mean over heads)"
+        )
+    lines.append(
+        f"rollout: its {'class-token row' if use_class else 'mean row'} on the patch grid, "
+        "scaled the same way"
+    )
+    return _uint8(maps), _heat(row[k:].reshape(h, w)), lines
