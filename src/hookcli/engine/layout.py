@@ -301,8 +301,3 @@ def image_of(args: tuple[object, ...]) -> tuple[tuple[int, int] | None, int | No
             batch = len(arg) if isinstance(arg, list) else (x.shape[0] if x.dim() == 4 else 1)
             return (int(x.shape[-2]), int(x.shape[-1])), int(batch)
     return None, None
-
-
-def input_size(args: tuple[object, ...]) -> tuple[int, int] | None:
-    """The (H, W) of the first image-shaped input (N, C, H, W) or (C, H, W), if any."""
-    return image_of(args)[0]

@@ -167,27 +167,27 @@ def _auto_module(name: str) -> Any:
     return importlib.import_module(f"transformers.models.auto.{name}")
 
 
-def _mapping(tf: Any, which: str) -> Mapping[str, Any]:
+def _mapping(which: str) -> Mapping[str, Any]:
     return getattr(_auto_module("modeling_auto"), which)  # type: ignore[no-any-return]
 
 
 def model_types(kind: str) -> list[str]:
     """Model types with an image-classification (`image`) or sequence-classification
     (`text`) head."""
-    tf = _transformers()
+    _transformers()  # a missing extra is named before the tables are read
     which = (
         "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"
         if kind == "image"
         else "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
     )
-    return sorted(_mapping(tf, which))
+    return sorted(_mapping(which))
 
 
 def _head(tf: Any, model_type: str) -> tuple[Any, str]:
     """The Auto class for a model type's head, and what it is."""
-    if model_type in _mapping(tf, "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"):
+    if model_type in _mapping("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"):
         return tf.AutoModelForImageClassification, "image"
-    if model_type in _mapping(tf, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"):
+    if model_type in _mapping("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"):
         return tf.AutoModelForSequenceClassification, "text"
     return tf.AutoModel, "other"
 
@@ -271,17 +271,13 @@ def load_hf(
     model_type = str(getattr(config, "model_type", ""))
     _, kind_name = _head(tf, model_type)
     kind: Task
-    if kind_name == "text" or (kind_name == "other" and processor is None):
+    if kind_name == "text":
         kind = HFText(int(getattr(config, "vocab_size", 0) or 1000))
-        if kind_name == "other":
-            kind = HFOther()
     else:
-        kind = HFVision()
+        kind = HFVision() if kind_name == "image" else HFOther()
     preprocess = ImageProcessor(processor) if processor is not None else None
     size = getattr(config, "image_size", None)
     input_size = (size, size) if isinstance(size, int) else (224, 224)
-    if isinstance(kind, HFText):
-        input_size = (224, 224)
     return LoadedModel(
         module=model,
         name=spec.removeprefix("hf:"),

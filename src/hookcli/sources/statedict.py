@@ -101,3 +101,22 @@ def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
             "(for another class count: --model-arg num_classes=N).",
         )
     model.load_state_dict(sd, strict=True)
+
+
+def weights_file(raw: str) -> Path | None:
+    """The state dict file a --weights value names — it has a weights suffix, a path separator,
+    or exists — checked to be a file; None when the value names no file (DEFAULT, an enum name
+    or a tag, for the source to read)."""
+    import os
+
+    from hookcli.io.output import user_path
+
+    path = user_path(raw, "--weights")
+    if not (path.suffix.lower() in WEIGHT_SUFFIXES or os.sep in raw or path.exists()):
+        return None
+    if not path.is_file():
+        raise UsageError(
+            f"weights file {raw} not found.",
+            "give an existing .pth/.pt/.safetensors file, or --weights DEFAULT / none.",
+        )
+    return path

@@ -9,7 +9,6 @@ the local Hugging Face hub cache, never downloaded), or a local state dict file.
 from __future__ import annotations
 
 import difflib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import torch
 from torch import nn
 
 from hookcli.errors import ModelError, UsageError, one_line
-from hookcli.io.output import user_path
 from hookcli.sources.base import (
     Source,
     hf_cache_path,
@@ -27,7 +25,7 @@ from hookcli.sources.base import (
     quiet_warnings,
 )
 from hookcli.sources.model import LoadedModel
-from hookcli.sources.statedict import WEIGHT_SUFFIXES, load_state_dict_file
+from hookcli.sources.statedict import load_state_dict_file, weights_file
 from hookcli.sources.tasks import task_named
 
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -127,18 +125,11 @@ def load_timm(spec: str, name: str, weights: str, seed: int, kwargs: dict[str, A
     hub: Path | None = None
     if raw.lower() in ("", "none"):
         label = f"none (random init, seed {seed})"
+    elif (file := weights_file(raw)) is not None:
+        label = str(file)
     else:
-        path = user_path(raw, "--weights")
-        if path.suffix.lower() in WEIGHT_SUFFIXES or os.sep in raw or path.exists():
-            if not path.is_file():
-                raise UsageError(
-                    f"weights file {raw} not found.",
-                    "give an existing .pth/.pt/.safetensors file, or --weights DEFAULT / none.",
-                )
-            file, label = path, str(path)
-        else:
-            name, hub = _pretrained_file(timm, name, raw)
-            label = f"timm {name} ({hub})"
+        name, hub = _pretrained_file(timm, name, raw)
+        label = f"timm {name} ({hub})"
     torch.manual_seed(seed)
     try:
         with quiet_warnings():

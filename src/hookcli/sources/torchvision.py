@@ -18,10 +18,9 @@ import torch
 from torch import nn
 
 from hookcli.errors import ModelError, UsageError, one_line
-from hookcli.io.output import user_path
 from hookcli.sources.base import Source, kwargs_text, quiet_warnings
 from hookcli.sources.model import LoadedModel
-from hookcli.sources.statedict import WEIGHT_SUFFIXES, load_state_dict_file
+from hookcli.sources.statedict import load_state_dict_file, weights_file
 from hookcli.sources.tasks import Task, task_named
 
 
@@ -222,13 +221,8 @@ def _resolve_weights(name: str, value: str, enum: Any | None) -> Any:
     raw = value.strip()
     if raw.lower() in ("none", ""):
         return None
-    path = user_path(raw, "--weights")
-    if path.suffix.lower() in WEIGHT_SUFFIXES or os.sep in raw or path.exists():
-        if not path.is_file():
-            raise UsageError(
-                f"weights file {raw} not found.",
-                "give an existing .pth/.pt/.safetensors file, or --weights DEFAULT / none.",
-            )
+    path = weights_file(raw)
+    if path is not None:
         return path
     if enum is None:
         raise UsageError(
