@@ -60,6 +60,7 @@ class HFText(HFVision):
     """An HF sequence classifier: input_ids (+ attention_mask) in, logits out."""
 
     name = "text-classification"
+    item = "sequence"
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -91,6 +92,7 @@ class HFOther(Task):
     """An HF model with no classification head: its outputs are reported, not predicted."""
 
     name = "hf"
+    item = "input"
 
     def scores(self, output: Any) -> torch.Tensor:
         out = logits_of(output)
@@ -103,6 +105,7 @@ class HFSource(Source):
     """`hf:TYPE`, `hf:PATH`, `hf:ORG/NAME`."""
 
     name = "hf"
+    item = "input"
     prefix = "hf"
 
     def load(
@@ -252,6 +255,10 @@ def load_hf(
     else:
         config = _config_for_type(tf, rest, overrides)
         auto, _ = _head(tf, rest)
+        if getattr(config, "architectures", None) is None:
+            # a type with several head classes (deit, levit, perceiver) iterates over this in
+            # from_config; empty picks the mapping's first class, as transformers documents
+            config.architectures = []
         model = _build(lambda: auto.from_config(config), spec, overrides)
         processor = _processor_for_type(tf, rest, config)
         label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
