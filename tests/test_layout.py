@@ -13,7 +13,15 @@ import torchvision
 from torch import nn
 
 import hookcli
-from hookcli.engine.layout import NCHW, NHWC, TOKENS, ModelHints, model_hints, resolve
+from hookcli.engine.layout import (
+    NCHW,
+    NHWC,
+    TOKENS,
+    ModelHints,
+    image_of,
+    model_hints,
+    resolve,
+)
 from hookcli.errors import UsageError
 from tests.conftest import ROOT
 
@@ -166,6 +174,7 @@ def test_cam_on_channels_last_and_token_layers_equals_pytorch_grad_cam(
         ("vit_b_16", "encoder.layers.encoder_layer_11.ln_1"),  # the ViT recipe's layer
         ("swin_t", "norm"),
         ("convnext_tiny", "features"),
+        ("maxvit_t", "blocks.3"),
     ],
 )
 def test_the_default_cam_layer_is_the_last_one_the_gradient_reaches(
@@ -175,6 +184,54 @@ def test_the_default_cam_layer_is_the_last_one_the_gradient_reaches(
     drawing = hookcli.cam(_model(name), [torch.randn(1, 3, 224, 224)], device="cpu")
     assert drawing.layer == expected
     assert drawing.heat is not None and float(drawing.heat.max()) == 1.0
+
+
+def test_maxvit_window_partitions_are_refused_and_its_stages_are_nchw() -> None:
+    """MaxViT registers a PartitionAttentionLayer's departition before the layers it runs
+    first, so registration order cannot tell; the Partition/Departition pair does. Without
+    that hint the grid partition (1, 49, 64, 64) passes for a 64x64 NCHW map."""
+    model = torchvision.models.maxvit_t().eval()
+    hints = model_hints(model)
+    layer = "blocks.0.layers.0.layers.grid_attention"
+    for inner in ("partition_op", "partition_swap", "attn_layer.0", "departition_swap"):
+        assert f"{layer}.{inner}" in hints.windows, inner
+    assert f"{layer}.departition_op" not in hints.windows and layer not in hints.windows
+    x = torch.randn(1, 3, 224, 224)
+    names = [f"{layer}.partition_op", f"{layer}.departition_swap", layer, "blocks.3"]
+    got: dict[str, torch.Tensor] = {}
+    modules = dict(model.named_modules())
+    handles = [
+        modules[n].register_forward_hook(lambda _m, _i, o, n=n: got.__setitem__(n, o))
+        for n in names
+    ]
+    with torch.no_grad():
+        logits = model(x)
+    for h in handles:
+        h.remove()
+    part = tuple(got[f"{layer}.partition_op"].shape)
+    assert part == (1, 49, 64, 64)
+    assert resolve("p", part, (224, 224), NONE).kind == NCHW  # what a guess would draw
+    for name in names[:2]:
+        with pytest.raises(UsageError, match="holds windows"):
+            resolve(name, tuple(got[name].shape), (224, 224), hints)
+    assert resolve(layer, tuple(got[layer].shape), (224, 224), hints).label == NCHW
+    stage = resolve("blocks.3", tuple(got["blocks.3"].shape), (224, 224), hints)
+    assert (stage.kind, stage.grid, stage.channels) == (NCHW, (7, 7), 512)
+    with torch.no_grad():  # the oracle: the classifier pools over the dims read as the grid
+        assert torch.equal(model.classifier(stage.to_nchw(got["blocks.3"])), logits)
+
+
+def test_without_an_image_input_only_convolutions_have_a_layout() -> None:
+    """A text model's (N, heads, L, L) attention scores are not maps: no image to check
+    against, so refused (JSON: unknown) rather than assumed NCHW; a float 4-D input of any
+    channel count is an image batch, token ids are not."""
+    with pytest.raises(UsageError, match="not an image"):
+        resolve("attn.dropout", (1, 2, 16, 16), None, NONE)
+    conv = ModelHints(convolutions=frozenset({"conv"}))
+    assert resolve("conv", (1, 8, 16, 16), None, conv).kind == NCHW
+    assert image_of((torch.randn(2, 8, 32, 48),)) == ((32, 48), 2)
+    assert image_of((torch.randint(0, 9, (1, 16)),)) == (None, None)
+    assert image_of((torch.randint(0, 9, (2, 8, 4, 4)),)) == (None, None)
 
 
 def test_an_all_zero_map_names_its_cause() -> None:

@@ -71,6 +71,7 @@ class ModelHints:
     source: str = ""  # how channels_last/channels_first are known
     prefix_source: str = ""  # how prefix_tokens is known
     convolutions: frozenset[str] = frozenset()  # modules whose output is NCHW by their type
+    windows: frozenset[str] = frozenset()  # outputs in window-partition space (MaxViT)
 
 
 _PREFIX_PARAMS = ("class_token", "cls_token", "dist_token", "distillation_token", "reg_token",
@@ -111,12 +112,16 @@ def model_hints(model: nn.Module) -> ModelHints:
     order (execution order in these Sequential stages); a container's output has the layout in
     force when its last child has run. timm: a model (or module) whose `output_fmt` is NHWC
     (Swin, MambaOut, Hiera) keeps its 4-D activations channels-last, its convolutions aside.
-    Everywhere: a convolution, 2-D batch norm or 2-D pooling outputs NCHW. Prefix tokens come
-    from `num_prefix_tokens` or the class/register token parameters."""
+    Everywhere: a convolution, 2-D batch norm or 2-D pooling outputs NCHW. torchvision's
+    MaxViT: inside a module holding a `WindowPartition` and a `WindowDepartition` (run in
+    that order whatever the registration order), outputs other than the departition's are
+    (N, windows, tokens, C), not maps. Prefix tokens come from `num_prefix_tokens` or the
+    class/register token parameters."""
     prefix, prefix_source = _prefix_tokens(model)
     last: set[str] = set()
     first: set[str] = set()
     convs: set[str] = set()
+    windows: set[str] = set()
     permutes = any(type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules())
     model_fmt = _format(model)
     state = [model_fmt or NCHW]
@@ -148,10 +153,24 @@ def model_hints(model: nn.Module) -> ModelHints:
             last.add(name)
 
     visit("", model, model_fmt or "")
+    for name, module in model.named_modules():
+        kids = {type(m).__name__: n for n, m in module.named_children()}
+        if "WindowPartition" in kids and "WindowDepartition" in kids:
+            inner = f"{name}." if name else ""
+            out = inner + kids["WindowDepartition"]
+            windows.update(
+                f"{inner}{n}" for n, _ in module.named_modules() if n and f"{inner}{n}" != out
+            )
     if (last or first) and not source:
         source = "the modules' output_fmt"
     return ModelHints(
-        frozenset(last), frozenset(first), prefix, source, prefix_source, frozenset(convs)
+        frozenset(last),
+        frozenset(first),
+        prefix,
+        source,
+        prefix_source,
+        frozenset(convs),
+        frozenset(windows),
     )
 
 
@@ -203,11 +222,18 @@ def resolve(
     (None: no image-shaped input) holding `batch` images (None: unknown). Raises a UsageError
     naming the shape when it cannot be told."""
     dims = "x".join(map(str, shape))
+    whole = "pick the block that holds the windows together (its parent in `hookcli layers`)."
     if batch is not None and len(shape) in (3, 4) and shape[0] != batch:
         raise UsageError(
             f"layer {name}'s output {dims} has {shape[0]} rows for {batch} input image(s): its "
             "first dimension holds windows, heads or a flattened batch, not images.",
-            "pick the block that holds the windows together (its parent in `hookcli layers`).",
+            whole,
+        )
+    if name in hints.windows:
+        raise UsageError(
+            f"layer {name}'s output {dims} holds windows (N, windows, tokens, C), between the "
+            "model's WindowPartition and WindowDepartition, not a map over the image.",
+            whole,
         )
     if len(shape) == 4:
         return _spatial(name, shape, input_size, hints)
@@ -233,7 +259,12 @@ def _spatial(
     if name in hints.channels_first:
         return Layout(NCHW, (b, c), a, how=hints.source)
     if input_size is None:
-        return Layout(NCHW, (b, c), a, how="assumed: no image input to check it against")
+        raise UsageError(
+            f"layer {name}'s output {dims} has no layout hookcli can be sure of: the input is "
+            "not an image to check NCHW or NHWC against (4-D attention scores of a text model "
+            "are (N, heads, L, L)).",
+            "give an image input (N, C, H, W), or pick a convolution's output.",
+        )
     first, last = _fits((b, c), input_size), _fits((a, b), input_size)
     if first and not last:
         return Layout(NCHW, (b, c), a, how="inferred from the input size")
@@ -293,11 +324,16 @@ def reader(model: nn.Module, size: tuple[int, int] | None, batch: int | None = N
 
 
 def image_of(args: tuple[object, ...]) -> tuple[tuple[int, int] | None, int | None]:
-    """The (H, W) of the first image-shaped input — (N, C, H, W), (C, H, W) or a list of
-    (C, H, W) — and its batch size; (None, None) when no input is an image."""
+    """The (H, W) of the first image-shaped input — (N, C, H, W) or (C, H, W) with C of 1, 3
+    or 4, a list of (C, H, W), or a floating (N, C, H, W) batch of any C (the layout torch's
+    convolutions take) — and its batch size; (None, None) when no input is an image (token
+    ids, sequences)."""
     for arg in args:
         x = (arg[0] if arg else None) if isinstance(arg, list) else arg
-        if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-3] in (1, 3, 4):
+        if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
+            continue
+        floats = x.dim() == 4 and x.is_floating_point() and not isinstance(arg, list)
+        if floats or x.shape[-3] in (1, 3, 4):
             batch = len(arg) if isinstance(arg, list) else (x.shape[0] if x.dim() == 4 else 1)
             return (int(x.shape[-2]), int(x.shape[-1])), int(batch)
     return None, None
