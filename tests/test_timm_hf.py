@@ -356,3 +356,32 @@ def test_hf_vit_and_convnext_layouts() -> None:
     with torch.no_grad():
         want2 = ln(dw.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
     assert torch.equal(norm.to_nchw(got2[f"{block}.layernorm"]), want2)
+
+
+@pytest.mark.parametrize(
+    ("model", "model_args", "expected"),
+    [
+        ("timm:test_vit", {}, "blocks.{last}.norm1"),  # not the q/k/v Linear after it
+        (
+            "hf:vit",
+            {**SMALL_KW, "image_size": 32, "patch_size": 8},
+            "vit.layers.1.layernorm_before",
+        ),
+        (
+            "hf:swin",  # not the backbone `swin`, whose ModelOutput holds the same states
+            {"embed_dim": 16, "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1]},
+            "swin.layernorm",
+        ),
+    ],
+)
+def test_default_cam_layers_of_timm_and_hf_follow_the_recipe(
+    model: str, model_args: dict[str, Any], expected: str
+) -> None:
+    """A ViT's last-block pre-attention norm (the recipe's layer) for timm and Hugging Face
+    as for torchvision; the attention's own projections, later in the block, are passed over."""
+    drawing = hookcli.cam(model, CAT, device="cpu", model_args=model_args)
+    if "{last}" in expected:
+        depth = len(load_model(model).module.blocks)
+        expected = expected.format(last=depth - 1)
+    assert drawing.layer == expected
+    assert drawing.heat is not None and drawing.picture.layout.startswith("tokens")

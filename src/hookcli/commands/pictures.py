@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hookcli.engine.attention import find_attention
 from hookcli.engine.hooks import HookSession, PendingCall, Target
 from hookcli.engine.layout import LayoutOf, image_of, reader
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
@@ -67,15 +68,23 @@ def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str
     a Swin's final `norm`, a ConvNeXt's `features`, and for a ViT the last block's
     pre-attention norm (`ln_1`): after it only the class token reaches the head, so later
     layers have no gradient on the patches (pytorch-grad-cam's ViT recipe, found rather than
-    hard-coded). Pools and pure layout moves (Permute, Flatten) are skipped. One forward and
+    hard-coded; timm `norm1`, Hugging Face `layernorm_before` alike). Pools, pure layout moves
+    (Permute, Flatten), the insides of attention modules (the q/k/v projections, whose patch
+    gradient is the attention's) and a Hugging Face backbone's ModelOutput (its final norm holds
+    the same hidden states) are skipped. One forward and
     backward with every module hooked. With no gradient anywhere (constant scores), the last
     such layer, and a note saying why."""
     drawable: list[tuple[int, str]] = []
     with_grad: list[tuple[int, str]] = []
+    inside = tuple(site.name for site in find_attention(prepared.loaded.module))
 
     def watch(pending: PendingCall, out: Any) -> None:
         call = pending.call
         if call.type in _SKIP or call.name == "(model)" or pending.finished is None:
+            return
+        if _model_output(out) or any(
+            call.name == a or call.name.startswith(a + ".") for a in inside
+        ):
             return
         first = next((t for _, t in iter_tensors(out, "out")), None)
         if first is None or first.dim() not in (3, 4):
@@ -108,6 +117,15 @@ def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str
             "name a layer with -l.",
         )
     return max(drawable)[1], "no layer receives a gradient for this target"
+
+
+def _model_output(out: Any) -> bool:
+    """A Hugging Face ModelOutput: a whole model's output inside the model (a classifier's
+    backbone); its final norm, which holds the same hidden states, is the layer to name."""
+    return any(
+        c.__name__ == "ModelOutput" and c.__module__.startswith("transformers")
+        for c in type(out).__mro__
+    )
 
 
 @dataclass(slots=True)
