@@ -98,6 +98,7 @@ def prepare(
     if backward is not None:
         target = backward.target or (None if backward.loss else loaded.kind.default_target)
         spec = parse_target(target, backward.loss, loaded.categories)
+        spec.item = loaded.kind.item
     entries = module_entries(loaded.module)
     targets: list[Target] = []
     if selection is not None and selection.every:

@@ -39,13 +39,14 @@ class TargetSpec:
     label: str | None = None
     loss: str | None = None
     spec: str | None = None
+    item: str = "image"  # what one row of the batch is (a text model's: "sequence")
 
     def describe(self) -> str:
         if self.kind == "top1":
-            return "top-1 score (logit) of each image, summed"
+            return f"top-1 score (logit) of each {self.item}, summed"
         if self.kind == "index":
             named = f" ({self.label!r})" if self.label else ""
-            return f"score (logit) of class {self.index}{named}, summed over images"
+            return f"score (logit) of class {self.index}{named}, summed over {self.item}s"
         if self.kind == "sum":
             return "sum of every floating-point output element"
         if self.kind == "box":

@@ -51,6 +51,7 @@ class Task:
     # pictures (cam overlays) undo ImageNet's mean/std when the source gave no preprocessing
     denormalise_imagenet = False
     default_target = "top1"  # what backward starts from when --target is not given
+    item = "image"  # what one row of the batch is, in words ("top-1 score of each image")
     output_key: str | None = None  # --output-key: the element of the output that is read
 
     def keyed(self, key: str | None) -> Task:
@@ -145,7 +146,9 @@ class Classification(Task):
                 zip(values[img].tolist(), idxs[img].tolist(), strict=True), 1
             )
         ]
-        return preds, f"top-{topk} classes by softmax probability"
+        shown = min(topk, probs.shape[1])
+        every = f" (all {shown})" if shown < topk else ""
+        return preds, f"top-{shown} classes{every} by softmax probability"
 
 
 class Custom(Classification):
