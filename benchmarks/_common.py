@@ -6,7 +6,10 @@ memory children run the same script again.
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -42,3 +45,34 @@ def reset_peak() -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return status_kb("VmRSS")
+
+
+def run_child(code: str, argv: list[str], name: str, timeout: float) -> dict[str, object]:
+    """Run `code` in a fresh Python with `argv`; the JSON object its last stdout line prints,
+    or a row saying it timed out or crashed (with stderr's last line). Each model of a sweep
+    runs this way, so that its peak memory is its own and a crash is one row."""
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "name": name,
+            "status": f"timeout after {timeout:.0f} s",
+            "seconds": time.perf_counter() - t0,
+        }
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines:
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return {
+            "name": name,
+            "status": f"crashed (exit {res.returncode})",
+            "message": tail[:200],
+            "seconds": time.perf_counter() - t0,
+        }
+    return dict(json.loads(lines[-1]))

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import run_child
 
 CHILD = """
 import json, resource, sys, time
@@ -38,34 +38,6 @@ out["seconds"] = time.perf_counter() - t0
 out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 """
-
-
-def run_one(name: str, timeout: float) -> dict[str, object]:
-    t0 = time.perf_counter()
-    try:
-        res = subprocess.run(
-            [sys.executable, "-c", CHILD, name],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {
-            "name": name,
-            "status": f"timeout after {timeout:.0f} s",
-            "seconds": time.perf_counter() - t0,
-        }
-    lines = res.stdout.strip().splitlines()
-    if res.returncode != 0 or not lines:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        return {
-            "name": name,
-            "status": "crashed",
-            "message": tail[:200],
-            "seconds": time.perf_counter() - t0,
-        }
-    return dict(json.loads(lines[-1]))
 
 
 def table(rows: list[dict[str, object]], took: float) -> str:
@@ -134,7 +106,7 @@ def main() -> None:
     rows = []
     t0 = time.perf_counter()
     for i, name in enumerate(names, 1):
-        row = run_one(name, args.timeout)
+        row = run_child(CHILD, [name], name, args.timeout)
         rows.append(row)
         seconds = float(str(row["seconds"]))
         print(f"[{i}/{len(names)}] {name}: {row['status']} {seconds:.1f} s", flush=True)
@@ -145,7 +117,7 @@ def main() -> None:
         text = _refresh(out.read_text(), text)
     out.write_text(text)
     print(f"wrote {out}")
-    if any(r["status"] in ("crashed",) or str(r["status"]).startswith("timeout") for r in rows):
+    if any(str(r["status"]).startswith(("crashed", "timeout")) for r in rows):
         sys.exit(1)
 
 
