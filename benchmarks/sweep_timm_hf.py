@@ -197,13 +197,32 @@ def table(rows: list[dict[str, object]], took: float) -> str:
             f"| {r.get('input', '')} | {r.get('calls', '')} | {_layouts(r)} | {_cell(_cam(r))} "
             f"| {float(str(r['seconds'])):.1f} | {float(str(r.get('peak_mib') or 0)):.0f} |"
         )
+    lines += ["", f"<!-- rows: {json.dumps(rows)} -->"]  # read back by --only
     return "\n".join(lines) + "\n"
+
+
+def _merge(old: str, rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The rows of an existing table (as JSON, from its comment) with `rows` put in place."""
+    saved = next((line for line in old.splitlines() if line.startswith("<!-- rows: ")), None)
+    if saved is None:
+        return rows
+    kept: list[dict[str, object]] = json.loads(
+        saved.removeprefix("<!-- rows: ").removesuffix(" -->")
+    )
+    fresh = {r["name"]: r for r in rows}
+    merged = [fresh.pop(str(r["name"]), r) for r in kept]
+    return merged + list(fresh.values())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", choices=("all", "timm", "hf"), default="all")
-    parser.add_argument("--only", default="*", help="glob on model specs (timm:..., hf:...)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="glob on model specs (timm:..., hf:...), repeatable; the rows of an existing "
+        "table are replaced, the others kept",
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "models_timm_hf.md"))
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
@@ -212,7 +231,8 @@ def main() -> None:
     picked = (timm_models() if args.source in ("all", "timm") else []) + (
         hf_models() if args.source in ("all", "hf") else []
     )
-    picked = [p for p in picked if fnmatch.fnmatchcase(str(p["spec"]), args.only)]
+    globs = args.only or ["*"]
+    picked = [p for p in picked if any(fnmatch.fnmatchcase(str(p["spec"]), g) for g in globs)]
     print(f"{len(picked)} models picked in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
     for i, p in enumerate(picked, 1):
@@ -228,6 +248,8 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.only and out.exists():  # refresh those rows in the existing table
+        rows = _merge(out.read_text(), rows)
     out.write_text(table(rows, time.perf_counter() - t0))
     print(f"wrote {out}")
     if any(str(r["status"]).startswith(("crashed", "timeout")) for r in rows):

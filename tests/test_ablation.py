@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
+from hookcli.errors import UsageError
 from hookcli.sources import load_model
 from tests.conftest import CAT, assert_stats_match, hooks_left
 from tests.test_cli import assert_one_line_error
@@ -99,3 +100,18 @@ def test_cli_table_and_bad_input() -> None:
         ],
     )
     assert_one_line_error(r, 2, "never ran")
+
+
+def test_mean_refuses_a_4d_output_whose_channels_cannot_be_told() -> None:
+    """No image input: an upsampled latent's 4-D output could hold its channels on dim 1 or
+    dim 3. mean is refused with exit 2 in one line (not a model failure), and the other
+    ablations, which need no channel, still run; a convolution's output is NCHW by type."""
+    model = nn.Sequential(
+        nn.Linear(8, 4 * 6 * 6), nn.Unflatten(1, (4, 6, 6)), nn.Upsample(scale_factor=2),
+        nn.Conv2d(4, 2, 3),
+    )  # fmt: skip
+    with pytest.raises(UsageError, match=r"--ablate 2=mean: which dimension") as e:
+        hookcli.inspect(model, input_specs=["randn:2x8"], ablate=["2=mean"], device="cpu")
+    assert e.value.exit_code == 2 and "zero, scale, clamp or noise" in str(e.value.hint)
+    hookcli.inspect(model, input_specs=["randn:2x8"], ablate=["2=zero"], device="cpu")
+    hookcli.inspect(model, input_specs=["randn:2x8"], ablate=["3=mean"], device="cpu")

@@ -212,8 +212,9 @@ def test_maxvit_window_partitions_are_refused_and_its_stages_are_nchw() -> None:
     assert part == (1, 49, 64, 64)
     assert resolve("p", part, (224, 224), NONE).kind == NCHW  # what a guess would draw
     for name in names[:2]:
-        with pytest.raises(UsageError, match="holds windows"):
+        with pytest.raises(UsageError, match="holds windows") as refused:
             resolve(name, tuple(got[name].shape), (224, 224), hints)
+        assert refused.value.hint == f"pick {layer}, which puts the windows back together."
     assert resolve(layer, tuple(got[layer].shape), (224, 224), hints).label == NCHW
     stage = resolve("blocks.3", tuple(got["blocks.3"].shape), (224, 224), hints)
     assert (stage.kind, stage.grid, stage.channels) == (NCHW, (7, 7), 512)
@@ -232,6 +233,7 @@ def test_without_an_image_input_only_convolutions_have_a_layout() -> None:
     assert image_of((torch.randn(2, 8, 32, 48),)) == ((32, 48), 2)
     assert image_of((torch.randint(0, 9, (1, 16)),)) == (None, None)
     assert image_of((torch.randint(0, 9, (2, 8, 4, 4)),)) == (None, None)
+    assert image_of((torch.rand(1, 224, 224, 3),)) == (None, None)  # NHWC pixels: not read
 
 
 def test_an_all_zero_map_names_its_cause() -> None:

@@ -173,9 +173,19 @@ def test_hf_text_takes_token_ids_as_input_ids_with_an_attention_mask() -> None:
     assert ids["dtype"] == "int64" and ids["min"] >= 0 and ids["max"] < 100
     assert len(report["predictions"]) == 2 * 2  # two sequences, two labels each
     # no input: random ids over the whole vocabulary, stated
-    r = run("inspect", "hf:bert", *SMALL_ARGS, "-l", "classifier", "-f", "json")
+    r = run("grads", "hf:bert", *SMALL_ARGS, "-l", "classifier", "-f", "json")
     assert r.exit_code == 0, r.stderr
-    assert "input_ids randint:0:30522:1x16" in json.loads(r.stdout)["input"]["description"]
+    report = json.loads(r.stdout)
+    assert "input_ids randint:0:30522:1x16" in report["input"]["description"]
+    assert report["backward"]["source"] == "top-1 score (logit) of each sequence, summed"
+
+
+def test_hf_types_with_several_head_classes_build() -> None:
+    """deit maps to two image-classification classes; from_config must pick the first."""
+    args = {**SMALL_KW, "image_size": 32, "patch_size": 8}
+    assert type(load_model("hf:deit", model_args=args).module).__name__ == (
+        "DeiTForImageClassification"
+    )
 
 
 def test_keyword_inputs_reach_the_forward_by_name() -> None:
@@ -385,3 +395,29 @@ def test_default_cam_layers_of_timm_and_hf_follow_the_recipe(
         expected = expected.format(last=depth - 1)
     assert drawing.layer == expected
     assert drawing.heat is not None and drawing.picture.layout.startswith("tokens")
+
+
+def test_timm_attention_bias_caches_start_empty_and_come_back() -> None:
+    """LeViT keeps `attention_bias_cache` filled in eval mode: a second pass would backward
+    through a tensor whose graph the first freed (cam runs two), or reuse the user's no-grad
+    one. Each pass starts empty; the model's own dicts come back."""
+    model = timm.create_model("levit_128s").eval()
+    x = torch.randn(1, 3, 224, 224)
+
+    def caches() -> dict[str, dict[str, torch.Tensor]]:
+        return {
+            n: m.attention_bias_cache
+            for n, m in model.named_modules()
+            if isinstance(getattr(m, "attention_bias_cache", None), dict)
+        }
+
+    before = caches()
+    assert before and not any(before.values())
+    drawing = hookcli.cam(model, [x], device="cpu")  # two forwards and backwards
+    assert drawing.heat is not None
+    assert all(c is before[n] and not c for n, c in caches().items())
+    with torch.no_grad():
+        model(x)  # the user's own pass fills them
+    filled = {n: dict(c) for n, c in caches().items()}
+    hookcli.grads(model, [x], device="cpu", layers=["stages.2"])
+    assert all(c is before[n] and c == filled[n] for n, c in caches().items())

@@ -117,7 +117,15 @@ def ablated(
             def channel_dim(t: torch.Tensor, name: str = spec.layer) -> int:
                 if layout is None or t.dim() not in (3, 4):
                     return 1
-                kind = layout(name, tuple(t.shape)).kind
+                try:
+                    kind = layout(name, tuple(t.shape)).kind
+                except UsageError as exc:
+                    raise UsageError(
+                        f"--ablate {name}=mean: which dimension of its output holds the "
+                        f"channels cannot be told. {exc.message}",
+                        "ablate this layer with zero, scale, clamp or noise, or give an "
+                        "image input.",
+                    ) from exc
                 return 3 if kind == NHWC else 2 if kind == TOKENS else 1
 
             change = _change(spec, (seed + i) % 2**64, channel_dim)  # torch seeds wrap at 2**64

@@ -12,6 +12,7 @@ on that same returned value, which receives the gradient of the value before the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from hookcli.engine.attention import find_attention
 from hookcli.engine.hooks import HookSession, PendingCall, Target
@@ -76,7 +78,7 @@ def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str
     such layer, and a note saying why."""
     drawable: list[tuple[int, str]] = []
     with_grad: list[tuple[int, str]] = []
-    inside = tuple(site.name for site in find_attention(prepared.loaded.module))
+    inside = _attention_modules(prepared.loaded.module)
 
     def watch(pending: PendingCall, out: Any) -> None:
         call = pending.call
@@ -119,9 +121,24 @@ def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str
     return max(drawable)[1], "no layer receives a gradient for this target"
 
 
+_ATTENTION_CLASS = re.compile(r"(Attention|Attn|MHSA|GPSA|XCA)$")
+
+
+def _attention_modules(model: nn.Module) -> tuple[str, ...]:
+    """Attention modules inside a block, whose outputs and q/k/v projections the default CAM
+    layer passes over: those engine.attention reads (unless the module is the whole block, as
+    timm's ParallelScalingBlock and HF's SwinStage are), and any module whose class name ends
+    in Attention, Attn, MHSA, GPSA or XCA (ConViT, CrossViT, XCiT)."""
+    names = {site.name for site in find_attention(model) if site.name != site.block}
+    names.update(
+        n for n, m in model.named_modules() if n and _ATTENTION_CLASS.search(type(m).__name__)
+    )
+    return tuple(sorted(names))
+
+
 def _model_output(out: Any) -> bool:
     """A Hugging Face ModelOutput: a whole model's output inside the model (a classifier's
-    backbone); its final norm, which holds the same hidden states, is the layer to name."""
+    backbone); its last layer or norm, which holds the same states, is the layer to name."""
     return any(
         c.__name__ == "ModelOutput" and c.__module__.startswith("transformers")
         for c in type(out).__mro__

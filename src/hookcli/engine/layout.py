@@ -13,8 +13,8 @@ a picture is never drawn from a guessed layout. The layout used is stated with t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -71,7 +71,8 @@ class ModelHints:
     source: str = ""  # how channels_last/channels_first are known
     prefix_source: str = ""  # how prefix_tokens is known
     convolutions: frozenset[str] = frozenset()  # modules whose output is NCHW by their type
-    windows: frozenset[str] = frozenset()  # outputs in window-partition space (MaxViT)
+    # outputs in window-partition space (MaxViT), each with the module that holds its windows
+    windows: Mapping[str, str] = field(default_factory=dict)
 
 
 _PREFIX_PARAMS = ("class_token", "cls_token", "dist_token", "distillation_token", "reg_token",
@@ -121,7 +122,7 @@ def model_hints(model: nn.Module) -> ModelHints:
     last: set[str] = set()
     first: set[str] = set()
     convs: set[str] = set()
-    windows: set[str] = set()
+    windows: dict[str, str] = {}
     permutes = any(type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules())
     model_fmt = _format(model)
     state = [model_fmt or NCHW]
@@ -159,7 +160,9 @@ def model_hints(model: nn.Module) -> ModelHints:
             inner = f"{name}." if name else ""
             out = inner + kids["WindowDepartition"]
             windows.update(
-                f"{inner}{n}" for n, _ in module.named_modules() if n and f"{inner}{n}" != out
+                (f"{inner}{n}", name)
+                for n, _ in module.named_modules()
+                if n and f"{inner}{n}" != out
             )
     if (last or first) and not source:
         source = "the modules' output_fmt"
@@ -170,7 +173,7 @@ def model_hints(model: nn.Module) -> ModelHints:
         source,
         prefix_source,
         frozenset(convs),
-        frozenset(windows),
+        windows,
     )
 
 
@@ -233,7 +236,7 @@ def resolve(
         raise UsageError(
             f"layer {name}'s output {dims} holds windows (N, windows, tokens, C), between the "
             "model's WindowPartition and WindowDepartition, not a map over the image.",
-            whole,
+            f"pick {hints.windows[name]}, which puts the windows back together.",
         )
     if len(shape) == 4:
         return _spatial(name, shape, input_size, hints)
@@ -333,6 +336,8 @@ def image_of(args: tuple[object, ...]) -> tuple[tuple[int, int] | None, int | No
         if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
             continue
         floats = x.dim() == 4 and x.is_floating_point() and not isinstance(arg, list)
+        if floats and x.shape[-1] in (1, 3, 4) and x.shape[-3] not in (1, 3, 4):
+            floats = False  # (N, H, W, C) pixels: not the (N, C, H, W) this reads
         if floats or x.shape[-3] in (1, 3, 4):
             batch = len(arg) if isinstance(arg, list) else (x.shape[0] if x.dim() == 4 else 1)
             return (int(x.shape[-2]), int(x.shape[-1])), int(batch)

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -40,7 +40,7 @@ from hookcli.engine.selection import (
 )
 from hookcli.engine.targets import TargetSpec, parse_target
 from hookcli.engine.targets import scalar as scalar_of
-from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
 from hookcli.runtime import beacon, isa
@@ -310,7 +310,10 @@ def model_left_as_found(
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else None
     buffers = BufferSnapshot(m for m, _ in modes)
+    caches = _tensor_caches(m for m, _ in modes)
     try:
+        for m, name, _ in caches:
+            setattr(m, name, {})
         for m, training in modes:
             if training != train:
                 m.training = train
@@ -323,6 +326,21 @@ def model_left_as_found(
         if home is not None and home != device:
             model.to(home)
         buffers.restore()
+        for m, name, value in caches:
+            setattr(m, name, value)
+
+
+def _tensor_caches(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, dict[Any, Any]]]:
+    """Dicts a module keeps tensors in between calls (timm's LeViT, EfficientFormer and
+    EfficientViT `attention_bias_cache`, filled in eval mode): each pass starts from an empty
+    one, so it neither reuses a tensor whose graph an earlier backward freed nor leaves its own
+    behind; the model's dict object comes back after."""
+    found = []
+    for m in modules:
+        for name, value in vars(m).items():
+            if name.endswith("_cache") and isinstance(value, dict):
+                found.append((m, name, value))
+    return found
 
 
 _GONE = object()
@@ -453,12 +471,14 @@ def run_forward(
     """The hooked forward (the caller sets grad mode and the model's state); model failures
     — an exception of any kind (a BaseException subclass, GeneratorExit), running out of
     memory, or the model calling sys.exit — become ModelError (exit 3) naming the layer that
-    was running. Only Ctrl-C (KeyboardInterrupt) goes through as itself."""
+    was running. Only Ctrl-C (KeyboardInterrupt) and hookcli's own errors (a hook refusing,
+    e.g. --ablate LAYER=mean on an output whose channels cannot be told) go through as
+    themselves."""
     model = loaded.module
     with session:
         try:
             return model(*model_input.args, **model_input.kwargs)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, HookcliError):  # hookcli's own hooks refusing: as they say
             raise
         except torch.OutOfMemoryError as exc:
             raise ModelError(

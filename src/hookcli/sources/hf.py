@@ -105,7 +105,6 @@ class HFSource(Source):
     """`hf:TYPE`, `hf:PATH`, `hf:ORG/NAME`."""
 
     name = "hf"
-    item = "input"
     prefix = "hf"
 
     def load(
