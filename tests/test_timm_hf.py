@@ -421,3 +421,24 @@ def test_timm_attention_bias_caches_start_empty_and_come_back() -> None:
     filled = {n: dict(c) for n, c in caches().items()}
     hookcli.grads(model, [x], device="cpu", layers=["stages.2"])
     assert all(c is before[n] and c == filled[n] for n, c in caches().items())
+
+
+def test_cait_patch_tokens_before_the_class_token_joins() -> None:
+    """CaiT's num_prefix_tokens is 1, yet its main blocks carry the 14x14 patches alone (the
+    class token joins in blocks_token_only): read with no prefix, equal to timm's own
+    forward_intermediates; the default CAM layer is the class-attention block's norm1 (its
+    block class ends in ClassAttn, yet is a block, not an attention)."""
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "cait_xxs24_224", depth=2, depth_token_only=1, embed_dim=32, num_heads=2
+    ).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        truth = model.forward_intermediates(
+            x, indices=[1], output_fmt="NCHW", intermediates_only=True
+        )[0]
+    got = _outputs(model, ["blocks.1"], x)["blocks.1"]
+    layout = reader(model, *image_of((x,)))("blocks.1", tuple(got.shape))
+    assert layout.label == "tokens:0+14x14" and "before" in layout.how
+    assert torch.equal(layout.to_nchw(got), truth)
+    assert hookcli.cam(model, [x], device="cpu").layer == "blocks_token_only.0.norm1"

@@ -128,10 +128,13 @@ def _attention_modules(model: nn.Module) -> tuple[str, ...]:
     """Attention modules inside a block, whose outputs and q/k/v projections the default CAM
     layer passes over: those engine.attention reads (unless the module is the whole block, as
     timm's ParallelScalingBlock and HF's SwinStage are), and any module whose class name ends
-    in Attention, Attn, MHSA, GPSA or XCA (ConViT, CrossViT, XCiT)."""
+    in Attention, Attn, MHSA, GPSA or XCA (ConViT, CrossViT, XCiT), blocks aside (CaiT's
+    LayerScaleBlockClassAttn holds the norm the recipe wants)."""
     names = {site.name for site in find_attention(model) if site.name != site.block}
     names.update(
-        n for n, m in model.named_modules() if n and _ATTENTION_CLASS.search(type(m).__name__)
+        n
+        for n, m in model.named_modules()
+        if n and _ATTENTION_CLASS.search(type(m).__name__) and "Block" not in type(m).__name__
     )
     return tuple(sorted(names))
 

@@ -294,11 +294,14 @@ def _tokens(
             "give an image input, or pick a layer with an (N, C, H, W) output.",
         )
     told = hints.prefix_tokens
-    prefixes = [told] if told is not None else range(MAX_PREFIX + 1)
+    # the model's prefix tokens, or none: patch tokens before the class token joins (CaiT)
+    prefixes = sorted({told, 0}) if told is not None else range(MAX_PREFIX + 1)
     grids = _token_grids(length, input_size, prefixes)
     how = f"{hints.prefix_source}, grid from the input size" if told is not None else ""
     if len(grids) == 1:
         k, grid = grids[0]
+        if told and not k:
+            how = f"patches only, before {hints.prefix_source} joins; grid from the input size"
         return Layout(TOKENS, grid, c, prefix=k, how=how or "inferred from the input size")
     why = "several prefix/grid splits fit" if grids else "no patch grid fits"
     raise UsageError(
