@@ -75,4 +75,12 @@ def run_child(code: str, argv: list[str], name: str, timeout: float) -> dict[str
             "message": tail[:200],
             "seconds": time.perf_counter() - t0,
         }
-    return dict(json.loads(lines[-1]))
+    try:
+        return dict(json.loads(lines[-1]))
+    except json.JSONDecodeError:
+        return {
+            "name": name,
+            "status": "crashed (no result line)",
+            "message": lines[-1][:200],
+            "seconds": time.perf_counter() - t0,
+        }

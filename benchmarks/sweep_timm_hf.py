@@ -167,7 +167,7 @@ def table(rows: list[dict[str, object]], took: float) -> str:
         f"({100 * ok / max(len(rows), 1):.1f}%)**; the default CAM layer was found for "
         f"{cam_ok} of the {len(cams)} image models whose inspect ran. torch {torch.__version__}, "
         f"timm {timm.__version__}, transformers {transformers.__version__}, "
-        f"{platform.machine()} CPU, 2 threads, offline; sweep time {took / 60:.0f} min.",
+        f"{platform.machine()} CPU, 2 cores, offline; {took / 60:.0f} min of model runs.",
         "",
         "timm: the smallest variant (fewest parameters) of every model file, `test_*` models "
         "aside. hf: every model type with an image-classification head, and 20 text types with "
@@ -250,7 +250,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.only and out.exists():  # refresh those rows in the existing table
         rows = _merge(out.read_text(), rows)
-    out.write_text(table(rows, time.perf_counter() - t0))
+    out.write_text(table(rows, sum(float(str(r["seconds"])) for r in rows)))
     print(f"wrote {out}")
     if any(str(r["status"]).startswith(("crashed", "timeout")) for r in rows):
         sys.exit(1)

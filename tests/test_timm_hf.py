@@ -442,3 +442,35 @@ def test_cait_patch_tokens_before_the_class_token_joins() -> None:
     assert layout.label == "tokens:0+14x14" and "before" in layout.how
     assert torch.equal(layout.to_nchw(got), truth)
     assert hookcli.cam(model, [x], device="cpu").layer == "blocks_token_only.0.norm1"
+
+
+def test_hf_types_whose_default_config_needs_more() -> None:
+    """bart classifies at its last <eos> (the default ids end with one), t5's default config
+    lacks decoder_start_token_id (its checkpoints use <pad>), timm_wrapper's image processor
+    needs timm's pretrained config, imagegpt takes colour-cluster ids."""
+    bart = hookcli.inspect(
+        "hf:bart",
+        device="cpu",
+        layers=["classification_head"],
+        model_args={
+            "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "vocab_size": 100,
+            "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 32, "decoder_ffn_dim": 32,
+        },
+    )  # fmt: skip
+    assert "the last one <eos> (2)" in bart.input.description and bart.predictions
+    t5 = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 100}
+    assert hookcli.inspect("hf:t5", device="cpu", model_args=t5, layers=["*head*"]).predictions
+    wrapped = hookcli.inspect(
+        "hf:timm_wrapper", CAT, device="cpu", model_args={"architecture": "test_vit"}, depth=1
+    )
+    assert wrapped.input.shapes == [(1, 3, 160, 160)]  # test_vit's own data config
+    assert str(wrapped.input.preprocessing).startswith("TimmWrapperImageProcessor")
+    gpt = {"n_embd": 16, "n_layer": 1, "n_head": 2}
+    report = hookcli.inspect("hf:imagegpt", device="cpu", model_args=gpt, depth=1)
+    assert "input_ids randint:0:513" in report.input.description and report.predictions
+
+
+def test_images_given_to_a_text_model_are_refused_in_one_line() -> None:
+    result = run("cam", "hf:bert", str(CAT), *SMALL_ARGS, "-o", "-")
+    one_line_error(result, 2, "takes token ids, not images")

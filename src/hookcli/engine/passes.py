@@ -155,6 +155,12 @@ def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
         raise UsageError(
             "give image files or --input tensor specs, not both.", "use one kind of input per run."
         )
+    if items and not loaded.kind.takes_images:
+        raise UsageError(
+            f"{loaded.spec} takes token ids, not images.",
+            "give --input randint:LOW:HIGH:1x16 (ids below its vocabulary size) or "
+            "--input input_ids=SPEC.",
+        )
     if items:
         return from_images([str(x) for x in items], loaded, strict=inputs.strict)
     if inputs.specs:

@@ -61,9 +61,11 @@ class HFText(HFVision):
 
     name = "text-classification"
     item = "sequence"
+    takes_images = False
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, eos: int | None = None) -> None:
         self.vocab_size = vocab_size
+        self.eos = eos  # ends the default sequence: BART-like heads classify at the last <eos>
 
     def spec_inputs(
         self, tensors: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
@@ -80,10 +82,15 @@ class HFText(HFVision):
 
     def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
         ids = torch.randint(0, self.vocab_size, (1, TEXT_LENGTH), generator=gen)
+        ended = ""
+        if self.eos is not None and 0 <= self.eos < self.vocab_size:
+            ids[ids == self.eos] = (self.eos + 1) % self.vocab_size  # one <eos>, at the end
+            ids[:, -1] = self.eos
+            ended = f", the last one <eos> ({self.eos})"
         return (
             (),
             {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-            f"no input given: input_ids randint:0:{self.vocab_size}:1x{TEXT_LENGTH}, "
+            f"no input given: input_ids randint:0:{self.vocab_size}:1x{TEXT_LENGTH}{ended}, "
             f"attention_mask all ones (seed {seed})",
         )
 
@@ -227,17 +234,37 @@ def _processor_for_type(tf: Any, model_type: str, config: Any) -> Any | None:
         cls = getattr(tf, class_name, None) if class_name else None
         if cls is None:
             continue
-        with quiet_warnings():
-            processor = cls()
-            size = getattr(config, "image_size", None)
-            current = size_fields(getattr(processor, "size", None))
-            if isinstance(size, int):  # the size the config was built for
-                if "height" in current:
-                    processor = cls(size={"height": size, "width": size})
-                elif "shortest_edge" in current:
-                    processor = cls(size={"shortest_edge": size})
+        made = _processor_args(model_type, config)
+        try:
+            with quiet_warnings():
+                processor = cls(**made)
+                size = getattr(config, "image_size", None)
+                current = size_fields(getattr(processor, "size", None))
+                if isinstance(size, int):  # the size the config was built for
+                    if "height" in current:
+                        processor = cls(**made, size={"height": size, "width": size})
+                    elif "shortest_edge" in current:
+                        processor = cls(**made, size={"shortest_edge": size})
+        except Exception as exc:  # a processor that needs a checkpoint's own settings
+            raise ModelError(
+                f"cannot make hf:{model_type}'s image processor {class_name} without a saved "
+                f"model: {one_line(exc)}",
+                "give the input as tensors (--input pixel_values=randn:1x3x224x224), or load "
+                "a saved model folder (hf:PATH) with its preprocessor_config.json.",
+            ) from exc
         return processor
     return None
+
+
+def _processor_args(model_type: str, config: Any) -> dict[str, Any]:
+    """What a type's image processor needs that its defaults do not give: timm_wrapper's
+    is timm's pretrained config of the wrapped architecture."""
+    arch = getattr(config, "architecture", None)
+    if model_type != "timm_wrapper" or not isinstance(arch, str):
+        return {}
+    timm = import_extra("timm", "timm", "hf:timm_wrapper models")
+    cfg = timm.models.get_pretrained_cfg(arch)
+    return {"pretrained_cfg": cfg.to_dict() if cfg is not None else {}, "architecture": arch}
 
 
 def load_hf(
@@ -254,6 +281,12 @@ def load_hf(
     else:
         config = _config_for_type(tf, rest, overrides)
         auto, _ = _head(tf, rest)
+        if (
+            getattr(config, "is_encoder_decoder", False)
+            and getattr(config, "decoder_start_token_id", None) is None
+            and isinstance(getattr(config, "pad_token_id", None), int)
+        ):  # t5: its checkpoints start the decoder at <pad>; its default config does not say
+            config.decoder_start_token_id = config.pad_token_id
         if getattr(config, "architectures", None) is None:
             # a type with several head classes (deit, levit, perceiver) iterates over this in
             # from_config; empty picks the mapping's first class, as transformers documents
@@ -277,8 +310,14 @@ def load_hf(
     model_type = str(getattr(config, "model_type", ""))
     _, kind_name = _head(tf, model_type)
     kind: Task
-    if kind_name == "text":
-        kind = HFText(int(getattr(config, "vocab_size", 0) or 1000))
+    if kind_name == "text" or getattr(model, "main_input_name", "") == "input_ids":
+        # (imagegpt classifies images given as colour-cluster ids: token ids, not pixels)
+        processor = None
+        eos = getattr(config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        kind = HFText(
+            int(getattr(config, "vocab_size", 0) or 1000), eos if isinstance(eos, int) else None
+        )
     else:
         kind = HFVision() if kind_name == "image" else HFOther()
     preprocess = ImageProcessor(processor) if processor is not None else None

@@ -52,6 +52,7 @@ class Task:
     denormalise_imagenet = False
     default_target = "top1"  # what backward starts from when --target is not given
     item = "image"  # what one row of the batch is, in words ("top-1 score of each image")
+    takes_images = True  # False: image files are refused (a text model takes token ids)
     output_key: str | None = None  # --output-key: the element of the output that is read
 
     def keyed(self, key: str | None) -> Task:
