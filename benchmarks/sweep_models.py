@@ -55,6 +55,8 @@ def table(rows: list[dict[str, object]], took: float) -> str:
         f"(import, build, forward, statistics); peak: the process's peak resident memory. "
         f"Sweep time {took / 60:.0f} min.",
         "",
+        "timm and Hugging Face models: [models_timm_hf.md](models_timm_hf.md).",
+        "",
         "| model | task | status | input | layer calls | never called | seconds | peak MiB |",
         "|---|---|---|---|---:|---:|---:|---:|",
     ]

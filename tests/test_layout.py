@@ -79,6 +79,8 @@ def test_shapes_tell_the_layout_when_the_model_does_not() -> None:
     [
         ((1, 8, 8, 8), (224, 224), "both NCHW and NHWC fit"),
         ((1, 30, 20, 10), (224, 224), "neither NCHW nor NHWC fits"),
+        ((1, 196, 196, 4), (224, 224), "neither NCHW nor NHWC fits"),  # CaiT's L x L x heads
+        ((1, 4, 197, 197), (224, 224), "neither NCHW nor NHWC fits"),  # a ViT's attn_drop
         ((1, 170, 64), (224, 224), "no patch grid fits"),  # 169 = 13x13 does not tile 224
         ((1, 16, 64), (48, 48), "several prefix/grid splits fit"),  # 4x4, or 7 + 3x3
     ],

@@ -179,12 +179,13 @@ def model_hints(model: nn.Module) -> ModelHints:
 
 def _fits(grid: tuple[int, int], size: tuple[int, int]) -> bool:
     """A map of `grid` cells can come from an input of `size` with one stride in both
-    directions: exactly square for a square input; otherwise strides within 5%."""
+    directions: exactly square for a square input, and the stride at least 2 unless it divides
+    the input (224 → 224, 112, 56 …; 299 → 149, 147, 73 …); otherwise strides within 5%."""
     (h, w), (height, width) = grid, size
     if h < 1 or w < 1:
         return False
-    if height == width:
-        return h == w
+    if height == width:  # a stride under 2 must divide: 196x196 of 224 is no map (CaiT's L x L)
+        return h == w and (height % h == 0 or height >= 2 * h)
     sh, sw = height / h, width / w
     return abs(sh / sw - 1) <= 0.05
 
