@@ -152,3 +152,53 @@ def test_built_in_task_kinds_follow_the_torchvision_package() -> None:
     assert kind_of("raft_small").name == "optical_flow"
     assert kind_of("quantized_resnet18").name == "quantized"
     assert kind_of("resnet18").name == "classification"
+
+
+def _project(root: Any) -> None:
+    """A project folder: a package whose model module imports a sibling relatively (what
+    path/to/file.py:Name cannot load) and a factory."""
+    pkg = root / "proj"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text(
+        "from torch import nn\n\ndef block():\n    return nn.Conv2d(3, 4, 3)\n"
+    )
+    (pkg / "nets.py").write_text(
+        "from torch import nn\nfrom .layers import block\n\n"
+        "def make_net():\n    return nn.Sequential(block(), nn.ReLU())\n"
+    )
+    (pkg / "broken.py").write_text("import no_such_dependency_xyz\n")
+
+
+def test_pkg_mod_factory_works_from_the_console_script_in_a_project(tmp_path: Any) -> None:
+    """The console script's sys.path starts at its bin folder, not the current directory:
+    hookcli adds the directory, as `python -m` has it. A missing module or a missing
+    dependency each get the hint that fits, not one that sends users to file.py:Name (which
+    cannot load a module with relative imports)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _project(tmp_path)
+    script = Path(sys.executable).parent / "hookcli"
+    run = [str(script), "inspect", "proj.nets:make_net", "--input", "randn:1x3x8x8", "-f", "json"]
+    res = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert [c["name"] for c in json.loads(res.stdout)["layers"]] == ["0", "1"]
+    res = subprocess.run(
+        [str(script), "inspect", "proj.broken:Net"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "error: module proj.broken imports no_such_dependency_xyz, which is not installed. "
+        "Hint: install it (pip install no_such_dependency_xyz) in this environment."
+    ]
+    res = subprocess.run(
+        [str(script), "inspect", "nosuchpkg.nets:Net"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert (
+        res.returncode == 2 and "run hookcli from the folder that holds the package" in res.stderr
+    )
+    assert "file.py:Name" not in res.stderr

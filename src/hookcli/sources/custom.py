@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,7 +117,8 @@ def models_own(what: str, hint: str) -> Iterator[None]:
 
 
 def import_module(source: str) -> ModuleType:
-    """An installed (or importable) module by its dotted name."""
+    """An installed (or importable) module by its dotted name. The console script puts the
+    current directory on sys.path (cli.app.main), as `python -m` has it."""
     with models_own(
         f"importing {source} failed:",
         f"fix the module; python -c 'import {source}' shows the traceback.",
@@ -124,10 +126,22 @@ def import_module(source: str) -> ModuleType:
         try:
             return importlib.import_module(source)
         except ModuleNotFoundError as exc:
-            raise UsageError(
-                f"cannot import module {source!r}: {exc}.",
-                "install the package, or give path/to/file.py:Name.",
-            ) from exc
+            raise _not_found(source, exc, os.getcwd()) from exc
+
+
+def _not_found(source: str, exc: ModuleNotFoundError, cwd: str) -> UsageError:
+    """The module itself is missing, or something it imports is."""
+    missing = exc.name or ""
+    if missing and not (source == missing or source.startswith(missing + ".")):
+        return UsageError(
+            f"module {source} imports {missing}, which is not installed.",
+            f"install it (pip install {missing.partition('.')[0]}) in this environment.",
+        )
+    return UsageError(
+        f"cannot import module {source!r}: no {missing or source} in {cwd} or the installed "
+        "packages.",
+        "run hookcli from the folder that holds the package, or install it (pip install -e .).",
+    )
 
 
 def load_custom(
