@@ -7,6 +7,7 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,3 +99,24 @@ def assert_stats_match(
             continue
         tol = rtol * (scale if key != "norm" else abs(want))
         assert got is not None and abs(got - want) <= tol, (key, got, want)
+
+
+def captured_outputs(model: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, Any]:
+    """Each named module's output, cloned by an independent forward hook."""
+    got: dict[str, Any] = {}
+    mods = dict(model.named_modules())
+    handles = [
+        mods[n].register_forward_hook(
+            lambda m, a, out, n=n: got.__setitem__(
+                n, out.detach().clone() if isinstance(out, torch.Tensor) else out
+            )
+        )
+        for n in names
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return got

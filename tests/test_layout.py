@@ -23,7 +23,7 @@ from hookcli.engine.layout import (
     resolve,
 )
 from hookcli.errors import UsageError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, captured_outputs
 
 NONE = ModelHints()
 
@@ -200,16 +200,9 @@ def test_maxvit_window_partitions_are_refused_and_its_stages_are_nchw() -> None:
     assert f"{layer}.departition_op" not in hints.windows and layer not in hints.windows
     x = torch.randn(1, 3, 224, 224)
     names = [f"{layer}.partition_op", f"{layer}.departition_swap", layer, "blocks.3"]
-    got: dict[str, torch.Tensor] = {}
-    modules = dict(model.named_modules())
-    handles = [
-        modules[n].register_forward_hook(lambda _m, _i, o, n=n: got.__setitem__(n, o))
-        for n in names
-    ]
+    got = captured_outputs(model, x, names)
     with torch.no_grad():
         logits = model(x)
-    for h in handles:
-        h.remove()
     part = tuple(got[f"{layer}.partition_op"].shape)
     assert part == (1, 49, 64, 64)
     assert resolve("p", part, (224, 224), NONE).kind == NCHW  # what a guess would draw

@@ -22,7 +22,7 @@ import hookcli
 from hookcli.cli import app
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import ModelError
-from tests.conftest import assert_stats_match, hooks_left
+from tests.conftest import assert_stats_match, captured_outputs, hooks_left
 from tests.test_cli import assert_one_line_error
 
 runner = CliRunner()
@@ -261,27 +261,6 @@ class Cycle(nn.Module):
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def captured_outputs(model: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, Any]:
-    """Each named module's output, cloned by an independent forward hook."""
-    got: dict[str, Any] = {}
-    mods = dict(model.named_modules())
-    handles = [
-        mods[n].register_forward_hook(
-            lambda m, a, out, n=n: got.__setitem__(
-                n, out.detach().clone() if isinstance(out, torch.Tensor) else out
-            )
-        )
-        for n in names
-    ]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return got
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:

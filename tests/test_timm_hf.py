@@ -22,7 +22,7 @@ from hookcli.engine.passes import build_input
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions
 from hookcli.sources import load_model
-from tests.conftest import CAT
+from tests.conftest import CAT, captured_outputs
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -252,19 +252,9 @@ def test_dtype_suffixes_apply_to_every_kind(tmp_path: Path) -> None:
 
 
 def _outputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
-    got: dict[str, torch.Tensor] = {}
-    modules = dict(model.named_modules())
-    handles = [
-        modules[n].register_forward_hook(
-            lambda _m, _i, o, n=n: got.__setitem__(n, o[0] if isinstance(o, tuple) else o)
-        )
-        for n in names
-    ]
-    with torch.no_grad():
-        model(x)
-    for h in handles:
-        h.remove()
-    return got
+    """Each named module's output; of a tuple (HF layers), its first element."""
+    got = captured_outputs(model, x, names)
+    return {n: o[0] if isinstance(o, tuple) else o for n, o in got.items()}
 
 
 @pytest.mark.parametrize(

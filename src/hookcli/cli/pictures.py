@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,6 +17,7 @@ from hookcli.options import DEFAULTS
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
     from hookcli.io.output import Destination
+    from hookcli.options import ModelOptions
 
 PngOpt = Annotated[
     Path | None,
@@ -124,31 +126,14 @@ def cam(
 
     Example: hookcli cam resnet50 sample_images/cat.jpeg --weights DEFAULT -o cam.png
     """
-    with handled():
-        p, used = opt.configured(ctx)
-        if used:
-            err(f"config: {used}")
-        reads = opt.reads(p, used)
-        out = _png_output(p, reads)
-        raw_out = claim(p["save_raw"], "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
-        from hookcli import commands
-        from hookcli.options import BackwardOptions, CamOptions, pick
+    from hookcli import commands
+    from hookcli.options import BackwardOptions, CamOptions, pick
 
+    def draw(model_opts: ModelOptions, p: dict[str, Any]) -> Drawing:
         options = pick(CamOptions, p, layer=opt.single_layer(p))
-        model_opts = opt.model_options(p, "cam")
-        name = str(model_opts.model)
-        with status(f"running {name}…"):
-            drawing = commands.cam(
-                model_opts,
-                opt.input_options(p),
-                pick(BackwardOptions, p),
-                options,
-            )
-        _save_png(out, drawing)
-        if raw_out is not None:
-            _save_raw(raw_out, drawing)
-        for note in drawing.notes:
-            err(f"note: {note}")
+        return commands.cam(model_opts, opt.input_options(p), pick(BackwardOptions, p), options)
+
+    _draw_with_raw(ctx, "cam", draw)
 
 
 def attn(
@@ -190,6 +175,21 @@ def attn(
 
     Example: hookcli attn vit_b_16 sample_images/cat.jpeg -o attn.png
     """
+    from hookcli import commands
+    from hookcli.options import AttnOptions, pick
+
+    def draw(model_opts: ModelOptions, p: dict[str, Any]) -> Drawing:
+        options = pick(AttnOptions, p, layer=opt.single_layer(p))
+        return commands.attn(model_opts, opt.input_options(p), options)
+
+    _draw_with_raw(ctx, "attn", draw)
+
+
+def _draw_with_raw(
+    ctx: typer.Context, command: str, draw: Callable[[ModelOptions, dict[str, Any]], Drawing]
+) -> None:
+    """cam and attn: the PNG and --save-raw claimed first (no half-written file on error),
+    the drawing made, both written, its notes on stderr."""
     with handled():
         p, used = opt.configured(ctx)
         if used:
@@ -197,14 +197,9 @@ def attn(
         reads = opt.reads(p, used)
         out = _png_output(p, reads)
         raw_out = claim(p["save_raw"], "--save-raw", suffix=".npy", stdout_ok=False, reads=reads)
-        from hookcli import commands
-        from hookcli.options import AttnOptions, pick
-
-        options = pick(AttnOptions, p, layer=opt.single_layer(p))
-        model_opts = opt.model_options(p, "attn")
-        name = str(model_opts.model)
-        with status(f"running {name}…"):
-            drawing = commands.attn(model_opts, opt.input_options(p), options)
+        model_opts = opt.model_options(p, command)
+        with status(f"running {model_opts.model}…"):
+            drawing = draw(model_opts, p)
         _save_png(out, drawing)
         if raw_out is not None:
             _save_raw(raw_out, drawing)
