@@ -33,7 +33,7 @@ from hookcli.records import (
     TensorDiff,
     TensorStats,
 )
-from hookcli.render import rows
+from hookcli.render import diffrows, rows
 from hookcli.render.markdown import diff_markdown, report_markdown, sections_markdown
 from hookcli.render.table import checks_table, diff_table, layers_table, report_table
 from hookcli.text import escape, markdown
@@ -331,10 +331,10 @@ def _diff(ref: str | None) -> DiffReport:
 @pytest.mark.parametrize("ref", [None, "float64"])
 def test_diff_markdown_and_table_share_the_rows(ref: str | None) -> None:
     report = _diff(ref)
-    sections = rows.diff_sections(report)
+    sections = diffrows.diff_sections(report)
     assert [s.name for s in sections] == ["header", "calls", "footer"]
     t = sections[1].tables()[0]
-    assert t.headers == (rows.DIFF_HEADERS if ref is None else rows.DIFF_REF_HEADERS)
+    assert t.headers == (diffrows.DIFF_HEADERS if ref is None else diffrows.DIFF_REF_HEADERS)
     assert [r.flagged for r in t.rows] == [False, True, False]
     table = diff_table(report, color=False, width=WIDE)
     md = diff_markdown(report)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hookcli.records import DiffReport, Report
-from hookcli.render import rows
+from hookcli.render import diffrows, rows
 from hookcli.render.fmt import DASH
 from hookcli.render.rows import RIGHT, Line, Part, Section, Table
 from hookcli.text import markdown as md
@@ -119,7 +119,7 @@ def checks_markdown(report: Report, *, quiet: bool = False) -> str:
 
 def diff_markdown(report: DiffReport) -> str:
     m = report.model
-    by_name = {s.name: s for s in rows.diff_sections(report)}
+    by_name = {s.name: s for s in diffrows.diff_sections(report)}
     table = by_name["calls"].tables()[0]
     out = [
         md(

@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hookcli.records import (
-    DiffReport,
     LayerCall,
     LayersReport,
     ModelEntry,
     Prediction,
     Report,
     SavedFile,
-    TensorDiff,
     TensorStats,
 )
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
@@ -136,29 +134,6 @@ PROFILE_TITLE = (
     "calls; hookcli's hook work excluded)"
 )
 SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", "nan/inf"]
-DIFF_HEADERS = [
-    "layer",
-    "call",
-    "output",
-    "max|Δ|",
-    "rel L2",
-    "cosine",
-    "SQNR dB",
-    "norm Δ",
-    "flag",
-]
-DIFF_REF_HEADERS = [
-    "layer",
-    "call",
-    "output",
-    "rel L2 A",
-    "rel L2 B",
-    "SQNR A",
-    "SQNR B",
-    "worse",
-    "flag",
-]
-
 # Numeric columns: aligned right where a format aligns.
 RIGHT = {
     "#",
@@ -535,7 +510,7 @@ def checks_section(report: Report, *, quiet: bool = False) -> Section:
     return s
 
 
-def _lines(name: str, title: str, texts: list[str], style: Style = "plain") -> Section:
+def lines_section(name: str, title: str, texts: list[str], style: Style = "plain") -> Section:
     return Section(name, title, [Line(t, style) for t in texts])
 
 
@@ -548,13 +523,13 @@ def report_sections(report: Report) -> list[Section]:
         if params.rows:
             calls.parts.append(params)
     sections = [
-        _lines("header", "run", header_lines(report), "dim"),
+        lines_section("header", "run", header_lines(report), "dim"),
         calls,
-        _lines("summary", "summary", summary_lines(report)),
-        _lines("origins", "non-finite origins", origin_lines(report)),
-        _lines("input_grads", "input gradients", input_grad_lines(report)),
+        lines_section("summary", "summary", summary_lines(report)),
+        lines_section("origins", "non-finite origins", origin_lines(report)),
+        lines_section("input_grads", "input gradients", input_grad_lines(report)),
         predictions_section(report),
-        _lines("notes", "notes", [f"note: {n}" for n in report.notes], "note"),
+        lines_section("notes", "notes", [f"note: {n}" for n in report.notes], "note"),
         profile_section(report),
         ablation_section(report),
         checks_section(report),
@@ -564,10 +539,10 @@ def report_sections(report: Report) -> list[Section]:
 
 def checks_sections(report: Report, *, quiet: bool) -> list[Section]:
     """check: the pass/fail list (with quiet, only failures, and nothing when all pass)."""
-    sections = [] if quiet else [_lines("header", "run", header_lines(report), "dim")]
+    sections = [] if quiet else [lines_section("header", "run", header_lines(report), "dim")]
     sections.append(checks_section(report, quiet=quiet))
     if not quiet or any(not c.passed for c in report.checks):
-        sections.append(_lines("origins", "non-finite origins", origin_lines(report)))
+        sections.append(lines_section("origins", "non-finite origins", origin_lines(report)))
     if not quiet:
         failed = sum(not c.passed for c in report.checks)
         verdict = f"{len(report.checks) - failed} passed, {failed} failed"
@@ -604,9 +579,9 @@ def layers_sections(report: LayersReport) -> list[Section]:
         " default: every leaf module"
     )
     return [
-        _lines("header", "model", head),
+        lines_section("header", "model", head),
         Section("modules", "modules", [t]),
-        _lines("hint", "selecting", [hint]),
+        lines_section("hint", "selecting", [hint]),
     ]
 
 
@@ -636,7 +611,7 @@ def models_sections(entries: list[ModelEntry]) -> list[Section]:
         "hf": "Use: hookcli inspect hf:TYPE [IMAGE] --model-arg key=value (config fields); "
         "random init. hf:PATH or hf:ORG/NAME load saved weights.",
     }.get(prefix, "* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none")
-    return [Section("models", "models", [t]), _lines("hint", "using", [hint])]
+    return [Section("models", "models", [t]), lines_section("hint", "using", [hint])]
 
 
 def saved_sections(saved: SavedFile) -> list[Section]:
@@ -657,101 +632,3 @@ def saved_sections(saved: SavedFile) -> list[Section]:
         ]
         t.rows.append(Row(cells, s.nonfinite))
     return [Section("header", "file", head), Section("tensors", "tensors", [t])]
-
-
-# ---------------------------------------------------------------- hookcli diff
-
-
-def db(v: float | None, rel: float | None) -> str:
-    if v is None:
-        return "inf" if rel == 0 else DASH  # identical: infinite signal-to-noise
-    return f"{v:.1f}"
-
-
-def diff_flag(d: TensorDiff) -> str:
-    if d.nonfinite:
-        return f"{d.nonfinite} not finite"
-    if d.note:
-        return d.note
-    return "over tol" if d.over else ""
-
-
-def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
-    with_ref = report.ref is not None
-    for c in [*report.calls, *report.outputs]:
-        a_by_path = {d.path: d for d in c.a or []}
-        for i, d in enumerate(c.b):
-            head = [c.name, str(c.call)] if i == 0 else ["", ""]
-            label = f"{d.path.removeprefix('out')} {shape(d.shape)}".strip()
-            if with_ref:
-                a = a_by_path.get(d.path)
-                worse = DASH
-                if a is not None and a.rel_l2 is not None and d.rel_l2 is not None:
-                    worse = "A" if a.rel_l2 > d.rel_l2 else "B" if d.rel_l2 > a.rel_l2 else "="
-                cells = [
-                    num(a.rel_l2) if a else DASH,
-                    num(d.rel_l2),
-                    db(a.sqnr_db, a.rel_l2) if a else DASH,
-                    db(d.sqnr_db, d.rel_l2),
-                    worse,
-                    "; ".join(f for f in (diff_flag(a) if a else "", diff_flag(d)) if f) or DASH,
-                ]
-                over = d.over or (a is not None and a.over)
-            else:
-                cells = [
-                    num(d.max_abs),
-                    num(d.rel_l2),
-                    DASH if d.cosine is None else f"{d.cosine:.6f}",
-                    db(d.sqnr_db, d.rel_l2),
-                    num(d.norm_rel),
-                    diff_flag(d) or DASH,
-                ]
-                over = d.over
-            yield [*head, label, *cells], over
-
-
-def diff_table(report: DiffReport) -> Table:
-    headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
-    rel = "relative L2 = |B-A|/|A|" if report.ref is None else "relative L2 against the reference"
-    title = f"{len(report.calls)} layer calls ({rel}; tol {report.tol:g})"
-    rows = [Row(cells, over) for cells, over in diff_rows(report)]
-    return Table(title, list(headers), rows, DROP["diff"])
-
-
-def diff_header_lines(report: DiffReport) -> list[str]:
-    m = report.model
-    lines = [
-        f"diff: {m.spec} ({m.task}, {count(m.params)} params) on {report.device}",
-        f"weights: {m.weights}",
-        f"input: {report.input.description}",
-    ]
-    if report.ref is not None:
-        lines.append(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}")
-    else:
-        lines.append(f"A (reference): {report.a}   B: {report.b}")
-    return lines
-
-
-def diff_footer(report: DiffReport) -> list[str]:
-    lines = [f"note: {n}" for n in report.notes]
-    lines += [f"missing: {m}" for m in report.missing[:10]]
-    if len(report.missing) > 10:
-        lines.append(f"missing: … and {len(report.missing) - 10} more (all in -f json)")
-    if report.first_over is not None:
-        lines.append(f"first past tolerance: {report.first_over}")
-    else:
-        lines.append(f"no call past tolerance ({report.tol:g})")
-    return lines
-
-
-def diff_sections(report: DiffReport) -> list[Section]:
-    verdict: Style = "bad" if report.failed else "good"
-    footer = [
-        Line(line, verdict if line.startswith(("first", "no call")) else "plain")
-        for line in diff_footer(report)
-    ]
-    return [
-        _lines("header", "run", diff_header_lines(report), "dim"),
-        Section("calls", "layer calls", [diff_table(report)]),
-        Section("footer", "verdict", list(footer)),
-    ]

@@ -18,11 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from hookcli.records import DiffReport, LayersReport, ModelEntry, Prediction, Report, SavedFile
-from hookcli.render import rows
+from hookcli.render import diffrows, rows
 from hookcli.render.markdown import diff_markdown, report_markdown
 from hookcli.render.rows import (
-    DIFF_HEADERS,
-    DIFF_REF_HEADERS,
     DROP,
     GRAD_HEADERS,
     HEADERS,
@@ -31,8 +29,6 @@ from hookcli.render.rows import (
     SAVED_HEADERS,
     Line,
     Section,
-    diff_footer,
-    diff_rows,
     grad_rows,
     header_lines,
     layer_rows,
@@ -41,8 +37,6 @@ from hookcli.render.rows import (
 from hookcli.text import escape
 
 __all__ = [
-    "DIFF_HEADERS",
-    "DIFF_REF_HEADERS",
     "DROP",
     "GRAD_HEADERS",
     "HEADERS",
@@ -51,9 +45,7 @@ __all__ = [
     "SAVED_HEADERS",
     "Grid",
     "checks_table",
-    "diff_footer",
     "diff_markdown",
-    "diff_rows",
     "diff_table",
     "grad_rows",
     "header_lines",
@@ -270,4 +262,4 @@ def saved_table(saved: SavedFile, *, color: bool, width: int | None) -> str:
 
 
 def diff_table(report: DiffReport, *, color: bool, width: int | None) -> str:
-    return render_sections(rows.diff_sections(report), color=color, width=width)
+    return render_sections(diffrows.diff_sections(report), color=color, width=width)
