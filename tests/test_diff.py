@@ -200,10 +200,12 @@ def test_identical_sides_show_no_difference_and_exit_0() -> None:
 
 
 def test_cli_exit_1_past_tol_and_every_format(tmp_path: Path) -> None:
-    args = ["diff", CHAIN, "--input", "randn:4x16", "--b", "bfloat16"]
+    args = ["diff", CHAIN, "--input", "randn:4x16", "--b", "bfloat16", "--tol", "1e-3"]
     r = runner.invoke(app, [*args, "-f", "json"])
-    assert r.exit_code == 1
-    assert json.loads(r.stdout)["first_over"].startswith("l1 (Linear)")
+    assert r.exit_code == 1  # an explicit --tol wins over bfloat16's default
+    data = json.loads(r.stdout)
+    assert data["first_over"].startswith("l1 (Linear)")
+    assert (data["tol"], data["tol_source"]) == (1e-3, "--tol")
     assert "first past tolerance: l1" in r.stderr
     assert runner.invoke(app, [*args, "--tol", "0.5"]).exit_code == 0
     table = runner.invoke(app, args, env={"COLUMNS": "120"})
@@ -244,8 +246,9 @@ def test_two_saved_reports(tmp_path: Path) -> None:
     assert len(data["calls"]) == len(old) == 7
     for c in data["calls"]:
         key = (c["name"], c["call"])
-        want = abs(new[key] - old[key]) / old[key]
+        want = (new[key] - old[key]) / old[key]  # signed: below 0 when B's norm is smaller
         assert c["b"][0]["norm_rel"] == pytest.approx(want)
+    assert {c["b"][0]["norm_rel"] > 0 for c in data["calls"]} == {True, False}  # both signs
     same = runner.invoke(app, ["diff", str(a), str(a)])
     assert same.exit_code == 0 and "no call past tolerance" in same.stdout
     kept = a.read_bytes()

@@ -341,6 +341,9 @@ def test_diff_markdown_and_table_share_the_rows(ref: str | None) -> None:
     for r in t.rows:
         assert _row_pattern(r.cells).search(table)
         assert "| " + " | ".join(markdown(c) for c in r.cells) + " |" in md.splitlines()
+    # the header row has as many cells as a row: `max|Δ|`'s bars are escaped
+    header = next(line for line in md.splitlines() if line.startswith("| layer"))
+    assert header == "| " + " | ".join(markdown(h) for h in t.headers) + " |"
     for line in sections[2].lines():
         assert line.text in table and f"{markdown(line.text)}  " in md.splitlines()
     assert sections[2].lines()[-1] == rows.Line("first past tolerance: fc2#1", "bad")

@@ -193,13 +193,17 @@ def diff(
     a: str = DEFAULTS.diff.a,
     ref: str | None = None,
     isolate: bool = DEFAULTS.diff.isolate,
-    tol: float = DEFAULTS.diff.tol,
+    tol: float | None = DEFAULTS.diff.tol,
     batch_size: int | None = None,
+    sort: str = DEFAULTS.diff.sort,
+    own: bool = DEFAULTS.diff.own,
     **options: Any,
 ) -> DiffReport:
     """Two sides of one model (e.g. a="float32", b="bfloat16,channels_last") on the same input,
-    compared layer call by layer call (see `hookcli.commands.diff.diff_report`). Options as
-    inspect's: layers, types, depth, input_specs, weights, seed, device, model_args."""
+    compared layer call by layer call (see `hookcli.commands.diff.diff_report`). tol None: the
+    coarsest side's precision's default; sort: "order", "error" or "own"; own: measure each
+    layer's own error (a second pass of B). Options as inspect's: layers, types, depth,
+    input_specs, weights, seed, device, model_args."""
     from hookcli.commands.diff import diff_report, parse_side
     from hookcli.options import Invocation
 
@@ -215,4 +219,6 @@ def diff(
         isolate=isolate,
         tol=tol,
         batch_size=batch_size,
+        sort=sort,
+        own=own,
     )

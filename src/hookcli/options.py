@@ -325,8 +325,10 @@ class DiffOptions:
     b: str | None = None
     ref: str | None = None
     isolate: bool = False
-    tol: float = 1e-3
+    tol: float | None = None  # None: the coarsest side's precision's (commands.diff.tolerance)
     batch_size: int | None = None
+    sort: str = "order"
+    own: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,7 +281,9 @@ class TensorDiff:
     """One tensor of one layer call on a compared side against the reference side, over the
     elements finite on both (`nonfinite` counts the others). `rel_l2` = ‖b - a‖ / ‖a‖,
     `cosine` = a·b / (‖a‖‖b‖), `sqnr_db` = 10·log10(‖a‖² / ‖b - a‖²) (null when identical),
-    `norm_rel` = |‖b‖ - ‖a‖| / ‖a‖ (all a report-vs-report diff can tell)."""
+    `norm_rel` = (‖b‖ - ‖a‖) / ‖a‖, signed: below 0 when side b shrinks the tensor (all a
+    report-vs-report diff can tell). `own_rel_l2`: the relative L2 of this tensor when the
+    layer is fed the reference side's input (its own error; null when not measured)."""
 
     path: str
     shape: tuple[int, ...]
@@ -294,18 +296,23 @@ class TensorDiff:
     nonfinite: int = 0
     over: bool = False
     note: str | None = None
+    own_rel_l2: float | None = None
 
 
 @dataclass(slots=True)
 class DiffCall:
     """One layer call: side B against the reference (side A, or --ref), and with --ref side A
-    against it too."""
+    against it too. `type` is the reference side's module type, `type_b` side B's when it
+    differs (ConvReLU2d / QuantizedConvReLU2d); `fused_into` names the module an Identity left
+    by conv+bn+relu fusion was fused into (its row compares nothing)."""
 
     name: str
     type: str
     call: int
     b: list[TensorDiff] = field(default_factory=list)
     a: list[TensorDiff] | None = None
+    type_b: str | None = None
+    fused_into: str | None = None
 
 
 @dataclass(slots=True)
@@ -319,8 +326,14 @@ class DiffReport:
     isolate: bool  # each layer fed the reference side's input: its own error only
     tol: float
     calls: list[DiffCall]
+    tol_source: str = ""  # "--tol", or the default's reason (the sides' precision)
+    sort: str = "order"  # the calls' order: order (returned), error, own (largest first)
     outputs: list[DiffCall] = field(default_factory=list)  # the model's return value
     first_over: str | None = None  # the first call (in return order) past --tol
+    # per compared side ("B", and "A" with --ref): top-1 flips and top-k overlap of the class
+    # scores against the reference; None when the model's output is not class scores
+    agreement: dict[str, dict[str, Any]] | None = None
+    largest_own: list[dict[str, Any]] = field(default_factory=list)  # the top own errors
     missing: list[str] = field(default_factory=list)  # calls on one side only
     notes: list[str] = field(default_factory=list)
     command: str = "diff"

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from hookcli.io.output import Destination
     from hookcli.records import DiffReport
 
+SORTS = ("order", "error", "own")  # --sort; commands.diff.report checks them
+TOL_HELP = "1e-3 float32, 4e-3 float16, 3e-2 bfloat16, 1e-1 int8"  # commands.diff.tolerance
+
 
 def diff(
     ctx: typer.Context,
@@ -68,9 +71,32 @@ def diff(
         ),
     ] = DEFAULTS.diff.isolate,
     tol: Annotated[
-        float,
-        typer.Option("--tol", help="Relative L2 error past which a call fails (exit 1)."),
-    ] = DEFAULTS.diff.tol,
+        float | None,
+        typer.Option(
+            "--tol",
+            help="Relative L2 error past which a call fails (exit 1) [default: from the "
+            f"sides' precision: {TOL_HELP}].",
+            show_default=False,
+        ),
+    ] = None,
+    sort: Annotated[
+        str,
+        typer.Option(
+            "--sort",
+            metavar="order|error|own",
+            help="Row order: order (as the calls returned), error (largest relative L2 "
+            "first: accumulated, or own with --isolate), own (largest own error first).",
+            autocompletion=lambda: list(SORTS),
+        ),
+    ] = "order",
+    own: Annotated[
+        bool,
+        typer.Option(
+            "--own/--no-own",
+            help="Without --isolate, a second pass of side B fed A's input at every layer: "
+            "each layer's own error (the own column, the largest-own-error summary).",
+        ),
+    ] = True,
     layer: opt.LayerOpt = None,
     type_: opt.TypeOpt = None,
     depth: opt.DepthOpt = None,
@@ -91,9 +117,10 @@ def diff(
     no_config: opt.NoConfigOpt = False,
 ) -> None:
     """Run two variants of one model on the same input and compare every layer call's output:
-    max|Δ|, relative L2, cosine, SQNR; exit 1 when one is past --tol, naming the first.
+    max|Δ|, relative L2, cosine, SQNR, each layer's own error, and a classifier's predictions;
+    exit 1 when one is past --tol, naming the first.
 
-    Example: hookcli diff resnet18 sample_images/cat.jpeg --b bfloat16 --isolate
+    Example: hookcli diff resnet18 sample_images/cat.jpeg --b bfloat16 --sort own
     """
     with handled():
         p, used = opt.configured(ctx)
@@ -109,7 +136,7 @@ def diff(
                     "diff of saved reports takes exactly two JSON files.",
                     "hookcli diff a.json b.json (or a model and --b SIDE).",
                 )
-            report = diff_saved(saved[0], saved[1], p["tol"])
+            report = diff_saved(saved[0], saved[1], p["tol"], sort=p["sort"])
         else:
             if p["b"] is None:
                 raise UsageError(
@@ -126,6 +153,8 @@ def diff(
                     isolate=p["isolate"],
                     tol=p["tol"],
                     batch_size=p["batch_size"],
+                    sort=p["sort"],
+                    own=p["own"],
                 )
         fmt_ = output_format(p["fmt"], dest)
         emit(render(report, fmt_, dest), dest)

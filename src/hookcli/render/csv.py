@@ -93,12 +93,16 @@ DIFF_FIELDS = [
     "nonfinite",
     "over",
     "note",
+    "own_rel_l2",
+    "type_b",
+    "fused_into",
 ]
 
 
 def diff_csv(report: DiffReport) -> str:
     """One row per (layer call, side, tensor); side B against the reference, and side A too
-    with --ref. The model's own output is layer `(model)`."""
+    with --ref. The model's own output is layer `(model)`. `norm_rel` is signed, `own_rel_l2`
+    the layer's own error, `type_b` side B's module type when it differs from `type`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(DIFF_FIELDS)
@@ -110,5 +114,6 @@ def diff_csv(report: DiffReport) -> str:
                     + ["x".join(map(str, d.shape)), d.numel]
                     + [_cell(v) for v in (d.max_abs, d.rel_l2, d.cosine, d.sqnr_db, d.norm_rel)]
                     + [d.nonfinite, "yes" if d.over else "", csv_cell(d.note or "")]
+                    + [_cell(d.own_rel_l2), csv_cell(c.type_b or ""), csv_cell(c.fused_into or "")]
                 )
     return buf.getvalue()

@@ -1,20 +1,24 @@
-"""hookcli diff's sections: the per-call comparison table, the run header and the verdict
+"""hookcli diff's sections: the per-call comparison table, the run header, and the footer:
+notes, prediction agreement, the layers with the largest own error and the verdict
 (format-neutral, like render.rows; every text format lays them out)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from hookcli.records import DiffReport, TensorDiff
-from hookcli.render.fmt import DASH, count, num, shape
-from hookcli.render.rows import DROP, Line, Row, Section, Style, Table, lines_section
+from hookcli.records import DiffCall, DiffReport, TensorDiff
+from hookcli.render.fmt import DASH, count, num, pct, shape
+from hookcli.render.rows import DROP, Line, Row, Section, Table, lines_section
 
 DIFF_HEADERS = [
     "layer",
+    "type",
     "call",
     "output",
     "max|Δ|",
     "rel L2",
+    "own L2",
     "cosine",
     "SQNR dB",
     "norm Δ",
@@ -22,21 +26,39 @@ DIFF_HEADERS = [
 ]
 DIFF_REF_HEADERS = [
     "layer",
+    "type",
     "call",
     "output",
     "rel L2 A",
     "rel L2 B",
+    "own A",
+    "own B",
     "SQNR A",
     "SQNR B",
     "worse",
     "flag",
 ]
+OWN_HEADERS = ("own L2", "own A", "own B")
+SORTED = {"error": "largest relative L2 first", "own": "largest own error first"}
+SHOWN_FLIPS = 10  # flipped images listed in text; JSON carries them all
 
 
 def db(v: float | None, rel: float | None) -> str:
     if v is None:
         return "inf" if rel == 0 else DASH  # identical: infinite signal-to-noise
     return f"{v:.1f}"
+
+
+def signed(v: float | None) -> str:
+    """A signed change: + when side B's is larger."""
+    if v is None:
+        return DASH
+    return "0" if v == 0 else f"{v:+.4g}"
+
+
+def type_label(c: DiffCall) -> str:
+    """The reference side's type, and side B's when it differs."""
+    return f"{c.type} / {c.type_b}" if c.type_b else c.type
 
 
 def diff_flag(d: TensorDiff) -> str:
@@ -52,7 +74,7 @@ def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
     for c in [*report.calls, *report.outputs]:
         a_by_path = {d.path: d for d in c.a or []}
         for i, d in enumerate(c.b):
-            head = [c.name, str(c.call)] if i == 0 else ["", ""]
+            head = [c.name, type_label(c), str(c.call)] if i == 0 else ["", "", ""]
             label = f"{d.path.removeprefix('out')} {shape(d.shape)}".strip()
             if with_ref:
                 a = a_by_path.get(d.path)
@@ -62,6 +84,8 @@ def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
                 cells = [
                     num(a.rel_l2) if a else DASH,
                     num(d.rel_l2),
+                    num(a.own_rel_l2) if a else DASH,
+                    num(d.own_rel_l2),
                     db(a.sqnr_db, a.rel_l2) if a else DASH,
                     db(d.sqnr_db, d.rel_l2),
                     worse,
@@ -72,9 +96,10 @@ def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
                 cells = [
                     num(d.max_abs),
                     num(d.rel_l2),
+                    num(d.own_rel_l2),
                     DASH if d.cosine is None else f"{d.cosine:.6f}",
                     db(d.sqnr_db, d.rel_l2),
-                    num(d.norm_rel),
+                    signed(d.norm_rel),
                     diff_flag(d) or DASH,
                 ]
                 over = d.over
@@ -84,9 +109,73 @@ def diff_rows(report: DiffReport) -> Iterable[tuple[list[str], bool]]:
 def diff_table(report: DiffReport) -> Table:
     headers = DIFF_REF_HEADERS if report.ref is not None else DIFF_HEADERS
     rel = "relative L2 = |B-A|/|A|" if report.ref is None else "relative L2 against the reference"
-    title = f"{len(report.calls)} layer calls ({rel}; tol {report.tol:g})"
+    order = f", {SORTED[report.sort]}" if report.sort in SORTED else ""
+    default = report.tol_source.partition(":")[0]  # "default for bfloat16", or "--tol"
+    why = f" ({default})" if default.startswith("default") else ""
+    title = f"{len(report.calls)} layer calls ({rel}; tol {report.tol:g}{why}{order})"
     rows = [Row(cells, over) for cells, over in diff_rows(report)]
-    return Table(title, list(headers), rows, DROP["diff"])
+    hidden = OWN_HEADERS if report.isolate else ()  # --isolate: rel L2 is the own error
+    return Table(title, list(headers), rows, DROP["diff"], hidden)
+
+
+def agreement_lines(report: DiffReport) -> list[Line]:
+    """Top-1 flips and top-k overlap of each compared side's predictions."""
+    lines: list[Line] = []
+    for side, g in (report.agreement or {}).items():
+        n, k = g["images"], g["topk"]
+        noun = "image" if n == 1 else "images"
+        top1 = (
+            f"top-1 flipped on {g['top1_flips']} of {n} {noun}"
+            if g["top1_flips"]
+            else f"top-1 the same on all {n} {noun}"
+            if n > 1
+            else "top-1 the same"
+        )
+        overlap = pct(g["topk_overlap"]) if g["topk_overlap"] is not None else DASH
+        mean = " (mean over images)" if n > 1 else ""
+        lines.append(
+            Line(
+                f"predictions, {side} against {g['against']}: {top1}; top-{k} overlap "
+                f"{overlap}{mean}",
+                "bad" if g["top1_flips"] else "plain",
+            )
+        )
+        for f in g["flipped"][:SHOWN_FLIPS]:
+            lines.append(Line(f"  flipped: {_image(f)}: {_cls(f, 'ref')} -> {_cls(f, 'side')}"))
+        if len(g["flipped"]) > SHOWN_FLIPS:
+            more = len(g["flipped"]) - SHOWN_FLIPS
+            lines.append(Line(f"  flipped: … and {more} more (all in -f json)"))
+    return lines
+
+
+def _image(f: dict[str, Any]) -> str:
+    return str(f["image"]) if f.get("image") else f"image {f['index']}"
+
+
+def _cls(f: dict[str, Any], which: str) -> str:
+    index, label = f.get(which), f.get(f"{which}_label")
+    if index is None:
+        return "not finite"
+    return f"{index} ({label})" if label else str(index)
+
+
+def largest_lines(report: DiffReport) -> list[Line]:
+    """The layers with the largest own error."""
+    if not report.largest_own:
+        return []
+    fed = "A's" if report.ref is None else "the reference's"
+    lines = [Line(f"largest own error (relative L2, each layer fed {fed} input):")]
+    for i, e in enumerate(report.largest_own, 1):
+        side = f", side {e['side']}" if report.ref is not None else ""
+        path = "" if e["path"] == "out" else f" {e['path'].removeprefix('out')}"
+        acc = "" if report.isolate else f" (accumulated {num(e['rel_l2'])})"
+        lines.append(
+            Line(
+                f"  {i}. {e['name']} ({e['type']}) call {e['call']}{path}{side}: "
+                f"{num(e['own_rel_l2'])}{acc}"
+            )
+        )
+    return lines
 
 
 def diff_header_lines(report: DiffReport) -> list[str]:
@@ -108,18 +197,21 @@ def diff_footer(report: DiffReport) -> list[str]:
     lines += [f"missing: {m}" for m in report.missing[:10]]
     if len(report.missing) > 10:
         lines.append(f"missing: … and {len(report.missing) - 10} more (all in -f json)")
-    if report.first_over is not None:
-        lines.append(f"first past tolerance: {report.first_over}")
-    else:
-        lines.append(f"no call past tolerance ({report.tol:g})")
     return lines
 
 
+def diff_verdict(report: DiffReport) -> Line:
+    if report.first_over is not None:
+        return Line(f"first past tolerance: {report.first_over}", "bad")
+    return Line(f"no call past tolerance ({report.tol:g})", "good")
+
+
 def diff_sections(report: DiffReport) -> list[Section]:
-    verdict: Style = "bad" if report.failed else "good"
     footer = [
-        Line(line, verdict if line.startswith(("first", "no call")) else "plain")
-        for line in diff_footer(report)
+        *(Line(line) for line in diff_footer(report)),
+        *agreement_lines(report),
+        *largest_lines(report),
+        diff_verdict(report),
     ]
     return [
         lines_section("header", "run", diff_header_lines(report), "dim"),

@@ -24,7 +24,7 @@ def md_table(headers: list[str], cells: Iterable[list[str]]) -> list[str]:
     """A Markdown table (after a blank line); numeric columns aligned right."""
     out = [
         "",
-        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join(md(h) for h in headers) + " |",  # `max|Δ|`: its bar escaped
         "|" + "|".join("---:" if h in RIGHT else "---" for h in headers) + "|",
     ]
     out += ["| " + " | ".join(md(c) for c in row) + " |" for row in cells]

@@ -172,6 +172,9 @@ RIGHT = {
     "norm Δ",
     "rel L2 A",
     "rel L2 B",
+    "own L2",
+    "own A",
+    "own B",
     "SQNR A",
     "SQNR B",
 }
@@ -183,7 +186,7 @@ DROP: dict[str, tuple[str, ...]] = {
     "params": ("grad mean", "grad max|abs|", "shape", "norm"),
     "profile": ("output MB", "backward ms", "% of pass"),
     "predictions": ("folder", "index"),
-    "diff": ("norm Δ", "cosine", "max|Δ|", "output", "SQNR A", "SQNR B"),
+    "diff": ("norm Δ", "cosine", "max|Δ|", "output", "type", "SQNR A", "SQNR B", "own A"),
 }
 
 SHOWN_FAILURES = 20  # failures listed per rule in text; JSON carries them all

@@ -4,8 +4,13 @@
   weights/seed/device), the composite `Side`, `parse_side` and the kinds' registry;
 - passes.py: the reference side's hooked pass (spilling) and a compared side's pass;
 - onnx.py: the onnx side's own pass (ONNX Runtime, calls found in the exported graph);
-- measure.py: the spill file, the exact sums of a difference, what a compared side collects;
-- report.py: `diff_report`, the orchestration (batches, the twin, the passes) and its report;
+- measure.py: the spill file, the exact sums of a difference, what a compared side collects
+  (and its predictions' agreement with the reference's);
+- align.py: which calls two sides compare when their module trees differ (fused units as one,
+  Identity rows left by fusion marked);
+- tolerance.py: the default --tol, from the sides' precision;
+- report.py: `diff_report`, the orchestration (batches, the twin, the passes, the own-error
+  pass) and its report (sorted rows, the largest own errors);
 - saved.py: `diff_saved`, two saved JSON reports compared by their statistics.
 """
 

@@ -11,7 +11,7 @@ import math
 import mmap
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
+from hookcli.sources.model import LoadedModel
 
 
 class Spill:
@@ -172,7 +173,7 @@ class Accumulator:
         d.max_abs = self.max_abs
         if self.sa > 0:
             d.rel_l2 = math.sqrt(self.sd / self.sa)
-            d.norm_rel = abs(math.sqrt(self.sb) - math.sqrt(self.sa)) / math.sqrt(self.sa)
+            d.norm_rel = (math.sqrt(self.sb) - math.sqrt(self.sa)) / math.sqrt(self.sa)
             d.sqnr_db = 10 * math.log10(self.sa / self.sd) if self.sd > 0 else None
         elif self.sd == 0:
             d.rel_l2 = 0.0
@@ -221,6 +222,90 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     return np.array([d @ d, fa @ fa, fb @ fb, fa @ fb, top, float((~finite).sum())])
 
 
+SCORES = ("(model)", 0, "scores")  # the reference side's class scores, in the spill
+TOPK = 5  # the top-k of prediction agreement
+
+
+def class_scores(loaded: LoadedModel, output: Any) -> torch.Tensor | None:
+    """The (images, classes) scores of a classifier's output (torchvision, timm, an HF
+    model's logits; int8 ones dequantized); None for other tasks and for a user's model, whose
+    output is not known to be class scores."""
+    from hookcli.sources.tasks import Classification, Custom
+
+    kind = loaded.kind
+    if not isinstance(kind, Classification) or isinstance(kind, Custom):
+        return None
+    out = kind.select(output)
+    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
+        out = out["logits"]  # a Hugging Face ModelOutput
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[1] < 2:
+        return None
+    if out.is_quantized:
+        out = out.dequantize()
+    return out.detach() if out.is_floating_point() else None
+
+
+@dataclass(slots=True)
+class Agreement:
+    """One compared side's predictions against the reference's, over every image so far:
+    top-1 the same or flipped (and where), and the overlap of the top-k classes."""
+
+    k: int = TOPK
+    images: int = 0
+    same: int = 0
+    overlap: float = 0.0  # Σ over images of |top-k ref ∩ top-k side| / k
+    # (image index, its name or None, the reference's top-1, the side's; None: not finite)
+    flips: list[tuple[int, str | None, int | None, int | None]] = field(default_factory=list)
+
+    def add(self, ref: np.ndarray[Any, Any], got: torch.Tensor, names: Sequence[str]) -> None:
+        a = torch.from_numpy(np.array(ref, dtype=np.float64))  # a copy: the read buffer is reused
+        b = got.detach().cpu().double()
+        if tuple(a.shape) != tuple(b.shape):
+            return
+        self.k = min(TOPK, a.shape[1])
+        top_a, top_b = a.topk(self.k, dim=1).indices, b.topk(self.k, dim=1).indices
+        fin_a, fin_b = torch.isfinite(a).all(dim=1), torch.isfinite(b).all(dim=1)
+        for i in range(a.shape[0]):
+            ra = int(top_a[i, 0]) if fin_a[i] else None
+            rb = int(top_b[i, 0]) if fin_b[i] else None
+            if ra is not None and ra == rb:
+                self.same += 1
+            else:
+                name = names[i] if i < len(names) else None
+                self.flips.append((self.images + i, name, ra, rb))
+            if fin_a[i] and fin_b[i]:
+                both = set(top_a[i].tolist()) & set(top_b[i].tolist())
+                self.overlap += len(both) / self.k
+        self.images += a.shape[0]
+
+    def result(self, side: str, against: str, labels: Sequence[str] | None) -> dict[str, Any]:
+        """As the report's JSON carries it."""
+
+        def label(i: int | None) -> str | None:
+            return labels[i] if labels is not None and i is not None and i < len(labels) else None
+
+        return {
+            "side": side,
+            "against": against,
+            "images": self.images,
+            "top1_same": self.same,
+            "top1_flips": len(self.flips),
+            "flipped": [
+                {
+                    "index": i,
+                    "image": name,
+                    "ref": ra,
+                    "side": rb,
+                    "ref_label": label(ra),
+                    "side_label": label(rb),
+                }
+                for i, name, ra, rb in self.flips
+            ],
+            "topk": self.k,
+            "topk_overlap": self.overlap / self.images if self.images else None,
+        }
+
+
 @dataclass(slots=True)
 class Compared:
     """What one compared side accumulates over every batch."""
@@ -229,6 +314,16 @@ class Compared:
     order: dict[tuple[str, int], int] = field(default_factory=dict)  # return order
     outputs: dict[str, Accumulator] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
+    agreement: Agreement | None = None  # None: no class scores on both sides
+
+    def agree(self, spill: Spill, scores: torch.Tensor | None, names: Sequence[str]) -> None:
+        """This side's class scores against the reference's spilled ones."""
+        ref = spill.read(SCORES)
+        if scores is None or ref is None:
+            return
+        if self.agreement is None:
+            self.agreement = Agreement()
+        self.agreement.add(ref, scores, names)
 
     def note_missing(self, spill: Spill, why: str) -> None:
         """Reference calls this side never produced an output for."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.commands.diff.measure import Compared, Spill, measure
+from hookcli.commands.diff.measure import Compared, Spill, class_scores, measure
 from hookcli.engine.passes import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
@@ -154,8 +154,7 @@ def onnx_pass(
         compared.order.setdefault((name, call), rank)
         got = torch.from_numpy(np.asarray(values[outs[-1]]))
         measure(accs, "out", spill.read((name, call, "out")), got)
-    first = graph.output[0].name
-    measure(
-        compared.outputs, "out", spill.read(("(model)", 0, "out")), torch.from_numpy(values[first])
-    )
+    first = torch.from_numpy(np.asarray(values[graph.output[0].name]))
+    measure(compared.outputs, "out", spill.read(("(model)", 0, "out")), first)
+    compared.agree(spill, class_scores(prepared.loaded, first), model_input.sources)
     compared.note_missing(spill, "not in the ONNX graph (no node of its own)")

@@ -1,6 +1,8 @@
 """The two passes of a diff: the reference side's hooked pass spilling every selected call's
-output (and, for --isolate, input) to disk, and a compared side's pass measuring each of its
-outputs against the spilled one — the hooked pass, or the side's own (ONNX Runtime)."""
+output (and, for --isolate or the own-error pass, input) and a classifier's scores to disk, and
+a compared side's pass measuring each of its outputs against the spilled one — the hooked pass,
+or the side's own (ONNX Runtime) — and, fed its own input, its predictions against the
+reference's."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hookcli.commands.diff.measure import Compared, Spill, measure
+from hookcli.commands.diff.measure import SCORES, Compared, Spill, class_scores, measure
 from hookcli.commands.diff.sides import SideRun
 from hookcli.engine.hooks import HookSession, PendingCall
 from hookcli.engine.passes import hooked_pass
@@ -49,12 +51,16 @@ def reference_pass(run: SideRun, model_input: ModelInput, spill: Spill, isolate:
     ):
         for path, t in real(result.output):
             spill.write(("(model)", 0, path), t)
+        scores = class_scores(p.loaded, result.output)
+        if scores is not None:
+            spill.write(SCORES, scores)
 
 
 def compared_pass(
     run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool, compared: Compared
 ) -> None:
-    """The hooked pass of a compared side."""
+    """The hooked pass of a compared side; fed the reference's inputs (isolate), its
+    predictions are not its own, so they are not compared."""
     p = run.prepared
 
     def compare(pending: PendingCall, output: Any) -> None:
@@ -91,6 +97,9 @@ def compared_pass(
     ):
         for path, t in real(result.output):
             measure(compared.outputs, path, spill.read(("(model)", 0, path)), t)
+        if not isolate:
+            scores = class_scores(p.loaded, result.output)
+            compared.agree(spill, scores, model_input.sources)
     compared.note_missing(spill, "only on the reference side")
 
 

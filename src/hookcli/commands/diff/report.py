@@ -11,8 +11,11 @@ The reference side runs first and its outputs spill to a temporary file the mome
 them; the compared side reads each one back when its own hook fires and keeps only the five
 sums a difference needs. Peak memory is one activation, whatever the number of layers; the
 sums add exactly across batches (folders). `--isolate` feeds each selected layer the reference
-side's input, so a row shows that layer's own error rather than what it inherited; `--ref SIDE`
-(e.g. float64) measures both sides against a third run, to say which one is wrong.
+side's input, so a row shows that layer's own error rather than what it inherited; without it,
+a second pass of the compared side does that for the `own` column and the largest-own-error
+summary (`own=False` skips it). `--ref SIDE` (e.g. float64) measures both sides against a
+third run, to say which one is wrong. A classifier's predictions are compared too: top-1 flips
+and top-5 overlap. The default tolerance is the sides' precision's (tolerance.py).
 
 This module runs the steps in order; what each side changes is its kinds' own (sides.py).
 """
@@ -20,18 +23,38 @@ This module runs the steps in order; what each side changes is its kinds' own (s
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hookcli import bounds
 from hookcli._version import __version__
-from hookcli.commands.diff.measure import Compared, Spill, describe_over
+from hookcli.commands.diff.align import align
+from hookcli.commands.diff.measure import SCORES, Accumulator, Compared, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
+from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.passes import build_input
 from hookcli.engine.selection import count_params
+from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.options import DEFAULTS, InputOptions, ModelOptions, Selection
-from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo
+from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
 from hookcli.runtime import beacon, isa
+
+SORTS = {
+    "order": "as the calls returned",
+    "error": "largest relative L2 first",
+    "own": "largest own error first",
+}
+LARGEST = 5  # layers in the largest-own-error summary
+
+
+def check_sort(sort: str) -> str:
+    """--sort's value, or a UsageError naming the orders."""
+    key = sort.strip().lower()
+    if key not in SORTS:
+        orders = ", ".join(f"{k} ({v})" for k, v in SORTS.items())
+        raise UsageError(f"--sort {sort!r} is not an order of the rows.", f"use one of: {orders}.")
+    return key
 
 
 def diff_report(
@@ -43,20 +66,48 @@ def diff_report(
     *,
     ref: Side | None = None,
     isolate: bool = DEFAULTS.diff.isolate,
-    tol: float = DEFAULTS.diff.tol,
+    tol: float | None = None,
     batch_size: int | None = None,
+    sort: str = "order",
+    own: bool = True,
 ) -> DiffReport:
-    """Side B (and, with a --ref side, side A) against the reference, per layer call."""
-    tol = bounds.tolerance(tol, "--tol", "--tol 1e-3")
+    """Side B (and, with a --ref side, side A) against the reference, per layer call.
+
+    tol None: the default of the coarsest side's precision (tolerance.py). own: without
+    isolate, a second pass of each compared side fed the reference's inputs measures each
+    layer's own error (`own_rel_l2`, the largest-own-error summary); sort: order, error, own.
+    """
+    reference = ref or a
+    compared = [a, b] if ref is not None else [b]
+    if tol is None:
+        tol, tol_source = default_tol(p for s in (reference, *compared) for p in s.precisions)
+    else:
+        tol, tol_source = bounds.tolerance(tol, "--tol", "--tol 1e-3"), "--tol"
+    sort = check_sort(sort)
     if batch_size is not None:
         batch_size = bounds.integer(
             batch_size, "--batch-size", low=1, high=bounds.BATCH_MAX, example="--batch-size 32"
         )
-    reference = ref or a
-    compared = [a, b] if ref is not None else [b]
     reference.check_role(reference=True, isolate=isolate)
     for side in compared:
         side.check_role(reference=False, isolate=isolate)
+    labels = ["ref", "A", "B"][-len(compared) - 1 :]  # what a crash message calls each side
+    blocked = {
+        lab: why for lab, s in zip(labels[1:], compared, strict=True) if (why := s.isolatable())
+    }
+    own_pass = own and not isolate and len(blocked) < len(compared)
+    if sort == "own" and not isolate and not own_pass:
+        if not own:
+            raise UsageError(
+                "--sort own needs each layer's own error, which --no-own skips.",
+                "drop --no-own, or use --sort error (accumulated error).",
+            )
+        lab, why = next(iter(blocked.items()))
+        raise UsageError(
+            f"--sort own needs each layer's own error, measured by feeding side {lab} the "
+            f"reference's inputs: {why}",
+            "use --sort error (accumulated error).",
+        )
     batches = _batches(inputs, batch_size)
     twin = any(s.needs_twin for s in (reference, *compared))
     runs = [  # the input is built once, by the reference side, and cast for each side
@@ -69,9 +120,10 @@ def diff_report(
         for i, s in enumerate([reference, *compared])
     ]
     results = [Compared() for _ in compared]
-    labels = ["ref", "A", "B"][-len(runs) :]  # what a crash message calls each side
+    owns = [Compared() if own_pass and lab not in blocked else None for lab in labels[1:]]
     spill = Spill()
     seen = 0
+    scored = False  # the reference's output is class scores
     first_input: ModelInput | None = None
     try:
         todo: list[InputOptions | None] = [*batches] if batches else [None]
@@ -82,24 +134,46 @@ def diff_report(
             else:
                 assert base.model_input is not None
                 model_input = base.model_input
-            if twin and first_input is None:  # every side the fused twin; int8 calibrated here
-                for run in runs:
-                    quantizable_twin(run, selection, model_input)
+            if first_input is None:
+                if twin:  # every side the fused twin; int8 calibrated here
+                    for run in runs:
+                        quantizable_twin(run, selection, model_input)
+                align([run.prepared for run in runs])  # fused units compared as one
             first_input = first_input or model_input
             spill.reset()
             with beacon.phase(f"diff side {labels[0]} ({runs[0].side.describe()})"):
-                reference_pass(runs[0], reference.cast(model_input, base.device), spill, isolate)
+                inputs_too = isolate or any(o is not None for o in owns)
+                reference_pass(runs[0], reference.cast(model_input, base.device), spill, inputs_too)
             spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
-            for label, run, result in zip(labels[1:], runs[1:], results, strict=True):
+            scored = scored or SCORES in spill.index
+            for label, run, result, own_result in zip(
+                labels[1:], runs[1:], results, owns, strict=True
+            ):
                 side_input = run.side.cast(model_input, run.prepared.device)
                 with beacon.phase(f"diff side {label} ({run.side.describe()})"):
                     side_pass(run, side_input, spill, isolate, result)
+                if own_result is not None:
+                    with beacon.phase(f"diff side {label} ({run.side.describe()}), own error"):
+                        side_pass(run, side_input, spill, True, own_result)
             seen += model_input.shapes()[0][0] if model_input.shapes() else 1
     finally:
         spill.close()
     assert first_input is not None
     where = ", ".join(map(str, inputs.items[:2])) if batches else None
-    return _report(runs, results, first_input, seen, isolate=isolate, tol=tol, folder=where)
+    notes = _notes(isolate, own, blocked, scored, labels)
+    return _report(
+        runs,
+        results,
+        owns,
+        first_input,
+        seen,
+        isolate=isolate,
+        tol=tol,
+        tol_source=tol_source,
+        sort=sort,
+        notes=notes,
+        folder=where,
+    )
 
 
 def _batches(inputs: InputOptions, batch_size: int | None) -> list[InputOptions]:
@@ -117,47 +191,161 @@ def _batches(inputs: InputOptions, batch_size: int | None) -> list[InputOptions]
     ]
 
 
+def _notes(
+    isolate: bool, own: bool, blocked: dict[str, str], scored: bool, labels: list[str]
+) -> list[str]:
+    """How the rows were measured: accumulated or own error, and what was not compared."""
+    ref = "A's" if labels[0] == "A" else "the reference side's"
+    if isolate:
+        notes = [
+            f"--isolate: each selected layer was fed {ref} input, so each row is that layer's "
+            "own error"
+        ]
+        if scored:
+            notes.append(
+                "predictions not compared: fed the reference's inputs, the compared side's "
+                "output is not its own (run without --isolate)"
+            )
+        return notes
+    notes = [
+        "errors accumulate: each row includes what the layers before it passed on"
+        + (
+            f"; `own` is each layer's own error, from a second pass fed {ref} input at every "
+            "selected layer (--no-own skips that pass)"
+            if own and len(blocked) < len(labels) - 1
+            else " (--isolate separates a layer's own error)"
+        )
+    ]
+    if own:
+        notes += [
+            f"own error not measured for side {lab}, which cannot be fed the reference's "
+            f"inputs: {why}"
+            for lab, why in blocked.items()
+        ]
+    return notes
+
+
+def _diffs(
+    accs: dict[str, Accumulator],
+    tol: float,
+    own: Compared | None,
+    key: tuple[str, int],
+    isolate: bool,
+) -> list[TensorDiff]:
+    """One call's tensors on one side, with each one's own error where it was measured."""
+    diffs = [acc.result(p, tol) for p, acc in accs.items()]
+    own_accs = own.calls[key][1] if own is not None and key in own.calls else {}
+    for d in diffs:
+        if isolate:
+            d.own_rel_l2 = d.rel_l2
+        elif d.path in own_accs:
+            d.own_rel_l2 = own_accs[d.path].result(d.path, tol).rel_l2
+    return diffs
+
+
+def _fused(call: DiffCall, into: str) -> None:
+    """An Identity left by fusion: its row compares nothing of its own (its output is what
+    `into` returned), so it carries no numbers and is never past tolerance."""
+    note = f"fused into {into}"
+    call.fused_into = into
+    call.b = [TensorDiff(d.path, d.shape, d.numel, note=note) for d in call.b]
+    if call.a is not None:
+        call.a = [TensorDiff(d.path, d.shape, d.numel, note=note) for d in call.a]
+
+
+def _sort_key(call: DiffCall, sort: str) -> tuple[int, float]:
+    """Largest first: a call with non-finite values before any number, calls without a
+    number (one side only, fused) last; ties keep the order the calls returned."""
+    diffs = [*call.b, *(call.a or [])]
+    if sort == "error" and any(d.nonfinite for d in diffs):
+        return (0, 0.0)
+    values = [v for d in diffs if (v := d.own_rel_l2 if sort == "own" else d.rel_l2) is not None]
+    if call.fused_into is not None or not values:
+        return (2, 0.0)
+    return (1, -max(values))
+
+
+def _largest_own(calls: list[DiffCall]) -> list[dict[str, Any]]:
+    """The calls with the largest own error (each call's largest tensor), largest first."""
+    ranked: list[dict[str, Any]] = []
+    for c in calls:
+        if c.fused_into is not None:
+            continue
+        for side, diffs in (("B", c.b), ("A", c.a or [])):
+            mine = [d for d in diffs if d.own_rel_l2 is not None and d.own_rel_l2 > 0]
+            if not mine:
+                continue
+            d = max(mine, key=lambda t: t.own_rel_l2 or 0.0)
+            ranked.append(
+                {
+                    "name": c.name,
+                    "call": c.call,
+                    "type": c.type_b if side == "B" and c.type_b else c.type,
+                    "side": side,
+                    "path": d.path,
+                    "own_rel_l2": d.own_rel_l2,
+                    "rel_l2": d.rel_l2,
+                }
+            )
+    ranked.sort(key=lambda e: -float(e["own_rel_l2"]))
+    return ranked[:LARGEST]
+
+
 def _report(
     runs: list[SideRun],
     results: list[Compared],
+    owns: list[Compared | None],
     model_input: ModelInput,
     seen: int,
     *,
     isolate: bool,
     tol: float,
+    tol_source: str,
+    sort: str,
+    notes: list[str],
     folder: str | None,
 ) -> DiffReport:
     with_ref = len(results) == 2
     last = results[-1]
+    ref_types = {t.name: t.type for t in runs[0].prepared.targets}
+    fused = runs[0].fused
     calls: list[DiffCall] = []
     first: tuple[int, str] | None = None
     for key, (type_, accs) in last.calls.items():
-        call = DiffCall(key[0], type_, key[1], [acc.result(p, tol) for p, acc in accs.items()])
+        call = DiffCall(key[0], ref_types.get(key[0], type_), key[1])
+        call.b = _diffs(accs, tol, owns[-1], key, isolate)
+        call.type_b = type_ if type_ != call.type else None
         if with_ref:
             _, a_accs = results[0].calls.get(key, (type_, {}))
-            call.a = [acc.result(p, tol) for p, acc in a_accs.items()]
+            call.a = _diffs(a_accs, tol, owns[0], key, isolate)
+        if key[0] in fused:
+            _fused(call, fused[key[0]])
         calls.append(call)
         over = [d for d in [*call.b, *(call.a or [])] if d.over]
         if over:
             rank = last.order.get(key, 0)
             if first is None or rank < first[0]:
                 first = (rank, describe_over(call, over[0], tol))
+    largest = _largest_own(calls)
+    if sort != "order":
+        calls.sort(key=lambda c: _sort_key(c, sort))
     outputs = [
         DiffCall("(model)", "output", 0, [a.result(p, tol) for p, a in last.outputs.items()])
     ]
     if with_ref:
         outputs[0].a = [acc.result(p, tol) for p, acc in results[0].outputs.items()]
     loaded = runs[0].prepared.loaded
+    sides = ["A", "B"] if with_ref else ["B"]
+    agreement = {
+        side: r.agreement.result(side, "ref" if with_ref else "A", loaded.categories)
+        for side, r in zip(sides, results, strict=True)
+        if r.agreement is not None
+    }
     params = count_params(loaded.module)  # lazy parameters as materialised by the passes
     info = ModelInfo(loaded.name, loaded.spec, loaded.task, loaded.weights_label, params)
-    notes = isa.notes()
-    notes += [
-        "--isolate: each selected layer was fed the reference side's input, so each row is "
-        "that layer's own error"
-        if isolate
-        else "errors accumulate: each row includes what the layers before it passed on "
-        "(--isolate separates a layer's own error)"
-    ]
+    notes = [*isa.notes(), *notes]
+    if tol_source != "--tol":
+        notes.append(f"tol {tol:g}: {tol_source}")
     description = model_input.description
     if folder is not None:
         description = f"{seen} images from {folder}"
@@ -173,9 +361,13 @@ def _report(
         ref=runs[0].side.describe() if with_ref else None,
         isolate=isolate,
         tol=tol,
+        tol_source=tol_source,
+        sort=sort,
         calls=calls,
         outputs=outputs,
         first_over=first[1] if first else None,
+        agreement=agreement or None,
+        largest_own=largest,
         missing=sorted(set().union(*(r.missing for r in results))),
         notes=notes,
         hookcli_version=__version__,

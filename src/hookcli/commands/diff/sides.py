@@ -10,7 +10,8 @@ changes, behind one small interface (`SideKind`), every step of which defaults t
 - `context`: what the side's pass runs under (autocast);
 - `needs_twin` / `adapt_twin`: torchvision's quantizable twin, and what this kind does to it;
 - `check_role`: a role it cannot take (the reference side, `--isolate`);
-- `pass_runner`: a pass of its own instead of the hooked one (ONNX Runtime).
+- `pass_runner`: a pass of its own instead of the hooked one (ONNX Runtime);
+- `precision`: the precision it computes in (bfloat16, int8), which sets the default --tol.
 
 `parse_side` reads a spec with the registered kinds, in registration order: the first kind
 whose `parse` accepts a part takes it. Adding a side kind is one class and `@register`.
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from hookcli import bounds
+from hookcli.commands.diff.align import fused_into
 from hookcli.commands.diff.measure import Compared, Spill
 from hookcli.commands.diff.onnx import onnx_pass
 from hookcli.engine.passes import Prepared, prepare
@@ -91,6 +93,12 @@ class SideKind:
         """A pass of its own for a compared side; None: the hooked pass."""
         return None
 
+    @property
+    def precision(self) -> str | None:
+        """The precision the side computes in (a name of tolerance.PRECISIONS); None: this
+        kind leaves it as it was."""
+        return None
+
 
 KINDS: list[type[SideKind]] = []
 K = TypeVar("K", bound=type[SideKind])
@@ -138,6 +146,10 @@ class DType(SideKind):
     def cast(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.dtype)
 
+    @property
+    def precision(self) -> str | None:
+        return str(self.dtype).removeprefix("torch.")
+
     def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
         if not side.has(Quantized):  # an int8 twin keeps its own dtypes
             twin.to(self.dtype)
@@ -166,6 +178,10 @@ class Autocast(SideKind):
 
     def context(self, device: torch.device) -> AbstractContextManager[None]:
         return torch.autocast(device.type, dtype=self.dtype)
+
+    @property
+    def precision(self) -> str | None:
+        return str(self.dtype).removeprefix("torch.")
 
 
 @register
@@ -199,6 +215,10 @@ class Quantized(SideKind):
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
         return cls() if key in ("quantized", "int8") and value is None else None
+
+    @property
+    def precision(self) -> str | None:
+        return "int8"
 
     def adapt_twin(self, twin: nn.Module, side: Side, calibrate: Callable[[], None]) -> None:
         from torch.ao import quantization as tq
@@ -413,6 +433,19 @@ class Side:
     def pass_runner(self) -> PassRunner | None:
         return next((r for p in self.parts if (r := p.pass_runner()) is not None), None)
 
+    @property
+    def precisions(self) -> list[str]:
+        """The precisions its kinds compute in; float32 when none changes it."""
+        return [p.precision for p in self.parts if p.precision is not None] or ["float32"]
+
+    def isolatable(self) -> str | None:
+        """Why this side cannot be fed the reference's inputs (None: it can)."""
+        try:
+            self.check_role(reference=False, isolate=True)
+        except UsageError as exc:
+            return exc.message
+        return None
+
 
 def parse_side(raw: str, option: str) -> Side:
     """A side from its spec (`float16,channels_last`), with the registered kinds."""
@@ -444,10 +477,12 @@ SIDE_HELP = side_help()  # the built-in kinds' grammar
 
 @dataclass(slots=True)
 class SideRun:
-    """A side and its prepared model."""
+    """A side and its prepared model; `fused`: each Identity the twin's fusion left → the
+    module it was fused into."""
 
     side: Side
     prepared: Prepared
+    fused: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def prepare_side(
@@ -488,7 +523,9 @@ def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput
         twin = torchvision.models.get_model(name, weights=None, quantize=False)
         twin.load_state_dict(p.loaded.module.float().state_dict())
         twin.eval()
+        before = dict(twin.named_modules())
         twin.fuse_model()
+        run.fused = fused_into(before, twin)
 
     def calibrate() -> None:
         x = Side("").cast(calibration, p.device)
