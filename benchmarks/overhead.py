@@ -15,7 +15,9 @@ Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval)
     and every parameter gradient ÷ a plain forward + backward from the same target (the sum
     of each image's top-1 logit), interleaved the same way;
 (e) --profile: the leaf calls' own forward times added up ÷ the unhooked pass it times in the
-    same process (100% means the per-layer times account for the whole pass).
+    same process (100% means the per-layer times account for the whole pass);
+(f) --profile's FLOPs: its counting pass (FlopCounterMode, hooks on every module) ÷ a plain
+    forward and ÷ a plain inspect, and inspect --profile ÷ inspect, interleaved.
 
 Usage: python benchmarks/overhead.py [--rounds N] [--quick]
 """
@@ -246,6 +248,40 @@ def main() -> None:
             f"(e) {name} batch {batch}: --profile leaf calls sum to "
             f"{statistics.median(shares):.1%} of the unhooked forward (median of 3)"
         )
+    for name, batch in cases:
+        f = flops_case(name, batch, min(rounds, 5))
+        print(
+            f"(f) {name} batch {batch}: FLOPs pass {f['flops'] / f['plain']:.2f}x a plain forward, "
+            f"{f['flops'] / f['inspect']:.2f}x a plain inspect; inspect --profile "
+            f"{f['profile'] / f['inspect']:.2f}x inspect"
+        )
+
+
+def flops_case(name: str, batch: int, rounds: int) -> dict[str, float]:
+    """(f): seconds of a plain forward, the FLOPs pass alone, inspect, inspect --profile."""
+    import torch
+
+    import hookcli
+    from hookcli.engine.flops import count_flops
+    from hookcli.engine.passes import prepare
+    from hookcli.options import InputOptions, ModelOptions, Selection
+
+    model, x = _build(name, batch)
+    prepared = prepare(ModelOptions(model, device="cpu"), Selection(), InputOptions((x,)))
+
+    def plain() -> None:
+        with torch.no_grad():
+            model(x)
+
+    return interleaved(
+        {
+            "plain": plain,
+            "flops": lambda: count_flops(prepared),
+            "inspect": lambda: hookcli.inspect(model, x, device="cpu", topk=0),
+            "profile": lambda: hookcli.inspect(model, x, device="cpu", topk=0, profile=True),
+        },
+        rounds,
+    )
 
 
 if __name__ == "__main__":

@@ -244,3 +244,103 @@ class Chain(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.l4(self.act(self.l3(self.act(self.l2(self.act(self.l1(x)))))))
+
+
+class InlineNet(nn.Module):
+    """NaN made by code in forward, outside every module: `torch.log` between bn1 and fc2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.bn1 = nn.BatchNorm1d(8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.bn1(self.fc1(x))
+        return self.fc2(torch.log(h))  # negative entries: NaN, made by no module
+
+
+class InlineBlock(nn.Module):
+    """A block whose own forward holds the inline code (between `inner` and `out`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.out(torch.sqrt(h - h.min(1, keepdim=True).values))  # sqrt'(0) = Inf
+
+
+class InlineDeep(nn.Module):
+    """InlineBlock inside a model: the gap's code is in InlineBlock.forward (block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(4, 8)
+        self.block = InlineBlock()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.stem(x)))
+
+
+class Collapse(nn.Module):
+    """`squash` scales its input by 1e-9: every activation after it has collapsed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.squash = Multiply(1e-9)
+        self.fc2 = nn.Linear(8, 8, bias=False)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc2(self.squash(self.fc1(x))))
+
+
+class Shrinking(nn.Module):
+    """Five linear layers with small weights: gradients shrink toward the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(16, 16) for _ in range(5)])
+        with torch.no_grad():
+            for i, layer in enumerate(self.layers):
+                layer.weight.mul_(0.05 * (i + 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class Multiply(nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class RowNet(nn.Module):
+    """sqrt of the input in forward (a negative entry: NaN, made before any module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.sqrt(x))
+
+
+class DarkNan(nn.Module):
+    """The log of each channel's mean, inline: NaN for a dark image (normalised below 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.log(self.pool(x).flatten(1)))

@@ -233,10 +233,10 @@ def test_a_folder_of_more_than_one_batch_is_batched_like_the_cli(tmp_path: Path)
 
 def test_folder_refusals_are_the_cli_ones(tmp_path: Path) -> None:
     folder = make_images(tmp_path / "imgs", 3)
-    code, _, err = cli("inspect", TWO_BRANCHES, str(folder), "--batch-size", "2", "--profile")
-    assert code == 2 and "--profile works on one batch" in err
-    with pytest.raises(UsageError, match="--profile works on one batch"):
-        hookcli.inspect(TWO_BRANCHES, folder, batch_size=2, profile=True)
+    code, _, err = cli("inspect", TWO_BRANCHES, str(folder), "--batch-size", "2", "--train")
+    assert code == 2 and "--train works on one batch" in err
+    with pytest.raises(UsageError, match="--train works on one batch"):
+        hookcli.inspect(TWO_BRANCHES, folder, batch_size=2, train=True)
     with pytest.raises(UsageError, match="not tensors"):
         hookcli.inspect(TWO_BRANCHES, torch.zeros(1, 3, 8, 8), batch_size=2)
 

@@ -123,13 +123,13 @@ def test_dev_stdout_appended_to_a_log_keeps_the_log(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr.decode()
     text = log.read_text()
     assert text.startswith("earlier lines\n"), text[:200]
-    assert '"schema": 1' in text
+    assert '"schema": 2' in text
 
 
 def test_dev_stdout_as_a_pipe_works() -> None:
     done = _hookcli(*_JSON, "-o", "/dev/stdout", capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    assert b'"schema": 1' in done.stdout
+    assert b'"schema": 2' in done.stdout
 
 
 @pytest.mark.parametrize("form", ["/dev/fd/{fd}", "/proc/self/fd/{fd}"])
@@ -142,14 +142,14 @@ def test_an_open_descriptor_is_written_through(tmp_path: Path, form: str) -> Non
     finally:
         os.close(fd)
     assert done.returncode == 0, done.stderr.decode()
-    assert log.read_text().startswith("kept\n") and '"schema": 1' in log.read_text()
+    assert log.read_text().startswith("kept\n") and '"schema": 2' in log.read_text()
     assert log.is_file() and not log.is_symlink()
 
 
 def test_dev_stdout_in_process_goes_to_stdout() -> None:
     r = invoke(*_JSON, "-o", "/dev/stdout")
     assert r.exit_code == 0, r.stderr
-    assert '"schema": 1' in r.stdout
+    assert '"schema": 2' in r.stdout
 
 
 # ---------------------------------------------------------------- 3. two outputs on one path
@@ -456,7 +456,7 @@ def test_a_config_from_a_pipe_is_read() -> None:
         feeder.join(timeout=10)
         os.close(fd)
     assert r.exit_code == 0, r.stderr
-    assert '"schema": 1' in r.stdout
+    assert '"schema": 2' in r.stdout
 
 
 # ---------------------------------------------------------------- 10. long output names

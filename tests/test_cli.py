@@ -67,7 +67,7 @@ def test_inspect_json_parses_and_follows_schema_1() -> None:
     )
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["schema"] == 1
+    assert data["schema"] == 2
     for key in ("model", "input", "device", "layers", "never_called", "predictions", "checks"):
         assert key in data
     assert data["input"]["shapes"] == [[2, 3, 224, 224]]

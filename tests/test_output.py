@@ -55,7 +55,7 @@ def test_fifo_is_written_through(tmp_path: Path) -> None:
     reader.join(timeout=60)
     assert r.exit_code == 0, r.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode), "still a FIFO"
-    assert _json_ok(got[0].decode())["schema"] == 1
+    assert _json_ok(got[0].decode())["schema"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
@@ -68,7 +68,7 @@ def test_symlink_target_is_replaced_and_the_link_kept(tmp_path: Path) -> None:
     r = runner.invoke(app, [*TINY, "-o", str(link)])  # format from the link's suffix: json
     assert r.exit_code == 0, r.stderr
     assert link.is_symlink() and link.resolve() == real.resolve()
-    assert _json_ok(real.read_text())["schema"] == 1
+    assert _json_ok(real.read_text())["schema"] == 2
     dangling = tmp_path / "new.json"
     dangling.symlink_to(tmp_path / "reports" / "fresh.json")
     assert runner.invoke(app, [*TINY, "-o", str(dangling)]).exit_code == 0

@@ -19,6 +19,7 @@ from hookcli.records import (
     CheckResult,
     DiffCall,
     DiffReport,
+    Failure,
     InputInfo,
     LayerCall,
     LayerChange,
@@ -118,7 +119,9 @@ def full_report(*, grads: bool = False) -> Report:
         predictions=preds,
         prediction_note="softmax over 10 classes",
         checks=[
-            CheckResult("nonfinite", False, "NaN in 1 call", [f"call {i}" for i in range(25)]),
+            CheckResult(
+                "nonfinite", False, "NaN in 1 call", [Failure(f"call {i}") for i in range(25)]
+            ),
             CheckResult("dead", True, "no dead layer"),
         ],
         notes=["first note", "second note"],

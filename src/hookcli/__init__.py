@@ -77,11 +77,11 @@ def check(model: Any, inputs: Any = (), **options: Any) -> Report:
     """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
     evaluate rules into `report.checks`; `hookcli.passed(report)` and
     `hookcli.exit_code(report)` give the CLI's verdict. Rules: fail_on ("nonfinite", "dead"
-    or a list; no rule at all means nonfinite), dead_frac, max_abs, grad_norm ("MIN:MAX" or
-    (min, max), None for no bound), expect_shape ("LAYER=1x64x112x112", a list, or
-    {layer: shape}), baseline (a JSON report's path), rtol, atol, backward. Runs are
-    deterministic and make no predictions. Other options as grads' (target and loss apply
-    when backward runs)."""
+    or a list; no rule at all means nonfinite), dead_frac, max_abs, min_std (collapse: an
+    output's std below it), grad_norm ("MIN:MAX" or (min, max), None for no bound),
+    expect_shape ("LAYER=1x64x112x112", a list, or {layer: shape}), baseline (a JSON
+    report's path), rtol, atol, backward. Runs are deterministic and make no predictions.
+    Other options as grads' (target and loss apply when backward runs)."""
     from hookcli.commands import api_report
 
     _new_run()

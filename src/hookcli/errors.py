@@ -14,7 +14,11 @@ class HookcliError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message} Hint: {self.hint}" if self.hint else self.message
+        if not self.hint:
+            return self.message
+        # the message is a sentence before the hint's: it ends with its own stop
+        stop = "" if self.message.rstrip().endswith((".", "!", "?", ":", ";")) else "."
+        return f"{self.message.rstrip()}{stop} Hint: {self.hint}"
 
 
 class UsageError(HookcliError):

@@ -276,6 +276,7 @@ class RuleOptions:
     fail_on: tuple[str, ...] = ()
     dead_frac: float = 1.0  # "dead": a ReLU-like output whose zero fraction reaches this
     max_abs: float | None = None
+    min_std: float | None = None  # "collapse": an output whose std is below this
     grad_norm: str | None = None  # "MIN:MAX", either bound may be empty
     expect_shape: tuple[str, ...] = ()  # "LAYER=1x64x112x112"
     baseline: Path | None = None

@@ -9,7 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# the schemas this version reads (1: a check's failures were strings; the rest is the same)
+READABLE_SCHEMAS = (1, 2)
 
 
 @dataclass(slots=True)
@@ -58,6 +60,10 @@ class LayerCall:
     grad_inputs: list[TensorStats] | None = None
     grad_outputs: list[TensorStats] | None = None
     params: list[ParamStats] | None = None
+    # the order hooks saw this call in: its return among the calls' returns (a child before
+    # its container), and its output gradient's arrival among theirs (0: nearest the loss)
+    forward_order: int | None = None
+    backward_order: int | None = None
     error: str | None = None
     profile: CallProfile | None = None
 
@@ -74,15 +80,31 @@ class CallProfile:
     output_bytes: int
     share: float | None = None  # forward_ms / the unhooked pass
     self_ms: float | None = None
+    flops: int | None = None  # forward FLOPs (FlopCounterMode), the modules it calls included
 
 
 @dataclass(slots=True)
 class Profile:
-    unhooked_ms: float  # the same pass without hooks, median of `runs`
-    layers_ms: float  # the selected leaf calls' forward times, added up
+    """--profile's totals. A folder run adds each batch's up (`batches`). "Selected" counts a
+    call that ran inside another selected call once, in it; the forward of the whole model
+    (`model_ms`, hook work excluded) is the selected calls + `outside_ms` (a forward's own code
+    outside any module, not inside a selected call) + `unselected_ms` (modules not selected)."""
+
+    unhooked_ms: float  # the same pass without hooks, median of `runs` (per batch)
+    layers_ms: float  # the selected calls' forward times, added up (nested ones counted once)
     runs: int
     unhooked_backward_ms: float | None = None
     layers_backward_ms: float | None = None
+    batches: int = 1
+    model_ms: float | None = None
+    outside_ms: float | None = None
+    unselected_ms: float | None = None
+    containers: int = 0  # selected calls that ran other modules inside them
+    nested: int = 0  # selected calls that ran inside another selected call
+    flops: int | None = None  # the model's forward FLOPs (FlopCounterMode's total)
+    layers_flops: int | None = None  # the selected calls' FLOPs (nested ones counted once)
+    backward_flops: int | None = None
+    flops_note: str | None = None  # why FLOPs were not counted
 
 
 @dataclass(slots=True)
@@ -104,9 +126,15 @@ class ParamStats:
 
 @dataclass(slots=True)
 class Origin:
-    """Where non-finite values first appeared. Forward: the first layer call to finish whose
-    inputs were all finite and whose outputs were not. Backward: the first call, in backward
-    order, whose gradient w.r.t. its outputs was finite and w.r.t. its inputs was not."""
+    """Where non-finite values first appeared (engine.origins).
+
+    `where` is "layer": inside this call — forward, the first call to return non-finite
+    outputs from finite inputs; backward, the first whose gradient w.r.t. its outputs was finite
+    and w.r.t. its inputs was not. "between": code outside the selected modules, run between
+    call `after` (its `after_finite` tensors finite) and this call, whose input (forward) or
+    output gradient (backward) held them; `code` names the forwards that code can be in.
+    "before": already in the first call's input (the model's input, or code before it) or in
+    the first gradient to arrive (the loss, or code after this call)."""
 
     direction: str  # forward | backward
     layer: str
@@ -115,24 +143,75 @@ class Origin:
     path: str
     nan: int
     inf: int
+    where: str = "layer"
+    after: str | None = None
+    after_finite: str | None = None  # "output" | "input" (forward), "input" | "output" gradient
+    code: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         counts = ", ".join(f"{n} {k}" for n, k in ((self.nan, "NaN"), (self.inf, "Inf")) if n)
-        what = "output" if self.direction == "forward" else "gradient w.r.t. input"
-        return (
-            f"{self.direction}: first at {self.layer} ({self.type}) call {self.call}, "
-            f"{what} {self.path}: {counts}"
+        forward = self.direction == "forward"
+        here = f"{self.layer} ({self.type}) call {self.call}"
+        if self.where == "layer":
+            what = "output" if forward else "gradient w.r.t. input"
+            return f"{self.direction}: first at {here}, {what} {self.path}: {counts}"
+        what = "input" if forward else "gradient w.r.t. output"
+        code = _either(self.code)
+        if self.where == "before":
+            if forward:
+                return (
+                    f"forward: already in the input of {here}, the first selected call "
+                    f"({what} {self.path}: {counts}): the model's input, or code before it"
+                    + (f" in {code}" if code else "")
+                )
+            return (
+                f"backward: already in the first gradient to arrive, at {here} ({what} "
+                f"{self.path}: {counts}): from the loss or target, or code after it"
+                + (f" in {code}" if code else "")
+            )
+        finite = (
+            f"finite {self.after_finite}"
+            if forward
+            else f"finite gradient w.r.t. {self.after_finite}"
         )
+        return (
+            f"{self.direction}: entered between {self.after} ({finite}) and {here} "
+            f"({what} {self.path}: {counts}): code in {code or 'the model'}"
+        )
+
+
+def _either(names: list[str]) -> str:
+    """a, b or c."""
+    if len(names) <= 1:
+        return "".join(names)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+@dataclass(slots=True)
+class Failure:
+    """One entry that broke a rule: where (layer call, tensor path), the value found and the
+    limit it broke, and the one line that says so. `layer`/`call` are None for the model's
+    output and the input gradients (`path` names them); `value`/`limit` are numbers, or
+    text where the rule compares shapes or counts several things (NaN and Inf)."""
+
+    message: str
+    layer: str | None = None
+    call: int | None = None
+    path: str | None = None
+    value: float | str | None = None
+    limit: float | str | None = None
 
 
 @dataclass(slots=True)
 class CheckResult:
-    """One rule's verdict; `failures` lists the offending layer calls or entries."""
+    """One rule's verdict; `failures` lists the offending layer calls or entries, `first`
+    the one a reader should look at first (where the trouble began), when the rule can tell."""
 
     rule: str
     passed: bool
     message: str
-    failures: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    first: Failure | None = None
 
 
 @dataclass(slots=True)
@@ -183,6 +262,19 @@ class Prediction:
 
 
 @dataclass(slots=True)
+class ImageNonfinite:
+    """One image (batch row) whose input or the model's output held NaN/Inf: which image
+    (its file, when it came from one) and how many in each."""
+
+    image: int
+    source: str | None
+    input_nan: int = 0
+    input_inf: int = 0
+    output_nan: int = 0
+    output_inf: int = 0
+
+
+@dataclass(slots=True)
 class ModelInfo:
     name: str
     spec: str
@@ -190,6 +282,7 @@ class ModelInfo:
     weights: str
     params: int
     mode: str = "eval"
+    seed: int | None = None  # --seed: random weights and random inputs come from it
 
 
 @dataclass(slots=True)
@@ -213,6 +306,8 @@ class Report:
     checks: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     nonfinite_origins: list[Origin] = field(default_factory=list)
+    # the images whose input or output held NaN/Inf (a batch or folder: which image)
+    nonfinite_images: list[ImageNonfinite] = field(default_factory=list)
     backward: Backward | None = None
     input_grads: list[TensorStats] | None = None
     ablation: Ablation | None = None
@@ -224,7 +319,7 @@ class Report:
     hookcli_version: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (schema 1): plain types only, NaN never appears (None instead)."""
+        """The JSON form: plain types only, NaN never appears (None instead)."""
         data = dataclasses.asdict(self)
         ordered: dict[str, Any] = {"schema": data.pop("schema")}
         ordered.update(data)

@@ -110,8 +110,9 @@ def to_file(dest: Destination | None) -> bool:
     return dest is not None and dest.path is not None
 
 
-def emit(text: str, dest: Destination | None) -> None:
-    """stdout, or the claimed destination (atomically replaced, or written through)."""
+def emit(text: str, dest: Destination | None, *, quiet: bool = False) -> None:
+    """stdout, or the claimed destination (atomically replaced, or written through); `quiet`
+    (check --quiet): no "wrote FILE" line."""
     from hookcli.io.output import write_text
 
     if dest is None:
@@ -119,7 +120,7 @@ def emit(text: str, dest: Destination | None) -> None:
         sys.stdout.flush()
         return
     write_text(dest, text)
-    if dest.path is not None and dest.fd is None:  # not `-o /dev/stdout`: that is the data
+    if dest.path is not None and dest.fd is None and not quiet:  # `-o /dev/stdout`: the data
         err(f"wrote {dest.label}")
 
 

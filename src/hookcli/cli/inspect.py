@@ -146,6 +146,14 @@ def check(
         float | None,
         typer.Option("--max-abs", metavar="X", help="Fail when any activation exceeds |X|."),
     ] = None,
+    min_std: Annotated[
+        float | None,
+        typer.Option(
+            "--min-std",
+            metavar="X",
+            help="Fail when an activation collapses: any output's std below X, e.g. 1e-6.",
+        ),
+    ] = None,
     grad_norm: Annotated[
         str | None,
         typer.Option(
@@ -240,19 +248,21 @@ def run_command(ctx: typer.Context, command: str) -> None:
     )
     report = run(command, inv, rules, batching=pick(Batching, p), running=_running(name))
     fmt = output_format(p["fmt"], output)
-    if used and (fmt != Format.table or to_file(output)):
+    quiet = bool(p.get("quiet"))  # check --quiet: failures only, no "config:"/"wrote" lines
+    if used and (fmt != Format.table or to_file(output)) and not quiet:
         err(f"config: {used}")  # a table on stdout says so in its header
     if baseline_out is not None:
         from hookcli.render.json import report_json
 
-        emit(report_json(report), baseline_out)
+        emit(report_json(report), baseline_out, quiet=quiet)
     emit(
-        render(report, fmt, output, checks_only=command == "check", quiet=bool(p.get("quiet"))),
+        render(report, fmt, output, checks_only=command == "check", quiet=quiet),
         output,
+        quiet=quiet,
     )
     failed = failures(report)
-    if failed and command != "check" and (fmt != Format.table or to_file(output)):
-        for c in failed:  # the table shows them; other formats get them on stderr
+    if failed and (fmt != Format.table or to_file(output)):
+        for c in failed:  # a table on stdout shows them; with any other, stderr says why
             err(f"check failed: {c.rule}: {c.message}")
     if report.interrupted:
         err("interrupted: partial results above")

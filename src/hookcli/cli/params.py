@@ -175,8 +175,8 @@ ProfileOpt = Annotated[
     bool,
     typer.Option(
         "--profile",
-        help="Time each layer call (and its backward) and size its "
-        "output, against an unhooked pass timed in the same process.",
+        help="Time each layer call (and its backward), count its FLOPs and size its output, "
+        "against an unhooked pass timed in the same process; a folder run adds up its batches.",
     ),
 ]
 BatchSizeOpt = Annotated[

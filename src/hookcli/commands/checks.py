@@ -2,9 +2,11 @@
 no re-run — checks cost nothing beyond the hooked pass itself.
 
 Rules: `nonfinite` (NaN/Inf anywhere), `dead` (a ReLU-family output whose zero fraction is at
-least --dead-frac), `--max-abs X` (activation magnitude), `--grad-norm MIN:MAX` (vanishing or
-exploding gradients), `--expect-shape LAYER=1x64x112x112`, and `--baseline FILE` (drift of
-any recorded statistic beyond rtol/atol, or layers that appeared or vanished).
+least --dead-frac), `--max-abs X` (activation magnitude), `--min-std X` (collapsed activations),
+`--grad-norm MIN:MAX` (vanishing or exploding gradients), `--expect-shape LAYER=1x64x112x112`,
+and `--baseline FILE` (drift of any recorded statistic beyond rtol/atol, or layers that
+appeared or vanished). Each failure is an object (where, the value, the limit, one line); a
+rule that can tell names the first failure in the order the hooks saw the calls.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from hookcli import bounds
 from hookcli.errors import UsageError
 from hookcli.options import RuleOptions
-from hookcli.records import CheckResult, Report, TensorStats
+from hookcli.records import CheckResult, Failure, LayerCall, Report, TensorStats
 
 FAIL_ON = ("nonfinite", "dead")
 RELU_FAMILY = {
@@ -40,6 +42,7 @@ class Rules:
     fail_on: list[str] = field(default_factory=list)
     dead_frac: float = _ASKED.dead_frac
     max_abs: float | None = None
+    min_std: float | None = None
     grad_norm: tuple[float | None, float | None] | None = None
     expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
@@ -58,6 +61,7 @@ class Rules:
         return bool(
             self.fail_on
             or self.max_abs is not None
+            or self.min_std is not None
             or self.grad_norm
             or self.expect_shapes
             or self.baseline is not None
@@ -72,6 +76,11 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
     max_abs = options.max_abs
     if max_abs is not None:
         max_abs = bounds.number(max_abs, "--max-abs", low=0, low_open=True, example="--max-abs 1e4")
+    min_std = options.min_std
+    if min_std is not None:
+        min_std = bounds.number(
+            min_std, "--min-std", low=0, low_open=True, example="--min-std 1e-6"
+        )
     rtol = bounds.number(options.rtol, "--rtol", example="--rtol 1e-3")
     atol = bounds.number(options.atol, "--atol", example="--atol 1e-6")
     if rtol < 0 or atol < 0:
@@ -80,7 +89,12 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
             "e.g. --rtol 1e-3 --atol 1e-6",
         )
     rules = Rules(
-        dead_frac=dead_frac, max_abs=max_abs, rtol=rtol, atol=atol, backward=options.backward
+        dead_frac=dead_frac,
+        max_abs=max_abs,
+        min_std=min_std,
+        rtol=rtol,
+        atol=atol,
+        backward=options.backward,
     )
     for rule in options.fail_on:
         if rule not in FAIL_ON:
@@ -152,9 +166,11 @@ def _parse_range(raw: str) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _all_tensors(report: Report) -> Iterator[tuple[str, TensorStats]]:
+Where = tuple[str | None, int | None, str]  # layer, call, the tensor's path (kind and path)
+
+
+def _all_tensors(report: Report) -> Iterator[tuple[Where, TensorStats]]:
     for c in report.layers:
-        where = f"{c.name} call {c.call}"
         for kind, tensors in (
             ("", c.inputs),
             ("", c.outputs),
@@ -162,14 +178,35 @@ def _all_tensors(report: Report) -> Iterator[tuple[str, TensorStats]]:
             ("grad_output ", c.grad_outputs),
         ):
             for t in tensors or []:
-                yield f"{where} {kind}{t.path}", t
+                yield (c.name, c.call, f"{kind}{t.path}"), t
         for p in c.params or []:
             if p.grad is not None:
-                yield f"{where} {p.name}.grad", p.grad
+                yield (c.name, c.call, f"{p.name}.grad"), p.grad
     for t in report.outputs:
-        yield f"model output {t.path}", t
+        yield (None, None, f"model output {t.path}"), t
     for t in report.input_grads or []:
-        yield f"input gradient {t.path}", t
+        yield (None, None, f"input gradient {t.path}"), t
+
+
+def _failure(
+    where: Where, text: str, value: float | str | None, limit: float | str | None
+) -> Failure:
+    layer, call, path = where
+    place = path if layer is None else f"{layer} call {call} {path}"
+    return Failure(f"{place}: {text}", layer, call, path, value, limit)
+
+
+def _first(bad: list[tuple[LayerCall, Failure]], backward: bool) -> Failure | None:
+    """The failure a reader should look at first: in the order the calls returned (a child
+    before its container), or for gradients the order they arrived (nearest the loss first)."""
+
+    def order(item: tuple[LayerCall, Failure]) -> int:
+        c = item[0]
+        n = c.backward_order if backward else c.forward_order
+        return n if n is not None else 1 << 30
+
+    ranked = sorted(bad, key=order)  # stable: ties keep the report's order
+    return ranked[0][1] if ranked else None
 
 
 def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
@@ -180,6 +217,8 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
         results.append(_dead(report, rules.dead_frac))
     if rules.max_abs is not None:
         results.append(_max_abs(report, rules.max_abs))
+    if rules.min_std is not None:
+        results.append(_min_std(report, rules.min_std))
     if rules.grad_norm is not None:
         results.append(_grad_norm(report, *rules.grad_norm))
     for layer, shape in rules.expect_shapes:
@@ -200,21 +239,27 @@ def _nonfinite(report: Report) -> CheckResult:
         seen += 1
         if t.nonfinite:
             counts = ", ".join(f"{n} {k}" for n, k in ((t.nan, "NaN"), (t.inf, "Inf")) if n)
-            bad.append(f"{where}: {counts}")
+            bad.append(_failure(where, counts, counts, None))
     if not bad:
         return CheckResult("nonfinite", True, f"no NaN/Inf in {seen} tensors")
     origins = (
         "; ".join(o.describe() for o in report.nonfinite_origins)
         or "origin not among the selected layers"
     )
+    first = None
+    if report.nonfinite_origins:
+        o = report.nonfinite_origins[0]
+        first = next((f for f in bad if f.layer == o.layer and f.call == o.call), None) or Failure(
+            o.describe(), o.layer, o.call, o.path
+        )
     return CheckResult(
-        "nonfinite", False, f"NaN/Inf in {len(bad)} of {seen} tensors ({origins})", bad
+        "nonfinite", False, f"NaN/Inf in {len(bad)} of {seen} tensors ({origins})", bad, first
     )
 
 
 def _dead(report: Report, frac: float) -> CheckResult:
     checked = 0
-    bad = []
+    bad: list[tuple[LayerCall, Failure]] = []
     for c in report.layers:
         if c.type not in RELU_FAMILY:
             continue
@@ -223,15 +268,28 @@ def _dead(report: Report, frac: float) -> CheckResult:
                 continue
             checked += 1
             if t.zeros >= frac:
-                bad.append(f"{c.name} call {c.call} {t.path}: {t.zeros:.1%} zeros")
+                where = (c.name, c.call, t.path)
+                bad.append((c, _failure(where, f"{t.zeros:.1%} zeros", t.zeros, frac)))
     limit = "all zeros" if frac >= 1 else f"at least {frac:.0%} zeros"
     if not bad:
         return CheckResult("dead", True, f"no ReLU-family output {limit} ({checked} checked)")
-    return CheckResult("dead", False, f"{len(bad)} of {checked} ReLU-family outputs {limit}", bad)
+    return _failed("dead", f"{len(bad)} of {checked} ReLU-family outputs {limit}", bad)
+
+
+def _failed(
+    rule: str, message: str, bad: list[tuple[LayerCall, Failure]], *, backward: bool = False
+) -> CheckResult:
+    """A failed rule: its failures in the report's order, and the first one (by the order the
+    hooks saw the calls) named in its message."""
+    first = _first(bad, backward)
+    if first is not None and len(bad) > 1:
+        which = "to arrive in backward" if backward else "in forward"
+        message += f"; first {which}: {first.message}"
+    return CheckResult(rule, False, message, [f for _, f in bad], first)
 
 
 def _max_abs(report: Report, limit: float) -> CheckResult:
-    bad = []
+    bad: list[tuple[LayerCall, Failure]] = []
     checked = 0
     for c in report.layers:
         for t in c.outputs:
@@ -240,19 +298,40 @@ def _max_abs(report: Report, limit: float) -> CheckResult:
             checked += 1
             peak = max(abs(t.min), abs(t.max))
             if peak > limit:
-                bad.append(f"{c.name} call {c.call} {t.path}: max |x| = {peak:.4g}")
+                where = (c.name, c.call, t.path)
+                bad.append((c, _failure(where, f"max |x| = {peak:.4g}", peak, limit)))
     if not bad:
         return CheckResult(
             "max-abs", True, f"every activation within ±{limit:g} ({checked} checked)"
         )
-    return CheckResult("max-abs", False, f"{len(bad)} activations beyond ±{limit:g}", bad)
+    return _failed("max-abs", f"{len(bad)} activations beyond ±{limit:g}", bad)
+
+
+def _min_std(report: Report, limit: float) -> CheckResult:
+    """Collapse: an output (of more than one element) whose spread fell below the limit — a
+    layer that passes on (nearly) a constant, whatever its input."""
+    bad: list[tuple[LayerCall, Failure]] = []
+    checked = 0
+    for c in report.layers:
+        for t in c.outputs:
+            if t.std is None or t.numel - t.nan - t.inf < 2:
+                continue
+            checked += 1
+            if t.std < limit:
+                where = (c.name, c.call, t.path)
+                bad.append((c, _failure(where, f"std {t.std:.4g} (collapsed)", t.std, limit)))
+    if not bad:
+        return CheckResult(
+            "min-std", True, f"every activation's std at least {limit:g} ({checked} checked)"
+        )
+    return _failed("min-std", f"{len(bad)} of {checked} activations with std below {limit:g}", bad)
 
 
 def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResult:
     if report.backward is None:
         return CheckResult("grad-norm", False, "no backward pass ran", [])
     span = f"[{'' if lo is None else f'{lo:g}'}, {'' if hi is None else f'{hi:g}'}]"
-    bad = []
+    bad: list[tuple[LayerCall, Failure]] = []
     checked = 0
     for c in report.layers:
         norms = [(f"grad_output {g.path}", g.norm) for g in c.grad_outputs or []]
@@ -261,14 +340,17 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
             if norm is None:
                 continue
             checked += 1
-            if (lo is not None and norm < lo) or (hi is not None and norm > hi):
-                side = "vanishing" if lo is not None and norm < lo else "exploding"
-                bad.append(f"{c.name} call {c.call} {what}: norm {norm:.4g} ({side})")
+            low = lo is not None and norm < lo
+            if low or (hi is not None and norm > hi):
+                side = "vanishing" if low else "exploding"
+                where = (c.name, c.call, what)
+                failure = _failure(where, f"norm {norm:.4g} ({side})", norm, lo if low else hi)
+                bad.append((c, failure))
     if not bad:
         return CheckResult(
             "grad-norm", True, f"every gradient norm within {span} ({checked} checked)"
         )
-    return CheckResult("grad-norm", False, f"{len(bad)} gradient norms outside {span}", bad)
+    return _failed("grad-norm", f"{len(bad)} gradient norms outside {span}", bad, backward=True)
 
 
 def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckResult:
@@ -276,13 +358,17 @@ def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckRe
     call = next((c for c in report.layers if c.name == layer or layer in c.aliases), None)
     rule = f"expect-shape {layer}"
     if call is None:
-        return CheckResult(rule, False, f"{layer} never ran, so it has no output shape")
+        text = f"{layer} never ran, so it has no output shape"
+        return CheckResult(rule, False, text, [Failure(text, layer, None, None, None, want)])
     if not call.outputs:
-        return CheckResult(rule, False, f"{layer} produced no tensor")
+        text = f"{layer} produced no tensor"
+        return CheckResult(rule, False, text, [Failure(text, layer, call.call, None, None, want)])
     got = "x".join(map(str, call.outputs[0].shape))
     if got == want:
         return CheckResult(rule, True, f"{layer} output is {want}")
-    return CheckResult(rule, False, f"{layer} output is {got}, expected {want}")
+    text = f"{layer} output is {got}, expected {want}"
+    failure = Failure(text, call.name, call.call, call.outputs[0].path, got, want)
+    return CheckResult(rule, False, text, [failure], failure)
 
 
 # ---------------------------------------------------------------- baselines
@@ -340,13 +426,13 @@ def compare_baseline(
     now = {k: v for k, v in now.items() if k[2] in kinds}  # compare what the baseline recorded
     calls_now = {(k[0], k[1]) for k in now}
     calls_before = {(k[0], k[1]) for k in before}
-    failures: list[tuple[float, str]] = []
+    failures: list[tuple[float, Failure]] = []
     for name, call in sorted(calls_now - calls_before):
-        failures.append((math.inf, f"{name} call {call}: appeared (not in the baseline)"))
+        text = f"{name} call {call}: appeared (not in the baseline)"
+        failures.append((math.inf, Failure(text, name, call, None, "present", "absent")))
     for name, call in sorted(calls_before - calls_now):
-        failures.append(
-            (math.inf, f"{name} call {call}: vanished (in the baseline, not in this run)")
-        )
+        text = f"{name} call {call}: vanished (in the baseline, not in this run)"
+        failures.append((math.inf, Failure(text, name, call, None, "absent", "present")))
     compared = 0
     for key in sorted(now.keys() & before.keys()):
         compared += 1
@@ -360,25 +446,48 @@ def compare_baseline(
             change, stat = worst
             name, call, kind, path = key
             pct = "∞" if math.isinf(change) else f"{change:.2%}"
-            failures.append(
-                (
-                    change,
-                    f"{name} call {call} {kind[:-1]} {path} {stat}: "
-                    f"{_fmt(b.get(stat))} -> {_fmt(a.get(stat))} ({pct})",
-                )
-            )
+            where = f"{kind[:-1]} {path} {stat}"
+            text = f"{name} call {call} {where}: {_fmt(b.get(stat))} -> {_fmt(a.get(stat))} ({pct})"
+            failures.append((change, Failure(text, name, call, where, a.get(stat), b.get(stat))))
     failures.sort(key=lambda f: -f[0])
+    mismatch = _inputs_differ(report, baseline)
     if not failures:
-        return CheckResult(
-            "baseline", True, f"{compared} tensors within rtol {rtol:g}, atol {atol:g} of {label}"
-        )
-    return CheckResult(
-        "baseline",
-        False,
+        message = f"{compared} tensors within rtol {rtol:g}, atol {atol:g} of {label}"
+        return CheckResult("baseline", True, message + (f" ({mismatch})" if mismatch else ""))
+    message = (
         f"{len(failures)} entries differ from {label} (rtol {rtol:g}, atol {atol:g}), "
-        "largest change first",
-        [f for _, f in failures],
+        f"largest change first: {failures[0][1].message}"
     )
+    if mismatch:
+        message += f" — but {mismatch}: the drift may be the input's, not the model's"
+    return CheckResult("baseline", False, message, [f for _, f in failures], failures[0][1])
+
+
+def _inputs_differ(report: Report, baseline: dict[str, Any]) -> str | None:
+    """What differs between the baseline's run and this one besides the model: the input
+    (its description and files), the seed, the weights. None when nothing does."""
+    said = []
+    base_input = baseline.get("input", {})
+    base_seed = baseline.get("model", {}).get("seed")
+    if base_seed is not None and base_seed != report.model.seed:
+        said.append(
+            f"the baseline ran with --seed {base_seed}, this run with --seed {report.model.seed}"
+        )
+    if base_input.get("description") != report.input.description:
+        said.append(
+            f"the baseline's input was {base_input.get('description')!r}, "
+            f"this run's is {report.input.description!r}"
+        )
+    elif list(base_input.get("sources") or []) != list(report.input.sources):
+        said.append("the baseline read other image files")
+    base_weights = baseline.get("model", {}).get("weights")
+    if base_weights != report.model.weights and not (
+        base_seed is not None and base_seed != report.model.seed
+    ):
+        said.append(
+            f"the baseline's weights were {base_weights!r}, this run's {report.model.weights!r}"
+        )
+    return "; ".join(said) or None
 
 
 def _fmt(v: float | None) -> str:

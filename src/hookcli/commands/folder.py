@@ -6,6 +6,8 @@ engine's hooked pass, its per-tensor statistics are merged into running accumula
 Unreadable images follow the same rule as in one batch (inputs.read_or_skip): found in a
 folder, skipped and listed (`--strict`: an error); named on the command line, an error.
 Ctrl-C stops after the current batch and reports what was seen, marked as interrupted.
+--profile times each batch (and counts its FLOPs) before its statistics are taken, and adds
+the batches up (commands/profile.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
-from hookcli.commands.inspect import label_layouts, model_info, predict
+from hookcli.commands.inspect import (
+    label_layouts,
+    model_info,
+    nonfinite_by_image,
+    origins_of,
+    predict,
+)
+from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.aggregate import Aggregate
 from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.layout import reader
@@ -35,8 +44,16 @@ from hookcli.inputs import (
     skipped_note,
     try_read,
 )
-from hookcli.options import DEFAULT_BATCH, Batching, FolderOptions, Invocation
-from hookcli.records import InputInfo, LayerCall, Prediction, Report, TensorStats
+from hookcli.options import DEFAULT_BATCH, Batching, FolderOptions, Invocation, RunOptions
+from hookcli.records import (
+    ImageNonfinite,
+    InputInfo,
+    LayerCall,
+    Origin,
+    Prediction,
+    Report,
+    TensorStats,
+)
 
 Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
 
@@ -101,7 +118,6 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
         ("ablate", run.ablate),
         ("save", run.save),
         ("train", run.train),
-        ("profile", run.profile),
     ):
         if value:
             raise UsageError(
@@ -136,7 +152,7 @@ def folder_report(
         collate_fn=_collate,
         shuffle=False,
     )
-    run = _FolderRun(prepared, inv.run.train, inv.run.hist)
+    run = _FolderRun(prepared, inv.run)
     skipped: list[tuple[str, str]] = []
     interrupted = False
     predictions: list[Prediction] = []
@@ -170,6 +186,12 @@ def folder_report(
         notes.append(f"not hookable, so not measured: {refused}")
     if skipped:
         notes.append(skipped_note(skipped))
+    if run.origins_batch is not None:
+        k, first, last = run.origins_batch
+        notes.append(
+            f"NaN/Inf first appeared in batch {k} (images {first}–{last}); the origin "
+            "is where they appeared in that batch"
+        )
     if interrupted:
         notes.append(f"interrupted after {run.seen} of {len(files)} images: partial statistics")
     if run.seen == 0 and not interrupted:
@@ -180,7 +202,7 @@ def folder_report(
     size = (shape[-2], shape[-1]) if len(shape) == 3 else None
     label_layouts(layers, reader(loaded.module, size))
     report = Report(
-        model=model_info(loaded, inv.run.train),
+        model=model_info(loaded, inv.run.train, prepared.seed),
         input=InputInfo(
             f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}",
             [(run.seen, *run.shape)] if run.shape else [],
@@ -195,9 +217,12 @@ def folder_report(
             if n == 0 and t.name not in run.unhooked
         ],
         outputs=run.model_out.tensors("(model)", 0, "outputs"),
+        nonfinite_origins=run.origins,
+        nonfinite_images=run.nonfinite_images,
         predictions=predictions if folder.per_image else None,
         prediction_note=prediction_note,
         notes=notes,
+        profile=run.timing.profile,
         config=inv.run.config,
         hookcli_version=__version__,
     )
@@ -205,13 +230,19 @@ def folder_report(
     return report
 
 
+def _nonfinite(call: LayerCall) -> bool:
+    return any(t.nonfinite for t in (*call.inputs, *call.outputs))
+
+
 class _FolderRun:
     """The running aggregate of a folder run: one hooked pass per batch, merged and dropped."""
 
-    def __init__(self, prepared: Prepared, train: bool, hist: int) -> None:
+    def __init__(self, prepared: Prepared, run: RunOptions) -> None:
         self.prepared = prepared
-        self.train = train
-        self.hist = hist
+        self.run = run
+        self.train = run.train
+        self.hist = run.hist
+        self.timing = ProfileSum()  # --profile: each batch's times and FLOPs, added up
         self.agg = Aggregate()
         self.model_out = Aggregate()
         self.counts = [0] * len(prepared.targets)
@@ -220,6 +251,9 @@ class _FolderRun:
         self.shape: tuple[int, ...] | None = None
         self.edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by batch one
         self.notes: list[str] = []  # each distinct note of the passes, once
+        self.nonfinite_images: list[ImageNonfinite] = []
+        self.origins: list[Origin] = []  # in the first batch that showed NaN/Inf
+        self.origins_batch: tuple[int, int, int] | None = None  # its index, first/last image
         self.unhooked: dict[str, str] = {}  # targets that refused hooks, and why
 
     def batch(self, tensors: list[torch.Tensor], files: list[ImageFile]) -> Any:
@@ -235,13 +269,29 @@ class _FolderRun:
         args: tuple[Any, ...] = (torch.stack(tensors),) if loaded.kind.stacks else (list(tensors),)
         model_input = ModelInput(args, "batch").to(prepared.device)
         self.shape = self.shape or tuple(model_input.shapes()[0])[1:]
+        # --profile: this batch timed (and its FLOPs counted) before its statistics are taken
+        timing = (
+            profile_calls(prepared, self.run, model_input=model_input, warm_up=not self.batches)
+            if self.run.profile
+            else None
+        )
         collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)
         session = HookSession(prepared.targets, collector)
         out_stats: list[TensorStats] = []
         with hooked_pass(prepared, session, model_input=model_input, train=self.train) as result:
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", out_stats)
+            by_image = nonfinite_by_image(model_input, result.output)
         collector.finalize()
+        for b in by_image:  # which image: its place in the whole run, its file
+            b.source = files[b.image].name
+            b.image += self.seen
+        self.nonfinite_images += by_image
+        if not self.origins and (by_image or any(_nonfinite(p.call) for p in session.calls)):
+            # the first batch that shows NaN/Inf: where they first appeared in it
+            self.origins = origins_of(prepared, session)
+            if self.origins:
+                self.origins_batch = (self.batches, self.seen, self.seen + len(tensors) - 1)
         self.unhooked.update(session.unhooked)
         for note in result.notes:
             if note not in self.notes:
@@ -253,12 +303,15 @@ class _FolderRun:
         self.model_out.add("(model)", "output", 0, "outputs", [s for s in out_stats if s.dtype])
         for i, n in enumerate(session.counts):
             self.counts[i] += n
+        if timing is not None:  # counted with the batch's statistics, never without them
+            self.timing.add(*timing)
         self.seen += len(tensors)
         self.batches += 1
         return result.output
 
     def layer_calls(self) -> list[LayerCall]:
         aliases = {t.name: t.aliases for t in self.prepared.targets}
+        timed = self.timing.calls() if self.timing.profile is not None else {}
         return [
             LayerCall(
                 name,
@@ -267,6 +320,7 @@ class _FolderRun:
                 aliases[name],
                 self.agg.tensors(name, call, "inputs"),
                 self.agg.tensors(name, call, "outputs"),
+                profile=timed.get((name, call)),
             )
             for name, call in self.agg.order
         ]

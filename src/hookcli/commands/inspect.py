@@ -12,13 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from hookcli._version import __version__
 from hookcli.commands.profile import profile_calls
-from hookcli.engine.hooks import HookSession, measure
+from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.layout import LayoutOf, image_of, reader
-from hookcli.engine.origins import find_origins
+from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
@@ -32,9 +31,11 @@ from hookcli.inputs import ModelInput, skipped_note
 from hookcli.options import Invocation, RunOptions
 from hookcli.records import (
     Backward,
+    ImageNonfinite,
     InputInfo,
     LayerCall,
     ModelInfo,
+    Origin,
     ParamStats,
     Prediction,
     Report,
@@ -42,6 +43,7 @@ from hookcli.records import (
 )
 from hookcli.runtime import isa
 from hookcli.sources import LoadedModel
+from hookcli.tree import iter_tensors
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
 
@@ -102,8 +104,9 @@ def _one_run(
             hooked_pass(prepared, session, train=run.train, backward=backward) as result,
         ):
             if backward:
-                params = {t.name: _param_stats(t.module, collector) for t in prepared.targets}
+                params = _params_by_target(prepared.targets, collector)
             measure(collector, result.output, "out", outputs)
+            by_image = nonfinite_by_image(model_input, result.output)
             input_grads = [
                 collector.add(t.grad, path)
                 for path, t in prepared.input_leaves
@@ -124,6 +127,7 @@ def _one_run(
             )
     collector.finalize()
     layers = [p.complete(backward) for p in session.calls]
+    number_backward(session.calls)
     label_layouts(layers, layout_of)
     first_call: dict[str, LayerCall] = {}
     for call in layers:
@@ -149,7 +153,7 @@ def _one_run(
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
     return Report(
-        model=model_info(loaded, run.train),
+        model=model_info(loaded, run.train, prepared.seed),
         input=input_info(model_input),
         device=str(prepared.device),
         layers=layers,
@@ -164,12 +168,54 @@ def _one_run(
         notes=notes,
         backward=Backward(prepared.backward.describe(), value) if prepared.backward else None,
         input_grads=input_grads if prepared.input_leaves else None,
-        nonfinite_origins=find_origins(session.calls),
+        nonfinite_origins=origins_of(prepared, session),
+        nonfinite_images=by_image,
         profile=profile,
         config=run.config,
         command=command,
         hookcli_version=__version__,
     )
+
+
+def origins_of(prepared: Prepared, session: HookSession) -> list[Origin]:
+    """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
+    types = {n: e.type for e in prepared.entries for n in e.names}
+    selected = {id(t.module) for t in session.targets}
+    partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)
+    return find_origins(session.calls, types, partial=partial)
+
+
+def nonfinite_by_image(model_input: ModelInput, output: Any) -> list[ImageNonfinite]:
+    """The images (batch rows) whose input or the model's output hold NaN/Inf, with their
+    counts: every floating tensor whose first dimension is the batch, counted per row (one
+    small transfer, after the pass)."""
+    shapes = model_input.shapes()
+    if not shapes or not shapes[0]:
+        return []
+    batch = shapes[0][0]
+    sums: list[torch.Tensor] = []  # per kind (input, output): (nan, inf) rows of `batch`
+    for values, root in ((model_input.forward_values(), "in"), (output, "out")):
+        nan = inf = None
+        for _, t in iter_tensors(values, root):
+            if not t.is_floating_point() or t.dim() == 0 or t.shape[0] != batch:
+                continue
+            flat = t.detach().reshape(batch, -1)
+            n, i = flat.isnan().sum(1), flat.isinf().sum(1)
+            nan = n if nan is None else nan + n.to(nan.device)
+            inf = i if inf is None else inf + i.to(inf.device)
+        zero = torch.zeros(batch, dtype=torch.int64)
+        sums += [zero if nan is None else nan.cpu(), zero if inf is None else inf.cpu()]
+    table = torch.stack(sums).tolist()
+    sources = model_input.sources
+    return [
+        ImageNonfinite(
+            row,
+            sources[row] if row < len(sources) else None,
+            *(int(table[k][row]) for k in range(4)),
+        )
+        for row in range(batch)
+        if any(table[k][row] for k in range(4))
+    ]
 
 
 def input_info(model_input: ModelInput) -> InputInfo:
@@ -206,16 +252,30 @@ def _topk(topk: int | None, loaded: LoadedModel) -> int:
     return topk
 
 
-def _param_stats(module: nn.Module, collector: StatsCollector) -> list[PendingParam]:
-    """A module's parameters and their gradients, measured after backward."""
-    return [
-        (
-            ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-            collector.add(p, name),
-            collector.add(p.grad, f"{name}.grad") if p.grad is not None else None,
-        )
-        for name, p in module.named_parameters()
-    ]
+def _params_by_target(
+    targets: Sequence[Target], collector: StatsCollector
+) -> dict[str, list[PendingParam]]:
+    """Each selected module's parameters and their gradients, measured after backward. A
+    parameter is listed once, under the innermost selected module that holds it: a selected
+    container lists only what no selected module inside it (nor a tied module before it)
+    already lists."""
+    claimed: set[int] = set()
+    by_name: dict[str, list[PendingParam]] = {}
+    for t in sorted(targets, key=lambda t: -t.name.count(".") if t.name else 1):
+        own = []
+        for name, p in t.module.named_parameters():
+            if id(p) in claimed:
+                continue
+            claimed.add(id(p))
+            own.append(
+                (
+                    ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
+                    collector.add(p, name),
+                    collector.add(p.grad, f"{name}.grad") if p.grad is not None else None,
+                )
+            )
+        by_name[t.name] = own
+    return {t.name: by_name[t.name] for t in targets}
 
 
 def _finish_param(pending: PendingParam) -> ParamStats:
@@ -232,7 +292,7 @@ def _finish_param(pending: PendingParam) -> ParamStats:
     return ps
 
 
-def model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
+def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None) -> ModelInfo:
     """The model's description; its parameter count taken now (after the forward, lazy
     parameters are materialised)."""
     params = count_params(loaded.module)
@@ -243,6 +303,7 @@ def model_info(loaded: LoadedModel, train: bool = False) -> ModelInfo:
         loaded.weights_label,
         params,
         "train" if train else "eval",
+        seed,
     )
 
 

@@ -37,6 +37,7 @@ from hookcli.tree import iter_tensors
 
 # Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.
 InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
+GradKey = tuple[int, tuple[int, ...]]  # a gradient tensor: data pointer and shape
 
 # Nested outputs with more tensors than this are cut short (a note says so); deeper than
 # tree.MAX_DEPTH, not walked.
@@ -68,13 +69,22 @@ class PendingCall:
     events: list[Any] = field(default_factory=list)  # --profile on CUDA: start/end events
     t_backward: list[int] = field(default_factory=list)
     output_bytes: int = 0
-    grad_input_seen: int | None = None  # position among gradient hooks, first input gradient
+    # one clock for the forward: a position among the session's pre- and post-hook events
+    entered: int = 0
+    returned: int | None = None
+    # positions among gradient hooks of the first input / output gradient, and which gradient
+    # tensor each was (data pointer, shape: one gradient seen by two hooks has one key)
+    grad_input_seen: int | None = None
+    grad_output_seen: int | None = None
+    grad_input_key: GradKey | None = None
+    grad_output_key: GradKey | None = None
     parent: PendingCall | None = None  # --profile: the hooked call this one ran inside
 
     def complete(self, backward: bool) -> LayerCall:
         """The LayerCall, once the collector has finalized: gradients in the order of the
         inputs and outputs; an absent gradient is left out, all absent is None (never 0)."""
         call = self.call
+        call.forward_order = self.finished
         if backward:
             grads_in, grads_out = self.grad_inputs, self.grad_outputs
             call.grad_inputs = [grads_in[t.path] for t in call.inputs if t.path in grads_in] or None
@@ -123,6 +133,7 @@ class HookSession:
         self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
         self._finished = 0
+        self._events = 0  # pre- and post-hook events: PendingCall.entered / returned
         self._grad_events = 0
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
@@ -132,7 +143,7 @@ class HookSession:
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
-        self._started_by: tuple[int, tuple[int, ...]] | None = None  # the last output gradient
+        self._started_by: GradKey | None = None  # the last output gradient
 
     def __enter__(self) -> HookSession:
         try:
@@ -172,6 +183,7 @@ class HookSession:
             stack.clear()
         self._open.clear()
         self._finished = 0
+        self._events = 0
         self._grad_events = 0
         self.hook_ns = 0
 
@@ -231,6 +243,10 @@ class HookSession:
                 self._grad_events += 1
                 if root == "in" and pending.grad_input_seen is None:
                     pending.grad_input_seen = self._grad_events
+                    pending.grad_input_key = grad_key(grad)
+                elif root == "out" and pending.grad_output_seen is None:
+                    pending.grad_output_seen = self._grad_events
+                    pending.grad_output_key = grad_key(grad)
                 if collector is None:
                     return  # a timing-only session
                 try:
@@ -249,10 +265,7 @@ class HookSession:
         ends it — unless the same gradient just started the backward of the layer that made
         that input (one tensor, two hooks: the more precise place stays)."""
         assert self._beacon is not None
-        try:
-            key = (grad.data_ptr(), tuple(grad.shape))
-        except Exception:  # no gradient (None), a sparse one: place by the hook alone
-            key = None
+        key = grad_key(grad)  # None (a sparse gradient): placed by the hook alone
         if root == "out":
             self._started_by = key
             self._beacon.at(f"in the backward of layer {call.name} call {call.call}")
@@ -273,7 +286,8 @@ class HookSession:
             self.counts[i] += 1
             if self._beacon is not None:
                 self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
-            pending = PendingCall(call)
+            pending = PendingCall(call, entered=self._events)
+            self._events += 1
             self.calls.append(pending)
             stack.append(pending)
             replaced = None
@@ -333,6 +347,8 @@ class HookSession:
                 pending.t_forward.append(entered - nested)
             pending.finished = self._finished
             self._finished += 1
+            pending.returned = self._events
+            self._events += 1
             call = pending.call
             try:
                 if self.profile:
@@ -358,6 +374,15 @@ class HookSession:
                 self.hook_ns += time.perf_counter_ns() - entered
 
         return post_hook
+
+
+def grad_key(grad: torch.Tensor) -> GradKey | None:
+    """Which gradient tensor a hook saw (no synchronisation: the pointer, not the values);
+    None for one without storage (sparse)."""
+    try:
+        return grad.data_ptr(), tuple(grad.shape)
+    except Exception:
+        return None
 
 
 def _shape_only(path: str, t: torch.Tensor) -> TensorStats:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
-from hookcli.records import SCHEMA_VERSION
+from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION
 from hookcli.text import escape
 
 MAX_BYTES = 256 * 2**20  # a resnet50 report is ~1 MB; a 10k-call one ~30 MB
@@ -79,10 +79,10 @@ def load_report(path: str | Path, role: str, record: str) -> dict[str, Any]:
         _validate(data)
     except _Bad as exc:
         refuse(str(exc))
-    if data["schema"] != SCHEMA_VERSION:
+    if data["schema"] not in READABLE_SCHEMAS:
         raise UsageError(
-            f"{label} has schema {data['schema']}; this hookcli reads and writes schema "
-            f"{SCHEMA_VERSION}.",
+            f"{label} has schema {data['schema']}; this hookcli writes schema "
+            f"{SCHEMA_VERSION} and reads {' and '.join(map(str, READABLE_SCHEMAS))}.",
             f"record it again with this version: {record}",
         )
     return data  # type: ignore[no-any-return]
@@ -185,7 +185,7 @@ def _validate(data: Any) -> None:
     schema = _get(report, "schema", "the report")
     if isinstance(schema, bool) or not isinstance(schema, int):
         raise _Bad(f"its schema is {_type(schema)}, not a number")
-    if schema != SCHEMA_VERSION:
+    if schema not in READABLE_SCHEMAS:
         return  # the caller names the schema mismatch, whatever the rest looks like
     model = _dict(_get(report, "model", "the report"), "model")
     for key in ("spec", "name", "task", "weights"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 
-from hookcli.records import DiffReport, Report, TensorStats
+from hookcli.records import CallProfile, DiffReport, Report, TensorStats
 from hookcli.text import csv_cell
 
 FIELDS = [
@@ -37,11 +37,22 @@ def _cell(v: float | int | None) -> str:
 
 
 def report_csv(report: Report) -> str:
+    """One row per tensor of every layer call; with --profile, each row also carries its
+    call's forward_ms, self_ms, backward_ms and flops (empty when not measured)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(FIELDS)
+    timed = report.profile is not None
+    w.writerow(FIELDS + (["forward_ms", "self_ms", "backward_ms", "flops"] if timed else []))
 
-    def row(layer: str, type_: str, call: int, kind: str, t: TensorStats) -> None:
+    def row(
+        layer: str,
+        type_: str,
+        call: int,
+        kind: str,
+        t: TensorStats,
+        *,
+        p: CallProfile | None = None,
+    ) -> None:
         w.writerow(
             [
                 csv_cell(layer),
@@ -61,6 +72,7 @@ def report_csv(report: Report) -> str:
                 t.inf,
                 _cell(t.norm),
             ]
+            + (_profile_cells(p) if timed else [])
         )
 
     for c in report.layers:
@@ -71,10 +83,16 @@ def report_csv(report: Report) -> str:
             ("grad_output", c.grad_outputs or []),
         ):
             for t in tensors:
-                row(c.name, c.type, c.call, kind, t)
+                row(c.name, c.type, c.call, kind, t, p=c.profile)
     for t in report.outputs:
         row("(model)", "output", 0, "model_output", t)
     return buf.getvalue()
+
+
+def _profile_cells(p: CallProfile | None) -> list[str]:
+    if p is None:
+        return ["", "", "", ""]
+    return [_cell(p.forward_ms), _cell(p.self_ms), _cell(p.backward_ms), _cell(p.flops)]
 
 
 DIFF_FIELDS = [

@@ -131,7 +131,7 @@ PARAM_HEADERS = [
 ]
 PROFILE_TITLE = (
     "profile (total: from entering the module to its return; self: less the modules it "
-    "calls; hookcli's hook work excluded)"
+    "calls; hookcli's hook work excluded; FLOPs: the modules it calls included)"
 )
 SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", "nan/inf"]
 # Numeric columns: aligned right where a format aligns.
@@ -162,6 +162,7 @@ RIGHT = {
     "self ms",
     "% of pass",
     "backward ms",
+    "FLOPs",
     "output MB",
     "change",
     "prob ",
@@ -184,7 +185,7 @@ DROP: dict[str, tuple[str, ...]] = {
     "layers": ("hist", "input", "type", "min", "max", "zeros"),
     "grads": ("type", "grad_out mean", "grad_out std", "std", "mean", "output"),
     "params": ("grad mean", "grad max|abs|", "shape", "norm"),
-    "profile": ("output MB", "backward ms", "% of pass"),
+    "profile": ("output MB", "backward ms", "FLOPs", "% of pass"),
     "predictions": ("folder", "index"),
     "diff": ("norm Δ", "cosine", "max|Δ|", "output", "type", "SQNR A", "SQNR B", "own A"),
 }
@@ -205,9 +206,23 @@ def input_label(call: LayerCall) -> str:
     return f"{label} +{extra}" if extra else label
 
 
-def nonfinite_cell(*tensors: TensorStats | None) -> str:
+def nonfinite_cell(*tensors: TensorStats | None, call: LayerCall | None = None) -> str:
+    """The NaN/Inf counts of a row's tensors; with `call`, its inputs' too ("in: 17 NaN"), so
+    a row whose input already held them (made outside the module) says so."""
     flagged = [nonfinite(t) for t in tensors if t is not None and t.nonfinite]
+    marker = input_nonfinite(call) if call is not None else ""
+    if marker:
+        flagged.append(marker)
     return "; ".join(flagged) if flagged else DASH
+
+
+def input_nonfinite(call: LayerCall) -> str:
+    """The call's inputs' NaN/Inf, as "in: 17 NaN, 2 Inf"; "" when they were finite."""
+    nan = sum(t.nan for t in call.inputs)
+    inf = sum(t.inf for t in call.inputs)
+    if not nan and not inf:
+        return ""
+    return "in: " + nonfinite(TensorStats("in", (), "", 0, nan=nan, inf=inf))
 
 
 def grad_rows(report: Report) -> Iterable[tuple[list[str], bool]]:
@@ -232,9 +247,10 @@ def grad_rows(report: Report) -> Iterable[tuple[list[str], bool]]:
                 num(g.mean) if g else DASH,
                 num(g.std) if g else DASH,
                 gin,
-                nonfinite_cell(t, g, grad_in if i == 0 else None),
+                nonfinite_cell(t, g, grad_in if i == 0 else None, call=c if i == 0 else None),
             ]
-            yield row, any(x is not None and x.nonfinite for x in (t, g))
+            bad_input = i == 0 and bool(input_nonfinite(c))
+            yield row, bad_input or any(x is not None and x.nonfinite for x in (t, g))
 
 
 def param_rows(report: Report) -> Iterable[list[str]]:
@@ -272,7 +288,8 @@ def _stat_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]
         for i, t in enumerate(c.outputs):
             cells = head if i == 0 else ["", "", "", ""]
             stats = [num(t.mean), num(t.std), num(t.min), num(t.max), pct(t.zeros)]
-            yield [*cells, tensor_label(t, "out"), *stats, nonfinite(t) or DASH], t
+            flags = nonfinite_cell(t, call=c if i == 0 else None)
+            yield [*cells, tensor_label(t, "out"), *stats, flags], t
 
 
 def calls_title(report: Report) -> str:
@@ -287,7 +304,11 @@ def calls_table(report: Report) -> Table:
         rows = [Row(cells, bad) for cells, bad in grad_rows(report)]
         return Table(title, list(GRAD_HEADERS), rows, DROP["grads"])
     headers = HEADERS + (["hist"] if has_hist(report) else [])
-    rows = [Row(cells, t is not None and t.nonfinite) for cells, t in layer_rows(report)]
+    flags = HEADERS.index("nan/inf")
+    rows = [
+        Row(cells, (t is not None and t.nonfinite) or cells[flags].startswith("in: "))
+        for cells, t in layer_rows(report)
+    ]
     return Table(title, headers, rows, DROP["layers"])
 
 
@@ -342,8 +363,31 @@ def summary_lines(report: Report) -> list[str]:
     return lines
 
 
+SHOWN_IMAGES = 10  # images listed with their NaN/Inf; JSON carries them all
+
+
 def origin_lines(report: Report) -> list[str]:
-    return [f"NaN/Inf first appeared — {o.describe()}" for o in report.nonfinite_origins]
+    """Where NaN/Inf first appeared, and in a batch or folder which images hold them."""
+    lines = [f"NaN/Inf first appeared — {o.describe()}" for o in report.nonfinite_origins]
+    shapes = report.input.shapes
+    images = shapes[0][0] if shapes and shapes[0] else 1
+    bad = report.nonfinite_images
+    if bad and (images > 1 or len(bad) > 1):
+        parts = []
+        for b in bad[:SHOWN_IMAGES]:
+            said = [
+                f"{kind} {nonfinite(TensorStats(kind, (), '', 0, nan=nan, inf=inf))}"
+                for kind, nan, inf in (
+                    ("input", b.input_nan, b.input_inf),
+                    ("output", b.output_nan, b.output_inf),
+                )
+                if nan or inf
+            ]
+            name = f"image {b.image}" + (f" ({b.source})" if b.source else "")
+            parts.append(f"{name}: {', '.join(said)}")
+        more = f"; … and {len(bad) - SHOWN_IMAGES} more (all in -f json)" if len(bad) > 10 else ""
+        lines.append(f"NaN/Inf by image ({len(bad)} of {images}): {'; '.join(parts)}{more}")
+    return lines
 
 
 def input_grad_lines(report: Report) -> list[str]:
@@ -409,7 +453,7 @@ def profile_section(report: Report) -> Section:
     backward = prof.unhooked_backward_ms is not None
     headers = ["layer", "call", "total ms", "self ms", "% of pass"]
     headers += ["backward ms"] if backward else []
-    headers += ["output MB"]
+    headers += ["FLOPs", "output MB"]
     t = Table(PROFILE_TITLE, headers, [], DROP["profile"])
     for c in report.layers:
         p = c.profile
@@ -424,26 +468,77 @@ def profile_section(report: Report) -> Section:
         ]
         if backward:
             cells.append(f"{p.backward_ms:.3f}" if p.backward_ms is not None else DASH)
+        cells.append(flops_label(p.flops))
         cells.append(f"{p.output_bytes / 2**20:.2f}")
         t.rows.append(Row(cells))
     s.parts.append(t)
-    share = prof.layers_ms / prof.unhooked_ms if prof.unhooked_ms else 0.0
-    s.parts.append(
-        Line(
-            f"profile: the selected leaf calls take {prof.layers_ms:.1f} ms = {share:.0%} of an "
-            f"unhooked forward ({prof.unhooked_ms:.1f} ms, median of {prof.runs}); the rest runs "
-            "outside modules (additions, reshapes) or in unselected ones"
-        )
+    s.parts += [Line(text) for text in profile_lines(report)]
+    return s
+
+
+def flops_label(n: int | None) -> str:
+    """A FLOP count with an SI prefix (1.82G), or a dash when not counted."""
+    if n is None:
+        return DASH
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f}{prefix}"
+    return str(n)
+
+
+def profile_lines(report: Report) -> list[str]:
+    """--profile's footer: where the unhooked forward's time goes — the selected calls, each
+    counted once (a call inside another selected call is part of it), the forward's own code
+    outside any module, the modules not selected — then FLOPs and the backward."""
+    prof = report.profile
+    if prof is None:
+        return []
+    unhooked = prof.unhooked_ms
+
+    def part(ms: float) -> str:
+        return f"{ms:.1f} ms = {ms / unhooked:.0%}" if unhooked else f"{ms:.1f} ms"
+
+    what = "the selected calls" if prof.containers else "the selected leaf calls"
+    runs = f"median of {prof.runs}"
+    if prof.batches > 1:
+        runs += f" per batch, added up over {prof.batches} batches"
+    head = (
+        f"profile: {what} take {part(prof.layers_ms)} of an unhooked forward "
+        f"({unhooked:.1f} ms, {runs})"
     )
+    if prof.nested:
+        head += f"; {prof.nested} of them ran inside another selected call and count in it"
+    lines = [head]
+    if prof.outside_ms is not None and prof.unselected_ms is not None:
+        lines.append(
+            f"profile: outside any module (a forward's own code: additions, reshapes) "
+            f"{part(prof.outside_ms)}; in modules not selected {part(prof.unselected_ms)}"
+        )
+    if prof.flops is not None:
+        covered = ""
+        if prof.layers_flops is not None and prof.flops:
+            covered = f" ({prof.layers_flops / prof.flops:.1%} of the model's)"
+        text = (
+            f"FLOPs: the selected calls {flops_label(prof.layers_flops)}{covered}; the model's "
+            f"forward {flops_label(prof.flops)} FLOPs = {flops_label(prof.flops // 2)} MACs"
+        )
+        if prof.backward_flops is not None:
+            text += f", its backward {flops_label(prof.backward_flops)} FLOPs"
+        if prof.batches > 1:
+            text += f", over {prof.batches} batches"
+        lines.append(
+            text + " (torch's FlopCounterMode: matrix products, convolutions, attention; "
+            "elementwise operations count 0)"
+        )
+    if prof.flops_note:
+        lines.append(f"profile: {prof.flops_note}")
     if prof.unhooked_backward_ms is not None and prof.layers_backward_ms is not None:
         bshare = prof.layers_backward_ms / prof.unhooked_backward_ms
-        s.parts.append(
-            Line(
-                f"profile: their backward takes {prof.layers_backward_ms:.1f} ms = "
-                f"{bshare:.0%} of an unhooked backward ({prof.unhooked_backward_ms:.1f} ms)"
-            )
+        lines.append(
+            f"profile: their backward takes {prof.layers_backward_ms:.1f} ms = "
+            f"{bshare:.0%} of an unhooked backward ({prof.unhooked_backward_ms:.1f} ms)"
         )
-    return s
+    return lines
 
 
 SHOWN_CHANGES = 20  # changed layer outputs listed; JSON carries them all
@@ -506,7 +601,7 @@ def checks_section(report: Report, *, quiet: bool = False) -> Section:
             continue
         verdict: Style = "good" if c.passed else "bad"
         s.parts.append(Line(f"{c.rule}: {c.message}", verdict, "PASS" if c.passed else "FAIL"))
-        s.parts += [Line(f, "item") for f in c.failures[:SHOWN_FAILURES]]
+        s.parts += [Line(f.message, "item") for f in c.failures[:SHOWN_FAILURES]]
         if len(c.failures) > SHOWN_FAILURES:
             more = len(c.failures) - SHOWN_FAILURES
             s.parts.append(Line(f"… and {more} more (all in --format json)", "item"))

@@ -1,0 +1,311 @@
+"""Answers, not tables (issue 16): check's failures as objects with their reasons on stderr,
+--min-std, the first vanishing/exploding gradient, a baseline that notes another input,
+NaN/Inf made between modules (forward and backward), which image holds NaN/Inf, parameter
+rows listed once, and the hint's punctuation. Oracles: torch on the same model and tensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from hookcli.errors import UsageError
+from tests import models
+
+runner = CliRunner()
+
+
+def run(*args: str) -> object:
+    return runner.invoke(app, list(args))
+
+
+def _model(cls: type[nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+# ---------------------------------------------------------------- NaN/Inf made between modules
+
+
+def test_inline_nan_origin_names_the_gap() -> None:
+    model = _model(models.InlineNet)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        h = model.bn1(model.fc1(x))
+    made = int(torch.log(h).isnan().sum())  # the oracle: what the inline log made
+    assert made > 0
+    report = hookcli.inspect(model, x, device="cpu", topk=0)
+    (origin,) = report.nonfinite_origins
+    assert (origin.direction, origin.where) == ("forward", "between")
+    assert (origin.layer, origin.after, origin.after_finite) == ("fc2", "bn1 call 0", "output")
+    assert (origin.path, origin.nan, origin.inf) == ("in[0]", made, 0)
+    assert origin.code == ["InlineNet.forward"]
+    assert origin.describe() == (
+        f"forward: entered between bn1 call 0 (finite output) and fc2 (Linear) call 0 "
+        f"(input in[0]: {made} NaN): code in InlineNet.forward"
+    )
+    # no module made them: before this, the first red row (fc2) was blamed by the reader
+    assert not any(t.nonfinite for c in report.layers if c.name != "fc2" for t in c.outputs)
+
+
+def test_inline_nan_in_the_table_and_check(tmp_path: Path) -> None:
+    r = run("inspect", "tests/models.py:InlineNet", "--input", "randn:4x8", "--topk", "0")
+    assert r.exit_code == 0, r.output
+    fc2 = next(line for line in r.stdout.splitlines() if line.startswith("fc2 "))
+    assert "in: " in fc2  # the table marks the input's NaN, not only the output's
+    assert "entered between bn1 call 0 (finite output) and fc2 (Linear) call 0" in r.stdout
+    r = run("check", "tests/models.py:InlineNet", "--input", "randn:4x8", "-f", "json")
+    assert r.exit_code == 1
+    data = json.loads(r.stdout)
+    origin = data["nonfinite_origins"][0]
+    assert origin["where"] == "between" and origin["code"] == ["InlineNet.forward"]
+    (check,) = data["checks"]
+    assert check["first"]["layer"] == "fc2"
+
+
+def test_inline_code_inside_a_block_forward_and_backward() -> None:
+    """Forward: finite (the sqrt of h - min h). Backward: sqrt'(0) = Inf reaches inner's
+    output gradient, made by code in InlineBlock.forward between inner and out."""
+    model = _model(models.InlineDeep)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    # the oracle: the gradient w.r.t. block.inner's output, by autograd
+    h = model.block.inner(model.stem(x))
+    loss = model.head(model.block.out(torch.sqrt(h - h.min(1, keepdim=True).values))).sum()
+    (g,) = torch.autograd.grad(loss, h)
+    inf, nan = int(g.isinf().sum()), int(g.isnan().sum())
+    assert inf + nan > 0
+    report = hookcli.grads(model, x, device="cpu", target="sum")
+    origins = {o.direction: o for o in report.nonfinite_origins}
+    assert "forward" not in origins
+    back = origins["backward"]
+    assert (back.where, back.layer, back.path) == ("between", "block.inner", "out")
+    assert (back.nan, back.inf) == (nan, inf)
+    assert back.after == "block.out call 0" and back.after_finite == "input"
+    assert back.code == ["InlineBlock.forward (block)"]
+    assert "code in InlineBlock.forward (block)" in back.describe()
+
+
+def test_a_layers_own_backward_is_still_the_layer() -> None:
+    """The gap is not reported when a module made the gradient: NanBackward's sqrt module."""
+    report = hookcli.grads(
+        "tests/models.py:NanBackward", input_specs=["randn:16x4"], target="sum", device="cpu"
+    )
+    back = next(o for o in report.nonfinite_origins if o.direction == "backward")
+    assert (back.where, back.layer) == ("layer", "sqrt")
+
+
+def test_nan_in_the_models_input_and_which_image(tmp_path: Path) -> None:
+    x = torch.rand(5, 4, generator=torch.Generator().manual_seed(0))
+    x[3] = float("nan")  # bad data in image 3
+    x[1, 0] = -1.0  # image 1: sqrt(-1) in the model's forward
+    spec = tmp_path / "batch.pt"
+    torch.save(x, spec)
+    model = _model(models.RowNet)
+    with torch.no_grad():
+        y = model(x)
+    report = hookcli.inspect(model, x, device="cpu", topk=0)
+    (origin,) = report.nonfinite_origins
+    assert origin.where == "before" and origin.layer == "fc"
+    got = {(b.image, b.input_nan, b.output_nan) for b in report.nonfinite_images}
+    want = {
+        (i, int(x[i].isnan().sum()), int(y[i].isnan().sum()))
+        for i in range(5)
+        if x[i].isnan().any() or y[i].isnan().any()
+    }
+    assert got == want == {(1, 0, 3), (3, 4, 3)}
+    r = run("inspect", "tests/models.py:RowNet", "--input", str(spec), "--topk", "0")
+    assert "NaN/Inf by image (2 of 5): image 1: output 3 NaN; image 3: input 4 NaN" in r.stdout
+
+
+# ---------------------------------------------------------------- check: failures as objects
+
+
+def test_failures_are_objects_and_stderr_says_why(tmp_path: Path) -> None:
+    args = ["check", "tests/models.py:Collapse", "--input", "randn:4x8", "--max-abs", "0.5"]
+    r = run(*args, "-f", "json")
+    assert r.exit_code == 1
+    (check,) = json.loads(r.stdout)["checks"]
+    assert check["rule"] == "max-abs" and not check["passed"]
+    report = hookcli.inspect("tests/models.py:Collapse", input_specs=["randn:4x8"], device="cpu")
+    want = {  # the oracle: max |x| of every output in the run's own statistics
+        (c.name, c.call): max(abs(t.min or 0), abs(t.max or 0))
+        for c in report.layers
+        for t in c.outputs
+        if max(abs(t.min or 0), abs(t.max or 0)) > 0.5
+    }
+    got = {(f["layer"], f["call"]): f["value"] for f in check["failures"]}
+    assert got.keys() == want.keys() and want
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value)
+    assert {f["limit"] for f in check["failures"]} == {0.5}
+    assert all(
+        set(f) == {"message", "layer", "call", "path", "value", "limit"} for f in check["failures"]
+    )
+    # stderr: one line per failed rule, whatever the format; a file output too
+    assert r.stderr.count("check failed: max-abs:") == 1
+    out = tmp_path / "r.md"
+    r = run(*args, "-o", str(out))
+    assert r.exit_code == 1 and "check failed: max-abs:" in r.stderr and out.exists()
+    # a table on stdout shows them itself: stderr stays quiet
+    r = run(*args)
+    assert "FAIL max-abs" in r.stdout and "check failed" not in r.stderr
+
+
+def test_min_std_flags_collapse_first_in_forward_order() -> None:
+    model = _model(models.Collapse)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a = model.fc1(x)
+        outs = {"fc1": a, "squash": model.squash(a)}
+        outs["fc2"] = model.fc2(outs["squash"])
+        outs["act"] = model.act(outs["fc2"])
+    stds = {k: float(v.double().std(correction=0)) for k, v in outs.items()}
+    limit = 1e-6
+    report = hookcli.check(model, x, device="cpu", min_std=limit)
+    (result,) = report.checks
+    assert not result.passed
+    assert [f.layer for f in result.failures] == [k for k, s in stds.items() if s < limit]
+    assert [f.layer for f in result.failures] == ["squash", "fc2", "act"]
+    for f in result.failures:
+        assert f.value == pytest.approx(stds[f.layer], rel=1e-6)
+    assert result.first is not None and result.first.layer == "squash"
+    assert "first in forward: squash call 0" in result.message
+    # a limit below every std passes
+    below = min(stds.values()) / 2
+    assert hookcli.check(model, x, device="cpu", min_std=below).checks[0].passed
+    r = run("check", "resnet18", "--min-std", "-1")
+    assert r.exit_code == 2 and "--min-std" in r.stderr
+
+
+def test_first_vanishing_gradient_is_nearest_the_loss() -> None:
+    model = _model(models.Shrinking)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    layers = list(model.layers)
+    outs = []
+    h = x
+    for layer in layers:
+        h = layer(h)
+        outs.append(h)
+    grads = torch.autograd.grad(h.sum(), outs)  # the oracle: each layer's output gradient
+    norms = [float(g.double().norm()) for g in grads]
+    lo = sorted(norms)[2] * 1.0001  # three layers below: vanishing
+    report = hookcli.check(
+        model, x, device="cpu", grad_norm=f"{lo}:", target="sum", layers=["layers.*"]
+    )
+    (result,) = report.checks
+    outputs = [f for f in result.failures if f.path.startswith("grad_output")]
+    want = [f"layers.{i}" for i, n in enumerate(norms) if n < lo]
+    assert [f.layer for f in outputs] == want
+    for f in outputs:
+        assert f.value == pytest.approx(norms[int(f.layer.split(".")[1])], rel=1e-6)
+    # backward reaches the last layer first: the first failure is the vanishing one nearest
+    # the loss, in the order the gradients arrived
+    assert result.first is not None
+    order = {c.name: c.backward_order for c in report.layers}
+    assert order == {f"layers.{i}": 4 - i for i in range(5)}
+    first_layer = max(int(f.layer.split(".")[1]) for f in result.failures)
+    assert result.first.layer == f"layers.{first_layer}"
+    assert "first to arrive in backward" in result.message
+
+
+def test_baseline_notes_another_input(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    model = "tests/models.py:Healthy"
+    r = run("inspect", model, "--input", "randn:4x4", "-f", "json", "-o", str(base))
+    assert r.exit_code == 0 and json.loads(base.read_text())["model"]["seed"] == 0
+    r = run("check", model, "--input", "rand:4x4", "--baseline", str(base), "-f", "json")
+    assert r.exit_code == 1
+    (check,) = json.loads(r.stdout)["checks"]
+    assert "the baseline's input was 'randn:4x4', this run's is 'rand:4x4'" in check["message"]
+    assert "the drift may be the input's" in r.stderr
+    # the same input and seed: no note
+    r = run("check", model, "--input", "randn:4x4", "--baseline", str(base), "-f", "json")
+    assert r.exit_code == 0
+    assert "input" not in json.loads(r.stdout)["checks"][0]["message"]
+
+
+def test_schema_1_baselines_still_read(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    r = run(
+        "inspect", "tests/models.py:Healthy", "--input", "randn:4x4", "-f", "json", "-o", str(base)
+    )
+    assert r.exit_code == 0
+    data = json.loads(base.read_text())
+    assert data["schema"] == 2
+    data["schema"] = 1
+    base.write_text(json.dumps(data))
+    r = run("check", "tests/models.py:Healthy", "--input", "randn:4x4", "--baseline", str(base))
+    assert r.exit_code == 0, r.output
+
+
+# ---------------------------------------------------------------- small ones
+
+
+def test_parameter_rows_listed_once_under_the_innermost_selected_module() -> None:
+    model = _model(models.InlineDeep)
+    x = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
+    report = hookcli.grads(
+        model, x, device="cpu", target="sum", layers=["block", "block.inner", "head"]
+    )
+    rows = [(c.name, p.name) for c in report.layers for p in c.params or []]
+    assert rows == [
+        ("block", "out.weight"),
+        ("block", "out.bias"),
+        ("block.inner", "weight"),
+        ("block.inner", "bias"),
+        ("head", "weight"),
+        ("head", "bias"),
+    ]
+    loss = model(x).sum()
+    (g,) = torch.autograd.grad(loss, [model.block.out.weight])
+    block = next(c for c in report.layers if c.name == "block")
+    assert block.params is not None
+    assert block.params[0].grad_norm == pytest.approx(float(g.double().norm()), rel=1e-6)
+
+
+def test_hint_follows_a_full_stop() -> None:
+    assert str(UsageError("use a file instead", "give FILE.")) == (
+        "use a file instead. Hint: give FILE."
+    )
+    assert str(UsageError("bad value.", "fix it.")) == "bad value. Hint: fix it."
+    assert str(UsageError("unknown key: x", None)) == "unknown key: x"
+
+
+def test_quiet_says_nothing_but_failures(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ["check", "tests/models.py:Healthy", "--input", "randn:4x4", "-o", str(out)]
+    r = run(*args, "-q")
+    assert r.exit_code == 0 and r.output == "" and json.loads(out.read_text())["schema"] == 2
+    r = run(*args)
+    assert f"wrote {out}" in r.stderr  # without --quiet it is said
+    r = run(*args, "-q", "--max-abs", "1e-9")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith("check failed: max-abs:") and "wrote" not in r.stderr
+
+
+def test_folder_names_the_images_and_the_batch(tmp_path: Path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    shades = [255, 0, 255, 255, 0]  # images 1 and 4 are black: log of a negative mean
+    for i, v in enumerate(shades):
+        Image.new("RGB", (40, 40), (v, v, v)).save(folder / f"{i:02d}.png")
+    report = hookcli.inspect(
+        "tests/models.py:DarkNan", [str(folder)], batch_size=2, device="cpu", topk=0
+    )
+    got = [(b.image, b.source, b.input_nan, b.output_nan) for b in report.nonfinite_images]
+    assert got == [(1, "01.png", 0, 4), (4, "04.png", 0, 4)]
+    (origin,) = report.nonfinite_origins
+    assert (origin.where, origin.after, origin.layer) == ("between", "pool call 0", "fc")
+    assert origin.nan == 3  # image 1's three channels, in batch 0 (images 0-1)
+    assert any("first appeared in batch 0 (images 0–1)" in n for n in report.notes)
+    r = run("inspect", "tests/models.py:DarkNan", str(folder), "--batch-size", "2", "--topk", "0")
+    assert r.exit_code == 0, r.output
+    assert "NaN/Inf by image (2 of 5): image 1 (01.png): output 4 NaN" in r.stdout
