@@ -5,6 +5,9 @@ Prints, measured side by side in one process (time) and in fresh subprocesses (m
 (a) time of a diff (the reference side's hooked pass with its outputs spilled to disk, then the
     other side's hooked pass comparing every leaf call's output) ÷ the two plain passes
     (model_a(x_a) + model_b(x_b)), medians of interleaved rounds; target at most 1.5x;
+    and the same for the default diff, which also measures each layer's own error: the
+    reference spills its inputs too and the other side runs once more fed them (--no-own
+    skips that pass);
 (b) peak RSS growth of a diff of a chain of N linear layers (1 MiB activations) for growing N:
     flat means the reference side's activations are not held in memory.
 
@@ -52,11 +55,21 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
         finally:
             spill.close()
 
-    t = interleaved({"plain": plain, "diff": diff}, rounds)
+    def diff_own() -> None:  # what `hookcli diff` runs by default (own error measured)
+        spill = Spill()
+        try:
+            reference_pass(ref, x_a, spill, isolate=True)
+            compared_pass(other, x_b, spill, isolate=False, compared=Compared())
+            compared_pass(other, x_b, spill, isolate=True, compared=Compared())
+        finally:
+            spill.close()
+
+    t = interleaved({"plain": plain, "diff": diff, "own": diff_own}, rounds)
     return {
         "plain_ms": t["plain"] * 1e3,
         "diff_ms": t["diff"] * 1e3,
         "ratio": t["diff"] / t["plain"],
+        "own_ratio": t["own"] / t["plain"],
     }
 
 
@@ -118,7 +131,8 @@ def main() -> None:
             r = time_ratio(name, batch, side, rounds)
             print(
                 f"  {name} batch {batch}, float32 vs {side}: plain {r['plain_ms']:.0f} ms, "
-                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x"
+                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x; "
+                f"with own error (the default) {r['own_ratio']:.2f}x"
             )
     print("(b) peak RSS growth of a diff, chain of N linear layers with 1 MiB activations")
     for n in (8, 64, 256):

@@ -344,3 +344,57 @@ class DarkNan(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.log(self.pool(x).flatten(1)))
+
+
+class SharedInput(nn.Module):
+    """`lin` and an inline sqrt read one tensor: its gradient is both readers' sum, and the
+    Inf in it is sqrt's (at 0), not lin's. With `module=True` the sqrt is a module (`sq`)."""
+
+    def __init__(self, module: bool = False) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.lin = nn.Linear(8, 8)
+        self.sq = Sqrt() if module else None
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1(x))
+        root = self.sq(x) if self.sq is not None else torch.sqrt(x)
+        return self.head(self.lin(x) + root)
+
+
+class Overflow(nn.Module):
+    """`big` multiplies by 1e39: every float32 output after it is Inf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.big = Multiply(1e39)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.big(self.fc(x)))
+
+
+class LogAfter(nn.Module):
+    """NaN made after the last module returned: log in the model's own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(self.fc(x))
+
+
+class EatsInput(nn.Module):
+    """Takes the log of its own input in place, before any module sees it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.log_()
+        return self.fc(x)

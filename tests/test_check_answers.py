@@ -309,3 +309,105 @@ def test_folder_names_the_images_and_the_batch(tmp_path: Path) -> None:
     r = run("inspect", "tests/models.py:DarkNan", str(folder), "--batch-size", "2", "--topk", "0")
     assert r.exit_code == 0, r.output
     assert "NaN/Inf by image (2 of 5): image 1 (01.png): output 4 NaN" in r.stdout
+
+
+# ---------------------------------------------------------------- from the review
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_a_gradient_summed_from_several_readers_is_not_one_layers(module: bool) -> None:
+    """x feeds lin and sqrt: autograd sums both readers' gradients into x's, so the Inf
+    (sqrt's, at 0) must not be blamed on lin, whose own backward is a finite matmul."""
+    model = _model(models.SharedInput)
+    model.sq = models.Sqrt() if module else None
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    # the oracle: lin's own contribution to x's gradient is finite, the sum is not
+    h = model.act(model.fc1(x))
+    out = model.lin(h)
+    loss = model.head(out + torch.sqrt(h)).sum()
+    (g_out,) = torch.autograd.grad(loss, out, retain_graph=True)
+    assert torch.isfinite(g_out @ model.lin.weight).all()
+    (g_h,) = torch.autograd.grad(loss, h)
+    assert not torch.isfinite(g_h).all()
+    report = hookcli.grads(model, x, device="cpu", target="sum")
+    back = next(o for o in report.nonfinite_origins if o.direction == "backward")
+    # named: the first reader whose hook saw it; the others are listed as candidates
+    first, others = ("sq", ["lin call 0"]) if module else ("lin", [])
+    assert (back.where, back.layer, back.path) == ("shared", first, "in[0]")
+    assert back.inf == int(g_h.isinf().sum())
+    assert back.code == [*others, "code in SharedInput.forward"]
+    assert "which was read outside it too" in back.describe()
+    # a reader inside the call does not make it shared: sqrt's own input is its own
+    report = hookcli.grads(
+        "tests/models.py:NanBackward", input_specs=["randn:16x4"], target="sum", device="cpu"
+    )
+    assert [o.where for o in report.nonfinite_origins if o.direction == "backward"] == ["layer"]
+
+
+def test_inf_fails_max_abs_and_grad_norm_and_nan_is_not_vanishing() -> None:
+    r = run(
+        "check",
+        "tests/models.py:Overflow",
+        "--input",
+        "randn:4x8",
+        "--max-abs",
+        "1e4",
+        "-f",
+        "json",
+    )
+    assert r.exit_code == 1
+    (check,) = json.loads(r.stdout)["checks"]  # the JSON parses: Inf is a string there
+    # big's output is Inf; out's is NaN (Inf - Inf): a magnitude rule flags the Inf only
+    assert {(f["layer"], f["value"]) for f in check["failures"]} == {("big", "Inf")}
+    report = hookcli.check(
+        "tests/models.py:InlineBlock",
+        input_specs=["randn:6x8"],
+        grad_norm=":1e3",
+        target="sum",
+        device="cpu",
+    )
+    (result,) = report.checks
+    assert not result.passed
+    assert all(
+        "Inf (exploding)" in f.message or "NaN (not finite)" in f.message for f in result.failures
+    )
+    assert not any("vanishing" in f.message for f in result.failures)
+
+
+def test_root_selected_keeps_the_parameters_of_its_selected_children() -> None:
+    report = hookcli.grads(
+        "tests/models.py:InlineDeep",
+        input_specs=["rand:3x4"],
+        target="sum",
+        device="cpu",
+        layers=["", "head"],
+    )
+    rows = [(c.name, p.name) for c in report.layers for p in c.params or []]
+    assert ("head", "weight") in rows and ("head", "bias") in rows
+    assert not any(name.startswith("head.") for _, name in rows)
+    assert len(rows) == len({n for _, n in rows})
+
+
+def test_nan_made_after_the_last_call() -> None:
+    report = hookcli.inspect("tests/models.py:LogAfter", input_specs=["randn:4x8"], device="cpu")
+    (origin,) = report.nonfinite_origins
+    assert (origin.where, origin.layer, origin.after) == ("after", "(model)", "fc call 0")
+    assert origin.code == ["LogAfter.forward"]
+    assert origin.nan == report.outputs[0].nan > 0
+
+
+def test_which_image_counts_the_input_before_the_model_changes_it() -> None:
+    x = torch.rand(3, 8, generator=torch.Generator().manual_seed(0)) + 0.5  # log: finite
+    x[1, 0] = float("nan")
+    report = hookcli.inspect(_model(models.EatsInput), x.clone(), device="cpu", topk=0)
+    assert [(b.image, b.input_nan) for b in report.nonfinite_images] == [(1, 1)]
+
+
+def test_which_image_in_a_list_input_is_one_per_element() -> None:
+    from hookcli.commands.inspect import nonfinite_by_image
+    from hookcli.inputs import ModelInput
+
+    a, b = torch.rand(3, 20, 20), torch.rand(3, 20, 20)
+    b[2, :2, :2] = float("nan")
+    got = nonfinite_by_image(ModelInput(([a, b],), "", ["a.jpg", "b.jpg"]), [{"x": a}, {"x": b}])
+    assert [(g.image, g.source, g.input_nan, g.output_nan) for g in got] == [(1, "b.jpg", 4, 4)]

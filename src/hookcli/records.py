@@ -134,7 +134,11 @@ class Origin:
     call `after` (its `after_finite` tensors finite) and this call, whose input (forward) or
     output gradient (backward) held them; `code` names the forwards that code can be in.
     "before": already in the first call's input (the model's input, or code before it) or in
-    the first gradient to arrive (the loss, or code after this call)."""
+    the first gradient to arrive (the loss, or code after this call). "shared" (backward): in
+    the gradient w.r.t. this call's input, which something outside the call read too — the
+    gradient is every reader's sum, so it is this call's backward or one of `code` (other
+    calls that read it, or code in the forwards named). "after" (forward): in the model's
+    output, every call's finite — made by code after the last call (`after`)."""
 
     direction: str  # forward | backward
     layer: str
@@ -157,6 +161,18 @@ class Origin:
             return f"{self.direction}: first at {here}, {what} {self.path}: {counts}"
         what = "input" if forward else "gradient w.r.t. output"
         code = _either(self.code)
+        if self.where == "after":
+            last = f", made after {self.after} (finite output), the last call" if self.after else ""
+            return (
+                f"forward: in the model's output {self.path} ({counts}){last}: code in "
+                f"{code or 'the model'}"
+            )
+        if self.where == "shared":
+            return (
+                f"backward: first in the gradient w.r.t. the input {self.path} of {here} "
+                f"({counts}), which was read outside it too: its backward, or another "
+                f"reader's — {code or 'code in the model'}"
+            )
         if self.where == "before":
             if forward:
                 return (

@@ -293,13 +293,15 @@ def _max_abs(report: Report, limit: float) -> CheckResult:
     checked = 0
     for c in report.layers:
         for t in c.outputs:
-            if t.min is None or t.max is None:
+            if (t.min is None or t.max is None) and not t.inf:
                 continue
             checked += 1
-            peak = max(abs(t.min), abs(t.max))
+            # min/max are over the finite elements: an Inf is beyond any limit
+            peak = math.inf if t.inf else max(abs(t.min or 0.0), abs(t.max or 0.0))
             if peak > limit:
                 where = (c.name, c.call, t.path)
-                bad.append((c, _failure(where, f"max |x| = {peak:.4g}", peak, limit)))
+                value: float | str = "Inf" if math.isinf(peak) else peak  # JSON has no inf
+                bad.append((c, _failure(where, f"max |x| = {peak:.4g}", value, limit)))
     if not bad:
         return CheckResult(
             "max-abs", True, f"every activation within ±{limit:g} ({checked} checked)"
@@ -334,23 +336,35 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
     bad: list[tuple[LayerCall, Failure]] = []
     checked = 0
     for c in report.layers:
-        norms = [(f"grad_output {g.path}", g.norm) for g in c.grad_outputs or []]
-        norms += [(f"{p.name}.grad", p.grad_norm) for p in c.params or []]
-        for what, norm in norms:
+        grads = [(f"grad_output {g.path}", g) for g in c.grad_outputs or []]
+        grads += [(f"{p.name}.grad", p.grad) for p in c.params or [] if p.grad is not None]
+        for what, g in grads:
+            where = (c.name, c.call, what)
+            if g.inf:  # the norm is over the finite elements: Inf is beyond any bound
+                checked += 1
+                text = f"{g.inf} Inf (exploding)"
+                bad.append((c, _failure(where, text, "Inf", hi if hi is not None else lo)))
+                continue
+            if g.nan:  # neither vanishing nor exploding: not a number
+                checked += 1
+                bad.append((c, _failure(where, f"{g.nan} NaN (not finite)", "NaN", None)))
+                continue
+            norm = g.norm
             if norm is None:
                 continue
             checked += 1
             low = lo is not None and norm < lo
             if low or (hi is not None and norm > hi):
                 side = "vanishing" if low else "exploding"
-                where = (c.name, c.call, what)
                 failure = _failure(where, f"norm {norm:.4g} ({side})", norm, lo if low else hi)
                 bad.append((c, failure))
     if not bad:
         return CheckResult(
             "grad-norm", True, f"every gradient norm within {span} ({checked} checked)"
         )
-    return _failed("grad-norm", f"{len(bad)} gradient norms outside {span}", bad, backward=True)
+    odd = " or not finite" if any(isinstance(f.value, str) for _, f in bad) else ""
+    message = f"{len(bad)} gradients with norms outside {span}{odd}"
+    return _failed("grad-norm", message, bad, backward=True)
 
 
 def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckResult:

@@ -23,6 +23,7 @@ from hookcli.commands.inspect import (
     label_layouts,
     model_info,
     nonfinite_by_image,
+    nonfinite_rows,
     origins_of,
     predict,
 )
@@ -277,11 +278,13 @@ class _FolderRun:
         )
         collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)
         session = HookSession(prepared.targets, collector)
+        # which image holds NaN/Inf: the input counted before the pass (a model may change it)
+        rows = nonfinite_rows(model_input.forward_values(), len(tensors), "in")
         out_stats: list[TensorStats] = []
         with hooked_pass(prepared, session, model_input=model_input, train=self.train) as result:
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", out_stats)
-            by_image = nonfinite_by_image(model_input, result.output)
+            by_image = nonfinite_by_image(model_input, result.output, rows)
         collector.finalize()
         for b in by_image:  # which image: its place in the whole run, its file
             b.source = files[b.image].name
@@ -289,7 +292,7 @@ class _FolderRun:
         self.nonfinite_images += by_image
         if not self.origins and (by_image or any(_nonfinite(p.call) for p in session.calls)):
             # the first batch that shows NaN/Inf: where they first appeared in it
-            self.origins = origins_of(prepared, session)
+            self.origins = origins_of(prepared, session, out_stats)
             if self.origins:
                 self.origins_batch = (self.batches, self.seen, self.seen + len(tensors) - 1)
         self.unhooked.update(session.unhooked)

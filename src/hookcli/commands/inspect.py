@@ -24,7 +24,7 @@ from hookcli.engine.passes import (
     hooked_pass,
     prepare,
 )
-from hookcli.engine.selection import count_params
+from hookcli.engine.selection import ROOT_LABEL, count_params, depth_of
 from hookcli.engine.stats import StatsCollector, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -98,6 +98,9 @@ def _one_run(
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
     params: dict[str, list[PendingParam]] = {}
     outputs: list[TensorStats] = []
+    batch = images_in(model_input)  # which image holds NaN/Inf: the input counted before
+    values = model_input.forward_values()
+    input_rows = None if batch is None else nonfinite_rows(values, batch, "in")
     try:
         with (
             ablated(prepared.entries, ablations, prepared.seed, layout_of) as ablation_calls,
@@ -106,7 +109,7 @@ def _one_run(
             if backward:
                 params = _params_by_target(prepared.targets, collector)
             measure(collector, result.output, "out", outputs)
-            by_image = nonfinite_by_image(model_input, result.output)
+            by_image = nonfinite_by_image(model_input, result.output, input_rows)
             input_grads = [
                 collector.add(t.grad, path)
                 for path, t in prepared.input_leaves
@@ -168,7 +171,7 @@ def _one_run(
         notes=notes,
         backward=Backward(prepared.backward.describe(), value) if prepared.backward else None,
         input_grads=input_grads if prepared.input_leaves else None,
-        nonfinite_origins=origins_of(prepared, session),
+        nonfinite_origins=origins_of(prepared, session, outputs),
         nonfinite_images=by_image,
         profile=profile,
         config=run.config,
@@ -177,35 +180,67 @@ def _one_run(
     )
 
 
-def origins_of(prepared: Prepared, session: HookSession) -> list[Origin]:
+def origins_of(
+    prepared: Prepared, session: HookSession, outputs: Sequence[TensorStats] = ()
+) -> list[Origin]:
     """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
     types = {n: e.type for e in prepared.entries for n in e.names}
     selected = {id(t.module) for t in session.targets}
     partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)
-    return find_origins(session.calls, types, partial=partial)
+    return find_origins(session.calls, types, partial=partial, outputs=outputs)
 
 
-def nonfinite_by_image(model_input: ModelInput, output: Any) -> list[ImageNonfinite]:
-    """The images (batch rows) whose input or the model's output hold NaN/Inf, with their
-    counts: every floating tensor whose first dimension is the batch, counted per row (one
-    small transfer, after the pass)."""
+RowCounts = tuple[torch.Tensor, torch.Tensor]  # NaN and Inf per image (int64, on the CPU)
+
+
+def images_in(model_input: ModelInput) -> int | None:
+    """How many images a batch holds: a list input (detection) one per element, else the
+    first tensor's first dimension; None when that cannot be told."""
+    values = model_input.forward_values()
+    if values and isinstance(values[0], list | tuple):
+        return len(values[0])
     shapes = model_input.shapes()
-    if not shapes or not shapes[0]:
-        return []
-    batch = shapes[0][0]
-    sums: list[torch.Tensor] = []  # per kind (input, output): (nan, inf) rows of `batch`
-    for values, root in ((model_input.forward_values(), "in"), (output, "out")):
-        nan = inf = None
-        for _, t in iter_tensors(values, root):
-            if not t.is_floating_point() or t.dim() == 0 or t.shape[0] != batch:
-                continue
+    return shapes[0][0] if shapes and shapes[0] else None
+
+
+def nonfinite_rows(values: Any, batch: int, root: str) -> RowCounts:
+    """The NaN and Inf of `values` per image: a list of per-image items (detection's images
+    and outputs) item by item, else every floating tensor whose first dimension is the batch,
+    row by row (one small transfer at the end)."""
+    nan = torch.zeros(batch, dtype=torch.int64)
+    inf = torch.zeros(batch, dtype=torch.int64)
+    per_item = isinstance(values, tuple) and len(values) == 1 and isinstance(values[0], list)
+    items = values[0] if per_item else values
+    if isinstance(items, list) and len(items) == batch and (per_item or root == "out"):
+        for row, item in enumerate(items):
+            for _, t in iter_tensors(item, root):
+                if t.is_floating_point():
+                    nan[row] += int(t.isnan().sum())
+                    inf[row] += int(t.isinf().sum())
+        return nan, inf
+    found: list[torch.Tensor] = []
+    for _, t in iter_tensors(values, root):
+        if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch:
             flat = t.detach().reshape(batch, -1)
-            n, i = flat.isnan().sum(1), flat.isinf().sum(1)
-            nan = n if nan is None else nan + n.to(nan.device)
-            inf = i if inf is None else inf + i.to(inf.device)
-        zero = torch.zeros(batch, dtype=torch.int64)
-        sums += [zero if nan is None else nan.cpu(), zero if inf is None else inf.cpu()]
-    table = torch.stack(sums).tolist()
+            found.append(torch.stack([flat.isnan().sum(1), flat.isinf().sum(1)]))
+    if found:
+        both = torch.stack([f.to(found[0].device) for f in found]).sum(0).cpu()
+        nan, inf = both[0], both[1]
+    return nan, inf
+
+
+def nonfinite_by_image(
+    model_input: ModelInput, output: Any, inputs: RowCounts | None = None
+) -> list[ImageNonfinite]:
+    """The images whose input or the model's output hold NaN/Inf, with their counts.
+    `inputs`: the input's counts taken before the pass (a model may change its input in
+    place); else counted now."""
+    batch = images_in(model_input)
+    if batch is None:
+        return []
+    in_nan, in_inf = inputs or nonfinite_rows(model_input.forward_values(), batch, "in")
+    out_nan, out_inf = nonfinite_rows(output, batch, "out")
+    table = torch.stack([in_nan, in_inf, out_nan, out_inf]).tolist()
     sources = model_input.sources
     return [
         ImageNonfinite(
@@ -261,7 +296,7 @@ def _params_by_target(
     already lists."""
     claimed: set[int] = set()
     by_name: dict[str, list[PendingParam]] = {}
-    for t in sorted(targets, key=lambda t: -t.name.count(".") if t.name else 1):
+    for t in sorted(targets, key=lambda t: -depth_of("" if t.name == ROOT_LABEL else t.name)):
         own = []
         for name, p in t.module.named_parameters():
             if id(p) in claimed:

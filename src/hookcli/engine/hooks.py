@@ -78,6 +78,13 @@ class PendingCall:
     grad_output_seen: int | None = None
     grad_input_key: GradKey | None = None
     grad_output_key: GradKey | None = None
+    # grads: what produced each input (its autograd node and output index, or the leaf), and
+    # the autograd sequence numbers this call's forward created (start, end]; after
+    # `count_readers`, whether anything outside this call also read one of its inputs — then
+    # an input gradient is the sum of several readers' and not this call's own
+    input_producers: list[tuple[Any, int]] = field(default_factory=list)
+    seq_span: tuple[int, int] | None = None
+    input_shared: bool = False
     parent: PendingCall | None = None  # --profile: the hooked call this one ran inside
 
     def complete(self, backward: bool) -> LayerCall:
@@ -144,6 +151,10 @@ class HookSession:
         self._handles: list[RemovableHandle] = []
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
         self._started_by: GradKey | None = None  # the last output gradient
+        # grads with statistics: a leaf whose views mark where autograd's node count stands
+        self._probe = (
+            torch.zeros((), requires_grad=True) if grads and collector is not None else None
+        )
 
     def __enter__(self) -> HookSession:
         try:
@@ -210,6 +221,51 @@ class HookSession:
         pending.hook_ns_at_start = self.hook_ns
         pending.t_forward.append(now)
 
+    def _seq_now(self) -> int:
+        """Autograd's node counter now (per thread, increasing): a node made by a dangling
+        view of the probe, dropped at once; -1 when no node can be made (grad mode off)."""
+        assert self._probe is not None
+        try:
+            node = self._probe.view_as(self._probe).grad_fn
+            return -1 if node is None else int(node._sequence_nr())
+        except Exception:
+            return -1
+
+    def count_readers(self, scalar: torch.Tensor) -> None:
+        """Before backward: for each call, whether anything outside it — other modules, or
+        code in a forward — also read one of its inputs (an autograd walk from `scalar`,
+        each edge into an input's producer placed by its reader's sequence number). Such an
+        input's gradient is the sum of every reader's, so a non-finite one is not this
+        call's own backward (engine.origins)."""
+        root = scalar.grad_fn
+        readers: dict[tuple[int, int], list[int]] = {}
+        if root is not None:
+            seen, stack = {id(root)}, [root]
+            while stack:
+                node = stack.pop()
+                try:
+                    seq, edges = int(node._sequence_nr()), node.next_functions
+                except Exception:
+                    continue
+                for nxt, nr in edges:
+                    if nxt is None:
+                        continue
+                    leaf = getattr(nxt, "variable", None)  # AccumulateGrad: the leaf itself
+                    key = (id(leaf), -1) if leaf is not None else (id(nxt), nr)
+                    readers.setdefault(key, []).append(seq)
+                    if id(nxt) not in seen:
+                        seen.add(id(nxt))
+                        stack.append(nxt)
+        for p in self.calls:
+            span, producers = p.seq_span, p.input_producers
+            p.input_producers = []  # the graph is not kept past backward
+            if span is None or span[0] < 0 or span[1] < 0:
+                continue
+            lo, hi = span
+            for producer, nr in producers:
+                if any(not lo < seq <= hi for seq in readers.get((id(producer), nr), [])):
+                    p.input_shared = True
+
     def remove_tensor_hooks(self) -> None:
         """Gradient hooks outlive the forward (backward comes after); removed here."""
         for handle in self.tensor_handles:
@@ -227,6 +283,11 @@ class HookSession:
         for path, t in iter_tensors(obj, root):
             if not t.requires_grad:
                 continue
+            if root == "in":
+                node = t.grad_fn
+                pending.input_producers.append(
+                    (node, t.output_nr) if node is not None else (t, -1)  # a leaf: itself
+                )
 
             def grad_hook(grad: torch.Tensor | None, path: str = path) -> None:
                 if grad is None:  # no gradient reached this tensor: null, never an error
@@ -288,6 +349,8 @@ class HookSession:
                 self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
             pending = PendingCall(call, entered=self._events)
             self._events += 1
+            if self._probe is not None:
+                pending.seq_span = (self._seq_now(), -1)
             self.calls.append(pending)
             stack.append(pending)
             replaced = None
@@ -349,6 +412,8 @@ class HookSession:
             self._finished += 1
             pending.returned = self._events
             self._events += 1
+            if self._probe is not None and pending.seq_span is not None:
+                pending.seq_span = (pending.seq_span[0], self._seq_now())
             call = pending.call
             try:
                 if self.profile:

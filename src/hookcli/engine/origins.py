@@ -29,15 +29,17 @@ def find_origins(
     types: Mapping[str, str] | None = None,
     *,
     partial: bool = False,
+    outputs: Sequence[TensorStats] = (),
 ) -> list[Origin]:
     """The first forward and the first backward origin of NaN/Inf (none when all finite).
 
     `types`: module name → class name for every module of the model ("" the model itself),
     to name the forwards a gap's code can be in; `partial`: the selection leaves modules out,
-    so a gap may also be an unselected module."""
+    so a gap may also be an unselected module; `outputs`: the model's output, whose NaN/Inf
+    no call returned were made by code after the last one."""
     where = _Tree(types or {}, partial)
     origins = []
-    forward = _forward(calls, where)
+    forward = _forward(calls, where, outputs)
     if forward is not None:
         origins.append(forward)
     backward = _backward(calls, where)
@@ -63,7 +65,9 @@ def _label(p: PendingCall) -> str:
     return f"{p.call.name} call {p.call.call}"
 
 
-def _forward(calls: Sequence[PendingCall], where: _Tree) -> Origin | None:
+def _forward(
+    calls: Sequence[PendingCall], where: _Tree, outputs: Sequence[TensorStats]
+) -> Origin | None:
     events: list[tuple[int, bool, PendingCall]] = []  # (position, returned, call)
     for p in calls:
         events.append((p.entered, False, p))
@@ -90,7 +94,19 @@ def _forward(calls: Sequence[PendingCall], where: _Tree) -> Origin | None:
             origin.after_finite = "output" if prev_returned else "input"
             origin.code = where.code(prev.call.name, c.name, inside=not prev_returned)
         return origin
-    return None
+    bad = _bad(outputs)
+    if bad is None:
+        return None
+    # every call returned finite outputs, yet the model's output is not: code after them
+    root = where.types.get("", "the model")
+    origin = Origin("forward", ROOT, root, 0, bad.path, bad.nan, bad.inf, where="after")
+    if before is not None:
+        origin.after = _label(before[1])
+        origin.after_finite = "output"
+        origin.code = where.code(before[1].call.name, None, inside=False)
+    else:
+        origin.code = where.code(None, None, inside=False)
+    return origin
 
 
 def _backward(calls: Sequence[PendingCall], where: _Tree) -> Origin | None:
@@ -108,7 +124,7 @@ def _backward(calls: Sequence[PendingCall], where: _Tree) -> Origin | None:
         if bad is None:
             before = (arrived_input, arrived)
             continue
-        is_input = arrived_input
+        is_input, owner = arrived_input, arrived
         if not is_input:
             # one gradient, two hooks: X's output is P's input, and X's hook ran first. The
             # gradient is P's input gradient: P's own backward when its outputs' were finite.
@@ -116,13 +132,25 @@ def _backward(calls: Sequence[PendingCall], where: _Tree) -> Origin | None:
                 if later_key is None or later_key != key:
                     break
                 if later_input and _bad(q.call.grad_inputs) and not _bad(q.call.grad_outputs):
-                    is_input, c = True, q.call
+                    is_input, c, owner = True, q.call, q
                     bad = _bad(c.grad_inputs)
                     break
         assert bad is not None
         origin = Origin("backward", c.name, c.type, c.call, bad.path, bad.nan, bad.inf)
         if is_input and not _bad(c.grad_outputs):
-            return origin  # its own backward
+            if not owner.input_shared:
+                return origin  # its own backward
+            # the input was read outside the call too: its gradient is every reader's sum
+            others = [
+                _label(q)
+                for q in calls
+                if q is not owner
+                and q.grad_input_key is not None
+                and q.grad_input_key == owner.grad_input_key
+            ]
+            origin.where = "shared"
+            origin.code = others + [f"code in {f}" for f in where.code(c.name, None, inside=False)]
+            return origin
         origin.where = "between" if before is not None else "before"
         if before is None:
             # the first gradient to arrive: from the loss, or code after this call
@@ -180,7 +208,9 @@ class _Tree:
         else:
             up = self._ancestors(a) if first not in (None, ROOT) else []
             down = self._ancestors(b) if then not in (None, ROOT) else []
-            if first is None:
+            if first is None and then is None:
+                names = [""]  # no call ran at all: the model's own forward
+            elif first is None:
                 names = down
             elif then is None:
                 names = up

@@ -240,6 +240,8 @@ def hooked_pass(
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
                     value = _scalar(loaded, prepared.backward, output, prepared.seed)
+                    if session.collector is not None and session.grads:
+                        session.count_readers(value)  # whose input others read too (origins)
                     beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
                     run_backward(loaded, value)
