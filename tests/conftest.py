@@ -102,17 +102,22 @@ def assert_stats_match(
 
 
 def captured_outputs(model: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, Any]:
-    """Each named module's output, cloned by an independent forward hook."""
+    """Each named module's output (its first call's), cloned by an independent forward hook;
+    an int8 (quantized) tensor as its real values."""
     got: dict[str, Any] = {}
     mods = dict(model.named_modules())
-    handles = [
-        mods[n].register_forward_hook(
-            lambda m, a, out, n=n: got.__setitem__(
-                n, out.detach().clone() if isinstance(out, torch.Tensor) else out
-            )
-        )
-        for n in names
-    ]
+
+    def keeper(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, out: Any) -> None:  # returns None: output kept
+            if name in got:
+                return
+            if isinstance(out, torch.Tensor):
+                out = out.dequantize() if out.is_quantized else out.detach().clone()
+            got[name] = out
+
+        return hook
+
+    handles = [mods[n].register_forward_hook(keeper(n)) for n in names]
     try:
         with torch.no_grad():
             model(x)
@@ -120,3 +125,26 @@ def captured_outputs(model: nn.Module, x: torch.Tensor, names: list[str]) -> dic
         for h in handles:
             h.remove()
     return got
+
+
+def quantized_twins(x: torch.Tensor) -> tuple[nn.Module, nn.Module]:
+    """torchvision's quantizable resnet18 with hookcli's seed-0 weights, fused, and its int8
+    version calibrated on x: what `diff resnet18 --a float32 --b quantized` compares, by hand."""
+    import copy
+
+    import torchvision
+    from torch.ao import quantization as tq
+
+    from hookcli.sources import load_model
+
+    twin = torchvision.models.get_model("quantized_resnet18", weights=None, quantize=False)
+    twin.load_state_dict(load_model("resnet18", seed=0).module.state_dict())
+    twin.eval()
+    twin.fuse_model()
+    int8 = copy.deepcopy(twin)
+    int8.qconfig = tq.get_default_qconfig("x86")
+    tq.prepare(int8, inplace=True)
+    with torch.no_grad():
+        int8(x)
+    tq.convert(int8, inplace=True)
+    return twin, int8

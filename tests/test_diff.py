@@ -20,7 +20,7 @@ from hookcli.commands.diff import diff_report, parse_side
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffReport, TensorDiff
-from tests.conftest import CAT
+from tests.conftest import CAT, quantized_twins
 from tests.models import Chain
 from tests.test_cli import assert_one_line_error
 from tests.test_dataset import make_folder
@@ -312,13 +312,6 @@ def test_the_spill_keeps_nothing_in_memory() -> None:
 def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
     """--b quantized: torchvision's quantizable resnet18 with A's weights, fused, calibrated on
     the input and converted; the model output's difference equals one computed by hand."""
-    import copy
-
-    import torchvision
-    from torch.ao import quantization as tq
-
-    from hookcli.sources import load_model
-
     x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     report = diff_report(
         ModelOptions("resnet18", device="cpu"),
@@ -330,17 +323,8 @@ def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
     rows = {c.name: c.b[0] for c in report.calls}
     assert set(rows) == {"layer1.0.conv1", "fc"}
     assert all(0.001 < (d.rel_l2 or 0) < 0.2 for d in rows.values())  # int8: ~1-3 %
-    float_model = load_model("resnet18", seed=0).module
-    twin = torchvision.models.get_model("quantized_resnet18", weights=None, quantize=False)
-    twin.load_state_dict(float_model.state_dict())
-    twin.eval()
-    twin.fuse_model()
-    int8 = copy.deepcopy(twin)
-    int8.qconfig = tq.get_default_qconfig("x86")
-    tq.prepare(int8, inplace=True)
+    twin, int8 = quantized_twins(x)
     with torch.no_grad():
-        int8(x)
-        tq.convert(int8, inplace=True)
         want = _oracle(twin(x), int8(x))
     _check(report.outputs[0].b[0], want)
 

@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.commands.diff import diff_report, parse_side
 from hookcli.commands.diff.tolerance import PRECISIONS, default_tol
 from hookcli.options import InputOptions, ModelOptions, Selection
-from tests.conftest import CAT
+from tests.conftest import CAT, captured_outputs, quantized_twins
 from tests.test_cli import assert_one_line_error
 from tests.test_diff import CHAIN, _captured, _chain_model, _check, _inputs, _oracle
 
@@ -56,48 +55,6 @@ def _weights(tmp_path: Path, **scale: float) -> str:
 # ---------------------------------------------------------------- 1. fused models
 
 
-def _hand_twins(x: torch.Tensor) -> tuple[nn.Module, nn.Module]:
-    """torchvision's quantizable resnet18 with hookcli's seed-0 weights, fused, and its int8
-    version calibrated on x: what --a float32 --b quantized compares."""
-    import torchvision
-    from torch.ao import quantization as tq
-
-    from hookcli.sources import load_model
-
-    twin = torchvision.models.get_model("quantized_resnet18", weights=None, quantize=False)
-    twin.load_state_dict(load_model("resnet18", seed=0).module.state_dict())
-    twin.eval()
-    twin.fuse_model()
-    int8 = copy.deepcopy(twin)
-    int8.qconfig = tq.get_default_qconfig("x86")
-    tq.prepare(int8, inplace=True)
-    with torch.no_grad():
-        int8(x)
-    tq.convert(int8, inplace=True)
-    return twin, int8
-
-
-def _outputs_of(model: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
-    """The first output of each named module (int8 ones as real values)."""
-    got: dict[str, torch.Tensor] = {}
-    modules = dict(model.named_modules())
-
-    def keep(name: str) -> Any:
-        def hook(mod: nn.Module, args: Any, out: torch.Tensor) -> None:
-            got.setdefault(name, out.dequantize() if out.is_quantized else out.detach().clone())
-
-        return hook
-
-    handles = [modules[n].register_forward_hook(keep(n)) for n in names]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return got
-
-
 def test_quantized_resnet18_compares_every_conv_as_the_fused_unit(tmp_path: Path) -> None:
     """Default selection: A's fused ConvReLU2d container `conv1` against B's one int8
     module `conv1`, every conv of layer1 measured, `fc` too; nothing only on one side."""
@@ -113,9 +70,9 @@ def test_quantized_resnet18_compares_every_conv_as_the_fused_unit(tmp_path: Path
     assert not any(".conv1.0" in n or ".conv1.1" in n or "_packed" in n for n, _ in rows)
     assert data["missing"] == []  # `fc call 0` and the fused convs' insides were missing
     # the rows are A's fused unit against B's int8 module, as computed by hand
-    twin, int8 = _hand_twins(x)
+    twin, int8 = quantized_twins(x)
     names = ["conv1", *convs, "fc"]
-    a, b = _outputs_of(twin, x, names), _outputs_of(int8, x, names)
+    a, b = captured_outputs(twin, x, names), captured_outputs(int8, x, names)
     for name in names:
         got = rows[(name, 0)]["b"][0]
         for key, want in _oracle(a[name], b[name]).items():
