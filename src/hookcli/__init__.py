@@ -36,6 +36,7 @@ __all__ = [
     "inspect",
     "maps",
     "passed",
+    "watch",
 ]
 
 
@@ -86,6 +87,33 @@ def check(model: Any, inputs: Any = (), **options: Any) -> Report:
 
     _new_run()
     return api_report("check", model, inputs, options)
+
+
+def watch(
+    model: Any,
+    *,
+    optimizer: Any = None,
+    every: int = 1,
+    layers: Any = (),
+    types: Any = (),
+    log: Any = None,
+) -> Any:
+    """A training run's flight recorder: `with hookcli.watch(model, optimizer=opt, every=10,
+    log="run.jsonl") as w:` around an ordinary loop. Every `every`-th optimizer step (from step
+    0) is watched: each selected layer call's input and output statistics and output
+    gradients, each parameter's gradient and update/weight ratio, and the loss given to
+    `w.loss(loss)` — one JSONL line per watched step (also in `w.records`). Other steps run
+    with no module hook at all. Without an optimizer, `w.step()` marks each step's end."""
+    from hookcli.engine.watch import Watch
+
+    return Watch(
+        model,
+        optimizer=optimizer,
+        every=every,
+        layers=(layers,) if isinstance(layers, str) else tuple(layers),
+        types=(types,) if isinstance(types, str) else tuple(types),
+        log=log,
+    )
 
 
 def exit_code(report: Report) -> int:

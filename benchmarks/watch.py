@@ -1,0 +1,117 @@
+"""hookcli.watch: what watching costs a training loop, measured side by side in one process.
+
+For a tiny CNN and resnet18 at 64 px, batch 16, with SGD and with AdamW on the CPU, each a
+run of `steps` optimizer steps (forward, cross-entropy, backward, step), medians of
+interleaved rounds, as ratios to the same loop without hookcli:
+
+  every=1   every step watched: all leaf calls' statistics and output gradients, every
+            parameter's gradient and update ratio (issue 17's target: <= 1.30x)
+  every=10  one step in ten watched (target: <= 1.03x)
+  unwatched inside a watch whose next watched step is far off (its first step taken before
+            timing): what the recorder costs when it is not recording — the optimizer's step
+            hooks only (target: <= 1.01x)
+
+Usage: python benchmarks/watch.py [--rounds N] [--steps N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+from _common import interleaved
+from torch import nn
+from torch.nn import functional as F
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )  # fmt: skip
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(self.features(x).flatten(1))
+        return out
+
+
+def _model(name: str) -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return TinyCNN() if name == "tiny" else torchvision.models.resnet18(num_classes=10)
+
+
+def _loop(
+    model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]],
+    every: int | None,
+) -> Callable[[], None]:  # fmt: skip
+    import hookcli
+
+    def run() -> None:
+        if every is None:
+            for x, y in data:
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+                opt.step()
+            return
+        with hookcli.watch(model, optimizer=opt, every=every) as w:
+            for x, y in data:
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                w.loss(loss)
+                loss.backward()  # type: ignore[no-untyped-call]
+                opt.step()
+
+    return run
+
+
+def main() -> None:
+    import hookcli
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 10 steps")
+    args = parser.parse_args()
+    rounds, steps = (3, 10) if args.quick else (args.rounds, args.steps)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; {rounds} rounds")
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(16, 3, 64, 64, generator=g), torch.randint(0, 10, (16,), generator=g))]
+    data = data * steps
+    for name in ("tiny", "resnet18"):
+        for opt_name in ("SGD", "AdamW"):
+            model = _model(name).train()
+
+            def make(opt_name: str = opt_name, model: nn.Module = model) -> torch.optim.Optimizer:
+                if opt_name == "SGD":
+                    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+                return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            opt, idle_opt = make(), make()  # the idle watch hooks an optimizer of its own
+            idle = hookcli.watch(model, optimizer=idle_opt, every=10**9)
+            with idle:
+                _loop(model, idle_opt, data[:1], None)()  # its step 0, the watched one
+                t = interleaved(
+                    {
+                        "plain": _loop(model, opt, data, None),
+                        "every1": _loop(model, opt, data, 1),
+                        "every10": _loop(model, opt, data, 10),
+                        "unwatched": _loop(model, idle_opt, data, None),
+                    },
+                    rounds,
+                )
+            plain = t["plain"]
+            print(
+                f"  {name} {opt_name} ({steps} steps, plain {plain * 1e3 / steps:.1f} ms/step): "
+                f"every=1 {t['every1'] / plain:.3f}x, every=10 {t['every10'] / plain:.3f}x, "
+                f"unwatched {t['unwatched'] / plain:.3f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
