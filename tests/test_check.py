@@ -173,7 +173,7 @@ def test_baseline_round_trip(tmp_path: Path) -> None:
     (result,) = json.loads(r.stdout)["checks"]
     conv2 = [f for f in result["failures"] if f["layer"] == "layer4.1.conv2"]
     assert conv2 and conv2[0]["message"].startswith("layer4.1.conv2 call 0 output out")
-    # the seed changed: the verdict says the drift may be the input's, stderr says why
+    # the seed changed: the verdict says the drift may come from it, stderr says why
     assert "the baseline ran with --seed 0, this run with --seed 1" in result["message"]
     assert "check failed: baseline:" in r.stderr
     # a looser tolerance does not hide a layer that vanished

@@ -473,7 +473,7 @@ def compare_baseline(
         f"largest change first: {failures[0][1].message}"
     )
     if mismatch:
-        message += f" — but {mismatch}: the drift may be the input's, not the model's"
+        message += f" — but {mismatch}: the drift may come from that, not from the model"
     return CheckResult("baseline", False, message, [f for _, f in failures], failures[0][1])
 
 
@@ -485,7 +485,8 @@ def _inputs_differ(report: Report, baseline: dict[str, Any]) -> str | None:
     base_seed = baseline.get("model", {}).get("seed")
     if base_seed is not None and base_seed != report.model.seed:
         said.append(
-            f"the baseline ran with --seed {base_seed}, this run with --seed {report.model.seed}"
+            f"the baseline ran with --seed {base_seed}, this run with --seed {report.model.seed} "
+            "(random weights and random inputs follow it)"
         )
     if base_input.get("description") != report.input.description:
         said.append(
