@@ -93,7 +93,9 @@ def _one_run(
     backward = prepared.backward is not None
     collector = StatsCollector(fused=run.stats_backend != "torch", hist_bins=run.hist)
     saver = _saver(prepared, run, command) if run.save is not None else None
-    session = HookSession(prepared.targets, collector, grads=backward, saver=saver)
+    session = HookSession(
+        prepared.targets, collector, grads=backward, saver=saver, readers=backward
+    )
     timing = profile_calls(prepared, run) if run.profile else None
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
     params: dict[str, list[PendingParam]] = {}

@@ -21,7 +21,7 @@ import torch
 
 from hookcli.engine.flops import CallKey, count_flops
 from hookcli.engine.hooks import HookSession, PendingCall
-from hookcli.engine.passes import Prepared, every_target, hooked_pass
+from hookcli.engine.passes import Prepared, every_target, hooked_pass, unhooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.options import RunOptions
 from hookcli.records import CallProfile, Profile
@@ -44,11 +44,13 @@ def profile_calls(
     selected calls are reported. Then FLOPs, in a pass of their own."""
     backward = prepared.backward is not None
     reference = [
-        _unhooked(prepared, model_input, train=run.train, backward=backward)
+        unhooked_pass(
+            prepared, model_input=model_input, train=run.train, backward=backward, timed=True
+        )
         for _ in range(runs + int(warm_up))
     ][int(warm_up) :]
-    unhooked_ms = statistics.median(f for f, _ in reference)
-    unhooked_bwd = statistics.median(b or 0.0 for _, b in reference) if backward else None
+    unhooked_ms = statistics.median(r.forward_ms for r in reference)
+    unhooked_bwd = statistics.median(r.backward_ms or 0.0 for r in reference) if backward else None
     session = HookSession(every_target(prepared.entries), None, grads=backward, profile=True)
     with hooked_pass(
         prepared, session, model_input=model_input, train=run.train, backward=backward
@@ -179,21 +181,6 @@ def _add_call(a: CallProfile, b: CallProfile) -> CallProfile:
 def _sum(a: _N | None, b: _N | None) -> _N | None:
     """Both added, or None when either is unknown (a partial sum would pass for a whole)."""
     return None if a is None or b is None else a + b
-
-
-def _unhooked(
-    prepared: Prepared, model_input: ModelInput | None, *, train: bool, backward: bool
-) -> tuple[float, float | None]:
-    """The same pass with no hook at all, timed: forward and backward milliseconds."""
-    with hooked_pass(
-        prepared,
-        HookSession([], None),
-        model_input=model_input,
-        train=train,
-        backward=backward,
-        timed=True,
-    ) as result:
-        return result.forward_ms, result.backward_ms
 
 
 def _backward_ms(p: PendingCall) -> float | None:

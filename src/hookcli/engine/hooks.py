@@ -129,6 +129,7 @@ class HookSession:
         grads: bool = False,
         saver: Any = None,
         profile: bool = False,
+        readers: bool = False,
     ) -> None:
         self.targets = targets
         self.collector = collector
@@ -151,10 +152,10 @@ class HookSession:
         self._handles: list[RemovableHandle] = []
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
         self._started_by: GradKey | None = None  # the last output gradient
-        # grads with statistics: a leaf whose views mark where autograd's node count stands
-        self._probe = (
-            torch.zeros((), requires_grad=True) if grads and collector is not None else None
-        )
+        # `readers` (inspect/grads: origins): before backward the pass calls count_readers;
+        # a leaf whose views mark where autograd's node count stands, and each input's producer
+        self.readers = readers and grads
+        self._probe = torch.zeros((), requires_grad=True) if self.readers else None
 
     def __enter__(self) -> HookSession:
         try:
@@ -283,7 +284,7 @@ class HookSession:
         for path, t in iter_tensors(obj, root):
             if not t.requires_grad:
                 continue
-            if root == "in":
+            if root == "in" and self.readers:
                 node = t.grad_fn
                 pending.input_producers.append(
                     (node, t.output_nr) if node is not None else (t, -1)  # a leaf: itself

@@ -240,7 +240,7 @@ def hooked_pass(
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
                     value = _scalar(loaded, prepared.backward, output, prepared.seed)
-                    if session.collector is not None and session.grads:
+                    if session.readers:
                         session.count_readers(value)  # whose input others read too (origins)
                     beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
@@ -273,11 +273,19 @@ def _restore_grads(params: Sequence[torch.Tensor]) -> None:
 
 
 def unhooked_pass(
-    prepared: Prepared, *, train: bool = False, backward: bool = False, timed: bool = False
+    prepared: Prepared,
+    *,
+    model_input: ModelInput | None = None,
+    train: bool = False,
+    backward: bool = False,
+    timed: bool = False,
 ) -> PassResult:
-    """The same pass with no hook at all (--profile's reference timing)."""
+    """The same pass with no hook at all (--profile's reference timing); `model_input`: a
+    folder's batch instead of the prepared input."""
     session = HookSession([], None)
-    with hooked_pass(prepared, session, train=train, backward=backward, timed=timed) as result:
+    with hooked_pass(
+        prepared, session, model_input=model_input, train=train, backward=backward, timed=timed
+    ) as result:
         return result
 
 

@@ -15,8 +15,8 @@ What is not built yet (issue 17): the ring buffer and repro bundle on the first 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -191,8 +191,6 @@ class Watch:
         session, collector = self._session, self._collector
         assert session is not None
         assert collector is not None
-        session.remove()  # the step is over: no more calls belong to it
-        session.remove_tensor_hooks()
         with torch.no_grad():
             # the update, in place of the copy: one foreach subtraction and norm, one transfer
             befores = [b for *_, b in self._params]
@@ -261,12 +259,5 @@ def _call(c: Any) -> dict[str, Any]:
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    data = dataclasses.asdict(obj)
-    for k, v in list(data.items()):
-        if isinstance(v, float) and not math.isfinite(v):
-            data[k] = None
-        elif isinstance(v, tuple):
-            data[k] = list(v)
-    return data
+    """A record as JSON data (its floats are finite or None already)."""
+    return dataclasses.asdict(obj)
