@@ -116,7 +116,10 @@ def test_unwatched_steps_carry_no_hook_and_everything_is_removed_after() -> None
     seen = []
     with hookcli.watch(model, optimizer=opt, every=3) as w:
         for x, y in _batches(5):
-            hooked = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+            below = [m for m in model.modules() if m is not model]
+            hooked = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in below)
+            # the model itself: the two root hooks that keep the step's batch, every step
+            assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (1, 1)
             seen.append((w.watching, hooked))
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()

@@ -138,7 +138,8 @@ class Origin:
     the gradient w.r.t. this call's input, which something outside the call read too — the
     gradient is every reader's sum, so it is this call's backward or one of `code` (other
     calls that read it, or code in the forwards named). "after" (forward): in the model's
-    output, every call's finite — made by code after the last call (`after`)."""
+    output, every call's finite — made by code after the last call (`after`). "loss"
+    (hookcli.watch): in the loss the loop gave `w.loss()`, the model's outputs finite."""
 
     direction: str  # forward | backward
     layer: str
@@ -152,7 +153,7 @@ class Origin:
     after_finite: str | None = None  # "output" | "input" (forward), "input" | "output" gradient
     code: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
+    def describe(self) -> str:  # noqa: PLR0911 (one sentence per kind of place)
         counts = ", ".join(f"{n} {k}" for n, k in ((self.nan, "NaN"), (self.inf, "Inf")) if n)
         forward = self.direction == "forward"
         here = f"{self.layer} ({self.type}) call {self.call}"
@@ -161,6 +162,11 @@ class Origin:
             return f"{self.direction}: first at {here}, {what} {self.path}: {counts}"
         what = "input" if forward else "gradient w.r.t. output"
         code = _either(self.code)
+        if self.where == "loss":  # hookcli.watch: the loss given to w.loss()
+            return (
+                f"forward: in the loss ({counts}), the model's outputs finite: made by the loss "
+                "code (a log of 0, a division by a zero count …)"
+            )
         if self.where == "after":
             last = f", made after {self.after} (finite output), the last call" if self.after else ""
             return (

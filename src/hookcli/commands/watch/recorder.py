@@ -1,0 +1,715 @@
+"""hookcli.watch: statistics of a training run, one JSONL line per watched optimizer step, and
+a repro bundle on the first NaN/Inf.
+
+A *step* is an optimizer step (optimizer step hooks mark it, or `Watch.step()` without an
+optimizer), so gradient accumulation counts right: every forward and backward between two
+optimizer steps belongs to the step they lead to. With a GradScaler passed as `scaler=`, its
+`update()` ends the step instead, so a step the scaler skipped (inf gradients from too large a
+loss scale: not a fault) is still a step.
+
+On a watched step (every `every`-th, starting with step 0) the selected modules carry
+hookcli's hooks — every call's input and output statistics and its output gradients, with one
+transfer to the host when the step ends — and the optimizer's pre-step hook measures each
+parameter's gradient and keeps its value, so the post-step hook can give the update/weight
+ratio ‖w_after - w_before‖ / ‖w_before‖. On other steps no module hook is installed below the
+model itself.
+
+Every step, watched or not, the model's own root hooks keep references to what the step needs
+to run again (commands.watch.bundle: arguments, RNG, autocast, output gradients; the buffers as
+the step began are the one copy), and the pre-step hook checks the loss (given to `w.loss`),
+the model's outputs and every parameter gradient for NaN/Inf: one norm per tensor group and a
+single read on the host. The first time one is not finite, before the optimizer changes
+anything, the recorder writes the repro bundle, re-runs the step with hooks on to name the
+first non-finite layer call and direction, and logs a "nonfinite" line.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli.commands.watch.bundle import (
+    ForwardCapture,
+    capture_forward,
+    rerun,
+    rng_kept,
+    watch_output,
+    write_bundle,
+)
+from hookcli.engine.hooks import HookSession, Target
+from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
+from hookcli.engine.selection import module_entries, select
+from hookcli.engine.stats import StatsCollector, finite_or_none
+from hookcli.errors import UsageError
+from hookcli.records import Origin, TensorStats
+
+LOG_SCHEMA = 1  # the JSONL line's own version
+
+
+_WRAPPERS = {"DistributedDataParallel", "DataParallel"}
+
+
+def inner_module(model: nn.Module) -> nn.Module:
+    """The module that holds the layers: DistributedDataParallel's `.module`, a
+    torch.compile'd module's `_orig_mod` (both share their weights with it)."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module) and type(model).__name__ in _WRAPPERS:
+            inner = getattr(model, "module", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        else:
+            break
+    return model
+
+
+class RootHook:
+    """One of the recorder's hooks on the model itself. A copy of the model (an EMA's
+    `copy.deepcopy(model)`, `torch.save(model)`) is not watched: it gets an inert hook, not a
+    copy of the recorder, its log file and its tensors."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
+        return InertHook()
+
+    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
+        return InertHook, ()
+
+
+class InertHook:
+    """What a copied model has where the watched one has a RootHook: nothing happens."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+class EagerSwitch:
+    """A torch.compile'd model's eager module, for the steps hooks must see: the hooks of a
+    watched step and a re-run are Python code the compiled graph does not run, so those steps
+    call the module the compiled one wraps (the same weights) — `torch.compile(model)`'s
+    OptimizedModule through its `forward`, `model.compile()` by its compiled call. Switched
+    back, the compiled code is called again as it was: no recompilation (no hook is left on a
+    module it traced)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.compiled: list[nn.Module] = []
+        self.in_place: list[nn.Module] = []
+        m: Any = model
+        for _ in range(8):
+            if getattr(m, "_compiled_call_impl", None) is not None:
+                self.in_place.append(m)
+            if hasattr(m, "_orig_mod") and isinstance(m._orig_mod, nn.Module):
+                self.compiled.append(m)
+                m = m._orig_mod
+            elif isinstance(getattr(m, "module", None), nn.Module) and type(m).__name__ in {
+                "DistributedDataParallel",
+                "DataParallel",
+            }:
+                m = m.module
+            else:
+                break
+        if getattr(m, "_compiled_call_impl", None) is not None and m not in self.in_place:
+            self.in_place.append(m)
+        self._saved: list[tuple[nn.Module, str, Any]] = []
+
+    def on(self) -> None:
+        if self._saved:
+            return
+        for m in self.compiled:
+            self._saved.append((m, "forward", m.__dict__.get("forward")))
+            m.__dict__["forward"] = m._orig_mod.__call__  # type: ignore[operator]
+        for m in self.in_place:
+            self._saved.append((m, "_compiled_call_impl", m._compiled_call_impl))
+            m._compiled_call_impl = None
+
+    def off(self) -> None:
+        for m, name, value in reversed(self._saved):
+            if name == "forward":
+                m.__dict__["forward"] = value
+            else:
+                m._compiled_call_impl = value
+        self._saved.clear()
+
+
+class Watch:
+    """The context manager `hookcli.watch` returns. See the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        every: int = 1,
+        layers: Sequence[str] = (),
+        types: Sequence[str] = (),
+        log: str | Path | None = None,
+        ring: int = 8,
+        bundle: str | Path | bool | None = None,
+        check: bool = True,
+        scaler: Any = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(
+                f"hookcli.watch needs an nn.Module, got {type(model).__name__}.",
+                "pass the model being trained.",
+            )
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise UsageError(f"every must be 1 or more, got {every!r}.", "e.g. every=10")
+        if isinstance(ring, bool) or not isinstance(ring, int) or ring < 0:
+            raise UsageError(f"ring must be 0 or more, got {ring!r}.", "e.g. ring=8")
+        if scaler is not None and not callable(getattr(scaler, "update", None)):
+            raise UsageError(
+                f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.",
+                "pass the GradScaler whose scaler.step(opt) the loop calls.",
+            )
+        self.model = model  # what the loop calls (DDP, a compiled module, or the module)
+        self.module = inner_module(model)  # what holds the layers
+        self.optimizer = optimizer
+        self.every = every
+        self.scaler = scaler
+        self.check = check
+        entries = module_entries(self.module)
+        self.targets: list[Target] = select(
+            entries, layers=tuple(layers), types=tuple(types), model_label="the model"
+        )
+        self.layers, self.types_selected = tuple(layers), tuple(types)
+        self._types = {n: e.type for e in entries for n in e.names}
+        selected = {id(t.module) for t in self.targets}
+        self._partial = any(e.leaf and id(e.module) not in selected for e in entries)
+        self._names = {id(p): n for n, p in self.module.named_parameters()}
+        self.rank, self.world_size = _rank()
+        self.log_path = (
+            None if log is None else rank_log_path(Path(log), self.rank, self.world_size)
+        )
+        self.bundle_path = self._bundle_path(bundle)
+        self.records: list[dict[str, Any]] = []  # every watched step's line, as written
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring)
+        self.nonfinite: dict[str, Any] | None = None  # the first NaN/Inf's line, once seen
+        self.step_index = 0  # the optimizer step now being taken (0: the first)
+        self._session: HookSession | None = None
+        self._collector: StatsCollector | None = None
+        # a watched step's parameters: name, gradient statistics, the parameter, its value
+        # before the step; and the norms of those values (one foreach kernel per device)
+        self._params: list[tuple[str, TensorStats | None, torch.Tensor, torch.Tensor]] = []
+        self._before_norms: list[torch.Tensor] = []
+        self._loss: torch.Tensor | float | None = None
+        # every step: what it needs to run again
+        self._forwards: list[ForwardCapture] = []
+        self._buffers: BufferSnapshot | None = None
+        self._stepped = False  # the optimizer's step ran in this step (a scaler may skip it)
+        self._skipped = False  # the scaler skipped it
+        self._eager = EagerSwitch(model)
+        self._grads_seen = False
+        self._busy = False  # a re-run is going on: the root hooks stand aside
+        self._handles: list[Any] = []
+        self._scaler_update: Any = None
+        self._file: Any = None
+        self._open = False
+
+    def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
+        if bundle is False:
+            return None
+        if bundle is None or bundle is True:
+            if self.log_path is None:
+                if bundle is True:
+                    raise UsageError(
+                        "bundle=True needs a log= path to put the bundle next to.",
+                        "pass bundle='DIR', or log='run.jsonl'.",
+                    )
+                return None
+            return self.log_path.with_name(f"{self.log_path.stem}.bundle")
+        return rank_log_path(Path(bundle), self.rank, self.world_size)
+
+    # ------------------------------------------------------------ the context
+
+    def __enter__(self) -> Watch:
+        if self.log_path is not None:
+            try:
+                self._file = self.log_path.open("a", encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot write the watch log {self.log_path}: {exc.strerror}.",
+                    "give a writable path, e.g. log='run.jsonl'.",
+                ) from exc
+        try:
+            self._handles += [
+                self.model.register_forward_pre_hook(RootHook(self._root_pre), with_kwargs=True),
+                self.model.register_forward_hook(RootHook(self._root_post)),
+            ]
+            if self.optimizer is not None:
+                self._handles += [
+                    self.optimizer.register_step_pre_hook(self._before_step),
+                    self.optimizer.register_step_post_hook(self._after_step),
+                ]
+            if self.scaler is not None:
+                # the scaler's update() ends every step, the skipped ones too (an instance
+                # attribute over the class's method, removed on exit)
+                original = self.scaler.update
+
+                def update(*args: Any, **kwargs: Any) -> Any:
+                    result = original(*args, **kwargs)
+                    self._scaler_updated()
+                    return result
+
+                self.scaler.update = update
+                self._scaler_update = original
+        except BaseException:
+            self._close()
+            raise
+        self._open = True
+        self._arm()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        self._open = False
+        self._disarm()  # a step left unfinished is not logged: its numbers are incomplete
+        self._forget_step()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._scaler_update is not None:
+            with_attr = self.scaler.__dict__
+            with_attr.pop("update", None)
+            self._scaler_update = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # ------------------------------------------------------------ what the loop calls
+
+    def loss(self, value: torch.Tensor | float) -> None:
+        """The step's loss: logged with a watched step and checked for NaN/Inf on every step
+        (kept as a reference, read when the step ends: no synchronisation here)."""
+        self._loss = value.detach() if isinstance(value, torch.Tensor) else float(value)
+
+    def step(self) -> None:
+        """Mark the end of a step when there is no optimizer to hook (its gradients and
+        parameters are then not measured)."""
+        if self.optimizer is not None:
+            raise UsageError(
+                "Watch.step() with an optimizer: its step hooks already mark the steps.",
+                "drop the w.step() call, or watch without optimizer=.",
+            )
+        self._grads_ready(None)
+        self._finish()
+
+    @property
+    def watching(self) -> bool:
+        """Whether the step now being taken is a watched one."""
+        return self._session is not None
+
+    # ------------------------------------------------------------ the model's root hooks
+
+    def _root_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        if self._buffers is None:  # the step's first forward: its buffers as it begins
+            self._buffers = BufferSnapshot(list(self.module.modules()))
+        self._forwards.append(capture_forward(args, kwargs))
+
+    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._busy or not self._forwards:
+            return
+        watch_output(self._forwards[-1], output)
+
+    # ------------------------------------------------------------ steps
+
+    def _arm(self) -> None:
+        """Hooks on, when the coming step is watched."""
+        if not self._open or self.step_index % self.every:
+            return
+        self._collector = StatsCollector()
+        self._session = HookSession(self.targets, self._collector, grads=True)
+        self._session.__enter__()
+        self._eager.on()  # a compiled model runs its eager module on a watched step
+
+    def _disarm(self) -> None:
+        self._eager.off()
+        session = self._session
+        if session is not None:
+            session.remove()
+            session.remove_tensor_hooks()
+        self._session = None
+        self._collector = None
+        self._params = []
+        self._before_norms = []
+
+    def _forget_step(self) -> None:
+        self._forwards = []
+        self._buffers = None
+        self._loss = None
+        self._stepped = False
+        self._skipped = False
+        self._grads_seen = False
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        # the hook sees the step's arguments with the optimizer first: (opt, closure?)
+        args = tuple(args)
+        at = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure") if kwargs else None
+        if closure is None and len(args) > at and callable(args[at]):
+            closure = args[at]
+        if closure is None:
+            self._grads_ready(optimizer)
+            return None
+        # step(closure): forward and backward run inside step(), after this hook — the
+        # gradients are read when the closure returns (LBFGS calls it again: the first only)
+
+        def measured() -> Any:
+            result = closure()
+            if not self._grads_seen:
+                self._grads_ready(optimizer)
+            return result
+
+        if kwargs and "closure" in kwargs:
+            return args, dict(kwargs, closure=measured)
+        return (*args[:at], measured, *args[at + 1 :]), kwargs
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+        if self.scaler is None:
+            self._finish()
+
+    def _scaler_updated(self) -> None:
+        if not self._stepped and not self._grads_seen:
+            # scaler.step() skipped optimizer.step(): the gradients held inf/NaN at this loss
+            # scale. Expected, not a fault — but the forward (outputs, loss) is checked
+            self._grads_ready(None, skipped=True)
+        self._finish()
+
+    def _grads_ready(self, optimizer: Any, *, skipped: bool = False) -> None:
+        """The step's gradients are complete and the weights not yet changed."""
+        self._grads_seen = True
+        self._skipped = skipped
+        params = _params_of(optimizer) if optimizer is not None else []
+        if self._session is not None and self._collector is not None and not skipped:
+            with torch.no_grad():
+                for p in params:
+                    name = self._names.get(id(p), f"param{len(self._params)}")
+                    grad = None if p.grad is None else self._collector.add(p.grad, f"{name}.grad")
+                    self._params.append((name, grad, p, p.detach().clone()))
+                befores = [b for *_, b in self._params]
+                self._before_norms = list(torch._foreach_norm(befores)) if befores else []
+        if self.check and self.nonfinite is None:
+            found = self._nonfinite(params, skipped)
+            if found:
+                self._on_nonfinite(found, optimizer)
+
+    def _nonfinite(self, params: Sequence[torch.Tensor], skipped: bool) -> list[str]:
+        """Which of the loss, the model's outputs and the parameter gradients hold NaN/Inf: one
+        norm per group of tensors (a NaN or Inf anywhere makes it non-finite) and a single
+        read on the host. A norm that overflows from finite values is checked exactly."""
+        groups: dict[str, list[torch.Tensor]] = {"loss": [], "output": [], "grad": []}
+        if isinstance(self._loss, torch.Tensor) and self._loss.is_floating_point():
+            groups["loss"].append(self._loss)
+        elif isinstance(self._loss, float):
+            groups["loss"].append(torch.tensor(self._loss))
+        for f in self._forwards:
+            groups["output"] += [
+                t.detach() for _, t in _tensors(f.output) if t.is_floating_point() and t.numel()
+            ]
+        if not skipped:
+            groups["grad"] = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+        names = [k for k, v in groups.items() if v]
+        if not names:
+            return []
+        with torch.no_grad():
+            flags = [_finite(groups[k]) for k in names]
+            ok = torch.stack([f.cpu() for f in flags]).tolist()
+        found = [k for k, good in zip(names, ok, strict=True) if not good]
+        # a norm of huge finite values overflows: such a group is looked at element by element
+        return [k for k in found if not all(bool(torch.isfinite(t).all()) for t in groups[k])]
+
+    def _finish(self) -> None:
+        """The step ended: a watched step's record written, then the next step armed."""
+        if self._session is not None and self._collector is not None:
+            try:
+                record = self._record()
+            finally:
+                self._disarm()
+            self.records.append(record)
+            self.recent.append(record)
+            self._write(record)
+        self._forget_step()
+        self.step_index += 1
+        self._arm()
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(line, allow_nan=False) + "\n")
+            self._file.flush()
+
+    # ------------------------------------------------------------ the first NaN/Inf
+
+    def _on_nonfinite(self, found: list[str], optimizer: Any) -> None:
+        """Bundle, hooked re-run, log line, one line on stderr — while the weights and the
+        optimizer state are still the step's own."""
+        if self._session is not None:
+            self._session.remove()  # the watched step's hooks must not see the re-run
+        notes: list[str] = []
+        if any(f.written_since() for f in self._forwards):
+            notes.append(
+                "an argument of the model was changed in place after its forward began: the "
+                "saved batch is the changed one, and a replay may differ"
+            )
+        params = list(self.module.parameters())
+        bad_params = [n for n, p in self.module.named_parameters() if not _all_finite(p)]
+        now = BufferSnapshot(list(self.module.modules()))  # as the step left them
+        self._busy = True
+        self._eager.on()
+        try:
+            with rng_kept(), grads_left_as_found(params), torch.no_grad():
+                if self._buffers is not None:
+                    self._buffers.restore()  # as the step began
+                info = {
+                    "step": self.step_index,
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                    "found": found,
+                    "nonfinite_params": bad_params,
+                    "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
+                    "device": str(_device_of(self.module)),
+                    "layers": list(self.layers),
+                    "types": list(self.types_selected),
+                    "forwards": len(self._forwards),
+                    "hookcli_version": _version(),
+                    "torch_version": torch.__version__,
+                }
+                bundle_notes: list[str] = []
+                if self.bundle_path is not None:
+                    bundle_notes = write_bundle(
+                        self.bundle_path,
+                        info=dict(info, origins=[]),
+                        module=self.module,
+                        optimizer=optimizer,
+                        forwards=self._forwards,
+                        records=list(self.recent),
+                    )
+                origins: list[Origin] = []
+                with torch.enable_grad():
+                    try:
+                        again = rerun(
+                            self.module, self._forwards, self.targets, self._types,
+                            partial=self._partial,
+                        )  # fmt: skip
+                        origins = again.origins
+                    except Exception as exc:  # the step itself raised on the re-run
+                        notes.append(f"the hooked re-run failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._busy = False
+            if self._session is None:
+                self._eager.off()
+            now.restore()
+        notes += bundle_notes
+        if "loss" in found and not any(o.direction == "forward" for o in origins):
+            origins.insert(0, self._loss_origin())
+        found_origins = [_plain(o) for o in origins]
+        line: dict[str, Any] = {
+            "schema": LOG_SCHEMA,
+            "kind": "nonfinite",
+            "step": self.step_index,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "found": found,
+            "origins": found_origins,
+            "nonfinite_params": bad_params,
+            "bundle": None if self.bundle_path is None else str(self.bundle_path),
+            "notes": notes,
+        }
+        if self.bundle_path is not None:
+            _add_origins(self.bundle_path, found_origins, notes)
+        self.nonfinite = line
+        self._write(line)
+        where = "; ".join(o.describe() for o in origins) or "no layer call held it on the re-run"
+        saved = f" Bundle: {self.bundle_path} (hookcli replay)." if self.bundle_path else ""
+        print(
+            f"hookcli.watch: NaN/Inf in the {', '.join(found)} at step {self.step_index}: "
+            f"{where}.{saved}",
+            file=sys.stderr,
+        )
+
+    def _loss_origin(self) -> Origin:
+        """The loss is NaN/Inf, the model's outputs finite: the loss code made it."""
+        loss = self._loss
+        t = loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(loss)
+        nan = int(torch.isnan(t).sum())
+        return Origin("forward", "", "", 0, "loss", nan, int(t.numel()) - nan - int(
+            torch.isfinite(t).sum()), where="loss")  # fmt: skip
+
+    def _record(self) -> dict[str, Any]:
+        session, collector = self._session, self._collector
+        assert session is not None
+        assert collector is not None
+        with torch.no_grad():
+            # the update, in place of the copy: one foreach subtraction and norm, one transfer
+            befores = [b for *_, b in self._params]
+            if befores:
+                torch._foreach_sub_(befores, [p for _, _, p, _ in self._params])
+                deltas = torch._foreach_norm(befores)
+                norms = [*self._before_norms, *deltas]
+                try:  # one transfer (parameters on one device)
+                    flat = torch.stack(norms).double().cpu().tolist()
+                except RuntimeError:  # spread over devices: one each
+                    flat = [float(n) for n in norms]
+                both = list(zip(flat[: len(deltas)], flat[len(deltas) :], strict=True))
+            else:
+                both = []
+            updates = [
+                (name, grad, w_norm, delta)
+                for (name, grad, _, _), (w_norm, delta) in zip(self._params, both, strict=True)
+            ]
+        collector.finalize()
+        calls = [p.complete(True) for p in session.calls]
+        number_backward(session.calls)
+        origins = find_origins(session.calls, self._types, partial=self._partial)
+        loss = self._loss
+        if isinstance(loss, torch.Tensor):
+            loss = float(loss.double().sum()) if loss.numel() else None
+        params = []
+        for name, grad, w_norm, delta in updates:
+            params.append(
+                {
+                    "name": name,
+                    "norm": finite_or_none(w_norm),
+                    "grad": None if grad is None else _stats(grad),
+                    "update_norm": finite_or_none(delta),
+                    "update_ratio": finite_or_none(delta / w_norm) if w_norm else None,
+                }
+            )
+        record: dict[str, Any] = {
+            "schema": LOG_SCHEMA,
+            "kind": "step",
+            "step": self.step_index,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "loss": finite_or_none(loss) if isinstance(loss, float) else None,
+            "layers": [_call(c) for c in calls],
+            "params": params,
+            "nonfinite_origins": [_plain(o) for o in origins],
+        }
+        if self.scaler is not None:
+            record["skipped"] = self._skipped
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+            record["scale"] = None if scale is None else float(scale)
+        return record
+
+
+def _params_of(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _tensors(obj: Any) -> list[tuple[str, torch.Tensor]]:
+    from hookcli.tree import iter_tensors
+
+    return list(iter_tensors(obj, "out"))
+
+
+def _finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-d bool tensor on the tensors' device: every element finite (norm per device and
+    dtype group, summed)."""
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.device, t.dtype), []).append(t)
+    sums = []
+    for group in by_kind.values():
+        norms = torch._foreach_norm(group)
+        sums.append(torch.stack(norms).float().sum().cpu() if len(by_kind) > 1 else
+                    torch.stack(norms).float().sum())  # fmt: skip
+    return torch.isfinite(torch.stack(sums).sum())
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    return not t.is_floating_point() or bool(torch.isfinite(t).all())
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    first = next(iter(module.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _version() -> str:
+    from hookcli._version import __version__
+
+    return __version__
+
+
+def _add_origins(path: Path, origins: list[dict[str, Any]], notes: list[str]) -> None:
+    """The re-run's origins into the bundle's bundle.json (written before the re-run, so a
+    re-run that dies still leaves a bundle)."""
+    meta_path = path / "bundle.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta["origins"] = origins
+    meta["notes"] = list(meta.get("notes", [])) + [n for n in notes if n not in meta["notes"]]
+    tmp = meta_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.replace(meta_path)
+
+
+def _rank() -> tuple[int, int]:
+    """This process's rank and the world size under torch.distributed (0, 1 without it)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_log_path(path: Path, rank: int, world_size: int) -> Path:
+    """Each rank its own log: `{rank}` in the name is replaced, else under a world of several
+    processes `run.jsonl` becomes `run.rank0.jsonl`, `run.rank1.jsonl`, …"""
+    if "{rank}" in path.name:
+        return path.with_name(path.name.replace("{rank}", str(rank)))
+    if world_size > 1:
+        return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    return path
+
+
+def _stats(t: TensorStats) -> dict[str, Any]:
+    """A tensor's statistics for the log: the numbers, no element values or histograms."""
+    out = _plain(t)
+    out.pop("values", None)
+    out.pop("hist", None)
+    return out
+
+
+def _call(c: Any) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "type": c.type,
+        "call": c.call,
+        "inputs": [_stats(t) for t in c.inputs],
+        "outputs": [_stats(t) for t in c.outputs],
+        "grad_outputs": None if c.grad_outputs is None else [_stats(t) for t in c.grad_outputs],
+        "grad_inputs": None if c.grad_inputs is None else [_stats(t) for t in c.grad_inputs],
+        "error": c.error,
+    }
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A record as JSON data (its floats are finite or None already)."""
+    return dataclasses.asdict(obj)

@@ -1,0 +1,176 @@
+"""`hookcli replay BUNDLE`: the training step a repro bundle holds, run again with hooks on.
+
+The model comes from the bundle's pickle (model.pt), or from `--model SPEC` (any MODEL hookcli
+can build) with the bundle's state dict loaded into it; each module's train/eval flag is the
+step's. The step runs as the recorder's own re-run does (bundle.rerun: the same forwards from
+the same RNG states and autocast, backward from the same output gradients), on the device the
+step ran on when this machine has it, else on the CPU, or on `--device`. The answer is a
+report like `grads`' — every selected call's statistics and gradients — with the non-finite
+origin, and one check: the origin found now is the one the recorder logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli._version import __version__
+from hookcli.commands.watch.bundle import Bundle, read_bundle, rerun, rng_kept, to_device
+from hookcli.engine.selection import module_entries, select
+from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.records import (
+    Backward,
+    CheckResult,
+    Failure,
+    InputInfo,
+    ModelInfo,
+    Origin,
+    Report,
+)
+from hookcli.tree import iter_tensors
+
+
+def replay(
+    path: str | Path,
+    *,
+    model: str | nn.Module | None = None,
+    model_args: dict[str, Any] | None = None,
+    device: str | None = None,
+    layers: Sequence[str] = (),
+    types: Sequence[str] = (),
+) -> Report:
+    """The bundle's step re-run with hooks on (see the module docstring)."""
+    bundle = read_bundle(Path(path))
+    module = _module(bundle, model, model_args)
+    where = _device(bundle, device)
+    module.to(where)
+    entries = module_entries(module)
+    targets = select(
+        entries,
+        layers=tuple(layers) or tuple(bundle.info.get("layers") or ()),
+        types=tuple(types) or tuple(bundle.info.get("types") or ()),
+        model_label="the bundle's model",
+    )
+    kinds = {n: e.type for e in entries for n in e.names}
+    selected = {id(t.module) for t in targets}
+    partial = any(e.leaf and id(e.module) not in selected for e in entries)
+    forwards = to_device(bundle.forwards, where)
+    try:
+        with rng_kept():
+            again = rerun(module, forwards, targets, kinds, partial=partial)
+    except Exception as exc:
+        raise ModelError(f"the replayed step raised: {one_line(exc)}") from exc
+    found = ", ".join(bundle.info.get("found") or [])
+    step, rank = bundle.info.get("step"), bundle.info.get("rank", 0)
+    notes = [f"bundle {bundle.path}: step {step} of rank {rank}, NaN/Inf seen in the {found}"]
+    notes += list(bundle.info.get("notes") or [])
+    if model is not None:
+        notes.append(
+            f"model built from {model if isinstance(model, str) else type(model).__name__} with "
+            "the bundle's state dict: attributes outside it are the constructor's"
+        )
+    if str(where) != str(bundle.info.get("device")):
+        notes.append(f"recorded on {bundle.info.get('device')}, replayed on {where}")
+    notes += [f"{c.name} call {c.call}: {c.error}" for c in again.calls if c.error]
+    shapes = [tuple(t.shape) for f in forwards for _, t in iter_tensors((f.args, f.kwargs), "in")][
+        :8
+    ]
+    return Report(
+        model=ModelInfo(
+            name=type(module).__name__,
+            spec=str(bundle.info.get("model", type(module).__name__)),
+            task="training step",
+            weights=f"bundle {bundle.path.name}",
+            params=sum(p.numel() for p in module.parameters()),
+            mode="train" if module.training else "eval",
+        ),
+        input=InputInfo(
+            f"step {bundle.info.get('step')}'s batch: {len(forwards)} forward(s)", shapes
+        ),
+        device=str(where),
+        layers=again.calls,
+        never_called=again.never_called,
+        outputs=again.outputs,
+        notes=notes,
+        nonfinite_origins=again.origins,
+        backward=Backward("the gradients the step's loss gave its outputs", None),
+        checks=[_reproduced(bundle, again.origins)],
+        command="replay",
+        hookcli_version=__version__,
+    )
+
+
+def origin_key(o: Origin | dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two origins the same: direction, where, layer call and tensor path."""
+    d = o if isinstance(o, dict) else {k: getattr(o, k) for k in Origin.__dataclass_fields__}
+    return (d["direction"], d["where"], d["layer"], d["call"], d["path"])
+
+
+def _reproduced(bundle: Bundle, found: list[Origin]) -> CheckResult:
+    # the loss is not run again (backward restarts from its gradients): an origin in it is not
+    # there to be found
+    recorded = [
+        origin_key(o) for o in bundle.info.get("origins") or [] if o.get("where") != "loss"
+    ]
+    now = [origin_key(o) for o in found]
+    text = "; ".join(o.describe() for o in found) or "every value finite"
+    if recorded == now:
+        return CheckResult("replay", True, f"the recorded origin again: {text}")
+    was = ", ".join(f"{d} {w} at {layer} call {c} {p}" for d, w, layer, c, p in recorded)
+    return CheckResult(
+        "replay",
+        False,
+        f"not the recorded origin ({was or 'none recorded'}): now {text}",
+        [Failure(f"recorded {was or 'none'}, replayed: {text}")],
+    )
+
+
+def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] | None) -> nn.Module:
+    if spec is None:
+        if not bundle.info.get("pickled") or not (bundle.path / "model.pt").is_file():
+            raise UsageError(
+                f"the bundle {bundle.path} holds no pickled model.",
+                "give --model SPEC (e.g. train.py:Net): its state comes from the bundle.",
+            )
+        try:
+            module = torch.load(bundle.path / "model.pt", map_location="cpu", weights_only=False)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(
+                f"cannot rebuild {bundle.info.get('model')} from the bundle: {one_line(exc)}.",
+                "run replay where the training code imports (its directory), or give --model.",
+            ) from exc
+        if not isinstance(module, nn.Module):
+            raise UsageError(f"{bundle.path / 'model.pt'} holds no nn.Module.", "give --model.")
+        return module
+    from hookcli.sources import load_model
+
+    module = load_model(spec, model_args=args).module
+    try:
+        module.load_state_dict(bundle.state["model"])
+    except RuntimeError as exc:
+        raise UsageError(
+            f"the bundle's state does not fit {spec}: {one_line(exc)}.",
+            "give the --model (and --model-arg) the run trained.",
+        ) from exc
+    flags = bundle.state.get("training") or {}
+    for name, m in module.named_modules():
+        if name in flags:
+            m.training = bool(flags[name])
+    return module
+
+
+def _device(bundle: Bundle, spec: str | None) -> torch.device:
+    from hookcli.sources import resolve_device
+
+    if spec is not None:
+        return resolve_device(spec)
+    recorded = torch.device(str(bundle.info.get("device", "cpu")))
+    if recorded.type == "cuda" and torch.cuda.is_available():
+        return (
+            recorded if (recorded.index or 0) < torch.cuda.device_count() else torch.device("cuda")
+        )
+    return torch.device("cpu")
