@@ -177,3 +177,122 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
         hookcli.watch(model, log=tmp_path / "missing" / "run.jsonl"),
     ):
         pass
+
+
+def test_a_watched_step_equals_hookcli_grads_on_the_same_batch_and_weights() -> None:
+    """The recorder and `hookcli.grads` measure with the same engine: on the same weights and
+    batch (loss ce:2 for every sample) every statistic agrees."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    before = {}
+    data = _batches(3)
+    with hookcli.watch(model, optimizer=opt, every=2) as w:
+        for step, (x, _) in enumerate(data):
+            before[step] = copy.deepcopy(model)
+            opt.zero_grad()
+            F.cross_entropy(model(x), torch.full((len(x),), 2)).backward()
+            opt.step()
+    for record in w.records:
+        step = record["step"]
+        report = hookcli.grads(before[step], data[step][0], loss="ce:2", device="cpu")
+        want = {c.name: c for c in report.layers}
+        for call in record["layers"]:
+            ref = want[call["name"]]
+            for kind in ("inputs", "outputs", "grad_outputs"):
+                for got, exp in zip(call[kind], getattr(ref, kind), strict=True):
+                    for key in ("mean", "std", "min", "max", "norm", "zeros"):
+                        assert got[key] == pytest.approx(getattr(exp, key), rel=1e-6, abs=1e-9)
+        grads = {f"{c.name}.{p.name}": p.grad_norm for c in report.layers for p in c.params or []}
+        for p in record["params"]:
+            assert p["grad"]["norm"] == pytest.approx(grads[p["name"]], rel=1e-6)
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
+def test_a_compiled_model_watched_steps_run_eager_and_nothing_recompiles(how: str) -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    records = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = Tiny()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        counter = CompileCounter()
+        run: nn.Module = model
+        if compiled and how == "torch.compile":
+            run = torch.compile(model, backend=counter)  # type: ignore[assignment]
+        elif compiled:
+            model.compile(backend=counter)
+        with hookcli.watch(run, optimizer=opt, every=3) as w:
+            for x, y in _batches(7):
+                opt.zero_grad()
+                loss = F.cross_entropy(run(x), y)
+                w.loss(loss)
+                loss.backward()
+                opt.step()
+        records.append(w.records)
+        if compiled:
+            # compiled once, on the first unwatched step; the watched ones (0, 3, 6) ran the
+            # eager module, and going back to the compiled code recompiled nothing
+            assert counter.frame_count == 1
+            assert model._compiled_call_impl is None or how == "module.compile"
+            assert not model._forward_hooks and not model._forward_pre_hooks
+    plain, compiled_records = records
+    assert [r["step"] for r in compiled_records] == [0, 3, 6]
+    for a, b in zip(plain, compiled_records, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        for ca, cb in zip(a["layers"], b["layers"], strict=True):
+            assert ca["outputs"][0]["norm"] == pytest.approx(cb["outputs"][0]["norm"], rel=1e-5)
+
+
+def test_gradscaler_skipped_steps_are_steps_and_not_faults() -> None:
+    """Under fp16 autocast with a GradScaler whose first scale overflows the gradients, the
+    scaler skips optimizer.step(): those steps are counted (scaler.update ends a step), logged
+    as skipped, and not taken for a NaN/Inf fault."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10)
+    original_update = scaler.update
+    with hookcli.watch(model, optimizer=opt, scaler=scaler) as w:
+        for x, y in _batches(5):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(x).float(), y)
+            w.loss(loss)
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            scaler.step(opt)
+            scaler.update()
+    assert [r["step"] for r in w.records] == [0, 1, 2, 3, 4]
+    skipped = [r["skipped"] for r in w.records]
+    assert skipped[0] is True and skipped[-1] is False
+    scales = [r["scale"] for r in w.records]
+    assert scales == sorted(scales, reverse=True)
+    assert w.nonfinite is None
+    # a skipped step has no parameter update; the update() override is gone after
+    assert all(r["params"] == [] for r in w.records if r["skipped"])
+    assert "update" not in vars(scaler) and scaler.update == original_update
+
+
+def test_a_copy_of_a_watched_model_is_not_watched() -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batches(1)[0]
+    with hookcli.watch(model, optimizer=opt) as w:
+        ema = copy.deepcopy(model)  # the EMA idiom
+        ema(x)
+        import io
+
+        buf = io.BytesIO()
+        torch.save(model, buf)  # a checkpoint of the whole module
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert len(w.records) == 1
+    # the copy's calls were not recorded: one call per layer, the watched model's
+    assert [(c["name"], c["call"]) for c in w.records[0]["layers"]] == [(n, 0) for n in LEAVES]
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert torch.equal(loaded(x), ema(x))  # the checkpoint loads and runs; its hooks are inert

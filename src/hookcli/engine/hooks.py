@@ -116,6 +116,34 @@ def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorSt
         stats.append(collector.add(t, path))
 
 
+class CopySafeHook:
+    """A module hook that a copy of the module does not carry along: `copy.deepcopy(model)`
+    (an EMA's copy, made while hooks are on) and pickling (`torch.save(model)`) give an
+    InertHook, not a second reference to the session, its collector and its tensors (a
+    plain closure would be shared by the copy, or refuse to pickle)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
+        return InertHook()
+
+    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
+        return InertHook, ()
+
+
+class InertHook:
+    """What a copied module holds where the original has a CopySafeHook: nothing happens."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
 class HookSession:
     """Context manager: hooks on enter, every handle removed on exit, whatever happened."""
 
@@ -170,12 +198,14 @@ class HookSession:
         """Both hooks on one module; a module that refuses hooks (TorchScript, HOOK_PITFALLS
         15) is listed in `unhooked` and the others are hooked all the same."""
         try:
-            pre = target.module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True)
+            pre = target.module.register_forward_pre_hook(
+                CopySafeHook(self._pre_hook(i)), with_kwargs=True
+            )
         except RuntimeError as exc:
             self.unhooked.append((target.name, str(exc)))
             return
         try:
-            post = target.module.register_forward_hook(self._post_hook(i))
+            post = target.module.register_forward_hook(CopySafeHook(self._post_hook(i)))
         except RuntimeError as exc:
             pre.remove()
             self.unhooked.append((target.name, str(exc)))

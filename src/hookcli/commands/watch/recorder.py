@@ -45,7 +45,7 @@ from hookcli.commands.watch.bundle import (
     watch_output,
     write_bundle,
 )
-from hookcli.engine.hooks import HookSession, Target
+from hookcli.engine.hooks import CopySafeHook, HookSession, Target
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
@@ -75,29 +75,34 @@ def inner_module(model: nn.Module) -> nn.Module:
     return model
 
 
-class RootHook:
-    """One of the recorder's hooks on the model itself. A copy of the model (an EMA's
-    `copy.deepcopy(model)`, `torch.save(model)`) is not watched: it gets an inert hook, not a
-    copy of the recorder, its log file and its tensors."""
+class RootCall:
+    """For a model compiled in place (`model.compile()`): the recorder's root work around its
+    compiled call, where hooks on the model would run inside the compiled code (and split its
+    graph). `eager`: call the module's own eager call instead (watched steps, re-runs)."""
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
+    def __init__(self, model: nn.Module, pre: Any, post: Any) -> None:
+        self.model, self.pre, self.post = model, pre, post
+        self.compiled = model._compiled_call_impl
+        self.eager = False
+        model._compiled_call_impl = self
 
-    def __call__(self, *args: Any) -> None:
-        self.fn(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.pre(self.model, args, kwargs)
+        call: Any = self.model._call_impl if self.eager else self.compiled
+        assert call is not None
+        out = call(*args, **kwargs)
+        self.post(self.model, args, out)
+        return out
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
-        return InertHook()
+    def remove(self) -> None:
+        if self.model._compiled_call_impl is self:
+            self.model._compiled_call_impl = self.compiled
 
-    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
-        return InertHook, ()
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None  # a copy of the model is not watched: it runs eagerly
 
-
-class InertHook:
-    """What a copied model has where the watched one has a RootHook: nothing happens."""
-
-    def __call__(self, *args: Any) -> None:
-        return None
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return type(None), ()
 
 
 class EagerSwitch:
@@ -136,13 +141,19 @@ class EagerSwitch:
             self._saved.append((m, "forward", m.__dict__.get("forward")))
             m.__dict__["forward"] = m._orig_mod.__call__  # type: ignore[operator]
         for m in self.in_place:
-            self._saved.append((m, "_compiled_call_impl", m._compiled_call_impl))
-            m._compiled_call_impl = None
+            impl = m._compiled_call_impl
+            self._saved.append((m, "_compiled_call_impl", impl))
+            if isinstance(impl, RootCall):
+                impl.eager = True
+            else:
+                m._compiled_call_impl = None
 
     def off(self) -> None:
         for m, name, value in reversed(self._saved):
             if name == "forward":
                 m.__dict__["forward"] = value
+            elif isinstance(value, RootCall):
+                value.eager = False
             else:
                 m._compiled_call_impl = value
         self._saved.clear()
@@ -220,6 +231,7 @@ class Watch:
         self._busy = False  # a re-run is going on: the root hooks stand aside
         self._handles: list[Any] = []
         self._scaler_update: Any = None
+        self._root_call: RootCall | None = None
         self._file: Any = None
         self._open = False
 
@@ -249,10 +261,15 @@ class Watch:
                     "give a writable path, e.g. log='run.jsonl'.",
                 ) from exc
         try:
-            self._handles += [
-                self.model.register_forward_pre_hook(RootHook(self._root_pre), with_kwargs=True),
-                self.model.register_forward_hook(RootHook(self._root_post)),
-            ]
+            if getattr(self.model, "_compiled_call_impl", None) is not None:
+                self._root_call = RootCall(self.model, self._root_pre, self._root_post)
+            else:
+                self._handles += [
+                    self.model.register_forward_pre_hook(
+                        CopySafeHook(self._root_pre), with_kwargs=True
+                    ),
+                    self.model.register_forward_hook(CopySafeHook(self._root_post)),
+                ]
             if self.optimizer is not None:
                 self._handles += [
                     self.optimizer.register_step_pre_hook(self._before_step),
@@ -292,6 +309,9 @@ class Watch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._root_call is not None:
+            self._root_call.remove()
+            self._root_call = None
         if self._scaler_update is not None:
             with_attr = self.scaler.__dict__
             with_attr.pop("update", None)
