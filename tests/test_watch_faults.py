@@ -371,6 +371,10 @@ def test_replay_cli_exit_codes_and_json(tmp_path: Path) -> None:
     res = runner.invoke(app, ["replay", str(tmp_path / "run.bundle"), "-f", "json"])
     assert res.exit_code == 1
     assert "check failed: replay: not the recorded origin" in res.stderr
+    # the log of that run fails `hookcli check` at the step, naming where it began
+    res = runner.invoke(app, ["check", str(tmp_path / "run.jsonl"), "-f", "json"])
+    assert res.exit_code == 1, res.output
+    assert f"step {s.step}" in res.stderr and "fc1" in res.stderr
     # not a bundle: exit 2, one line
     res = runner.invoke(app, ["replay", str(tmp_path)])
     assert res.exit_code == 2

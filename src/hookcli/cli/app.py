@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from hookcli._version import __version__
-from hookcli.cli import diff, inspect, listing, pictures, replay
+from hookcli.cli import diff, inspect, listing, pictures, replay, runlog
 from hookcli.cli.console import err
 from hookcli.cli.params import register
 from hookcli.errors import HookcliError
@@ -62,6 +62,7 @@ register(app, pictures.maps, config=True)
 register(app, pictures.cam, config=True)
 register(app, pictures.attn, config=True)
 register(app, replay.replay, config=False)
+register(app, runlog.report, config=False)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hookcli.cli import params as opt
+from hookcli.cli import runlog
 from hookcli.cli.console import (
     claim,
     color,
@@ -188,6 +189,11 @@ def check(
     backward: Annotated[
         bool, typer.Option("--backward", help="Also run backward (gradients are checked too).")
     ] = DEFAULTS.rules.backward,
+    dead_after: runlog.DeadAfterOpt = None,
+    min_grad_norm: runlog.MinGradNormOpt = None,
+    max_grad_norm: runlog.MaxGradNormOpt = None,
+    min_update_ratio: runlog.MinUpdateRatioOpt = None,
+    max_update_ratio: runlog.MaxUpdateRatioOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures.")] = False,
     layer: opt.LayerOpt = None,
     type_: opt.TypeOpt = None,
@@ -209,10 +215,14 @@ def check(
 ) -> None:
     """Run the model (and backward with --backward or a gradient rule) and check rules: exit 0
     when all pass, 1 when any fails. Without rules: --fail-on nonfinite. Deterministic.
+    MODEL may be a training log instead (run.jsonl from hookcli.watch; every rank's log of a
+    torchrun run): the rules then hold over its watched steps.
 
     Example: hookcli check resnet50 --fail-on nonfinite --fail-on dead --baseline base.json
     """
     with handled():
+        if runlog.check_log(ctx):  # MODEL is a run log: the rules over its steps
+            return
         run_command(ctx, "check")
 
 

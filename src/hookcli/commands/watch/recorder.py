@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -254,7 +255,8 @@ class Watch:
     def __enter__(self) -> Watch:
         if self.log_path is not None:
             try:
-                self._file = self.log_path.open("a", encoding="utf-8")
+                # a new run starts a new log (a log holds one run: steps never repeat)
+                self._file = self.log_path.open("w", encoding="utf-8")
             except OSError as exc:
                 raise UsageError(
                     f"cannot write the watch log {self.log_path}: {exc.strerror}.",
@@ -632,6 +634,8 @@ class Watch:
             "params": params,
             "nonfinite_origins": [_plain(o) for o in origins],
         }
+        if isinstance(loss, float) and not math.isfinite(loss):
+            record["loss_nonfinite"] = True  # "loss": null alone would read as "not given"
         if self.scaler is not None:
             record["skipped"] = self._skipped
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None

@@ -113,9 +113,7 @@ def origin_key(o: Origin | dict[str, Any]) -> tuple[Any, ...]:
 def _reproduced(bundle: Bundle, found: list[Origin]) -> CheckResult:
     # the loss is not run again (backward restarts from its gradients): an origin in it is not
     # there to be found
-    recorded = [
-        origin_key(o) for o in bundle.info.get("origins") or [] if o.get("where") != "loss"
-    ]
+    recorded = [origin_key(o) for o in bundle.info.get("origins") or [] if o.get("where") != "loss"]
     now = [origin_key(o) for o in found]
     text = "; ".join(o.describe() for o in found) or "every value finite"
     if recorded == now:

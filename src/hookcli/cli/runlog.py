@@ -1,0 +1,323 @@
+"""report (a saved JSON report, or a hookcli.watch log's series), and check over a run log:
+`hookcli check run.jsonl [rank logs]` is dispatched here from cli.inspect.check.
+
+No torch: a log and a saved report are numbers; commands.watch.runlog reads and merges them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import claim, color, emit, err, handled, output_format, to_file, width
+from hookcli.errors import UsageError
+from hookcli.render import Format
+
+if TYPE_CHECKING:
+    from hookcli.commands.watch.runlog import Run, RunSeries
+    from hookcli.io.output import Destination
+    from hookcli.records import Report
+
+# ------------------------------------------------------------------ check's run-log options
+
+DeadAfterOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--dead-after",
+        metavar="K",
+        help="Run logs: fail when a ReLU-family output is dead (--dead-frac) at every watched "
+        "step from step K on; implies --fail-on dead.",
+    ),
+]
+MinGradNormOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--min-grad-norm",
+        metavar="X",
+        help="Run logs: fail when a gradient norm (layer outputs, parameters) falls below X.",
+    ),
+]
+MaxGradNormOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-grad-norm",
+        metavar="X",
+        help="Run logs: fail when a gradient norm (layer outputs, parameters) exceeds X.",
+    ),
+]
+MinUpdateRatioOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--min-update-ratio",
+        metavar="X",
+        help="Run logs: fail when a parameter's update/weight ratio falls below X, e.g. 1e-6.",
+    ),
+]
+MaxUpdateRatioOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-update-ratio",
+        metavar="X",
+        help="Run logs: fail when a parameter's update/weight ratio exceeds X, e.g. 1e-2.",
+    ),
+]
+
+LOG_ONLY = ("dead_after", "min_grad_norm", "max_grad_norm", "min_update_ratio", "max_update_ratio")
+# check's options that describe a model run (a log has none of these to apply)
+MODEL_ONLY = (
+    "input_spec", "baseline", "rtol", "atol", "expect_shape", "backward", "max_abs", "layer",
+    "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
+    "train", "save_baseline",
+)  # fmt: skip
+
+
+def _flag(ctx: typer.Context, name: str) -> str:
+    """The option as typed: --dead-after for dead_after."""
+    for p in ctx.command.params:
+        if p.name == name:
+            longs = [o for o in p.opts if o.startswith("--")]
+            return (longs or p.opts)[0]
+    return name
+
+
+def check_log(ctx: typer.Context) -> bool:
+    """`hookcli check run.jsonl …`: the rules over a run, when the MODEL argument is a run log
+    (a path ending in .jsonl; more rank logs may follow). False when it is a model: check
+    runs it as before (and then refuses the run-log options)."""
+    p, used = opt.configured(ctx)
+    named = [x for x in [p.get("model"), *(p.get("inputs") or [])] if x]
+    from hookcli.commands.watch.runlog import is_log_path
+
+    logs = [x for x in named if is_log_path(x)]
+    if not logs:
+        for name in LOG_ONLY:
+            if opt.given(ctx, name):
+                raise UsageError(
+                    f"{_flag(ctx, name)} is a rule over a training log, and check was given a "
+                    "model.",
+                    "give the log hookcli.watch wrote: hookcli check run.jsonl "
+                    f"{_flag(ctx, name)} …; for a model's gradients use --grad-norm MIN:MAX.",
+                )
+        return False
+    if len(logs) != len(named):
+        other = next(x for x in named if not is_log_path(x))
+        raise UsageError(
+            f"check takes a model or run logs, not both: {other} is not a .jsonl log.",
+            "hookcli check run.jsonl [run.rank1.jsonl …], or hookcli check MODEL [INPUT …].",
+        )
+    for name in MODEL_ONLY:
+        if opt.given(ctx, name):
+            raise UsageError(
+                f"{_flag(ctx, name)} is for checking a model; {logs[0]} is a training log, "
+                "which records its statistics already.",
+                "drop it; a log's rules: --fail-on, --dead-frac, --dead-after, --min-std, "
+                "--grad-norm or --min/--max-grad-norm, --min/--max-update-ratio.",
+            )
+    from hookcli.commands.watch.runlog import (
+        evaluate_run,
+        expand_logs,
+        load_run,
+        parse_run_rules,
+    )
+    from hookcli.options import RuleOptions, pick
+
+    paths = expand_logs(logs)
+    dest = claim(p["output"], reads=[*paths, *([used] if used else [])])
+    rules = parse_run_rules(
+        pick(RuleOptions, p),
+        dead_after=p.get("dead_after"),
+        min_grad_norm=p.get("min_grad_norm"),
+        max_grad_norm=p.get("max_grad_norm"),
+        min_update_ratio=p.get("min_update_ratio"),
+        max_update_ratio=p.get("max_update_ratio"),
+    )
+    run = load_run(paths)
+    results = evaluate_run(run, rules)
+    fmt = output_format(p["fmt"], dest)
+    quiet = bool(p.get("quiet"))
+    elsewhere = fmt != Format.table or to_file(dest)
+    if used and elsewhere and not quiet:
+        err(f"config: {used}")
+    emit(_render_checks(run, results, fmt, dest, quiet=quiet), dest, quiet=quiet)
+    failed = [c for c in results if not c.passed]
+    if elsewhere:
+        for c in failed:  # a table on stdout shows them; with any other, stderr says why
+            err(f"check failed: {c.rule}: {c.message}")
+    if failed:
+        raise typer.Exit(1)
+    return True
+
+
+def _render_checks(
+    run: Run, results: list[Any], fmt: Format, dest: Destination | None, *, quiet: bool
+) -> str:
+    from hookcli.commands.watch.runlog import checks_json, run_lines
+    from hookcli.render import series as render
+
+    if fmt == Format.json:
+        from hookcli.render.json import data_json
+
+        return data_json(checks_json(run, results))
+    if fmt == Format.csv:
+        return render.checks_csv(results)
+    sections = render.run_checks_sections(
+        [f"check run log {line}" if i == 0 else line for i, line in enumerate(run_lines(run))],
+        results,
+        run.events,
+        run.notes,
+        quiet=quiet,
+    )
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import sections_markdown
+
+        out = sections_markdown(sections)
+    else:
+        from hookcli.render.table import render_sections
+
+        out = render_sections(sections, color=color() and not to_file(dest), width=width())
+    return "" if out.strip() == "" else out
+
+
+# ------------------------------------------------------------------ report
+
+
+def report(
+    files: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="FILE",
+            help="A saved JSON report (inspect/grads/check -f json -o FILE.json), or the log "
+            "hookcli.watch wrote (run.jsonl; every rank's log of a torchrun run, merged).",
+            show_default=False,
+        ),
+    ],
+    fmt: opt.FormatOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE",
+            help="Write to FILE instead of stdout (replaced atomically); for a run log, "
+            "FILE.png draws its series as a grid of small plots.",
+        ),
+    ] = None,
+) -> None:
+    """Render a saved JSON report, or a training log: per layer call, parameter and the loss,
+    each metric's first and last value and a sparkline over the watched steps (rank logs of a
+    DDP run merged into one process over the whole batch).
+
+    Example: hookcli report run.jsonl -o series.png
+    """
+    with handled():
+        from hookcli.commands.watch.runlog import expand_logs, is_log_path
+
+        logs = [f for f in files if is_log_path(f)]
+        if logs and len(logs) != len(files):
+            other = next(f for f in files if not is_log_path(f))
+            raise UsageError(
+                f"report takes one saved report or run logs, not both: {other} is not a "
+                ".jsonl log.",
+                "hookcli report run.jsonl [run.rank1.jsonl …], or hookcli report FILE.json.",
+            )
+        if not logs and len(files) != 1:
+            raise UsageError(
+                f"report renders one saved report; {len(files)} files were given.",
+                "compare two with hookcli diff a.json b.json.",
+            )
+        paths = expand_logs(logs) if logs else list(files)
+        png = output is not None and output.suffix.lower() == ".png"
+        dest = claim(output, reads=paths)
+        if png and not logs:
+            raise UsageError(
+                "-o FILE.png draws a run log's series; a saved report has none.",
+                "give a run log (hookcli report run.jsonl -o series.png), or -o FILE.md/.json.",
+            )
+        if png and fmt is not None:
+            raise UsageError(
+                f"-f {fmt.value} and -o {output}: a .png output is the picture.",
+                "drop -f, or write the text to another file.",
+            )
+        if logs:
+            _report_run(paths, fmt, dest, png=png)
+        else:
+            _report_saved(paths[0], fmt, dest)
+
+
+def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> None:
+    from hookcli.commands.watch.runlog import saved_report
+
+    emit(_render_saved(saved_report(path), output_format(fmt, dest), dest), dest)
+
+
+def _render_saved(report: Report, fmt: Format, dest: Destination | None) -> str:
+    """A saved report as inspect renders a fresh one (its table, Markdown, CSV or JSON)."""
+    if fmt == Format.json:
+        from hookcli.render.json import report_json
+
+        return report_json(report)
+    if fmt == Format.csv:
+        from hookcli.render.csv import report_csv
+
+        return report_csv(report)
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import report_markdown
+
+        return report_markdown(report)
+    from hookcli.render.table import report_table
+
+    return report_table(report, color=color() and not to_file(dest), width=width())
+
+
+def _report_run(
+    paths: list[str], fmt: Format | None, dest: Destination | None, *, png: bool
+) -> None:
+    from hookcli.commands.watch.runlog import load_run, run_lines, series
+
+    run = load_run(paths)
+    data = series(run)
+    header = run_lines(data)
+    if png:
+        assert dest is not None
+        _write_png(data, header, dest)
+        return
+    emit(_render_series(data, header, output_format(fmt, dest), dest), dest)
+
+
+def _render_series(
+    data: RunSeries, header: list[str], fmt: Format, dest: Destination | None
+) -> str:
+    from hookcli.render import series as render
+
+    if fmt == Format.json:
+        from hookcli.render.json import data_json
+
+        return data_json(data.to_dict())
+    if fmt == Format.csv:
+        return render.series_csv(data)
+    sections = render.series_sections(data, [f"report run log {header[0]}", *header[1:]])
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import sections_markdown
+
+        return sections_markdown(sections)
+    from hookcli.render.table import render_sections
+
+    return render_sections(sections, color=color() and not to_file(dest), width=width())
+
+
+def _write_png(data: RunSeries, header: list[str], dest: Destination) -> None:
+    from hookcli.io.output import write_with
+    from hookcli.render.images import png_bytes_info
+    from hookcli.render.series import series_png
+
+    image, meta = series_png(data, header[0])
+    info = png_bytes_info(meta)
+
+    def fill(tmp: str) -> None:
+        image.save(tmp, format="PNG", optimize=True, pnginfo=info)
+
+    write_with(dest, fill)
+    if dest.path is not None:
+        err(f"wrote {dest.label} ({image.width}x{image.height})")

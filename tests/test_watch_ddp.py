@@ -1,0 +1,81 @@
+"""hookcli.watch under a real torchrun: two processes (gloo, CPU) of DistributedDataParallel,
+each on its half of every batch, each writing its own log; merged, the rank logs equal the log
+of the same training in one process over the whole batches — layer statistics, gradients
+(scaled by 1/W), parameters, loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+from hookcli.commands.watch import runlog
+from tests.conftest import ROOT
+from tests.test_runlog import assert_same_run
+
+SCRIPT = ROOT / "tests" / "ddp_train.py"
+TIMEOUT = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(args: list[str], tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    try:
+        res = subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{args[:3]} did not finish in {TIMEOUT} s: {exc.stderr!r}")
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    ]  # fmt: skip
+    _run([*torchrun, str(SCRIPT), str(tmp_path)], tmp_path)
+    _run([str(SCRIPT), str(tmp_path), "--single"], tmp_path)
+    logs = [tmp_path / "run.rank0.jsonl", tmp_path / "run.rank1.jsonl"]
+    for r, log in enumerate(logs):
+        first = json.loads(log.read_text().splitlines()[0])
+        assert (first["rank"], first["world_size"]) == (r, 2)
+        assert first["layers"][0]["outputs"][0]["shape"][0] == 4  # its half of the batch
+    merged = runlog.load_run(logs)
+    assert merged.ranks == 2 and merged.notes == [], merged.notes  # parameters agree
+    single = [json.loads(x) for x in (tmp_path / "single.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in single] == [0, 1, 2, 3]
+    assert_same_run(merged.steps, single)
+    # the CLI finds the rank logs from the name given to hookcli.watch, and merges them
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "run.jsonl"), "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["run"]["merged_ranks"] == 2
+    assert data["loss"]["series"]["loss"][0] == pytest.approx(single[0]["loss"], rel=1e-5)
