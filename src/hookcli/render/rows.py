@@ -12,11 +12,12 @@ are meanings ("dim", "bad"), never colours; widths and column dropping are the t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from hookcli.records import (
+    CheckResult,
     LayerCall,
     LayersReport,
     ModelEntry,
@@ -595,8 +596,13 @@ def ablation_section(report: Report) -> Section:
 
 def checks_section(report: Report, *, quiet: bool = False) -> Section:
     """Each rule's verdict and its first failures (with quiet, only the rules that failed)."""
+    return checks_of(report.checks, quiet=quiet)
+
+
+def checks_of(checks: Sequence[CheckResult], *, quiet: bool = False) -> Section:
+    """checks_section for any list of verdicts (a run log's too)."""
     s = Section("checks", "checks")
-    for c in report.checks:
+    for c in checks:
         if quiet and c.passed:
             continue
         verdict: Style = "good" if c.passed else "bad"

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from hookcli.records import CheckResult, Origin
 from hookcli.render.fmt import DASH, SPARKS, num, pct
-from hookcli.render.rows import SHOWN_FAILURES, Line, Row, Section, Style, Table, lines_section
+from hookcli.render.rows import Line, Row, Section, Table, checks_of, lines_section
 from hookcli.text import csv_cell
 
 SPARK_WIDTH = 24  # characters of a sparkline; longer series are averaged into this many
@@ -176,18 +176,8 @@ def series_sections(run: RunLike, header: Sequence[str]) -> list[Section]:
 
 
 def checks_part(checks: Sequence[CheckResult], *, quiet: bool) -> Section:
-    """Each rule's verdict and its first failures (rows.checks_section, for a run)."""
-    s = Section("checks", "checks")
-    for c in checks:
-        if quiet and c.passed:
-            continue
-        verdict: Style = "good" if c.passed else "bad"
-        s.parts.append(Line(f"{c.rule}: {c.message}", verdict, "PASS" if c.passed else "FAIL"))
-        s.parts += [Line(f.message, "item") for f in c.failures[:SHOWN_FAILURES]]
-        if len(c.failures) > SHOWN_FAILURES:
-            more = len(c.failures) - SHOWN_FAILURES
-            s.parts.append(Line(f"… and {more} more (all in --format json)", "item"))
-    return s
+    """Each rule's verdict and its first failures, as for a model's run."""
+    return checks_of(checks, quiet=quiet)
 
 
 def run_checks_sections(

@@ -221,6 +221,7 @@ class Watch:
         # before the step; and the norms of those values (one foreach kernel per device)
         self._params: list[tuple[str, TensorStats | None, torch.Tensor, torch.Tensor]] = []
         self._before_norms: list[torch.Tensor] = []
+        self._buffers_for_copies: list[torch.Tensor] = []
         self._loss: torch.Tensor | float | None = None
         # every step: what it needs to run again
         self._forwards: list[ForwardCapture] = []
@@ -306,6 +307,7 @@ class Watch:
 
     def _close(self) -> None:
         self._open = False
+        self._buffers_for_copies = []
         self._disarm()  # a step left unfinished is not logged: its numbers are incomplete
         self._forget_step()
         for handle in self._handles:
@@ -431,16 +433,31 @@ class Watch:
         params = _params_of(optimizer) if optimizer is not None else []
         if self._session is not None and self._collector is not None and not skipped:
             with torch.no_grad():
-                for p in params:
+                befores = self._copies(params)
+                for p, before in zip(params, befores, strict=True):
                     name = self._names.get(id(p), f"param{len(self._params)}")
                     grad = None if p.grad is None else self._collector.add(p.grad, f"{name}.grad")
-                    self._params.append((name, grad, p, p.detach().clone()))
-                befores = [b for *_, b in self._params]
+                    self._params.append((name, grad, p, before))
                 self._before_norms = list(torch._foreach_norm(befores)) if befores else []
         if self.check and self.nonfinite is None:
             found = self._nonfinite(params, skipped)
             if found:
                 self._on_nonfinite(found, optimizer)
+
+    def _copies(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The weights before the step, copied into buffers kept from one watched step to the
+        next (one copy of the parameters while watching): writing into memory already touched
+        costs a fifth of a fresh clone's allocation and page faults (resnet18: 3.4 vs 19 ms)."""
+        buffers = self._buffers_for_copies
+        fits = len(buffers) == len(params) and all(
+            b.shape == p.shape and b.dtype == p.dtype and b.device == p.device
+            for b, p in zip(buffers, params, strict=True)
+        )
+        if not fits:
+            self._buffers_for_copies = [p.detach().clone() for p in params]
+        elif params:
+            torch._foreach_copy_(buffers, [p.detach() for p in params])
+        return self._buffers_for_copies
 
     def _nonfinite(self, params: Sequence[torch.Tensor], skipped: bool) -> list[str]:
         """Which of the loss, the model's outputs and the parameter gradients hold NaN/Inf: one
