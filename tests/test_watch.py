@@ -296,3 +296,31 @@ def test_a_copy_of_a_watched_model_is_not_watched() -> None:
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     assert torch.equal(loaded(x), ema(x))  # the checkpoint loads and runs; its hooks are inert
+
+
+def test_evaluation_between_steps_is_not_the_steps() -> None:
+    """Forwards under no_grad (evaluation) and inside w.paused() are not captured, hooked or
+    checked — a NaN in them is not the training step's — and a forward-only loop inside a
+    watch keeps at most MAX_FORWARDS forwards per step."""
+    from hookcli.commands.watch.recorder import MAX_FORWARDS
+
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (x, y), (bad, _) = _batches(2)
+    bad = bad.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with hookcli.watch(model, optimizer=opt) as w:
+        with torch.no_grad():
+            assert not torch.isfinite(model(bad)).all()
+        with w.paused():
+            model(bad)  # with autograd, but paused
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        assert w.nonfinite is None
+        assert [(c["name"], c["call"]) for c in w.records[0]["layers"]] == [(n, 0) for n in LEAVES]
+        for _ in range(MAX_FORWARDS + 5):  # forward-only, no step ends
+            model(x)
+        assert len(w._forwards) == MAX_FORWARDS and w._dropped == 5
+    assert w._forwards == []

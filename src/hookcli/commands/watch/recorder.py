@@ -26,11 +26,12 @@ first non-finite layer call and direction, and logs a "nonfinite" line.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -55,6 +56,9 @@ from hookcli.errors import UsageError
 from hookcli.records import Origin, TensorStats
 
 LOG_SCHEMA = 1  # the JSONL line's own version
+# forwards with gradients kept per step (micro-batches); a loop that runs more between two
+# optimizer steps (a forward-only loop inside a watch) does not grow memory without bound
+MAX_FORWARDS = 64
 
 
 _WRAPPERS = {"DistributedDataParallel", "DataParallel"}
@@ -231,6 +235,9 @@ class Watch:
         self._eager = EagerSwitch(model)
         self._grads_seen = False
         self._busy = False  # a re-run is going on: the root hooks stand aside
+        self._paused = False  # pause(): a validation run, not the step's
+        self._dropped = 0  # forwards past MAX_FORWARDS in this step, not kept
+        self._evaluating = False  # a no_grad forward is running: a watched step's hooks are off
         self._handles: list[Any] = []
         self._scaler_update: Any = None
         self._root_call: RootCall | None = None
@@ -347,19 +354,70 @@ class Watch:
         """Whether the step now being taken is a watched one."""
         return self._session is not None
 
+    def pause(self) -> None:
+        """Forwards from now until `resume()` are not the step's: a validation run between
+        steps (a compiled model runs its compiled code; a watched step's hooks come off and
+        go back on after; nothing is captured or checked)."""
+        if self._paused:
+            return
+        self._paused = True
+        if self._session is not None:
+            self._session.remove()
+            self._eager.off()
+
+    def resume(self) -> None:
+        if not self._paused:
+            return
+        self._paused = False
+        if self._session is not None and self._open:
+            self._session.__enter__()
+            self._eager.on()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """`with w.paused(): evaluate(model)` — pause() and resume() around a block."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
+
     # ------------------------------------------------------------ the model's root hooks
 
     def _root_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if self._busy:
+        if self._busy or self._paused:
+            return
+        if self._evaluating:  # the last no_grad forward raised: its post-hook never ran
+            self._end_evaluation()
+        if not torch.is_grad_enabled():
+            # a forward without autograd (evaluation under no_grad) is not part of the step's
+            # training: not kept (a validation loop would otherwise hold every batch), not
+            # checked, not re-run, and on a watched step not hooked (hooks off until it ends)
+            if self._session is not None:
+                self._session.remove()
+                self._evaluating = True
+            return
+        if len(self._forwards) >= MAX_FORWARDS:
+            self._dropped += 1
             return
         if self._buffers is None:  # the step's first forward: its buffers as it begins
             self._buffers = BufferSnapshot(list(self.module.modules()))
         self._forwards.append(capture_forward(args, kwargs))
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._busy or not self._forwards:
+        if self._evaluating:
+            self._end_evaluation()
             return
+        if self._busy or self._paused or not self._forwards or not torch.is_grad_enabled():
+            return
+        if self._forwards[-1].output is not None or self._dropped:
+            return  # a forward not kept (the cap), or one already seen (re-entrant call)
         watch_output(self._forwards[-1], output)
+
+    def _end_evaluation(self) -> None:
+        self._evaluating = False
+        if self._session is not None and not self._paused:
+            self._session.__enter__()
 
     # ------------------------------------------------------------ steps
 
@@ -373,6 +431,7 @@ class Watch:
         self._eager.on()  # a compiled model runs its eager module on a watched step
 
     def _disarm(self) -> None:
+        self._evaluating = False
         self._eager.off()
         session = self._session
         if session is not None:
@@ -384,6 +443,7 @@ class Watch:
         self._before_norms = []
 
     def _forget_step(self) -> None:
+        self._dropped = 0
         self._forwards = []
         self._buffers = None
         self._loss = None
@@ -511,6 +571,11 @@ class Watch:
         if self._session is not None:
             self._session.remove()  # the watched step's hooks must not see the re-run
         notes: list[str] = []
+        if self._dropped:
+            notes.append(
+                f"the step ran {MAX_FORWARDS + self._dropped} forwards with gradients; only the "
+                f"first {MAX_FORWARDS} were kept, so the re-run and the bundle hold those"
+            )
         if any(f.written_since() for f in self._forwards):
             notes.append(
                 "an argument of the model was changed in place after its forward began: the "
