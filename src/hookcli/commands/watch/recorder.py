@@ -795,11 +795,15 @@ def rank_log_path(path: Path, rank: int, world_size: int) -> Path:
     return path
 
 
+# a tensor's statistics in the log: the numbers, no element values or histograms
+_LOGGED = tuple(f.name for f in dataclasses.fields(TensorStats) if f.name not in ("values", "hist"))
+
+
 def _stats(t: TensorStats) -> dict[str, Any]:
-    """A tensor's statistics for the log: the numbers, no element values or histograms."""
-    out = _plain(t)
-    out.pop("values", None)
-    out.pop("hist", None)
+    """A tensor's statistics for the log (field by field: dataclasses.asdict's deep copy cost
+    resnet18 30 ms a watched step)."""
+    out = {name: getattr(t, name) for name in _LOGGED}
+    out["shape"] = list(t.shape)
     return out
 
 
