@@ -148,7 +148,7 @@ def test_fit_logs_the_watched_steps_with_lightnings_losses(tmp_path: Path) -> No
     # the default log: the Trainer's log_dir (default_root_dir without a logger)
     assert callback.log_path == tmp_path / LOG_NAME
     lines = callback.log_path.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in lines] == json.loads(json.dumps(w.records))
+    assert [json.loads(line) for line in lines] == json.loads(json.dumps(list(w.records)))
     _assert_unhooked(model, trainer.optimizers[0])
 
 

@@ -324,3 +324,155 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
             model(x)
         assert len(w._forwards) == MAX_FORWARDS and w._dropped == 5
     assert w._forwards == []
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(2)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def test_regional_compilation_compiles_as_often_watched_or_not() -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    frames = []
+    for watched in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _Blocks()
+        counter = CompileCounter()
+        for b in model.blocks:
+            b.compile(backend=counter)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = hookcli.watch(model, optimizer=opt, every=2 if watched else 10**9)
+        with w:
+            for _ in range(6):
+                opt.zero_grad()
+                F.cross_entropy(
+                    model(torch.randn(4, 8)), torch.zeros(4, dtype=torch.long)
+                ).backward()
+                opt.step()
+        frames.append(counter.frame_count)
+        if watched:
+            assert [r["step"] for r in w.records] == [0, 2, 4]
+            assert [c["name"] for c in w.records[0]["layers"]][-1] == "head"
+    assert frames[0] == frames[1]
+
+
+def test_bundle_replaces_only_a_bundle_and_a_failed_write_does_not_stop_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = Tiny()
+    keep = tmp_path / "ckpt"
+    keep.mkdir()
+    (keep / "model_epoch10.pt").write_text("precious")
+    with pytest.raises(UsageError, match="is not a repro bundle"):
+        hookcli.watch(model, bundle=keep).__enter__()
+    assert (keep / "model_epoch10.pt").read_text() == "precious"
+    # a path that cannot be written at NaN time (its folder became a file): noted, training
+    # goes on
+    blocked = tmp_path / "blocked"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batches(1)[0]
+    with hookcli.watch(model, optimizer=opt, bundle=blocked / "run.bundle") as w:
+        blocked.write_text("a file now")
+        opt.zero_grad()
+        F.cross_entropy(model(x * float("nan")), y).backward()
+        opt.step()
+    assert w.nonfinite is not None
+    assert w.nonfinite["bundle"] is None
+    assert any("no bundle written" in n for n in w.nonfinite["notes"])
+    assert w.nonfinite["origins"][0]["where"] == "before"
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.startswith("hookcli.watch")]) == 1
+
+
+def test_rerun_stops_at_the_models_inputs_and_leaves_their_grad(tmp_path: Path) -> None:
+    """An input with a graph of its own (a backbone outside the watched module) and an input
+    that requires grad (saliency, adversarial training): the re-run neither backpropagates into
+    the outside graph nor adds to the input's .grad."""
+    torch.manual_seed(0)
+    backbone = nn.Linear(3 * 8 * 8, 3 * 8 * 8)
+    model = Tiny()
+    opt = torch.optim.SGD([*model.parameters(), *backbone.parameters()], lr=0.1)
+    x, y = _batches(1)[0]
+    leaf = x.clone().requires_grad_(True)
+    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
+        opt.zero_grad()
+        feats = backbone(leaf.flatten(1)).view_as(x)
+        out = model(feats)
+        with torch.no_grad():
+            model.fc.bias[0] = float("nan")  # after the forward: NaN in no output … yet
+        loss = F.cross_entropy(out * model.fc.bias.sum(), y)
+        loss.backward()
+        grad_before = leaf.grad.clone()  # type: ignore[union-attr]
+        opt.step()
+    assert w.nonfinite is not None
+    assert not any("raised" in n for n in w.nonfinite["notes"]), w.nonfinite["notes"]
+    assert leaf.grad is not None
+    assert torch.allclose(leaf.grad.nan_to_num(), grad_before.nan_to_num())
+
+
+def test_a_model_returning_a_parameter_keeps_no_hook_on_it() -> None:
+    class WithVar(Tiny):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log_var = nn.Parameter(torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+            return super().forward(x), self.log_var
+
+    model = WithVar()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hookcli.watch(model, optimizer=opt, every=2):
+        for x, y in _batches(4):
+            opt.zero_grad()
+            out, log_var = model(x)
+            (F.cross_entropy(out, y) + log_var).backward()
+            opt.step()
+    assert not model.log_var._backward_hooks
+
+
+def test_without_an_optimizer_a_backward_only_nan_is_caught() -> None:
+    from tests.fault_models import Fault
+
+    model = nn.Sequential(nn.Linear(4, 4), Fault(), nn.Linear(4, 2))
+    with hookcli.watch(model, every=10) as w:
+        for step in range(3):
+            model[1].mode = "bwd_nan" if step == 1 else ""
+            model(torch.randn(3, 4)).sum().backward()
+            w.step()
+            model.zero_grad()
+    assert w.nonfinite is not None and w.nonfinite["step"] == 1
+    assert (w.nonfinite["origins"][0]["direction"], w.nonfinite["origins"][0]["layer"]) == (
+        "backward",
+        "1",
+    )
+    assert w.nonfinite["nonfinite_grads"] == ["0.weight", "0.bias"]
+
+
+def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:
+    class Hooked(Tiny):
+        def forward(self, x: torch.Tensor, hook: object = None) -> torch.Tensor:  # type: ignore[override]
+            return super().forward(x)
+
+    model = Hooked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batches(1)[0]
+    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
+        opt.zero_grad()
+        F.cross_entropy(model(x * float("nan"), hook=lambda t: t), y).backward()
+        opt.step()
+    assert w.nonfinite is not None and w.nonfinite["origins"][0]["layer"] == "conv"
+    assert any("the batch could not be saved" in n for n in w.nonfinite["notes"])
+    from hookcli.commands.watch.replay import replay
+
+    with pytest.raises(UsageError, match="holds no batch"):
+        replay(tmp_path / "b")

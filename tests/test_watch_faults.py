@@ -121,7 +121,7 @@ SCENARIOS = [
         "fp16-overflow-gradscaler", (FWD, "layer", "fc1", 0), _big_fc1, autocast=True, scaler=True
     ),
     Scenario(
-        "accumulation-second-micro-batch", (FWD, "between", "conv1", 1), data=_nan_data, micro=2
+        "accumulation-second-micro-batch", (FWD, "before", "conv1", 1), data=_nan_data, micro=2
     ),
     Scenario(
         "closure-optimizer", (FWD, "layer", "fault_a", 0), _set("fault_a.mode", "nan"), closure=True

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,9 @@ from torch import nn
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.stats import StatsCollector
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.records import LayerCall, Origin, TensorStats
-from hookcli.tree import iter_tensors
+from hookcli.tree import iter_tensors, map_tensors
 
 BUNDLE_SCHEMA = 1
 FILES = ("bundle.json", "state.pt", "batch.pt", "records.jsonl")
@@ -58,6 +59,7 @@ class ForwardCapture:
     cuda_rng: list[torch.Tensor] | None
     grad_enabled: bool
     autocast: tuple[str, str] | None  # (device type, dtype) when the forward ran under autocast
+    modes: list[bool] | None = None  # each module's training flag (model.modules() order)
     versions: list[int] = field(default_factory=list)
     output: Any = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -76,6 +78,7 @@ class ForwardCapture:
             "cuda_rng": self.cuda_rng,
             "grad_enabled": self.grad_enabled,
             "autocast": self.autocast,
+            "modes": self.modes,
             "grads": self.grads,
         }
 
@@ -88,11 +91,14 @@ class ForwardCapture:
             d.get("cuda_rng"),
             bool(d["grad_enabled"]),
             None if d.get("autocast") is None else tuple(d["autocast"]),
+            None if d.get("modes") is None else [bool(x) for x in d["modes"]],
             grads=dict(d.get("grads") or {}),
         )
 
 
-def capture_forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardCapture:
+def capture_forward(
+    args: tuple[Any, ...], kwargs: dict[str, Any], modules: Sequence[nn.Module]
+) -> ForwardCapture:
     """What a forward about to run needs to run again: called from the model's root
     forward pre-hook (a few microseconds: no tensor is copied)."""
     cuda_rng = None
@@ -104,7 +110,13 @@ def capture_forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardCap
             autocast = (device_type, str(torch.get_autocast_dtype(device_type)).split(".")[-1])
             break
     capture = ForwardCapture(
-        args, kwargs, torch.get_rng_state(), cuda_rng, torch.is_grad_enabled(), autocast
+        args,
+        kwargs,
+        torch.get_rng_state(),
+        cuda_rng,
+        torch.is_grad_enabled(),
+        autocast,
+        [m.training for m in modules],
     )
     capture.versions = [_version(t) for _, t in iter_tensors((args, kwargs), "in")]
     return capture
@@ -115,7 +127,8 @@ def watch_output(capture: ForwardCapture, output: Any) -> None:
     will reach, the gradient that arrives (a tensor hook keeps a reference; nothing is read)."""
     capture.output = output
     for path, t in iter_tensors(output, "out"):
-        if t.requires_grad:
+        # not a leaf (a parameter the model returns): a hook on it would outlive the step
+        if t.requires_grad and t.grad_fn is not None:
 
             def keep(grad: torch.Tensor, path: str = path) -> None:
                 capture.grads[path] = grad
@@ -139,6 +152,7 @@ class Rerun:
     outputs: list[TensorStats]
     never_called: list[str]
     unhooked: list[tuple[str, str]]
+    errors: list[str] = field(default_factory=list)  # forwards that raised on the re-run
 
 
 def rerun(
@@ -149,43 +163,84 @@ def rerun(
     *,
     partial: bool,
 ) -> Rerun:
-    """The step again with hooks on `targets`: each forward from its own RNG state, grad mode
-    and autocast, then its backward from the gradients its outputs received. The caller keeps
-    the model as it was (buffers, .grad). Forwards that raised or had no backward run as far as
-    they can: the origin needs only the calls that ran."""
+    """The step again with hooks on `targets`: each forward from its own RNG state, grad mode,
+    autocast and train/eval flags, then its backward from the gradients its outputs received.
+    The caller keeps the model's buffers and .grad as they were; the flags come back here.
+
+    The arguments are detached copies (a tensor that required grad is a new leaf that does):
+    backward stops at the module's inputs, never runs into graphs outside it nor adds to a
+    `.grad` outside it. A forward (or its backward) that raises is noted and skipped; the
+    others run. The origin is that of the first forward (micro-batch) in which NaN/Inf
+    appears, with its own backward: each forward-backward pair is its own pass."""
     collector = StatsCollector()
     session = HookSession(targets, collector, grads=True, readers=True)
-    outputs: list[TensorStats] = []
+    modules = list(module.modules())
+    flags = [m.training for m in modules]
+    groups: list[tuple[int, int, list[TensorStats]]] = []  # calls[start:end], the outputs
+    errors: list[str] = []
     try:
         with session:
-            for f in forwards:
-                _set_rng(f)
-                with torch.set_grad_enabled(f.grad_enabled), _autocast(f.autocast):
-                    out = module(*f.args, **f.kwargs)
-                measure(collector, out, "out", outputs)
-                pairs = [
-                    (t, f.grads[path])
-                    for path, t in iter_tensors(out, "out")
-                    if path in f.grads and t.requires_grad
-                ]
-                if not pairs:
-                    continue
-                # d/dt Σ(t·g) = g exactly: backward restarts from the gradients the step's own
-                # loss gave, without running the loss (user code) again
-                scalar = torch.stack(
-                    [(t * g.to(t.device, t.dtype)).sum().float() for t, g in pairs]
-                )
-                scalar = scalar.sum()
-                session.count_readers(scalar)
-                scalar.backward()  # type: ignore[no-untyped-call]
+            for i, f in enumerate(forwards):
+                start = len(session.calls)
+                outputs: list[TensorStats] = []
+                try:
+                    _run_one(module, modules, f, session, outputs)
+                except Exception as exc:  # reported; the other forwards go on
+                    errors.append(f"forward {i} of the step raised: {one_line(exc)}")
+                groups.append((start, len(session.calls), outputs))
     finally:
         session.remove_tensor_hooks()
+        for m, flag in zip(modules, flags, strict=True):
+            m.training = flag
     collector.finalize()
     calls = [p.complete(True) for p in session.calls]
     number_backward(session.calls)
-    origins = find_origins(session.calls, types, partial=partial, outputs=outputs)
+    origins: list[Origin] = []
+    for start, end, outputs in groups:
+        origins = find_origins(session.calls[start:end], types, partial=partial, outputs=outputs)
+        if origins:
+            break
     never = [t.name for t, n in zip(targets, session.counts, strict=True) if n == 0]
-    return Rerun(calls, origins, outputs, never, list(session.unhooked))
+    every_output = [t for _, _, outputs in groups for t in outputs]
+    return Rerun(calls, origins, every_output, never, list(session.unhooked), errors)
+
+
+def _run_one(
+    module: nn.Module,
+    modules: Sequence[nn.Module],
+    f: ForwardCapture,
+    session: HookSession,
+    outputs: list[TensorStats],
+) -> None:
+    """One captured forward and, when its outputs received gradients, its backward."""
+    _set_rng(f)
+    if f.modes is not None and len(f.modes) == len(modules):
+        for m, flag in zip(modules, f.modes, strict=True):
+            m.training = flag
+    args, kwargs = map_tensors((f.args, f.kwargs), lambda _, t: _fresh(t))
+    with torch.set_grad_enabled(f.grad_enabled), _autocast(f.autocast):
+        out = module(*args, **kwargs)
+    assert session.collector is not None
+    measure(session.collector, out, "out", outputs)
+    pairs = [
+        (t, f.grads[path])
+        for path, t in iter_tensors(out, "out")
+        if path in f.grads and t.requires_grad
+    ]
+    if not pairs:
+        return
+    # d/dt Σ(t·g) = g exactly: backward restarts from the gradients the step's own loss gave,
+    # without running the loss (user code) again
+    scalar = torch.stack([(t * g.to(t.device, t.dtype)).sum().float() for t, g in pairs]).sum()
+    session.count_readers(scalar)
+    scalar.backward()  # type: ignore[no-untyped-call]
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of an argument: a new leaf that requires grad when the original did."""
+    d = t.detach()
+    return d.requires_grad_(True) if t.requires_grad and (d.is_floating_point() or
+                                                           d.is_complex()) else d  # fmt: skip
 
 
 def _set_rng(f: ForwardCapture) -> None:
@@ -215,41 +270,80 @@ def write_bundle(
     records: Sequence[dict[str, Any]],
 ) -> list[str]:
     """The bundle directory, written whole or not at all (a temporary directory renamed into
-    place; an existing bundle of an earlier run is replaced). Returns notes (e.g. a model that
-    cannot be pickled: replay then needs --model)."""
+    place; only an earlier bundle is ever replaced). Returns notes: a model that cannot be
+    pickled (replay then needs --model), a batch that cannot (no replay). torch.save's own
+    warnings (a tensor's hooks are not saved …) are not shown: the recorder's one line says
+    what happened."""
+    check_bundle_dest(dest)
     notes: list[str] = []
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
-            torch.save(module, tmp / "model.pt")
-            pickled = True
-        except Exception as exc:  # a lambda, a local class, an open file in the module
-            (tmp / "model.pt").unlink(missing_ok=True)
-            pickled = False
-            notes.append(
-                f"the model could not be pickled ({type(exc).__name__}: {exc}); replay it "
-                "with --model SPEC (a constructor hookcli can call)"
+            pickled = _saved(
+                module, tmp / "model.pt", notes, "the model could not be pickled",
+                "replay it with --model SPEC",
+            )  # fmt: skip
+            state = {
+                "model": module.state_dict(),
+                "training": {n: m.training for n, m in module.named_modules()},
+                "optimizer": None if optimizer is None else optimizer.state_dict(),
+            }
+            torch.save(state, tmp / "state.pt")
+            replayable = _saved(
+                [f.to_saved() for f in forwards], tmp / "batch.pt", notes,
+                "the batch could not be saved", "this bundle cannot be replayed",
+            )  # fmt: skip
+            if not replayable:
+                torch.save([], tmp / "batch.pt")
+            with (tmp / "records.jsonl").open("w", encoding="utf-8") as fh:
+                for r in records:
+                    fh.write(json.dumps(r, allow_nan=False) + "\n")
+            meta = dict(
+                info, schema=BUNDLE_SCHEMA, pickled=pickled, replayable=replayable, notes=notes
             )
-        state = {
-            "model": module.state_dict(),
-            "training": {n: m.training for n, m in module.named_modules()},
-            "optimizer": None if optimizer is None else optimizer.state_dict(),
-        }
-        torch.save(state, tmp / "state.pt")
-        torch.save([f.to_saved() for f in forwards], tmp / "batch.pt")
-        with (tmp / "records.jsonl").open("w", encoding="utf-8") as fh:
-            for r in records:
-                fh.write(json.dumps(r, allow_nan=False) + "\n")
-        meta = dict(info, schema=BUNDLE_SCHEMA, pickled=pickled, notes=notes)
-        (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n")
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return notes
+
+
+def _saved(obj: Any, path: Path, notes: list[str], what: str, then: str) -> bool:
+    """torch.save, or a note saying why not (a lambda or a local class inside)."""
+    try:
+        torch.save(obj, path)
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        notes.append(f"{what} ({type(exc).__name__}: {one_line(exc)}): {then}")
+        return False
+    return True
+
+
+def check_bundle_dest(dest: Path) -> None:
+    """A bundle may replace only an earlier bundle: a directory holding bundle.json and files
+    a bundle has. Anything else there (a checkpoint folder, `.`) is a UsageError."""
+    if not dest.exists():
+        if dest.parent.exists() and not dest.parent.is_dir():
+            raise UsageError(
+                f"the bundle's folder {dest.parent} is a file.", "give bundle='DIR' elsewhere."
+            )
+        return
+    known = {*FILES, "model.pt"}
+    is_bundle = (
+        dest.is_dir()
+        and (dest / "bundle.json").is_file()
+        and all(p.name in known for p in dest.iterdir())
+    )
+    if not is_bundle:
+        raise UsageError(
+            f"{dest} exists and is not a repro bundle: hookcli.watch replaces only a bundle.",
+            "give bundle= a new directory name, e.g. bundle='run.bundle'.",
+        )
 
 
 @dataclass(slots=True)
@@ -298,8 +392,6 @@ def read_bundle(path: Path) -> Bundle:
 
 def to_device(forwards: Sequence[ForwardCapture], device: torch.device) -> list[ForwardCapture]:
     """The captured step moved to `device` (autocast follows the device type)."""
-    from hookcli.tree import map_tensors
-
     moved = []
     for f in forwards:
         args, kwargs = map_tensors((f.args, f.kwargs), lambda _, t: t.to(device))
@@ -307,7 +399,7 @@ def to_device(forwards: Sequence[ForwardCapture], device: torch.device) -> list[
         autocast = None if f.autocast is None else (device.type, f.autocast[1])
         moved.append(
             ForwardCapture(
-                tuple(args), dict(kwargs), f.rng, f.cuda_rng, f.grad_enabled, autocast,
+                tuple(args), dict(kwargs), f.rng, f.cuda_rng, f.grad_enabled, autocast, f.modes,
                 grads=grads,
             )
         )  # fmt: skip

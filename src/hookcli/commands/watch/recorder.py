@@ -42,6 +42,7 @@ from torch import nn
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
+    check_bundle_dest,
     rerun,
     rng_kept,
     watch_output,
@@ -52,31 +53,36 @@ from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
 from hookcli.engine.stats import StatsCollector, finite_or_none
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.records import Origin, TensorStats
 
 LOG_SCHEMA = 1  # the JSONL line's own version
 # forwards with gradients kept per step (micro-batches); a loop that runs more between two
 # optimizer steps (a forward-only loop inside a watch) does not grow memory without bound
 MAX_FORWARDS = 64
+_NONE = object()
 
 
-_WRAPPERS = {"DistributedDataParallel", "DataParallel"}
+def _wrapped(model: nn.Module) -> nn.Module | None:
+    """The module a wrapper holds: a torch.compile'd module's `_orig_mod`, (Distributed)
+    DataParallel's `.module` (its subclasses too: mmengine's, Lightning's) — all share their
+    weights with it; None for any other module."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module):
+        return inner
+    if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
+        held = model.module
+        return held if isinstance(held, nn.Module) else None
+    return None
 
 
 def inner_module(model: nn.Module) -> nn.Module:
-    """The module that holds the layers: DistributedDataParallel's `.module`, a
-    torch.compile'd module's `_orig_mod` (both share their weights with it)."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        inner = getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module) and type(model).__name__ in _WRAPPERS:
-            inner = getattr(model, "module", None)
-        if isinstance(inner, nn.Module):
-            model = inner
-        else:
+    """The module that holds the layers, under any wrappers (see _wrapped)."""
+    for _ in range(8):
+        inner = _wrapped(model)
+        if inner is None:
             break
+        model = inner
     return model
 
 
@@ -119,24 +125,15 @@ class EagerSwitch:
     module it traced)."""
 
     def __init__(self, model: nn.Module) -> None:
+        # every compiled module, the root's wrappers and compiled blocks inside alike
+        # (regional compilation: a hook in a compiled block would be traced into it)
         self.compiled: list[nn.Module] = []
         self.in_place: list[nn.Module] = []
-        m: Any = model
-        for _ in range(8):
+        for m in model.modules():
+            if isinstance(getattr(m, "_orig_mod", None), nn.Module) and "forward" in vars(m):
+                self.compiled.append(m)
             if getattr(m, "_compiled_call_impl", None) is not None:
                 self.in_place.append(m)
-            if hasattr(m, "_orig_mod") and isinstance(m._orig_mod, nn.Module):
-                self.compiled.append(m)
-                m = m._orig_mod
-            elif isinstance(getattr(m, "module", None), nn.Module) and type(m).__name__ in {
-                "DistributedDataParallel",
-                "DataParallel",
-            }:
-                m = m.module
-            else:
-                break
-        if getattr(m, "_compiled_call_impl", None) is not None and m not in self.in_place:
-            self.in_place.append(m)
         self._saved: list[tuple[nn.Module, str, Any]] = []
 
     def on(self) -> None:
@@ -210,13 +207,18 @@ class Watch:
         selected = {id(t.module) for t in self.targets}
         self._partial = any(e.leaf and id(e.module) not in selected for e in entries)
         self._names = {id(p): n for n, p in self.module.named_parameters()}
+        self._modules = list(self.module.modules())
         self.rank, self.world_size = _rank()
         self.log_path = (
             None if log is None else rank_log_path(Path(log), self.rank, self.world_size)
         )
         self.bundle_path = self._bundle_path(bundle)
-        self.records: list[dict[str, Any]] = []  # every watched step's line, as written
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring)
+        # the watched steps' lines: all of them without a log; with one (they are in the
+        # file), the last `ring` only, so a long run does not grow in memory
+        self.records: collections.deque[dict[str, Any]] | list[dict[str, Any]] = (
+            self.recent if log is not None else []
+        )
         self.nonfinite: dict[str, Any] | None = None  # the first NaN/Inf's line, once seen
         self.step_index = 0  # the optimizer step now being taken (0: the first)
         self._session: HookSession | None = None
@@ -240,6 +242,7 @@ class Watch:
         self._evaluating = False  # a no_grad forward is running: a watched step's hooks are off
         self._handles: list[Any] = []
         self._scaler_update: Any = None
+        self._scaler_own: Any = _NONE
         self._root_call: RootCall | None = None
         self._file: Any = None
         self._open = False
@@ -261,6 +264,8 @@ class Watch:
     # ------------------------------------------------------------ the context
 
     def __enter__(self) -> Watch:
+        if self.bundle_path is not None:
+            check_bundle_dest(self.bundle_path)  # a bundle replaces only an earlier bundle
         if self.log_path is not None:
             try:
                 # a new run starts a new log (a log holds one run: steps never repeat)
@@ -295,6 +300,7 @@ class Watch:
                     self._scaler_updated()
                     return result
 
+                self._scaler_own = self.scaler.__dict__.get("update", _NONE)
                 self.scaler.update = update
                 self._scaler_update = original
         except BaseException:
@@ -324,8 +330,11 @@ class Watch:
             self._root_call.remove()
             self._root_call = None
         if self._scaler_update is not None:
-            with_attr = self.scaler.__dict__
-            with_attr.pop("update", None)
+            own = self._scaler_own  # an `update` the scaler instance had of its own comes back
+            if own is _NONE:
+                self.scaler.__dict__.pop("update", None)
+            else:
+                self.scaler.__dict__["update"] = own
             self._scaler_update = None
         if self._file is not None:
             self._file.close()
@@ -397,12 +406,14 @@ class Watch:
                 self._session.remove()
                 self._evaluating = True
             return
+        if not self.check or self.nonfinite is not None:
+            return  # nothing more to bundle: no capture, no copy of the buffers
         if len(self._forwards) >= MAX_FORWARDS:
             self._dropped += 1
             return
         if self._buffers is None:  # the step's first forward: its buffers as it begins
-            self._buffers = BufferSnapshot(list(self.module.modules()))
-        self._forwards.append(capture_forward(args, kwargs))
+            self._buffers = BufferSnapshot(self._modules)
+        self._forwards.append(capture_forward(args, kwargs, self._modules))
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._evaluating:
@@ -483,14 +494,16 @@ class Watch:
         if not self._stepped and not self._grads_seen:
             # scaler.step() skipped optimizer.step(): the gradients held inf/NaN at this loss
             # scale. Expected, not a fault — but the forward (outputs, loss) is checked
-            self._grads_ready(None, skipped=True)
+            self._grads_ready(None, skipped=True)  # (the optimizer's state is still bundled)
         self._finish()
 
     def _grads_ready(self, optimizer: Any, *, skipped: bool = False) -> None:
-        """The step's gradients are complete and the weights not yet changed."""
+        """The step's gradients are complete and the weights not yet changed. Without an
+        optimizer (w.step()), the model's parameters are checked, not measured."""
         self._grads_seen = True
         self._skipped = skipped
         params = _params_of(optimizer) if optimizer is not None else []
+        checked = params if optimizer is not None else list(self.module.parameters())
         if self._session is not None and self._collector is not None and not skipped:
             with torch.no_grad():
                 befores = self._copies(params)
@@ -500,7 +513,7 @@ class Watch:
                     self._params.append((name, grad, p, before))
                 self._before_norms = list(torch._foreach_norm(befores)) if befores else []
         if self.check and self.nonfinite is None:
-            found = self._nonfinite(params, skipped)
+            found = self._nonfinite(checked, skipped)
             if found:
                 self._on_nonfinite(found, optimizer)
 
@@ -551,7 +564,8 @@ class Watch:
                 record = self._record()
             finally:
                 self._disarm()
-            self.records.append(record)
+            if self.records is not self.recent:
+                self.records.append(record)
             self.recent.append(record)
             self._write(record)
         self._forget_step()
@@ -583,7 +597,13 @@ class Watch:
             )
         params = list(self.module.parameters())
         bad_params = [n for n, p in self.module.named_parameters() if not _all_finite(p)]
+        bad_grads = [
+            self._names.get(id(p), f"a parameter outside the model {tuple(p.shape)}")
+            for p in (_params_of(optimizer) if optimizer is not None else params)
+            if p.grad is not None and not _all_finite(p.grad)
+        ]
         now = BufferSnapshot(list(self.module.modules()))  # as the step left them
+        bundle = self.bundle_path
         self._busy = True
         self._eager.on()
         try:
@@ -605,15 +625,19 @@ class Watch:
                     "torch_version": torch.__version__,
                 }
                 bundle_notes: list[str] = []
-                if self.bundle_path is not None:
-                    bundle_notes = write_bundle(
-                        self.bundle_path,
-                        info=dict(info, origins=[]),
-                        module=self.module,
-                        optimizer=optimizer,
-                        forwards=self._forwards,
-                        records=list(self.recent),
-                    )
+                if bundle is not None:
+                    try:
+                        bundle_notes = write_bundle(
+                            bundle,
+                            info=dict(info, origins=[]),
+                            module=self.module,
+                            optimizer=optimizer or self.optimizer,
+                            forwards=self._forwards,
+                            records=list(self.recent),
+                        )
+                    except Exception as exc:  # training goes on; the log line says why
+                        bundle = None
+                        notes.append(f"no bundle written to {self.bundle_path}: {one_line(exc)}")
                 origins: list[Origin] = []
                 with torch.enable_grad():
                     try:
@@ -622,8 +646,9 @@ class Watch:
                             partial=self._partial,
                         )  # fmt: skip
                         origins = again.origins
+                        notes += again.errors
                     except Exception as exc:  # the step itself raised on the re-run
-                        notes.append(f"the hooked re-run failed: {type(exc).__name__}: {exc}")
+                        notes.append(f"the hooked re-run failed: {one_line(exc)}")
         finally:
             self._busy = False
             if self._session is None:
@@ -642,15 +667,19 @@ class Watch:
             "found": found,
             "origins": found_origins,
             "nonfinite_params": bad_params,
-            "bundle": None if self.bundle_path is None else str(self.bundle_path),
+            "nonfinite_grads": bad_grads,
+            "bundle": None if bundle is None else str(bundle),
             "notes": notes,
         }
-        if self.bundle_path is not None:
-            _add_origins(self.bundle_path, found_origins, notes)
+        if bundle is not None:
+            try:
+                _add_origins(bundle, found_origins, notes)
+            except OSError as exc:
+                notes.append(f"the bundle's origins were not written: {one_line(exc)}")
         self.nonfinite = line
         self._write(line)
         where = "; ".join(o.describe() for o in origins) or "no layer call held it on the re-run"
-        saved = f" Bundle: {self.bundle_path} (hookcli replay)." if self.bundle_path else ""
+        saved = f" Bundle: {bundle} (hookcli replay)." if bundle is not None else ""
         print(
             f"hookcli.watch: NaN/Inf in the {', '.join(found)} at step {self.step_index}: "
             f"{where}.{saved}",

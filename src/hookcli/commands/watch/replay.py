@@ -45,6 +45,12 @@ def replay(
 ) -> Report:
     """The bundle's step re-run with hooks on (see the module docstring)."""
     bundle = read_bundle(Path(path))
+    if bundle.info.get("replayable") is False:
+        raise UsageError(
+            f"the bundle {bundle.path} holds no batch: it could not be saved "
+            f"({'; '.join(bundle.info.get('notes') or [])}).",
+            "its bundle.json still names the origin the recorder found.",
+        )
     module = _module(bundle, model, model_args)
     where = _device(bundle, device)
     module.to(where)
@@ -139,7 +145,8 @@ def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] |
         except (ImportError, AttributeError) as exc:
             raise UsageError(
                 f"cannot rebuild {bundle.info.get('model')} from the bundle: {one_line(exc)}.",
-                "run replay where the training code imports (its directory), or give --model.",
+                "run replay where the training code imports (its directory), or give --model "
+                "train.py:Net (a class defined in the training script itself needs --model).",
             ) from exc
         if not isinstance(module, nn.Module):
             raise UsageError(f"{bundle.path / 'model.pt'} holds no nn.Module.", "give --model.")
