@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node 2 tests/ddp_train.py OUT_DIR
         DistributedDataParallel (gloo, CPU): each rank trains on its half of every batch and
-        logs to OUT_DIR/run.rank{r}.jsonl
+        logs to OUT_DIR/run.rank{r}.jsonl (--nan-step K: a NaN in rank 1's shard at step K)
     python tests/ddp_train.py OUT_DIR --single
         the same training in one process over the whole batches, logged to OUT_DIR/single.jsonl
 
@@ -56,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--single", action="store_true")
+    parser.add_argument("--nan-step", type=int, default=-1, help="NaN in rank 1's shard then")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = Tiny()  # the same weights on every rank and in the single process
@@ -72,8 +73,11 @@ def main() -> None:
     shard = BATCH // world
     # the DDP wrapper itself: the recorder hooks the module it wraps (names without "module.")
     with hookcli.watch(trained, optimizer=opt, every=EVERY, log=log) as w:
-        for x, y in batches():
+        for step, (x, y) in enumerate(batches()):
             xs, ys = x[rank * shard : (rank + 1) * shard], y[rank * shard : (rank + 1) * shard]
+            if step == args.nan_step and rank == 1:
+                xs = xs.clone()
+                xs[0, 0, 0, 0] = float("nan")  # rank 1's data only
             opt.zero_grad()
             loss = F.cross_entropy(trained(xs), ys)  # a mean over the rank's shard
             w.loss(loss)

@@ -79,3 +79,36 @@ def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
     data = json.loads(r.stdout)
     assert data["run"]["merged_ranks"] == 2
     assert data["loss"]["series"]["loss"][0] == pytest.approx(single[0]["loss"], rel=1e-5)
+
+
+def test_a_nan_on_one_rank_each_rank_says_so_and_rank_0_and_the_cause_bundle(
+    tmp_path: Path,
+) -> None:
+    """A NaN in rank 1's data at step 2: both ranks log it (the all-reduce spreads it to rank
+    0's gradients); rank 1's re-run names its origin, the model's input, and writes a bundle;
+    rank 0 writes one too (the default bundle rank) with no layer call of its own to blame.
+    `hookcli check` over the merged logs fails at step 2."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    ]  # fmt: skip
+    _run([*torchrun, str(SCRIPT), str(tmp_path), "--nan-step", "2"], tmp_path)
+    events = []
+    for r in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"run.rank{r}.jsonl").read_text().splitlines()]
+        (event,) = [x for x in lines if x["kind"] == "nonfinite"]
+        events.append(event)
+        assert event["step"] == 2 and event["rank"] == r
+        assert event["bundle"] == str(tmp_path / f"run.rank{r}.bundle")
+    rank0, rank1 = events
+    assert rank0["found"] == ["grad"] and rank0["origins"] == []
+    assert "output" in rank1["found"]
+    first = rank1["origins"][0]
+    assert (first["direction"], first["where"], first["layer"]) == ("forward", "before", "conv")
+    r = CliRunner().invoke(app, ["check", str(tmp_path / "run.jsonl")])
+    assert r.exit_code == 1
+    assert "step 2" in r.output + r.stderr

@@ -300,9 +300,8 @@ def write_bundle(
             with (tmp / "records.jsonl").open("w", encoding="utf-8") as fh:
                 for r in records:
                     fh.write(json.dumps(r, allow_nan=False) + "\n")
-            meta = dict(
-                info, schema=BUNDLE_SCHEMA, pickled=pickled, replayable=replayable, notes=notes
-            )
+            meta = dict(info, schema=BUNDLE_SCHEMA, pickled=pickled, replayable=replayable)
+            meta["notes"] = [*info.get("notes", []), *notes]
             (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n")
             if dest.exists():
                 shutil.rmtree(dest)

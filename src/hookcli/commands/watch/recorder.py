@@ -213,6 +213,7 @@ class Watch:
             None if log is None else rank_log_path(Path(log), self.rank, self.world_size)
         )
         self.bundle_path = self._bundle_path(bundle)
+        self._bundle_given = bundle is not None and bundle is not True and bundle is not False
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring)
         # the watched steps' lines: all of them without a log; with one (they are in the
         # file), the last `ring` only, so a long run does not grow in memory
@@ -604,41 +605,13 @@ class Watch:
         ]
         now = BufferSnapshot(list(self.module.modules()))  # as the step left them
         bundle = self.bundle_path
+        origins: list[Origin] = []
         self._busy = True
         self._eager.on()
         try:
             with rng_kept(), grads_left_as_found(params), torch.no_grad():
                 if self._buffers is not None:
                     self._buffers.restore()  # as the step began
-                info = {
-                    "step": self.step_index,
-                    "rank": self.rank,
-                    "world_size": self.world_size,
-                    "found": found,
-                    "nonfinite_params": bad_params,
-                    "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
-                    "device": str(_device_of(self.module)),
-                    "layers": list(self.layers),
-                    "types": list(self.types_selected),
-                    "forwards": len(self._forwards),
-                    "hookcli_version": _version(),
-                    "torch_version": torch.__version__,
-                }
-                bundle_notes: list[str] = []
-                if bundle is not None:
-                    try:
-                        bundle_notes = write_bundle(
-                            bundle,
-                            info=dict(info, origins=[]),
-                            module=self.module,
-                            optimizer=optimizer or self.optimizer,
-                            forwards=self._forwards,
-                            records=list(self.recent),
-                        )
-                    except Exception as exc:  # training goes on; the log line says why
-                        bundle = None
-                        notes.append(f"no bundle written to {self.bundle_path}: {one_line(exc)}")
-                origins: list[Origin] = []
                 with torch.enable_grad():
                     try:
                         again = rerun(
@@ -649,14 +622,32 @@ class Watch:
                         notes += again.errors
                     except Exception as exc:  # the step itself raised on the re-run
                         notes.append(f"the hooked re-run failed: {one_line(exc)}")
+                if "loss" in found and not any(o.direction == "forward" for o in origins):
+                    origins.insert(0, self._loss_origin())
+                if not (self._bundle_given or self.rank == 0 or origins):
+                    # under DDP by default rank 0 writes a bundle, and any rank whose own
+                    # step made the NaN/Inf (the others hold gradients the all-reduce spread)
+                    bundle = None
+                if bundle is not None:
+                    if self._buffers is not None:
+                        self._buffers.restore()  # the re-run moved them: as the step began
+                    try:
+                        notes += write_bundle(
+                            bundle,
+                            info=self._bundle_info(found, bad_params, origins, notes),
+                            module=self.module,
+                            optimizer=optimizer or self.optimizer,
+                            forwards=self._forwards,
+                            records=list(self.recent),
+                        )
+                    except Exception as exc:  # training goes on; the log line says why
+                        bundle = None
+                        notes.append(f"no bundle written to {self.bundle_path}: {one_line(exc)}")
         finally:
             self._busy = False
             if self._session is None:
                 self._eager.off()
             now.restore()
-        notes += bundle_notes
-        if "loss" in found and not any(o.direction == "forward" for o in origins):
-            origins.insert(0, self._loss_origin())
         found_origins = [_plain(o) for o in origins]
         line: dict[str, Any] = {
             "schema": LOG_SCHEMA,
@@ -671,11 +662,6 @@ class Watch:
             "bundle": None if bundle is None else str(bundle),
             "notes": notes,
         }
-        if bundle is not None:
-            try:
-                _add_origins(bundle, found_origins, notes)
-            except OSError as exc:
-                notes.append(f"the bundle's origins were not written: {one_line(exc)}")
         self.nonfinite = line
         self._write(line)
         where = "; ".join(o.describe() for o in origins) or "no layer call held it on the re-run"
@@ -685,6 +671,26 @@ class Watch:
             f"{where}.{saved}",
             file=sys.stderr,
         )
+
+    def _bundle_info(
+        self, found: list[str], bad_params: list[str], origins: list[Origin], notes: list[str]
+    ) -> dict[str, Any]:
+        return {
+            "step": self.step_index,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "found": found,
+            "nonfinite_params": bad_params,
+            "origins": [_plain(o) for o in origins],
+            "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
+            "device": str(_device_of(self.module)),
+            "layers": list(self.layers),
+            "types": list(self.types_selected),
+            "forwards": len(self._forwards),
+            "hookcli_version": _version(),
+            "torch_version": torch.__version__,
+            "notes": list(notes),
+        }
 
     def _loss_origin(self) -> Origin:
         """The loss is NaN/Inf, the model's outputs finite: the loss code made it."""
@@ -791,18 +797,6 @@ def _version() -> str:
     from hookcli._version import __version__
 
     return __version__
-
-
-def _add_origins(path: Path, origins: list[dict[str, Any]], notes: list[str]) -> None:
-    """The re-run's origins into the bundle's bundle.json (written before the re-run, so a
-    re-run that dies still leaves a bundle)."""
-    meta_path = path / "bundle.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    meta["origins"] = origins
-    meta["notes"] = list(meta.get("notes", [])) + [n for n in notes if n not in meta["notes"]]
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(meta_path)
 
 
 def _rank() -> tuple[int, int]:
