@@ -19,8 +19,9 @@ to run again (commands.watch.bundle: arguments, RNG, autocast, output gradients;
 the step began are the one copy), and the pre-step hook checks the loss (given to `w.loss`),
 the model's outputs and every parameter gradient for NaN/Inf: one norm per tensor group and a
 single read on the host. The first time one is not finite, before the optimizer changes
-anything, the recorder writes the repro bundle, re-runs the step with hooks on to name the
-first non-finite layer call and direction, and logs a "nonfinite" line.
+anything, the recorder re-runs the step with hooks on to name the first non-finite layer call
+and direction, writes the repro bundle (under DDP: rank 0's, and that of any rank whose re-run
+found the origin), and logs a "nonfinite" line.
 """
 
 from __future__ import annotations
