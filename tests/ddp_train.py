@@ -27,21 +27,11 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import hookcli  # noqa: E402
+from tests.test_watch import Tiny  # noqa: E402
 
 STEPS = 4
 EVERY = 1
 BATCH = 8
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.act = nn.ReLU()
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.act(self.conv(x)).flatten(1))
 
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:

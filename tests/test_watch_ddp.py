@@ -34,7 +34,10 @@ def _run(args: list[str], tmp_path: Path) -> None:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        # src for hookcli, the checkout for the tests' own models (tests.test_watch.Tiny)
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     try:
         res = subprocess.run(
@@ -51,7 +54,8 @@ def _run(args: list[str], tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
+def _torchrun(tmp_path: Path, *extra: str) -> None:
+    """tests/ddp_train.py in two processes (gloo, CPU), its logs in tmp_path."""
     pytest.importorskip("torch.distributed")
     import torch.distributed as dist
 
@@ -61,7 +65,11 @@ def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
         "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
     ]  # fmt: skip
-    _run([*torchrun, str(SCRIPT), str(tmp_path)], tmp_path)
+    _run([*torchrun, str(SCRIPT), str(tmp_path), *extra], tmp_path)
+
+
+def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
+    _torchrun(tmp_path)
     _run([str(SCRIPT), str(tmp_path), "--single"], tmp_path)
     logs = [tmp_path / "run.rank0.jsonl", tmp_path / "run.rank1.jsonl"]
     for r, log in enumerate(logs):
@@ -88,15 +96,7 @@ def test_a_nan_on_one_rank_each_rank_says_so_and_rank_0_and_the_cause_bundle(
     0's gradients); rank 1's re-run names its origin, the model's input, and writes a bundle;
     rank 0 writes one too (the default bundle rank) with no layer call of its own to blame.
     `hookcli check` over the merged logs fails at step 2."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available here")
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-    ]  # fmt: skip
-    _run([*torchrun, str(SCRIPT), str(tmp_path), "--nan-step", "2"], tmp_path)
+    _torchrun(tmp_path, "--nan-step", "2")
     events = []
     for r in (0, 1):
         lines = [json.loads(x) for x in (tmp_path / f"run.rank{r}.jsonl").read_text().splitlines()]

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli._version import __version__
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -56,6 +57,7 @@ from hookcli.engine.selection import module_entries, select
 from hookcli.engine.stats import StatsCollector, finite_or_none
 from hookcli.errors import UsageError, one_line
 from hookcli.records import Origin, TensorStats
+from hookcli.tree import iter_tensors
 
 LOG_SCHEMA = 1  # the JSONL line's own version
 # forwards with gradients kept per step (micro-batches); a loop that runs more between two
@@ -542,19 +544,22 @@ class Watch:
         if isinstance(self._loss, torch.Tensor) and self._loss.is_floating_point():
             groups["loss"].append(self._loss)
         elif isinstance(self._loss, float):
-            groups["loss"].append(torch.tensor(self._loss))
+            groups["loss"].append(torch.tensor(self._loss))  # a number: on the CPU
         for f in self._forwards:
             groups["output"] += [
-                t.detach() for _, t in _tensors(f.output) if t.is_floating_point() and t.numel()
+                t.detach()
+                for _, t in iter_tensors(f.output, "out")
+                if t.is_floating_point() and t.numel()
             ]
         if not skipped:
             groups["grad"] = [p.grad for p in params if p.grad is not None and p.grad.numel()]
         names = [k for k, v in groups.items() if v]
         if not names:
             return []
+        home = groups[names[-1]][0].device  # the gradients' device when there are any
         with torch.no_grad():
-            flags = [_finite(groups[k]) for k in names]
-            ok = torch.stack([f.cpu() for f in flags]).tolist()
+            sums = torch.stack([_norm_sum(groups[k]).to(home) for k in names])
+            ok = torch.isfinite(sums).tolist()  # the one read on the host
         found = [k for k, good in zip(names, ok, strict=True) if not good]
         # a norm of huge finite values overflows: such a group is looked at element by element
         return [k for k in found if not all(bool(torch.isfinite(t).all()) for t in groups[k])]
@@ -604,7 +609,7 @@ class Watch:
             for p in (_params_of(optimizer) if optimizer is not None else params)
             if p.grad is not None and not _all_finite(p.grad)
         ]
-        now = BufferSnapshot(list(self.module.modules()))  # as the step left them
+        now = BufferSnapshot(self._modules)  # as the step left them
         bundle = self.bundle_path
         origins: list[Origin] = []
         self._busy = True
@@ -688,7 +693,7 @@ class Watch:
             "layers": list(self.layers),
             "types": list(self.types_selected),
             "forwards": len(self._forwards),
-            "hookcli_version": _version(),
+            "hookcli_version": __version__,
             "torch_version": torch.__version__,
             "notes": list(notes),
         }
@@ -765,24 +770,16 @@ def _params_of(optimizer: Any) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _tensors(obj: Any) -> list[tuple[str, torch.Tensor]]:
-    from hookcli.tree import iter_tensors
-
-    return list(iter_tensors(obj, "out"))
-
-
-def _finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """A 0-d bool tensor on the tensors' device: every element finite (norm per device and
-    dtype group, summed)."""
+def _norm_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the tensors' L2 norms (one foreach kernel per device and dtype), a float32
+    0-d tensor on the first one's device: non-finite when any element is NaN or Inf."""
     by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         by_kind.setdefault((t.device, t.dtype), []).append(t)
-    sums = []
-    for group in by_kind.values():
-        norms = torch._foreach_norm(group)
-        sums.append(torch.stack(norms).float().sum().cpu() if len(by_kind) > 1 else
-                    torch.stack(norms).float().sum())  # fmt: skip
-    return torch.isfinite(torch.stack(sums).sum())
+    home = tensors[0].device
+    return torch.stack(
+        [torch.stack(torch._foreach_norm(g)).float().sum().to(home) for g in by_kind.values()]
+    ).sum()
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -792,12 +789,6 @@ def _all_finite(t: torch.Tensor) -> bool:
 def _device_of(module: nn.Module) -> torch.device:
     first = next(iter(module.parameters()), None)
     return first.device if first is not None else torch.device("cpu")
-
-
-def _version() -> str:
-    from hookcli._version import __version__
-
-    return __version__
 
 
 def _rank() -> tuple[int, int]:
