@@ -137,6 +137,16 @@ def emit_listing(data: object, fmt: ListFormat, output: Destination | None, tabl
     emit(text, output)
 
 
+def budgeted(page: str, pictures: int, what: str) -> str:
+    """An HTML page, with a note on stderr when it is larger than its size budget."""
+    from hookcli.render.html import over_budget
+
+    note = over_budget(page, pictures, what)
+    if note is not None:
+        err(f"note: {note}")
+    return page
+
+
 def output_format(fmt: Format | None, output: Destination | None) -> Format:
     """--format, else the -o file's suffix, else a table."""
     if fmt is not None:

@@ -8,6 +8,7 @@ import typer
 
 from hookcli.cli import params as opt
 from hookcli.cli.console import (
+    budgeted,
     claim,
     color,
     emit,
@@ -165,6 +166,10 @@ def diff(
 
 
 def render(report: DiffReport, fmt: Format, dest: Destination | None) -> str:
+    if fmt == Format.html:
+        from hookcli.render.html import diff_html
+
+        return budgeted(diff_html(report), 0, f"{len(report.calls)} layer calls")
     if fmt == Format.json:
         import json
 

@@ -15,6 +15,7 @@ import typer
 from hookcli.cli import params as opt
 from hookcli.cli import runlog
 from hookcli.cli.console import (
+    budgeted,
     claim,
     color,
     emit,
@@ -30,9 +31,12 @@ from hookcli.options import DEFAULTS
 from hookcli.render import Format
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hookcli.commands import Running
     from hookcli.io.output import Destination
     from hookcli.records import Report
+    from hookcli.render.html import Picture
 
 
 def inspect(
@@ -79,6 +83,7 @@ def inspect(
     dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
     fmt: opt.FormatOpt = None,
     output: opt.OutputOpt = None,
+    picture: opt.PictureOpt = None,
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
     save: opt.SaveOpt = None,
@@ -120,6 +125,7 @@ def grads(
     dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
     fmt: opt.FormatOpt = None,
     output: opt.OutputOpt = None,
+    picture: opt.PictureOpt = None,
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
     save: opt.SaveOpt = None,
@@ -209,6 +215,7 @@ def check(
     train: opt.TrainOpt = DEFAULTS.run.train,
     fmt: opt.FormatOpt = None,
     output: opt.OutputOpt = None,
+    picture: opt.PictureOpt = None,
     save_baseline: opt.SaveBaselineOpt = None,
     config: opt.ConfigOpt = None,
     no_config: opt.NoConfigOpt = False,
@@ -234,6 +241,10 @@ def run_command(ctx: typer.Context, command: str) -> None:
     output = claim(p["output"], reads=reads)
     baseline_out = claim(p["save_baseline"], "--save-baseline", stdout_ok=False, reads=reads)
     save = claim(p.get("save"), "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
+    fmt = output_format(p["fmt"], output)
+    from hookcli.cli.pictures import parse_pictures
+
+    specs = parse_pictures(p.get("picture"), fmt)
     from hookcli.commands import run_command as run
     from hookcli.commands.checks import exit_code, failures, parse_rules
     from hookcli.options import (
@@ -257,7 +268,12 @@ def run_command(ctx: typer.Context, command: str) -> None:
         backward=None if command == "inspect" else pick(BackwardOptions, p),
     )
     report = run(command, inv, rules, batching=pick(Batching, p), running=_running(name))
-    fmt = output_format(p["fmt"], output)
+    pictures = []
+    if specs:
+        from hookcli.cli.pictures import draw_pictures
+
+        with status(f"drawing {len(specs)} picture{'s' if len(specs) > 1 else ''}…"):
+            pictures = draw_pictures(specs, model_opts, inv.inputs, p)
     quiet = bool(p.get("quiet"))  # check --quiet: failures only, no "config:"/"wrote" lines
     if used and (fmt != Format.table or to_file(output)) and not quiet:
         err(f"config: {used}")  # a table on stdout says so in its header
@@ -266,7 +282,7 @@ def run_command(ctx: typer.Context, command: str) -> None:
 
         emit(report_json(report), baseline_out, quiet=quiet)
     emit(
-        render(report, fmt, output, checks_only=command == "check", quiet=quiet),
+        render(report, fmt, output, checks_only=command == "check", quiet=quiet, pictures=pictures),
         output,
         quiet=quiet,
     )
@@ -322,15 +338,26 @@ def _running(name: str) -> Running:
     return running
 
 
-def render(
+def render(  # noqa: PLR0911 (one return per format)
     report: Report,
     fmt: Format,
     output: Destination | None,
     *,
     checks_only: bool = False,
     quiet: bool = False,
+    pictures: Sequence[Picture] = (),
 ) -> str:
-    """A report in the format asked; check's table shows its checks only."""
+    """A report in the format asked; check's table shows its checks only (its HTML page
+    puts them first, above the whole report)."""
+    if fmt == Format.html:
+        from hookcli.render.html import report_html
+
+        return budgeted(
+            report_html(report, pictures),
+            len(pictures),
+            f"{len(report.layers)} "
+            "layer calls" + (f", {len(pictures)} pictures" if pictures else ""),
+        )
     if fmt == Format.json:
         from hookcli.render.json import report_json
 

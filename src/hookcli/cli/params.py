@@ -209,6 +209,16 @@ OutputOpt = Annotated[
         "device or FIFO written through); - is stdout.",
     ),
 ]
+PictureOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--picture",
+        metavar="KIND[:LAYER]",
+        help="HTML reports: embed a picture — maps:LAYER, cam[:LAYER] or attn[:BLOCK], as "
+        "hookcli maps/cam/attn draw it. Repeatable.",
+        show_default=False,
+    ),
+]
 ForceOpt = Annotated[
     bool,
     typer.Option(

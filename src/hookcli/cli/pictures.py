@@ -17,7 +17,8 @@ from hookcli.options import DEFAULTS
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
     from hookcli.io.output import Destination
-    from hookcli.options import ModelOptions
+    from hookcli.options import InputOptions, ModelOptions
+    from hookcli.render.html import Picture
 
 PngOpt = Annotated[
     Path | None,
@@ -234,3 +235,79 @@ def _save_raw(dest: Destination, drawing: Drawing) -> None:
 
     write_with(dest, save_npy)
     err(f"wrote {dest.label}")
+
+
+# ------------------------------------------------------------------ pictures in an HTML report
+
+PICTURE_KINDS = ("maps", "cam", "attn")
+REPORT_CHANNELS = 16  # a report's feature maps: the most active 16 (hookcli maps draws 64)
+
+
+def parse_pictures(specs: list[str] | None, fmt: str) -> list[tuple[str, str | None]]:
+    """--picture KIND[:LAYER], checked before any work: (kind, layer or None)."""
+    if not specs:
+        return []
+    if fmt != "html":
+        raise UsageError(
+            f"--picture embeds a picture in an HTML report; this output is {fmt}.",
+            "add -o report.html (or -f html), or draw it alone: hookcli maps|cam|attn … -o "
+            "FILE.png",
+        )
+    out: list[tuple[str, str | None]] = []
+    for spec in specs:
+        kind, _, layer = spec.partition(":")
+        kind = kind.strip().lower()
+        if kind not in PICTURE_KINDS:
+            raise UsageError(
+                f"--picture {spec}: {kind or 'nothing'} is not a kind of picture.",
+                "give maps:LAYER, cam[:LAYER] or attn[:BLOCK].",
+            )
+        if kind == "maps" and not layer:
+            raise UsageError(
+                f"--picture {spec}: maps needs a layer.",
+                "e.g. --picture maps:conv1; `hookcli layers MODEL` lists them.",
+            )
+        out.append((kind, layer or None))
+    return out
+
+
+def draw_pictures(
+    specs: list[tuple[str, str | None]],
+    model_opts: ModelOptions,
+    inputs: InputOptions,
+    p: dict[str, Any],
+) -> list[Picture]:
+    """Each picture as its own command draws it (the model and input of this run; cam from
+    this run's --target/--loss), as PNG bytes to embed."""
+    from hookcli import commands
+    from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
+    from hookcli.render.html import Picture, embed_image
+
+    pictures = []
+    for kind, layer in specs:
+        if kind == "maps":
+            options = MapOptions(layer=layer, channels=REPORT_CHANNELS)
+            drawing = commands.maps(model_opts, inputs, options)
+        elif kind == "cam":
+            backward = pick(BackwardOptions, p, input_grad=False)
+            drawing = commands.cam(model_opts, inputs, backward, CamOptions(layer=layer))
+        else:
+            drawing = commands.attn(model_opts, inputs, AttnOptions(layer=layer))
+        data, mime, note = embed_image(drawing.image)
+        which = "block" if kind == "attn" else "layer"
+        extra = f" --channels {REPORT_CHANNELS}" if kind == "maps" else ""
+        pictures.append(
+            Picture(
+                title=f"{kind}: {which} {drawing.layer}"
+                + (f", call {drawing.call}" if kind != "attn" else "")
+                + (f" ({REPORT_CHANNELS} most active channels)" if kind == "maps" else ""),
+                data=data,
+                width=drawing.image.width,
+                height=drawing.image.height,
+                mime=mime,
+                command=f"hookcli {kind} {model_opts.model} … -l {drawing.layer}{extra} "
+                f"-o {kind}.png",
+                notes=[*drawing.notes, *([note] if note else [])],
+            )
+        )
+    return pictures

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hookcli.cli import params as opt
-from hookcli.cli.console import claim, color, emit, err, handled, output_format, to_file, width
+from hookcli.cli.console import (
+    budgeted,
+    claim,
+    color,
+    emit,
+    err,
+    handled,
+    output_format,
+    to_file,
+    width,
+)
 from hookcli.errors import UsageError
 from hookcli.render import Format
 
@@ -169,6 +179,10 @@ def _render_checks(
         run.notes,
         quiet=quiet,
     )
+    if fmt == Format.html:
+        from hookcli.render.html import sections_html
+
+        return sections_html("hookcli check: run log", sections, checks_json(run, results))
     if fmt == Format.markdown:
         from hookcli.render.markdown import sections_markdown
 
@@ -253,7 +267,11 @@ def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> No
 
 
 def _render_saved(report: Report, fmt: Format, dest: Destination | None) -> str:
-    """A saved report as inspect renders a fresh one (its table, Markdown, CSV or JSON)."""
+    """A saved report as inspect renders a fresh one (its table, Markdown, CSV, JSON or HTML)."""
+    if fmt == Format.html:
+        from hookcli.render.html import report_html
+
+        return budgeted(report_html(report), 0, f"{len(report.layers)} layer calls")
     if fmt == Format.json:
         from hookcli.render.json import report_json
 
@@ -298,6 +316,10 @@ def _render_series(
     if fmt == Format.csv:
         return render.series_csv(data)
     sections = render.series_sections(data, [f"report run log {header[0]}", *header[1:]])
+    if fmt == Format.html:
+        from hookcli.render.html import sections_html
+
+        return sections_html("hookcli report: run log", sections, data.to_dict())
     if fmt == Format.markdown:
         from hookcli.render.markdown import sections_markdown
 

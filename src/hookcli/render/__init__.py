@@ -3,7 +3,8 @@
 rows.py turns a report into format-neutral sections (lines and tables of strings); table.py
 (Rich, width fitting, colour) and markdown.py lay out those same sections. csv.py and json.py
 write the records' raw numbers (CSV one row per tensor, JSON the whole report), not the
-formatted cells. images.py draws PNGs.
+formatted cells. html.py writes one self-contained page: the JSON embedded, the per-call table
+static, sorting/filtering/the module tree in a script (assets/). images.py draws PNGs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class Format(StrEnum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
+    html = "html"
 
 
 SUFFIX_FORMATS = {
@@ -24,4 +26,6 @@ SUFFIX_FORMATS = {
     ".md": Format.markdown,
     ".markdown": Format.markdown,
     ".txt": Format.table,
+    ".html": Format.html,
+    ".htm": Format.html,
 }
