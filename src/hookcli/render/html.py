@@ -283,7 +283,7 @@ def _calls_table(columns: list[Column], body: list[str], caption: str) -> str:
         for c in columns
     )
     return (
-        f'<div class="scroll"><table id="calls"><caption>{_e(caption)}</caption>'
+        f'<div class="scroll calls"><table id="calls"><caption>{_e(caption)}</caption>'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
     )
 
@@ -383,7 +383,7 @@ def _spark_svg(hist: dict[str, list[float]] | None) -> str:
         return DASH
     counts = hist["counts"]
     top = max(counts) or 1
-    w = 2
+    w = 4
     bars = "".join(
         f'<rect x="{i * w}" y="{16 - h:.1f}" width="{w - 0.3:.1f}" height="{h:.1f}"/>'
         for i, c in enumerate(counts)

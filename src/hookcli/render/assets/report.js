@@ -138,6 +138,7 @@
         else {
           var body = text.slice(i + 1, end).replace(/\\/g, "\\\\");
           if (body[0] === "!") body = "^" + body.slice(1);
+          else if (body[0] === "^") body = "\\^" + body.slice(1); // fnmatch: a literal ^
           out += "[" + body + "]";
           i = end;
         }
@@ -163,7 +164,7 @@
       tr.hidden = !ok;
       if (ok) n++;
     });
-    shown.textContent = n + " of " + trs.length + " calls";
+    shown.textContent = n + " of " + trs.length + (diff ? " rows" : " calls");
   }
   [fLayer, fType, fBad].forEach(function (c) {
     c.addEventListener("input", applyFilter);
@@ -194,7 +195,8 @@
     th.tabIndex = 0;
     th.classList.add("sortable");
     function go() {
-      var numeric = th.classList.contains("num") || th.getAttribute("data-key") === "nonfinite";
+      var key = th.getAttribute("data-key");
+      var numeric = recs.some(function (r) { return typeof value(r, key) === "number"; });
       var now = th.getAttribute("aria-sort");
       var dir = now ? (now === "ascending" ? -1 : 1) : numeric ? -1 : 1;
       sortBy(th, dir);
@@ -332,6 +334,9 @@
     })[0];
     status.hidden = !!tr;
     if (!tr) {
+      trs.forEach(function (x) { x.classList.remove("target"); });
+      detail.hidden = true;
+      document.body.classList.remove("detail-open");
       status.textContent = safe("no call " + call + " of " + name + " in this report");
       return;
     }
