@@ -326,3 +326,18 @@ def test_sixteen_pictures_fit_four_megabytes(tmp_path: Path) -> None:
     print(f"resnet18 grads --hist with 16 pictures: {size / 1e6:.2f} MB")
     assert len(re.findall(r"<img ", out.read_text())) == 16
     assert size <= 4_000_000
+
+
+def test_folder_run_page(tmp_path: Path) -> None:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.jpeg", "b.jpeg", "c.jpeg"):
+        (folder / name).write_bytes(CAT.read_bytes())
+    args = ["inspect", "resnet18", str(folder), "-l", "layer4.*", "--batch-size", "2"]
+    page, data, r = html_and_json(tmp_path, *args, "--per-image", "1", "--hist")
+    assert r.exit_code == 0, r.stderr
+    assert page.data == data and len(page.rows) == len(data["layers"])
+    assert data["input"]["description"].startswith("3 images")
+    text = (tmp_path / "report.html").read_text()
+    for name in ("a.jpeg", "b.jpeg", "c.jpeg"):  # the per-image predictions, static
+        assert f"<td>{name}</td>" in text

@@ -25,7 +25,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from hookcli import __version__
+from hookcli._version import __version__
 from hookcli.records import DiffCall, DiffReport, LayerCall, Report, TensorDiff, TensorStats
 from hookcli.render import diffrows, rows
 from hookcli.render.fmt import DASH, num, pct, shape, tensor_label
