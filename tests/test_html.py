@@ -341,3 +341,14 @@ def test_folder_run_page(tmp_path: Path) -> None:
     text = (tmp_path / "report.html").read_text()
     for name in ("a.jpeg", "b.jpeg", "c.jpeg"):  # the per-image predictions, static
         assert f"<td>{name}</td>" in text
+
+
+def test_api_writes_the_page_the_cli_writes(tmp_path: Path) -> None:
+    import hookcli
+
+    report = hookcli.inspect("resnet18", [str(CAT)], layers=["layer1.0.*"])
+    page = Page(hookcli.html(report))
+    cli_page = Page(cli("inspect", *SMALL, "-f", "html").stdout)
+    assert page.rows == cli_page.rows and page.data == cli_page.data
+    d = hookcli.diff("resnet18", [str(CAT)], layers=["layer1.0.*"], b="float64")
+    assert Page(hookcli.html(d)).data == json.loads(json.dumps(d.to_dict()))

@@ -669,7 +669,7 @@ def test_report_renders_a_saved_json_report(tmp_path: Path) -> None:
 def test_report_bad_usage(tmp_path: Path) -> None:
     log = _log(tmp_path, [_step(0)])
     saved = str(ROOT / "tests" / "golden" / "net.json")
-    assert run("report", str(log), "-f", "html").exit_code == 2  # HTML: not yet (issue 18)
+    assert run("report", str(log), "-f", "yaml").exit_code == 2  # not a format
     assert_one_line_error(run("report", saved, saved), 2, "one saved report")
     assert_one_line_error(run("report", str(log), saved), 2, "not both")
     assert_one_line_error(run("report", saved, "-o", str(tmp_path / "x.png")), 2, "run log")

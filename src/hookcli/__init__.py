@@ -10,6 +10,7 @@ The public Python API mirrors the command line and returns the same `Report` the
     >>> hookcli.passed(report), hookcli.exit_code(report)
     >>> hookcli.cam("resnet18", "sample_images/cat.jpeg").image.save("cam.png")
     >>> hookcli.attn("vit_b_16", "sample_images/cat.jpeg").rollout.shape  # (1, 197, 197)
+    >>> open("report.html", "w").write(hookcli.html(report))
 
 Importing this package never imports torch; it is imported on first use.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "diff",
     "exit_code",
     "grads",
+    "html",
     "inspect",
     "maps",
     "passed",
@@ -130,6 +132,16 @@ def watch(
         check=check,
         scaler=scaler,
     )
+
+
+def html(report: Report | DiffReport) -> str:
+    """The report as the one self-contained HTML page `-o report.html` writes (a diff's too):
+    its JSON embedded, the per-call table static, sorting, filters and the module tree in the
+    page's own script; no request to anywhere."""
+    from hookcli.records import DiffReport
+    from hookcli.render.html import diff_html, report_html
+
+    return diff_html(report) if isinstance(report, DiffReport) else report_html(report)
 
 
 def exit_code(report: Report) -> int:
