@@ -292,9 +292,12 @@ def test_picture_misuse_is_a_one_line_error(args: list[str], needle: str) -> Non
 
 def test_over_budget_is_a_note(tmp_path: Path) -> None:
     big = "x" * (report_html.budget(0) + 1)
-    note = report_html.over_budget(big, 0, "2000 layer calls")
-    assert note is not None and "over its 1.0 MB budget (2000 layer calls)" in note
-    assert report_html.over_budget("x" * report_html.budget(2), 2, "") is None
+    note = report_html.over_budget(big, 0, "2000 layer calls", "select fewer layers (-l)")
+    assert note is not None and "1.00 MB, over its 1.00 MB budget (2000 layer calls)" in note
+    assert note.endswith("heavy to share: select fewer layers (-l)")
+    assert report_html.over_budget("x" * report_html.budget(2), 2, "", "") is None
+    what, advice = report_html.report_budget(_report(["a"]), ())
+    assert (what, advice) == ("1 layer calls", "select fewer layers (-l, --depth)")
 
 
 @pytest.mark.slow
@@ -352,3 +355,42 @@ def test_api_writes_the_page_the_cli_writes(tmp_path: Path) -> None:
     assert page.rows == cli_page.rows and page.data == cli_page.data
     d = hookcli.diff("resnet18", [str(CAT)], layers=["layer1.0.*"], b="float64")
     assert Page(hookcli.html(d)).data == json.loads(json.dumps(d.to_dict()))
+
+
+def test_undecodable_file_names_and_folder_pictures(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 (a lone surrogate in Python) is data like any other;
+    a folder run's pictures are of its first image, said in the caption."""
+    import os
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "a.jpeg").write_bytes(CAT.read_bytes())
+    (Path(os.fsdecode(bytes(folder) + b"/caf\xe9.jpeg"))).write_bytes(CAT.read_bytes())
+    out = tmp_path / "f.html"
+    args = ["inspect", "resnet18", str(folder), "-l", "fc", "--per-image", "1"]
+    r = cli(*args, "--picture", "maps:layer1.0.conv1", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    text = out.read_text(encoding="utf-8")
+    assert text.isascii() or "caf\\udce9.jpeg" in text  # the name, escaped
+    page = Page(text)
+    assert page.data == json.loads(cli(*args, "-f", "json").stdout)
+    assert "drawn on the first image, a.jpeg" in text
+
+
+def test_picture_errors_point_somewhere_useful(tmp_path: Path) -> None:
+    model = tmp_path / "dictnet.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class DictNet(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.conv = nn.Conv2d(3, 3, 1)\n\n"
+        "    def forward(self, x):\n        return {'a': self.conv(x), 'b': self.conv(x) * 2}\n"
+    )
+    r = cli("inspect", f"{model}:DictNet", "--input", "randn:1x3x8x8", "--picture", "cam",
+            "-f", "html")  # fmt: skip
+    # not class scores, and inspect has no --target to follow the usual hint with
+    assert_one_line_error(r, 2, "--picture cam", "grads or check")
+    from tests.test_runlog import _log, _step
+
+    log = _log(tmp_path, [_step(0)])
+    assert_one_line_error(cli("check", str(log), "--picture", "cam"), 2, "--picture")

@@ -577,3 +577,63 @@ def test_first_paint_of_1000_rows(
         box = target.bounding_box()
         assert box is not None and 0 <= box["y"] < 800
         check_sort(page, recs, "out.std", first_descending=True)
+
+
+def test_names_the_text_escaper_rewrites_still_link(browser: Any, tmp_path: Path) -> None:
+    """A name with a line separator, a bidi mark and markup: shown escaped, yet the banner's
+    link, a row click and the tree find its call (the script matches the JSON's names)."""
+    from hookcli.records import Origin
+    from hookcli.render.html import report_html
+
+    report = _synthetic_report(4)
+    odd = 'bad\u2028log</script>\u202e"&#'
+    report.layers[2].name = odd
+    report.nonfinite_origins = [Origin("forward", odd, "Conv2d", 0, "out", 4, 0)]
+    path = tmp_path / "odd.html"
+    path.write_text(report_html(report), encoding="utf-8")
+    with opened(browser, path) as page:
+        page.click("#banner a")
+        assert page.eval_on_selector("#calls tr.target", "t => +t.dataset.i") == 2
+        assert page.eval_on_selector("#detail h3", "h => h.textContent") == (
+            'bad\\u2028log</script>\\u202e"&#'
+        )
+        page.fill("#f-layer", "bad*")  # the glob on the name itself
+        assert row_indices(page, visible_only=True) == [2]
+
+
+def test_an_origin_after_the_last_call_has_no_dead_link(browser: Any, tmp_path: Path) -> None:
+    path = tmp_path / "after.html"
+    r = CliRunner().invoke(
+        app, ["inspect", "tests/models.py:LogAfter", "--input", "randn:4x8", "-o", str(path)]
+    )
+    assert r.exit_code == 0, r.stderr
+    with opened(browser, path) as page:
+        assert "made after fc" in page.inner_text("#banner")
+        assert page.locator("#banner a").count() == 0  # "(model)" is no row to go to
+
+
+def test_numbers_the_script_shows_are_the_tables_digits(browser: Any, tmp_path: Path) -> None:
+    """report.js formats as render/fmt.py and diffrows do, ties (exact in binary) included:
+    Python rounds them to even, JavaScript's toPrecision up."""
+    from hookcli.render.diffrows import db, signed
+    from hookcli.render.fmt import num, pct
+
+    values = [9999.5, 9698.5, 9.9996e-05, 0.0625, -0.0625, 2.5e-7, 1234.5, 1235.5, 0.99995]
+    values += [1.0 / 16, 0.0005, 123456.0, -3.4e10, 1e-300, 5e-324, 0.1, 12.345, 2.675]
+    path = tmp_path / "fmt.html"
+    path.write_text(report_html_of(_synthetic_report(1)), encoding="utf-8")
+    with opened(browser, path) as page:
+        got = page.evaluate(
+            """vs => vs.map(v => { const f = window.hookcliFormat;
+                return [f.fmt(v), f.pct(Math.abs(v) % 1), f.signed(v), f.fixed(v, 3),
+                        f.fixed(v, 6), f.db(v, 1)]; })""",
+            values,
+        )
+    want = [[num(v), pct(abs(v) % 1), signed(v), f"{v:.3f}", f"{v:.6f}", db(v, 1)] for v in values]
+    assert got == want
+
+
+def report_html_of(report: Any) -> str:
+    from hookcli.render.html import report_html
+
+    return str(report_html(report))

@@ -137,11 +137,11 @@ def emit_listing(data: object, fmt: ListFormat, output: Destination | None, tabl
     emit(text, output)
 
 
-def budgeted(page: str, pictures: int, what: str) -> str:
+def budgeted(page: str, pictures: int, what: str, advice: str) -> str:
     """An HTML page, with a note on stderr when it is larger than its size budget."""
     from hookcli.render.html import over_budget
 
-    note = over_budget(page, pictures, what)
+    note = over_budget(page, pictures, what, advice)
     if note is not None:
         err(f"note: {note}")
     return page

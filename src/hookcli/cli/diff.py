@@ -169,7 +169,9 @@ def render(report: DiffReport, fmt: Format, dest: Destination | None) -> str:
     if fmt == Format.html:
         from hookcli.render.html import diff_html
 
-        return budgeted(diff_html(report), 0, f"{len(report.calls)} layer calls")
+        return budgeted(
+            diff_html(report), 0, f"{len(report.calls)} layer calls", "select fewer layers (-l)"
+        )
     if fmt == Format.json:
         import json
 

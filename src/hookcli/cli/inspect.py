@@ -350,13 +350,10 @@ def render(  # noqa: PLR0911 (one return per format)
     """A report in the format asked; check's table shows its checks only (its HTML page
     puts them first, above the whole report)."""
     if fmt == Format.html:
-        from hookcli.render.html import report_html
+        from hookcli.render.html import report_budget, report_html
 
         return budgeted(
-            report_html(report, pictures),
-            len(pictures),
-            f"{len(report.layers)} "
-            "layer calls" + (f", {len(pictures)} pictures" if pictures else ""),
+            report_html(report, pictures), len(pictures), *report_budget(report, pictures)
         )
     if fmt == Format.json:
         from hookcli.render.json import report_json

@@ -278,11 +278,24 @@ def draw_pictures(
     p: dict[str, Any],
 ) -> list[Picture]:
     """Each picture as its own command draws it (the model and input of this run; cam from
-    this run's --target/--loss), as PNG bytes to embed."""
+    this run's --target/--loss), as bytes to embed. A folder run's pictures are of its first
+    image: the picture commands take one batch."""
+    from dataclasses import replace
+
     from hookcli import commands
+    from hookcli.errors import UsageError
+    from hookcli.inputs.images import expand_paths
     from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
     from hookcli.render.html import Picture, embed_image
 
+    shown = list(inputs.items)
+    first: list[str] = []
+    if shown and all(isinstance(x, str) for x in shown):
+        files = expand_paths([str(x) for x in shown])
+        if len(files) > 1:
+            first = [f"drawn on the first image, {files[0].name}"]
+            inputs = replace(inputs, items=(str(files[0].path),))
+            shown = [str(files[0].path)]
     pictures = []
     for kind, layer in specs:
         if kind == "maps":
@@ -290,12 +303,20 @@ def draw_pictures(
             drawing = commands.maps(model_opts, inputs, options)
         elif kind == "cam":
             backward = pick(BackwardOptions, p, input_grad=False)
-            drawing = commands.cam(model_opts, inputs, backward, CamOptions(layer=layer))
+            try:
+                drawing = commands.cam(model_opts, inputs, backward, CamOptions(layer=layer))
+            except UsageError as exc:
+                if "target" in p:
+                    raise
+                raise UsageError(  # inspect has no --target/--loss to follow the hint with
+                    f"--picture cam: {exc.message}",
+                    "embed it from grads or check, where --target and --loss say what the "
+                    "map explains.",
+                ) from exc
         else:
             drawing = commands.attn(model_opts, inputs, AttnOptions(layer=layer))
         data, mime, note = embed_image(drawing.image)
         which = "block" if kind == "attn" else "layer"
-        extra = f" --channels {REPORT_CHANNELS}" if kind == "maps" else ""
         pictures.append(
             Picture(
                 title=f"{kind}: {which} {drawing.layer}"
@@ -305,9 +326,28 @@ def draw_pictures(
                 width=drawing.image.width,
                 height=drawing.image.height,
                 mime=mime,
-                command=f"hookcli {kind} {model_opts.model} … -l {drawing.layer}{extra} "
-                f"-o {kind}.png",
-                notes=[*drawing.notes, *([note] if note else [])],
+                command=_command(kind, drawing.layer, shown, p),
+                notes=[*drawing.notes, *first, *([note] if note else [])],
             )
         )
     return pictures
+
+
+def _command(kind: str, layer: str, inputs: list[Any], p: dict[str, Any]) -> str:
+    """The command that draws the picture alone, quoted for a shell."""
+    import shlex
+
+    words = ["hookcli", kind, str(p.get("model")), *(str(x) for x in inputs)]
+    for spec in p.get("input_spec") or ():
+        words += ["--input", spec]
+    words += ["-l", layer]
+    if kind == "maps":
+        words += ["--channels", str(REPORT_CHANNELS)]
+    options = ["weights", "seed", "device", *(("target", "loss") if kind == "cam" else ())]
+    for name in options:
+        value = p.get(name)
+        if value is not None and value != getattr(DEFAULTS.model, name, None):
+            words += [f"--{name}", str(value)]
+    for arg in p.get("model_arg") or ():
+        words += ["--model-arg", arg]
+    return shlex.join([*words, "-o", f"{kind}.png"])

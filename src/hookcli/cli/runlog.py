@@ -79,7 +79,7 @@ LOG_ONLY = ("dead_after", "min_grad_norm", "max_grad_norm", "min_update_ratio", 
 MODEL_ONLY = (
     "input_spec", "baseline", "rtol", "atol", "expect_shape", "backward", "max_abs", "layer",
     "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
-    "train", "save_baseline",
+    "train", "save_baseline", "picture",
 )  # fmt: skip
 
 
@@ -269,9 +269,9 @@ def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> No
 def _render_saved(report: Report, fmt: Format, dest: Destination | None) -> str:
     """A saved report as inspect renders a fresh one (its table, Markdown, CSV, JSON or HTML)."""
     if fmt == Format.html:
-        from hookcli.render.html import report_html
+        from hookcli.render.html import report_budget, report_html
 
-        return budgeted(report_html(report), 0, f"{len(report.layers)} layer calls")
+        return budgeted(report_html(report), 0, *report_budget(report, ()))
     if fmt == Format.json:
         from hookcli.render.json import report_json
 
@@ -319,7 +319,8 @@ def _render_series(
     if fmt == Format.html:
         from hookcli.render.html import sections_html
 
-        return sections_html("hookcli report: run log", sections, data.to_dict())
+        page = sections_html("hookcli report: run log", sections, data.to_dict())
+        return budgeted(page, 0, "a run log's series", "watch fewer layers (layers=)")
     if fmt == Format.markdown:
         from hookcli.render.markdown import sections_markdown
 

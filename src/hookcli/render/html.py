@@ -72,7 +72,11 @@ def embed_image(image: Any) -> tuple[bytes, str, str | None]:
     png = encode(image, "PNG", optimize=True)
     if len(png) <= PICTURE_BYTES:
         return png, "image/png", None
-    rgb = image.convert("RGB")
+    from PIL import features
+
+    if not features.check("webp"):
+        return png, "image/png", "larger than a picture's share of the budget (no WebP here)"
+    rgb = image.convert("RGBA" if "A" in image.getbands() else "RGB")
     scale = 1.0
     while True:
         img = (
@@ -97,16 +101,16 @@ def budget(pictures: int) -> int:
     return BUDGET + pictures * PICTURE_BUDGET
 
 
-def over_budget(page: str, pictures: int, what: str) -> str | None:
-    """A note when the page is larger than its budget; `what` says what made it large."""
+def over_budget(page: str, pictures: int, what: str, advice: str) -> str | None:
+    """A note when the page is larger than its budget: `what` made it large, `advice` is what
+    makes it smaller."""
     size = len(page.encode("utf-8"))
     limit = budget(pictures)
     if size <= limit:
         return None
     return (
-        f"the HTML report is {size / MB:.1f} MB, over its {limit / MB:.1f} MB budget "
-        f"({what}); browsers open it, but it is heavy to share — select fewer layers (-l, "
-        "--depth) or drop --hist"
+        f"the HTML report is {size / MB:.2f} MB, over its {limit / MB:.2f} MB budget "
+        f"({what}); browsers open it, but it is heavy to share: {advice}"
     )
 
 
@@ -124,10 +128,11 @@ def _e(text: str) -> str:
 
 
 def data_script(data: dict[str, Any]) -> str:
-    """The JSON as a script element's text: compact, and `<` written as \\u003c so no string
-    in it can close the element (JSON.parse reads the same value back)."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    text = text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    """The JSON as a script element's text: compact, ASCII (a file name's undecodable bytes,
+    lone surrogates, are \\udcXX escapes, not bytes UTF-8 cannot hold), and `<` written as
+    \\u003c so no string in it can close the element (JSON.parse reads the same value back)."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = text.replace("<", "\\u003c")
     return f'<script type="application/json" id="hookcli-data">{text}</script>'
 
 
@@ -153,7 +158,7 @@ def page(title: str, kind: str, body: Iterable[str], data: dict[str, Any]) -> st
 def _link(name: str, call: int) -> str:
     from urllib.parse import quote
 
-    return f"#layer={quote(name, safe='')}&amp;call={call}"
+    return f"#layer={quote(name, safe='', errors='surrogatepass')}&amp;call={call}"
 
 
 def _line(line: Line) -> str:
@@ -423,20 +428,35 @@ def report_html(report: Report, pictures: Sequence[Picture] = ()) -> str:
     return page(title, "layers", out, report.to_dict())
 
 
+def report_budget(report: Report, pictures: Sequence[Picture]) -> tuple[str, str]:
+    """What makes a layers report's page large, and what makes it smaller."""
+    what = f"{len(report.layers)} layer calls" + (f", {len(pictures)} pictures" if pictures else "")
+    advice = "select fewer layers (-l, --depth)"
+    if rows.has_hist(report):
+        advice += ", drop --hist"
+    if pictures:
+        advice += ", embed fewer pictures"
+    return what, advice
+
+
 def _report_alerts(report: Report) -> list[tuple[str, str, str | None]]:
+    """The banner's lines; a link only to a call that is a row (an origin "after" the last
+    call, in the model's output, has none)."""
+    rows = {(c.name, c.call) for c in report.layers}
+
+    def link(layer: str | None, call: int | None) -> str | None:
+        if layer is None or call is None or (layer, call) not in rows:
+            return None
+        return _link(layer, call)
+
     alerts: list[tuple[str, str, str | None]] = [
-        ("bad", f"NaN/Inf first appeared — {o.describe()}", _link(o.layer, o.call))
+        ("bad", f"NaN/Inf first appeared — {o.describe()}", link(o.layer, o.call))
         for o in report.nonfinite_origins
     ]
     for c in report.checks:
         if c.passed:
             continue
-        first = c.first
-        href = (
-            _link(first.layer, first.call)
-            if first is not None and first.layer is not None and first.call is not None
-            else None
-        )
+        href = link(c.first.layer, c.first.call) if c.first is not None else None
         alerts.append(("bad", f"check failed: {c.rule}: {c.message}", href))
     if report.interrupted:
         alerts.append(("note", "interrupted: the report covers the images seen so far", None))

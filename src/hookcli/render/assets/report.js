@@ -9,8 +9,16 @@
   var data = JSON.parse(document.getElementById("hookcli-data").textContent);
   window.hookcliData = data;
   var table = document.getElementById("calls");
-  if (!table) {
+  function painted() {
     timing.ready = performance.now();
+    requestAnimationFrame(function () {
+      setTimeout(function () {
+        timing.paint = performance.now();
+      }, 0);
+    });
+  }
+  if (!table) {
+    painted();
     return;
   }
   var diff = document.body.classList.contains("kind-diff");
@@ -48,25 +56,71 @@
     });
     return e;
   }
-  // a number as the text formats print it (Python's .4g); the value itself from the JSON
+  // Numbers as the text formats print them (render/fmt.py), digit for digit: JavaScript rounds
+  // a tie up, Python to even, so a tie (exact in binary: 9698.5, 0.0625) is found in the
+  // value's longer expansion and rounded as Python does. The value itself is the JSON's.
+  var EXTRA = 22;
+  function tie(exact, keep) {
+    // exact: the digits with EXTRA more than `keep`; a tie when they are 5 then zeros
+    return exact.slice(keep) === "5" + new Array(EXTRA).join("0");
+  }
+  function sig(a, p) {
+    // |v| to p significant digits, half to even: [digits, exponent]
+    var m = a.toExponential(p - 1).split("e");
+    var digits = m[0].replace(".", ""), exp = +m[1];
+    var x = a.toExponential(p - 1 + EXTRA).split("e");
+    var all = x[0].replace(".", "");
+    if (tie(all, p) && +all[p - 1] % 2 === 0) {
+      digits = all.slice(0, p);
+      exp = +x[1];
+    }
+    return [digits, exp];
+  }
+  function pyG(v, p) {
+    // Python's format(v, ".{p}g")
+    var r = sig(Math.abs(v), p), d = r[0], e = r[1], out;
+    if (e < -4 || e >= p) {
+      var mant = d.length > 1 ? d[0] + "." + d.slice(1) : d;
+      mant = mant.indexOf(".") >= 0 ? mant.replace(/0+$/, "").replace(/\.$/, "") : mant;
+      out = mant + "e" + (e < 0 ? "-" : "+") + (Math.abs(e) < 10 ? "0" : "") + Math.abs(e);
+    } else {
+      out = e >= 0 ? d.slice(0, e + 1) + "." + d.slice(e + 1) : "0." + new Array(-e).join("0") + d;
+      out = out.replace(/0+$/, "").replace(/\.$/, "");
+    }
+    return (v < 0 ? "-" : "") + out;
+  }
+  function pyF(v, f) {
+    // Python's format(v, ".{f}f")
+    var a = Math.abs(v), s = a.toFixed(f), x = a.toFixed(f + EXTRA);
+    var cut = x.length - EXTRA, last = f ? cut - 1 : cut - 2;
+    if (tie(x, cut) && +x[last] % 2 === 0) s = x.slice(0, last + 1);
+    return (v < 0 || Object.is(v, -0) ? "-" : "") + s;
+  }
   function fmt(v) {
     if (v === null || v === undefined) return "\u2014";
     if (typeof v !== "number") return String(v);
     if (v === 0) return "0";
-    var a = Math.abs(v);
-    if (a >= 1e-4 && a < 1e4) return String(Number(v.toPrecision(4)));
-    var s = v.toExponential(3).replace(/\.?0+e/, "e");
-    return s.replace(/e([+-])(\d)$/, "e$10$2");
+    return pyG(v, 4);
   }
   function pct(v) {
     if (v === null || v === undefined) return "\u2014";
     if (v === 0) return "0%";
     if (v < 0.001) return "<0.1%";
-    return (v * 100).toFixed(1) + "%";
+    return pyF(v * 100, 1) + "%";
+  }
+  function db(v, rel) {
+    if (v === null || v === undefined) return rel === 0 ? "inf" : "\u2014";
+    return pyF(v, 1);
+  }
+  function signed(v) {
+    if (v === null || v === undefined) return "\u2014";
+    return v === 0 ? "0" : (v > 0 ? "+" : "") + pyG(v, 4);
   }
   function shape(s) {
     return s && s.length ? s.join("x") : "scalar";
   }
+
+  window.hookcliFormat = { fmt: fmt, pct: pct, db: db, signed: signed, fixed: pyF };
 
   // ------------------------------------------------------------ values by column key
   var PICK = {
@@ -96,7 +150,9 @@
     var dot = key.indexOf(".");
     var pick = PICK[key.slice(0, dot)];
     var obj = pick ? pick(r) : null;
-    var v = obj ? obj[key.slice(dot + 1)] : null;
+    var field = key.slice(dot + 1);
+    var v = obj ? obj[field] : null;
+    if (v === null && obj && field === "sqnr_db" && obj.rel_l2 === 0) return Infinity; // identical
     return v === undefined ? null : v;
   }
 
@@ -133,19 +189,23 @@
       if (ch === "*") out += ".*";
       else if (ch === "?") out += ".";
       else if (ch === "[") {
-        var end = text.indexOf("]", i + 1);
-        if (end < 0) out += "\\[";
+        // as fnmatch: [!…] negates, a ] first in the class is a member, no closing ] is a [
+        var j = i + 1;
+        if (text[j] === "!") j++;
+        if (text[j] === "]") j++;
+        while (j < text.length && text[j] !== "]") j++;
+        if (j >= text.length) out += "\\[";
         else {
-          var body = text.slice(i + 1, end).replace(/\\/g, "\\\\");
+          var body = text.slice(i + 1, j).replace(/\\/g, "\\\\").replace(/]/g, "\\]");
           if (body[0] === "!") body = "^" + body.slice(1);
           else if (body[0] === "^") body = "\\^" + body.slice(1); // fnmatch: a literal ^
           out += "[" + body + "]";
-          i = end;
+          i = j;
         }
       } else out += ch.replace(/[.+^${}()|\\\/]/g, "\\$&");
     }
     try {
-      return new RegExp("^" + out + "$");
+      return new RegExp("^" + out + "$", "s"); // s: * spans any character, as in fnmatch
     } catch (e) {
       return /^$/;
     }
@@ -157,9 +217,9 @@
     var bad = fBad.checked;
     var n = 0;
     trs.forEach(function (tr) {
-      var name = tr.getAttribute("data-layer");
-      var ok = !text || (re ? re.test(name) : name.indexOf(text) >= 0);
-      ok = ok && (!type || tr.getAttribute("data-type") === type);
+      var r = recs[+tr.getAttribute("data-i")];
+      var ok = !text || (re ? re.test(r.name) : r.name.indexOf(text) >= 0);
+      ok = ok && (!type || r.type === type);
       ok = ok && (!bad || tr.classList.contains("bad"));
       tr.hidden = !ok;
       if (ok) n++;
@@ -245,8 +305,9 @@
     return el("section", null, [el("h4", { text: title })].concat(ts.map(function (t) {
       var pairs = diff
         ? [["shape", shape(t.shape)], ["max|\u0394|", fmt(t.max_abs)], ["rel L2", fmt(t.rel_l2)],
-           ["own L2", fmt(t.own_rel_l2)], ["cosine", fmt(t.cosine)], ["SQNR dB", fmt(t.sqnr_db)],
-           ["norm \u0394", fmt(t.norm_rel)], ["not finite", String(t.nonfinite)],
+           ["own L2", fmt(t.own_rel_l2)], ["cosine", t.cosine === null ? "\u2014" : pyF(t.cosine, 6)],
+           ["SQNR dB", db(t.sqnr_db, t.rel_l2)], ["norm \u0394", signed(t.norm_rel)],
+           ["not finite", String(t.nonfinite)],
            ["over tol", t.over ? "yes" : "no"]]
         : [["shape", shape(t.shape)], ["dtype", t.dtype], ["mean", fmt(t.mean)], ["std", fmt(t.std)],
            ["min", fmt(t.min)], ["max", fmt(t.max)], ["zeros", pct(t.zeros)], ["norm", fmt(t.norm)],
@@ -292,8 +353,10 @@
       parts.push(paramBlock(r.params));
       if (r.profile) {
         parts.push(el("section", null, [el("h4", { text: "profile" }), kv([
-          ["total ms", fmt(r.profile.forward_ms)], ["self ms", fmt(r.profile.self_ms)],
-          ["backward ms", fmt(r.profile.backward_ms)], ["FLOPs", fmt(r.profile.flops)],
+          ["total ms", pyF(r.profile.forward_ms, 3)],
+          ["self ms", r.profile.self_ms === null ? "\u2014" : pyF(r.profile.self_ms, 3)],
+          ["backward ms", r.profile.backward_ms === null ? "\u2014" : pyF(r.profile.backward_ms, 3)],
+          ["FLOPs", fmt(r.profile.flops)],
           ["output bytes", fmt(r.profile.output_bytes)]
         ])]));
       }
@@ -321,8 +384,12 @@
     if (scroll) tr.scrollIntoView({ block: "center" });
     showDetail(+tr.getAttribute("data-i"));
   }
+  function rec(tr) {
+    return recs[+tr.getAttribute("data-i")];
+  }
   function link(tr) {
-    return "#layer=" + encodeURIComponent(tr.getAttribute("data-layer")) + "&call=" + tr.getAttribute("data-call");
+    var r = rec(tr);
+    return "#layer=" + encodeURIComponent(r.name) + "&call=" + r.call;
   }
   function follow() {
     var hash = location.hash.slice(1);
@@ -330,7 +397,7 @@
     var q = new URLSearchParams(hash);
     var name = q.get("layer"), call = q.get("call") || "0";
     var tr = trs.filter(function (x) {
-      return x.getAttribute("data-layer") === name && x.getAttribute("data-call") === call;
+      return rec(x).name === name && String(rec(x).call) === call;
     })[0];
     status.hidden = !!tr;
     if (!tr) {
@@ -353,7 +420,10 @@
 
   // ------------------------------------------------------------ module tree
   var metrics = diff
-    ? [["b.rel_l2", "error (rel L2)"], ["b.own_rel_l2", "own error (rel L2)"], ["b.max_abs", "max|\u0394|"], ["nonfinite", "not finite"]]
+    ? [["b.rel_l2", data.ref ? "error of B (rel L2)" : "error (rel L2)"]]
+        .concat(data.ref ? [["a.rel_l2", "error of A (rel L2)"]] : [])
+        .concat(data.isolate ? [] : [["b.own_rel_l2", "own error (rel L2)"]])
+        .concat([["b.max_abs", "max|\u0394|"], ["nonfinite", "not finite"]])
     : [["out.std", "std"], ["out.zeros", "zeros"], ["nonfinite", "NaN/Inf"], ["gout.norm", "gradient norm"], ["prof.forward_ms", "time (ms)"], ["out.norm", "output norm"]];
   metrics = metrics.filter(function (m) {
     return recs.some(function (r) { return value(r, m[0]) !== null; });
@@ -411,7 +481,14 @@
       var lo = pos.length ? Math.min.apply(null, pos.map(f)) : 0;
       var hi = pos.length ? Math.max.apply(null, pos.map(f)) : 1;
       var min = pos.length ? Math.min.apply(null, pos) : null, max = pos.length ? Math.max.apply(null, pos) : null;
-      legend.textContent = " " + fmt(min) + " \u2192 " + fmt(max) + (log ? " (log scale)" : "") + "; a module: the largest of its calls and of the modules in it";
+      var tol = diff && /rel_l2$/.test(key) && data.tol > 0 ? data.tol : null;
+      if (tol !== null) {
+        // an error is coloured against the tolerance: red at or past it, whatever the spread
+        hi = f(tol);
+        lo = Math.min(lo, hi - 3);
+      }
+      legend.textContent = " " + fmt(min) + " \u2192 " + fmt(max) + (log ? " (log scale" + (vals.length > pos.length ? "; 0 drawn as the least" : "") + ")" : "") +
+        (tol !== null ? "; red: at or past tol " + fmt(tol) : "") + "; a module: the largest of its calls and of the modules in it";
       function colour(v) {
         if (v === null) return "";
         if (key === "nonfinite") return v > 0 ? "hsl(0,80%,75%)" : "hsl(120,40%,88%)";
@@ -423,7 +500,8 @@
         var label = el("span", { className: "node", text: node.label });
         if (node.type) label.appendChild(el("small", { text: " " + node.type }));
         var val = el("small", { className: "val", text: " " + fmt(node.value) });
-        var row = el("div", { className: "tree-row", "data-name": node.name }, [label, val]);
+        var row = el("div", { className: "tree-row", "data-name": safe(node.name) }, [label, val]);
+        row.__name = node.name;
         var c = colour(node.own !== null ? node.own : node.value);
         if (c) row.style.background = c;
         if (node.own === null) row.classList.add("inner");
@@ -445,8 +523,8 @@
     treeBox.addEventListener("click", function (ev) {
       var row = ev.target.closest(".tree-row");
       if (!row) return;
-      var name = row.getAttribute("data-name");
-      var tr = trs.filter(function (x) { return x.getAttribute("data-layer") === name; })[0];
+      var name = row.__name;
+      var tr = trs.filter(function (x) { return rec(x).name === name; })[0];
       if (tr) {
         ev.preventDefault();
         history.replaceState(null, "", link(tr));
@@ -460,10 +538,5 @@
 
   applyFilter();
   follow();
-  timing.ready = performance.now();
-  requestAnimationFrame(function () {
-    setTimeout(function () {
-      timing.paint = performance.now();
-    }, 0);
-  });
+  painted();
 })();
