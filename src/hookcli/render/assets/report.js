@@ -494,6 +494,10 @@
         if (key === "nonfinite") return v > 0 ? "hsl(0,80%,75%)" : "hsl(120,40%,88%)";
         var t = hi > lo ? (f(v) - lo) / (hi - lo) : 0.5;
         t = Math.min(1, Math.max(0, t));
+        if (tol !== null) {
+          // under tol: blue to amber; at or past it: red, apart from the scale
+          return v >= tol ? "hsl(0,85%,62%)" : "hsl(" + Math.round(220 - 175 * t) + ",75%," + Math.round(88 - 14 * t) + "%)";
+        }
         return "hsl(" + Math.round(220 - 220 * t) + ",75%," + Math.round(88 - 28 * t) + "%)";
       }
       function render(node) {
