@@ -158,6 +158,10 @@ def diff(
                     own=p["own"],
                 )
         fmt_ = output_format(p["fmt"], dest)
+        from hookcli.runtime.ranks import writer
+
+        if not writer():  # under torchrun every rank runs the diff; rank 0 writes it
+            raise typer.Exit(1 if report.failed else 0)
         emit(render(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or to_file(dest):

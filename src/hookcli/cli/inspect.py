@@ -268,6 +268,13 @@ def run_command(ctx: typer.Context, command: str) -> None:
         backward=None if command == "inspect" else pick(BackwardOptions, p),
     )
     report = run(command, inv, rules, batching=pick(Batching, p), running=_running(name))
+    from hookcli.runtime.ranks import writer
+
+    if not writer():  # torchrun: every rank holds the merged report, rank 0 writes it
+        code = exit_code(report)
+        if code:
+            raise typer.Exit(code)
+        return
     pictures = []
     if specs:
         from hookcli.cli.pictures import draw_pictures

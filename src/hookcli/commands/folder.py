@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
+from hookcli.commands import shards
 from hookcli.commands.inspect import (
     label_layouts,
     model_info,
@@ -143,44 +144,105 @@ def folder_report(
         raise UsageError(f"--workers must be 0 or more, got {folder.workers}.", "e.g. --workers 2")
     paths = [str(p) for p in inv.inputs.items]
     files = image_files(paths)[: folder.limit]
+    group = shards.join()  # torchrun: this rank's share of the batches
+    try:
+        return _folder_report(inv, folder, files=files, paths=paths, group=group, progress=progress)
+    finally:
+        shards.leave(group)
+
+
+def _folder_report(
+    inv: Invocation,
+    folder: FolderOptions,
+    *,
+    files: list[ImageFile],
+    paths: list[str],
+    group: shards.Group | None,
+    progress: Callable[[int, int], None] | None,
+) -> Report:
     prepared = prepare(inv.model, inv.selection, None)
     loaded = prepared.loaded
     preprocess = loaded.preprocess or imagenet_preprocess(loaded.input_size or (224, 224))
+    batch = folder.batch_size
+    total = -(-len(files) // batch)
+    mine = group.batches(total) if group is not None else list(range(total))
+    index = [i for k in mine for i in range(k * batch, min((k + 1) * batch, len(files)))]
     loader = DataLoader(
-        ImageFiles(files, preprocess),
-        batch_size=folder.batch_size,
+        ImageFiles([files[i] for i in index], preprocess),
+        batch_size=batch,
         num_workers=folder.workers,
         collate_fn=_collate,
         shuffle=False,
     )
     run = _FolderRun(prepared, inv.run)
+    part = shards.Part(group.rank if group else 0, run.agg, run.model_out, run.counts, {})
     skipped: list[tuple[str, str]] = []
-    interrupted = False
-    predictions: list[Prediction] = []
     prediction_note: str | None = None
+    edges_shared = group is None or not run.hist
     try:
-        for tensors, indexes, failed in loader:
+        for j, (tensors, local, failed) in enumerate(loader):
+            k = mine[j]
+            if not edges_shared and group is not None and group.rank != 0:
+                shards.share_edges(group, run.edges, prepared.device)  # batch 0's, from rank 0
+                edges_shared = True
             for i, why in failed:
-                skip_or_raise(files[i], why, inv.inputs.strict, skipped)
+                skip_or_raise(files[index[i]], why, inv.inputs.strict, skipped)
+                part.skipped.append((index[i], *skipped[-1]))
             if tensors:
-                chosen = [files[i] for i in indexes]
-                output = run.batch(tensors, chosen)
+                chosen = [files[index[i]] for i in local]
+                output = run.batch(tensors, chosen, k)
                 if folder.per_image:
                     model_input = ModelInput(
                         (), "", [f.name for f in chosen], classes=[f.folder_class for f in chosen]
                     )
                     preds, prediction_note = predict(output, loaded, folder.per_image, model_input)
-                    for pr in preds or []:
-                        pr.image += run.seen - len(tensors)
-                    predictions.extend(preds or [])
+                    part.predictions += [(k, pr.image, pr) for pr in preds or []]
+            part.seen[k] = len(tensors)  # after its pass: an interrupted batch is not counted
+            if not edges_shared and group is not None and group.rank == 0:
+                shards.share_edges(group, run.edges, prepared.device)
+                edges_shared = True
             if progress is not None:
-                progress(run.seen + len(skipped), len(files))
+                progress(run.seen + len(skipped), len(index))
     except KeyboardInterrupt:
-        interrupted = True
+        part.interrupted = True
+    if not edges_shared and group is not None:  # a rank with no batch still takes part
+        shards.share_edges(group, run.edges, prepared.device)
+    part.nonfinite, part.origins = run.nonfinite_images, run.origins_at
+    part.notes, part.unhooked, part.timing, part.shape = (
+        run.notes,
+        run.unhooked,
+        run.timing,
+        run.shape,
+    )
+    parts = shards.gather(part, group) if group is not None else [part]
+    run.absorb(parts)
+    skipped = [(name, why) for _, name, why in sorted(x for p in parts for x in p.skipped)]
+    interrupted = any(p.interrupted for p in parts)
+    offsets = _offsets(parts)
+    predictions: list[Prediction] = []
+    for k, pos, pr in sorted(
+        (x for p in parts for x in p.predictions), key=lambda x: (x[0], x[1], x[2].rank)
+    ):
+        pr.image = offsets[k] + pos
+        predictions.append(pr)
+    images: list[ImageNonfinite] = []
+    for k, b in sorted((x for p in parts for x in p.nonfinite), key=lambda x: (x[0], x[1].image)):
+        b.image += offsets[k]
+        images.append(b)
+    earliest = min((p.origins for p in parts if p.origins), key=lambda o: o[0], default=None)
+    if earliest is not None:
+        k, n, run.origins = earliest
+        run.origins_batch = (k, offsets[k], offsets[k] + n - 1)
     notes = [
         "statistics are over all images"
         + ("" if folder.per_image else "; add --per-image K for each image's top-K predictions")
     ]
+    if group is not None:
+        share = ", ".join(f"rank {p.rank}: {sum(p.seen.values())}" for p in parts)
+        notes.append(
+            f"torchrun: {group.world} processes ({group.backend}), each on its own batches "
+            f"(batch k on rank k mod {group.world}); images read by {share}"
+        )
     notes += prepared.notes + run.notes  # modules hooks cannot see; how the passes ran
     if run.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in list(run.unhooked.items())[:5])
@@ -195,6 +257,8 @@ def folder_report(
         )
     if interrupted:
         notes.append(f"interrupted after {run.seen} of {len(files)} images: partial statistics")
+    if group is not None:
+        run.batches = sum(len(p.seen) for p in parts)
     if run.seen == 0 and not interrupted:
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
@@ -205,7 +269,8 @@ def folder_report(
     report = Report(
         model=model_info(loaded, inv.run.train, prepared.seed),
         input=InputInfo(
-            f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}",
+            f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}"
+            + (f" over {group.world} processes" if group is not None else ""),
             [(run.seen, *run.shape)] if run.shape else [],
             [],
             loaded.preprocess_label,
@@ -219,7 +284,7 @@ def folder_report(
         ],
         outputs=run.model_out.tensors("(model)", 0, "outputs"),
         nonfinite_origins=run.origins,
-        nonfinite_images=run.nonfinite_images,
+        nonfinite_images=images,
         predictions=predictions if folder.per_image else None,
         prediction_note=prediction_note,
         notes=notes,
@@ -229,6 +294,16 @@ def folder_report(
     )
     report.interrupted = interrupted
     return report
+
+
+def _offsets(parts: Sequence[shards.Part]) -> dict[int, int]:
+    """Each global batch's first image's place in the run: the images read before it."""
+    seen = sorted((k, n) for p in parts for k, n in p.seen.items())
+    offsets, total = {}, 0
+    for k, n in seen:
+        offsets[k] = total
+        total += n
+    return offsets
 
 
 def _nonfinite(call: LayerCall) -> bool:
@@ -252,12 +327,15 @@ class _FolderRun:
         self.shape: tuple[int, ...] | None = None
         self.edges: dict[Any, tuple[Any, Any]] = {}  # histogram edges, fixed by batch one
         self.notes: list[str] = []  # each distinct note of the passes, once
-        self.nonfinite_images: list[ImageNonfinite] = []
+        self.nonfinite_images: list[tuple[int, ImageNonfinite]] = []  # global batch, image
         self.origins: list[Origin] = []  # in the first batch that showed NaN/Inf
         self.origins_batch: tuple[int, int, int] | None = None  # its index, first/last image
+        self.origins_at: tuple[int, int, list[Origin]] | None = None  # global batch, size, origins
         self.unhooked: dict[str, str] = {}  # targets that refused hooks, and why
 
-    def batch(self, tensors: list[torch.Tensor], files: list[ImageFile]) -> Any:
+    def batch(self, tensors: list[torch.Tensor], files: list[ImageFile], k: int) -> Any:
+        """Global batch k: its pass, merged into the running statistics; its images' NaN/Inf
+        rows and origins kept by (k, place in the batch), placed when the run ends."""
         prepared = self.prepared
         loaded = prepared.loaded
         shapes = {tuple(t.shape) for t in tensors}
@@ -286,15 +364,14 @@ class _FolderRun:
             measure(collector, result.output, "out", out_stats)
             by_image = nonfinite_by_image(model_input, result.output, rows)
         collector.finalize()
-        for b in by_image:  # which image: its place in the whole run, its file
+        for b in by_image:  # which image: its file, its place in the batch
             b.source = files[b.image].name
-            b.image += self.seen
-        self.nonfinite_images += by_image
+        self.nonfinite_images += [(k, b) for b in by_image]
         if not self.origins and (by_image or any(_nonfinite(p.call) for p in session.calls)):
             # the first batch that shows NaN/Inf: where they first appeared in it
             self.origins = origins_of(prepared, session, out_stats)
             if self.origins:
-                self.origins_batch = (self.batches, self.seen, self.seen + len(tensors) - 1)
+                self.origins_at = (k, len(tensors), self.origins)
         self.unhooked.update(session.unhooked)
         for note in result.notes:
             if note not in self.notes:
@@ -311,6 +388,26 @@ class _FolderRun:
         self.seen += len(tensors)
         self.batches += 1
         return result.output
+
+    def absorb(self, parts: Sequence[shards.Part]) -> None:
+        """Every rank's part merged into this run (one part: this run's own, as it is)."""
+        self.seen = sum(n for p in parts for n in p.seen.values())
+        if len(parts) == 1:
+            return
+        agg, out = Aggregate(), Aggregate()
+        for p in parts:
+            agg.absorb(p.agg)
+            out.absorb(p.model_out)
+        self.agg, self.model_out = agg, out
+        self.counts = [sum(c) for c in zip(*(p.counts for p in parts), strict=True)]
+        self.notes = list(dict.fromkeys(n for p in parts for n in p.notes))
+        self.unhooked = {k: v for p in parts for k, v in p.unhooked.items()}
+        self.shape = next((p.shape for p in parts if p.shape), None)
+        timing = ProfileSum()
+        for p in parts:
+            if p.timing is not None and p.timing.profile is not None:
+                timing.add(p.timing.profile, p.timing.by_call)
+        self.timing = timing
 
     def layer_calls(self) -> list[LayerCall]:
         aliases = {t.name: t.aliases for t in self.prepared.targets}

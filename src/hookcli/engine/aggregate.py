@@ -131,6 +131,17 @@ class Aggregate:
                 acc = self.acc[key] = Accumulator(t.path, t.dtype, t.shape[1:])
             acc.add(t)
 
+    def absorb(self, other: Aggregate) -> None:
+        """Another process's aggregate merged in (its calls after this one's, in its order)."""
+        for call in other.order:
+            self.order.setdefault(call, None)
+        self.types.update(other.types)
+        for key, acc in other.acc.items():
+            mine = self.acc.get(key)
+            if mine is None:
+                mine = self.acc[key] = Accumulator(acc.path, acc.dtype, acc.sample_shape)
+            mine.merge(acc)
+
     def tensors(self, name: str, call: int, kind: str) -> list[TensorStats]:
         return [
             a.stats() for (n, c, k, _), a in self.acc.items() if (n, c, k) == (name, call, kind)

@@ -1,0 +1,134 @@
+"""A folder run under a real torchrun (two processes, gloo, CPU): each rank reads its own
+batches, rank 0 writes one merged report, and it equals the report of one process over the
+same folder — statistics within 1e-9 relative, counts and histograms exact, per-image rows and
+NaN/Inf rows in order, unreadable images listed once."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageOps
+
+from tests.conftest import CAT, COFFEE
+from tests.test_watch_ddp import _free_port, _run
+
+
+def _folder(tmp_path: Path) -> Path:
+    """Seven distinct images (two subfolders: an ImageFolder tree) and one unreadable file."""
+    folder = tmp_path / "images"
+    for sub in ("cats", "cups"):
+        (folder / sub).mkdir(parents=True)
+    for i in range(4):
+        img = Image.open(CAT).convert("RGB").rotate(15 * i)
+        img.save(folder / "cats" / f"{i}.png")
+    for i in range(3):
+        img = ImageOps.mirror(Image.open(COFFEE).convert("RGB")) if i % 2 else Image.open(COFFEE)
+        img.convert("RGB").resize((200 + 20 * i, 180)).save(folder / "cups" / f"{i}.jpeg")
+    (folder / "cups" / "broken.jpeg").write_bytes(b"not an image")
+    return folder
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    """Equal structure; floats within 1e-9 relative; everything else exact."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+@pytest.mark.slow
+def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    folder = _folder(tmp_path)
+    args = [
+        "inspect", "resnet18", str(folder), "-l", "layer4.*", "-l", "fc", "--batch-size", "2",
+        "--hist", "--per-image", "2", "-f", "json",
+    ]  # fmt: skip
+    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    ]  # fmt: skip
+    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
+    single = json.loads((tmp_path / "single.json").read_text())
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing, not even a temp file
+    # what differs, and must: how the run was spread
+    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
+    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
+    assert merged["input"]["description"].endswith("over 2 processes")
+    assert merged["input"]["description"].startswith("7 images")
+    for report in (single, merged):
+        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
+        report["input"]["description"] = report["input"]["description"].removesuffix(
+            " over 2 processes"
+        )
+    assert any("broken.jpeg" in n for n in merged["notes"])  # skipped once, by its rank
+    _close(merged, single)  # statistics, histograms, counts, predictions in order, notes
+    hist = merged["layers"][0]["outputs"][0]["hist"]
+    assert hist is not None and sum(hist["counts"]) > 0  # batch 0's edges served every rank
+    images = [p["source"] for p in merged["predictions"] if p["rank"] == 1]
+    assert images == sorted(images) and len(images) == 7
+
+
+def _api_rank(rank: int, folder: str, port: int, out: str) -> None:
+    """One rank of a process group the caller initialised: the API runs its share and returns
+    the merged report."""
+    import os
+
+    import torch.distributed as dist
+
+    import hookcli
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        report = hookcli.inspect(
+            "resnet18", folder, layers=["layer4.1.*"], batch_size=2, hist=True, per_image=1
+        )
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report.to_dict()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_api_inside_a_process_group_merges_on_every_rank(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    import hookcli
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    folder = _folder(tmp_path)
+    mp.start_processes(
+        _api_rank, (str(folder), _free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1]  # every rank holds the merged report
+    one = hookcli.inspect(
+        "resnet18", str(folder), layers=["layer4.1.*"], batch_size=2, hist=True, per_image=1
+    ).to_dict()
+    merged = ranks[0]
+    assert any(n.startswith("torchrun: 2 processes (gloo)") for n in merged["notes"])
+    for report in (one, merged):
+        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
+        report["input"]["description"] = report["input"]["description"].removesuffix(
+            " over 2 processes"
+        )
+    _close(merged, json.loads(json.dumps(one)))
