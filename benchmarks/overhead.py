@@ -4,10 +4,11 @@ Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval)
 (a, d) also vit_b_16 batch 2 and timm's vit_small_patch16_224 batch 4:
 
 (a) time: `hookcli.inspect` with full statistics on every leaf module (inputs and outputs)
-    ÷ plain `model(x)` under no_grad. Variants run interleaved, round after round, and the
-    ratio is of medians, so machine noise hits both sides alike. For reference it also
-    times the same statistics with torch ops instead of the fused kernel, and a typical
-    hand-written hook script calling `.item()` per statistic;
+    ÷ plain `model(x)` under no_grad, and torchinfo's shapes-only `summary` beside it (the same
+    rounds, when torchinfo is installed: the test extra has it). Variants run interleaved,
+    round after round, and the ratio is of medians, so machine noise hits both sides alike.
+    For reference it also times the same statistics with torch ops instead of the fused
+    kernel, and a typical hand-written hook script calling `.item()` per statistic;
 (b) memory: peak RSS growth during the same runs, each variant in a fresh subprocess, as a
     ratio to the plain forward's;
 (c) `hookcli --help` wall time, and whether torch was imported;
@@ -25,6 +26,7 @@ Usage: python benchmarks/overhead.py [--rounds N] [--quick]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -100,9 +102,16 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
                 h.remove()
         return rows
 
+    def torchinfo_summary() -> object:
+        # the shapes-only tool (issue 19: hookcli should not lose to it): its own hooks, one pass
+        import torchinfo
+
+        return torchinfo.summary(model, input_data=x, device="cpu", verbose=0)
+
     return {
         "plain": plain,
         "hookcli": hookcli_fused,
+        "torchinfo summary (shapes only)": torchinfo_summary,
         "hookcli (torch ops)": hookcli_torch_ops,
         "hand-written .item() hooks": item_script,
     }
@@ -131,8 +140,12 @@ def time_case(name: str, batch: int, rounds: int) -> dict[str, float]:
     against its own plain runs, so their large allocations do not disturb the main pair."""
     model, x = _build(name, batch)
     variants = _variants(model, x)
-    main = interleaved({k: variants[k] for k in ("plain", "hookcli")}, rounds)
-    out = {"hookcli": main["hookcli"] / main["plain"], "plain_ms": main["plain"] * 1e3}
+    names = ["plain", "hookcli"]
+    if importlib.util.find_spec("torchinfo") is not None:  # in the test extra
+        names.append("torchinfo summary (shapes only)")
+    main = interleaved({k: variants[k] for k in names}, rounds)  # side by side, one process
+    out = {k: main[k] / main["plain"] for k in names[1:]}
+    out["plain_ms"] = main["plain"] * 1e3
     for ref in ("hookcli (torch ops)", "hand-written .item() hooks"):
         pair = interleaved({"plain": variants["plain"], ref: variants[ref]}, max(3, rounds // 3))
         out[ref] = pair[ref] / pair["plain"]
