@@ -283,7 +283,6 @@ def draw_pictures(
     from dataclasses import replace
 
     from hookcli import commands
-    from hookcli.errors import UsageError
     from hookcli.inputs.images import expand_paths
     from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
     from hookcli.render.html import Picture, embed_image

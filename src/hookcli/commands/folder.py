@@ -257,8 +257,6 @@ def _folder_report(
         )
     if interrupted:
         notes.append(f"interrupted after {run.seen} of {len(files)} images: partial statistics")
-    if group is not None:
-        run.batches = sum(len(p.seen) for p in parts)
     if run.seen == 0 and not interrupted:
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
@@ -399,6 +397,7 @@ class _FolderRun:
             agg.absorb(p.agg)
             out.absorb(p.model_out)
         self.agg, self.model_out = agg, out
+        self.batches = sum(len(p.seen) for p in parts)
         self.counts = [sum(c) for c in zip(*(p.counts for p in parts), strict=True)]
         self.notes = list(dict.fromkeys(n for p in parts for n in p.notes))
         self.unhooked = {k: v for p in parts for k, v in p.unhooked.items()}
