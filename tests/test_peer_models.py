@@ -492,18 +492,18 @@ def test_a_forward_that_cannot_differentiate_names_the_cause() -> None:
 # ---------------------------------------------------------------- 6. constants
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("backend", ["kernel", "auto", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [3, 1000, 100_000])
 @pytest.mark.parametrize("nan", [False, True])
 def test_a_constant_tensor_has_exactly_zero_std(
-    fused: bool, dtype: torch.dtype, n: int, nan: bool
+    backend: str, dtype: torch.dtype, n: int, nan: bool
 ) -> None:
     x = torch.full((n,), 0.1, dtype=dtype)
     if nan:  # NaN/Inf elements are left out of the moments: the rest is still a constant
         x[: n // 3] = float("nan")
         x[-1] = float("inf")
-    collector = StatsCollector(fused=fused)
+    collector = StatsCollector(backend=backend)
     stats = collector.add(x, "x")
     collector.finalize()
     finite = x.double()[torch.isfinite(x.double())]

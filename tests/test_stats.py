@@ -63,11 +63,11 @@ def _cases() -> dict[str, torch.Tensor]:
 CASES = _cases()
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch-ops"])
+@pytest.mark.parametrize("backend", ["kernel", "auto", "torch"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_stats_match_float64_oracle(name: str, fused: bool) -> None:
+def test_stats_match_float64_oracle(name: str, backend: str) -> None:
     t = CASES[name]
-    collector = StatsCollector(fused=fused)
+    collector = StatsCollector(backend=backend)
     got = collector.add(t, "x")
     collector.finalize()
     assert got.shape == tuple(t.shape)
@@ -80,24 +80,65 @@ def test_quantized_and_complex_say_what_was_measured() -> None:
     assert "magnitude" in (tensor_stats(CASES["complex64"]).note or "")
 
 
-def test_the_kernel_is_actually_used_for_float32() -> None:
+def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[torch.Tensor]:
+    calls: list[torch.Tensor] = []
+    original = getattr(stats_mod, name)
+
+    def spy(x: torch.Tensor, *rest: object) -> object:
+        calls.append(x)
+        return original(x, *rest)
+
+    monkeypatch.setattr(stats_mod, name, spy)
+    return calls
+
+
+def test_the_kernel_is_actually_used_for_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     if stats_mod.kernels() is None:
         pytest.skip("numba unavailable")
-    calls = []
-    original = stats_mod._torch_row
+    torch_ops = _spy(monkeypatch, "_torch_row") + _spy(monkeypatch, "_cpu_row")
+    for name in ("relu big", "nonfinite big", "ill-conditioned"):
+        collector = StatsCollector(backend="kernel")
+        collector.add(CASES[name], "x")
+        collector.finalize()
+    assert torch_ops == []
 
-    def spy(x: torch.Tensor) -> torch.Tensor:
-        calls.append(x)
-        return original(x)
 
-    stats_mod._torch_row = spy  # type: ignore[assignment]
-    try:
-        tensor_stats(CASES["relu big"])
-        tensor_stats(CASES["nonfinite big"])
-        tensor_stats(CASES["ill-conditioned"])
-    finally:
-        stats_mod._torch_row = original  # type: ignore[assignment]
-    assert calls == []
+def test_auto_measures_with_torch_until_the_kernels_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single image's activations never load numba; past _KERNEL_AFTER bytes the collector
+    switches to the kernels, and the figures before and after agree to rounding."""
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    t = CASES["relu big"]
+    monkeypatch.setattr(stats_mod, "_KERNEL_AFTER", 2 * t.numel() * 4)
+    fast = _spy(monkeypatch, "_cpu_row")
+    fused = _spy(monkeypatch, "_fused_row")
+    collector = StatsCollector()
+    got = [collector.add(t.clone(), f"x{i}") for i in range(4)]
+    collector.finalize()
+    assert len(fast) == 2 and len(fused) == 2
+    for a in got[1:]:
+        for key in ("mean", "std", "min", "max", "zeros", "norm"):
+            assert getattr(a, key) == pytest.approx(getattr(got[0], key), rel=1e-13, abs=0)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if CASES[n].is_floating_point()])
+def test_the_torch_ops_and_the_kernel_agree_to_rounding(name: str) -> None:
+    """Whichever path measured a tensor, its figures agree far below any printed digit: a
+    report does not depend on how much the process had measured before."""
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    rows = []
+    for backend in ("kernel", "torch"):
+        collector = StatsCollector(backend=backend)
+        rows.append(collector.add(CASES[name], "x"))
+        collector.finalize()
+    a, b = rows
+    assert (a.nan, a.inf, a.zeros, a.min, a.max) == (b.nan, b.inf, b.zeros, b.min, b.max)
+    for key in ("mean", "std", "norm"):
+        x, y = getattr(a, key), getattr(b, key)
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x == pytest.approx(y, rel=1e-12, abs=1e-300), key
 
 
 def test_a_tensor_seen_twice_unchanged_is_measured_once() -> None:
@@ -134,15 +175,15 @@ def test_the_collector_keeps_no_tensor_alive() -> None:
     c.finalize()
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch-ops"])
+@pytest.mark.parametrize("backend", ["kernel", "auto", "torch"])
 @pytest.mark.parametrize(
     "name", ["randn", "relu big", "nonfinite big", "float16", "int64", "all zero"]
 )
-def test_histogram_counts_match_numpy_on_float64(name: str, fused: bool) -> None:
+def test_histogram_counts_match_numpy_on_float64(name: str, backend: str) -> None:
     import numpy as np
 
     t = CASES[name]
-    collector = StatsCollector(fused=fused, hist_bins=12)
+    collector = StatsCollector(backend=backend, hist_bins=12)
     got = collector.add(t, "x")
     collector.finalize()
     assert got.hist is not None

@@ -305,3 +305,40 @@ def test_the_working_directory_is_importable_from_the_console_script() -> None:
                        text=True, cwd=ROOT, env=env, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "boom" in r.stdout
+
+
+ATEXIT_MODEL = """
+import atexit, os
+from torch import nn
+
+def _mark():
+    with open(os.environ["HOOKCLI_TEST_MARK"], "w") as f:
+        f.write("ran")
+
+atexit.register(_mark)
+
+class Deep(nn.Sequential):
+    def __init__(self):
+        super().__init__(*[nn.Linear(4, 4) for _ in range(300)])
+"""
+
+
+@pytest.mark.parametrize("supervised", [True, False], ids=["worker", "in-process"])
+def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path: Path, supervised: bool) -> None:
+    """The CLI ends a torch process with os._exit (no ~0.7 s teardown): a piped output far
+    larger than the pipe's buffer still arrives whole, the exit code is the command's, and the
+    atexit handlers still run (logging, multiprocessing, a model's own)."""
+    (tmp_path / "atexit_model.py").write_text(ATEXIT_MODEL)
+    mark = tmp_path / "mark"
+    env = {"HOOKCLI_TEST_MARK": str(mark)}
+    if not supervised:
+        env["HOOKCLI_NO_SUPERVISOR"] = "1"
+    r = hookcli("inspect", "atexit_model:Deep", "-i", "randn:2x4", "-f", "json", cwd=tmp_path,
+                env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout) > 1 << 17
+    assert len(json.loads(r.stdout)["layers"]) == 300
+    assert mark.read_text() == "ran"
+    failing = hookcli("check", "atexit_model:Deep", "-i", "randn:2x4", "--max-abs", "1e-9",
+                      cwd=tmp_path, env=env)  # fmt: skip
+    assert failing.returncode == 1, failing.stderr

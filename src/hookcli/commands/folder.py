@@ -352,7 +352,11 @@ class _FolderRun:
             if self.run.profile
             else None
         )
-        collector = StatsCollector(hist_bins=self.hist, hist_edges=self.edges)
+        collector = StatsCollector(  # a folder repays loading the kernels at once
+            backend="kernel" if self.run.stats_backend == "auto" else self.run.stats_backend,
+            hist_bins=self.hist,
+            hist_edges=self.edges,
+        )
         session = HookSession(prepared.targets, collector)
         # which image holds NaN/Inf: the input counted before the pass (a model may change it)
         rows = nonfinite_rows(model_input.forward_values(), len(tensors), "in")

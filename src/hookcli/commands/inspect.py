@@ -91,7 +91,7 @@ def _one_run(
     loaded, model_input = prepared.loaded, prepared.model_input
     assert model_input is not None
     backward = prepared.backward is not None
-    collector = StatsCollector(fused=run.stats_backend != "torch", hist_bins=run.hist)
+    collector = StatsCollector(backend=run.stats_backend, hist_bins=run.hist)
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(
         prepared.targets, collector, grads=backward, saver=saver, readers=backward

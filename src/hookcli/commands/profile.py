@@ -15,16 +15,18 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from hookcli.engine.flops import CallKey, count_flops
 from hookcli.engine.hooks import HookSession, PendingCall
 from hookcli.engine.passes import Prepared, every_target, hooked_pass, unhooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.options import RunOptions
 from hookcli.records import CallProfile, Profile
+
+if TYPE_CHECKING:  # engine.flops imports torch's FLOP counter (~0.1 s): only --profile needs it
+    from hookcli.engine.flops import CallKey
 
 _N = TypeVar("_N", int, float)
 
@@ -58,6 +60,8 @@ def profile_calls(
         pass
     if any(p.events for p in session.calls):
         torch.cuda.synchronize()  # once: every recorded event has completed
+    from hookcli.engine.flops import count_flops
+
     flops = count_flops(prepared, model_input=model_input, train=run.train, backward=backward)
     tree = CallTree(session.calls, {t.name for t in prepared.targets})
     by_call: dict[CallKey, CallProfile] = {}

@@ -8,18 +8,22 @@ Every tensor a hook sees becomes one *row* of nine numbers:
 host with a single device-to-host transfer per device (HOOK_PITFALLS 8) and fills in every
 TensorStats it handed out.
 
-Two ways to fill a row:
+Three ways to fill a row:
 
-* CPU floating point (the common case): numba kernels (`_fused_row`). One fused pass yields
-  sum, sum of squares, zero count, min and max together. torch's own reductions stream at
-  20-45 GB/s for sum/amax/amin but near 1 GB/s for var_mean, count_nonzero, `(t == 0).sum()`
-  and isfinite; the fused kernel streams at the speed of `sum` while doing all five (see
-  benchmarks/overhead.py). Its result is trusted only when provably sound: a non-finite sum
-  means NaN/Inf are present (a careful pass then counts them and excludes them), and a
-  variance small against the mean square means cancellation (a centred pass then fixes it).
-  On the CPU, branching on a result costs nothing, unlike on a GPU.
-* Everything else (GPU, MPS, integers, bool, no numba): `_torch_row`, torch ops that never
-  synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
+* CPU floating point, small runs: `_cpu_row`, a few fast torch reductions (float64 sum and sum
+  of squares, aminmax, count_nonzero) that stream at 5-30 GB/s. torch's var_mean, `x == 0`
+  and isfinite stream near 1 GB/s, so they are not used: a finite sum and sum of squares prove
+  the data holds no NaN/Inf. Costs no import.
+* CPU floating point, once a collector has measured `_KERNEL_AFTER` bytes: numba kernels
+  (`_fused_row`), one fused pass for all five sums at the speed of `sum` alone (see
+  benchmarks/overhead.py). Loading numba costs ~0.5 s per process, which a single image's
+  activations do not repay; a folder, a batch or a training run does.
+  Both CPU paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted
+  only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
+  counts them and excludes them), and a variance small against the mean square means
+  cancellation (a centred pass then fixes it). On the CPU, branching on a result costs nothing.
+* Everything else (GPU, MPS, integers, bool) and the careful case: `_torch_row`, torch ops
+  that never synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
 
 Non-float kinds are mapped first: quantized tensors are dequantized, complex tensors
 measured by magnitude, sparse tensors densified, float16/bfloat16 widened to float32.
@@ -32,6 +36,7 @@ import functools
 import math
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,14 +51,14 @@ COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
 _PARALLEL_MIN = 1 << 15
 # Tensors this small also report their elements (toy models, losses, gradients of scalars).
 SMALL = 16
-# Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits. The
-# kernel's float32 block sums carry ~1e-7 relative error, so past this ratio the exact
-# two-pass float64 path is used instead.
+# Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits of float64's
+# ~16; past this ratio a second pass centred on the mean measures the variance instead.
 _MAX_CANCELLATION = 100.0
-# float32's smallest normal number. The fast kernel squares float32 values in float32: below
-# this a square is subnormal (digits lost) or zero (values under ~4e-23), so data whose mean
-# square is this small is measured again by the careful kernel, which squares in float64.
-_F32_TINY = float(np.finfo(np.float32).tiny)
+# A collector measures this many bytes with torch ops before it loads the numba kernels.
+_KERNEL_AFTER = 256 << 20
+# `_cpu_row` widens at most this many elements to float64 at a time (a bounded scratch copy).
+_CHUNK = 1 << 22
+BACKENDS = ("auto", "kernel", "torch")
 
 
 class Kernels:
@@ -131,53 +136,97 @@ def _torch_row(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
 
 
-def _dense_flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A 1-D array of exactly t's elements in memory order, copying only when t has gaps.
+def _dense_flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor of exactly t's elements in memory order, copying only when t has gaps.
 
     Statistics ignore element order, so a channels_last or permuted tensor that covers its
     storage span densely is read in place.
     """
     if t.is_contiguous():
-        return t.numpy().reshape(-1)
+        return t.reshape(-1)
     dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
     expected = 1
     for stride, size in dims:
         if stride != expected:
-            return t.contiguous().numpy().reshape(-1)
+            return t.contiguous().reshape(-1)
         expected *= size
-    return t.as_strided((t.numel(),), (1,)).numpy()
+    return t.as_strided((t.numel(),), (1,))
 
 
 Row = tuple[float, float, float, float, float, float, float, float, float]
+
+
+def _sums(flat: torch.Tensor, shift: float = 0.0) -> tuple[float, float]:
+    """Σ(v-shift) and Σ(v-shift)² of a 1-D CPU tensor in float64, a bounded chunk at a time."""
+    s = q = 0.0
+    for start in range(0, flat.shape[0], _CHUNK):
+        d = flat[start : start + _CHUNK].double()
+        if shift:
+            d = d - shift
+        s += float(d.sum())
+        q += float(torch.dot(d, d))
+    return s, q
+
+
+def _cpu_row(flat: torch.Tensor) -> Row | torch.Tensor:
+    """The row of a 1-D CPU float tensor from fast torch reductions (float64 sums), or the
+    careful `_torch_row` when the sums show NaN/Inf."""
+    s, q = _sums(flat)
+    if not (math.isfinite(s) and math.isfinite(q)):
+        return _torch_row(flat)
+    n = flat.shape[0]
+    mn, mx = (float(v) for v in torch.aminmax(flat))
+    zeros = float(n - int(torch.count_nonzero(flat)))
+    return _finish(
+        float(n), s, q, zeros=zeros, mn=mn, mx=mx, centred=lambda mean: _sums(flat, mean)
+    )
 
 
 def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     """The row of a CPU float tensor from numba passes: usually one, at most three.
 
     1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
-       its fast-math flags assume) and the variance is well conditioned;
-    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics
-       (also taken for float32 data so small that its squares underflow float32);
-    3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean, which
-       removes the cancellation of var = E[x^2] - mean^2.
+       its fast-math flags assume);
+    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
+    3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean (`_finish`).
 
     `out` is a scratch buffer of 7 float64 values.
     """
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
-    flat = _dense_flat(t)
+    flat = _dense_flat(t).numpy()
     n = flat.shape[0]
     par = n >= _PARALLEL_MIN
     ks.fused[par](flat, out)
     s, q, zeros, mn, mx = out[:5].tolist()
     nan = inf = 0.0
     count = float(n)
-    if not (math.isfinite(s) and math.isfinite(q)) or (
-        q < n * _F32_TINY and flat.dtype == np.float32 and (mn != 0.0 or mx != 0.0)
-    ):  # NaN/Inf present, or squares too small for float32 (subnormal activations)
+    if not (math.isfinite(s) and math.isfinite(q)):  # NaN/Inf present
         ks.careful[par](flat, 0.0, out)
         s, q, zeros, mn, mx, nan, inf = out.tolist()
         count = n - nan - inf
+
+    def centred(mean: float) -> tuple[float, float]:
+        ks.careful[par](flat, mean, out)
+        return float(out[0]), float(out[1])
+
+    return _finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
+
+
+def _finish(
+    count: float,
+    s: float,
+    q: float,
+    *,
+    zeros: float,
+    mn: float,
+    mx: float,
+    centred: Callable[[float], tuple[float, float]],
+    nan: float = 0.0,
+    inf: float = 0.0,
+) -> Row:
+    """The row from the sums over the finite elements; `centred(mean)` gives Σ(v-mean) and
+    Σ(v-mean)² over them, for the variance when E[x^2] dwarfs it."""
     if count == 0:
         return (0.0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan)
     if mn == mx:  # a constant: exactly (the sums carry rounding; 0.1 gives std 1e-16)
@@ -186,9 +235,9 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     norm = math.sqrt(q)
     var = max(q / count - mean * mean, 0.0)
     if q / count > _MAX_CANCELLATION * var and q > 0:
-        ks.careful[par](flat, mean, out)
-        ds = out[0] / count
-        var = max(out[1] / count - ds * ds, 0.0)
+        ds, dq = centred(mean)
+        ds /= count
+        var = max(dq / count - ds * ds, 0.0)
         mean += ds
     return (count, mean, var, mn, mx, zeros, nan, inf, norm)
 
@@ -208,11 +257,18 @@ class StatsCollector:
     def __init__(
         self,
         *,
-        fused: bool = True,
+        backend: str = "auto",
         hist_bins: int = 0,
         hist_edges: dict[Any, tuple[Any, Any]] | None = None,
     ) -> None:
-        self._kernels = kernels() if fused else None
+        """backend: "auto" (torch reductions, then the numba kernels once this collector has
+        measured `_KERNEL_AFTER` bytes), "kernel" (numba from the first tensor, where numba
+        works) or "torch" (never numba). They agree to rounding."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        self._backend = backend
+        self._kernels = kernels() if backend == "kernel" else None
+        self._measured = 0  # bytes measured on the CPU without the kernels
         self._bins = hist_bins
         # folder runs: histogram edges shared by every batch, keyed by (context, path)
         self._edges = hist_edges
@@ -269,24 +325,33 @@ class StatsCollector:
         return stats
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
-        ks = self._kernels
         if (
-            ks is not None
-            and t.dtype is torch.float32
+            t.dtype is torch.float32
             and t.is_cpu
             and type(t) is torch.Tensor
             and t.layout is torch.strided
             and t.numel() > 0
         ):  # the common case, without _prepare's checks
-            return _fused_row(t.detach() if t.requires_grad else t, ks, self._scratch), None
+            return self._cpu(t.detach() if t.requires_grad else t), None
         if t.device.type == "meta":
             return _EMPTY_ROW, "meta tensor: shape only"
         x, note = _prepare(t)
         if x.numel() == 0:
             return _EMPTY_ROW, note
-        if ks is not None and x.is_cpu and x.dtype in _FUSED_DTYPES:
-            return _fused_row(x, ks, self._scratch), note
+        if x.is_cpu and x.dtype in _CPU_DTYPES:
+            return self._cpu(x), note
         return _torch_row(x), note
+
+    def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
+        """A CPU float tensor's row: by the kernels once they pay for their loading."""
+        ks = self._kernels
+        if ks is None and self._backend == "auto" and self._measured >= _KERNEL_AFTER:
+            ks = self._kernels = kernels()
+            self._backend = "kernel" if ks is not None else "torch"
+        if ks is not None:
+            return _fused_row(t, ks, self._scratch)
+        self._measured += t.numel() * t.element_size()
+        return _cpu_row(_dense_flat(t))
 
     def finalize(self) -> None:
         """Fill every TensorStats handed out since the last finalize: one transfer per device."""
@@ -347,7 +412,7 @@ class StatsCollector:
             stats.values = values
 
 
-_FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _histogram(
@@ -373,7 +438,7 @@ def _histogram(
             pad = (hi - lo) / 2 or 0.5
             lo, hi = lo - pad, hi + pad
         hi = hi if hi > lo else lo + 1.0
-        flat = _dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x)
+        flat = _dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).numpy()
         if fixed is not None:  # end bins are open: values outside the edges land there
             flat = np.clip(flat[np.isfinite(flat)], lo, hi)
         counts, _ = np.histogram(flat, bins=bins, range=(lo, hi))
