@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import weakref
@@ -104,18 +105,27 @@ def test_the_kernel_is_actually_used_for_float32(monkeypatch: pytest.MonkeyPatch
 
 
 def test_auto_measures_with_torch_until_the_kernels_pay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A single image's activations never load numba; past _KERNEL_AFTER bytes the collector
-    switches to the kernels, and the figures before and after agree to rounding."""
+    """A process that has not loaded numba measures with torch ops (a single image's
+    activations never pay for the loading); past _KERNEL_AFTER bytes it loads the kernels and
+    uses them from then on, in every collector; the figures before and after agree to
+    rounding."""
     if stats_mod.kernels() is None:
         pytest.skip("numba unavailable")
     t = CASES["relu big"]
+    fresh = functools.cache(stats_mod._load_kernels)  # as in a process that never loaded them
+    monkeypatch.setattr(stats_mod, "kernels", fresh)
+    monkeypatch.setattr(stats_mod, "_without_kernels", [0])
     monkeypatch.setattr(stats_mod, "_KERNEL_AFTER", 2 * t.numel() * 4)
     fast = _spy(monkeypatch, "_cpu_row")
     fused = _spy(monkeypatch, "_fused_row")
     collector = StatsCollector()
-    got = [collector.add(t.clone(), f"x{i}") for i in range(4)]
+    got = [collector.add(t.clone(), f"x{i}") for i in range(3)]
     collector.finalize()
-    assert len(fast) == 2 and len(fused) == 2
+    assert (len(fast), len(fused), fresh.cache_info().currsize) == (2, 1, 1)
+    later = StatsCollector()  # a later run in the same process: the kernels at once
+    got.append(later.add(t.clone(), "x"))
+    later.finalize()
+    assert (len(fast), len(fused)) == (2, 2)
     for a in got[1:]:
         for key in ("mean", "std", "min", "max", "zeros", "norm"):
             assert getattr(a, key) == pytest.approx(getattr(got[0], key), rel=1e-13, abs=0)

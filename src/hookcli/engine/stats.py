@@ -10,14 +10,15 @@ TensorStats it handed out.
 
 Three ways to fill a row:
 
-* CPU floating point, small runs: `_cpu_row`, a few fast torch reductions (float64 sum and sum
-  of squares, aminmax, count_nonzero) that stream at 5-30 GB/s. torch's var_mean, `x == 0`
-  and isfinite stream near 1 GB/s, so they are not used: a finite sum and sum of squares prove
-  the data holds no NaN/Inf. Costs no import.
-* CPU floating point, once a collector has measured `_KERNEL_AFTER` bytes: numba kernels
-  (`_fused_row`), one fused pass for all five sums at the speed of `sum` alone (see
-  benchmarks/overhead.py). Loading numba costs ~0.5 s per process, which a single image's
-  activations do not repay; a folder, a batch or a training run does.
+* CPU floating point, until the process has measured `_KERNEL_AFTER` bytes: `_cpu_row`, a
+  few fast torch reductions (float64 sum and sum of squares, aminmax, a nonzero count) at
+  ~10 GB/s. torch's var_mean, `x == 0`, count_nonzero (on ReLU outputs) and isfinite stream
+  near 1 GB/s, so they are not used: a finite sum and sum of squares prove the data holds no
+  NaN/Inf. Costs no import.
+* CPU floating point, from then on: numba kernels (`_fused_row`), one fused pass for all five
+  sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs ~0.5 s
+  per process, which a single image's activations do not repay; a folder, a batch stream, a
+  training run or an API session does.
   Both CPU paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted
   only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
   counts them and excludes them), and a variance small against the mean square means
@@ -54,10 +55,11 @@ SMALL = 16
 # Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits of float64's
 # ~16; past this ratio a second pass centred on the mean measures the variance instead.
 _MAX_CANCELLATION = 100.0
-# A collector measures this many bytes with torch ops before it loads the numba kernels.
+# The process measures this many bytes with torch ops before it loads the numba kernels.
 _KERNEL_AFTER = 256 << 20
-# `_cpu_row` widens at most this many elements to float64 at a time (a bounded scratch copy).
-_CHUNK = 1 << 22
+# `_cpu_row` widens at most this many elements to float64 at a time (a scratch copy that stays
+# in the cache, and bounded).
+_CHUNK = 1 << 18
 BACKENDS = ("auto", "kernel", "torch")
 
 
@@ -89,8 +91,19 @@ def _load_kernels() -> Kernels | None:
 
 @functools.cache
 def kernels() -> Kernels | None:
-    """Loaded on first use (numba costs ~0.2 s to import), once per process."""
+    """Loaded on first use (numba costs ~0.5 s to import and load), once per process."""
     return _load_kernels()
+
+
+_without_kernels = [0]  # bytes this process has measured on the CPU without the kernels
+
+
+def _kernels_if_they_pay() -> Kernels | None:
+    """The kernels once loading them pays: loaded already, or once this process has measured
+    `_KERNEL_AFTER` bytes without them. Either way the figures agree to rounding."""
+    if kernels.cache_info().currsize or _without_kernels[0] >= _KERNEL_AFTER:
+        return kernels()
+    return None
 
 
 def _accumulate_dtype(device: torch.device) -> torch.dtype:
@@ -176,7 +189,7 @@ def _cpu_row(flat: torch.Tensor) -> Row | torch.Tensor:
         return _torch_row(flat)
     n = flat.shape[0]
     mn, mx = (float(v) for v in torch.aminmax(flat))
-    zeros = float(n - int(torch.count_nonzero(flat)))
+    zeros = float(n - int(flat.bool().sum()))  # count_nonzero branches: 15x slower on ReLU outputs
     return _finish(
         float(n), s, q, zeros=zeros, mn=mn, mx=mx, centred=lambda mean: _sums(flat, mean)
     )
@@ -261,14 +274,13 @@ class StatsCollector:
         hist_bins: int = 0,
         hist_edges: dict[Any, tuple[Any, Any]] | None = None,
     ) -> None:
-        """backend: "auto" (torch reductions, then the numba kernels once this collector has
+        """backend: "auto" (torch reductions, then the numba kernels once the process has
         measured `_KERNEL_AFTER` bytes), "kernel" (numba from the first tensor, where numba
         works) or "torch" (never numba). They agree to rounding."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
         self._backend = backend
         self._kernels = kernels() if backend == "kernel" else None
-        self._measured = 0  # bytes measured on the CPU without the kernels
         self._bins = hist_bins
         # folder runs: histogram edges shared by every batch, keyed by (context, path)
         self._edges = hist_edges
@@ -345,12 +357,11 @@ class StatsCollector:
     def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
         ks = self._kernels
-        if ks is None and self._backend == "auto" and self._measured >= _KERNEL_AFTER:
-            ks = self._kernels = kernels()
-            self._backend = "kernel" if ks is not None else "torch"
+        if ks is None and self._backend == "auto":
+            ks = self._kernels = _kernels_if_they_pay()
         if ks is not None:
             return _fused_row(t, ks, self._scratch)
-        self._measured += t.numel() * t.element_size()
+        _without_kernels[0] += t.numel() * t.element_size()
         return _cpu_row(_dense_flat(t))
 
     def finalize(self) -> None:
