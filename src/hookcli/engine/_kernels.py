@@ -309,30 +309,36 @@ def diff_parallel(a: Any, b: Any, out: Any) -> None:
 
 @njit(fastmath=_CAREFUL, nogil=True, cache=True, parallel=True)
 def diff_nhwc(a: Any, b: Any, out: Any) -> None:
-    """As diff_parallel, for 4-D (N, C, H, W) arrays where b is laid out channels-last: b is
-    read in its own memory order and a at the same logical index, so neither is copied into
-    the other's layout."""
+    """As diff_parallel, for a compared tensor laid out channels-last: a is the reference,
+    (N, C, H, W) contiguous; b the same logical elements as (N, H, W, C), contiguous (the
+    channels-last tensor in its own memory order), so neither is copied whole into the
+    other's layout. Each (image, row) transposes a's (C, W) slab into a scratch (W, C) slab,
+    which stays in cache, then pairs it with b's slab in one vectorised loop."""
     n, c, h, w = a.shape
     rows = n * h
     part = np.zeros((rows, 6))
     for r in prange(rows):
         i = r // h
         y0 = r % h
+        slab = np.empty(w * c, dtype=a.dtype)
+        for k in range(c):  # a's row k streams; the scratch slab's writes stay in cache
+            for x0 in range(w):
+                slab[x0 * c + k] = a[i, k, y0, x0]
+        other = b[i, y0].reshape(-1)
         sd = 0.0
         sa = 0.0
         sb = 0.0
         sab = 0.0
         mx = 0.0
         bad = 0.0
-        for k in range(c):  # a's rows stream; b's (W, C) block of this row stays in cache
-            for x0 in range(w):
-                d2, a2, b2, ab, ad, nf = _pair(a[i, k, y0, x0], b[i, k, y0, x0])
-                sd += d2
-                sa += a2
-                sb += b2
-                sab += ab
-                mx = _fmax_nonan(mx, ad)
-                bad += nf
+        for j in range(w * c):
+            d2, a2, b2, ab, ad, nf = _pair(slab[j], other[j])
+            sd += d2
+            sa += a2
+            sb += b2
+            sab += ab
+            mx = _fmax_nonan(mx, ad)
+            bad += nf
         part[r, 0] = sd
         part[r, 1] = sa
         part[r, 2] = sb

@@ -197,8 +197,9 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
         and x.dtype in (torch.float32, torch.bfloat16)
         and ref.dtype in (np.float32, np.float64)
     ):  # channels-last: read in its own order, no copy into the reference's layout
-        b4 = x.view(torch.uint16).numpy() if x.dtype == torch.bfloat16 else x.numpy()
-        ks.diff_nhwc(ref, b4, out)
+        nhwc = x.permute(0, 2, 3, 1)  # its own memory order: contiguous, no copy
+        b4 = nhwc.view(torch.uint16).numpy() if x.dtype == torch.bfloat16 else nhwc.numpy()
+        ks.diff_nhwc(np.ascontiguousarray(ref), b4, out)
         return out
     x = x.contiguous()
     if x.dtype == torch.bfloat16:  # the kernel reads bfloat16 bits itself: no float copy
