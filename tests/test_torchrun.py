@@ -133,3 +133,42 @@ def test_api_inside_a_process_group_merges_on_every_rank(tmp_path: Path) -> None
             " over 2 processes"
         )
     _close(merged, one)
+
+
+@pytest.mark.slow
+def test_a_diff_over_a_folder_spreads_its_batches_and_merges_exactly(tmp_path: Path) -> None:
+    """diff over a folder under torchrun: each rank compares its own batches, rank 0 writes the
+    one report, equal to one process's — sums to rounding, counts, and every top-1 flip with
+    its global image index and name, in folder order."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    folder = _folder(tmp_path)
+    (folder / "cups" / "broken.jpeg").unlink()  # diff refuses an unreadable image
+    args = [
+        "diff", "resnet18", str(folder), "--b", "seed=1", "-l", "layer4.1.*", "-l", "fc",
+        "--batch-size", "2", "--tol", "100", "-f", "json",
+    ]  # fmt: skip
+    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    ]  # fmt: skip
+    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
+    single = json.loads((tmp_path / "single.json").read_text())
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing
+    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
+    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
+    assert merged["input"]["description"].startswith("7 images from ")
+    assert merged["input"]["description"].endswith(" over 2 processes")
+    for report in (single, merged):
+        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
+        report["input"]["description"] = report["input"]["description"].removesuffix(
+            " over 2 processes"
+        )
+    flips = single["agreement"]["B"]["flipped"]
+    assert len(flips) >= 2 and [f["index"] for f in flips] == sorted(f["index"] for f in flips)
+    assert {f["index"] for f in flips} - {0, 1}  # flips from batches rank 1 compared too
+    _close(merged, single)

@@ -1,4 +1,5 @@
 """torchrun: a folder run spread over processes, merged into the report one process writes.
+(`hookcli diff` over a folder spreads its batches the same way: commands/diff/report.py.)
 
 Under `torchrun --nproc-per-node N -m hookcli inspect MODEL FOLDER` (or from Python under an
 initialised process group) every rank runs the same command. The folder's images are cut into
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -110,7 +111,11 @@ class Part:
     interrupted: bool = False
 
 
-def gather(part: Part, group: Group) -> list[Part]:
+_P = TypeVar("_P")
+
+
+def gather(part: _P, group: Group) -> list[_P]:
+    """Every rank's part (anything with a `rank`), on every rank, in rank order."""
     parts: list[Any] = [None] * group.world
     torch.distributed.all_gather_object(parts, part)
-    return sorted(parts, key=lambda p: p.rank)
+    return sorted(parts, key=lambda p: int(p.rank))

@@ -27,8 +27,16 @@ from typing import Any
 
 from hookcli import bounds
 from hookcli._version import __version__
+from hookcli.commands import shards
 from hookcli.commands.diff.align import align
-from hookcli.commands.diff.measure import SCORES, Accumulator, Compared, Spill, describe_over
+from hookcli.commands.diff.measure import (
+    SCORES,
+    Accumulator,
+    Agreement,
+    Compared,
+    Spill,
+    describe_over,
+)
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
 from hookcli.commands.diff.tolerance import default_tol
@@ -121,12 +129,15 @@ def diff_report(
     ]
     results = [Compared() for _ in compared]
     owns = [Compared() if own_pass and lab not in blocked else None for lab in labels[1:]]
+    # torchrun: global batch k on rank k mod N (a twin is calibrated on batch 0: not spread)
+    group = shards.join() if batches and not twin else None
+    mine = group.batches(len(batches)) if group is not None else list(range(len(batches)))
     spill = Spill()
     seen = 0
     scored = False  # the reference's output is class scores
     first_input: ModelInput | None = None
     try:
-        todo: list[InputOptions | None] = [*batches] if batches else [None]
+        todo: list[InputOptions | None] = [batches[k] for k in mine] if batches else [None]
         for batch in todo:
             base = runs[0].prepared
             if batch is not None:
@@ -156,16 +167,39 @@ def diff_report(
                     with beacon.phase(f"diff side {label} ({run.side.describe()}), own error"):
                         side_pass(run, side_input, spill, True, own_result)
             seen += model_input.shapes()[0][0] if model_input.shapes() else 1
+        info = None
+        if first_input is not None:
+            info = InputInfo(
+                first_input.description,
+                first_input.shapes(),
+                first_input.sources,
+                first_input.preprocessing,
+            )
+        spread = None
+        if group is not None:
+            size = len(batches[0].items)
+            part = _RankPart(group.rank, mine, results, owns, seen, scored, info)
+            merged = _merge_ranks(shards.gather(part, group), size)
+            results, owns, scored, info = merged.results, merged.owns, merged.scored, merged.info
+            seen = sum(merged.seen.values())
+            spread = (
+                f"torchrun: {group.world} processes ({group.backend}), each on its own batches "
+                f"(batch k on rank k mod {group.world}); images read by "
+                + ", ".join(f"rank {r}: {n}" for r, n in merged.seen.items())
+            )
     finally:
         spill.close()
-    assert first_input is not None
+        shards.leave(group)
+    assert info is not None
+    notes = _notes(isolate, own, blocked, scored, labels) + ([spread] if spread else [])
     where = ", ".join(map(str, inputs.items[:2])) if batches else None
-    notes = _notes(isolate, own, blocked, scored, labels)
+    if where is not None and group is not None:
+        where += f" over {group.world} processes"
     return _report(
         runs,
         results,
         owns,
-        first_input,
+        info,
         seen,
         isolate=isolate,
         tol=tol,
@@ -174,6 +208,91 @@ def diff_report(
         notes=notes,
         folder=where,
     )
+
+
+@dataclasses.dataclass(slots=True)
+class _RankPart:
+    """What one rank of a torchrun diff saw: its global batches and its sums."""
+
+    rank: int
+    batches: list[int]
+    results: list[Compared]
+    owns: list[Compared | None]
+    seen: int
+    scored: bool
+    info: InputInfo | None  # its first batch's input (rank 0's is global batch 0's)
+
+
+@dataclasses.dataclass(slots=True)
+class _Merged:
+    results: list[Compared]
+    owns: list[Compared | None]
+    seen: dict[int, int]  # rank → images read
+    scored: bool
+    info: InputInfo | None
+
+
+def _merge_ranks(parts: list[_RankPart], size: int) -> _Merged:
+    """The ranks' sums added as one process adds its batches' (rank 0 first: its calls' order
+    and shapes are global batch 0's); a flip's image index made global from its rank's batch."""
+    parts = sorted(parts, key=lambda p: p.rank)
+    for p in parts:  # local image index j: the rank's (j // size)-th batch, position j % size
+        for c in p.results:
+            if c.agreement is not None:
+                c.agreement.flips = [
+                    (p.batches[j // size] * size + j % size, name, ra, rb)
+                    for j, name, ra, rb in c.agreement.flips
+                ]
+    results = [_merge_compared([p.results[i] for p in parts]) for i in range(len(parts[0].results))]
+    owns: list[Compared | None] = []
+    for i, first in enumerate(parts[0].owns):
+        mine = [own for p in parts if (own := p.owns[i]) is not None]
+        owns.append(None if first is None else _merge_compared(mine))
+    return _Merged(
+        results,
+        owns,
+        {p.rank: p.seen for p in parts},
+        any(p.scored for p in parts),
+        parts[0].info,
+    )
+
+
+def _merge_compared(parts: list[Compared]) -> Compared:
+    out = Compared()
+    for part in parts:
+        for key, (type_, accs) in part.calls.items():
+            _, mine = out.calls.setdefault(key, (type_, {}))
+            for path, acc in accs.items():
+                _add(mine, path, acc)
+        for key, rank in part.order.items():
+            out.order[key] = min(out.order.get(key, rank), rank)
+        for path, acc in part.outputs.items():
+            _add(out.outputs, path, acc)
+        out.missing |= part.missing
+        if part.agreement is not None:
+            out.agreement = out.agreement or Agreement()
+            into, a = out.agreement, part.agreement
+            into.k = min(into.k, a.k)
+            into.images += a.images
+            into.same += a.same
+            into.overlap += a.overlap
+            into.flips = sorted([*into.flips, *a.flips], key=lambda f: f[0])
+    return out
+
+
+def _add(accs: dict[str, Accumulator], path: str, acc: Accumulator) -> None:
+    have = accs.get(path)
+    if have is None:
+        accs[path] = dataclasses.replace(acc, notes=set(acc.notes))
+        return
+    have.sd += acc.sd
+    have.sa += acc.sa
+    have.sb += acc.sb
+    have.sab += acc.sab
+    have.max_abs = max(have.max_abs, acc.max_abs)
+    have.nonfinite += acc.nonfinite
+    have.numel += acc.numel
+    have.notes |= acc.notes
 
 
 def _batches(inputs: InputOptions, batch_size: int | None) -> list[InputOptions]:
@@ -295,7 +414,7 @@ def _report(
     runs: list[SideRun],
     results: list[Compared],
     owns: list[Compared | None],
-    model_input: ModelInput,
+    input_info: InputInfo,
     seen: int,
     *,
     isolate: bool,
@@ -346,14 +465,14 @@ def _report(
     notes = [*isa.notes(), *notes]
     if tol_source != "--tol":
         notes.append(f"tol {tol:g}: {tol_source}")
-    description = model_input.description
+    description = input_info.description
     if folder is not None:
         description = f"{seen} images from {folder}"
         notes.append(f"differences are over all {seen} images, summed exactly across batches")
     return DiffReport(
         model=info,
         input=InputInfo(
-            description, model_input.shapes(), model_input.sources, model_input.preprocessing
+            description, input_info.shapes, input_info.sources, input_info.preprocessing
         ),
         device=str(runs[0].prepared.device),
         a=runs[1].side.describe() if with_ref else runs[0].side.describe(),
