@@ -135,6 +135,55 @@ def test_folder_bad_options(tmp_path: Path, args: list[str], needles: list[str])
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--loss", "ce:3"], ["--loss is a mean over one batch", "use --target"]),
+        (["--input-grad"], ["--input-grad works on one batch"]),
+    ],
+)
+def test_grads_folder_bad_options(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    folder = make_folder(tmp_path / "data", 3)
+    cmd = ["grads", "resnet18", str(folder), "--batch-size", "2", *args]
+    assert_one_line_error(runner.invoke(app, cmd), 2, *needles)
+
+
+def test_grads_over_a_folder_equal_autograd_over_one_concatenated_batch(tmp_path: Path) -> None:
+    """grads in batches: every call's gradients and every parameter's gradient (summed over
+    the batches) against torch.autograd.grad of the whole folder's target in one batch (the
+    sum of each image's top-1 logit), computed independently here."""
+    folder = make_folder(tmp_path / "data", 7)
+    layers = ["layer4.1.conv2", "layer4.1.bn2", "fc"]
+    report = hookcli.grads("resnet18", [str(folder)], batch_size=3, layers=layers, device="cpu")
+    loaded = load_model("resnet18", seed=0)
+    model = loaded.module.eval()
+    files = image_files([str(folder)])
+    x = torch.stack([loaded.preprocess(read_image(f.path)) for f in files])  # type: ignore[misc]
+    seen: dict[str, torch.Tensor] = {}
+    conv = model.layer4[1].conv2
+    conv.register_forward_hook(lambda m, a, out: seen.__setitem__("out", out))
+    logits = model(x)
+    target = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+    params = [conv.weight, model.fc.weight, model.fc.bias]
+    g_out, *g_params = torch.autograd.grad(target, [seen["out"], *params])
+    assert report.input.shapes == [(7, 3, 224, 224)]
+    assert report.backward is not None and report.backward.value is not None
+    assert report.backward.value == pytest.approx(float(target.detach()), rel=1e-5)
+    by_name = {c.name: c for c in report.layers}
+    call = by_name["layer4.1.conv2"]
+    assert call.grad_outputs is not None and call.params is not None
+    assert_stats_match(call.grad_outputs[0], g_out, rtol=1e-5, same_tensor=False)
+    assert call.grad_outputs[0].shape == (7, 512, 7, 7)
+    fc = by_name["fc"].params
+    assert fc is not None
+    for ps, want in zip([call.params[0], *fc], g_params, strict=True):
+        assert ps.grad is not None and ps.grad.dtype == "float32"
+        assert_stats_match(ps.grad, want, rtol=1e-5, same_tensor=False)
+        assert ps.grad_norm == pytest.approx(float(want.double().norm()), rel=1e-5)
+    assert [c.backward_order for c in report.layers] == [2, 1, 0]
+    assert any("gradients of the whole folder" in n for n in report.notes)
+
+
 def test_mixed_sizes_are_reported(tmp_path: Path) -> None:
     folder = tmp_path / "mixed"
     folder.mkdir()

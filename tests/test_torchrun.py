@@ -49,14 +49,17 @@ def _close(a: Any, b: Any, path: str = "") -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["inspect", "grads"])
+def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path, command: str) -> None:
+    """grads too: each call's gradient statistics merge like its activations', and each
+    parameter's gradient is summed over the batches and over the ranks (all-reduce)."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available here")
     folder = _folder(tmp_path)
     args = [
-        "inspect", "resnet18", str(folder), "-l", "layer4.*", "-l", "fc", "--batch-size", "2",
+        command, "resnet18", str(folder), "-l", "layer4.*", "-l", "fc", "--batch-size", "2",
         "--hist", "--per-image", "2", "-f", "json",
     ]  # fmt: skip
     _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
@@ -84,6 +87,10 @@ def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path) -> None:
     assert hist is not None and sum(hist["counts"]) > 0  # batch 0's edges served every rank
     images = [p["source"] for p in merged["predictions"] if p["rank"] == 1]
     assert images == sorted(images) and len(images) == 7
+    if command == "grads":  # the gradients were there to merge
+        fc = next(c for c in merged["layers"] if c["name"] == "fc")
+        assert fc["grad_outputs"][0]["shape"] == [7, 1000]
+        assert fc["params"][0]["grad"]["norm"] > 0 and merged["backward"]["value"] is not None
 
 
 def _api_rank(rank: int, folder: str, port: int, out: str, world: int) -> None:

@@ -55,21 +55,10 @@ def inspect(
     train: opt.TrainOpt = DEFAULTS.run.train,
     topk: opt.TopkOpt = None,
     batch_size: opt.BatchSizeOpt = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Use at most N images.")] = None,
-    workers: Annotated[
-        int, typer.Option("--workers", help="DataLoader processes decoding images.")
-    ] = DEFAULTS.batching.workers,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
-    ] = DEFAULTS.inputs.strict,
-    per_image: Annotated[
-        int,
-        typer.Option(
-            "--per-image",
-            metavar="K",
-            help="Folder runs: also list each image's top-K predictions.",
-        ),
-    ] = DEFAULTS.batching.per_image,
+    limit: opt.LimitOpt = None,
+    workers: opt.WorkersOpt = DEFAULTS.batching.workers,
+    strict: opt.StrictOpt = DEFAULTS.inputs.strict,
+    per_image: opt.PerImageOpt = DEFAULTS.batching.per_image,
     ablate: Annotated[
         list[str] | None,
         typer.Option(
@@ -121,6 +110,11 @@ def grads(
     output_key: opt.OutputKeyOpt = None,
     train: opt.TrainOpt = DEFAULTS.run.train,
     topk: opt.TopkOpt = None,
+    batch_size: opt.BatchSizeOpt = None,
+    limit: opt.LimitOpt = None,
+    workers: opt.WorkersOpt = DEFAULTS.batching.workers,
+    strict: opt.StrictOpt = DEFAULTS.inputs.strict,
+    per_image: opt.PerImageOpt = DEFAULTS.batching.per_image,
     fail_on: opt.FailOnOpt = None,
     dead_frac: opt.DeadFracOpt = DEFAULTS.rules.dead_frac,
     fmt: opt.FormatOpt = None,

@@ -179,6 +179,17 @@ ProfileOpt = Annotated[
         "against an unhooked pass timed in the same process; a folder run adds up its batches.",
     ),
 ]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use at most N images.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader processes decoding images.")]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
+]
+PerImageOpt = Annotated[
+    int,
+    typer.Option(
+        "--per-image", metavar="K", help="Folder runs: also list each image's top-K predictions."
+    ),
+]
 BatchSizeOpt = Annotated[
     int | None,
     typer.Option(

@@ -54,7 +54,7 @@ Running = Callable[[bool], AbstractContextManager[Progress | None]]
 # of the option objects they fill
 RULE_KEYS = field_names(RuleOptions)
 INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
-BATCH_KEYS = field_names(Batching)  # inspect's folder runs
+BATCH_KEYS = field_names(Batching)  # inspect's and grads' folder runs
 PICTURE_KEYS = ("weights", "seed", "device", "model_args", "output_key", "input_specs", "strict")
 
 
@@ -78,7 +78,7 @@ def run_command(
     if command == "check":
         rules = for_check(rules)
     inv = command_invocation(command, inv, rules)
-    folder = folder_options(inv, batching) if command == "inspect" else None
+    folder = folder_options(inv, batching) if command in ("inspect", "grads") else None
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
     with context as progress:
         if folder is not None:
@@ -110,7 +110,7 @@ def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocatio
 def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]) -> Report:
     """hookcli.inspect/grads/check: keyword arguments → the option objects → run_command."""
     rule_keys = RULE_KEYS if command == "check" else INSPECT_RULE_KEYS
-    batch_keys = BATCH_KEYS if command == "inspect" else ()
+    batch_keys = BATCH_KEYS if command in ("inspect", "grads") else ()
     allowed = {*API_KEYS, *rule_keys, *batch_keys}
     if command == "check":
         allowed.discard("topk")  # check makes no predictions

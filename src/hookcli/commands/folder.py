@@ -8,6 +8,12 @@ folder, skipped and listed (`--strict`: an error); named on the command line, an
 Ctrl-C stops after the current batch and reports what was seen, marked as interrupted.
 --profile times each batch (and counts its FLOPs) before its statistics are taken, and adds
 the batches up (commands/profile.py).
+
+grads over a folder runs backward on each batch from a target that is a sum over the images
+(top-1, a class, `sum`, box/mask scores), so the gradients of the whole folder are the sums of
+the batches': each call's gradient statistics merge like its activations', and each
+parameter's gradient is accumulated (float64) over the batches — and over the ranks, under
+torchrun — and measured once at the end. A --loss (a mean over one batch) is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from torch.utils.data import DataLoader, Dataset
 from hookcli._version import __version__
 from hookcli.commands import shards
 from hookcli.commands.inspect import (
+    claimed_params,
+    finish_param,
     label_layouts,
     model_info,
     nonfinite_by_image,
@@ -32,8 +40,9 @@ from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.aggregate import Aggregate
 from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.layout import reader
+from hookcli.engine.origins import number_backward
 from hookcli.engine.passes import Prepared, hooked_pass, prepare
-from hookcli.engine.stats import StatsCollector
+from hookcli.engine.stats import StatsCollector, dtype_name
 from hookcli.errors import UsageError
 from hookcli.inputs import (
     ImageFile,
@@ -48,10 +57,12 @@ from hookcli.inputs import (
 )
 from hookcli.options import DEFAULT_BATCH, Batching, FolderOptions, Invocation, RunOptions
 from hookcli.records import (
+    Backward,
     ImageNonfinite,
     InputInfo,
     LayerCall,
     Origin,
+    ParamStats,
     Prediction,
     Report,
     TensorStats,
@@ -116,10 +127,19 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
     if not is_folder_run(inv.inputs.items, batching):
         return None
     run = inv.run
+    backward = inv.backward
+    if backward is not None and backward.loss:
+        raise UsageError(
+            "--loss is a mean over one batch, so over a folder run it is not the folder's loss "
+            "and its gradients do not add up across batches.",
+            "use --target (top1, a class, sum: sums over the images) on a folder, or give at "
+            f"most {DEFAULT_BATCH} images without --batch-size/--limit/--workers.",
+        )
     for flag, value in (
         ("ablate", run.ablate),
         ("save", run.save),
         ("train", run.train),
+        ("input-grad", backward is not None and backward.input_grad),
     ):
         if value:
             raise UsageError(
@@ -160,7 +180,7 @@ def _folder_report(
     group: shards.Group | None,
     progress: Callable[[int, int], None] | None,
 ) -> Report:
-    prepared = prepare(inv.model, inv.selection, None)
+    prepared = prepare(inv.model, inv.selection, None, backward=inv.backward)
     loaded = prepared.loaded
     preprocess = loaded.preprocess or imagenet_preprocess(loaded.input_size or (224, 224))
     batch = folder.batch_size
@@ -214,6 +234,7 @@ def _folder_report(
         run.timing,
         run.shape,
     )
+    part.value, part.orders = run.value, run.orders
     parts = shards.gather(part, group) if group is not None else [part]
     run.absorb(parts)
     skipped = [(name, why) for _, name, why in sorted(x for p in parts for x in p.skipped)]
@@ -237,6 +258,11 @@ def _folder_report(
         "statistics are over all images"
         + ("" if folder.per_image else "; add --per-image K for each image's top-K predictions")
     ]
+    if run.backward:
+        notes.append(
+            "gradients of the whole folder: backward from each batch's sum over its images, "
+            "each parameter's gradient summed over the batches"
+        )
     if group is not None:
         share = ", ".join(f"rank {p.rank}: {sum(p.seen.values())}" for p in parts)
         notes.append(
@@ -260,7 +286,7 @@ def _folder_report(
     if run.seen == 0 and not interrupted:
         raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
     where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
-    layers = run.layer_calls()
+    layers = run.layer_calls(run.param_stats(group) if run.backward else {})
     shape = run.shape or ()
     size = (shape[-2], shape[-1]) if len(shape) == 3 else None
     label_layouts(layers, reader(loaded.module, size))
@@ -287,6 +313,7 @@ def _folder_report(
         prediction_note=prediction_note,
         notes=notes,
         profile=run.timing.profile,
+        backward=Backward(prepared.backward.describe(), run.value) if prepared.backward else None,
         config=inv.run.config,
         hookcli_version=__version__,
     )
@@ -305,7 +332,8 @@ def _offsets(parts: Sequence[shards.Part]) -> dict[int, int]:
 
 
 def _nonfinite(call: LayerCall) -> bool:
-    return any(t.nonfinite for t in (*call.inputs, *call.outputs))
+    grads = (*(call.grad_inputs or ()), *(call.grad_outputs or ()))
+    return any(t.nonfinite for t in (*call.inputs, *call.outputs, *grads))
 
 
 class _FolderRun:
@@ -330,6 +358,13 @@ class _FolderRun:
         self.origins_batch: tuple[int, int, int] | None = None  # its index, first/last image
         self.origins_at: tuple[int, int, list[Origin]] | None = None  # global batch, size, origins
         self.unhooked: dict[str, str] = {}  # targets that refused hooks, and why
+        # grads: each call's (forward, backward) order, the backward scalars' sum, and each
+        # selected parameter's gradient summed over the batches (float64), by target
+        self.backward = prepared.backward is not None
+        self.orders: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        self.value = 0.0
+        self.params = claimed_params(prepared.targets) if self.backward else {}
+        self.grads: dict[int, torch.Tensor] = {}  # id(parameter) → its summed gradient
 
     def batch(self, tensors: list[torch.Tensor], files: list[ImageFile], k: int) -> Any:
         """Global batch k: its pass, merged into the running statistics; its images' NaN/Inf
@@ -357,19 +392,29 @@ class _FolderRun:
             hist_bins=self.hist,
             hist_edges=self.edges,
         )
-        session = HookSession(prepared.targets, collector)
+        backward = self.backward
+        session = HookSession(prepared.targets, collector, grads=backward, readers=backward)
         # which image holds NaN/Inf: the input counted before the pass (a model may change it)
         rows = nonfinite_rows(model_input.forward_values(), len(tensors), "in")
         out_stats: list[TensorStats] = []
-        with hooked_pass(prepared, session, model_input=model_input, train=self.train) as result:
+        with hooked_pass(
+            prepared, session, model_input=model_input, train=self.train, backward=backward
+        ) as result:
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", out_stats)
             by_image = nonfinite_by_image(model_input, result.output, rows)
+            if backward:  # while the gradients are readable
+                self._add_grads()
+                if result.scalar is not None:
+                    self.value += float(result.scalar.detach().double())
         collector.finalize()
+        calls = [p.complete(backward) for p in session.calls]
+        if backward:
+            number_backward(session.calls)
         for b in by_image:  # which image: its file, its place in the batch
             b.source = files[b.image].name
         self.nonfinite_images += [(k, b) for b in by_image]
-        if not self.origins and (by_image or any(_nonfinite(p.call) for p in session.calls)):
+        if not self.origins and (by_image or any(_nonfinite(c) for c in calls)):
             # the first batch that shows NaN/Inf: where they first appeared in it
             self.origins = origins_of(prepared, session, out_stats)
             if self.origins:
@@ -378,10 +423,15 @@ class _FolderRun:
         for note in result.notes:
             if note not in self.notes:
                 self.notes.append(note)
-        for p in session.calls:
-            call = p.complete(False)
+        for call in calls:
             self.agg.add(call.name, call.type, call.call, "inputs", call.inputs)
             self.agg.add(call.name, call.type, call.call, "outputs", call.outputs)
+            for kind in ("grad_inputs", "grad_outputs"):
+                grads = getattr(call, kind)
+                if grads:
+                    self.agg.add(call.name, call.type, call.call, kind, grads)
+            order = (call.forward_order, call.backward_order)
+            self.orders.setdefault((call.name, call.call), order)
         self.model_out.add("(model)", "output", 0, "outputs", [s for s in out_stats if s.dtype])
         for i, n in enumerate(session.counts):
             self.counts[i] += n
@@ -390,6 +440,50 @@ class _FolderRun:
         self.seen += len(tensors)
         self.batches += 1
         return result.output
+
+    def _add_grads(self) -> None:
+        """This batch's parameter gradients added to the run's (float64: the sum does not
+        depend on how the batches were cut, or spread over ranks, beyond float64 rounding)."""
+        for params in self.params.values():
+            for _, p in params:
+                if p.grad is None:
+                    continue
+                g = p.grad.detach().to(torch.float64)
+                have = self.grads.get(id(p))
+                if have is None:
+                    self.grads[id(p)] = g.clone() if g is p.grad else g
+                else:
+                    have += g
+
+    def param_stats(self, group: shards.Group | None) -> dict[str, list[ParamStats]]:
+        """Each target's parameters with the statistics of their summed gradient (summed over
+        the ranks too: every rank takes part, in the same order)."""
+        params = [p for ps in self.params.values() for _, p in ps]
+        summed: list[torch.Tensor | None] = [self.grads.get(id(p)) for p in params]
+        if group is not None:
+            summed = shards.sum_tensors(group, summed, params)
+        by_id = {id(p): g for p, g in zip(params, summed, strict=True)}
+        collector = StatsCollector(backend=self.run.stats_backend)
+        pending = {
+            target: [
+                (
+                    p,
+                    ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
+                    collector.add(p, name),
+                    None if (acc := by_id[id(p)]) is None else collector.add(acc, f"{name}.grad"),
+                )
+                for name, p in ps
+            ]
+            for target, ps in self.params.items()
+        }
+        collector.finalize()
+        out: dict[str, list[ParamStats]] = {}
+        for target, rows in pending.items():
+            for p, _, _, grad in rows:
+                if grad is not None:  # summed in float64; the gradient's own dtype is the weight's
+                    grad.dtype = dtype_name(p.dtype)
+            out[target] = [finish_param((ps, w, g)) for _, ps, w, g in rows]
+        return out
 
     def absorb(self, parts: Sequence[shards.Part]) -> None:
         """Every rank's part merged into this run (one part: this run's own, as it is)."""
@@ -405,6 +499,11 @@ class _FolderRun:
         self.counts = [sum(c) for c in zip(*(p.counts for p in parts), strict=True)]
         self.notes = list(dict.fromkeys(n for p in parts for n in p.notes))
         self.unhooked = {k: v for p in parts for k, v in p.unhooked.items()}
+        self.value = sum(p.value for p in parts)
+        self.orders = {}
+        for p in parts:
+            for key, order in p.orders.items():
+                self.orders.setdefault(key, order)
         self.shape = next((p.shape for p in parts if p.shape), None)
         timing = ProfileSum()
         for p in parts:
@@ -412,18 +511,31 @@ class _FolderRun:
                 timing.add(p.timing.profile, p.timing.by_call)
         self.timing = timing
 
-    def layer_calls(self) -> list[LayerCall]:
+    def layer_calls(self, params: dict[str, list[ParamStats]]) -> list[LayerCall]:
+        """The merged calls; a target's parameters on its first call (as in one batch)."""
         aliases = {t.name: t.aliases for t in self.prepared.targets}
         timed = self.timing.calls() if self.timing.profile is not None else {}
-        return [
-            LayerCall(
-                name,
-                self.agg.types[name],
-                call,
-                aliases[name],
-                self.agg.tensors(name, call, "inputs"),
-                self.agg.tensors(name, call, "outputs"),
-                profile=timed.get((name, call)),
+        calls = []
+        for name, call in self.agg.order:
+            forward, backward = self.orders.get((name, call), (None, None))
+            grads = {
+                kind: (self.agg.tensors(name, call, kind) or None) if self.backward else None
+                for kind in ("grad_inputs", "grad_outputs")
+            }
+            calls.append(
+                LayerCall(
+                    name,
+                    self.agg.types[name],
+                    call,
+                    aliases[name],
+                    self.agg.tensors(name, call, "inputs"),
+                    self.agg.tensors(name, call, "outputs"),
+                    grad_inputs=grads["grad_inputs"],
+                    grad_outputs=grads["grad_outputs"],
+                    params=params.pop(name, None),
+                    forward_order=forward,
+                    backward_order=backward,
+                    profile=timed.get((name, call)),
+                )
             )
-            for name, call in self.agg.order
-        ]
+        return calls

@@ -139,7 +139,7 @@ def _one_run(
         first_call.setdefault(call.name, call)
     for name, pending in params.items():
         if name in first_call:
-            first_call[name].params = [_finish_param(p) for p in pending]
+            first_call[name].params = [finish_param(p) for p in pending]
     profile = None
     if timing is not None:
         profile, by_call = timing
@@ -289,33 +289,40 @@ def _topk(topk: int | None, loaded: LoadedModel) -> int:
     return topk
 
 
-def _params_by_target(
-    targets: Sequence[Target], collector: StatsCollector
-) -> dict[str, list[PendingParam]]:
-    """Each selected module's parameters and their gradients, measured after backward. A
-    parameter is listed once, under the innermost selected module that holds it: a selected
-    container lists only what no selected module inside it (nor a tied module before it)
-    already lists."""
+def claimed_params(targets: Sequence[Target]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """Each selected module's parameters, by target name in the targets' order. A parameter is
+    listed once, under the innermost selected module that holds it: a selected container lists
+    only what no selected module inside it (nor a tied module before it) already lists."""
     claimed: set[int] = set()
-    by_name: dict[str, list[PendingParam]] = {}
+    by_name: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
     for t in sorted(targets, key=lambda t: -depth_of("" if t.name == ROOT_LABEL else t.name)):
         own = []
         for name, p in t.module.named_parameters():
-            if id(p) in claimed:
-                continue
-            claimed.add(id(p))
-            own.append(
-                (
-                    ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                    collector.add(p, name),
-                    collector.add(p.grad, f"{name}.grad") if p.grad is not None else None,
-                )
-            )
+            if id(p) not in claimed:
+                claimed.add(id(p))
+                own.append((name, p))
         by_name[t.name] = own
     return {t.name: by_name[t.name] for t in targets}
 
 
-def _finish_param(pending: PendingParam) -> ParamStats:
+def _params_by_target(
+    targets: Sequence[Target], collector: StatsCollector
+) -> dict[str, list[PendingParam]]:
+    """Each selected module's parameters and their gradients, measured after backward."""
+    return {
+        target: [
+            (
+                ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
+                collector.add(p, name),
+                collector.add(p.grad, f"{name}.grad") if p.grad is not None else None,
+            )
+            for name, p in params
+        ]
+        for target, params in claimed_params(targets).items()
+    }
+
+
+def finish_param(pending: PendingParam) -> ParamStats:
     ps, weight, g = pending
     ps.norm = weight.norm
     if g is not None:

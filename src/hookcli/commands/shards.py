@@ -16,6 +16,7 @@ With no process group and no torchrun environment (WORLD_SIZE unset or 1) nothin
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -109,6 +110,31 @@ class Part:
     timing: Any = None
     shape: tuple[int, ...] | None = None
     interrupted: bool = False
+    value: float = 0.0  # grads: the sum of this rank's backward scalars
+    orders: dict[tuple[str, int], tuple[int | None, int | None]] = field(default_factory=dict)
+
+
+def sum_tensors(
+    group: Group, tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]
+) -> list[torch.Tensor | None]:
+    """Each tensor summed over the ranks (all-reduce), in list order on every rank; a rank
+    without one adds zeros shaped like `like`; None where no rank has one."""
+    dist = torch.distributed
+    have = torch.tensor([t is not None for t in tensors], dtype=torch.int64)
+    if group.backend == "nccl":
+        have = have.cuda()
+    dist.all_reduce(have)
+    out: list[torch.Tensor | None] = []
+    for t, ref, n in zip(tensors, like, have.tolist(), strict=True):
+        if not n:
+            out.append(None)
+            continue
+        total = t
+        if total is None:
+            total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        dist.all_reduce(total)
+        out.append(total)
+    return out
 
 
 _P = TypeVar("_P")
