@@ -167,7 +167,7 @@ def test_api_options_are_checked_by_command() -> None:
     with pytest.raises(TypeError, match="topk"):
         hookcli.check(HEALTHY, input_specs=["randn:4x4"], topk=3)
     with pytest.raises(TypeError, match="batch_size"):
-        hookcli.grads(HEALTHY, input_specs=["randn:4x4"], batch_size=2)
+        hookcli.check(HEALTHY, input_specs=["randn:4x4"], batch_size=2)
     with pytest.raises(TypeError, match="layers"):
         hookcli.maps("resnet18", str(CAT), layer="conv1", layers=["fc"])
     with pytest.raises(UsageError, match="unknown --fail-on rule"):

@@ -18,6 +18,7 @@ from hookcli.cli import app
 from hookcli.commands import folder as dataset
 from hookcli.commands.folder import image_files
 from hookcli.engine.aggregate import merge_reports
+from hookcli.errors import UsageError
 from hookcli.inputs import read_image
 from hookcli.sources import load_model
 from tests.conftest import CAT, COFFEE, assert_stats_match
@@ -182,6 +183,44 @@ def test_grads_over_a_folder_equal_autograd_over_one_concatenated_batch(tmp_path
         assert ps.grad_norm == pytest.approx(float(want.double().norm()), rel=1e-5)
     assert [c.backward_order for c in report.layers] == [2, 1, 0]
     assert any("gradients of the whole folder" in n for n in report.notes)
+
+
+class _NanHead(torch.nn.Module):
+    """A small CNN whose scores are NaN: backward starts from a NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=4)
+        self.fc = torch.nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3))) * float("nan")
+
+
+def test_grads_folder_edge_cases(tmp_path: Path) -> None:
+    """--hist: a gradient's histogram spans that gradient (its own shared edges, not an
+    activation's); a NaN backward scalar is null, and the JSON stays valid; batching options
+    with no image to batch are refused."""
+    folder = make_folder(tmp_path / "data", 5)
+    report = hookcli.grads(
+        "resnet18", [str(folder)], batch_size=2, layers=["layer4.1.conv2", "fc"], hist=True
+    )
+    for call in report.layers:
+        for t in [*(call.grad_outputs or []), *(call.grad_inputs or [])]:
+            assert t.hist is not None and t.min is not None and t.max is not None
+            lo, hi = t.hist["edges"][0], t.hist["edges"][-1]
+            assert lo <= t.min and t.max <= hi, (call.name, t.path)
+            assert hi - lo <= 2 * (t.max - t.min) * (1 + 1e-9), (call.name, t.path)
+            assert sum(t.hist["counts"]) == t.numel
+        for ps in call.params or []:
+            assert ps.grad is not None and ps.grad.hist is not None
+    nan = hookcli.grads(_NanHead(), [str(folder)], batch_size=2, device="cpu")
+    assert nan.backward is not None and nan.backward.value is None
+    json.dumps(nan.to_dict(), allow_nan=False)
+    r = runner.invoke(app, ["grads", "resnet18", "-i", "randn:1x3x32x32", "--batch-size", "2"])
+    assert_one_line_error(r, 2, "batch image files and folders")
+    with pytest.raises(UsageError, match="stats_backend"):
+        hookcli.inspect("resnet18", input_specs=["randn:1x3x32x32"], stats_backend="numba")
 
 
 def test_mixed_sizes_are_reported(tmp_path: Path) -> None:

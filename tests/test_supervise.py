@@ -342,3 +342,26 @@ def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path: Path, supervised
     failing = hookcli("check", "atexit_model:Deep", "-i", "randn:2x4", "--max-abs", "1e-9",
                       cwd=tmp_path, env=env)  # fmt: skip
     assert failing.returncode == 1, failing.stderr
+
+
+def test_a_program_calling_main_itself_gets_control_back(tmp_path: Path) -> None:
+    """The quick exit is for hookcli's own process only: a program that imported torch and
+    calls hookcli.cli.main() catches its SystemExit and goes on."""
+    code = (
+        "import sys, torch\n"
+        "from hookcli.cli import main\n"
+        "sys.argv = ['hookcli', 'inspect', 'tests.crash_models:Net', '-i', 'randn:2x4',\n"
+        "            '--model-arg', 'when=never', '-f', 'json']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    print('caught', exc.code)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**child_env(), "HOOKCLI_NO_SUPERVISOR": "1"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("caught 0")

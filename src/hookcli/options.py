@@ -135,12 +135,17 @@ class RunOptions:
     save: Any = None  # an io.output.Destination (the API claims a path it is given)
     ablate: tuple[str, ...] = ()
     deterministic: bool = False
-    stats_backend: str = "auto"  # "torch" skips the fused CPU kernel; results agree
+    stats_backend: str = "auto"  # "kernel": numba at once; "torch": never; results agree
     config: str | None = None  # the project config file used, stated in the report
 
     def __post_init__(self) -> None:
         if self.topk is not None:
             bounds.integer(self.topk, "--topk", low=0, high=bounds.INT32_MAX, example="--topk 5")
+        if self.stats_backend not in ("auto", "kernel", "torch"):
+            raise UsageError(
+                f"stats_backend {self.stats_backend!r} is not a statistics backend.",
+                "use auto (the default), kernel (numba from the first tensor) or torch.",
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,9 +89,26 @@ def main() -> None:
             code = exc.exit_code
         code = stdio.finish(code)
         beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
-        if "torch" in sys.modules:
+        if "torch" in sys.modules and _is_entry_point():
             _quick_exit(code)
     sys.exit(code)
+
+
+def _is_entry_point() -> bool:
+    """Whether this process is hookcli's own (`hookcli …`, `python -m hookcli …`), not a
+    program that called main() itself, and runs no other Python thread that a normal exit
+    would wait for."""
+    import threading
+
+    main_module = sys.modules.get("__main__")
+    spec = getattr(main_module, "__spec__", None)
+    script = os.path.basename(getattr(main_module, "__file__", None) or "")
+    ours = (spec is not None and spec.name == "hookcli.__main__") or script in (
+        "hookcli",
+        "hookcli.exe",
+        "hookcli-script.py",
+    )
+    return ours and threading.active_count() == 1
 
 
 def _quick_exit(code: int) -> None:
@@ -99,7 +116,8 @@ def _quick_exit(code: int) -> None:
     object and module of torch, torchvision and dynamo one by one takes ~0.7 s, as long as the
     main job's forward pass, and nothing is left to write. What must run at exit still runs:
     the atexit handlers (logging, multiprocessing's children, temporary files), then a flush of
-    both streams. hookcli starts no threads; every file it writes is closed before this."""
+    both streams. Only hookcli's own process gets here (_is_entry_point), with no other Python
+    thread alive; every file hookcli writes is closed before this."""
     import atexit
 
     atexit._run_exitfuncs()

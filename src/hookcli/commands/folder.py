@@ -42,7 +42,7 @@ from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.layout import reader
 from hookcli.engine.origins import number_backward
 from hookcli.engine.passes import Prepared, hooked_pass, prepare
-from hookcli.engine.stats import StatsCollector, dtype_name
+from hookcli.engine.stats import StatsCollector, accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import (
     ImageFile,
@@ -109,6 +109,12 @@ def is_folder_run(items: Sequence[Any], batching: Batching) -> bool:
     """Batches with aggregated statistics: asked for (--batch-size, --limit, --workers), or
     more images than one batch holds. Only image files and folders are batched."""
     if not items:
+        if batching.asked:
+            raise UsageError(
+                "--batch-size, --limit and --workers batch image files and folders; this run "
+                "has none (a tensor spec or the model's own random input).",
+                "give a folder or image files, or leave batching out.",
+            )
         return False
     if not all(isinstance(x, str) for x in items):  # tensors (the Python API)
         if batching.asked:
@@ -313,7 +319,11 @@ def _folder_report(
         prediction_note=prediction_note,
         notes=notes,
         profile=run.timing.profile,
-        backward=Backward(prepared.backward.describe(), run.value) if prepared.backward else None,
+        backward=(
+            Backward(prepared.backward.describe(), finite_or_none(run.value) if run.seen else None)
+            if prepared.backward
+            else None
+        ),
         config=inv.run.config,
         hookcli_version=__version__,
     )
@@ -442,18 +452,20 @@ class _FolderRun:
         return result.output
 
     def _add_grads(self) -> None:
-        """This batch's parameter gradients added to the run's (float64: the sum does not
-        depend on how the batches were cut, or spread over ranks, beyond float64 rounding)."""
+        """This batch's parameter gradients added to the run's, on the parameter's device, in
+        float64 (float32 on MPS): the sum does not depend on how the batches were cut, or
+        spread over ranks, beyond float64 rounding. Costs one float64 copy of the selected
+        parameters (select fewer layers with -l for a model near the device's memory)."""
         for params in self.params.values():
             for _, p in params:
                 if p.grad is None:
                     continue
-                g = p.grad.detach().to(torch.float64)
                 have = self.grads.get(id(p))
-                if have is None:
-                    self.grads[id(p)] = g.clone() if g is p.grad else g
+                if have is None:  # a copy, always (a float64 gradient must not be aliased)
+                    acc = accumulate_dtype(p.grad.device)
+                    self.grads[id(p)] = p.grad.detach().to(acc, copy=True)
                 else:
-                    have += g
+                    have += p.grad.detach()
 
     def param_stats(self, group: shards.Group | None) -> dict[str, list[ParamStats]]:
         """Each target's parameters with the statistics of their summed gradient (summed over
@@ -463,7 +475,7 @@ class _FolderRun:
         if group is not None:
             summed = shards.sum_tensors(group, summed, params)
         by_id = {id(p): g for p, g in zip(params, summed, strict=True)}
-        collector = StatsCollector(backend=self.run.stats_backend)
+        collector = StatsCollector(backend=self.run.stats_backend, hist_bins=self.hist)
         pending = {
             target: [
                 (

@@ -117,21 +117,23 @@ class Part:
 def sum_tensors(
     group: Group, tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]
 ) -> list[torch.Tensor | None]:
-    """Each tensor summed over the ranks (all-reduce), in list order on every rank; a rank
-    without one adds zeros shaped like `like`; None where no rank has one."""
+    """Each tensor summed over the ranks (all-reduce), in list order on every rank, on the
+    backend's device (this rank's GPU for NCCL, the CPU for gloo) whatever device each one is
+    on; a rank without one adds float64 zeros shaped like `like`; None where no rank has one."""
     dist = torch.distributed
-    have = torch.tensor([t is not None for t in tensors], dtype=torch.int64)
-    if group.backend == "nccl":
-        have = have.cuda()
+    device = torch.device("cuda", torch.cuda.current_device()) if group.backend == "nccl" else None
+    device = device or torch.device("cpu")
+    have = torch.tensor([t is not None for t in tensors], dtype=torch.int64, device=device)
     dist.all_reduce(have)
     out: list[torch.Tensor | None] = []
     for t, ref, n in zip(tensors, like, have.tolist(), strict=True):
         if not n:
             out.append(None)
             continue
-        total = t
-        if total is None:
-            total = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        if t is None:
+            total = torch.zeros(ref.shape, dtype=torch.float64, device=device)
+        else:
+            total = t.to(device, torch.float64)
         dist.all_reduce(total)
         out.append(total)
     return out

@@ -342,6 +342,8 @@ class HookSession:
                 if collector is None:
                     return  # a timing-only session
                 try:
+                    # whose gradient: folder runs key shared histogram edges by it
+                    collector.context = (pending.call.name, pending.call.call, kind)
                     into[path] = collector.add(grad, path)
                     if self.saver is not None:
                         self.saver.add(

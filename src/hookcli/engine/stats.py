@@ -106,7 +106,8 @@ def _kernels_if_they_pay() -> Kernels | None:
     return None
 
 
-def _accumulate_dtype(device: torch.device) -> torch.dtype:
+def accumulate_dtype(device: torch.device) -> torch.dtype:
+    """float64, or float32 on MPS (which lacks float64)."""
     return torch.float32 if device.type == "mps" else torch.float64
 
 
@@ -126,7 +127,7 @@ def _prepare(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
 def _torch_row(x: torch.Tensor) -> torch.Tensor:
     """The exact row, on x's device, by torch ops that never synchronise."""
-    acc = _accumulate_dtype(x.device)
+    acc = accumulate_dtype(x.device)
     x = x.to(acc).reshape(-1)
     finite = torch.isfinite(x)
     count = finite.sum(dtype=acc)
@@ -361,7 +362,8 @@ class StatsCollector:
             ks = self._kernels = _kernels_if_they_pay()
         if ks is not None:
             return _fused_row(t, ks, self._scratch)
-        _without_kernels[0] += t.numel() * t.element_size()
+        if self._backend == "auto":
+            _without_kernels[0] += t.numel() * t.element_size()
         return _cpu_row(_dense_flat(t))
 
     def finalize(self) -> None:
@@ -454,7 +456,7 @@ def _histogram(
             flat = np.clip(flat[np.isfinite(flat)], lo, hi)
         counts, _ = np.histogram(flat, bins=bins, range=(lo, hi))
         return counts, (lo, hi)
-    acc = _accumulate_dtype(x.device)
+    acc = accumulate_dtype(x.device)
     v = x.reshape(-1).to(acc)
     lo_t, hi_t = fixed if fixed is not None else (row[MIN].to(acc), row[MAX].to(acc))
     if fixed is None and widen:
@@ -476,7 +478,7 @@ def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
     float64 copy that finalize() brings over together with the others."""
     x, _ = _prepare(t)
-    flat = x.reshape(-1).to(_accumulate_dtype(x.device))
+    flat = x.reshape(-1).to(accumulate_dtype(x.device))
     if flat.is_cpu:
         return [finite_or_none(v) for v in flat.tolist()]
     return flat.clone()
