@@ -440,7 +440,7 @@ class Watch:
         """Hooks on, when the coming step is watched."""
         if not self._open or self.step_index % self.every:
             return
-        self._collector = StatsCollector()
+        self._collector = StatsCollector(backend="kernel")  # a training run repays loading numba
         self._session = HookSession(self.targets, self._collector, grads=True)
         self._session.__enter__()
         self._eager.on()  # a compiled model runs its eager module on a watched step
