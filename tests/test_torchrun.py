@@ -48,6 +48,31 @@ def _close(a: Any, b: Any, path: str = "") -> None:
         assert a == b, (path, a, b)
 
 
+def _single_and_merged(tmp_path: Path, args: list[str]) -> tuple[dict[str, Any], ...]:
+    """The command run by one process and by torchrun with two (gloo): both reports, with
+    what must differ checked and taken out (the torchrun note, the description's suffix)."""
+    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    ]  # fmt: skip
+    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
+    single = json.loads((tmp_path / "single.json").read_text())
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing, not even a temp file
+    # what differs, and must: how the run was spread
+    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
+    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
+    assert merged["input"]["description"].startswith("7 images")
+    assert merged["input"]["description"].endswith(" over 2 processes")
+    for report in (single, merged):
+        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
+        report["input"]["description"] = report["input"]["description"].removesuffix(
+            " over 2 processes"
+        )
+    return single, merged
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["inspect", "grads"])
 def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path, command: str) -> None:
@@ -62,25 +87,7 @@ def test_two_ranks_merge_into_the_single_process_report(tmp_path: Path, command:
         command, "resnet18", str(folder), "-l", "layer4.*", "-l", "fc", "--batch-size", "2",
         "--hist", "--per-image", "2", "-f", "json",
     ]  # fmt: skip
-    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-    ]  # fmt: skip
-    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
-    single = json.loads((tmp_path / "single.json").read_text())
-    merged = json.loads((tmp_path / "merged.json").read_text())
-    assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing, not even a temp file
-    # what differs, and must: how the run was spread
-    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
-    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
-    assert merged["input"]["description"].endswith("over 2 processes")
-    assert merged["input"]["description"].startswith("7 images")
-    for report in (single, merged):
-        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
-        report["input"]["description"] = report["input"]["description"].removesuffix(
-            " over 2 processes"
-        )
+    single, merged = _single_and_merged(tmp_path, args)
     assert any("broken.jpeg" in n for n in merged["notes"])  # skipped once, by its rank
     _close(merged, single)  # statistics, histograms, counts, predictions in order, notes
     hist = merged["layers"][0]["outputs"][0]["hist"]
@@ -157,24 +164,7 @@ def test_a_diff_over_a_folder_spreads_its_batches_and_merges_exactly(tmp_path: P
         "diff", "resnet18", str(folder), "--b", "seed=1", "-l", "layer4.1.*", "-l", "fc",
         "--batch-size", "2", "--tol", "100", "-f", "json",
     ]  # fmt: skip
-    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-    ]  # fmt: skip
-    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
-    single = json.loads((tmp_path / "single.json").read_text())
-    merged = json.loads((tmp_path / "merged.json").read_text())
-    assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing
-    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
-    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
-    assert merged["input"]["description"].startswith("7 images from ")
-    assert merged["input"]["description"].endswith(" over 2 processes")
-    for report in (single, merged):
-        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
-        report["input"]["description"] = report["input"]["description"].removesuffix(
-            " over 2 processes"
-        )
+    single, merged = _single_and_merged(tmp_path, args)
     flips = single["agreement"]["B"]["flipped"]
     assert len(flips) >= 2 and [f["index"] for f in flips] == sorted(f["index"] for f in flips)
     assert {f["index"] for f in flips} - {0, 1}  # flips from batches rank 1 compared too

@@ -324,21 +324,7 @@ def diff_nhwc(a: Any, b: Any, out: Any) -> None:
         for k in range(c):  # a's row k streams; the scratch slab's writes stay in cache
             for x0 in range(w):
                 slab[x0 * c + k] = a[i, k, y0, x0]
-        other = b[i, y0].reshape(-1)
-        sd = 0.0
-        sa = 0.0
-        sb = 0.0
-        sab = 0.0
-        mx = 0.0
-        bad = 0.0
-        for j in range(w * c):
-            d2, a2, b2, ab, ad, nf = _pair(slab[j], other[j])
-            sd += d2
-            sa += a2
-            sb += b2
-            sab += ab
-            mx = _fmax_nonan(mx, ad)
-            bad += nf
+        sd, sa, sb, sab, mx, bad = _diff_block(slab, b[i, y0].reshape(-1))
         part[r, 0] = sd
         part[r, 1] = sa
         part[r, 2] = sb
