@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from tests.conftest import CAT, COFFEE
-from tests.test_watch_ddp import _free_port, _run
+from tests.test_watch_ddp import TIMEOUT, _env, _free_port, _run
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -168,4 +170,56 @@ def test_a_diff_over_a_folder_spreads_its_batches_and_merges_exactly(tmp_path: P
     flips = single["agreement"]["B"]["flipped"]
     assert len(flips) >= 2 and [f["index"] for f in flips] == sorted(f["index"] for f in flips)
     assert {f["index"] for f in flips} - {0, 1}  # flips from batches rank 1 compared too
+    _close(merged, single)
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path: Path) -> None:
+    """Two machines, as torchrun sees them: two launchers (--nnodes 2, --node-rank 0 and 1, one
+    process each) meeting at one master address. The report node 0 writes equals one
+    process's."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    folder = _folder(tmp_path)
+    args = [
+        "inspect", "resnet18", str(folder), "-l", "layer4.1.*", "--batch-size", "2", "--hist",
+        "-f", "json",
+    ]  # fmt: skip
+    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    port = str(_free_port())
+    launcher = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+        "--master-addr", "127.0.0.1", "--master-port", port,
+    ]  # fmt: skip
+    hookcli = ["-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")]
+    nodes = [
+        subprocess.Popen(
+            [*launcher, "--node-rank", str(rank), *hookcli],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for node in nodes:
+        try:
+            _, stderr = node.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for n in nodes:
+                n.kill()
+            pytest.fail("the two nodes did not finish")
+        assert node.returncode == 0, stderr[-3000:]
+    single = json.loads((tmp_path / "single.json").read_text())
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    share = [n for n in merged["notes"] if n.startswith("torchrun: 2 processes (gloo)")]
+    assert len(share) == 1 and "images read by rank 0: 4, rank 1: 3" in share[0]
+    for report in (single, merged):
+        report["notes"] = [n for n in report["notes"] if not n.startswith("torchrun:")]
+        report["input"]["description"] = report["input"]["description"].removesuffix(
+            " over 2 processes"
+        )
     _close(merged, single)

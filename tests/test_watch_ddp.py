@@ -30,8 +30,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(args: list[str], tmp_path: Path) -> None:
-    env = {
+def _env() -> dict[str, str]:
+    return {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         # src for hookcli, the checkout for the tests' own models (tests.test_watch.Tiny)
@@ -39,11 +39,14 @@ def _run(args: list[str], tmp_path: Path) -> None:
             [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
         ),
     }
+
+
+def _run(args: list[str], tmp_path: Path) -> None:
     try:
         res = subprocess.run(
             [sys.executable, *args],
             cwd=tmp_path,
-            env=env,
+            env=_env(),
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
