@@ -124,6 +124,11 @@ class BackwardOptions:
     input_grad: bool = False
 
 
+# how CPU statistics are computed (engine/stats.py): torch reductions until numba pays, numba
+# at once, or never numba; the figures agree to rounding
+STATS_BACKENDS = ("auto", "kernel", "torch")
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """Everything else one inspection does."""
@@ -141,7 +146,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.topk is not None:
             bounds.integer(self.topk, "--topk", low=0, high=bounds.INT32_MAX, example="--topk 5")
-        if self.stats_backend not in ("auto", "kernel", "torch"):
+        if self.stats_backend not in STATS_BACKENDS:
             raise UsageError(
                 f"stats_backend {self.stats_backend!r} is not a statistics backend.",
                 "use auto (the default), kernel (numba from the first tensor) or torch.",

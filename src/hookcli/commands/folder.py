@@ -30,6 +30,7 @@ from hookcli.commands.inspect import (
     claimed_params,
     finish_param,
     label_layouts,
+    measure_params,
     model_info,
     nonfinite_by_image,
     nonfinite_rows,
@@ -270,11 +271,7 @@ def _folder_report(
             "each parameter's gradient summed over the batches"
         )
     if group is not None:
-        share = ", ".join(f"rank {p.rank}: {sum(p.seen.values())}" for p in parts)
-        notes.append(
-            f"torchrun: {group.world} processes ({group.backend}), each on its own batches "
-            f"(batch k on rank k mod {group.world}); images read by {share}"
-        )
+        notes.append(shards.spread_note(group, [(p.rank, sum(p.seen.values())) for p in parts]))
     notes += prepared.notes + run.notes  # modules hooks cannot see; how the passes ran
     if run.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in list(run.unhooked.items())[:5])
@@ -476,26 +473,13 @@ class _FolderRun:
             summed = shards.sum_tensors(group, summed, params)
         by_id = {id(p): g for p, g in zip(params, summed, strict=True)}
         collector = StatsCollector(backend=self.run.stats_backend, hist_bins=self.hist)
-        pending = {
-            target: [
-                (
-                    p,
-                    ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                    collector.add(p, name),
-                    None if (acc := by_id[id(p)]) is None else collector.add(acc, f"{name}.grad"),
-                )
-                for name, p in ps
-            ]
-            for target, ps in self.params.items()
-        }
+        pending = measure_params(self.params, collector, lambda p: by_id[id(p)])
         collector.finalize()
-        out: dict[str, list[ParamStats]] = {}
         for target, rows in pending.items():
-            for p, _, _, grad in rows:
+            for (_, p), (_, _, grad) in zip(self.params[target], rows, strict=True):
                 if grad is not None:  # summed in float64; the gradient's own dtype is the weight's
                     grad.dtype = dtype_name(p.dtype)
-            out[target] = [finish_param((ps, w, g)) for _, ps, w, g in rows]
-        return out
+        return {target: [finish_param(row) for row in rows] for target, rows in pending.items()}
 
     def absorb(self, parts: Sequence[shards.Part]) -> None:
         """Every rank's part merged into this run (one part: this run's own, as it is)."""
@@ -530,10 +514,6 @@ class _FolderRun:
         calls = []
         for name, call in self.agg.order:
             forward, backward = self.orders.get((name, call), (None, None))
-            grads = {
-                kind: (self.agg.tensors(name, call, kind) or None) if self.backward else None
-                for kind in ("grad_inputs", "grad_outputs")
-            }
             calls.append(
                 LayerCall(
                     name,
@@ -542,8 +522,8 @@ class _FolderRun:
                     aliases[name],
                     self.agg.tensors(name, call, "inputs"),
                     self.agg.tensors(name, call, "outputs"),
-                    grad_inputs=grads["grad_inputs"],
-                    grad_outputs=grads["grad_outputs"],
+                    grad_inputs=self.agg.tensors(name, call, "grad_inputs") or None,
+                    grad_outputs=self.agg.tensors(name, call, "grad_outputs") or None,
                     params=params.pop(name, None),
                     forward_order=forward,
                     backward_order=backward,

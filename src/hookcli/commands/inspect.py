@@ -8,7 +8,7 @@ Every pass goes through the engine (engine/passes.py), which leaves the model as
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -109,7 +109,7 @@ def _one_run(
             hooked_pass(prepared, session, train=run.train, backward=backward) as result,
         ):
             if backward:
-                params = _params_by_target(prepared.targets, collector)
+                params = measure_params(claimed_params(prepared.targets), collector)
             measure(collector, result.output, "out", outputs)
             by_image = nonfinite_by_image(model_input, result.output, input_rows)
             input_grads = [
@@ -305,20 +305,23 @@ def claimed_params(targets: Sequence[Target]) -> dict[str, list[tuple[str, torch
     return {t.name: by_name[t.name] for t in targets}
 
 
-def _params_by_target(
-    targets: Sequence[Target], collector: StatsCollector
+def measure_params(
+    params: dict[str, list[tuple[str, torch.nn.Parameter]]],
+    collector: StatsCollector,
+    grad_of: Callable[[torch.nn.Parameter], torch.Tensor | None] = lambda p: p.grad,
 ) -> dict[str, list[PendingParam]]:
-    """Each selected module's parameters and their gradients, measured after backward."""
+    """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
+    run's sum over the batches), measured by the collector."""
     return {
         target: [
             (
                 ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
                 collector.add(p, name),
-                collector.add(p.grad, f"{name}.grad") if p.grad is not None else None,
+                None if (g := grad_of(p)) is None else collector.add(g, f"{name}.grad"),
             )
-            for name, p in params
+            for name, p in own
         ]
-        for target, params in claimed_params(targets).items()
+        for target, own in params.items()
     }
 
 

@@ -72,6 +72,15 @@ def join() -> Group | None:
     return Group(dist.get_rank(), world, backend, True)
 
 
+def spread_note(group: Group, images: Sequence[tuple[int, int]]) -> str:
+    """The report's note on how the work was spread: `images` is (rank, images it read)."""
+    share = ", ".join(f"rank {rank}: {n}" for rank, n in images)
+    return (
+        f"torchrun: {group.world} processes ({group.backend}), each on its own batches "
+        f"(batch k on rank k mod {group.world}); images read by {share}"
+    )
+
+
 def leave(group: Group | None) -> None:
     if group is not None and group.owned and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -121,8 +130,8 @@ def sum_tensors(
     backend's device (this rank's GPU for NCCL, the CPU for gloo) whatever device each one is
     on; a rank without one adds float64 zeros shaped like `like`; None where no rank has one."""
     dist = torch.distributed
-    device = torch.device("cuda", torch.cuda.current_device()) if group.backend == "nccl" else None
-    device = device or torch.device("cpu")
+    nccl = group.backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     have = torch.tensor([t is not None for t in tensors], dtype=torch.int64, device=device)
     dist.all_reduce(have)
     out: list[torch.Tensor | None] = []

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats
 
 ROW = 9
@@ -60,7 +61,6 @@ _KERNEL_AFTER = 256 << 20
 # `_cpu_row` widens at most this many elements to float64 at a time (a scratch copy that stays
 # in the cache, and bounded).
 _CHUNK = 1 << 18
-BACKENDS = ("auto", "kernel", "torch")
 
 
 class Kernels:
@@ -278,8 +278,8 @@ class StatsCollector:
         """backend: "auto" (torch reductions, then the numba kernels once the process has
         measured `_KERNEL_AFTER` bytes), "kernel" (numba from the first tensor, where numba
         works) or "torch" (never numba). They agree to rounding."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        if backend not in STATS_BACKENDS:
+            raise ValueError(f"backend must be one of {STATS_BACKENDS}, not {backend!r}")
         self._backend = backend
         self._kernels = kernels() if backend == "kernel" else None
         self._bins = hist_bins

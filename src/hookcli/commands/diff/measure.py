@@ -164,6 +164,17 @@ class Accumulator:
         self.nonfinite += int(sums[5])
         self.numel += numel
 
+    def merge(self, other: Accumulator) -> None:
+        """Another process's sums of the same difference added in (torchrun)."""
+        self.sd += other.sd
+        self.sa += other.sa
+        self.sb += other.sb
+        self.sab += other.sab
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.nonfinite += other.nonfinite
+        self.numel += other.numel
+        self.notes |= other.notes
+
     def result(self, path: str, tol: float) -> TensorDiff:
         d = TensorDiff(path, self.shape, self.numel, nonfinite=self.nonfinite)
         d.note = "; ".join(sorted(self.notes)) or None
@@ -223,6 +234,12 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     return np.array([d @ d, fa @ fa, fb @ fb, fa @ fb, top, float((~finite).sum())])
 
 
+def _absorb(into: dict[str, Accumulator], accs: Mapping[str, Accumulator]) -> None:
+    for path, acc in accs.items():
+        mine = into.setdefault(path, Accumulator(acc.shape))
+        mine.merge(acc)
+
+
 SCORES = ("(model)", 0, "scores")  # the reference side's class scores, in the spill
 TOPK = 5  # the top-k of prediction agreement
 
@@ -279,6 +296,14 @@ class Agreement:
                 self.overlap += len(both) / self.k
         self.images += a.shape[0]
 
+    def merge(self, other: Agreement) -> None:
+        """Another process's images added in (their flips' indices already global)."""
+        self.k = min(self.k, other.k)
+        self.images += other.images
+        self.same += other.same
+        self.overlap += other.overlap
+        self.flips = sorted([*self.flips, *other.flips], key=lambda f: f[0])
+
     def result(self, side: str, against: str, labels: Sequence[str] | None) -> dict[str, Any]:
         """As the report's JSON carries it."""
 
@@ -316,6 +341,19 @@ class Compared:
     outputs: dict[str, Accumulator] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
     agreement: Agreement | None = None  # None: no class scores on both sides
+
+    def absorb(self, other: Compared) -> None:
+        """Another process's sums merged in (torchrun): its calls after this one's."""
+        for key, (type_, accs) in other.calls.items():
+            _, mine = self.calls.setdefault(key, (type_, {}))
+            _absorb(mine, accs)
+        for key, rank in other.order.items():
+            self.order[key] = min(self.order.get(key, rank), rank)
+        _absorb(self.outputs, other.outputs)
+        self.missing |= other.missing
+        if other.agreement is not None:
+            self.agreement = self.agreement or Agreement()
+            self.agreement.merge(other.agreement)
 
     def agree(self, spill: Spill, scores: torch.Tensor | None, names: Sequence[str]) -> None:
         """This side's class scores against the reference's spilled ones."""

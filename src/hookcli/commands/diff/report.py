@@ -29,14 +29,7 @@ from hookcli import bounds
 from hookcli._version import __version__
 from hookcli.commands import shards
 from hookcli.commands.diff.align import align
-from hookcli.commands.diff.measure import (
-    SCORES,
-    Accumulator,
-    Agreement,
-    Compared,
-    Spill,
-    describe_over,
-)
+from hookcli.commands.diff.measure import SCORES, Accumulator, Compared, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
 from hookcli.commands.diff.tolerance import default_tol
@@ -182,11 +175,7 @@ def diff_report(
             merged = _merge_ranks(shards.gather(part, group), size)
             results, owns, scored, info = merged.results, merged.owns, merged.scored, merged.info
             seen = sum(merged.seen.values())
-            spread = (
-                f"torchrun: {group.world} processes ({group.backend}), each on its own batches "
-                f"(batch k on rank k mod {group.world}); images read by "
-                + ", ".join(f"rank {r}: {n}" for r, n in merged.seen.items())
-            )
+            spread = shards.spread_note(group, list(merged.seen.items()))
     finally:
         spill.close()
         shards.leave(group)
@@ -260,39 +249,8 @@ def _merge_ranks(parts: list[_RankPart], size: int) -> _Merged:
 def _merge_compared(parts: list[Compared]) -> Compared:
     out = Compared()
     for part in parts:
-        for key, (type_, accs) in part.calls.items():
-            _, mine = out.calls.setdefault(key, (type_, {}))
-            for path, acc in accs.items():
-                _add(mine, path, acc)
-        for key, rank in part.order.items():
-            out.order[key] = min(out.order.get(key, rank), rank)
-        for path, acc in part.outputs.items():
-            _add(out.outputs, path, acc)
-        out.missing |= part.missing
-        if part.agreement is not None:
-            out.agreement = out.agreement or Agreement()
-            into, a = out.agreement, part.agreement
-            into.k = min(into.k, a.k)
-            into.images += a.images
-            into.same += a.same
-            into.overlap += a.overlap
-            into.flips = sorted([*into.flips, *a.flips], key=lambda f: f[0])
+        out.absorb(part)
     return out
-
-
-def _add(accs: dict[str, Accumulator], path: str, acc: Accumulator) -> None:
-    have = accs.get(path)
-    if have is None:
-        accs[path] = dataclasses.replace(acc, notes=set(acc.notes))
-        return
-    have.sd += acc.sd
-    have.sa += acc.sa
-    have.sb += acc.sb
-    have.sab += acc.sab
-    have.max_abs = max(have.max_abs, acc.max_abs)
-    have.nonfinite += acc.nonfinite
-    have.numel += acc.numel
-    have.notes |= acc.notes
 
 
 def _batches(inputs: InputOptions, batch_size: int | None) -> list[InputOptions]:
