@@ -28,6 +28,7 @@ from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[str, float]:
     import torch
 
+    from hookcli.commands.diff import lockstep
     from hookcli.commands.diff.measure import Compared, Spill
     from hookcli.commands.diff.passes import compared_pass, reference_pass
     from hookcli.commands.diff.sides import parse_side, prepare_side
@@ -47,29 +48,39 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
             model_a(*x_a.args)
             model_b(*x_b.args)
 
-    def diff() -> None:
+    def through_spill(own: bool) -> None:
         spill = Spill()
         try:
-            reference_pass(ref, x_a, spill, isolate=False)
+            reference_pass(ref, x_a, spill, isolate=own)
             compared_pass(other, x_b, spill, isolate=False, compared=Compared())
+            if own:
+                compared_pass(other, x_b, spill, isolate=True, compared=Compared())
         finally:
             spill.close()
 
-    def diff_own() -> None:  # what `hookcli diff` runs by default (own error measured)
-        spill = Spill()
-        try:
-            reference_pass(ref, x_a, spill, isolate=True)
-            compared_pass(other, x_b, spill, isolate=False, compared=Compared())
-            compared_pass(other, x_b, spill, isolate=True, compared=Compared())
-        finally:
-            spill.close()
+    def side_by_side(own: bool) -> None:
+        consumers = [lockstep.Consumer("B", other, x_b, False, Compared())]
+        if own:
+            consumers.append(lockstep.Consumer("B, own", other, x_b, True, Compared()))
+        assert lockstep.run(ref, "A", x_a, consumers) is not None, "the sides did not keep step"
 
-    t = interleaved({"plain": plain, "diff": diff, "own": diff_own}, rounds)
+    t = interleaved(
+        {
+            "plain": plain,
+            "diff": lambda: side_by_side(False),
+            "own": lambda: side_by_side(True),
+            "spill": lambda: through_spill(False),
+            "spill_own": lambda: through_spill(True),
+        },
+        rounds,
+    )
     return {
         "plain_ms": t["plain"] * 1e3,
         "diff_ms": t["diff"] * 1e3,
         "ratio": t["diff"] / t["plain"],
         "own_ratio": t["own"] / t["plain"],
+        "spill_ratio": t["spill"] / t["plain"],
+        "spill_own_ratio": t["spill_own"] / t["plain"],
     }
 
 
@@ -131,8 +142,9 @@ def main() -> None:
             r = time_ratio(name, batch, side, rounds)
             print(
                 f"  {name} batch {batch}, float32 vs {side}: plain {r['plain_ms']:.0f} ms, "
-                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x; "
-                f"with own error (the default) {r['own_ratio']:.2f}x"
+                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x "
+                f"(through the spill {r['spill_ratio']:.2f}x); with own error (the default) "
+                f"{r['own_ratio']:.2f}x (through the spill {r['spill_own_ratio']:.2f}x)"
             )
     print("(b) peak RSS growth of a diff, chain of N linear layers with 1 MiB activations")
     for n in (8, 64, 256):

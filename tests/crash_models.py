@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from torch import nn
 
 
 def _die(how: str) -> None:
-    os.kill(os.getpid(), getattr(signal, how))
+    """As a native crash dies: the signal delivered to this thread, before anything else of it
+    runs (os.kill's may land on another thread, and this one return from the forward)."""
+    signal.pthread_kill(threading.get_ident(), getattr(signal, how))
 
 
 class Dies(nn.Module):

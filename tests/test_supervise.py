@@ -258,11 +258,20 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
     assert "boom" in r.stdout and "internal error" not in r.stderr
 
 
-def test_a_death_on_one_diff_side_names_the_side() -> None:
-    r = hookcli("diff", "tests.crash_models:DiesInBfloat16", "-i", "randn:2x4", "--b", "bfloat16")
+@pytest.mark.parametrize(
+    ("sides", "named"),
+    [
+        (["--b", "bfloat16"], "B (bfloat16)"),
+        (["--a", "bfloat16", "--b", "float32"], "A (bfloat16)"),
+    ],
+)
+def test_a_death_on_one_diff_side_names_the_side(sides: list[str], named: str) -> None:
+    """The sides run side by side, in two threads taking turns: the side named is the one
+    whose call was running, the reference's (A) or the compared one's (B)."""
+    r = hookcli("diff", "tests.crash_models:DiesInBfloat16", "-i", "randn:2x4", *sides)
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr)
-    assert "SIGILL" in line and "in layer boom call 0 (forward), diff side B (bfloat16)" in line
+    assert "SIGILL" in line and f"in layer boom call 0 (forward), diff side {named}" in line
 
 
 def _overcommits() -> bool:

@@ -378,8 +378,6 @@ class HookSession:
             entered = time.perf_counter_ns() if self.profile else 0
             call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
             self.counts[i] += 1
-            if self._beacon is not None:
-                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
             pending = PendingCall(call, entered=self._events)
             self._events += 1
             if self._probe is not None:
@@ -394,6 +392,8 @@ class HookSession:
                     call.error = f"could not replace the inputs: {exc}"
                 if replaced is not None:
                     args, kwargs = replaced
+            if self._beacon is not None:  # after on_input, which may wait for another thread
+                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
             if self.profile:
                 pending.parent = self._open[-1] if self._open else None
                 self._open.append(pending)

@@ -18,6 +18,7 @@ import contextlib
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -43,9 +44,21 @@ class Beacon:
 
     def __init__(self) -> None:
         self._map = mmap.mmap(-1, _SIZE)
-        self._stack: list[str] = []
+        self._stacks: dict[int, list[str]] = {}  # per thread: its hooked calls running
+        self._phases: dict[int, str] = {}  # a thread's own phase (diff's sides side by side)
         self._temps: list[str] = []
         self._last = ""
+
+    @property
+    def _stack(self) -> list[str]:
+        return self._stacks.setdefault(threading.get_ident(), [])
+
+    def _own_phase(self) -> None:
+        """A thread with a phase of its own writes it with its call: the last thread to write
+        is the one running (diff's sides take turns), so the two fields agree."""
+        mine = self._phases.get(threading.get_ident())
+        if mine is not None:
+            self._put(_PHASE, mine, 4096)
 
     # ---------------------------------------------------------------- child side
     def _put(self, offset: int, text: str, limit: int) -> None:
@@ -59,6 +72,7 @@ class Beacon:
     def enter(self, label: str) -> None:
         """A hooked call starts: it is what runs until it returns."""
         self._stack.append(label)
+        self._own_phase()
         self._put(_WHERE, f"in {label}", 4096)
 
     def leave(self) -> None:
@@ -66,6 +80,7 @@ class Beacon:
         if not self._stack:
             return
         done = self._stack.pop()
+        self._own_phase()
         if self._stack:
             self._put(_WHERE, f"in {self._stack[-1]}", 4096)
         else:
@@ -74,6 +89,7 @@ class Beacon:
 
     def at(self, text: str) -> None:
         """A place that is not a hooked forward call (a gradient arriving, a write)."""
+        self._own_phase()
         self._put(_WHERE, text, 4096)
 
     def phase(self, text: str) -> None:
@@ -152,6 +168,22 @@ def phase(text: str) -> Iterator[None]:
         yield
     finally:
         _beacon.phase(before)
+
+
+@contextlib.contextmanager
+def thread_phase(text: str) -> Iterator[None]:
+    """This thread's phase, while threads take turns (diff's sides side by side): written with
+    each of its calls, so that a crash names the side whose call was running."""
+    if _beacon is None:
+        yield
+        return
+    ident = threading.get_ident()
+    _beacon._phases[ident] = text
+    try:
+        yield
+    finally:
+        del _beacon._phases[ident]
+        _beacon._stacks.pop(ident, None)
 
 
 def track(path: str | os.PathLike[str]) -> None:

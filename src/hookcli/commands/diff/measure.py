@@ -6,14 +6,17 @@ across batches, what one compared side collects, and how a call past tolerance i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import mmap
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,6 +24,40 @@ import torch
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
 from hookcli.sources.model import LoadedModel
+
+Key = tuple[str, int, str]  # (layer name, call, tensor path: "out", "out[0]", "in[1]", "scores")
+Lookup = Callable[[str], "np.ndarray[Any, Any] | None"]  # a call's reference tensor by its path
+
+
+def as_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A reference tensor as the comparisons read it: on the CPU, contiguous, half precisions
+    widened to float32 (a view of the tensor itself when it already is all that)."""
+    x = t.detach()
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    return x.contiguous().cpu().numpy()
+
+
+class Sink(Protocol):
+    """Where the reference side's pass puts each call's tensors: the spill, or (lockstep.py)
+    a compared pass running beside it."""
+
+    def put(self, name: str, call: int, kind: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """One call's inputs (kind "in") or outputs ("out"; the model's own under "(model)")."""
+
+
+class Reference(Protocol):
+    """Where a compared pass reads the reference side's tensors from."""
+
+    @property
+    def index(self) -> Collection[Key]:
+        """Every tensor the reference side put, by key."""
+
+    def get(self, name: str, call: int, kind: str) -> AbstractContextManager[Lookup]:
+        """One call's tensors, readable by path inside the `with`."""
+
+    def pace(self) -> None:
+        """Before each call of the compared pass (side by side: the reference's turn)."""
 
 
 class Spill:
@@ -51,7 +88,7 @@ class Spill:
             raise
         self._fd: int | None = fd
         self._buf = bytearray()  # one reused read buffer for small tensors
-        self.index: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        self.index: dict[Key, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
         self._end = 0
         self.failed: OSError | None = None
 
@@ -61,13 +98,21 @@ class Spill:
             raise ValueError("the spill file is closed")
         return self._fd
 
-    def write(self, key: tuple[str, int, str], t: torch.Tensor) -> None:
+    def put(self, name: str, call: int, kind: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for path, t in tensors:
+            self.write((name, call, path), t)
+
+    @contextlib.contextmanager
+    def get(self, name: str, call: int, kind: str) -> Iterator[Lookup]:
+        yield lambda path: self.read((name, call, path))
+
+    def pace(self) -> None:
+        pass  # the reference pass is over
+
+    def write(self, key: Key, t: torch.Tensor) -> None:
         if self.failed is not None:
             return  # the run stops after this pass; nothing more to keep
-        x = t.detach()
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        arr = x.contiguous().cpu().numpy()
+        arr = as_array(t)
         start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
         data = arr.reshape(-1).view(np.uint8).data  # the bytes, no copy
         try:
@@ -98,7 +143,7 @@ class Spill:
             "set TMPDIR to a writable local disk.",
         )
 
-    def read(self, key: tuple[str, int, str]) -> np.ndarray[Any, Any] | None:
+    def read(self, key: Key) -> np.ndarray[Any, Any] | None:
         """The tensor written under key: a read-only view of its mapped pages, or (small
         tensors) a view of a buffer that the next read reuses."""
         found = self.index.get(key)
@@ -194,6 +239,11 @@ class Accumulator:
         return d
 
 
+# numba's parallel kernels, one call at a time: compared passes measure in threads of their
+# own (lockstep.py), and numba's fallback threading layer (workqueue) cannot take two at once
+_PARALLEL = threading.Lock()
+
+
 def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     from hookcli.engine.stats import kernels
 
@@ -210,7 +260,8 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     ):  # channels-last: read in its own order, no copy into the reference's layout
         nhwc = x.permute(0, 2, 3, 1)  # its own memory order: contiguous, no copy
         b4 = nhwc.view(torch.uint16).numpy() if x.dtype == torch.bfloat16 else nhwc.numpy()
-        ks.diff_nhwc(np.ascontiguousarray(ref), b4, out)
+        with _PARALLEL:
+            ks.diff_nhwc(np.ascontiguousarray(ref), b4, out)
         return out
     x = x.contiguous()
     if x.dtype == torch.bfloat16:  # the kernel reads bfloat16 bits itself: no float copy
@@ -221,8 +272,12 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     if b.dtype not in (a.dtype, np.uint16):
         wide = np.promote_types(a.dtype, b.dtype)
         a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
+    if ks is not None and a.size >= 1 << 15:
+        with _PARALLEL:
+            ks.diff[1](a, b, out)
+        return out
     if ks is not None and a.size:
-        (ks.diff[1] if a.size >= 1 << 15 else ks.diff[0])(a, b, out)
+        ks.diff[0](a, b, out)
         return out
     if b.dtype == np.uint16:  # bfloat16 bits → float32
         b = (b.astype(np.uint32) << 16).view(np.float32)
@@ -355,18 +410,19 @@ class Compared:
             self.agreement = self.agreement or Agreement()
             self.agreement.merge(other.agreement)
 
-    def agree(self, spill: Spill, scores: torch.Tensor | None, names: Sequence[str]) -> None:
-        """This side's class scores against the reference's spilled ones."""
-        ref = spill.read(SCORES)
+    def agree(
+        self, ref: np.ndarray[Any, Any] | None, scores: torch.Tensor | None, names: Sequence[str]
+    ) -> None:
+        """This side's class scores against the reference's."""
         if scores is None or ref is None:
             return
         if self.agreement is None:
             self.agreement = Agreement()
         self.agreement.add(ref, scores, names)
 
-    def note_missing(self, spill: Spill, why: str) -> None:
+    def note_missing(self, index: Iterable[Key], why: str) -> None:
         """Reference calls this side never produced an output for."""
-        for name, call, path in spill.index:
+        for name, call, path in index:
             if name != "(model)" and not path.startswith("in[") and (name, call) not in self.calls:
                 self.missing.add(f"{name} call {call}: {why}")
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.commands.diff.measure import Compared, Spill, class_scores, measure
+from hookcli.commands.diff.measure import SCORES, Compared, Spill, class_scores, measure
 from hookcli.engine.passes import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
@@ -156,5 +156,5 @@ def onnx_pass(
         measure(accs, "out", spill.read((name, call, "out")), got)
     first = torch.from_numpy(np.asarray(values[graph.output[0].name]))
     measure(compared.outputs, "out", spill.read(("(model)", 0, "out")), first)
-    compared.agree(spill, class_scores(prepared.loaded, first), model_input.sources)
-    compared.note_missing(spill, "not in the ONNX graph (no node of its own)")
+    compared.agree(spill.read(SCORES), class_scores(prepared.loaded, first), model_input.sources)
+    compared.note_missing(spill.index, "not in the ONNX graph (no node of its own)")

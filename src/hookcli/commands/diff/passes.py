@@ -11,12 +11,22 @@ from typing import Any
 
 import torch
 
-from hookcli.commands.diff.measure import SCORES, Compared, Spill, class_scores, measure
+from hookcli.commands.diff.measure import (
+    SCORES,
+    Compared,
+    Reference,
+    Sink,
+    Spill,
+    class_scores,
+    measure,
+)
 from hookcli.commands.diff.sides import SideRun
 from hookcli.engine.hooks import HookSession, PendingCall
 from hookcli.engine.passes import hooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.tree import iter_tensors
+
+MODEL = ("(model)", 0, "out")  # the model's own output (and class scores), after every call
 
 
 def real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -28,17 +38,22 @@ def real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield path, t
 
 
-def reference_pass(run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool) -> None:
+def reference_pass(run: SideRun, model_input: ModelInput, sink: Sink, isolate: bool) -> None:
+    """The reference side's hooked pass: each selected call's outputs (and, isolate, its
+    inputs) put in the sink, then the model's output and class scores."""
+
     def keep_output(pending: PendingCall, output: Any) -> None:
         c = pending.call
-        for path, t in real(output):
-            spill.write((c.name, c.call, path), t)
+        sink.put(c.name, c.call, "out", list(real(output)))
 
     def keep_input(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         c = pending.call
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.is_floating_point():
-                spill.write((c.name, c.call, f"in[{i}]"), a)
+        floats = [
+            (f"in[{i}]", a)
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+        ]
+        sink.put(c.name, c.call, "in", floats)
 
     p = run.prepared
     session = HookSession(
@@ -49,15 +64,19 @@ def reference_pass(run: SideRun, model_input: ModelInput, spill: Spill, isolate:
         torch.no_grad(),
         hooked_pass(p, session, model_input=model_input) as result,
     ):
-        for path, t in real(result.output):
-            spill.write(("(model)", 0, path), t)
+        final = list(real(result.output))
         scores = class_scores(p.loaded, result.output)
         if scores is not None:
-            spill.write(SCORES, scores)
+            final.append((SCORES[2], scores))
+        sink.put(*MODEL, final)
 
 
 def compared_pass(
-    run: SideRun, model_input: ModelInput, spill: Spill, isolate: bool, compared: Compared
+    run: SideRun,
+    model_input: ModelInput,
+    ref: Reference,
+    isolate: bool,
+    compared: Compared,
 ) -> None:
     """The hooked pass of a compared side; fed the reference's inputs (isolate), its
     predictions are not its own, so they are not compared."""
@@ -67,40 +86,47 @@ def compared_pass(
         c = pending.call
         _, accs = compared.calls.setdefault((c.name, c.call), (c.type, {}))
         compared.order.setdefault((c.name, c.call), pending.finished or 0)
-        for path, t in real(output):
-            measure(accs, path, spill.read((c.name, c.call, path)), t)
+        with ref.get(c.name, c.call, "out") as lookup:
+            for path, t in real(output):
+                measure(accs, path, lookup(path), t)
+
+    def pace(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ref.pace()
 
     def feed(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         c = pending.call
         new = list(args)
-        for i, a in enumerate(args):
-            if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_quantized):
-                continue
-            ref = spill.read((c.name, c.call, f"in[{i}]"))
-            if ref is None or tuple(ref.shape) != tuple(a.shape):
-                continue
-            x = torch.from_numpy(ref.copy())  # a copy: the read buffer is reused
-            if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
-                x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
-            else:
-                x = x.to(a.device, a.dtype)
-            if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
-                x = x.contiguous(memory_format=torch.channels_last)
-            new[i] = x
+        with ref.get(c.name, c.call, "in") as lookup:
+            for i, a in enumerate(args):
+                if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_quantized):
+                    continue
+                given = lookup(f"in[{i}]")
+                if given is None or tuple(given.shape) != tuple(a.shape):
+                    continue
+                x = torch.from_numpy(given.copy())  # a copy: the reference's buffer moves on
+                if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
+                    x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
+                else:
+                    x = x.to(a.device, a.dtype)
+                if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
+                    x = x.contiguous(memory_format=torch.channels_last)
+                new[i] = x
+        ref.pace()  # the reference's input taken: its call runs first
         return tuple(new), kwargs
 
-    session = HookSession(p.targets, None, on_output=compare, on_input=feed if isolate else None)
+    session = HookSession(p.targets, None, on_output=compare, on_input=feed if isolate else pace)
     with (
         run.side.context(p.device),
         torch.no_grad(),
         hooked_pass(p, session, model_input=model_input) as result,
+        ref.get(*MODEL) as lookup,
     ):
         for path, t in real(result.output):
-            measure(compared.outputs, path, spill.read(("(model)", 0, path)), t)
+            measure(compared.outputs, path, lookup(path), t)
         if not isolate:
             scores = class_scores(p.loaded, result.output)
-            compared.agree(spill, scores, model_input.sources)
-    compared.note_missing(spill, "only on the reference side")
+            compared.agree(lookup(SCORES[2]), scores, model_input.sources)
+    compared.note_missing(ref.index, "only on the reference side")
 
 
 def side_pass(

@@ -28,6 +28,7 @@ from typing import Any
 from hookcli import bounds
 from hookcli._version import __version__
 from hookcli.commands import shards
+from hookcli.commands.diff import lockstep
 from hookcli.commands.diff.align import align
 from hookcli.commands.diff.measure import SCORES, Accumulator, Compared, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
@@ -126,6 +127,7 @@ def diff_report(
     group = shards.join() if batches and not twin else None
     mine = group.batches(len(batches)) if group is not None else list(range(len(batches)))
     spill = Spill()
+    side_by_side = False  # the sides run side by side (lockstep.py), else through the spill
     seen = 0
     scored = False  # the reference's output is class scores
     first_input: ModelInput | None = None
@@ -143,22 +145,31 @@ def diff_report(
                     for run in runs:
                         quantizable_twin(run, selection, model_input)
                 align([run.prepared for run in runs])  # fused units compared as one
+                side_by_side = lockstep.fits(runs)  # till a batch does not fit
             first_input = first_input or model_input
-            spill.reset()
-            with beacon.phase(f"diff side {labels[0]} ({runs[0].side.describe()})"):
-                inputs_too = isolate or any(o is not None for o in owns)
-                reference_pass(runs[0], reference.cast(model_input, base.device), spill, inputs_too)
-            spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
-            scored = scored or SCORES in spill.index
-            for label, run, result, own_result in zip(
-                labels[1:], runs[1:], results, owns, strict=True
-            ):
-                side_input = run.side.cast(model_input, run.prepared.device)
-                with beacon.phase(f"diff side {label} ({run.side.describe()})"):
-                    side_pass(run, side_input, spill, isolate, result)
-                if own_result is not None:
-                    with beacon.phase(f"diff side {label} ({run.side.describe()}), own error"):
-                        side_pass(run, side_input, spill, True, own_result)
+            ref_input = reference.cast(model_input, base.device)
+            side_inputs = [run.side.cast(model_input, run.prepared.device) for run in runs[1:]]
+            consumers = [
+                lockstep.Consumer(f"{label} ({run.side.describe()}){note}", run, x, iso, acc)
+                for label, run, x, result, own_result in zip(
+                    labels[1:], runs[1:], side_inputs, results, owns, strict=True
+                )
+                for iso, acc, note in ((isolate, result, ""), (True, own_result, ", own error"))
+                if acc is not None
+            ]
+            done = None
+            described = f"{labels[0]} ({runs[0].side.describe()})"
+            if side_by_side:
+                sides = ", ".join(
+                    f"{lab} ({r.side.describe()})" for lab, r in zip(labels, runs, strict=True)
+                )
+                with beacon.phase(f"diff sides {sides}, side by side"):
+                    done = lockstep.run(runs[0], described, ref_input, consumers)
+                side_by_side = done is not None
+            if done is not None:
+                scored = scored or SCORES in done
+            else:
+                scored = _through_spill(runs[0], described, ref_input, consumers, spill) or scored
             seen += model_input.shapes()[0][0] if model_input.shapes() else 1
         info = None
         if first_input is not None:
@@ -197,6 +208,25 @@ def diff_report(
         notes=notes,
         folder=where,
     )
+
+
+def _through_spill(
+    reference: SideRun,
+    described: str,
+    ref_input: ModelInput,
+    consumers: list[lockstep.Consumer],
+    spill: Spill,
+) -> bool:
+    """One batch: the reference side's pass spilling its tensors, then each compared pass
+    reading them back; whether the reference's output is class scores."""
+    spill.reset()
+    with beacon.phase(f"diff side {described}"):
+        reference_pass(reference, ref_input, spill, any(c.isolate for c in consumers))
+    spill.raise_if_failed()  # a tensor not spilled is not "only on this side"
+    for c in consumers:
+        with beacon.phase(f"diff side {c.described}"):
+            side_pass(c.run, c.model_input, spill, c.isolate, c.compared)
+    return SCORES in spill.index
 
 
 @dataclasses.dataclass(slots=True)

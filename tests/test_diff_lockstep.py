@@ -1,0 +1,224 @@
+"""diff's sides side by side (commands/diff/lockstep.py): the reference side's tensors handed
+straight to the compared passes give the very report the spill gives, never touch the spill
+when the sides keep step, and fall back to it — with the same report — when they do not."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hookcli.commands.diff import diff_report, lockstep, parse_side
+from hookcli.commands.diff.measure import Spill
+from hookcli.commands.diff.sides import prepare_side
+from hookcli.errors import ModelError
+from hookcli.options import InputOptions, ModelOptions, Selection
+from hookcli.records import DiffReport
+from tests.models import Chain
+from tests.test_dataset import make_folder
+
+CHAIN = "tests/models.py:Chain"
+
+
+@pytest.fixture
+def spilled(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
+    """The keys written to the spill, as the diffs of a test write them."""
+    keys: list[tuple[str, int, str]] = []
+    write = Spill.write
+
+    def counting(self: Spill, key: tuple[str, int, str], t: torch.Tensor) -> None:
+        keys.append(key)
+        write(self, key, t)
+
+    monkeypatch.setattr(Spill, "write", counting)
+    return keys
+
+
+def _both(
+    monkeypatch: pytest.MonkeyPatch, run: Any, spilled: list[Any], *, in_step: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report side by side (in_step: with nothing spilled), and through the spill."""
+    side_by_side = run().to_dict()
+    assert (spilled == []) is in_step
+    monkeypatch.setattr(lockstep, "ENABLED", False)
+    through_spill = run().to_dict()
+    monkeypatch.setattr(lockstep, "ENABLED", True)
+    return side_by_side, through_spill
+
+
+def _report(model: Any, b: str = "bfloat16", **kw: Any) -> DiffReport:
+    specs = kw.pop("specs", ("randn:8x16",))
+    return diff_report(
+        ModelOptions(model, device="cpu"),
+        kw.pop("selection", Selection()),
+        kw.pop("inputs", InputOptions(specs=specs)),
+        parse_side(kw.pop("a", "float32"), "--a"),
+        parse_side(b, "--b"),
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # accumulated and own error: two rounds, each with its own reference pass
+        {"own": False},
+        {"isolate": True},
+        {"b": "float16", "ref": parse_side("float64", "--ref")},  # two compared sides at once
+    ],
+    ids=["own", "no-own", "isolate", "ref"],
+)
+def test_side_by_side_equals_the_spill_and_spills_nothing(
+    kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch, spilled: list[Any]
+) -> None:
+    threads = threading.active_count()
+    a, b = _both(monkeypatch, lambda: _report(CHAIN, **kw), spilled)
+    assert a == b
+    assert {k[0] for k in spilled} == {"l1", "l2", "l3", "l4", "act", "(model)"}
+    assert threading.active_count() == threads  # every pass's thread joined
+
+
+def test_a_real_network_with_a_folder_in_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spilled: list[Any]
+) -> None:
+    folder = make_folder(tmp_path / "data", 5, size=64)
+    a, b = _both(
+        monkeypatch,
+        lambda: diff_report(
+            ModelOptions("resnet18", device="cpu"),
+            Selection(layers=("layer1.0.*", "layer4.1.*", "fc")),
+            InputOptions((str(folder),)),
+            parse_side("float32", "--a"),
+            parse_side("channels_last", "--b"),
+            batch_size=2,
+        ),
+        spilled,
+    )
+    assert a == b
+    assert a["agreement"]["B"]["images"] == 5
+    assert {k[0] for k in spilled} >= {"layer1.0.relu", "fc", "(model)"}  # the spill's run only
+    spilled.clear()
+    diff_report(  # a twin (int8) side runs side by side too
+        ModelOptions("resnet18", device="cpu"),
+        Selection(layers=("layer1.0.conv1",)),
+        InputOptions(specs=("randn:1x3x64x64",)),
+        parse_side("float32", "--a"),
+        parse_side("quantized", "--b"),
+    )
+    assert spilled == []
+
+
+class CallsMoreInHalf(nn.Module):
+    """Calls l2 a second time when it runs in bfloat16: the sides' calls part ways."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.l2(self.l1(x))
+        if x.dtype == torch.bfloat16:
+            h = self.l2(h)
+        return self.l3(h)
+
+
+class CallsLessInHalf(CallsMoreInHalf):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.l1(x)
+        return self.l3(h if x.dtype == torch.bfloat16 else self.l2(h))
+
+
+class SwapsInHalf(CallsMoreInHalf):
+    """As many calls on each side, in another order: l2 before l1 in bfloat16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.bfloat16:
+            return self.l3(self.l1(self.l2(x)))
+        return self.l3(self.l2(self.l1(x)))
+
+
+class Noisy(Chain):
+    """Draws random numbers in its forward (eval mode too): the sides share torch's generator,
+    so side by side each would draw the other's numbers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.l1(x)
+        h = h + torch.randn_like(h)
+        return self.l4(self.act(self.l3(self.act(self.l2(h)))))
+
+
+@pytest.mark.parametrize("model", [CallsMoreInHalf, CallsLessInHalf, SwapsInHalf, Noisy])
+@pytest.mark.parametrize("own", [True, False])
+def test_passes_that_part_ways_fall_back_to_the_spill(
+    model: type[nn.Module], own: bool, monkeypatch: pytest.MonkeyPatch, spilled: list[Any]
+) -> None:
+    def run() -> DiffReport:
+        torch.manual_seed(0)
+        return _report(model().eval(), own=own)
+
+    a, b = _both(monkeypatch, run, spilled, in_step=False)
+    assert a == b  # the batch ran again through the spill: the same report
+    n = len(spilled)
+    assert n % 2 == 0 and spilled[: n // 2] == spilled[n // 2 :]  # spilled in both runs
+    if model is Noisy:  # both sides drew the same noise: bfloat16 rounding only
+        assert all(c["b"][0]["rel_l2"] < 0.05 for c in a["calls"])
+    elif model is SwapsInHalf:  # each call against its own: the same layer, other inputs
+        assert sorted(c["name"] for c in a["calls"]) == ["l1", "l2", "l3"]
+    else:
+        assert a["missing"] or any(c["b"][0]["note"] for c in a["calls"])
+
+
+class FailsInHalf(Chain):
+    """Raises (or is interrupted) in l3, on one side only."""
+
+    def __init__(self, dtype: torch.dtype, error: type[BaseException]) -> None:
+        super().__init__()
+        self.dtype, self.error = dtype, error
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.l2(self.act(self.l1(x))))
+        if x.dtype == self.dtype:
+            raise self.error("boom in half precision")
+        return self.l4(self.act(self.l3(h)))
+
+
+@pytest.mark.parametrize("side", [torch.float32, torch.bfloat16])  # reference, compared
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_side_that_fails_raises_as_the_spill_would(
+    side: torch.dtype, error: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = threading.active_count()
+    model = FailsInHalf(side, error).eval()
+    raised = []
+    for enabled in (True, False):
+        monkeypatch.setattr(lockstep, "ENABLED", enabled)
+        with pytest.raises(ModelError if error is RuntimeError else error) as info:
+            _report(model)
+        raised.append(str(info.value))
+        assert threading.active_count() == threads
+    assert raised[0] == raised[1]
+    if error is RuntimeError:
+        assert "boom in half precision" in raised[0]
+    for m in model.modules():  # hooks gone from the user's module (each side a copy of it)
+        assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_sides_that_cannot_run_at_once_do_not_try() -> None:
+    model = Chain().eval()
+    options = ModelOptions(model, device="cpu")
+
+    def side(spec: str) -> Any:
+        return prepare_side(options, Selection(), parse_side(spec, "--a"), with_input=None)
+
+    shared = [side("autocast"), side("autocast")]  # neither changes the module: the user's
+    assert shared[0].prepared.loaded.module is shared[1].prepared.loaded.module
+    assert not lockstep.fits(shared)
+    assert lockstep.fits([side("float32"), side("bfloat16")])  # each a copy
+    assert not lockstep.fits([side("float32"), side("compile")])
+    assert not lockstep.fits([side("float32"), side("bfloat16, seed=1")])
+    with_onnx = [side("float32"), side("onnx")]
+    assert not lockstep.fits(with_onnx)
