@@ -2,12 +2,14 @@
 
 Prints, measured side by side in one process (time) and in fresh subprocesses (memory):
 
-(a) time of a diff (the reference side's hooked pass with its outputs spilled to disk, then the
-    other side's hooked pass comparing every leaf call's output) ÷ the two plain passes
-    (model_a(x_a) + model_b(x_b)), medians of interleaved rounds; target at most 1.5x;
-    and the same for the default diff, which also measures each layer's own error: the
-    reference spills its inputs too and the other side runs once more fed them (--no-own
-    skips that pass);
+(a) time of a diff ÷ the two plain passes (model_a(x_a) + model_b(x_b)), medians of
+    interleaved rounds; target at most 1.5x. A diff runs the sides side by side: the reference
+    side's hooked pass in a thread of its own hands each leaf call's output to the other side's
+    hooked pass, which measures its own output against it (commands/diff/lockstep.py). Beside
+    it, the same diff through the spill (the reference side's outputs written to disk, then
+    read back by the other side's pass), which a diff falls back to when the sides cannot keep
+    step. And both again for the default diff, which also measures each layer's own error: a
+    second round in which the other side is fed the reference's inputs (--no-own skips it);
 (b) peak RSS growth of a diff of a chain of N linear layers (1 MiB activations) for growing N:
     flat means the reference side's activations are not held in memory.
 

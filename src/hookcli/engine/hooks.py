@@ -168,6 +168,7 @@ class HookSession:
         self.profile = profile
         self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
+        self.resets = 0  # forwards forgotten by reset(), to run again
         self._finished = 0
         self._events = 0  # pre- and post-hook events: PendingCall.entered / returned
         self._grad_events = 0
@@ -215,6 +216,7 @@ class HookSession:
     def reset(self) -> None:
         """Forget the calls of a forward that failed, before the same forward runs again
         (engine: a model that needs autograd in its forward). The hooks stay."""
+        self.resets += 1
         self.remove_tensor_hooks()
         if self._beacon is not None:
             for _ in self.open_calls():
@@ -378,6 +380,8 @@ class HookSession:
             entered = time.perf_counter_ns() if self.profile else 0
             call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
             self.counts[i] += 1
+            if self._beacon is not None:
+                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
             pending = PendingCall(call, entered=self._events)
             self._events += 1
             if self._probe is not None:
@@ -392,8 +396,8 @@ class HookSession:
                     call.error = f"could not replace the inputs: {exc}"
                 if replaced is not None:
                     args, kwargs = replaced
-            if self._beacon is not None:  # after on_input, which may wait for another thread
-                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
+                if self._beacon is not None:  # on_input may have waited for another thread
+                    self._beacon.again()
             if self.profile:
                 pending.parent = self._open[-1] if self._open else None
                 self._open.append(pending)

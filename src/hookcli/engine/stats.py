@@ -89,6 +89,24 @@ def _load_kernels() -> Kernels | None:
     return Kernels(_kernels)
 
 
+def kernel_threads() -> int | None:
+    """The threads the kernels use in this thread (None: no kernels)."""
+    if kernels() is None:
+        return None
+    import numba
+
+    return int(numba.get_num_threads())
+
+
+def use_kernel_threads(n: int | None) -> None:
+    """In another thread (diff's sides side by side): numba's thread count is per thread, and
+    a parallel sum's digits depend on it; the same count as the thread that loaded them."""
+    if n is not None:
+        import numba
+
+        numba.set_num_threads(n)
+
+
 @functools.cache
 def kernels() -> Kernels | None:
     """Loaded on first use (numba costs ~0.5 s to import and load), once per process."""

@@ -87,6 +87,14 @@ class Beacon:
             self._last = done
             self._put(_WHERE, f"after {done} returned", 4096)
 
+    def again(self) -> None:
+        """This thread's running call, written again: it waited while another thread's calls
+        were written (diff's sides take turns)."""
+        stack = self._stack
+        if stack:
+            self._own_phase()
+            self._put(_WHERE, f"in {stack[-1]}", 4096)
+
     def at(self, text: str) -> None:
         """A place that is not a hooked forward call (a gradient arriving, a write)."""
         self._own_phase()
@@ -94,7 +102,7 @@ class Beacon:
 
     def phase(self, text: str) -> None:
         """A new phase (building the model, a pass, a diff side): no call runs yet."""
-        self._stack.clear()
+        self._stacks.clear()  # every thread's: a thread that died in a call left its own
         self._put(_WHERE, "", 4096)
         self._put(_PHASE, text, 4096)
 

@@ -21,16 +21,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from hookcli.commands.diff.measure import Compared, Key, Lookup, as_array
 from hookcli.commands.diff.passes import compared_pass, reference_pass
 from hookcli.commands.diff.sides import Compile, SideRun
+from hookcli.engine.stats import kernel_threads, use_kernel_threads
 from hookcli.errors import ModelError
 from hookcli.inputs import ModelInput
 from hookcli.runtime import beacon
@@ -55,20 +57,26 @@ class Consumer:
     compared: Compared
 
 
+REFERENCE = -1  # the reference pass, among the compared passes' indices
+
+
 class Exchange:
     """The one-slot rendezvous between the reference pass (`put`) and the compared passes
-    (`reader(i).get`)."""
+    (`reader(i).get`), and the turn: one pass at a time runs model code, the others are parked
+    at a hook. So code between hooks never runs in two passes at once either (a draw from
+    torch's generator, a lazy module's first call), and `unchanged()` — the generator as
+    seeded — is checked at each handover."""
 
-    def __init__(self, isolate: Sequence[bool]) -> None:
+    def __init__(self, isolate: Sequence[bool], unchanged: Callable[[], bool]) -> None:
         self._cv = threading.Condition()
         self._isolate = list(isolate)
+        self._unchanged = unchanged
         self._slot: tuple[tuple[str, int, str], dict[str, np.ndarray[Any, Any]]] | None = None
         self._waiting: set[int] = set()  # the passes yet to read the slot
         self._ended: set[int] = set()  # compared passes that are over
         self._over = False  # the reference pass is over
+        self._runner: int | None = None  # whose turn it is: REFERENCE, a compared pass, nobody
         self._posted: set[tuple[str, int, str]] = set()
-        self._puts = 0  # events put so far
-        self._seen = [0] * len(isolate)  # per compared pass: the events it has paced past
         self.index: set[Key] = set()
         self.broken: str | None = None
 
@@ -77,14 +85,42 @@ class Exchange:
         """Whether some compared pass is fed the reference's inputs."""
         return any(self._isolate)
 
-    def _break(self, why: str) -> None:  # under the lock
+    # ---------------------------------------------------------------- under the lock
+    def _break(self, why: str) -> None:
         if self.broken is None:
             self.broken = why
+        self._cv.notify_all()
+
+    def _wait(self, me: int, ready: Callable[[], bool]) -> None:
+        """Go on once ready() holds and it is this pass's turn: keep the turn when ready
+        already, else give it up and wait for it (or for the exchange to break)."""
+        if self._runner == me:
+            if ready():
+                return
+            self._runner = None
+            self._cv.notify_all()
+        while self.broken is None and not (ready() and self._runner is None):
+            self._cv.wait()
+        if self.broken is None:
+            self._runner = me
+
+    def _mine(self, i: int) -> bool:
+        return self._slot is not None and i in self._waiting
+
+    def _leave(self, me: int) -> None:
+        if self._runner == me:
+            self._runner = None
         self._cv.notify_all()
 
     def abort(self, why: str) -> None:
         with self._cv:
             self._break(why)
+
+    # ---------------------------------------------------------------- the reference pass
+    def begin(self) -> None:
+        """The reference pass starts, with the turn."""
+        with self._cv:
+            self._wait(REFERENCE, lambda: True)
 
     def put(self, name: str, call: int, kind: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
         arrays = {path: as_array(t) for path, t in tensors}
@@ -95,15 +131,14 @@ class Exchange:
             need = {i for i, iso in enumerate(self._isolate) if kind == "out" or iso}
             if need & self._ended:
                 self._break(f"a compared side ended before {name} call {call}")
+            if not self._unchanged():
+                self._break("a forward drew from torch's generator")
             if self.broken is not None:
                 raise _Abandoned
             self._posted.add(key)
             self.index.update((name, call, path) for path in arrays)
             self._slot, self._waiting = (key, arrays), need
-            self._puts += 1
-            self._cv.notify_all()
-            while self._waiting and self.broken is None:
-                self._cv.wait()
+            self._wait(REFERENCE, lambda: not self._waiting)
             self._slot = None
             if self.broken is not None:
                 raise _Abandoned
@@ -112,23 +147,26 @@ class Exchange:
         """The reference pass is over (or failed)."""
         with self._cv:
             self._over = True
-            self._cv.notify_all()
+            self._leave(REFERENCE)
 
+    # ---------------------------------------------------------------- a compared pass
     def reader(self, i: int) -> Reader:
         return Reader(self, i)
+
+    def _begin(self, i: int) -> None:
+        """A compared pass starts once the reference pass has stopped at its first event."""
+        with self._cv:
+            self._wait(i, lambda: self._mine(i) or self._over)
 
     @contextlib.contextmanager
     def _get(self, i: int, name: str, call: int, kind: str) -> Iterator[Lookup]:
         with self._cv:
-            while self.broken is None and not (self._slot is not None and i in self._waiting):
-                if self._over:
-                    self._break(f"the reference side has no {name} call {call}")
-                else:
-                    self._cv.wait()
+            self._wait(i, lambda: self._mine(i) or self._over)
+            if self.broken is None and not self._mine(i):
+                self._break(f"the reference side has no {name} call {call}")
             if self.broken is not None or self._slot is None:
                 raise _Abandoned
             key, arrays = self._slot
-            self._seen[i] = self._puts  # paced past it
             if key != (name, call, kind):
                 self._break(f"the sides' calls differ: {key[0]} call {key[1]} against {name}")
                 raise _Abandoned
@@ -141,20 +179,19 @@ class Exchange:
                     self._cv.notify_all()
 
     def _pace(self, i: int) -> None:
-        """Before a compared pass's call runs: wait until the reference pass has stopped at
-        its next event, so that the two compute one after the other, not at once (two
-        passes' thread pools on the same cores slow each other down more than they gain)."""
+        """Before a compared pass's call runs: its turn comes once the reference pass has
+        stopped at an event this pass has yet to read (so the passes compute one after the
+        other: two thread pools on the same cores slow each other down more than they gain).
+        A container's call and its first child's both go on the same stop."""
         with self._cv:
-            while self.broken is None and not self._over and self._puts == self._seen[i]:
-                self._cv.wait()
-            self._seen[i] = self._puts
+            self._wait(i, lambda: self._mine(i) or self._over)
 
     def _ended_pass(self, i: int) -> None:
         with self._cv:
             self._ended.add(i)
             if i in self._waiting:
                 self._break("a compared side ended before the reference side")
-            self._cv.notify_all()
+            self._leave(i)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +211,15 @@ class Reader:
     def pace(self) -> None:
         self.exchange._pace(self.i)
 
+    def begin(self) -> None:
+        self.exchange._begin(self.i)
+
 
 def fits(runs: Sequence[SideRun]) -> bool:
     """Whether these sides can run side by side: hooked passes (no ONNX Runtime), no
-    torch.compile (dynamo compiles in one thread at a time), no module, parameter or buffer
-    shared by two sides, one seed (the generator check below), on the CPU or CUDA."""
+    torch.compile (dynamo compiles in one thread at a time), no lazy module yet to draw its
+    weights, no module, parameter or buffer shared by two sides, one seed (the generator
+    check), on the CPU or CUDA."""
     if not ENABLED or len(runs) < 2:
         return False
     owners: set[int] = set()
@@ -188,6 +229,11 @@ def fits(runs: Sequence[SideRun]) -> bool:
         if run.prepared.device.type not in ("cpu", "cuda"):
             return False
         module = run.prepared.loaded.module
+        if any(
+            isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()
+            for m in module.modules()
+        ):
+            return False  # its first call draws its weights: a pass that falls back keeps them
         mine = {id(x) for x in (*module.modules(), *module.parameters(), *module.buffers())}
         if mine & owners:
             return False
@@ -219,8 +265,9 @@ def run(
             rounds.append([])
         rounds[n].append(c)
     index: set[Key] | None = set()
-    for group in rounds:
-        index = _round(reference, described, model_input, group)
+    for group in rounds:  # each round's reference pass on its own copy of the input
+        copied = model_input.map(lambda _path, t: t.clone())
+        index = _round(reference, described, copied, group)
         if index is None:
             for c, saved in zip(consumers, kept, strict=True):  # for the spill to run again
                 _restore(c.compared, saved)
@@ -234,25 +281,31 @@ def _round(
     """The reference pass in a thread of its own, the last compared pass in this one (Ctrl-C
     arrives here), the others in threads of their own. Each writes its calls to the crash
     beacon under its side's name: the passes take turns, so the last to write is running."""
-    exchange = Exchange([c.isolate for c in consumers])
-    seeded = _seeded_state(reference.prepared.seed)
-    errors: dict[int, BaseException] = {}  # -1: the reference pass
+    cuda, seeded = _seeded_state(reference.prepared.seed)
+    exchange = Exchange([c.isolate for c in consumers], lambda: _state(cuda) == seeded)
+    errors: dict[int, BaseException] = {}  # REFERENCE, or a compared pass's index
+    threads_of_kernels = kernel_threads()
 
     def produce() -> None:
         try:
+            exchange.begin()
+            use_kernel_threads(threads_of_kernels)
             with beacon.thread_phase(f"diff side {described}"):
                 reference_pass(reference, model_input, exchange, exchange.inputs)
         except BaseException as exc:
-            errors[-1] = exc
+            errors[REFERENCE] = exc
             exchange.abort("the reference side failed")
         finally:
             exchange.end()
 
     def consume(i: int) -> None:
         c = consumers[i]
+        reader = exchange.reader(i)
         try:
+            reader.begin()
+            use_kernel_threads(threads_of_kernels)
             with beacon.thread_phase(f"diff side {c.described}"):
-                compared_pass(c.run, c.model_input, exchange.reader(i), c.isolate, c.compared)
+                compared_pass(c.run, c.model_input, reader, c.isolate, c.compared)
         except BaseException as exc:
             errors[i] = exc
             exchange.abort("a compared side failed")
@@ -265,22 +318,28 @@ def _round(
         threading.Thread(target=consume, args=(i,), name=f"hookcli-diff-{i}", daemon=True)
         for i in range(last)
     ]
-    for t in threads:
-        t.start()
+    started: list[threading.Thread] = []
     try:
-        consume(last)
         for t in threads:
+            t.start()
+            started.append(t)
+        consume(last)
+        for t in started:
             t.join()
     except BaseException:  # Ctrl-C while waiting for the others: stop them too
         exchange.abort("interrupted")
-        for t in threads:
+        for t in started:
             t.join()
         raise
-    for i in (-1, *range(len(consumers))):
-        exc = errors.get(i)
-        if exc is not None and not _abandoned(exc):
+    failed = {i: e for i, e in errors.items() if not _abandoned(e)}
+    if REFERENCE in failed:  # as the spill would: the reference pass runs first
+        raise failed[REFERENCE]
+    for exc in failed.values():
+        if not isinstance(exc, Exception):  # Ctrl-C and the like: at once
             raise exc
-    return exchange.index if exchange.broken is None and _state() == seeded else None
+    if failed:  # a compared side's error: the spill runs the batch again, and raises it
+        return None  # after a reference pass that ran to its end (which may fail later)
+    return exchange.index if exchange.broken is None and _state(cuda) == seeded else None
 
 
 def _abandoned(exc: BaseException) -> bool:
@@ -294,15 +353,17 @@ def _restore(into: Compared, saved: Compared) -> None:
     into.missing, into.agreement = saved.missing, saved.agreement
 
 
-def _state() -> list[bytes]:
-    """torch's generators (CPU, and CUDA when it is in use), as bytes."""
+def _state(cuda: bool) -> list[bytes]:
+    """torch's generators (CPU, and with `cuda` every CUDA device's), as bytes."""
     states = [torch.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if cuda:
         states += torch.cuda.get_rng_state_all()
     return [bytes(s.numpy().tobytes()) for s in states]
 
 
-def _seeded_state(seed: int) -> list[bytes]:
-    """The generators as every pass leaves them when its forward draws nothing: seeded."""
+def _seeded_state(seed: int) -> tuple[bool, list[bytes]]:
+    """The generators as every pass leaves them when its forward draws nothing: seeded (CUDA's
+    when CUDA is in use already: the sides' models are on their devices by now)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     torch.manual_seed(seed)
-    return _state()
+    return cuda, _state(cuda)

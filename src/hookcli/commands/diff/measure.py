@@ -397,6 +397,18 @@ class Compared:
     missing: set[str] = field(default_factory=set)
     agreement: Agreement | None = None  # None: no class scores on both sides
 
+    def add_calls(
+        self,
+        calls: Mapping[tuple[str, int], tuple[str, Mapping[str, Accumulator]]],
+        order: Mapping[tuple[str, int], int],
+    ) -> None:
+        """One pass's calls added in (a later batch's: the first batch's order stays)."""
+        for key, (type_, accs) in calls.items():
+            _, mine = self.calls.setdefault(key, (type_, {}))
+            _absorb(mine, accs)
+        for key, rank in order.items():
+            self.order.setdefault(key, rank)
+
     def absorb(self, other: Compared) -> None:
         """Another process's sums merged in (torchrun): its calls after this one's."""
         for key, (type_, accs) in other.calls.items():

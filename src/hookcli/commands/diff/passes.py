@@ -13,6 +13,7 @@ import torch
 
 from hookcli.commands.diff.measure import (
     SCORES,
+    Accumulator,
     Compared,
     Reference,
     Sink,
@@ -81,11 +82,20 @@ def compared_pass(
     """The hooked pass of a compared side; fed the reference's inputs (isolate), its
     predictions are not its own, so they are not compared."""
     p = run.prepared
+    # this pass's calls, added to `compared` once its forward is over: a forward that fails
+    # and runs again with gradients (hooked_pass) forgets its first try's calls
+    calls: dict[tuple[str, int], tuple[str, dict[str, Accumulator]]] = {}
+    order: dict[tuple[str, int], int] = {}
+    tries = [0]
 
     def compare(pending: PendingCall, output: Any) -> None:
         c = pending.call
-        _, accs = compared.calls.setdefault((c.name, c.call), (c.type, {}))
-        compared.order.setdefault((c.name, c.call), pending.finished or 0)
+        if session.resets != tries[0]:
+            calls.clear()
+            order.clear()
+            tries[0] = session.resets
+        _, accs = calls.setdefault((c.name, c.call), (c.type, {}))
+        order.setdefault((c.name, c.call), pending.finished or 0)
         with ref.get(c.name, c.call, "out") as lookup:
             for path, t in real(output):
                 measure(accs, path, lookup(path), t)
@@ -121,6 +131,7 @@ def compared_pass(
         hooked_pass(p, session, model_input=model_input) as result,
         ref.get(*MODEL) as lookup,
     ):
+        compared.add_calls(calls, order)
         for path, t in real(result.output):
             measure(compared.outputs, path, lookup(path), t)
         if not isolate:

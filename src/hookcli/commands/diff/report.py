@@ -147,12 +147,17 @@ def diff_report(
                 align([run.prepared for run in runs])  # fused units compared as one
                 side_by_side = lockstep.fits(runs)  # till a batch does not fit
             first_input = first_input or model_input
-            ref_input = reference.cast(model_input, base.device)
-            side_inputs = [run.side.cast(model_input, run.prepared.device) for run in runs[1:]]
+            ref_input = reference.cast(_copied(model_input), base.device)
             consumers = [
-                lockstep.Consumer(f"{label} ({run.side.describe()}){note}", run, x, iso, acc)
-                for label, run, x, result, own_result in zip(
-                    labels[1:], runs[1:], side_inputs, results, owns, strict=True
+                lockstep.Consumer(
+                    f"{label} ({run.side.describe()}){note}",
+                    run,
+                    run.side.cast(_copied(model_input), run.prepared.device),
+                    iso,
+                    acc,
+                )
+                for label, run, result, own_result in zip(
+                    labels[1:], runs[1:], results, owns, strict=True
                 )
                 for iso, acc, note in ((isolate, result, ""), (True, own_result, ", own error"))
                 if acc is not None
@@ -208,6 +213,12 @@ def diff_report(
         notes=notes,
         folder=where,
     )
+
+
+def _copied(model_input: ModelInput) -> ModelInput:
+    """The input, each tensor a copy: every pass gets its own (a side's cast may hand back the
+    very tensor, and a forward that changes its input in place would change the next pass's)."""
+    return model_input.map(lambda _path, t: t.clone())
 
 
 def _through_spill(
