@@ -2,9 +2,13 @@
 
 - sides.py: one class per side kind (dtype, autocast, channels_last, quantized, compile, onnx,
   weights/seed/device), the composite `Side`, `parse_side` and the kinds' registry;
-- passes.py: the reference side's hooked pass (spilling) and a compared side's pass;
+- passes.py: the reference side's hooked pass (putting each call's tensors in a sink) and a
+  compared side's pass (reading them back);
+- lockstep.py: the sides side by side, each pass in a thread, taking turns, the reference's
+  tensors handed over call by call (the sink and source of most diffs);
 - onnx.py: the onnx side's own pass (ONNX Runtime, calls found in the exported graph);
-- measure.py: the spill file, the exact sums of a difference, what a compared side collects
+- measure.py: the spill file (the sink and source when sides cannot run side by side), the
+  exact sums of a difference, what a compared side collects
   (and its predictions' agreement with the reference's);
 - align.py: which calls two sides compare when their module trees differ (fused units as one,
   Identity rows left by fusion marked);
