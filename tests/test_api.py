@@ -166,7 +166,9 @@ def test_api_options_are_checked_by_command() -> None:
         hookcli.inspect(HEALTHY, input_specs=["randn:4x4"], max_abs=1.0)
     with pytest.raises(TypeError, match="topk"):
         hookcli.check(HEALTHY, input_specs=["randn:4x4"], topk=3)
-    with pytest.raises(TypeError, match="batch_size"):
+    with pytest.raises(TypeError, match="per_image"):  # check makes no predictions
+        hookcli.check(HEALTHY, input_specs=["randn:4x4"], per_image=True)
+    with pytest.raises(UsageError, match="batch image files and folders"):  # check batches them
         hookcli.check(HEALTHY, input_specs=["randn:4x4"], batch_size=2)
     with pytest.raises(TypeError, match="layers"):
         hookcli.maps("resnet18", str(CAT), layer="conv1", layers=["fc"])

@@ -338,3 +338,27 @@ def test_unreadable_images_behave_the_same_in_small_and_batched_folders(
     named = [str(folder / "cats" / "0001.png"), str(broken)]
     r = runner.invoke(app, ["inspect", "resnet18", *named, "-l", "fc", *mode])
     assert_one_line_error(r, 2, "zz_broken.jpg", "give a readable image file")
+
+
+def test_check_over_a_folder_runs_in_batches(tmp_path: Path) -> None:
+    """check takes folders as inspect does: in batches (--batch-size; more images than one
+    batch holds, by default), its rules over the merged statistics, which equal one batch's."""
+    folder = make_folder(tmp_path / "data", 6, size=64)
+    rules = {"max_abs": 1e9, "min_std": 1e-12, "fail_on": ["nonfinite", "dead"]}
+    whole = hookcli.check("resnet18", str(folder), layers=["layer4.1.*", "fc"], **rules)
+    parts = hookcli.check(
+        "resnet18", str(folder), layers=["layer4.1.*", "fc"], batch_size=4, **rules
+    )
+    assert "6 images" in parts.input.description  # a folder run: 2 batches
+    assert [(c.rule, c.passed) for c in parts.checks] == [(c.rule, c.passed) for c in whole.checks]
+    for w, p in zip(whole.layers, parts.layers, strict=True):
+        assert (w.name, w.call) == (p.name, p.call)
+        a, b = p.outputs[0], w.outputs[0]
+        assert (a.numel, a.zeros, a.min, a.max) == (b.numel, b.zeros, b.min, b.max)
+        for key in ("mean", "std", "norm"):
+            assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-9), key
+    r = runner.invoke(
+        app, ["check", "resnet18", str(folder), "-l", "fc", "--batch-size", "4", "-f", "json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["input"]["description"] == parts.input.description

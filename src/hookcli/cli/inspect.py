@@ -189,6 +189,10 @@ def check(
     backward: Annotated[
         bool, typer.Option("--backward", help="Also run backward (gradients are checked too).")
     ] = DEFAULTS.rules.backward,
+    batch_size: opt.BatchSizeOpt = None,
+    limit: opt.LimitOpt = None,
+    workers: opt.WorkersOpt = DEFAULTS.batching.workers,
+    strict: opt.StrictOpt = DEFAULTS.inputs.strict,
     dead_after: runlog.DeadAfterOpt = None,
     min_grad_norm: runlog.MinGradNormOpt = None,
     max_grad_norm: runlog.MaxGradNormOpt = None,

@@ -54,7 +54,7 @@ Running = Callable[[bool], AbstractContextManager[Progress | None]]
 # of the option objects they fill
 RULE_KEYS = field_names(RuleOptions)
 INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
-BATCH_KEYS = field_names(Batching)  # inspect's and grads' folder runs
+BATCH_KEYS = field_names(Batching)  # folder runs (check: no --per-image)
 PICTURE_KEYS = ("weights", "seed", "device", "model_args", "output_key", "input_specs", "strict")
 
 
@@ -78,7 +78,7 @@ def run_command(
     if command == "check":
         rules = for_check(rules)
     inv = command_invocation(command, inv, rules)
-    folder = folder_options(inv, batching) if command in ("inspect", "grads") else None
+    folder = folder_options(inv, batching)
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
     with context as progress:
         if folder is not None:
@@ -110,10 +110,9 @@ def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocatio
 def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]) -> Report:
     """hookcli.inspect/grads/check: keyword arguments → the option objects → run_command."""
     rule_keys = RULE_KEYS if command == "check" else INSPECT_RULE_KEYS
-    batch_keys = BATCH_KEYS if command in ("inspect", "grads") else ()
-    allowed = {*API_KEYS, *rule_keys, *batch_keys}
+    allowed = {*API_KEYS, *rule_keys, *BATCH_KEYS}
     if command == "check":
-        allowed.discard("topk")  # check makes no predictions
+        allowed -= {"topk", "per_image"}  # check makes no predictions
     for key in options:
         if key not in allowed:
             raise TypeError(
@@ -122,7 +121,7 @@ def api_report(command: str, model: Any, inputs: Any, options: Mapping[str, Any]
             )
     given = dict(options)
     rule_options = {k: given.pop(k) for k in rule_keys if k in given}
-    batching = pick(Batching, {k: given.pop(k) for k in batch_keys if k in given})
+    batching = pick(Batching, {k: given.pop(k) for k in BATCH_KEYS if k in given})
     inv = Invocation.from_api(model, inputs, given, backward=command != "inspect")
     if inv.run.save is not None:
         from hookcli.io.output import claim
