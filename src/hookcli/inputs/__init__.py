@@ -110,6 +110,11 @@ class ModelInput:
     def to(self, device: torch.device) -> ModelInput:
         return self.map(lambda _path, t: t.to(device))
 
+    def copy(self) -> ModelInput:
+        """Each tensor a copy of its own (for a pass whose forward may change its input in
+        place)."""
+        return self.map(lambda _path, t: t.clone())
+
 
 def from_images(paths: Sequence[str], model: LoadedModel, *, strict: bool = False) -> ModelInput:
     skipped: list[tuple[str, str]] = []

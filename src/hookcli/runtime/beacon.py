@@ -72,8 +72,7 @@ class Beacon:
     def enter(self, label: str) -> None:
         """A hooked call starts: it is what runs until it returns."""
         self._stack.append(label)
-        self._own_phase()
-        self._put(_WHERE, f"in {label}", 4096)
+        self.again()
 
     def leave(self) -> None:
         """A hooked call returned: the enclosing call runs again, or nothing hooked does."""
@@ -88,8 +87,8 @@ class Beacon:
             self._put(_WHERE, f"after {done} returned", 4096)
 
     def again(self) -> None:
-        """This thread's running call, written again: it waited while another thread's calls
-        were written (diff's sides take turns)."""
+        """This thread's running call, written: as it starts, and again after it waited while
+        another thread's calls were written (diff's sides take turns)."""
         stack = self._stack
         if stack:
             self._own_phase()

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ class _Abandoned(BaseException):
     the hooks let it through, as the user's forward would not catch it."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Consumer:
     """A compared pass: its side (as a crash message names it), its input, whether it is fed
     the reference's inputs, and what it accumulates."""
@@ -107,6 +107,10 @@ class Exchange:
     def _mine(self, i: int) -> bool:
         return self._slot is not None and i in self._waiting
 
+    def _turn(self, i: int) -> None:
+        """A compared pass's turn: the reference pass stopped at an event for it, or over."""
+        self._wait(i, lambda: self._mine(i) or self._over)
+
     def _leave(self, me: int) -> None:
         if self._runner == me:
             self._runner = None
@@ -153,15 +157,10 @@ class Exchange:
     def reader(self, i: int) -> Reader:
         return Reader(self, i)
 
-    def _begin(self, i: int) -> None:
-        """A compared pass starts once the reference pass has stopped at its first event."""
-        with self._cv:
-            self._wait(i, lambda: self._mine(i) or self._over)
-
     @contextlib.contextmanager
     def _get(self, i: int, name: str, call: int, kind: str) -> Iterator[Lookup]:
         with self._cv:
-            self._wait(i, lambda: self._mine(i) or self._over)
+            self._turn(i)
             if self.broken is None and not self._mine(i):
                 self._break(f"the reference side has no {name} call {call}")
             if self.broken is not None or self._slot is None:
@@ -179,12 +178,13 @@ class Exchange:
                     self._cv.notify_all()
 
     def _pace(self, i: int) -> None:
-        """Before a compared pass's call runs: its turn comes once the reference pass has
-        stopped at an event this pass has yet to read (so the passes compute one after the
-        other: two thread pools on the same cores slow each other down more than they gain).
-        A container's call and its first child's both go on the same stop."""
+        """Before a compared pass starts, and before each of its calls runs: its turn comes
+        once the reference pass has stopped at an event this pass has yet to read (so the
+        passes compute one after the other: two thread pools on the same cores slow each
+        other down more than they gain). A container's call and its first child's both go on
+        the same stop."""
         with self._cv:
-            self._wait(i, lambda: self._mine(i) or self._over)
+            self._turn(i)
 
     def _ended_pass(self, i: int) -> None:
         with self._cv:
@@ -194,7 +194,7 @@ class Exchange:
             self._leave(i)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Reader:
     """What one compared pass reads the exchange through (measure.Reference)."""
 
@@ -210,9 +210,6 @@ class Reader:
 
     def pace(self) -> None:
         self.exchange._pace(self.i)
-
-    def begin(self) -> None:
-        self.exchange._begin(self.i)
 
 
 def fits(runs: Sequence[SideRun]) -> bool:
@@ -253,9 +250,6 @@ def run(
     (which costs less than spilling the reference's inputs and outputs and reading them back).
     A failure of a pass is raised, the reference side's first, as the spill's passes, one
     after another, would raise it."""
-    from hookcli.engine.stats import kernels
-
-    kernels()  # loaded here, once, not by two passes at a time
     kept = [copy.deepcopy(c.compared) for c in consumers]
     rounds: list[list[Consumer]] = []
     taken: dict[int, int] = {}  # id(run) → its passes placed so far
@@ -266,8 +260,7 @@ def run(
         rounds[n].append(c)
     index: set[Key] | None = set()
     for group in rounds:  # each round's reference pass on its own copy of the input
-        copied = model_input.map(lambda _path, t: t.clone())
-        index = _round(reference, described, copied, group)
+        index = _round(reference, described, model_input.copy(), group)
         if index is None:
             for c, saved in zip(consumers, kept, strict=True):  # for the spill to run again
                 _restore(c.compared, saved)
@@ -284,7 +277,7 @@ def _round(
     cuda, seeded = _seeded_state(reference.prepared.seed)
     exchange = Exchange([c.isolate for c in consumers], lambda: _state(cuda) == seeded)
     errors: dict[int, BaseException] = {}  # REFERENCE, or a compared pass's index
-    threads_of_kernels = kernel_threads()
+    threads_of_kernels = kernel_threads()  # loads the kernels here, not in two passes at once
 
     def produce() -> None:
         try:
@@ -302,7 +295,7 @@ def _round(
         c = consumers[i]
         reader = exchange.reader(i)
         try:
-            reader.begin()
+            reader.pace()  # the reference pass first, to its first event
             use_kernel_threads(threads_of_kernels)
             with beacon.thread_phase(f"diff side {c.described}"):
                 compared_pass(c.run, c.model_input, reader, c.isolate, c.compared)
@@ -349,8 +342,8 @@ def _abandoned(exc: BaseException) -> bool:
 
 
 def _restore(into: Compared, saved: Compared) -> None:
-    into.calls, into.order, into.outputs = saved.calls, saved.order, saved.outputs
-    into.missing, into.agreement = saved.missing, saved.agreement
+    for f in dataclasses.fields(Compared):
+        setattr(into, f.name, getattr(saved, f.name))
 
 
 def _state(cuda: bool) -> list[bytes]:

@@ -403,17 +403,20 @@ class Compared:
         order: Mapping[tuple[str, int], int],
     ) -> None:
         """One pass's calls added in (a later batch's: the first batch's order stays)."""
-        for key, (type_, accs) in calls.items():
-            _, mine = self.calls.setdefault(key, (type_, {}))
-            _absorb(mine, accs)
+        self._add_sums(calls)
         for key, rank in order.items():
             self.order.setdefault(key, rank)
 
-    def absorb(self, other: Compared) -> None:
-        """Another process's sums merged in (torchrun): its calls after this one's."""
-        for key, (type_, accs) in other.calls.items():
+    def _add_sums(
+        self, calls: Mapping[tuple[str, int], tuple[str, Mapping[str, Accumulator]]]
+    ) -> None:
+        for key, (type_, accs) in calls.items():
             _, mine = self.calls.setdefault(key, (type_, {}))
             _absorb(mine, accs)
+
+    def absorb(self, other: Compared) -> None:
+        """Another process's sums merged in (torchrun): its calls after this one's."""
+        self._add_sums(other.calls)
         for key, rank in other.order.items():
             self.order[key] = min(self.order.get(key, rank), rank)
         _absorb(self.outputs, other.outputs)

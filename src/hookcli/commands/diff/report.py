@@ -121,6 +121,7 @@ def diff_report(
         )
         for i, s in enumerate([reference, *compared])
     ]
+    names = [f"{lab} ({run.side.describe()})" for lab, run in zip(labels, runs, strict=True)]
     results = [Compared() for _ in compared]
     owns = [Compared() if own_pass and lab not in blocked else None for lab in labels[1:]]
     # torchrun: global batch k on rank k mod N (a twin is calibrated on batch 0: not spread)
@@ -147,34 +148,30 @@ def diff_report(
                 align([run.prepared for run in runs])  # fused units compared as one
                 side_by_side = lockstep.fits(runs)  # till a batch does not fit
             first_input = first_input or model_input
-            ref_input = reference.cast(_copied(model_input), base.device)
+            ref_input = reference.cast(model_input.copy(), base.device)
             consumers = [
                 lockstep.Consumer(
-                    f"{label} ({run.side.describe()}){note}",
+                    f"{name}{note}",
                     run,
-                    run.side.cast(_copied(model_input), run.prepared.device),
+                    run.side.cast(model_input.copy(), run.prepared.device),
                     iso,
                     acc,
                 )
-                for label, run, result, own_result in zip(
-                    labels[1:], runs[1:], results, owns, strict=True
+                for name, run, result, own_result in zip(
+                    names[1:], runs[1:], results, owns, strict=True
                 )
                 for iso, acc, note in ((isolate, result, ""), (True, own_result, ", own error"))
                 if acc is not None
             ]
             done = None
-            described = f"{labels[0]} ({runs[0].side.describe()})"
             if side_by_side:
-                sides = ", ".join(
-                    f"{lab} ({r.side.describe()})" for lab, r in zip(labels, runs, strict=True)
-                )
-                with beacon.phase(f"diff sides {sides}, side by side"):
-                    done = lockstep.run(runs[0], described, ref_input, consumers)
+                with beacon.phase(f"diff sides {', '.join(names)}, side by side"):
+                    done = lockstep.run(runs[0], names[0], ref_input, consumers)
                 side_by_side = done is not None
             if done is not None:
                 scored = scored or SCORES in done
             else:
-                scored = _through_spill(runs[0], described, ref_input, consumers, spill) or scored
+                scored = _through_spill(runs[0], names[0], ref_input, consumers, spill) or scored
             seen += model_input.shapes()[0][0] if model_input.shapes() else 1
         info = None
         if first_input is not None:
@@ -213,12 +210,6 @@ def diff_report(
         notes=notes,
         folder=where,
     )
-
-
-def _copied(model_input: ModelInput) -> ModelInput:
-    """The input, each tensor a copy: every pass gets its own (a side's cast may hand back the
-    very tensor, and a forward that changes its input in place would change the next pass's)."""
-    return model_input.map(lambda _path, t: t.clone())
 
 
 def _through_spill(
