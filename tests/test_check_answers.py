@@ -6,6 +6,7 @@ rows listed once, and the hint's punctuation. Oracles: torch on the same model a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -411,3 +412,21 @@ def test_which_image_in_a_list_input_is_one_per_element() -> None:
     b[2, :2, :2] = float("nan")
     got = nonfinite_by_image(ModelInput(([a, b],), "", ["a.jpg", "b.jpg"]), [{"x": a}, {"x": b}])
     assert [(g.image, g.source, g.input_nan, g.output_nan) for g in got] == [(1, "b.jpg", 4, 4)]
+
+
+def test_which_image_the_quick_finite_check_never_hides_a_nan_or_inf() -> None:
+    """nonfinite_rows skips a CPU tensor whose sum is finite; a sum that overflows (large finite
+    values) or that Inf and -Inf make NaN still gets the exact per-image count."""
+    from hookcli.commands.inspect import nonfinite_rows
+
+    big = torch.full((2, 4), 3e38)  # finite; the float32 sum overflows
+    nan, inf = nonfinite_rows(big, 2, "in")
+    assert nan.tolist() == [0, 0] and inf.tolist() == [0, 0]
+    both = torch.zeros(3, 4, dtype=torch.float64)
+    both[1, 0], both[1, 1], both[2, 3] = math.inf, -math.inf, math.nan
+    nan, inf = nonfinite_rows(both, 3, "in")
+    assert nan.tolist() == [0, 0, 1] and inf.tolist() == [0, 2, 0]
+    half = torch.zeros(2, 3, dtype=torch.bfloat16)
+    half[0, 2] = math.nan
+    nan, _ = nonfinite_rows((half,), 2, "in")
+    assert nan.tolist() == [1, 0]

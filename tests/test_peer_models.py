@@ -574,3 +574,31 @@ def test_diff_of_a_lazy_model_counts_its_parameters_after_the_passes() -> None:
     report = hookcli.diff(LazyNet(), torch.randn(2, 7), b="float64", device="cpu")
     assert report.model.params == 7 * 5 + 5 + 5 * 3 + 3
     assert [c.name for c in report.calls] == ["a", "b"]
+
+
+def test_buffer_snapshot_restores_every_kind_of_change() -> None:
+    """A write that moves no version counter (as batch_norm's kernel does), a buffer given
+    another shape through `.data`, one replaced and one added: all come back, the same
+    objects, and an unchanged buffer is not written."""
+    from hookcli.engine.passes import BufferSnapshot
+
+    mods = [torch.nn.Module() for _ in range(3)]
+    for i, m in enumerate(mods):
+        m.register_buffer("a", torch.full((4,), float(i)))
+        m.register_buffer("n", torch.tensor(i, dtype=torch.long))
+        m.register_buffer("flag", torch.tensor([True, False]))
+    objects = [dict(m._buffers) for m in mods]
+    before = [{k: v.clone() for k, v in m._buffers.items()} for m in mods]
+    snap = BufferSnapshot(mods)
+    v_untouched = mods[2].a._version
+    mods[0].a.data.add_(1.0)  # through .data: the buffer's own version does not move
+    assert mods[0].a._version == objects[0]["a"]._version
+    mods[1].n.data = torch.zeros(3, dtype=torch.long)  # another shape, the same object
+    mods[1].flag = torch.tensor([False, False])  # replaced
+    mods[2].register_buffer("extra", torch.ones(1))  # added
+    snap.restore()
+    for m, objs, want in zip(mods, objects, before, strict=True):
+        assert dict(m._buffers).keys() == want.keys()
+        for k, b in m._buffers.items():
+            assert b is objs[k] and b.shape == want[k].shape and torch.equal(b, want[k]), k
+    assert mods[2].a._version == v_untouched, "an unchanged buffer is not written"

@@ -80,3 +80,33 @@ def test_aliases_are_one_target_with_every_name() -> None:
 def test_bad_depth() -> None:
     with pytest.raises(UsageError, match="depth"):
         select(module_entries(Aliased()), depth=0)
+
+
+def test_parameter_counts_equal_each_modules_own_parameters() -> None:
+    """Subtree counts are built from the children's; the oracle is module.parameters() (each
+    shared parameter once per subtree) on a model with a module reachable by two paths, one
+    of them met after its second parent, and a weight tied across two layers."""
+    from torch import nn
+
+    from hookcli.engine.selection import count_params
+
+    shared = nn.Linear(3, 3)
+    tied = nn.Linear(3, 3)
+    head = nn.Linear(3, 3, bias=False)
+    head.weight = tied.weight
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(3, 4), shared),
+        nn.Sequential(nn.Sequential(shared, tied), head),
+        nn.ModuleDict({"again": nn.Sequential(shared), "norm": nn.LayerNorm(3)}),
+    )
+    model.extra = nn.Parameter(nn.init.zeros_(nn.Linear(2, 2).weight.detach().clone()))
+    entries = module_entries(model)
+    assert len(entries) == len({id(m) for m in model.modules()})
+    for e in entries:
+        assert e.params == count_params(e.module), e.names
+        assert e.own_params == sum(p.numel() for p in e.module.parameters(recurse=False))
+    assert entries[0].params == (12 + 4) + 12 + 12 + 6 + 4, "tied and shared once"
+    resnet = torchvision.models.resnet18()
+    assert [e.params for e in module_entries(resnet)] == [
+        count_params(m) for m in dict.fromkeys(resnet.modules())
+    ]

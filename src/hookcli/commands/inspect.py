@@ -8,6 +8,7 @@ Every pass goes through the engine (engine/passes.py), which leaves the model as
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -222,13 +223,23 @@ def nonfinite_rows(values: Any, batch: int, root: str) -> RowCounts:
         return nan, inf
     found: list[torch.Tensor] = []
     for _, t in iter_tensors(values, root):
-        if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch:
+        if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch and not _finite(t):
             flat = t.detach().reshape(batch, -1)
             found.append(torch.stack([flat.isnan().sum(1), flat.isinf().sum(1)]))
     if found:
         both = torch.stack([f.to(found[0].device) for f in found]).sum(0).cpu()
         nan, inf = both[0], both[1]
     return nan, inf
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Known at once that a CPU tensor holds no NaN/Inf: its sum is finite (one fast read;
+    a NaN or Inf anywhere makes the sum NaN or Inf). A sum that overflows only sends the
+    tensor to the exact count. Off the CPU, never known without waiting for the device."""
+    if not t.is_cpu:
+        return False
+    acc = torch.float64 if t.dtype is torch.float64 else torch.float32
+    return math.isfinite(float(t.detach().sum(dtype=acc)))
 
 
 def nonfinite_by_image(

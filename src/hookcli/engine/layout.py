@@ -84,17 +84,17 @@ def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:
     """How many tokens precede the patch grid, as the model says: timm's `num_prefix_tokens`,
     else its class/distillation/register token parameters (torchvision `class_token`, timm and
     Hugging Face `cls_token`, `distillation_token`, `register_tokens`)."""
-    told = getattr(model, "num_prefix_tokens", None)
-    if isinstance(told, int) and not isinstance(told, bool):
-        return told, "the model's num_prefix_tokens"
     count = 0
-    for name, value in [*model.named_parameters(), *model.named_buffers()]:
-        if name.rpartition(".")[2] in _PREFIX_PARAMS:
-            count += int(value.shape[-2]) if value.dim() == 3 else 1
-    for name, module in model.named_modules():  # timm: the attribute lives on the ViT inside
+    seen: set[int] = set()  # a tensor reachable by two names counts once
+    for module in model.modules():  # the root first; timm: the attribute may live inside
         told = getattr(module, "num_prefix_tokens", None)
-        if name and isinstance(told, int) and not isinstance(told, bool):
+        if isinstance(told, int) and not isinstance(told, bool):
             return told, "the model's num_prefix_tokens"
+        for table in (module._parameters, module._buffers):
+            for key, value in table.items():
+                if key in _PREFIX_PARAMS and value is not None and id(value) not in seen:
+                    seen.add(id(value))
+                    count += int(value.shape[-2]) if value.dim() == 3 else 1
     if count:
         return count, "the model's class token" + ("s" if count > 1 else "")
     return None, ""
@@ -123,7 +123,10 @@ def model_hints(model: nn.Module) -> ModelHints:
     first: set[str] = set()
     convs: set[str] = set()
     windows: dict[str, str] = {}
-    permutes = any(type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules())
+    kinds = {type(m).__name__ for m in model.modules()}
+    permutes = "Permute" in kinds and any(
+        type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules()
+    )
     model_fmt = _format(model)
     state = [model_fmt or NCHW]
     source = ""
@@ -154,7 +157,7 @@ def model_hints(model: nn.Module) -> ModelHints:
             last.add(name)
 
     visit("", model, model_fmt or "")
-    for name, module in model.named_modules():
+    for name, module in model.named_modules() if "WindowPartition" in kinds else ():
         kids = {type(m).__name__: n for n, m in module.named_children()}
         if "WindowPartition" in kids and "WindowDepartition" in kids:
             inner = f"{name}." if name else ""

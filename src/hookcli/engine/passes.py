@@ -405,7 +405,9 @@ class BufferSnapshot:
                     m._buffers[name] = orig
                 if copy is None:
                     continue
-                if version is None or _version(orig) != version or not _same(orig, copy):
+                if orig.shape != copy.shape or orig.dtype != copy.dtype:
+                    orig.data = copy.clone()  # given another shape or dtype through `.data`
+                elif version is None or _version(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
             for b, copy in self.scripted:
                 if not _same(b, copy):

@@ -144,12 +144,25 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
 def recount(entries: Sequence[ModuleEntry]) -> None:
     """Parameter counts, again after a forward has materialised lazy parameters. Subtree
     totals count a shared parameter once per subtree (as module.parameters())."""
-    for entry in entries:
-        entry.own_params = sum(numel(p) for p in entry.module._parameters.values())
-        if entry.own_params == 0 and entry.leaf:
-            entry.params = 0
-            continue
-        entry.params = count_params(entry.module) if not entry.leaf else entry.own_params
+    # each module's subtree parameters by identity, built from its children's: entries come
+    # parents first, so in reverse a module's children are counted before it (an alias met
+    # later is counted the long way)
+    below: dict[int, dict[int, int]] = {}
+    for entry in reversed(entries):
+        module = entry.module
+        own = {id(p): numel(p) for p in module._parameters.values() if p is not None}
+        entry.own_params = sum(numel(p) for p in module._parameters.values())
+        subtree = own
+        for child in module._modules.values():
+            if child is None:
+                continue
+            counted = below.get(id(child))
+            if counted is None:
+                subtree = {id(p): numel(p) for p in module.parameters()}
+                break
+            subtree = subtree | counted if subtree else counted
+        below[id(module)] = subtree
+        entry.params = entry.own_params if entry.leaf else sum(subtree.values())
 
 
 def _default(entry: ModuleEntry) -> bool:

@@ -32,12 +32,11 @@ measured by magnitude, sparse tensors densified, float16/bfloat16 widened to flo
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -351,8 +350,10 @@ class StatsCollector:
             self._hists[idx] = counts
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
-        with contextlib.suppress(TypeError):  # no weakref support: measured again next time
+        try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
             self._seen[key] = (weakref.ref(t), version, idx)
+        except TypeError:  # no weakref support: measured again next time
+            pass
         return stats
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
@@ -386,19 +387,21 @@ class StatsCollector:
 
     def finalize(self) -> None:
         """Fill every TensorStats handed out since the last finalize: one transfer per device."""
-        out = np.empty((len(self._rows), ROW), dtype=np.float64)
+        # CPU rows are tuples of floats already; device rows come over in one transfer each
+        out: list[Sequence[float]] = []
         by_device: dict[torch.device, list[int]] = {}
         for i, row in enumerate(self._rows):
             if isinstance(row, torch.Tensor):
                 by_device.setdefault(row.device, []).append(i)
+                out.append(_EMPTY_ROW)  # replaced below
             else:
-                out[i] = row
+                out.append(row)
         for idxs in by_device.values():
-            rows = [self._rows[i] for i in idxs]
-            stacked = torch.stack(rows)  # type: ignore[arg-type]
-            out[idxs] = stacked.to("cpu", torch.float64).numpy()
+            stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
+            for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
+                out[i] = values
         self._resolve_values()
-        self._resolve_hists(out)
+        self._resolve_hists()
         for stats, idx in self._handed_out:
             _fill(stats, out[idx])
         for kept in (self._handed_out, self._wants_values, self._wants_hist, self._rows):
@@ -406,7 +409,7 @@ class StatsCollector:
         for table in (self._notes, self._values, self._hists, self._hist_range, self._seen):
             table.clear()
 
-    def _resolve_hists(self, rows: np.ndarray[Any, Any]) -> None:
+    def _resolve_hists(self) -> None:
         by_device: dict[torch.device, list[int]] = {}
         for i, h in self._hists.items():
             if isinstance(h, torch.Tensor):
@@ -512,7 +515,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _fill(stats: TensorStats, row: np.ndarray[Any, np.dtype[np.float64]]) -> TensorStats:
+def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:
     """Complete a TensorStats from its finalized row."""
     count = row[COUNT]
     stats.nan = int(row[NAN])
