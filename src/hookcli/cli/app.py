@@ -69,7 +69,7 @@ register(app, runlog.report, config=False)
 def main() -> None:
     """The console script: safe standard streams, then the command in a supervised worker
     (hookcli.runtime.supervise: a native crash becomes exit 3 naming the layer)."""
-    from hookcli.runtime import beacon, stdio
+    from hookcli.runtime import beacon, gcpause, stdio
     from hookcli.runtime.supervise import supervise
 
     stdio.guard()
@@ -79,6 +79,7 @@ def main() -> None:
         sys.path.append(os.getcwd())
     code = supervise(sys.argv[1:])
     if code is None:  # the worker, or a light command run in-process
+        gcpause.pause()  # back on once the model is built (sources.load_model)
         try:
             app()
             code = 0

@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from hookcli.errors import UsageError
+from hookcli.runtime import gcpause
 from hookcli.sources.base import Source, parse_model_args, quiet_warnings
 from hookcli.sources.custom import FileSource, ModuleSource, wrap_module
 from hookcli.sources.device import resolve_device
@@ -75,4 +76,7 @@ def load_model(
             "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
         )
     source = resolve(spec)
-    return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))
+    try:
+        return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))
+    finally:
+        gcpause.resume()  # the CLI: start-up is over (runtime/gcpause.py)

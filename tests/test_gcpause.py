@@ -1,0 +1,85 @@
+"""The CLI's start-up runs without the cyclic collector (runtime/gcpause.py); the Python API
+leaves the collector as it found it."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import hookcli
+from hookcli.runtime import gcpause
+from hookcli.sources import load_model
+from tests.conftest import CAT
+
+
+@pytest.fixture
+def collector_restored() -> Iterator[None]:
+    enabled, frozen = gc.isenabled(), gc.get_freeze_count()
+    yield
+    gcpause._paused[0] = False
+    if gc.get_freeze_count() > frozen:
+        gc.unfreeze()
+    (gc.enable if enabled else gc.disable)()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_pause_turns_the_collector_off_until_a_model_is_built() -> None:
+    gc.enable()
+    gc.unfreeze()
+    gcpause.pause()
+    assert not gc.isenabled()
+    load_model("resnet18")
+    assert gc.isenabled(), "building the model ends start-up"
+    assert gc.get_freeze_count() > 0, "what start-up made is frozen"
+    gc.unfreeze()
+    gcpause.resume()
+    assert gc.get_freeze_count() == 0, "a second resume does nothing"
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_pause_leaves_a_collector_the_user_turned_off_alone() -> None:
+    gc.disable()
+    gcpause.pause()
+    gcpause.resume()
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_the_api_never_touches_the_collector() -> None:
+    gc.enable()
+    frozen = gc.get_freeze_count()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    hookcli.inspect(model, torch.randn(2, 4), device="cpu", topk=0)
+    hookcli.inspect("resnet18", str(CAT), device="cpu", topk=0)
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+def test_the_cli_worker_runs_its_passes_with_the_collector_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through the console entry (fork, worker): a model whose forward checks the collector."""
+    (tmp_path / "gcprobe.py").write_text(
+        "import gc, torch\n"
+        "class Probe(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        assert gc.isenabled() and gc.get_freeze_count() > 0\n"
+        "        return self.lin(x)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "hookcli", "inspect", "gcprobe:Probe", "-i", "randn:2x4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "lin" in r.stdout
