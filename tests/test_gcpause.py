@@ -83,3 +83,34 @@ def test_the_cli_worker_runs_its_passes_with_the_collector_on(tmp_path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "lin" in r.stdout
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_a_command_that_builds_no_model_ends_with_the_collector_back_on() -> None:
+    gc.enable()
+    frozen = gc.get_freeze_count()
+    gcpause.pause()
+    gcpause.end()
+    assert gc.isenabled() and gc.get_freeze_count() == frozen, "on again, nothing frozen"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["layers", "resnet18"]])
+def test_a_program_calling_main_keeps_its_collector(argv: list[str]) -> None:
+    """main() called by another program (not hookcli's own process) leaves gc as it was."""
+    code = (
+        "import gc, sys\n"
+        "from hookcli.cli import main\n"
+        f"sys.argv = ['hookcli', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print('state', code, gc.isenabled(), gc.get_freeze_count(), file=sys.stderr)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HOOKCLI_NO_SUPERVISOR": "1"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "state 0 True 0" in r.stderr, r.stderr

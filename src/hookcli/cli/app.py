@@ -79,7 +79,8 @@ def main() -> None:
         sys.path.append(os.getcwd())
     code = supervise(sys.argv[1:])
     if code is None:  # the worker, or a light command run in-process
-        gcpause.pause()  # back on once the model is built (sources.load_model)
+        if _is_entry_point():  # hookcli's own process: a program calling main() keeps its gc
+            gcpause.pause()  # back on once the model is built (sources.load_model)
         try:
             app()
             code = 0
@@ -88,6 +89,8 @@ def main() -> None:
         except HookcliError as exc:  # stdout failing outside a command (help to a closed stdout)
             err(f"error: {exc}")
             code = exc.exit_code
+        finally:
+            gcpause.end()
         code = stdio.finish(code)
         beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
         if "torch" in sys.modules and _is_entry_point():

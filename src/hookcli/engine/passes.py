@@ -405,8 +405,8 @@ class BufferSnapshot:
                     m._buffers[name] = orig
                 if copy is None:
                     continue
-                if orig.shape != copy.shape or orig.dtype != copy.dtype:
-                    orig.data = copy.clone()  # given another shape or dtype through `.data`
+                if (orig.shape, orig.dtype, orig.device) != (copy.shape, copy.dtype, copy.device):
+                    orig.data = copy.clone()  # given another shape, dtype or device by `.data =`
                 elif version is None or _version(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
             for b, copy in self.scripted:

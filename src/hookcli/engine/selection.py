@@ -160,7 +160,7 @@ def recount(entries: Sequence[ModuleEntry]) -> None:
             if counted is None:
                 subtree = {id(p): numel(p) for p in module.parameters()}
                 break
-            subtree = subtree | counted if subtree else counted
+            subtree.update(counted)  # `own` is this module's alone: filled in place
         below[id(module)] = subtree
         entry.params = entry.own_params if entry.leaf else sum(subtree.values())
 

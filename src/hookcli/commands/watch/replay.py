@@ -31,6 +31,7 @@ from hookcli.records import (
     Origin,
     Report,
 )
+from hookcli.runtime import gcpause
 from hookcli.tree import iter_tensors
 
 
@@ -148,6 +149,8 @@ def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] |
                 "run replay where the training code imports (its directory), or give --model "
                 "train.py:Net (a class defined in the training script itself needs --model).",
             ) from exc
+        finally:
+            gcpause.resume()  # the CLI: the model is built, start-up is over
         if not isinstance(module, nn.Module):
             raise UsageError(f"{bundle.path / 'model.pt'} holds no nn.Module.", "give --model.")
         return module
