@@ -174,6 +174,26 @@ def test_a_diff_over_a_folder_spreads_its_batches_and_merges_exactly(tmp_path: P
 
 
 @pytest.mark.slow
+def test_an_int8_diff_over_a_folder_is_spread_too(tmp_path: Path) -> None:
+    """--b quantized under torchrun: every rank calibrates the int8 twin on batch 0 (so rank 1,
+    which compares batches 1 and 3, reads batch 0 for that alone) and compares its own
+    batches; the merged report equals one process's."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    folder = _folder(tmp_path)
+    (folder / "cups" / "broken.jpeg").unlink()
+    args = [
+        "diff", "resnet18", str(folder), "--b", "quantized", "-l", "layer1.0.conv1", "-l", "fc",
+        "--batch-size", "2", "--tol", "100", "-f", "json",
+    ]  # fmt: skip
+    single, merged = _single_and_merged(tmp_path, args)
+    assert single["agreement"]["B"]["images"] == 7
+    _close(merged, single)
+
+
+@pytest.mark.slow
 def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path: Path) -> None:
     """Two machines, as torchrun sees them: two launchers (--nnodes 2, --node-rank 0 and 1, one
     process each) meeting at one master address. The report node 0 writes equals one

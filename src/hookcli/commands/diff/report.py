@@ -124,8 +124,9 @@ def diff_report(
     names = [f"{lab} ({run.side.describe()})" for lab, run in zip(labels, runs, strict=True)]
     results = [Compared() for _ in compared]
     owns = [Compared() if own_pass and lab not in blocked else None for lab in labels[1:]]
-    # torchrun: global batch k on rank k mod N (a twin is calibrated on batch 0: not spread)
-    group = shards.join() if batches and not twin else None
+    # torchrun: global batch k on rank k mod N; a twin is calibrated on batch 0 on every rank,
+    # so that every rank compares against the same int8 model
+    group = shards.join() if batches else None
     mine = group.batches(len(batches)) if group is not None else list(range(len(batches)))
     spill = Spill()
     side_by_side = False  # the sides run side by side (lockstep.py), else through the spill
@@ -142,9 +143,12 @@ def diff_report(
                 assert base.model_input is not None
                 model_input = base.model_input
             if first_input is None:
-                if twin:  # every side the fused twin; int8 calibrated here
+                if twin:  # every side the fused twin; int8 calibrated on the first batch
+                    calibration = model_input
+                    if batches and mine[0] != 0:  # another rank compares batch 0
+                        calibration = build_input(base.loaded, batches[0], model.seed)
                     for run in runs:
-                        quantizable_twin(run, selection, model_input)
+                        quantizable_twin(run, selection, calibration)
                 align([run.prepared for run in runs])  # fused units compared as one
                 side_by_side = lockstep.fits(runs)  # till a batch does not fit
             first_input = first_input or model_input
