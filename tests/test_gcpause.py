@@ -4,9 +4,6 @@ leaves the collector as it found it."""
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +13,8 @@ import hookcli
 from hookcli.runtime import gcpause
 from hookcli.sources import load_model
 from tests.conftest import CAT
+from tests.test_supervise import calling_main
+from tests.test_supervise import hookcli as run_hookcli
 
 
 @pytest.fixture
@@ -72,15 +71,7 @@ def test_the_cli_worker_runs_its_passes_with_the_collector_on(tmp_path) -> None:
         "        assert gc.isenabled() and gc.get_freeze_count() > 0\n"
         "        return self.lin(x)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    r = subprocess.run(
-        [sys.executable, "-m", "hookcli", "inspect", "gcprobe:Probe", "-i", "randn:2x4"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    r = run_hookcli("inspect", "gcprobe:Probe", "-i", "randn:2x4", cwd=tmp_path)  # cwd importable
     assert r.returncode == 0, r.stderr
     assert "lin" in r.stdout
 
@@ -104,13 +95,6 @@ def test_a_program_calling_main_keeps_its_collector(argv: list[str]) -> None:
         "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
         "print('state', code, gc.isenabled(), gc.get_freeze_count(), file=sys.stderr)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "HOOKCLI_NO_SUPERVISOR": "1"},
-        timeout=300,
-    )
+    r = calling_main(code)
     assert r.returncode == 0, r.stderr
     assert "state 0 True 0" in r.stderr, r.stderr

@@ -49,6 +49,20 @@ def hookcli(
     )
 
 
+def calling_main(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh Python as a program of its own that calls hookcli.cli.main()
+    (unsupervised, in-process), from the project's root."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**child_env(), "HOOKCLI_NO_SUPERVISOR": "1"},
+        timeout=300,
+    )
+
+
 def one_line(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines() if ln]
     assert len(lines) == 1, stderr
@@ -363,14 +377,6 @@ def test_a_program_calling_main_itself_gets_control_back(tmp_path: Path) -> None
         "            '--model-arg', 'when=never', '-f', 'json']\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    print('caught', exc.code)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={**child_env(), "HOOKCLI_NO_SUPERVISOR": "1"},
-        timeout=300,
-    )
+    r = calling_main(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip().endswith("caught 0")

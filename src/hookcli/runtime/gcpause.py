@@ -34,9 +34,8 @@ def resume() -> None:
     """Start-up's objects frozen and the collector back on; nothing unless pause() turned it
     off (the Python API, or a second call)."""
     if _paused[0]:
-        _paused[0] = False
         gc.freeze()
-        gc.enable()
+        end()
 
 
 def end() -> None:
