@@ -80,6 +80,21 @@ _PREFIX_PARAMS = ("class_token", "cls_token", "dist_token", "distillation_token"
 _CONV_LIKE = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d)
 
 
+_MISSING = object()
+
+
+def _attr(module: nn.Module, name: str) -> object:
+    """getattr(module, name, None) without nn.Module.__getattr__'s raise-and-catch when the
+    module has no such attribute (a walk asks every module of the model): the instance's own
+    value, else the class's, a property or method read through the instance."""
+    value = vars(module).get(name, _MISSING)
+    if value is _MISSING:
+        value = getattr(type(module), name, None)
+        if value is not None and hasattr(value, "__get__"):
+            value = getattr(module, name, None)
+    return value
+
+
 def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:
     """How many tokens precede the patch grid, as the model says: timm's `num_prefix_tokens`,
     else its class/distillation/register token parameters (torchvision `class_token`, timm and
@@ -87,7 +102,7 @@ def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:
     count = 0
     seen: set[int] = set()  # a tensor reachable by two names counts once
     for module in model.modules():  # the root first; timm: the attribute may live inside
-        told = getattr(module, "num_prefix_tokens", None)
+        told = _attr(module, "num_prefix_tokens")
         if isinstance(told, int) and not isinstance(told, bool):
             return told, "the model's num_prefix_tokens"
         for table in (module._parameters, module._buffers):
@@ -102,7 +117,7 @@ def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:
 
 def _format(module: nn.Module) -> str | None:
     """A module's own `output_fmt` (timm: Format.NHWC or 'NHWC'), NCHW or NHWC, else None."""
-    fmt = getattr(module, "output_fmt", None)
+    fmt = _attr(module, "output_fmt")
     text = str(getattr(fmt, "value", fmt)) if fmt is not None else ""
     return text if text in (NCHW, NHWC) else None
 
@@ -143,8 +158,9 @@ def model_hints(model: nn.Module) -> ModelHints:
                 state[0] = NHWC
             elif dims == [0, 3, 1, 2]:
                 state[0] = NCHW
-        for child_name, child in module.named_children():
-            visit(f"{name}.{child_name}" if name else child_name, child, own or inherited)
+        for child_name, child in module._modules.items():
+            if child is not None:
+                visit(f"{name}.{child_name}" if name else child_name, child, own or inherited)
         if not name:
             return
         if isinstance(module, _CONV_LIKE):
@@ -218,6 +234,10 @@ def _token_grids(
     return found
 
 
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
 def resolve(
     name: str,
     shape: tuple[int, ...],
@@ -228,15 +248,15 @@ def resolve(
     """The layout of layer `name`'s output of `shape`, for an input image of `input_size`
     (None: no image-shaped input) holding `batch` images (None: unknown). Raises a UsageError
     naming the shape when it cannot be told."""
-    dims = "x".join(map(str, shape))
-    whole = "pick the block that holds the windows together (its parent in `hookcli layers`)."
     if batch is not None and len(shape) in (3, 4) and shape[0] != batch:
+        dims = _dims(shape)
         raise UsageError(
-            f"layer {name}'s output {dims} has {shape[0]} rows for {batch} input image(s): its "
-            "first dimension holds windows, heads or a flattened batch, not images.",
-            whole,
+            f"layer {name}'s output {dims} has {shape[0]} rows for {batch} input "
+            "image(s): its first dimension holds windows, heads or a flattened batch, not images.",
+            "pick the block that holds the windows together (its parent in `hookcli layers`).",
         )
     if name in hints.windows:
+        dims = _dims(shape)
         raise UsageError(
             f"layer {name}'s output {dims} holds windows (N, windows, tokens, C), between the "
             "model's WindowPartition and WindowDepartition, not a map over the image.",
@@ -246,6 +266,7 @@ def resolve(
         return _spatial(name, shape, input_size, hints)
     if len(shape) == 3:
         return _tokens(name, shape, input_size, hints)
+    dims = _dims(shape)
     raise UsageError(
         f"layer {name} outputs a {len(shape)}-D tensor ({dims}); pictures need (N, C, H, W), "
         "(N, H, W, C) or tokens (N, L, C).",
@@ -257,7 +278,6 @@ def _spatial(
     name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
 ) -> Layout:
     """A 4-D output: NCHW or NHWC."""
-    dims = "x".join(map(str, shape))
     _, a, b, c = shape
     if name in hints.convolutions:
         return Layout(NCHW, (b, c), a, how="a convolution's output")
@@ -266,6 +286,7 @@ def _spatial(
     if name in hints.channels_first:
         return Layout(NCHW, (b, c), a, how=hints.source)
     if input_size is None:
+        dims = _dims(shape)
         raise UsageError(
             f"layer {name}'s output {dims} has no layout hookcli can be sure of: the input is "
             "not an image to check NCHW or NHWC against (4-D attention scores of a text model "
@@ -278,6 +299,7 @@ def _spatial(
     if last and not first:
         return Layout(NHWC, (a, b), c, how="inferred from the input size")
     why = "both NCHW and NHWC fit" if first else "neither NCHW nor NHWC fits"
+    dims = _dims(shape)
     raise UsageError(
         f"layer {name}'s output {dims} has no layout hookcli can be sure of ({why} the "
         f"{input_size[0]}x{input_size[1]} input).",
@@ -289,9 +311,9 @@ def _tokens(
     name: str, shape: tuple[int, ...], input_size: tuple[int, int] | None, hints: ModelHints
 ) -> Layout:
     """A 3-D output: a token sequence (N, prefix + h*w, C)."""
-    dims = "x".join(map(str, shape))
     _, length, c = shape
     if input_size is None:
+        dims = _dims(shape)
         raise UsageError(
             f"layer {name} outputs tokens {dims} but the input is not an image: there is no "
             "patch grid to draw them on.",
@@ -308,6 +330,7 @@ def _tokens(
             how = f"patches only, before {hints.prefix_source} joins; grid from the input size"
         return Layout(TOKENS, grid, c, prefix=k, how=how or "inferred from the input size")
     why = "several prefix/grid splits fit" if grids else "no patch grid fits"
+    dims = _dims(shape)
     raise UsageError(
         f"layer {name}'s output {dims} is not a token sequence hookcli can lay on the "
         f"{input_size[0]}x{input_size[1]} input ({why}).",

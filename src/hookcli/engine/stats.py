@@ -225,7 +225,8 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     """
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
-    flat = _dense_flat(t).numpy()
+    # numpy's reshape of a contiguous array is a view, and cheaper than torch's
+    flat = t.numpy().reshape(-1) if t.is_contiguous() else _dense_flat(t).numpy()
     n = flat.shape[0]
     par = n >= _PARALLEL_MIN
     ks.fused[par](flat, out)
