@@ -1,9 +1,10 @@
-"""The CLI's start-up runs without the cyclic collector (runtime/gcpause.py); the Python API
-leaves the collector as it found it."""
+"""The CLI's start-up runs without the cyclic collector, and every pass holds it off
+(runtime/gcpause.py); the Python API leaves the collector as it found it."""
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -49,26 +50,81 @@ def test_pause_leaves_a_collector_the_user_turned_off_alone() -> None:
     assert not gc.isenabled() and gc.get_freeze_count() == 0
 
 
+class Probe(torch.nn.Module):
+    """Records whether the collector was on during each forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.seen: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(gc.isenabled())
+        return self.lin(x)
+
+
 @pytest.mark.usefixtures("collector_restored")
-def test_the_api_never_touches_the_collector() -> None:
-    gc.enable()
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_api_holds_the_collector_off_for_a_pass_and_leaves_it_as_found(enabled: bool) -> None:
+    (gc.enable if enabled else gc.disable)()
     frozen = gc.get_freeze_count()
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    model = Probe()
     hookcli.inspect(model, torch.randn(2, 4), device="cpu", topk=0)
+    hookcli.grads(model, torch.randn(2, 4), device="cpu", topk=0)
     hookcli.inspect("resnet18", str(CAT), device="cpu", topk=0)
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert model.seen == [False, False], "off while the passes ran"
+    assert gc.isenabled() is enabled and gc.get_freeze_count() == frozen
 
 
-def test_the_cli_worker_runs_its_passes_with_the_collector_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Through the console entry (fork, worker): a model whose forward checks the collector."""
+@pytest.mark.usefixtures("collector_restored")
+def test_held_passes_overlap_and_the_collector_is_back_when_the_last_ends() -> None:
+    """diff runs two passes at once, in two threads: the first to end leaves it off."""
+    gc.enable()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    states: list[bool] = []
+
+    def first() -> None:
+        with gcpause.held():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_in.wait(10)
+    with gcpause.held():
+        second_in.set()
+        first_out.wait(10)
+        states.append(gc.isenabled())  # the first pass has ended, this one runs
+    thread.join(10)
+    assert states == [False] and gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_a_failing_pass_gives_the_collector_back() -> None:
+    gc.enable()
+    with pytest.raises(RuntimeError), gcpause.held():
+        raise RuntimeError("the model failed")
+    assert gc.isenabled()
+    gc.disable()
+    with gcpause.held():
+        pass
+    assert not gc.isenabled(), "off stays off"
+
+
+def test_the_cli_worker_runs_its_passes_after_start_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through the console entry (fork, worker): a model whose forward checks that start-up is
+    over (its objects frozen, the collector given back) and the pass holds the collector off."""
     (tmp_path / "gcprobe.py").write_text(
         "import gc, torch\n"
+        "from hookcli.runtime import gcpause\n"
         "class Probe(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.lin = torch.nn.Linear(4, 2)\n"
         "    def forward(self, x):\n"
-        "        assert gc.isenabled() and gc.get_freeze_count() > 0\n"
+        "        assert gc.get_freeze_count() > 0 and not gcpause._paused[0]\n"
+        "        assert not gc.isenabled() and gcpause._holding[1], 'held off by the pass'\n"
         "        return self.lin(x)\n"
     )
     r = run_hookcli("inspect", "gcprobe:Probe", "-i", "randn:2x4", cwd=tmp_path)  # cwd importable

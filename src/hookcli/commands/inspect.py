@@ -42,7 +42,7 @@ from hookcli.records import (
     Report,
     TensorStats,
 )
-from hookcli.runtime import isa
+from hookcli.runtime import gcpause, isa
 from hookcli.sources import LoadedModel
 from hookcli.tree import iter_tensors
 
@@ -86,6 +86,13 @@ def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:
 
 def _one_run(
     prepared: Prepared, run: RunOptions, command: str, ablations: Sequence[Any] = ()
+) -> Report:
+    with gcpause.held():  # the pass and its report: see runtime/gcpause.py
+        return _report_of_run(prepared, run, command, ablations)
+
+
+def _report_of_run(
+    prepared: Prepared, run: RunOptions, command: str, ablations: Sequence[Any]
 ) -> Report:
     from hookcli.commands.ablation import ablated
 

@@ -43,7 +43,7 @@ from hookcli.engine.targets import scalar as scalar_of
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
-from hookcli.runtime import beacon, isa
+from hookcli.runtime import beacon, gcpause, isa
 from hookcli.sources import LoadedModel, load_model, resolve_device
 
 
@@ -206,6 +206,7 @@ def hooked_pass(
     params += [t for _, t in prepared.input_leaves]  # a second pass starts from no gradient
     notes: list[str] = []
     with (
+        gcpause.held(),
         model_left_as_found(loaded.module, prepared.device, train=train) as restore_buffers,
         grads_left_as_found(params),
     ):
@@ -353,10 +354,16 @@ def _tensor_caches(modules: Iterable[nn.Module]) -> list[tuple[nn.Module, str, d
     behind; the model's dict object comes back after."""
     found = []
     for m in modules:
-        for name, value in vars(m).items():
+        own = vars(m)
+        for name in own.keys() - _MODULE_ATTRIBUTES:  # the module's own attributes
+            value = own[name]
             if name.endswith("_cache") and isinstance(value, dict):
                 found.append((m, name, value))
     return found
+
+
+# what every nn.Module instance holds, none of it a cache
+_MODULE_ATTRIBUTES = frozenset(vars(nn.Module()))
 
 
 _GONE = object()
@@ -413,8 +420,9 @@ class BufferSnapshot:
                 if not _same(b, copy):
                     b.copy_(copy)
             for m, names in self.names:
-                for extra in [n for n in m._buffers if n not in names]:
-                    del m._buffers[extra]
+                if not m._buffers.keys() <= names:  # the forward added buffers
+                    for extra in [n for n in m._buffers if n not in names]:
+                        del m._buffers[extra]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
