@@ -22,10 +22,13 @@ from tests.test_supervise import hookcli as run_hookcli
 def collector_restored() -> Iterator[None]:
     enabled, frozen = gc.isenabled(), gc.get_freeze_count()
     yield
+    holds = gcpause.holds.count, gcpause.holds.turned_off
+    gcpause.holds.count, gcpause.holds.turned_off = 0, False
     gcpause._paused[0] = False
     if gc.get_freeze_count() > frozen:
         gc.unfreeze()
     (gc.enable if enabled else gc.disable)()
+    assert holds == (0, False), "every hold was given back"
 
 
 @pytest.mark.usefixtures("collector_restored")
@@ -124,7 +127,7 @@ def test_the_cli_worker_runs_its_passes_after_start_up(tmp_path) -> None:  # typ
         "        self.lin = torch.nn.Linear(4, 2)\n"
         "    def forward(self, x):\n"
         "        assert gc.get_freeze_count() > 0 and not gcpause._paused[0]\n"
-        "        assert not gc.isenabled() and gcpause._holding[1], 'held off by the pass'\n"
+        "        assert not gc.isenabled() and gcpause.holds.turned_off, 'held off by the pass'\n"
         "        return self.lin(x)\n"
     )
     r = run_hookcli("inspect", "gcprobe:Probe", "-i", "randn:2x4", cwd=tmp_path)  # cwd importable

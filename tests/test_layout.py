@@ -45,6 +45,71 @@ def test_torchvision_permute_modules_mark_the_channels_last_layers() -> None:
     assert vit.prefix_tokens == 1 and not vit.channels_last
 
 
+class _Told(nn.Module):
+    """Layout attributes the ways models hold them: on the instance, the class, a property."""
+
+    output_fmt = "NHWC"  # the class's
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_prefix_tokens = 1  # the instance's
+        self.lin = nn.Linear(2, 2)
+
+    @property
+    def dims(self) -> list[int]:
+        return [0, 2, 3, 1]
+
+
+class _Forwarding(nn.Module):
+    """Forwards unknown attributes to a module it wraps (as torch.compile's wrapper does)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+
+class _ScriptableTold(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_prefix_tokens = 1
+        self.output_fmt = "NHWC"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_layout_attributes_are_read_as_getattr_reads_them() -> None:
+    """The walk reads `num_prefix_tokens`, `output_fmt` and `dims` without nn.Module's
+    __getattr__ when it can, and gets what getattr gets: instance, class, property,
+    TorchScript (attributes kept in C++) and a forwarding __getattr__."""
+    from hookcli.engine.layout import _attr, _prefix_tokens
+
+    told = _Told()
+    scripted = torch.jit.script(_ScriptableTold())
+    modules = [told, _Forwarding(told), scripted, told.lin, nn.Sequential(told)]
+    for module in modules:
+        for name in ("num_prefix_tokens", "output_fmt", "dims", "lin", "nothing"):
+            assert _attr(module, name) == getattr(module, name, None), (type(module), name)
+    wrapper = nn.Sequential(nn.Identity(), scripted)  # a scripted submodule says 1 prefix token
+    assert _prefix_tokens(wrapper) == (1, "the model's num_prefix_tokens")
+
+
+def test_a_permute_registered_twice_in_one_parent_counts_each_time() -> None:
+    """Modules run in registration order: a Permute object reused later in the same Sequential
+    opens the channels-last region again."""
+    to_last, to_first = torchvision.ops.Permute([0, 2, 3, 1]), torchvision.ops.Permute([0, 3, 1, 2])
+    seq = nn.Sequential(to_last, nn.Identity(), to_first, nn.ReLU(), to_last, nn.GELU(), to_first)
+    hints = model_hints(seq)
+    assert {"1", "5"} <= hints.channels_last and "5" not in hints.channels_first
+    assert "3" in hints.channels_first
+
+
 def test_the_permuted_layout_is_the_truth() -> None:
     """The oracle: swin's `features` output is what its own `permute` turns into NCHW."""
     model = torchvision.models.swin_t().eval()

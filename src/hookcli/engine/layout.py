@@ -85,14 +85,29 @@ _MISSING = object()
 
 def _attr(module: nn.Module, name: str) -> object:
     """getattr(module, name, None) without nn.Module.__getattr__'s raise-and-catch when the
-    module has no such attribute (a walk asks every module of the model): the instance's own
-    value, else the class's, a property or method read through the instance."""
+    module has no such attribute (a walk asks every module of the model), in Python's order: a
+    descriptor of the class (property, method) read through getattr, else the instance's own
+    value, the class's, then nn.Module's parameters, buffers and submodules. A class with a
+    `__getattr__` of its own (TorchScript keeps attributes in C++, torch.compile's wrapper
+    forwards to the module it wraps) is asked through getattr."""
+    cls = type(module)
+    if cls.__getattr__ is not _MODULE_GETATTR:
+        return getattr(module, name, None)
+    found = getattr(cls, name, _MISSING)
+    if found is not _MISSING and hasattr(found, "__get__"):
+        return getattr(module, name, None)
     value = vars(module).get(name, _MISSING)
-    if value is _MISSING:
-        value = getattr(type(module), name, None)
-        if value is not None and hasattr(value, "__get__"):
-            value = getattr(module, name, None)
-    return value
+    if value is not _MISSING:
+        return value
+    if found is not _MISSING:
+        return found
+    for table in (module._parameters, module._buffers, module._modules):
+        if name in table:
+            return table[name]
+    return None
+
+
+_MODULE_GETATTR = nn.Module.__getattr__
 
 
 def _prefix_tokens(model: nn.Module) -> tuple[int | None, str]:

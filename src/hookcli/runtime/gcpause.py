@@ -21,8 +21,10 @@ reference counting frees, but the collections they trigger midway walk them, and
 still alive to the older generations, whose growth then sets off full collections of the
 whole heap (torch, the model: ~190 ms every ~15 passes of resnet50 through the API). Held off,
 a pass's garbage is never walked; the collector is back on when the pass ends, and collects
-then whatever cyclic garbage the pass left (a forward rarely makes any). The collector is left
-as found: off stays off.
+then (at its next threshold) whatever cyclic garbage the pass left: a forward rarely makes any,
+but what it makes, tensors included, waits until the pass ends. The collector is process-wide:
+a program's other threads run without it while a pass runs, and it is left as found when the
+pass began (off stays off).
 """
 
 from __future__ import annotations
@@ -57,25 +59,37 @@ def end() -> None:
         gc.enable()
 
 
-_lock = threading.Lock()
-_holding = [0, False]  # passes running now (diff runs two at once), whether they turned it off
+class _Holds:
+    """The passes running now (diff runs two at once), and whether the first of them turned
+    the collector off."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.turned_off = False
+
+
+holds = _Holds()
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """The collector off for one pass, and back on when the last pass running ends, if it was
-    on when the first began."""
-    with _lock:
-        if _holding[0] == 0:
-            _holding[1] = gc.isenabled()
-            if _holding[1]:
-                gc.disable()
-        _holding[0] += 1
+    on when the first began. Taken and given back inside one try (a Ctrl-C between the two
+    never leaves it off for good)."""
+    taken = False
     try:
+        with holds.lock:
+            holds.count += 1  # counted first: an interrupt can leak a count (the collector
+            taken = True  # is then never turned off again), never the collector's state
+            if holds.count == 1:
+                holds.turned_off = gc.isenabled()
+                gc.disable()
         yield
     finally:
-        with _lock:
-            _holding[0] -= 1
-            if _holding[0] == 0 and _holding[1]:
-                _holding[1] = False
-                gc.enable()
+        with holds.lock:
+            if taken:
+                holds.count -= 1
+                if holds.count == 0 and holds.turned_off:
+                    holds.turned_off = False
+                    gc.enable()
