@@ -8,7 +8,9 @@ Prints, for resnet50 batch 4 and resnet18 batch 8 on the CPU (random init, eval)
     rounds, when torchinfo is installed: the test extra has it). Variants run interleaved,
     round after round, and the ratio is of medians, so machine noise hits both sides alike.
     For reference it also times the same statistics with torch ops instead of the fused
-    kernel, and a typical hand-written hook script calling `.item()` per statistic;
+    kernel, and a typical hand-written hook script calling `.item()` per statistic; and, as a
+    diagnostic in the same rounds, hookcli with every statistics row a constant (no activation
+    read): what its hooks, records and saved-and-restored model state cost beside torchinfo;
 (b) memory: peak RSS growth during the same runs, each variant in a fresh subprocess, as a
     ratio to the plain forward's;
 (c) `hookcli --help` wall time, and whether torch was imported;
@@ -58,6 +60,9 @@ def _build(name: str, batch: int) -> tuple[Any, Any]:
     return model, x
 
 
+_ROW = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0)  # count, mean, var, min, max, ...
+
+
 def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
     import torch
 
@@ -72,6 +77,19 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
 
     def hookcli_torch_ops() -> object:
         return hookcli.inspect(model, x, device="cpu", topk=0, stats_backend="torch")
+
+    def hookcli_no_read() -> object:
+        # a diagnostic: everything hookcli does but read the activations (each statistics row
+        # a constant), to set its other costs against torchinfo's whole summary
+        from hookcli.engine import stats
+
+        fused, cpu = stats._fused_row, stats._cpu_row
+        stats._fused_row = lambda t, ks, out: _ROW
+        stats._cpu_row = lambda flat: _ROW
+        try:
+            return hookcli.inspect(model, x, device="cpu", topk=0)
+        finally:
+            stats._fused_row, stats._cpu_row = fused, cpu
 
     def item_script() -> object:
         # What people write by hand: a forward hook per leaf, .item() per statistic.
@@ -112,6 +130,7 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
         "plain": plain,
         "hookcli": hookcli_fused,
         "torchinfo summary (shapes only)": torchinfo_summary,
+        "hookcli without reading the activations": hookcli_no_read,
         "hookcli (torch ops)": hookcli_torch_ops,
         "hand-written .item() hooks": item_script,
     }
@@ -143,6 +162,7 @@ def time_case(name: str, batch: int, rounds: int) -> dict[str, float]:
     names = ["plain", "hookcli"]
     if importlib.util.find_spec("torchinfo") is not None:  # in the test extra
         names.append("torchinfo summary (shapes only)")
+    names.append("hookcli without reading the activations")
     main = interleaved({k: variants[k] for k in names}, rounds)  # side by side, one process
     out = {k: main[k] / main["plain"] for k in names[1:]}
     out["plain_ms"] = main["plain"] * 1e3
