@@ -24,6 +24,13 @@ from tests.test_dataset import make_folder
 CHAIN = "tests/models.py:Chain"
 
 
+@pytest.fixture(autouse=True, params=[True, False], ids=["greenlets", "threads"])
+def passes_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test twice: the passes as greenlets of one thread, and as threads."""
+    monkeypatch.setattr(lockstep, "GREENLETS", request.param)
+    return bool(request.param)
+
+
 @pytest.fixture
 def spilled(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, str]]:
     """The keys written to the spill, as the diffs of a test write them."""
@@ -294,3 +301,35 @@ def test_sides_that_cannot_run_at_once_do_not_try() -> None:
     assert not lockstep.fits(lazy_sides)  # its first call draws its weights
     with_onnx = [side("float32"), side("onnx")]
     assert not lockstep.fits(with_onnx)
+
+
+SEEN: list[tuple[int, torch.dtype, bool, bool]] = []
+
+
+class Spy(nn.Module):
+    """A leaf that writes down, at each call, its thread, the input's dtype, and what torch
+    keeps per thread: autocast on the CPU and grad mode."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        SEEN.append((threading.get_ident(), x.dtype, torch.is_autocast_enabled("cpu"),
+                     torch.is_grad_enabled()))  # fmt: skip
+        return x
+
+
+def test_each_pass_keeps_its_own_autocast_and_grad_mode(passes_as: bool) -> None:
+    """float64 against autocast: the passes take turns at every call, and each call runs under
+    its own side's autocast and grad mode; as greenlets, all in the calling thread."""
+    SEEN.clear()
+    model = nn.Sequential(Spy(), nn.Linear(16, 16), Spy(), nn.Linear(16, 16), Spy()).eval()
+    torch.set_grad_enabled(True)
+    report = _report(model, a="float64", b="autocast", own=False)
+    assert report.calls and torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    reference = [dtype == torch.float64 for _, dtype, _, _ in SEEN]
+    assert reference == [True, False] * 3  # in turns, call by call
+    assert [autocast for _, _, autocast, _ in SEEN] == [False, True] * 3  # each side its own
+    assert not any(grad for *_, grad in SEEN)  # both passes under no_grad, whatever was around
+    threads = {ident for ident, *_ in SEEN}
+    if passes_as:
+        assert threads == {threading.get_ident()}
+    else:
+        assert len(threads) == 2

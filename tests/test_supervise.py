@@ -280,8 +280,8 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
     ],
 )
 def test_a_death_on_one_diff_side_names_the_side(sides: list[str], named: str) -> None:
-    """The sides run side by side, in two threads taking turns: the side named is the one
-    whose call was running, the reference's (A) or the compared one's (B)."""
+    """The sides run side by side, two greenlets (or threads) taking turns: the side named is
+    the one whose call was running, the reference's (A) or the compared one's (B)."""
     r = hookcli("diff", "tests.crash_models:DiesInBfloat16", "-i", "randn:2x4", *sides)
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr)

@@ -18,6 +18,7 @@ import contextlib
 import mmap
 import os
 import struct
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ from dataclasses import dataclass
 _WHERE, _PHASE, _FINISHED, _TEMPS = 0, 4096, 8192, 12288
 _SIZE = 1 << 16
 _LEN = struct.Struct("<I")
+
+
+def _who() -> int:
+    """Whose calls these are: the running thread, or, for diff's passes run as greenlets of one
+    thread, the running greenlet (a thread's own main greenlet counts as the thread)."""
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is not None:
+        current = greenlet.getcurrent()
+        if current.parent is not None:
+            return id(current)
+    return threading.get_ident()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +63,12 @@ class Beacon:
 
     @property
     def _stack(self) -> list[str]:
-        return self._stacks.setdefault(threading.get_ident(), [])
+        return self._stacks.setdefault(_who(), [])
 
     def _own_phase(self) -> None:
         """A thread with a phase of its own writes it with its call: the last thread to write
         is the one running (diff's sides take turns), so the two fields agree."""
-        mine = self._phases.get(threading.get_ident())
+        mine = self._phases.get(_who())
         if mine is not None:
             self._put(_PHASE, mine, 4096)
 
@@ -184,7 +196,7 @@ def thread_phase(text: str) -> Iterator[None]:
     if _beacon is None:
         yield
         return
-    ident = threading.get_ident()
+    ident = _who()
     _beacon._phases[ident] = text
     try:
         yield
