@@ -4,12 +4,14 @@ Prints, measured side by side in one process (time) and in fresh subprocesses (m
 
 (a) time of a diff ÷ the two plain passes (model_a(x_a) + model_b(x_b)), medians of
     interleaved rounds; target at most 1.5x. A diff runs the sides side by side: the reference
-    side's hooked pass in a thread of its own hands each leaf call's output to the other side's
-    hooked pass, which measures its own output against it (commands/diff/lockstep.py). Beside
-    it, the same diff through the spill (the reference side's outputs written to disk, then
-    read back by the other side's pass), which a diff falls back to when the sides cannot keep
-    step. And both again for the default diff, which also measures each layer's own error: a
-    second round in which the other side is fed the reference's inputs (--no-own skips it);
+    side's hooked pass, a greenlet beside the other side's in one thread, hands each leaf call's
+    output to the other side's hooked pass, which measures its own output against it
+    (commands/diff/lockstep.py). Beside it, the same with the passes as threads (as they run
+    where the greenlet package is missing), and the same diff through the spill (the reference
+    side's outputs written to disk, then read back by the other side's pass), which a diff
+    falls back to when the sides cannot keep step. And both again for the default diff, which
+    also measures each layer's own error: a second round in which the other side is fed the
+    reference's inputs (--no-own skips it);
 (b) peak RSS growth of a diff of a chain of N linear layers (1 MiB activations) for growing N:
     flat means the reference side's activations are not held in memory.
 
@@ -66,10 +68,18 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
             consumers.append(lockstep.Consumer("B, own", other, x_b, True, Compared()))
         assert lockstep.run(ref, "A", x_a, consumers) is not None, "the sides did not keep step"
 
+    def as_threads() -> None:
+        lockstep.GREENLETS = False
+        try:
+            side_by_side(False)
+        finally:
+            lockstep.GREENLETS = True
+
     t = interleaved(
         {
             "plain": plain,
             "diff": lambda: side_by_side(False),
+            "threads": as_threads,
             "own": lambda: side_by_side(True),
             "spill": lambda: through_spill(False),
             "spill_own": lambda: through_spill(True),
@@ -80,6 +90,7 @@ def time_ratio(model_name: str, batch: int, side_b: str, rounds: int) -> dict[st
         "plain_ms": t["plain"] * 1e3,
         "diff_ms": t["diff"] * 1e3,
         "ratio": t["diff"] / t["plain"],
+        "threads_ratio": t["threads"] / t["plain"],
         "own_ratio": t["own"] / t["plain"],
         "spill_ratio": t["spill"] / t["plain"],
         "spill_own_ratio": t["spill_own"] / t["plain"],
@@ -144,8 +155,9 @@ def main() -> None:
             r = time_ratio(name, batch, side, rounds)
             print(
                 f"  {name} batch {batch}, float32 vs {side}: plain {r['plain_ms']:.0f} ms, "
-                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x "
-                f"(through the spill {r['spill_ratio']:.2f}x); with own error (the default) "
+                f"diff {r['diff_ms']:.0f} ms, ratio {r['ratio']:.2f}x (passes as threads "
+                f"{r['threads_ratio']:.2f}x, through the spill {r['spill_ratio']:.2f}x); "
+                "with own error (the default) "
                 f"{r['own_ratio']:.2f}x (through the spill {r['spill_own_ratio']:.2f}x)"
             )
     print("(b) peak RSS growth of a diff, chain of N linear layers with 1 MiB activations")

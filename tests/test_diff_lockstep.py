@@ -333,3 +333,51 @@ def test_each_pass_keeps_its_own_autocast_and_grad_mode(passes_as: bool) -> None
         assert threads == {threading.get_ident()}
     else:
         assert len(threads) == 2
+
+
+class InferenceOnOneSide(nn.Module):
+    """The reference side (float64) runs its first layers under inference mode, which torch
+    keeps per thread and which cannot be put back when a pass waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.spy, self.b = nn.Linear(16, 16), Spy(), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            with torch.inference_mode():
+                x = self.spy(self.a(x))
+        else:
+            x = self.spy(self.a(x))
+        return self.b(x)  # type: ignore[no-any-return]
+
+
+def test_a_pass_that_waits_in_inference_mode_falls_back_to_the_spill(
+    passes_as: bool, monkeypatch: pytest.MonkeyPatch, spilled: list[Any]
+) -> None:
+    """As greenlets, the other pass would run in the waiting pass's inference mode: the batch
+    runs through the spill instead (as threads, each pass has its own and keeps step)."""
+    SEEN.clear()
+    model = InferenceOnOneSide().eval()
+    a, b = _both(
+        monkeypatch, lambda: _report(model, a="float64", b="float32", own=False), spilled,
+        in_step=not passes_as,
+    )  # fmt: skip
+    assert a == b and not torch.is_inference_mode_enabled()
+
+
+def test_a_round_that_moves_nothing_breaks_the_exchange() -> None:
+    """Passes waiting for what never comes: the greenlets' scheduler breaks the exchange
+    instead of resuming them forever, and every pass ends."""
+    greenlet = pytest.importorskip("greenlet")
+    cv = lockstep._Cooperative(greenlet.getcurrent())
+    exchange = lockstep.Exchange([False, False], lambda: True, cv)
+    ended = []
+
+    def stuck(i: int) -> None:
+        with exchange._cv:
+            exchange._wait(i, lambda: False)  # never ready
+        ended.append(i)
+
+    lockstep._as_greenlets(greenlet, [lambda: stuck(0), lambda: stuck(1)], cv, exchange)
+    assert exchange.broken == "the passes could not take turns" and sorted(ended) == [0, 1]

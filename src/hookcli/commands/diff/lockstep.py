@@ -1,6 +1,6 @@
-"""The sides of a diff side by side: the reference side's pass in a thread of its own hands
-each call's tensors straight to the compared passes running beside it, instead of spilling
-them to disk and reading them back (the spill in measure.py).
+"""The sides of a diff side by side: the reference side's pass hands each call's tensors
+straight to the compared passes running beside it, instead of spilling them to disk and
+reading them back (the spill in measure.py).
 
 Each call is a rendezvous. The reference side puts a call's outputs (or, for a pass fed the
 reference's inputs, its inputs) in a one-slot exchange and waits there until every pass that
@@ -19,8 +19,11 @@ The passes are greenlets of the calling thread, switched at the rendezvous: one 
 pool of torch's worker threads, warm for every pass (as threads, each pass had a pool of its
 own, asleep when its turn came and still spinning when it ended: two resnet50 passes handing
 the turn over at every leaf call took 1.18x the two plain passes as threads, 0.98x as
-greenlets). What torch keeps per thread (grad mode, autocast) is each pass's own: saved when it
-waits, put back when it resumes. Without the greenlet package they are threads.
+greenlets). Grad mode, autocast and, once CUDA is in use, the current CUDA device and stream,
+which torch keeps per thread, are each pass's own: saved when it waits, put back when it
+resumes. What cannot be put back (inference mode, a torch function or dispatch mode) a pass may
+not hold while it waits: the exchange breaks and the spill runs the batch. Without the greenlet
+package the passes are threads.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -331,7 +335,7 @@ def _round(
             exchange._ended_pass(i)
 
     passes: list[Callable[[], None]] = [produce]
-    passes += [lambda i=i: consume(i) for i in range(len(consumers))]  # type: ignore[misc]
+    passes += [functools.partial(consume, i) for i in range(len(consumers))]
     if cv is not None and switched is not None:
         _as_greenlets(switched, passes, cv, exchange)
     else:
@@ -377,20 +381,30 @@ def _as_greenlets(
     waits comes back here at once, one whose turn it is runs to its next wait. A round in
     which none moved (none took the turn, none ended) can only repeat: the exchange breaks
     (every pass then stops at its next call, and the spill runs the batch again). Ctrl-C
-    raised here, between passes, breaks it too, and is raised once every pass has stopped."""
+    raised here, between passes, breaks it too, and is raised once every pass has stopped; a
+    pass still not over then (a second Ctrl-C) is stopped here and now, not whenever the
+    garbage collector would get to it."""
     home = _torch_state()
+    cv.unswappable = _unswappable()
     lets = [switched.greenlet(p) for p in passes]
     try:
-        _resume(lets, exchange, home)
-    except BaseException:
-        exchange.abort("interrupted")
-        _resume(lets, exchange, home)
-        raise
+        try:
+            _resume(lets, exchange, cv, home)
+        except BaseException:
+            exchange.abort("interrupted")
+            _resume(lets, exchange, cv, home)
+            raise
     finally:
+        for g in lets:
+            for _ in range(100):  # each throw unwinds the pass to its end, or to a wait
+                if g.dead:
+                    break
+                _set_torch_state(home)
+                g.throw(_Abandoned)
         _set_torch_state(home)
 
 
-def _resume(lets: Sequence[Any], exchange: Exchange, home: _TorchState) -> None:
+def _resume(lets: Sequence[Any], exchange: Exchange, cv: _Cooperative, home: _TorchState) -> None:
     while True:
         live = [g for g in lets if not g.dead]
         if not live:
@@ -399,41 +413,66 @@ def _resume(lets: Sequence[Any], exchange: Exchange, home: _TorchState) -> None:
         for g in live:
             _set_torch_state(home)  # a pass that starts begins from this thread's state
             g.switch()  # one that resumes puts its own back (_Cooperative.wait)
+            if cv.held is not None:  # it waits holding what cannot be put back
+                exchange.abort(f"a pass waited {cv.held}")
+                cv.held = None
         if exchange.moves == before and all(not g.dead for g in live):
             exchange.abort("the passes could not take turns")
 
 
-_TorchState = tuple[bool, tuple[tuple[bool, torch.dtype], ...], bool]
+_TorchState = tuple[bool, tuple[tuple[bool, torch.dtype], ...], bool, tuple[Any, ...]]
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def _torch_state() -> _TorchState:
-    """What torch keeps per thread that a pass sets: grad mode and autocast."""
+    """What torch keeps per thread that a pass sets and that can be put back: grad mode,
+    autocast, and (once CUDA is in use) the current CUDA device and stream."""
+    cuda: tuple[Any, ...] = ()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        cuda = (torch.cuda.current_device(), torch.cuda.current_stream())
     return (
         torch.is_grad_enabled(),
         tuple(
             (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
         ),
         torch.is_autocast_cache_enabled(),
+        cuda,
     )
 
 
 def _set_torch_state(state: _TorchState) -> None:
-    grad, autocast, cache = state
+    grad, autocast, cache, cuda = state
     torch.set_grad_enabled(grad)
     for device, (on, dtype) in zip(_AUTOCAST_DEVICES, autocast, strict=True):
         torch.set_autocast_enabled(device, on)
         torch.set_autocast_dtype(device, dtype)
     torch.set_autocast_cache_enabled(cache)
+    if cuda:
+        device, stream = cuda
+        torch.cuda.set_device(device)
+        torch.cuda.set_stream(stream)
+
+
+def _unswappable() -> tuple[bool, int, int]:
+    """What torch keeps per thread that cannot be put back: inference mode, and the torch
+    function and dispatch modes (a `with torch.device(...)` block is one)."""
+    return (
+        torch.is_inference_mode_enabled(),
+        int(torch._C._len_torch_function_stack()),
+        int(torch._C._len_torch_dispatch_stack()),
+    )
 
 
 class _Cooperative:
     """threading.Condition's part the exchange uses, for passes that are greenlets of one
     thread: no lock (one runs at a time), and waiting is going back to the greenlet that
-    resumes them (`hub`), this pass's torch state saved and put back."""
+    resumes them (`hub`), this pass's torch state saved and put back. A pass that waits in
+    inference mode or a torch mode (which cannot be put back) says so in `held`."""
 
     def __init__(self, hub: Any) -> None:
         self.hub = hub
+        self.unswappable = _unswappable()  # the hub's
+        self.held: str | None = None
 
     def __enter__(self) -> _Cooperative:
         return self
@@ -451,6 +490,8 @@ class _Cooperative:
 
     def wait(self) -> None:
         state = _torch_state()
+        if _unswappable() != self.unswappable:
+            self.held = "in inference mode or a torch function or dispatch mode"
         self.hub.switch()
         _set_torch_state(state)
 

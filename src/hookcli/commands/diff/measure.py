@@ -239,8 +239,9 @@ class Accumulator:
         return d
 
 
-# numba's parallel kernels, one call at a time: compared passes measure in threads of their
-# own (lockstep.py), and numba's fallback threading layer (workqueue) cannot take two at once
+# numba's parallel kernels, one call at a time: compared passes may measure in threads of their
+# own (lockstep.py without greenlet), and numba's fallback threading layer (workqueue) cannot
+# take two at once
 _PARALLEL = threading.Lock()
 
 
