@@ -153,9 +153,10 @@ def model_hints(model: nn.Module) -> ModelHints:
     first: set[str] = set()
     convs: set[str] = set()
     windows: dict[str, str] = {}
-    kinds = {type(m).__name__ for m in model.modules()}
+    modules = list(model.modules())
+    kinds = {type(m).__name__ for m in modules}
     permutes = "Permute" in kinds and any(
-        type(m).__name__ == "Permute" and hasattr(m, "dims") for m in model.modules()
+        type(m).__name__ == "Permute" and hasattr(m, "dims") for m in modules
     )
     model_fmt = _format(model)
     state = [model_fmt or NCHW]

@@ -35,7 +35,6 @@ import functools
 import importlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -336,7 +335,7 @@ def _round(
 
     passes: list[Callable[[], None]] = [produce]
     passes += [functools.partial(consume, i) for i in range(len(consumers))]
-    if cv is not None and switched is not None:
+    if cv is not None:
         _as_greenlets(switched, passes, cv, exchange)
     else:
         _as_threads(passes, exchange)
@@ -385,7 +384,6 @@ def _as_greenlets(
     pass still not over then (a second Ctrl-C) is stopped here and now, not whenever the
     garbage collector would get to it."""
     home = _torch_state()
-    cv.unswappable = _unswappable()
     lets = [switched.greenlet(p) for p in passes]
     try:
         try:
@@ -471,18 +469,13 @@ class _Cooperative:
 
     def __init__(self, hub: Any) -> None:
         self.hub = hub
-        self.unswappable = _unswappable()  # the hub's
+        self.unswappable = _unswappable()  # the hub's, made in its thread just before
         self.held: str | None = None
 
     def __enter__(self) -> _Cooperative:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     def notify_all(self) -> None:
