@@ -395,12 +395,15 @@ class SavedFile:
 
 @dataclass(slots=True)
 class TensorDiff:
-    """One tensor of one layer call on a compared side against the reference side, over the
-    elements finite on both (`nonfinite` counts the others). `rel_l2` = ‖b - a‖ / ‖a‖,
-    `cosine` = a·b / (‖a‖‖b‖), `sqnr_db` = 10·log10(‖a‖² / ‖b - a‖²) (null when identical),
-    `norm_rel` = (‖b‖ - ‖a‖) / ‖a‖, signed: below 0 when side b shrinks the tensor (all a
-    report-vs-report diff can tell). `own_rel_l2`: the relative L2 of this tensor when the
-    layer is fed the reference side's input (its own error; null when not measured)."""
+    """One tensor of one layer call on a compared side against the reference side. `nonfinite`
+    counts the elements not finite on either side; when there are any, every metric is null
+    (nothing is measured over what is left) and `note` says why, when it can be told (an
+    overflow past the compared dtype's range, NaN/Inf already on the reference side).
+    `rel_l2` = ‖b - a‖ / ‖a‖, `cosine` = a·b / (‖a‖‖b‖), `sqnr_db` = 10·log10(‖a‖² /
+    ‖b - a‖²) (null when identical), `norm_rel` = (‖b‖ - ‖a‖) / ‖a‖, signed: below 0 when
+    side b shrinks the tensor (all a report-vs-report diff can tell). `own_rel_l2`: the
+    relative L2 of this tensor when the layer is fed the reference side's input (its own
+    error; null when not measured)."""
 
     path: str
     shape: tuple[int, ...]

@@ -63,7 +63,7 @@ def type_label(c: DiffCall) -> str:
 
 def diff_flag(d: TensorDiff) -> str:
     if d.nonfinite:
-        return f"{d.nonfinite} not finite"
+        return f"{d.nonfinite} not finite" + (f": {d.note}" if d.note else "")
     if d.note:
         return d.note
     return "over tol" if d.over else ""
@@ -168,7 +168,13 @@ def largest_lines(report: DiffReport) -> list[Line]:
     for i, e in enumerate(report.largest_own, 1):
         side = f", side {e['side']}" if report.ref is not None else ""
         path = "" if e["path"] == "out" else f" {e['path'].removeprefix('out')}"
-        acc = "" if report.isolate else f" (accumulated {num(e['rel_l2'])})"
+        acc = ""
+        if not report.isolate:
+            acc = (
+                f" (accumulated {num(e['rel_l2'])})"
+                if e["rel_l2"] is not None
+                else (" (accumulated: values not finite)")
+            )
         lines.append(
             Line(
                 f"  {i}. {e['name']} ({e['type']}) call {e['call']}{path}{side}: "

@@ -226,6 +226,11 @@ class Accumulator:
         if self.notes and self.numel == 0:
             d.over = True
             return d
+        if self.nonfinite:
+            # values not finite on either side: no metric over what is left (a row of NaN on
+            # both sides is not "identical"); the row is flagged with the count and the why
+            d.over = True
+            return d
         d.max_abs = self.max_abs
         if self.sa > 0:
             d.rel_l2 = math.sqrt(self.sd / self.sa)
@@ -453,7 +458,38 @@ def measure(
     if tuple(ref.shape) != tuple(got.shape):
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
         return
-    acc.add(sums(ref, got), got.numel())
+    got_sums = sums(ref, got)
+    if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
+        acc.notes.add(why_not_finite(ref, got))
+    acc.add(got_sums, got.numel())
+
+
+def why_not_finite(ref: np.ndarray[Any, Any], got: torch.Tensor) -> str:
+    """Why a compared tensor holds values that are not finite, when it can be told from the two
+    sides: the reference's were not finite either, or they were and exceed what the compared
+    side's dtype holds (an overflow: float16 ends at 65504), or the compared side made them from
+    finite reference values. Runs only when NaN/Inf first appear in a tensor."""
+    a = torch.from_numpy(np.asarray(ref, dtype=np.float64))
+    b = got.detach().cpu()
+    b = b.dequantize() if b.is_quantized else b
+    b64 = b.double() if (b.is_floating_point() or b.is_complex()) else b.to(torch.float64)
+    fin_a, fin_b = torch.isfinite(a), torch.isfinite(b64)
+    bad_a, bad_b = int((~fin_a).sum()), int((~fin_b).sum())
+    if bad_a and not bad_b:
+        return f"the reference side holds {bad_a} values not finite, this side none"
+    if bad_a:
+        return f"not finite on both sides ({bad_a} on the reference, {bad_b} here)"
+    top = float(a.abs().max()) if a.numel() else 0.0
+    if b.is_floating_point():
+        limit = float(torch.finfo(b.dtype).max)
+        dtype = str(b.dtype).removeprefix("torch.")
+        if top > limit:
+            return f"overflow: the reference's max |x| {top:.3g} exceeds {dtype}'s {limit:.6g}"
+        return (
+            f"{bad_b} values not finite made from finite reference values "
+            f"(max |x| {top:.3g}, within {dtype}'s {limit:.6g})"
+        )
+    return f"{bad_b} values not finite made from finite reference values (max |x| {top:.3g})"
 
 
 def shape_label(s: Sequence[int]) -> str:
@@ -463,9 +499,8 @@ def shape_label(s: Sequence[int]) -> str:
 def describe_over(call: DiffCall, d: TensorDiff, tol: float) -> str:
     """A call past tolerance, as the report's `first_over` names it."""
     side = "A" if call.a and d in call.a else "B"
-    what = (
-        f"{d.nonfinite} values not finite"
-        if d.nonfinite
-        else d.note or f"relative L2 {d.rel_l2:.3g} > tol {tol:g}"
-    )
+    if d.nonfinite:
+        what = f"{d.nonfinite} values not finite" + (f" ({d.note})" if d.note else "")
+    else:
+        what = d.note or f"relative L2 {d.rel_l2:.3g} > tol {tol:g}"
     return f"{call.name} ({call.type}) call {call.call}, {d.path}, side {side}: {what}"
