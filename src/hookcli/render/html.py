@@ -303,13 +303,21 @@ def _grad(c: LayerCall, t: TensorStats) -> TensorStats | None:
 
 def _grad_num(attr: str) -> Callable[[LayerCall], list[str]]:
     def cells(c: LayerCall) -> list[str]:
-        return _outs(c, lambda t: num(getattr(g, attr)) if (g := _grad(c, t)) else DASH)
+        def one(t: TensorStats) -> str:
+            g = _grad(c, t)
+            return rows.grad_stat(getattr(g, attr) if g else None, g)
+
+        return _outs(c, one)
 
     return cells
 
 
 def _nonfinite(c: LayerCall) -> list[str]:
-    tensors = [*c.outputs, *(c.grad_outputs or []), *(c.grad_inputs or [])[:1]]
+    tensors = [
+        *(("out", t) for t in c.outputs),
+        *(("grad_out", g) for g in c.grad_outputs or []),
+        *(("grad_in", g) for g in (c.grad_inputs or [])[:1]),
+    ]
     return [rows.nonfinite_cell(*tensors, call=c)]
 
 
@@ -329,7 +337,9 @@ def _layer_columns(report: Report) -> list[Column]:
         grad_in = Column(
             "grad_in norm",
             "gin.norm",
-            lambda c: [num(c.grad_inputs[0].norm) if c.grad_inputs else DASH],
+            lambda c: [
+                rows.grad_stat(c.grad_inputs[0].norm, c.grad_inputs[0]) if c.grad_inputs else DASH
+            ],
         )
         cols = [
             *head,

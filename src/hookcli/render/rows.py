@@ -129,6 +129,7 @@ PARAM_HEADERS = [
     "grad mean",
     "grad max|abs|",
     "grad/weight",
+    "nan/inf",
 ]
 PROFILE_TITLE = (
     "profile (total: from entering the module to its return; self: less the modules it "
@@ -207,14 +208,25 @@ def input_label(call: LayerCall) -> str:
     return f"{label} +{extra}" if extra else label
 
 
-def nonfinite_cell(*tensors: TensorStats | None, call: LayerCall | None = None) -> str:
-    """The NaN/Inf counts of a row's tensors; with `call`, its inputs' too ("in: 17 NaN"), so
-    a row whose input already held them (made outside the module) says so."""
-    flagged = [nonfinite(t) for t in tensors if t is not None and t.nonfinite]
+def nonfinite_cell(*tensors: tuple[str, TensorStats | None], call: LayerCall | None = None) -> str:
+    """The NaN/Inf counts of a row's tensors, each labelled with what it is ("out: 72 NaN;
+    grad_out: 131072 NaN"); with `call`, its inputs' too ("in: 17 NaN"), so a row whose input
+    already held them (made outside the module) says so."""
+    flagged = [f"{label}: {nonfinite(t)}" for label, t in tensors if t is not None and t.nonfinite]
     marker = input_nonfinite(call) if call is not None else ""
     if marker:
         flagged.append(marker)
     return "; ".join(flagged) if flagged else DASH
+
+
+def grad_stat(v: float | None, g: TensorStats | None) -> str:
+    """A gradient's statistic: — only when there is no gradient; "not finite" when there is one
+    but none of its elements is finite (a NaN gradient is never shown as an absent one)."""
+    if g is None:
+        return DASH
+    if v is None and g.nonfinite:
+        return "not finite"
+    return num(v)
 
 
 def input_nonfinite(call: LayerCall) -> str:
@@ -238,17 +250,22 @@ def grad_rows(report: Report) -> Iterable[tuple[list[str], bool]]:
         for i, t in enumerate(c.outputs):
             g = grads_out.get(t.path)
             cells = head if i == 0 else ["", "", ""]
-            gin = num(grad_in.norm) if (i == 0 and grad_in is not None) else DASH
+            gin = grad_stat(grad_in.norm, grad_in) if (i == 0 and grad_in is not None) else DASH
             row = [
                 *cells,
                 tensor_label(t, "out"),
                 num(t.mean),
                 num(t.std),
-                num(g.norm) if g else DASH,
-                num(g.mean) if g else DASH,
-                num(g.std) if g else DASH,
+                grad_stat(g.norm if g else None, g),
+                grad_stat(g.mean if g else None, g),
+                grad_stat(g.std if g else None, g),
                 gin,
-                nonfinite_cell(t, g, grad_in if i == 0 else None, call=c if i == 0 else None),
+                nonfinite_cell(
+                    ("out", t),
+                    ("grad_out", g),
+                    ("grad_in", grad_in if i == 0 else None),
+                    call=c if i == 0 else None,
+                ),
             ]
             bad_input = i == 0 and bool(input_nonfinite(c))
             yield row, bad_input or any(x is not None and x.nonfinite for x in (t, g))
@@ -262,10 +279,11 @@ def param_rows(report: Report) -> Iterable[list[str]]:
                 p.name,
                 shape(p.shape),
                 num(p.norm),
-                num(p.grad_norm),
-                num(p.grad_mean),
-                num(p.grad_max_abs),
-                num(p.ratio),
+                grad_stat(p.grad_norm, p.grad),
+                grad_stat(p.grad_mean, p.grad),
+                grad_stat(p.grad_max_abs, p.grad),
+                grad_stat(p.ratio, p.grad) if p.norm else num(p.ratio),
+                nonfinite_cell(("grad", p.grad)),
             ]
 
 
@@ -289,7 +307,7 @@ def _stat_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]
         for i, t in enumerate(c.outputs):
             cells = head if i == 0 else ["", "", "", ""]
             stats = [num(t.mean), num(t.std), num(t.min), num(t.max), pct(t.zeros)]
-            flags = nonfinite_cell(t, call=c if i == 0 else None)
+            flags = nonfinite_cell(("out", t), call=c if i == 0 else None)
             yield [*cells, tensor_label(t, "out"), *stats, flags], t
 
 
@@ -307,7 +325,11 @@ def calls_table(report: Report) -> Table:
     headers = HEADERS + (["hist"] if has_hist(report) else [])
     flags = HEADERS.index("nan/inf")
     rows = [
-        Row(cells, (t is not None and t.nonfinite) or cells[flags].startswith("in: "))
+        Row(
+            cells,
+            (t is not None and t.nonfinite)
+            or any(part.startswith("in: ") for part in cells[flags].split("; ")),
+        )
         for cells, t in layer_rows(report)
     ]
     return Table(title, headers, rows, DROP["layers"])
