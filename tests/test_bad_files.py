@@ -505,8 +505,9 @@ def test_a_chmod_000_model_file_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_a_model_file_failing_on_import_stays_exit_3(tmp_path: Path) -> None:
+    # a definition that fails (issue 32: top-level calls are not run, definitions are)
     bad = tmp_path / "bad.py"
-    bad.write_text("open('/nonexistent/data.bin')\n")
+    bad.write_text("class Net:\n    data = open('/nonexistent/data.bin')\n")
     r = invoke("inspect", f"{bad}:Net", "--input", "ones:2x2", "--no-config")
     assert_one_line_error(r, 3, "importing", "FileNotFoundError")
 
@@ -645,7 +646,10 @@ def test_a_factory_raising_a_base_exception_is_exit_3(
 
 def test_a_module_raising_a_base_exception_on_import_is_exit_3(tmp_path: Path) -> None:
     model = tmp_path / "explodes.py"
-    model.write_text("class Boom(BaseException):\n    pass\n\nraise Boom('at import')\n")
+    model.write_text(
+        "class Boom(BaseException):\n    pass\n\n"
+        "class Net:\n    def later(self):\n        pass\n\n    raise Boom('at import')\n"
+    )
     r = invoke("inspect", f"{model}:Net", "--input", "ones:2x2", "--no-config")
     assert_one_line_error(r, 3, "importing", "Boom: at import")
 

@@ -79,27 +79,40 @@ def _read_model_file(source: str) -> Path:
     return path
 
 
-def import_file(source: str) -> ModuleType:
-    """The module of a model file, executed with its folder first on sys.path."""
+def import_file(source: str, wanted: str = "") -> ModuleType:
+    """The module of a model file, its definitions executed with its folder first on sys.path.
+    Only definitions (sources.script): a training script that defines the model is read, not
+    run. `__skipped__` on the module lists the top-level statements left out."""
+    from hookcli.sources.script import definitions
+
     path = _read_model_file(source)
     module_name = f"_hookcli_user_{path.stem}"
-    mod_spec = importlib.util.spec_from_file_location(module_name, path)
-    if mod_spec is None or mod_spec.loader is None:
-        raise UsageError(f"cannot import {source}.", "give a Python source file.")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        with io.open_code(str(path)) as f:
+            text = importlib.util.decode_source(f.read())
+        defs = definitions(text, str(path), wanted)
+    except SyntaxError as exc:
+        raise UsageError(
+            f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
+        ) from exc
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UsageError(
+            f"cannot read model file {source}: {one_line(exc)}.", "give a Python source file."
+        ) from exc
+    module = ModuleType(module_name)
+    module.__file__ = str(path)
+    module.__skipped__ = defs  # type: ignore[attr-defined]
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     with models_own(
         f"importing {source} failed:",
         "fix the model file; run it with python to see the traceback.",
     ):
         try:
-            mod_spec.loader.exec_module(module)
-        except SyntaxError as exc:
-            raise UsageError(
-                f"{source} line {exc.lineno}: syntax error: {exc.msg}.", "fix the model file."
-            ) from exc
+            exec(compile(defs.module, str(path), "exec"), module.__dict__)
         finally:
-            sys.path.remove(str(path.resolve().parent))
+            sys.path.remove(folder)
     return module
 
 
@@ -116,9 +129,10 @@ def models_own(what: str, hint: str) -> Iterator[None]:
         raise ModelError(f"{what} {one_line(exc)}", hint) from exc
 
 
-def import_module(source: str) -> ModuleType:
-    """An installed (or importable) module by its dotted name. The console script puts the
-    current directory on sys.path (cli.app.main), as `python -m` has it."""
+def import_module(source: str, wanted: str = "") -> ModuleType:
+    """An installed (or importable) module by its dotted name, imported as Python imports it
+    (`wanted` is not needed). The console script puts the current directory on sys.path
+    (cli.app.main), as `python -m` has it."""
     with models_own(
         f"importing {source} failed:",
         f"fix the module; python -c 'import {source}' shows the traceback.",
@@ -149,13 +163,20 @@ def load_custom(
     weights: str,
     seed: int,
     kwargs: dict[str, Any],
-    importer: Callable[[str], ModuleType],
+    importer: Callable[[str, str], ModuleType],
 ) -> LoadedModel:
     source, _, attr = spec.rpartition(":")
     if not source or not attr.isidentifier():
         raise unknown_model(spec)
-    module = importer(source)
+    module = importer(source, attr)
+    skipped = getattr(module, "__skipped__", None)
     obj = getattr(module, attr, None)
+    if obj is None and skipped is not None and (binder := skipped.binder(attr)) is not None:
+        raise UsageError(
+            f"{attr!r} is set at line {binder.line} of {source} by code hookcli does not run "
+            f"({binder.text}): a script's definitions are read, not its top-level code.",
+            f"define {attr} with class or def, or move it into a module of its own.",
+        )
     if obj is None:
         names = [
             n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, nn.Module)
@@ -175,6 +196,17 @@ def load_custom(
     ):
         try:
             model = obj(**kwargs)
+        except NameError as exc:
+            binder = skipped.binder(exc.name) if skipped is not None and exc.name else None
+            if binder is None:
+                raise
+            raise UsageError(
+                f"{attr} needs {exc.name!r}, set at line {binder.line} of {source} by code "
+                f"hookcli does not run ({binder.text}): a script's definitions are read, not "
+                "its top-level code.",
+                f"make {exc.name} a constant or a definition, or move the model into a module "
+                "of its own.",
+            ) from exc
         except TypeError as exc:
             raise UsageError(
                 f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",
@@ -194,6 +226,11 @@ def load_custom(
     loaded = wrap_module(model, "none")
     loaded.spec = spec
     loaded.name = attr
+    if skipped is not None and skipped.skipped:
+        loaded.notes.append(
+            f"{source}: its definitions were read; top-level code at {skipped.summary()} was not "
+            "run (a script is read, never run)"
+        )
     if weights.strip().lower() not in ("none", ""):
         path = user_path(weights.strip(), "--weights")
         if not path.is_file():

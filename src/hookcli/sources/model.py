@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ class LoadedModel:
     preprocess: Callable[..., torch.Tensor] | None = None
     preprocess_label: str = ""
     input_size: tuple[int, int] | None = None  # H, W the model wants for a random input
+    notes: list[str] = field(default_factory=list)  # what the report should say of the loading
 
     @property
     def task(self) -> str:
