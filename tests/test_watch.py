@@ -475,4 +475,4 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
     from hookcli.commands.watch.replay import replay
 
     with pytest.raises(UsageError, match="holds no batch"):
-        replay(tmp_path / "b")
+        replay(tmp_path / "b", unpickle=True)

@@ -298,7 +298,7 @@ def test_the_recorder_names_step_layer_call_and_direction_and_replay_agrees(
     assert any('"kind": "nonfinite"' in line for line in lines)
     bundle = tmp_path / "run.bundle"
     assert event["bundle"] == str(bundle)
-    report = replay(bundle)
+    report = replay(bundle, unpickle=True)
     assert report.checks[0].passed, report.checks[0].message
     # replay does not run the loss (backward starts from the gradients it gave)
     recorded = [o for o in event["origins"] if o["where"] != "loss"]
@@ -347,7 +347,7 @@ def test_replay_cli_exit_codes_and_json(tmp_path: Path) -> None:
     s = next(x for x in SCENARIOS if x.name == "nan-weight")  # a fault the state dict holds
     _train(s, tmp_path / "run.jsonl")
     runner = CliRunner()
-    res = runner.invoke(app, ["replay", str(tmp_path / "run.bundle"), "-f", "json"])
+    res = runner.invoke(app, ["replay", str(tmp_path / "run.bundle"), "--unpickle", "-f", "json"])
     assert res.exit_code == 0, res.output
     import json
 
@@ -368,7 +368,7 @@ def test_replay_cli_exit_codes_and_json(tmp_path: Path) -> None:
     meta = tmp_path / "run.bundle" / "bundle.json"
     text = meta.read_text().replace('"fc1"', '"conv2"')
     meta.write_text(text)
-    res = runner.invoke(app, ["replay", str(tmp_path / "run.bundle"), "-f", "json"])
+    res = runner.invoke(app, ["replay", str(tmp_path / "run.bundle"), "--unpickle", "-f", "json"])
     assert res.exit_code == 1
     assert "check failed: replay: not the recorded origin" in res.stderr
     # the log of that run fails `hookcli check` at the step, naming where it began
@@ -376,6 +376,6 @@ def test_replay_cli_exit_codes_and_json(tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output
     assert f"step {s.step}" in res.stderr and "fc1" in res.stderr
     # not a bundle: exit 2, one line
-    res = runner.invoke(app, ["replay", str(tmp_path)])
+    res = runner.invoke(app, ["replay", str(tmp_path), "--unpickle"])
     assert res.exit_code == 2
     assert "missing" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -25,9 +25,17 @@ def replay(
             "--model",
             metavar="MODEL",
             help="Build the model from MODEL (file.py:Name, a registry name…) and load the "
-            "bundle's state into it, instead of unpickling the bundle's model.",
+            "bundle's state into it (nothing in the bundle is unpickled).",
         ),
     ] = None,
+    unpickle: Annotated[
+        bool,
+        typer.Option(
+            "--unpickle",
+            help="Unpickle the bundle's model.pt (and any Python objects in its batch) instead "
+            "of --model: this runs code from the bundle; only for bundles you wrote yourself.",
+        ),
+    ] = False,
     model_arg: opt.ModelArgOpt = None,
     device: Annotated[
         str | None,
@@ -48,13 +56,17 @@ def replay(
     The step runs again from its own weights, buffers, batch, RNG state and autocast, with
     backward from the gradients its loss gave the model's outputs; the report is grads'
     (every selected call, default: the layers the watch had) with the non-finite origin.
-    Exit 0 when the origin is the one the recorder logged, 1 when not. The bundle holds
-    pickles: replay only bundles you wrote.
+    Exit 0 when the origin is the one the recorder logged, 1 when not. The model comes from
+    --model (the bundle's state loaded into it) or, with --unpickle, from the bundle's own
+    pickle, which runs code: unpickle only bundles you wrote.
 
-    Example: hookcli replay run.bundle --device cpu
+    Example: hookcli replay run.bundle --model train.py:Net --device cpu
     """
     with handled():
-        dest = claim(output, reads=[str(bundle)])
+        from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
+
+        parts = [str(bundle / name) for name in (*BUNDLE_FILES, PICKLED_MODEL)]
+        dest = claim(output, reads=[str(bundle), *parts])
         from hookcli.cli.inspect import render
         from hookcli.commands.checks import exit_code, failures
         from hookcli.commands.watch.replay import replay as run
@@ -68,6 +80,7 @@ def replay(
                 device=device,
                 layers=tuple(layer or ()),
                 types=tuple(type_ or ()),
+                unpickle=unpickle,
             )
         form = output_format(fmt, dest)
         emit(render(report, form, dest), dest)

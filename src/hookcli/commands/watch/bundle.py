@@ -16,8 +16,9 @@ disk and calls the same function, on the CPU or the original device.
 On disk a bundle is a directory: bundle.json (what, when, where, the recorded origins),
 model.pt (the module pickled, when it can be), state.pt (parameters, buffers, training flags
 and the optimizer's state_dict), batch.pt (each forward's arguments, RNG and output gradients)
-and records.jsonl (the last watched steps). model.pt and batch.pt are pickles: load only
-bundles you wrote (`hookcli replay` says so).
+and records.jsonl (the last watched steps). state.pt and batch.pt are read with torch's
+`weights_only` loader (tensors and plain values: nothing in them can run); model.pt is a pickle
+of the module, which runs code when loaded: `hookcli replay` reads it only with --unpickle.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.stats import StatsCollector
@@ -44,7 +46,7 @@ from hookcli.records import LayerCall, Origin, TensorStats
 from hookcli.tree import iter_tensors, map_tensors
 
 BUNDLE_SCHEMA = 1
-FILES = ("bundle.json", "state.pt", "batch.pt", "records.jsonl")
+FILES = BUNDLE_FILES
 
 
 @dataclass(slots=True)
@@ -84,6 +86,19 @@ class ForwardCapture:
 
     @classmethod
     def from_saved(cls, d: Mapping[str, Any]) -> ForwardCapture:
+        """One saved forward (TypeError naming the field that is not what the recorder wrote)."""
+        if not isinstance(d, Mapping):
+            raise TypeError("a saved forward is not a mapping")
+        checks = {
+            "args": isinstance(d.get("args"), list | tuple),
+            "kwargs": isinstance(d.get("kwargs"), Mapping),
+            "rng": isinstance(d.get("rng"), torch.Tensor),
+            "grads": isinstance(d.get("grads") or {}, Mapping)
+            and all(isinstance(g, torch.Tensor) for g in (d.get("grads") or {}).values()),
+        }
+        wrong = [k for k, ok in checks.items() if not ok]
+        if wrong:
+            raise TypeError(f"a saved forward's {', '.join(wrong)} is not what the recorder wrote")
         return cls(
             tuple(d["args"]),
             dict(d["kwargs"]),
@@ -332,7 +347,7 @@ def check_bundle_dest(dest: Path) -> None:
                 f"the bundle's folder {dest.parent} is a file.", "give bundle='DIR' elsewhere."
             )
         return
-    known = {*FILES, "model.pt"}
+    known = {*FILES, PICKLED_MODEL}
     is_bundle = (
         dest.is_dir()
         and (dest / "bundle.json").is_file()
@@ -354,9 +369,13 @@ class Bundle:
     records: list[dict[str, Any]]
 
 
-def read_bundle(path: Path) -> Bundle:
+def read_bundle(path: Path, *, unpickle: bool = False) -> Bundle:
     """A bundle written by `write_bundle`; anything else is a UsageError naming what is
-    missing."""
+    missing or wrong. state.pt and batch.pt are loaded with `weights_only=True` (tensors and
+    plain values only) unless `unpickle`: a bundle is made to be shared, and one handed over
+    must not run code by being read."""
+    from hookcli.io.output import note_read
+
     if not path.is_dir():
         raise UsageError(
             f"{path} is not a repro bundle directory.",
@@ -368,25 +387,103 @@ def read_bundle(path: Path) -> Bundle:
             f"{path} is not a whole repro bundle: {', '.join(missing)} missing.",
             "give the directory hookcli.watch wrote on the first NaN/Inf.",
         )
+    for name in (*FILES, PICKLED_MODEL):
+        note_read(path / name)  # no output of this run may replace a part of the bundle
+    damaged = f"it was written by another hookcli version or damaged (schema {BUNDLE_SCHEMA})."
     try:
         info = json.loads((path / "bundle.json").read_text(encoding="utf-8"))
         if not isinstance(info, dict) or info.get("schema") != BUNDLE_SCHEMA:
             raise ValueError(f"schema {info.get('schema') if isinstance(info, dict) else '?'}")
-        # pickles: the bundle is the user's own output (the command's help says so)
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-        saved = torch.load(path / "batch.pt", map_location="cpu", weights_only=False)
-        forwards = [ForwardCapture.from_saved(d) for d in saved]
+        _check_info(info)
         records = [
             json.loads(line)
             for line in (path / "records.jsonl").read_text(encoding="utf-8").splitlines()
             if line.strip()
         ]
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        if not all(isinstance(r, dict) for r in records):
+            raise ValueError("records.jsonl holds a line that is not an object")
+    except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(
-            f"cannot read the repro bundle {path}: {type(exc).__name__}: {exc}.",
-            f"it was written by another hookcli version or damaged (schema {BUNDLE_SCHEMA}).",
+            f"cannot read the repro bundle {path}: {type(exc).__name__}: {one_line(exc)}.", damaged
+        ) from exc
+    state = _load(path / "state.pt", unpickle, damaged)
+    saved = _load(path / "batch.pt", unpickle, damaged)
+    try:
+        if not isinstance(state, dict) or not isinstance(state.get("model"), Mapping):
+            raise TypeError("state.pt holds no state dict under 'model'")
+        if not all(isinstance(t, torch.Tensor) for t in state["model"].values()):
+            raise TypeError("state.pt's state dict holds something other than tensors")
+        if not isinstance(state.get("training") or {}, Mapping):
+            raise TypeError("state.pt's training flags are not a mapping")
+        if not isinstance(saved, list):
+            raise TypeError("batch.pt holds no list of forwards")
+        forwards = [ForwardCapture.from_saved(d) for d in saved]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"cannot read the repro bundle {path}: {type(exc).__name__}: {one_line(exc)}.", damaged
         ) from exc
     return Bundle(path, info, state, forwards, records)
+
+
+# bundle.json's fields and the types replay relies on (absent is allowed for each)
+_INFO_TYPES: dict[str, type] = {
+    "model": str,
+    "device": str,
+    "step": int,
+    "rank": int,
+    "pickled": bool,
+    "replayable": bool,
+    "layers": list,
+    "types": list,
+    "notes": list,
+    "found": list,
+    "origins": list,
+}
+
+
+def _check_info(info: dict[str, Any]) -> None:
+    """bundle.json's fields of the types replay reads them as (ValueError naming the field)."""
+    for key, kind in _INFO_TYPES.items():
+        value = info.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(
+                f"bundle.json's {key!r} is {type(value).__name__}, not {kind.__name__}"
+            )
+        if (
+            isinstance(value, list)
+            and key != "origins"
+            and not all(isinstance(v, str) for v in value)
+        ):
+            raise ValueError(f"bundle.json's {key!r} holds something other than text")
+    for o in info.get("origins") or []:
+        if not isinstance(o, dict) or not all(
+            k in o for k in ("direction", "where", "layer", "call", "path")
+        ):
+            raise ValueError("bundle.json's 'origins' holds an entry that is not an origin")
+
+
+def _load(path: Path, unpickle: bool, damaged: str) -> Any:
+    """torch.load of a bundle's part: weights_only unless `unpickle` (the user's opt-in)."""
+    import pickle
+
+    try:
+        with warnings.catch_warnings():  # torch's own (a pickle protocol it did not write …)
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=not unpickle)
+    except pickle.UnpicklingError as exc:
+        if unpickle or "weights only load failed" not in str(exc).lower():
+            raise UsageError(f"cannot read {path}: {one_line(exc)}.", damaged) from exc
+        raise UsageError(
+            f"{path} holds Python objects beyond tensors and plain values; loading them would run "
+            "code from the bundle.",
+            "replay it with --unpickle only if you wrote this bundle yourself.",
+        ) from exc
+    except Exception as exc:  # truncated (EOFError), not a zip, a corrupt record …
+        raise UsageError(
+            f"cannot read {path}: {type(exc).__name__}: {one_line(exc)}.", damaged
+        ) from exc
 
 
 def to_device(forwards: Sequence[ForwardCapture], device: torch.device) -> list[ForwardCapture]:

@@ -1,12 +1,14 @@
 """`hookcli replay BUNDLE`: the training step a repro bundle holds, run again with hooks on.
 
-The model comes from the bundle's pickle (model.pt), or from `--model SPEC` (any MODEL hookcli
-can build) with the bundle's state dict loaded into it; each module's train/eval flag is the
-step's. The step runs as the recorder's own re-run does (bundle.rerun: the same forwards from
-the same RNG states and autocast, backward from the same output gradients), on the device the
-step ran on when this machine has it, else on the CPU, or on `--device`. The answer is a
-report like `grads`' — every selected call's statistics and gradients — with the non-finite
-origin, and one check: the origin found now is the one the recorder logged.
+The model comes from `--model SPEC` (any MODEL hookcli can build) with the bundle's state dict
+loaded into it, or, only with `--unpickle`, from the bundle's pickle (model.pt): unpickling runs
+whatever code the pickle names, so a bundle someone handed over is never unpickled by default.
+Each module's train/eval flag is the step's. The step runs as the recorder's own re-run does
+(bundle.rerun: the same forwards from the same RNG states and autocast, backward from the same
+output gradients), on the device the step ran on when this machine has it, else on the CPU, or
+on `--device`. The answer is a report like `grads`' — every selected call's statistics and
+gradients — with the non-finite origin, and one check: the origin found now is the one the
+recorder logged.
 """
 
 from __future__ import annotations
@@ -43,16 +45,25 @@ def replay(
     device: str | None = None,
     layers: Sequence[str] = (),
     types: Sequence[str] = (),
+    unpickle: bool = False,
 ) -> Report:
-    """The bundle's step re-run with hooks on (see the module docstring)."""
-    bundle = read_bundle(Path(path))
+    """The bundle's step re-run with hooks on (see the module docstring). `unpickle`: load the
+    bundle's pickled model (and any Python objects in its batch), which runs code from it."""
+    if model is None and not unpickle:
+        raise UsageError(
+            f"replaying {path} with its own model means unpickling its model.pt, which runs any "
+            "code the bundle holds.",
+            "give --model SPEC (e.g. train.py:Net) to build the model from your code, or "
+            "--unpickle only if you wrote this bundle yourself.",
+        )
+    bundle = read_bundle(Path(path), unpickle=unpickle)
     if bundle.info.get("replayable") is False:
         raise UsageError(
             f"the bundle {bundle.path} holds no batch: it could not be saved "
             f"({'; '.join(bundle.info.get('notes') or [])}).",
             "its bundle.json still names the origin the recorder found.",
         )
-    module = _module(bundle, model, model_args)
+    module, loading = _module(bundle, model, model_args)
     where = _device(bundle, device)
     module.to(where)
     entries = module_entries(module)
@@ -75,6 +86,7 @@ def replay(
     step, rank = bundle.info.get("step"), bundle.info.get("rank", 0)
     notes = [f"bundle {bundle.path}: step {step} of rank {rank}, NaN/Inf seen in the {found}"]
     notes += list(bundle.info.get("notes") or [])
+    notes += loading
     if model is not None:
         notes.append(
             f"model built from {model if isinstance(model, str) else type(model).__name__} with "
@@ -134,7 +146,10 @@ def _reproduced(bundle: Bundle, found: list[Origin]) -> CheckResult:
     )
 
 
-def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] | None) -> nn.Module:
+def _module(
+    bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] | None
+) -> tuple[nn.Module, list[str]]:
+    """The model to replay, and what its loading has to say (a script read, not run)."""
     if spec is None:
         if not bundle.info.get("pickled") or not (bundle.path / "model.pt").is_file():
             raise UsageError(
@@ -149,14 +164,21 @@ def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] |
                 "run replay where the training code imports (its directory), or give --model "
                 "train.py:Net (a class defined in the training script itself needs --model).",
             ) from exc
+        except Exception as exc:  # truncated, not a torch file, a pickle that raises
+            raise UsageError(
+                f"cannot unpickle {bundle.path / 'model.pt'}: {type(exc).__name__}: "
+                f"{one_line(exc)}.",
+                "give --model SPEC (e.g. train.py:Net): its state comes from the bundle.",
+            ) from exc
         finally:
             gcpause.resume()  # the CLI: the model is built, start-up is over
         if not isinstance(module, nn.Module):
             raise UsageError(f"{bundle.path / 'model.pt'} holds no nn.Module.", "give --model.")
-        return module
+        return module, []
     from hookcli.sources import load_model
 
-    module = load_model(spec, model_args=args).module
+    loaded = load_model(spec, model_args=args)
+    module = loaded.module
     try:
         module.load_state_dict(bundle.state["model"])
     except RuntimeError as exc:
@@ -168,7 +190,7 @@ def _module(bundle: Bundle, spec: str | nn.Module | None, args: dict[str, Any] |
     for name, m in module.named_modules():
         if name in flags:
             m.training = bool(flags[name])
-    return module
+    return module, loaded.notes
 
 
 def _device(bundle: Bundle, spec: str | None) -> torch.device:
