@@ -380,3 +380,50 @@ def test_a_program_calling_main_itself_gets_control_back(tmp_path: Path) -> None
     r = calling_main(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip().endswith("caught 0")
+
+
+# ---------------------------------------------------------------- issue 32: gates that cannot fail
+
+
+@pytest.mark.parametrize("how", ["exec", "exit"])
+def test_a_model_that_ends_or_replaces_the_process_fails_the_gate(how: str) -> None:
+    """A model that exec()s a program exiting 0, or leaves with os._exit(0): the run never
+    finished, so check is not a pass on nothing."""
+    r = hookcli(
+        "check", "tests.crash_models:Ends", "--model-arg", f"how={how}", "-i", "randn:2x4",
+        "--fail-on", "nonfinite", "--no-config",
+    )  # fmt: skip
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    line = one_line(r.stderr)
+    assert "before it finished" in line and "nothing was checked" in line, line
+    assert "PASS" not in r.stdout
+
+
+def test_a_model_whose_forked_child_comes_back_gives_one_report() -> None:
+    r = hookcli(
+        "inspect", "tests.crash_models:Ends", "--model-arg", "how=fork", "-i", "randn:2x4",
+        "-f", "json", "--no-config",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)  # one document: a second report would make this fail
+    assert r.stdout.count('"schema"') == 1
+
+
+def test_a_model_ignoring_sigterm_is_still_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "started"
+    proc = subprocess.Popen(
+        argv("check", "tests.crash_models:Ends", "--model-arg", "how=term",
+             "--model-arg", f"marker={marker}", "-i", "randn:2x4", "--fail-on", "nonfinite"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**child_env(), "HOOKCLI_STOP_GRACE_S": "2"}, start_new_session=True,
+    )  # fmt: skip
+    _started(marker, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "stopped by SIGTERM" in one_line(err)
+    assert "PASS" not in out
+    assert time.monotonic() - t0 < 25  # killed after the grace, not after the model's 30 s

@@ -381,7 +381,10 @@ def predict(
     """Top-k per image: classes (classification), detections (detection), pixel shares
     (segmentation). Labels come from the weights' categories; each row names its image (path
     relative to its folder) and, in an ImageFolder tree, the image's class folder. A
-    non-finite score has prob None (JSON null), flagged in the table."""
+    non-finite score has prob None (JSON null), flagged in the table. An --output-key the
+    output does not have is an error whether or not anything reads it (no prediction, --topk
+    0): a gate never passes on a key that names nothing."""
+    selected = loaded.kind.select(output)
     if topk == 0:
         return None, None
     cats = loaded.categories
@@ -403,7 +406,7 @@ def predict(
         )
 
     with torch.no_grad():
-        read = loaded.kind.predict(loaded.kind.select(output), topk, row)
+        read = loaded.kind.predict(selected, topk, row)
     if read is None:
         return None, None
     preds, header = read

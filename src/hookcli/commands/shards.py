@@ -52,12 +52,14 @@ def join() -> Group | None:
         if world < 2:
             return None
         return Group(dist.get_rank(), world, str(dist.get_backend()), False)
+    from hookcli.runtime.ranks import launched
+
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return None
-    if world < 2 or "RANK" not in os.environ:
-        return None
+    if world < 2 or "RANK" not in os.environ or not launched():
+        return None  # WORLD_SIZE/RANK without torchrun: no other rank will come (issue 32)
     cuda = torch.cuda.is_available()
     if cuda and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is this rank's GPU

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,7 +44,7 @@ from hookcli.engine.targets import scalar as scalar_of
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
-from hookcli.runtime import beacon, gcpause, isa
+from hookcli.runtime import beacon, gcpause, isa, ranks
 from hookcli.sources import LoadedModel, load_model, resolve_device
 
 
@@ -119,6 +120,7 @@ def prepare(
         if backward is not None and backward.input_grad:
             model_input, leaves = _with_input_grad(model_input)
     note = unhookable_note(entries)
+    stray = ranks.stray_note()
     return Prepared(
         loaded,
         device,
@@ -128,7 +130,7 @@ def prepare(
         model_input,
         spec,
         leaves,
-        [note] if note else [],
+        [*loaded.notes, *(n for n in (note, stray) if n)],
     )
 
 
@@ -501,9 +503,16 @@ def run_forward(
     e.g. --ablate LAYER=mean on an output whose channels cannot be told) go through as
     themselves."""
     model = loaded.module
+    pid = os.getpid()
     with session:
         try:
-            return model(*model_input.args, **model_input.kwargs)
+            try:
+                return model(*model_input.args, **model_input.kwargs)
+            finally:
+                if os.getpid() != pid:
+                    # a process the model forked, come back through its forward: the report
+                    # is the calling process's, and a second one would follow it
+                    os._exit(0)
         except (KeyboardInterrupt, HookcliError):  # hookcli's own hooks refusing: as they say
             raise
         except torch.OutOfMemoryError as exc:

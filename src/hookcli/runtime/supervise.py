@@ -3,6 +3,9 @@
 A model can kill the process in ways no `except` sees (HOOK_PITFALLS 16): a custom C++/CUDA op
 segfaults, a kernel built for an ISA the CPU cannot run dies with SIGILL, a native library aborts,
 the OOM killer sends SIGKILL. That is when a user most needs to know which layer was running.
+It can also end the process without dying (os._exit) or replace it with another program
+(os.exec*): a run that ends before it finished is an error, never the exit 0 of a gate that
+checked nothing.
 
 So `hookcli` forks before anything heavy is imported (torch included): the child runs the
 command as it always did — same stdin, stdout and stderr, same terminal, so tables, JSON and
@@ -161,18 +164,21 @@ def _die_with(parent: int) -> None:
 def _watch(pid: int, light: beacon.Beacon) -> int:
     """Wait for the worker, passing on the signals meant for it; its exit code, or a one-line
     account of its death."""
-    status = _wait(pid)
+    stopped: list[int] = []  # the stop signals passed on to the worker
+    status = _wait(pid, stopped)
     if status is None:
         sys.stderr.write("error: lost track of the worker process. Hint: rerun the command.\n")
         return 3
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    signum = os.WTERMSIG(status)
     words = light.last_words()
-    for path in words.temps:  # only our own temp files, by absolute path
-        if os.path.isabs(path) and os.path.basename(path).startswith(".hookcli-"):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+    if not os.WIFEXITED(status):
+        for path in words.temps:  # only our own temp files, by absolute path
+            if os.path.isabs(path) and os.path.basename(path).startswith(".hookcli-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    if os.WIFEXITED(status) or (stopped and os.WTERMSIG(status) == signal.SIGKILL):
+        # exited, or killed by us once the grace after a stop was over
+        return _exited(os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1, stopped, words)
+    signum = os.WTERMSIG(status)
     if words.finished is not None:  # a library died at interpreter exit, after the run
         sys.stderr.write(
             escape(f"warning: the worker died of {_name(signum)} while exiting, after the run "
@@ -189,30 +195,75 @@ def _watch(pid: int, light: beacon.Beacon) -> int:
     return 3
 
 
+def _exited(code: int, stopped: list[int], words: beacon.LastWords) -> int:
+    """The exit code of a worker that exited (not killed): its own, unless it went on after a
+    stop was passed on (a model ignoring SIGTERM: stopped all the same) or ended before the
+    run finished (os._exit, os.exec*: an error, never a gate passed on nothing)."""
+    if stopped:
+        where = f" {words.where}" if words.where else ""
+        sys.stderr.write(escape(f"error: stopped by {_name(stopped[0])}{where}.") + "\n")
+        return 128 + stopped[0]
+    if words.finished is None:
+        sys.stderr.write(escape(ended_message(code, words)) + "\n")
+        sys.stderr.flush()
+        return 3
+    return code
+
+
 _SI_USER = 0  # siginfo si_code of a signal sent by kill(), not by the terminal driver
 
 
-def _wait(pid: int) -> int | None:
+def _grace() -> float:
+    """How long a worker that ignores a passed-on stop has before SIGKILL (10 s;
+    HOOKCLI_STOP_GRACE_S sets another)."""
+    try:
+        return max(0.0, float(os.environ.get("HOOKCLI_STOP_GRACE_S", "10")))
+    except ValueError:
+        return 10.0
+
+
+def _wait(pid: int, stopped: list[int]) -> int | None:
     """The worker's wait status. Ctrl-C at the terminal reaches the worker directly (same
     process group), so the parent never repeats it; a SIGINT sent to the parent alone (`kill
-    -INT`, a harness's send_signal) and SIGTERM/SIGHUP/SIGQUIT are passed on."""
+    -INT`, a harness's send_signal) and SIGTERM/SIGHUP/SIGQUIT are passed on. The stops passed
+    on are appended to `stopped`; a worker still running _grace() seconds after the first (a model
+    that ignores SIGTERM) is killed: a stop sent to hookcli always stops it."""
     passed = {signal.SIGINT, *_STOPS}
     if not hasattr(signal, "sigwaitinfo"):  # macOS: no siginfo; SIGINT left to the terminal
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            stopped.append(signum)
+            _pass_on(pid, signum)
+
         for s in _STOPS:
-            signal.signal(s, lambda signum, frame: _pass_on(pid, signum))
+            signal.signal(s, stop)
         return _reap(pid, block=True)
     watched = {signal.SIGCHLD, *passed}
     signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    deadline: float | None = None
     while True:
         status = _reap(pid, block=False)
         if status != -1:
             return status
-        info = signal.sigwaitinfo(watched)
+        if deadline is None:
+            info = signal.sigwaitinfo(watched)
+        else:
+            left = deadline - time.monotonic()
+            got = signal.sigtimedwait(watched, max(left, 0.0)) if left > 0 else None
+            if got is None:  # the grace is over: the worker ignored the stop
+                _pass_on(pid, signal.SIGKILL)
+                deadline = None
+                continue
+            info = got
         if info.si_signo == signal.SIGCHLD:
             continue
         if info.si_signo == signal.SIGINT and info.si_code != _SI_USER:
             continue  # the terminal's Ctrl-C: the worker got it too
+        if info.si_signo in _STOPS:
+            stopped.append(info.si_signo)
+            if deadline is None:
+                deadline = time.monotonic() + _grace()
         _pass_on(pid, info.si_signo)
 
 
@@ -235,6 +286,22 @@ def _name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def ended_message(code: int, words: beacon.LastWords) -> str:
+    """One line for a worker that exited before the run finished: the model's code ended the
+    process (os._exit) or replaced it with another program (os.exec*), so nothing was
+    checked, however the process exited."""
+    if words.where:
+        where = f" {words.where}, {words.phase}" if words.phase else f" {words.where}"
+    else:
+        where = f" while {words.phase}" if words.phase else ""
+    return (
+        f"error: the run ended{where} before it finished (the process exited with status "
+        f"{code}): the model's code ended it or replaced it with another program (os._exit, "
+        "os.exec*); nothing was checked and no output was written. Hint: remove that call from "
+        "the model's code, or run the model with hookcli's Python API to see it."
+    )
 
 
 def death_message(signum: int, words: beacon.LastWords) -> str:

@@ -1,0 +1,435 @@
+"""Answers a user can trust at first sight (issue 32): check's baseline names the layer that
+changed, diff never shows values that are not finite as identical and says why a side parted
+ways, NaN gradients are never shown as absent ones, a model class is read from a training
+script without running it, a bundle handed over never runs code, and replay never writes into
+the bundle it reads. Oracles: the state dict edited by hand, float16's range, torch's own
+gradients, the script's own side effects."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from typer.testing import CliRunner, Result
+
+import hookcli
+from hookcli.cli import app
+from tests.conftest import ROOT
+from tests.test_cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def invoke(*args: str | Path) -> Result:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "internal error" not in result.stderr, result.stderr
+    return result
+
+
+# ---------------------------------------------------------------- 1. the baseline's first drift
+
+
+def test_a_baseline_names_the_layer_that_changed_first(tmp_path: Path) -> None:
+    """One weight scaled by 1.5: every statistic of that conv's output is exactly 1.5 times
+    the baseline's. The failure's first line names it, not a near-zero mean downstream."""
+    torch.manual_seed(0)
+    sd = torchvision.models.resnet18().state_dict()
+    torch.save(sd, tmp_path / "base.pt")
+    changed = dict(sd)
+    changed["layer3.1.conv2.weight"] = sd["layer3.1.conv2.weight"] * 1.5
+    torch.save(changed, tmp_path / "changed.pt")
+    run = ["resnet18", "--input", "randn:1x3x64x64", "--no-config"]
+    base = tmp_path / "base.json"
+    r = invoke("inspect", *run, "--weights", tmp_path / "base.pt", "-f", "json", "-o", base)
+    assert r.exit_code == 0, r.output
+    r = invoke("check", *run, "--weights", tmp_path / "changed.pt", "--baseline", base)
+    assert r.exit_code == 1, r.output
+    first_item = next(line for line in r.stdout.splitlines() if line.startswith("    "))
+    assert first_item.strip().startswith("layer3.1.conv2 call 0 output out"), r.stdout
+    assert "first in the order the hooks saw them: layer3.1.conv2 call 0" in r.stdout
+    # the oracle: the statistics of that output are the baseline's times 1.5
+    r = invoke(
+        "check", *run, "--weights", tmp_path / "changed.pt", "--baseline", base, "-f", "json"
+    )
+    data = json.loads(r.stdout)
+    (check,) = data["checks"]
+    assert check["first"]["layer"] == "layer3.1.conv2"
+    assert check["failures"][0] == check["first"]
+    before = next(
+        c for c in json.loads(base.read_text())["layers"] if c["name"] == "layer3.1.conv2"
+    )
+    after = next(c for c in data["layers"] if c["name"] == "layer3.1.conv2")
+    for stat in ("mean", "std", "max", "norm"):
+        assert after["outputs"][0][stat] == pytest.approx(1.5 * before["outputs"][0][stat], 1e-5)
+    # every call before it, in forward order, is unchanged: none is listed
+    order = [(c["name"], c["call"]) for c in data["layers"]]
+    earlier = set(order[: order.index(("layer3.1.conv2", 0))])
+    assert not earlier & {(f["layer"], f["call"]) for f in check["failures"]}
+
+
+def test_drift_sizes_do_not_explode_near_zero() -> None:
+    from hookcli.commands.checks import _scale, _size_of_change
+
+    entry = {"mean": 0.0123, "std": 1.0, "norm": 100.0, "numel": 10_000}
+    scale = _scale(entry)
+    assert scale == pytest.approx(1.0)
+    # a near-zero mean moving by 0.04 is a small change against a tensor of rms 1 …
+    assert _size_of_change("mean", 0.0558, 0.0123, scale) == pytest.approx(0.0435)
+    # … smaller than a max moving by half of its 4
+    assert _size_of_change("max", 6.0, 4.0, scale) == pytest.approx(2.0)
+    assert _size_of_change("norm", 150.0, 100.0, scale) == pytest.approx(0.5)
+    assert math.isinf(_size_of_change("nan", 3, 0, scale))
+    assert math.isinf(_size_of_change("mean", None, 0.5, scale))
+
+
+# ---------------------------------------------------------------- 2. diff: not finite is not equal
+
+
+GROW = '''
+import torch
+from torch import nn
+
+
+class Grow(nn.Module):
+    """Each Linear multiplies by 100: float16 overflows at the third (1e6 > 65504)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(8, 8) for _ in range(5)])
+        for lin in self.layers:
+            nn.init.eye_(lin.weight)
+            lin.weight.data *= 100.0
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x):
+        return self.layers(x)
+'''
+
+
+def test_diff_rows_not_finite_are_not_identical(tmp_path: Path) -> None:
+    (tmp_path / "grow.py").write_text(GROW)
+    model = f"{tmp_path / 'grow.py'}:Grow"
+    r = invoke("diff", model, "--input", "ones:2x8", "--b", "float16", "--no-config", "-f", "json")
+    assert r.exit_code == 1, r.output
+    data = json.loads(r.stdout)
+    rows = {c["name"]: c["b"][0] for c in data["calls"]}
+    # the oracle: float16's range, and the reference's values (1e2, 1e4, 1e6 …)
+    assert torch.finfo(torch.float16).max == 65504
+    assert rows["layers.1"]["rel_l2"] == 0 and rows["layers.1"]["nonfinite"] == 0
+    for name in ("layers.2", "layers.3", "layers.4"):
+        row = rows[name]
+        assert row["nonfinite"] == 16 and row["over"] is True
+        for metric in ("max_abs", "rel_l2", "cosine", "sqnr_db", "norm_rel", "own_rel_l2"):
+            assert row[metric] is None, (name, metric, row)
+    assert (
+        rows["layers.2"]["note"]
+        == "overflow: the reference's max |x| 1e+06 exceeds float16's 65504"
+    )
+    assert "layers.2 (Linear) call 0" in data["first_over"]
+    assert "overflow" in data["first_over"]
+    r = invoke("diff", model, "--input", "ones:2x8", "--b", "float16", "--no-config")
+    row = next(line for line in r.stdout.splitlines() if line.startswith("layers.2 "))
+    assert " inf " not in row and "| 0 " not in row
+    assert "16 not finite: overflow" in row
+
+
+def test_the_largest_own_error_list_says_accumulated_values_are_not_finite() -> None:
+    from hookcli.records import DiffReport, InputInfo, ModelInfo
+    from hookcli.render.diffrows import largest_lines
+
+    report = DiffReport(
+        model=ModelInfo("m", "m", "custom", "none", 1),
+        input=InputInfo("x", [(1,)]),
+        device="cpu",
+        a="float32",
+        b="float16",
+        ref=None,
+        isolate=False,
+        tol=0.004,
+        calls=[],
+        largest_own=[
+            {"name": "l", "call": 0, "type": "Linear", "side": "B", "path": "out",
+             "own_rel_l2": 0.01, "rel_l2": None},
+        ],
+    )  # fmt: skip
+    (_, line) = [x.text for x in largest_lines(report)]
+    assert "(accumulated: values not finite)" in line and "accumulated 0" not in line
+
+
+# ---------------------------------------------------------------- 3. NaN is not "absent"
+
+
+class NaNGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 3)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x) * float("nan"))
+
+
+def test_nan_gradients_are_shown_as_not_finite_never_as_absent() -> None:
+    torch.manual_seed(0)
+    model = NaNGrad().eval()
+    x = torch.randn(2, 4)
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0)
+    # the oracle: torch's own gradients of the same sum
+    model.zero_grad()
+    model(x).sum().backward()  # type: ignore[no-untyped-call]
+    assert model.fc1.weight.grad is not None and model.fc1.weight.grad.isnan().all()
+    assert model.unused.weight.grad is None
+    from hookcli.render.rows import grad_rows, param_rows
+
+    params = {(r[0], r[1]): r for r in param_rows(report)}
+    nan_row = params[("fc1", "weight")]
+    assert nan_row[4] == "not finite" and nan_row[-1] == "grad: 16 NaN", nan_row
+    assert "—" not in nan_row[4:7]
+    rows = {r[0]: r for r, _ in grad_rows(report) if r[0]}
+    # fc1's output gradient is NaN (fc2's input times NaN): labelled, never "—"
+    assert rows["fc1"][6] == "not finite"
+    assert rows["fc1"][-1] == "grad_out: 8 NaN"
+    # fc2: its output NaN, made from an input that already was: each count says what it counts
+    assert rows["fc2"][-1].split("; ")[0] == "out: 6 NaN" and "in: 8 NaN" in rows["fc2"][-1]
+    from hookcli.render.html import report_html
+
+    html = report_html(report)
+    assert "grad: 16 NaN" in html and "grad_out: 8 NaN" in html
+
+
+# ---------------------------------------------------------------- 4-6. replay: scripts, bundles
+
+TRAIN = """
+import pathlib
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+import hookcli
+
+HIDDEN = 16
+pathlib.Path("ran.txt").open("a").write("trained\\n")  # a side effect of running the script
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with hookcli.watch(model, optimizer=opt, log="run.jsonl") as w:
+    for step in range(3):
+        if step == 2:
+            with torch.no_grad():
+                model.fc1.weight[0, 0] = float("nan")
+        opt.zero_grad()
+        x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        loss = F.cross_entropy(model(x), y)
+        w.loss(loss)
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training script that defines its model, trains with hookcli.watch and writes a
+    bundle at its NaN step; run once, as a user would."""
+    folder = tmp_path_factory.mktemp("train")
+    (folder / "train.py").write_text(TRAIN)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (folder / "run.bundle" / "bundle.json").is_file(), done.stderr
+    assert (folder / "ran.txt").read_text() == "trained\n"
+    return folder
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_replay_reads_the_model_class_from_the_script_without_running_it(
+    trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(trained)
+    before = _snapshot(trained)
+    r = invoke("replay", "run.bundle", "--model", "train.py:Net", "-f", "json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["nonfinite_origins"][0]["layer"] == "fc1"
+    assert data["checks"][0]["passed"] is True
+    assert any("top-level code at lines" in n and "was not run" in n for n in data["notes"])
+    # nothing ran: no second "trained" line, the log and the bundle byte for byte as they were
+    assert _snapshot(trained) == before
+    assert (trained / "ran.txt").read_text() == "trained\n"
+
+
+def test_a_name_the_script_binds_by_running_code_is_explained(tmp_path: Path) -> None:
+    (tmp_path / "s.py").write_text(
+        "import os\nfrom functools import partial\nfrom torch import nn\n"
+        "WIDTH = int(os.environ.get('W', '4'))\nmade = partial(nn.Linear, 2, 2)\n\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(2, WIDTH)\n\n    def forward(self, x):\n"
+        "        return self.fc(x)\n"
+    )
+    r = invoke("inspect", f"{tmp_path / 's.py'}:Net", "--input", "ones:2x2", "--no-config")
+    assert_one_line_error(r, 2, "needs 'WIDTH'", "line 4", "does not run")
+    # the name asked for is bound by the one statement the user named: that one runs
+    r = invoke("inspect", f"{tmp_path / 's.py'}:made", "--input", "ones:2x2", "--no-config")
+    assert r.exit_code == 0, r.output
+
+
+class Evil:
+    """Unpickling it writes a file: the proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, ...]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _evil_bundle(trained: Path, tmp_path: Path, part: str) -> tuple[Path, Path]:
+    bundle = tmp_path / "handed.bundle"
+    bundle.mkdir()
+    for p in (trained / "run.bundle").iterdir():
+        (bundle / p.name).write_bytes(p.read_bytes())
+    marker = tmp_path / "pwned"
+    with (bundle / part).open("wb") as f:
+        pickle.dump(Evil(marker), f)
+    return bundle, marker
+
+
+@pytest.mark.parametrize("part", ["model.pt", "state.pt", "batch.pt"])
+def test_a_bundle_handed_over_never_runs_code(trained: Path, tmp_path: Path, part: str) -> None:
+    bundle, marker = _evil_bundle(trained, tmp_path, part)
+    # without --model, the bundle's own model would be unpickled: refused, saying why
+    r = invoke("replay", bundle)
+    assert_one_line_error(r, 2, "unpickling its model.pt", "--model SPEC", "--unpickle")
+    assert not marker.exists()
+    # --model: the state and batch are read as tensors and plain values only
+    r = invoke("replay", bundle, "--model", f"{trained / 'train.py'}:Net")
+    if part == "model.pt":  # never read
+        assert r.exit_code == 0, r.output
+    else:
+        assert_one_line_error(r, 2, part, "would run code", "--unpickle")
+    assert not marker.exists()
+
+
+def test_unpickle_is_the_opt_in_that_runs_the_bundles_code(trained: Path, tmp_path: Path) -> None:
+    bundle, marker = _evil_bundle(trained, tmp_path, "model.pt")
+    r = invoke("replay", bundle, "--unpickle")
+    assert r.exit_code == 2  # the evil pickle is no module …
+    assert marker.exists()  # … but it did run: that is what --unpickle says it does
+    assert "--unpickle" in invoke("replay", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    "name", ["bundle.json", "state.pt", "batch.pt", "records.jsonl", "model.pt"]
+)
+def test_replay_output_into_the_bundle_is_refused(trained: Path, name: str) -> None:
+    before = _snapshot(trained / "run.bundle")
+    target = trained / "run.bundle" / name
+    r = invoke(
+        "replay", trained / "run.bundle", "--model", f"{trained / 'train.py'}:Net", "-o", target
+    )
+    assert_one_line_error(r, 2, "also an input of this run")
+    assert _snapshot(trained / "run.bundle") == before
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda b: (b / "state.pt").write_bytes((b / "state.pt").read_bytes()[:100]), "state.pt"),
+        (lambda b: (b / "batch.pt").write_bytes(b""), "batch.pt"),
+        (lambda b: _edit(b, layers=5), "'layers' is int"),
+        (lambda b: _edit(b, origins=[{"layer": 1}]), "not an origin"),
+        (lambda b: _edit(b, step="two"), "'step' is str"),
+        (lambda b: (b / "records.jsonl").write_text("[1, 2]\n"), "not an object"),
+        (
+            lambda b: torch.save({"model": {"fc1.weight": "x"}}, b / "state.pt"),
+            "other than tensors",
+        ),
+        (lambda b: torch.save([{"args": 1}], b / "batch.pt"), "not what the recorder wrote"),
+    ],
+)
+def test_a_damaged_bundle_is_one_line(
+    trained: Path, tmp_path: Path, damage: object, needle: str
+) -> None:
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    for p in (trained / "run.bundle").iterdir():
+        (bundle / p.name).write_bytes(p.read_bytes())
+    damage(bundle)  # type: ignore[operator]
+    r = invoke("replay", bundle, "--model", f"{trained / 'train.py'}:Net")
+    assert_one_line_error(r, 2, needle)
+
+
+def _edit(bundle: Path, **fields: object) -> None:
+    meta = json.loads((bundle / "bundle.json").read_text())
+    meta.update(fields)
+    (bundle / "bundle.json").write_text(json.dumps(meta))
+
+
+# ---------------------------------------------------------------- 7. gates that cannot fail
+
+TINY = ["examples/tiny/net.py:Net", "--input", "ones:2x2", "--no-config"]
+
+
+def test_check_with_an_output_key_the_output_lacks_fails() -> None:
+    """A custom model's output is read by nothing (no predictions), yet a key that names nothing
+    is an error, never a pass."""
+    r = invoke("check", *TINY, "--output-key", "nosuch", "--fail-on", "nonfinite")
+    assert_one_line_error(r, 2, "--output-key 'nosuch'", "no 'nosuch'")
+    r = invoke("inspect", *TINY, "--output-key", "nosuch", "--topk", "0")
+    assert_one_line_error(r, 2, "--output-key 'nosuch'")
+
+
+def test_world_size_and_rank_without_torchrun_still_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WORLD_SIZE/RANK left by a SLURM or MPI job: no other rank will come, so this process
+    writes its own results and says why."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    out = tmp_path / "r.json"
+    r = invoke("check", *TINY, "--fail-on", "nonfinite", "-o", out)
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert data["checks"][0]["passed"] is True
+    assert any("torchrun did not start this process" in n for n in data["notes"])
+    r = invoke("check", *TINY, "--fail-on", "nonfinite")
+    assert "PASS nonfinite" in r.stdout
+    # under torchrun's own environment rank 1 leaves the writing to rank 0, as before
+    from hookcli.runtime import ranks
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert ranks.writer() is False and ranks.stray_note() is None
