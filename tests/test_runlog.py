@@ -715,3 +715,15 @@ def test_merged_loss_is_the_ranks_mean() -> None:
     b["loss"] = None
     assert runlog.merge_step([a, b])[0]["loss"] is None
     assert math.isclose(merged["layers"][0]["outputs"][0]["std"], 1.0)
+
+
+def test_a_log_with_nothing_to_check_is_refused_not_passed(tmp_path: Path) -> None:
+    """Steps with no layer and no parameter: every rule would pass on nothing (issue 32)."""
+    empty = _log(tmp_path, [_step(0, layers=[], params=[]), _step(1, layers=[], params=[])])
+    r = run("check", str(empty))
+    assert r.exit_code == 2, r.stdout
+    assert "2 watched steps, but none holds" in r.stderr and "nothing to check" in r.stderr
+    assert r.stdout == ""
+    # one step with one parameter is something to check
+    some = _log(tmp_path, [_step(0, layers=[], params=[_param()])], "some.jsonl")
+    assert run("check", str(some)).exit_code == 0

@@ -119,6 +119,7 @@ def read_log(path: str | Path) -> LogFile:
     notes: list[str] = []
     first_line: dict[int, int] = {}  # step → the line it was on
     who: tuple[int, int] | None = None  # (rank, world size) of the first line
+    first_run: tuple[str, int] | None = None  # (run id, line) of the first line with one
     lines = 0
     try:
         with open(p, "rb") as f:
@@ -165,6 +166,16 @@ def read_log(path: str | Path) -> LogFile:
                         f"line {number} is rank {here[0]} of {here[1]}, line 1 rank {who[0]} "
                         f"of {who[1]}: one file holds one rank's log",
                         "give each rank's own log (run.rank0.jsonl run.rank1.jsonl …).",
+                    )
+                run_id = data.get("run")
+                if run_id is not None and first_run is None:
+                    first_run = (str(run_id), number)
+                elif run_id is not None and first_run is not None and str(run_id) != first_run[0]:
+                    refuse(
+                        f"line {number} is from another run than line {first_run[1]}: two runs "
+                        "wrote one log",
+                        "give each run its own log (hookcli.watch(log=...)), and delete this "
+                        "one before a new run.",
                     )
                 if kind == "nonfinite":
                     events.append(data)
@@ -820,7 +831,16 @@ def _bounds(
 
 
 def evaluate_run(run: Run, rules: RunRules) -> list[CheckResult]:
-    """Each rule's verdict over every watched step."""
+    """Each rule's verdict over every watched step. A log whose steps hold no layer and no
+    parameter statistics is refused: every rule would pass on nothing (issue 32)."""
+    if not any(s["layers"] or s["params"] for s in run.steps):
+        files = ", ".join(run.files[:3]) + (" …" if len(run.files) > 3 else "")
+        raise UsageError(
+            f"{files}: {len(run.steps)} watched steps, but none holds a layer's or a "
+            "parameter's statistics: there is nothing to check.",
+            "watch layers that run (hookcli.watch(model, layers=...) or the default, every "
+            "leaf) and parameters that get gradients, then check the new log.",
+        )
     results = []
     if "nonfinite" in rules.fail_on:
         results.append(_nonfinite(run))
