@@ -476,3 +476,83 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
 
     with pytest.raises(UsageError, match="holds no batch"):
         replay(tmp_path / "b", unpickle=True)
+
+
+# ---------------------------------------------------------------- issue 32: never hurt training
+
+
+def _loop(model: nn.Module, log: str | Path, steps: int = 3) -> object:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hookcli.watch(model, optimizer=opt, log=log) as w:
+        for x, y in _batches(steps):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+            opt.step()
+    return w
+
+
+def test_a_log_that_cannot_be_written_stops_logging_not_training(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/dev/full: every write fails with ENOSPC, as on a full disk."""
+    torch.manual_seed(0)
+    model = Tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+    w = _loop(model, "/dev/full")
+    assert len(w.records) == 3  # type: ignore[attr-defined]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    err = capsys.readouterr().err
+    assert err.count("could not be written") == 1, err
+    assert "logging stopped, training goes on" in err
+
+
+def test_two_runs_watching_one_log_are_told_apart(tmp_path: Path) -> None:
+    from hookcli.commands.watch.runlog import load_run
+
+    log = tmp_path / "run.jsonl"
+    torch.manual_seed(0)
+    a, b = Tiny(), Tiny()
+    opt = torch.optim.SGD(a.parameters(), lr=0.1)
+    # a second run into the same log while the first runs: refused when it starts
+    with (
+        hookcli.watch(a, optimizer=opt, log=log),
+        pytest.raises(UsageError, match="another run is watching into"),
+    ):
+        hookcli.watch(b, log=log).__enter__()
+    # a log two runs wrote anyway (where locks do not hold): the reader refuses it
+    _loop(Tiny(), log, steps=2)
+    lines = log.read_text().splitlines()
+    other = json.loads(lines[0]) | {"run": "another", "step": 7}
+    log.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    with pytest.raises(UsageError, match="from another run than line 1: two runs wrote one log"):
+        load_run([log])
+
+
+def test_a_log_on_dev_stdout_keeps_the_jobs_earlier_output(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "job.out"
+    code = (
+        "import torch, hookcli\n"
+        "print('earlier output of the job', flush=True)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "with hookcli.watch(model, optimizer=opt, log='/dev/stdout'):\n"
+        "    for _ in range(2):\n"
+        "        opt.zero_grad()\n"
+        "        model(torch.randn(3, 4)).sum().backward()\n"
+        "        opt.step()\n"
+        "print('later output', flush=True)\n"
+    )
+    with out.open("w") as f:
+        done = subprocess.run(
+            [sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0] == "earlier output of the job" and lines[-1] == "later output"
+    assert [json.loads(x)["step"] for x in lines[1:-1]] == [0, 1]

@@ -195,6 +195,12 @@ def _open_fd(text: str) -> int | None:
     return None
 
 
+def descriptor_of(text: str) -> int | None:
+    """The open descriptor a path names (/dev/stdout, /dev/fd/3 …), or None: such a path is
+    written through, never reopened with truncation (the watch log follows this too)."""
+    return _open_fd(text)
+
+
 def _claim_fd(option: str, text: str, fd: int) -> Destination:
     import fcntl  # POSIX only, as /dev/fd is
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
@@ -50,6 +49,7 @@ from hookcli.commands.watch.bundle import (
     watch_output,
     write_bundle,
 )
+from hookcli.commands.watch.logfile import LogWriter
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
@@ -248,7 +248,7 @@ class Watch:
         self._scaler_update: Any = None
         self._scaler_own: Any = _NONE
         self._root_call: RootCall | None = None
-        self._file: Any = None
+        self._file: LogWriter | None = None
         self._open = False
 
     def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
@@ -271,14 +271,9 @@ class Watch:
         if self.bundle_path is not None:
             check_bundle_dest(self.bundle_path)  # a bundle replaces only an earlier bundle
         if self.log_path is not None:
-            try:
-                # a new run starts a new log (a log holds one run: steps never repeat)
-                self._file = self.log_path.open("w", encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(
-                    f"cannot write the watch log {self.log_path}: {exc.strerror}.",
-                    "give a writable path, e.g. log='run.jsonl'.",
-                ) from exc
+            # a new run starts a new log (a log holds one run: steps never repeat); written so
+            # that it never hurts the training (logfile.py)
+            self._file = LogWriter(self.log_path)
         try:
             if getattr(self.model, "_compiled_call_impl", None) is not None:
                 self._root_call = RootCall(self.model, self._root_pre, self._root_post)
@@ -581,8 +576,7 @@ class Watch:
 
     def _write(self, line: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(line, allow_nan=False) + "\n")
-            self._file.flush()
+            self._file.write(line)
 
     # ------------------------------------------------------------ the first NaN/Inf
 
