@@ -433,3 +433,94 @@ def test_world_size_and_rank_without_torchrun_still_write(
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     assert ranks.writer() is False and ranks.stray_note() is None
+
+
+# ---------------------------------------------------------------- 10. Hugging Face folders
+
+
+def _vit_folder(tmp_path: Path) -> Path:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=16, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / "vit"
+    ViTForImageClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_saved_folder_loads_and_matches_transformers(tmp_path: Path) -> None:
+    from transformers import ViTForImageClassification
+
+    folder = _vit_folder(tmp_path)
+    assert (folder / "model.safetensors").is_file()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    torch.save(x, tmp_path / "x.pt")
+    r = invoke("inspect", f"hf:{folder}", "--input", tmp_path / "x.pt", "-f", "json", "--no-config")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    oracle = ViTForImageClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = oracle(pixel_values=x).logits
+    (out,) = [t for t in data["outputs"] if t["shape"] == [1, 3]]
+    assert out["mean"] == pytest.approx(float(logits.double().mean()), rel=1e-5, abs=1e-6)
+
+
+def _config(folder: Path, **fields: object) -> None:
+    data = json.loads((folder / "config.json").read_text())
+    data.update(fields)
+    (folder / "config.json").write_text(json.dumps(data))
+
+
+def _pickled_only(folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        (
+            lambda f: _config(f, auto_map={"AutoModel": "modeling_x.XModel"}),
+            ["needs code of its own", "auto_map", "never runs"],
+        ),
+        (lambda f: _config(f, model_type="my_own_arch"), ["'my_own_arch' is not one transformers"]),
+        (
+            lambda f: (f / "config.json").write_text("{not json"),
+            ["config.json is not a readable JSON"],
+        ),
+        (lambda f: (f / "config.json").write_text("[1, 2]"), ["config.json holds a list"]),
+        (
+            lambda f: (f / "preprocessor_config.json").write_text("{"),
+            ["preprocessor_config.json is not a readable JSON"],
+        ),
+        (lambda f: _config(f, hidden_size=-4), ["hidden_size is -4"]),
+        (lambda f: _config(f, hidden_size=10**8), ["would need about", "GiB"]),
+        (_pickled_only, ["only as pytorch_model.bin", "does not unpickle"]),
+        (lambda f: (f / "model.safetensors").unlink(), ["holds no weights"]),
+    ],
+)
+def test_hf_folders_that_cannot_be_loaded_safely_are_one_line(
+    tmp_path: Path, change: object, needles: list[str]
+) -> None:
+    folder = _vit_folder(tmp_path)
+    change(folder)  # type: ignore[operator]
+    r = invoke("inspect", f"hf:{folder}", "--no-config")
+    assert_one_line_error(r, 2, *needles)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["hf:vit", "--model-arg", "image_size=-1"], "image_size is -1"),
+        (["timm:vit_tiny_patch16_224", "--model-arg", "img_size=-1"], "img_size=-1"),
+    ],
+)
+def test_bad_model_arg_values_are_exit_2(args: list[str], needle: str) -> None:
+    r = invoke("inspect", *args, "--no-config")
+    assert_one_line_error(r, 2, needle)

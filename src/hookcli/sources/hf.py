@@ -14,6 +14,7 @@ become `input_ids` with an all-ones `attention_mask`.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -280,6 +281,7 @@ def load_hf(
         model, processor, label = _from_cache(tf, rest, overrides)
     else:
         config = _config_for_type(tf, rest, overrides)
+        check_config(config, spec)
         auto, _ = _head(tf, rest)
         if (
             getattr(config, "is_encoder_decoder", False)
@@ -366,18 +368,140 @@ def _from_saved(
             f"hf:{rest} is not a saved model folder (no config.json in {path}).",
             "give a folder written by save_pretrained, a model type (hf:vit) or ORG/NAME.",
         )
+    check_folder(tf, f"hf:{rest}", path)
     config = _build(
         lambda: tf.AutoConfig.from_pretrained(path, trust_remote_code=False, **overrides),
         f"hf:{rest}",
         overrides,
     )
+    check_config(config, f"hf:{rest}")
     auto = _auto_for(tf, config)
     model = _build(
-        lambda: auto.from_pretrained(path, config=config, trust_remote_code=False),
+        lambda: auto.from_pretrained(
+            path, config=config, trust_remote_code=False, use_safetensors=True
+        ),
         f"hf:{rest}",
         overrides,
     )
     return model, _saved_processor(tf, path, config), f"saved model {path}"
+
+
+MAX_JSON = 16 << 20  # a config or preprocessor file larger than this is not one
+
+
+def _json_file(spec: str, path: Path) -> dict[str, Any] | None:
+    """A folder's JSON file as a dict (None when absent); anything else is a UsageError."""
+    from hookcli.io.output import note_read
+
+    if not path.exists():
+        return None
+    note_read(path)
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_JSON:
+            raise ValueError("not a regular file of at most 16 MB")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(
+            f"{spec}: {path.name} is not a readable JSON file ({one_line(exc)}).",
+            f"fix or regenerate {path.name} (save_pretrained writes it).",
+        ) from exc
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"{spec}: {path.name} holds a {type(data).__name__}, not a JSON object.",
+            f"fix or regenerate {path.name} (save_pretrained writes it).",
+        )
+    return data
+
+
+# weights transformers would unpickle (or that need another framework): never loaded here
+_PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
+
+
+def check_folder(tf: Any, spec: str, folder: Path) -> None:
+    """A saved model folder hookcli can load without running anything from it: config.json a
+    JSON object naming a model type this transformers ships (no auto_map: that is remote
+    code), preprocessor_config.json (when present) a JSON object, and safetensors weights
+    (pickled .bin weights are never loaded: unpickling can run code)."""
+    config = _json_file(spec, folder / "config.json") or {}
+    _json_file(spec, folder / "preprocessor_config.json")
+    model_type = config.get("model_type")
+    if config.get("auto_map") or not isinstance(model_type, str) or not model_type:
+        raise UsageError(
+            f"{spec} needs code of its own to build (its config.json has "
+            f"{'auto_map' if config.get('auto_map') else 'no model_type'}): hookcli never runs "
+            "a model folder's code (trust_remote_code).",
+            "build the model in Python and pass it to hookcli's API (hookcli.inspect(model, …)).",
+        )
+    if model_type not in _auto_module("configuration_auto").CONFIG_MAPPING_NAMES:
+        raise UsageError(
+            f"{spec}: model type {model_type!r} is not one transformers {tf.__version__} ships; "
+            "its code would have to come from the folder, which hookcli never runs.",
+            "upgrade transformers if a newer one has it, or pass the model to hookcli's API.",
+        )
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickled = sorted({p.name for pattern in _PICKLED for p in folder.glob(pattern)})
+    if pickled:
+        raise UsageError(
+            f"{spec} holds its weights only as {', '.join(pickled[:3])}: hookcli does not "
+            "unpickle a model folder's files (a pickle can run code).",
+            "convert them where you trust them: model.save_pretrained(DIR) writes "
+            "model.safetensors.",
+        )
+    raise UsageError(
+        f"{spec} holds no weights (no model.safetensors in {folder}).",
+        "give the folder save_pretrained wrote, or hf:TYPE for a randomly initialised model.",
+    )
+
+
+# config fields that are sizes: a positive whole number (or a list of them) when present
+_SIZES = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "image_size", "patch_size", "num_channels",
+    "max_position_embeddings", "n_embd", "n_layer", "n_head", "d_model", "num_layers",
+    "embed_dim", "encoder_layers", "decoder_layers",
+)  # fmt: skip
+
+
+def check_config(config: Any, spec: str) -> None:
+    """Sizes that cannot build a model (a negative image size, zero layers) or would not fit
+    this machine (a hidden size of 10^8) are the user's input, refused in one line before
+    anything is allocated."""
+    for name in _SIZES:
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        items = value if isinstance(value, list | tuple) else [value]
+        if not items or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in items):
+            raise UsageError(
+                f"{spec}: config field {name} is {value!r}, not a positive whole number.",
+                "fix config.json or the --model-arg value.",
+            )
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        return
+    inner = getattr(config, "intermediate_size", None)
+    inner = inner if isinstance(inner, int) else 4 * hidden
+    vocab = getattr(config, "vocab_size", None)
+    vocab = vocab if isinstance(vocab, int) else 0
+    need = 4 * (layers * (4 * hidden * hidden + 3 * hidden * inner) + vocab * hidden)
+    have = _memory()
+    if have and need > have:
+        raise UsageError(
+            f"{spec} would need about {need / 2**30:.0f} GiB for its float32 parameters "
+            f"(hidden_size {hidden}, {layers} layers), more than this machine's "
+            f"{have / 2**30:.0f} GiB.",
+            "check config.json or the --model-arg values.",
+        )
+
+
+def _memory() -> int | None:
+    """This machine's physical memory in bytes, where it can be told."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _saved_processor(tf: Any, where: Any, config: Any, **kw: Any) -> Any | None:
@@ -406,10 +530,21 @@ def _from_cache(tf: Any, repo: str, overrides: dict[str, Any]) -> tuple[nn.Modul
         ) from exc
     except ValueError as exc:
         raise UsageError(f"hf:{repo}: {one_line(exc)}", "give a model transformers knows.") from exc
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, "config.json", cache_dir=cache)
+    if isinstance(found, str):  # the snapshot folder: the same checks as a saved folder's
+        check_folder(tf, f"hf:{repo}", Path(found).parent)
+    check_config(config, f"hf:{repo}")
     auto = _auto_for(tf, config)
     model = _build(
         lambda: auto.from_pretrained(
-            repo, config=config, local_files_only=True, cache_dir=cache, trust_remote_code=False
+            repo,
+            config=config,
+            local_files_only=True,
+            cache_dir=cache,
+            trust_remote_code=False,
+            use_safetensors=True,
         ),
         f"hf:{repo}",
         overrides,

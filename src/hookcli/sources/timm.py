@@ -144,6 +144,16 @@ def load_timm(spec: str, name: str, weights: str, seed: int, kwargs: dict[str, A
             f"cannot build timm:{name}({kwargs_text(kwargs)}): {one_line(exc)}",
             "check --model-arg names against timm.create_model's arguments for this model.",
         ) from exc
+    except ValueError as exc:
+        if not kwargs:
+            raise ModelError(
+                f"building timm:{name} failed: {one_line(exc)}",
+                "this timm model cannot be built offline as it is.",
+            ) from exc
+        raise UsageError(  # a --model-arg value the model refuses (img_size=-1): the input's
+            f"cannot build timm:{name}({kwargs_text(kwargs)}): {one_line(exc)}",
+            "check the --model-arg values.",
+        ) from exc
     except Exception as exc:
         raise ModelError(
             f"building timm:{name}({kwargs_text(kwargs)}) failed: {one_line(exc)}",
