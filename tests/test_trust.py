@@ -524,3 +524,37 @@ def test_hf_folders_that_cannot_be_loaded_safely_are_one_line(
 def test_bad_model_arg_values_are_exit_2(args: list[str], needle: str) -> None:
     r = invoke("inspect", *args, "--no-config")
     assert_one_line_error(r, 2, needle)
+
+
+def _bin_cache(root: Path, repo: str, payload: object) -> None:
+    """A hub cache whose snapshot of repo holds only pytorch_model.bin (huggingface_hub's
+    layout)."""
+    base = root / ("models--" + repo.replace("/", "--"))
+    snap = base / "snapshots" / ("b" * 40)
+    snap.mkdir(parents=True)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text("b" * 40)
+    torch.save(payload, snap / "pytorch_model.bin")
+
+
+def test_timm_cached_pickled_weights_are_read_as_weights_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import timm
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    marker = tmp_path / "pwned"
+    _bin_cache(tmp_path / "hub", "timm/test_vit.r160_in1k", {"x": Evil(marker)})
+    r = invoke("inspect", "timm:test_vit", "--weights", "DEFAULT", "-l", "head", "--no-config")
+    assert_one_line_error(r, 2, "pytorch_model.bin", "does not unpickle")
+    assert not marker.exists()
+    # plain tensors in the same file load as before, equal to what was saved
+    torch.manual_seed(3)
+    saved = timm.create_model("test_vit", pretrained=False).state_dict()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub2"))
+    _bin_cache(tmp_path / "hub2", "timm/test_vit.r160_in1k", saved)
+    from hookcli.sources import load_model
+
+    loaded = load_model("timm:test_vit", weights="DEFAULT")
+    for key, value in loaded.module.state_dict().items():
+        assert torch.equal(value, saved[key]), key

@@ -114,7 +114,32 @@ def _pretrained_file(timm: Any, name: str, value: str) -> tuple[str, Path]:
             "fetch them once with `huggingface-cli download " + repo + "` (or set HF_HOME), "
             "or use --weights FILE / none.",
         )
+    if found.suffix != ".safetensors":
+        _only_weights(found, f"timm:{full}")
     return full, found
+
+
+def _only_weights(path: Path, spec: str) -> None:
+    """A cached pickled checkpoint (pytorch_model.bin) read once with weights_only=True before
+    timm loads it (timm's own loader unpickles fully): a pickle that names anything beyond
+    tensors and plain values is refused, never run (issue 32)."""
+    import pickle
+
+    import torch
+
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UsageError(
+            f"{spec}'s cached weights {path} hold Python objects beyond tensors; hookcli does "
+            "not unpickle them (a pickle can run code).",
+            "use the model.safetensors of the same weights, or --weights none.",
+        ) from exc
+    except Exception as exc:
+        raise UsageError(
+            f"{spec}'s cached weights {path} cannot be read: {one_line(exc)}.",
+            "fetch them again (huggingface-cli download), or use --weights none.",
+        ) from exc
 
 
 def load_timm(spec: str, name: str, weights: str, seed: int, kwargs: dict[str, Any]) -> LoadedModel:
