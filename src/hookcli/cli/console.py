@@ -16,6 +16,7 @@ import typer
 
 from hookcli.errors import HookcliError
 from hookcli.render import SUFFIX_FORMATS, Format
+from hookcli.runtime import ranks
 from hookcli.text import escape
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def handled() -> Iterator[None]:
     try:
         yield
     except HookcliError as exc:
-        err(f"error: {exc}")
+        err(f"error: {ranks.label()}{exc}")
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err("interrupted")
@@ -51,7 +52,7 @@ def handled() -> Iterator[None]:
         if os.environ.get("HOOKCLI_DEBUG"):
             raise
         err(
-            f"error: internal error: {type(exc).__name__}: {exc} "
+            f"error: {ranks.label()}internal error: {type(exc).__name__}: {exc} "
             "Hint: this is a hookcli bug; rerun with HOOKCLI_DEBUG=1 for the traceback "
             "and report it."
         )

@@ -18,6 +18,8 @@ torchrun — and measured once at the end. A --loss (a mean over one batch) is r
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,9 +175,27 @@ def folder_report(
     files = image_files(paths)[: folder.limit]
     group = shards.join()  # torchrun: this rank's share of the batches
     try:
+        if group is not None:
+            shards.agree(group, settings(inv, folder), [f.name for f in files])
         return _folder_report(inv, folder, files=files, paths=paths, group=group, progress=progress)
     finally:
         shards.leave(group)
+
+
+def settings(inv: Invocation, folder: FolderOptions | None = None) -> dict[str, Any]:
+    """What every torchrun rank must have been started with alike (shards.agree)."""
+    model = inv.model.model
+    return {
+        "command": "grads" if inv.backward is not None else "inspect",
+        "model": dataclasses.replace(
+            inv.model, model=model if isinstance(model, str) else type(model).__name__
+        ),
+        "selection": inv.selection,
+        "run": inv.run,
+        "backward": inv.backward,
+        "folder": folder,
+        "inputs": dataclasses.replace(inv.inputs, items=()),
+    }
 
 
 def _folder_report(
@@ -206,6 +226,7 @@ def _folder_report(
     skipped: list[tuple[str, str]] = []
     prediction_note: str | None = None
     edges_shared = group is None or not run.hist
+    started = time.monotonic()
     try:
         for j, (tensors, local, failed) in enumerate(loader):
             k = mine[j]
@@ -242,7 +263,8 @@ def _folder_report(
         run.shape,
     )
     part.value, part.orders = run.value, run.orders
-    parts = shards.gather(part, group) if group is not None else [part]
+    elapsed = time.monotonic() - started
+    parts = shards.gather(part, group, elapsed) if group is not None else [part]
     run.absorb(parts)
     skipped = [(name, why) for _, name, why in sorted(x for p in parts for x in p.skipped)]
     interrupted = any(p.interrupted for p in parts)

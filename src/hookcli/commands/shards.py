@@ -15,14 +15,19 @@ With no process group and no torchrun environment (WORLD_SIZE unset or 1) nothin
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import functools
+import hashlib
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
-from hookcli.errors import UsageError
+from hookcli.errors import ModelError, UsageError, one_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +69,135 @@ def join() -> Group | None:
     if cuda and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is this rank's GPU
     backend = "nccl" if cuda and dist.is_nccl_available() else "gloo"
+    wait = _wait_s()
     try:
-        dist.init_process_group(backend)
+        if wait is not None:  # every collective bounded, not only the final gather
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=wait))
+        else:
+            dist.init_process_group(backend)
     except (RuntimeError, ValueError) as exc:
         raise UsageError(
             f"torchrun's process group could not start ({backend}): {exc}",
             "check MASTER_ADDR/MASTER_PORT, or run without torchrun.",
         ) from exc
     return Group(dist.get_rank(), world, backend, True)
+
+
+def _wait_s() -> float | None:
+    """HOOKCLI_RANK_WAIT_S: how long a rank that is done waits for the others (None: unset)."""
+    raw = os.environ.get("HOOKCLI_RANK_WAIT_S", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value < 1e9):
+        raise UsageError(
+            f"HOOKCLI_RANK_WAIT_S={raw!r} is not a number of seconds above 0.",
+            "e.g. HOOKCLI_RANK_WAIT_S=600, or unset it.",
+        )
+    return value
+
+
+# what `agree` compares, as users name it
+SETTINGS = {
+    "command": "the command (inspect, grads, check, diff …)",
+    "model": "the model, its weights or seed",
+    "selection": "the layer selection (--layer, --type, --depth)",
+    "run": "the run's options (--hist, --save, --profile, --train …)",
+    "backward": "the backward (--target, --loss)",
+    "folder": "the batching (--batch-size, --limit, --per-image)",
+    "inputs": "the input options (--strict …)",
+}
+
+
+def agree(group: Group, settings: Mapping[str, Any], files: Sequence[str]) -> None:
+    """Every rank was started with the same command and lists the same images, or the run is
+    refused on every rank before any batch (issue 32: ranks started with other arguments, or a
+    folder two nodes hold in different states, were merged into one wrong report). A setting
+    that is a dataclass is compared field by field, so the message names the field."""
+    flat: dict[str, tuple[str, str]] = {}  # key → (what it is, its value as text)
+    for key, value in settings.items():
+        what = SETTINGS.get(key, key)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                flat[f"{key}.{f.name}"] = (f"{what}: {f.name}", repr(getattr(value, f.name)))
+        else:
+            flat[key] = (what, repr(value))
+    digest = hashlib.sha256("\0".join(files).encode("utf-8", "surrogatepass")).hexdigest()
+    mine = ({k: v for k, (_, v) in flat.items()}, digest, len(files))
+    every: list[Any] = [None] * group.world
+    collective(lambda: torch.distributed.all_gather_object(every, mine), "compared their runs")
+    base, base_digest, base_n = every[0]
+    for rank, (other, other_digest, n) in enumerate(every[1:], 1):
+        for key, (what, _) in flat.items():
+            if other.get(key) != base.get(key):
+                raise UsageError(
+                    f"torchrun: rank {rank} was started with other arguments than rank 0 "
+                    f"({what} {_short(other.get(key))} vs {_short(base.get(key))}); ranks of "
+                    "different runs cannot be merged into one report.",
+                    "start every rank with the same command line.",
+                )
+        if other_digest != base_digest:
+            raise UsageError(
+                f"torchrun: rank {rank} lists the images differently from rank 0 ({n} vs "
+                f"{base_n} images): the folder changed, or two nodes hold different copies.",
+                "give every rank the same folder, unchanged while the run goes.",
+            )
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+def collective(call: Callable[[], Any], what: str) -> Any:
+    """A collective call; a process group broken under it (a rank that died, was stopped or
+    timed out) is one line naming what the ranks were doing, never a traceback."""
+    try:
+        return call()
+    except RuntimeError as exc:  # DistBackendError and gloo's own errors included
+        raise ModelError(
+            f"torchrun: the ranks' process group broke while they {what} ({one_line(exc)}): "
+            "a rank died, was stopped or never came.",
+            "the failing rank's own output says why; rerun when every rank can finish.",
+        ) from exc
+
+
+_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def arrive(group: Group, elapsed: float) -> None:
+    """Wait for every rank to finish its batches, for a bounded time: HOOKCLI_RANK_WAIT_S, or
+    twice this rank's own time plus two minutes (the shares differ by at most a batch). A rank
+    still not there (hung in its forward, or dead) is named in one line, exit 3, instead of
+    the others waiting at the gather for ever."""
+    wait = _wait_s()
+    timeout = wait if wait is not None else 2 * elapsed + 120
+    dist = torch.distributed
+    if group.backend == "gloo":
+        side = None
+    else:  # monitored_barrier is gloo's: NCCL ranks meet in a gloo group of their own
+        side = collective(lambda: dist.new_group(backend="gloo"), "made a side group")
+    try:
+        dist.monitored_barrier(
+            group=side, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True
+        )
+    except RuntimeError as exc:
+        found = _RANKS.search(str(exc))
+        if found:
+            late = found.group(1).strip().rstrip(",")
+            raise ModelError(
+                f"torchrun: rank {late} did not finish its batches within {timeout:.0f} s of "
+                f"rank {group.rank} (hung or dead); the run ends without a report.",
+                "look at that rank's output; HOOKCLI_RANK_WAIT_S sets how long ranks wait.",
+            ) from exc
+        raise ModelError(
+            f"torchrun: rank {group.rank} lost the others while waiting for them "
+            f"({one_line(exc)}); the run ends without a report.",
+            "the other ranks' output says why (rank 0 names a rank that did not finish).",
+        ) from exc
 
 
 def spread_note(group: Group, images: Sequence[tuple[int, int]]) -> str:
@@ -95,7 +221,7 @@ def share_edges(group: Group, edges: dict[Any, Any], device: torch.device) -> No
         for k, span in edges.items()
     }
     box: list[Any] = [plain if group.rank == 0 else None]
-    torch.distributed.broadcast_object_list(box, src=0)
+    collective(lambda: torch.distributed.broadcast_object_list(box, src=0), "shared --hist edges")
     if group.rank != 0:
         edges.clear()
         for k, span in box[0].items():
@@ -135,7 +261,7 @@ def sum_tensors(
     nccl = group.backend == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     have = torch.tensor([t is not None for t in tensors], dtype=torch.int64, device=device)
-    dist.all_reduce(have)
+    collective(lambda: dist.all_reduce(have), "summed gradients")
     out: list[torch.Tensor | None] = []
     for t, ref, n in zip(tensors, like, have.tolist(), strict=True):
         if not n:
@@ -145,7 +271,7 @@ def sum_tensors(
             total = torch.zeros(ref.shape, dtype=torch.float64, device=device)
         else:
             total = t.to(device, torch.float64)
-        dist.all_reduce(total)
+        collective(functools.partial(dist.all_reduce, total), "summed gradients")
         out.append(total)
     return out
 
@@ -153,8 +279,10 @@ def sum_tensors(
 _P = TypeVar("_P")
 
 
-def gather(part: _P, group: Group) -> list[_P]:
-    """Every rank's part (anything with a `rank`), on every rank, in rank order."""
+def gather(part: _P, group: Group, elapsed: float) -> list[_P]:
+    """Every rank's part (anything with a `rank`), on every rank, in rank order, once every
+    rank has arrived (`arrive`: `elapsed` is this rank's own time on its batches)."""
+    arrive(group, elapsed)
     parts: list[Any] = [None] * group.world
-    torch.distributed.all_gather_object(parts, part)
+    collective(lambda: torch.distributed.all_gather_object(parts, part), "gathered results")
     return sorted(parts, key=lambda p: int(p.rank))

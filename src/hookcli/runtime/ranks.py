@@ -42,3 +42,14 @@ def stray_note() -> str | None:
             "process: it ran as one process and wrote its own results"
         )
     return None
+
+
+def label() -> str:
+    """ "rank 1 of 2: " under torchrun with several processes, else "": the prefix of every
+    error line a rank prints, so that one line names the rank it comes from."""
+    if not launched():
+        return ""
+    world, rank = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
+    if world.isdigit() and int(world) > 1 and rank.isdigit():
+        return f"rank {rank} of {world}: "
+    return ""

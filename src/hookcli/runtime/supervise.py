@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from hookcli.runtime import beacon, isa
+from hookcli.runtime import beacon, isa, ranks
 from hookcli.text import escape
 
 # commands that run no model: not worth a process of their own
@@ -201,7 +201,8 @@ def _exited(code: int, stopped: list[int], words: beacon.LastWords) -> int:
     run finished (os._exit, os.exec*: an error, never a gate passed on nothing)."""
     if stopped:
         where = f" {words.where}" if words.where else ""
-        sys.stderr.write(escape(f"error: stopped by {_name(stopped[0])}{where}.") + "\n")
+        text = f"error: {ranks.label()}stopped by {_name(stopped[0])}{where}."
+        sys.stderr.write(escape(text) + "\n")
         return 128 + stopped[0]
     if words.finished is None:
         sys.stderr.write(escape(ended_message(code, words)) + "\n")
@@ -297,10 +298,10 @@ def ended_message(code: int, words: beacon.LastWords) -> str:
     else:
         where = f" while {words.phase}" if words.phase else ""
     return (
-        f"error: the run ended{where} before it finished (the process exited with status "
-        f"{code}): the model's code ended it or replaced it with another program (os._exit, "
-        "os.exec*); nothing was checked and no output was written. Hint: remove that call from "
-        "the model's code, or run the model with hookcli's Python API to see it."
+        f"error: {ranks.label()}the run ended{where} before it finished (the process exited "
+        f"with status {code}): the model's code ended it or replaced it with another program "
+        "(os._exit, os.exec*); nothing was checked and no output was written. Hint: remove "
+        "that call from the model's code, or run the model with hookcli's Python API to see it."
     )
 
 
@@ -311,11 +312,14 @@ def death_message(signum: int, words: beacon.LastWords) -> str:
         return "interrupted"
     if signum in _STOPS:
         where = f" {words.where}" if words.where else ""
-        return f"error: stopped by {name}{where}."
+        return f"error: {ranks.label()}stopped by {name}{where}."
     what = f" ({_WHAT[signum]})" if signum in _WHAT else ""
     if words.where:
         where = f"{words.where}, {words.phase}" if words.phase else words.where
     else:
         where = f"while {words.phase}" if words.phase else "before any hooked layer ran"
     hint = _NEXT.get(signum, "a native part of the model or a library died there.")
-    return f"error: the run died of {name}{what} {where}; no output was written. Hint: {hint}"
+    return (
+        f"error: {ranks.label()}the run died of {name}{what} {where}; no output was written. "
+        f"Hint: {hint}"
+    )

@@ -23,6 +23,7 @@ This module runs the steps in order; what each side changes is its kinds' own (s
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from hookcli import bounds
@@ -127,7 +128,23 @@ def diff_report(
     # torchrun: global batch k on rank k mod N; a twin is calibrated on batch 0 on every rank,
     # so that every rank compares against the same int8 model
     group = shards.join() if batches else None
+    if group is not None:
+        settings = {
+            "command": "diff",
+            "model": model,
+            "selection": selection,
+            "sides": [s.describe() for s in (reference, *compared)],
+            "run": (isolate, tol, sort, own),
+            "folder": batch_size,
+        }
+        try:
+            listed = [str(item) for b in batches for item in b.items]
+            shards.agree(group, settings, listed)
+        except BaseException:
+            shards.leave(group)
+            raise
     mine = group.batches(len(batches)) if group is not None else list(range(len(batches)))
+    started = time.monotonic()
     spill = Spill()
     side_by_side = False  # the sides run side by side (lockstep.py), else through the spill
     seen = 0
@@ -189,7 +206,8 @@ def diff_report(
         if group is not None:
             size = len(batches[0].items)
             part = _RankPart(group.rank, mine, results, owns, seen, scored, info)
-            merged = _merge_ranks(shards.gather(part, group), size)
+            elapsed = time.monotonic() - started
+            merged = _merge_ranks(shards.gather(part, group, elapsed), size)
             results, owns, scored, info = merged.results, merged.owns, merged.scored, merged.info
             seen = sum(merged.seen.values())
             spread = shards.spread_note(group, list(merged.seen.items()))
