@@ -558,3 +558,20 @@ def test_timm_cached_pickled_weights_are_read_as_weights_only(
     loaded = load_model("timm:test_vit", weights="DEFAULT")
     for key, value in loaded.module.state_dict().items():
         assert torch.equal(value, saved[key]), key
+
+
+# ---------------------------------------------------------------- 11. smaller ones
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["diff", *TINY, "--output-key", "nosuch"], "No such option: --output-key"),
+        (["attn", *TINY, "--output-key", "nosuch"], "No such option: --output-key"),
+        (["inspect", *TINY, "--topk", "abc"], "Invalid value for '--topk'"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+)
+def test_usage_errors_are_one_line_too(args: list[str], needle: str) -> None:
+    r = invoke(*args)
+    assert_one_line_error(r, 2, needle, "-h` shows the usage")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from hookcli._version import __version__
 from hookcli.cli import diff, inspect, listing, pictures, replay, runlog
@@ -16,7 +17,43 @@ from hookcli.cli.console import err
 from hookcli.cli.params import register
 from hookcli.errors import HookcliError
 
+# click's usage error (typer's BadParameter derives from it; typer may vendor click)
+_USAGE_ERROR: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+def _one_line(exc: Exception) -> None:
+    """A usage error (unknown option, missing argument, bad value) shown as every other hookcli
+    error: one line on stderr with a next step, not click's usage block (issue 32)."""
+    ctx = getattr(exc, "ctx", None)
+    where = getattr(ctx, "command_path", None) or "hookcli"
+
+    def show(file: object = None) -> None:
+        text = str(exc.format_message()).rstrip(".")  # type: ignore[attr-defined]
+        err(f"error: {text}. Hint: `{where} -h` shows the usage, with an example.")
+
+    exc.show = show  # type: ignore[attr-defined]
+
+
+class _OneLineGroup(TyperGroup):
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _USAGE_ERROR as exc:
+            _one_line(exc)
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _USAGE_ERROR as exc:
+            _one_line(exc)
+            raise
+
+
 app = typer.Typer(
+    cls=_OneLineGroup,
     name="hookcli",
     help="Hook any torchvision or custom PyTorch model and see what every layer does.",
     no_args_is_help=True,
