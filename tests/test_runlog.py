@@ -727,3 +727,12 @@ def test_a_log_with_nothing_to_check_is_refused_not_passed(tmp_path: Path) -> No
     # one step with one parameter is something to check
     some = _log(tmp_path, [_step(0, layers=[], params=[_param()])], "some.jsonl")
     assert run("check", str(some)).exit_code == 0
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "x", {"a": 1}])
+def test_origins_of_the_wrong_type_are_one_line(tmp_path: Path, value: object) -> None:
+    log = _log(tmp_path, [_step(0, nonfinite_origins=value)])
+    for command in ("check", "report"):
+        r = run(command, str(log))
+        assert r.exit_code == 2, (command, r.stderr)
+        assert "nonfinite_origins" in r.stderr and "internal error" not in r.stderr

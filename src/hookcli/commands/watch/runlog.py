@@ -274,6 +274,11 @@ def _items(obj: dict[str, Any], key: str, where: str, *, nullable: bool = False)
     return v
 
 
+def _optional_list(obj: dict[str, Any], key: str) -> list[Any]:
+    """A list that may be absent or null (older lines): [] then; anything else is _Bad."""
+    return _items(obj, key, "", nullable=True) if key in obj else []
+
+
 def _object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _Bad(f"has {_type(value)}{where}, not an object")
@@ -344,7 +349,7 @@ def _check_step(data: dict[str, Any]) -> None:
             _number(p, key, where)
         if p.get("grad") is not None:
             _tensor(p["grad"], f" in params[{i}].grad")
-    for i, o in enumerate(data.get("nonfinite_origins") or []):
+    for i, o in enumerate(_optional_list(data, "nonfinite_origins")):
         _origin(o, f" in nonfinite_origins[{i}]")
     _number(data, "scale", "")
 
@@ -353,7 +358,7 @@ def _check_event(data: dict[str, Any]) -> None:
     found = _items(data, "found", "")
     if any(not isinstance(f, str) for f in found):
         raise _Bad("has a 'found' that is not a list of strings")
-    for i, o in enumerate(data.get("origins") or []):
+    for i, o in enumerate(_optional_list(data, "origins")):
         _origin(o, f" in origins[{i}]")
     names = data.get("nonfinite_params") or []
     if not isinstance(names, list) or any(not isinstance(n, str) for n in names):
