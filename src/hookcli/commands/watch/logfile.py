@@ -53,11 +53,13 @@ class LogWriter:
             ) from exc
 
     def write(self, line: dict[str, Any]) -> None:
-        """One JSON line, flushed; a failure ends the logging with one line on stderr."""
+        """One JSON line, flushed; a failure ends the logging with one line on stderr. The line
+        gains this run's id in place, so the record kept in memory (w.records) is the line."""
         if self._file is None:
             return
+        line["run"] = self.run
         try:
-            self._file.write(json.dumps({**line, "run": self.run}, allow_nan=False) + "\n")
+            self._file.write(json.dumps(line, allow_nan=False) + "\n")
             self._file.flush()
         except (OSError, ValueError) as exc:  # ValueError: written to a closed stream
             self.failed = f"{type(exc).__name__}: {one_line(exc)}"
