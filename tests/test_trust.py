@@ -575,3 +575,30 @@ def test_timm_cached_pickled_weights_are_read_as_weights_only(
 def test_usage_errors_are_one_line_too(args: list[str], needle: str) -> None:
     r = invoke(*args)
     assert_one_line_error(r, 2, needle, "-h` shows the usage")
+
+
+def test_a_wrong_input_shape_says_what_the_model_expects() -> None:
+    r = invoke("inspect", "examples/tiny/net.py:Net", "--input", "randn:2x3", "--no-config")
+    assert_one_line_error(
+        r, 3, "failed in layer l1", "the model was given 2x3", "Linear takes (…, 2)"
+    )
+    r = invoke("inspect", "resnet18", "--input", "randn:1x4x64x64", "--no-config")
+    assert_one_line_error(r, 3, "given 1x4x64x64", "Conv2d takes (N, 3, …, …)")
+
+
+def test_a_model_nested_past_the_recursion_limit_says_so(tmp_path: Path) -> None:
+    (tmp_path / "deep.py").write_text(
+        "from torch import nn\n\n\ndef Deep():\n    m = nn.Linear(4, 4)\n"
+        "    for _ in range(400):\n        m = nn.Sequential(m)\n    return m\n"
+    )
+    # the oracle: its plain forward fails the same way
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deep_oracle", tmp_path / "deep.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(RecursionError):
+        mod.Deep()(torch.randn(2, 4))
+    r = invoke("grads", f"{tmp_path / 'deep.py'}:Deep", "--input", "randn:2x4", "--no-config")
+    assert_one_line_error(r, 3, "levels deep", "recursion limit", "plain forward fails the same")

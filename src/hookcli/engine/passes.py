@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -543,12 +544,66 @@ def run_forward(
                     f"the model raised {type(exc).__name__}, a BaseException that is not an "
                     "Exception; a forward should raise an Exception subclass."
                 )
-            else:
+            elif isinstance(exc, RecursionError):
                 hint = (
-                    "check the input shape against the model "
-                    f"(`hookcli layers {loaded.spec} --shapes`)."
+                    f"the model nests calls deeper than Python's recursion limit "
+                    f"({sys.getrecursionlimit()}), and its plain forward fails the same way: "
+                    "nest less, or raise the limit in the model's file (sys.setrecursionlimit)."
                 )
+            else:
+                hint = _shape_hint(loaded, model_input, _module_named(model, where))
+            if where is not None and len(where) > 80:  # a path 400 levels deep
+                where = f"{where[:36]}…{where[-36:]} ({where.count('.') + 1} levels deep)"
+                place = f" in layer {where}"
             raise ModelError(f"{loaded.name} failed{place}: {one_line(exc)}", hint) from exc
+
+
+def _module_named(model: nn.Module, name: str | None) -> nn.Module | None:
+    if not name or name == ROOT_LABEL:
+        return model if name == ROOT_LABEL else None
+    try:
+        return model.get_submodule(name)
+    except (AttributeError, RecursionError):
+        return None
+
+
+# what a layer expects, read from its own attributes (the layers a model's input meets first)
+_TAKES: tuple[tuple[type[nn.Module], Callable[[Any], str]], ...] = (
+    (nn.Linear, lambda m: f"(…, {m.in_features})"),
+    (
+        nn.modules.conv._ConvNd,
+        lambda m: f"(N, {m.in_channels}, {', '.join(['…'] * len(m.kernel_size))})",
+    ),
+    (nn.modules.batchnorm._BatchNorm, lambda m: f"(N, {m.num_features}, …)"),
+    (nn.LayerNorm, lambda m: f"(…, {', '.join(map(str, m.normalized_shape))})"),
+    (nn.Embedding, lambda m: f"integer ids below {m.num_embeddings}"),
+    (nn.MultiheadAttention, lambda m: f"(…, {m.embed_dim}) queries"),
+)
+
+
+def _takes(module: nn.Module) -> str | None:
+    """The input a layer expects, as its own attributes say (Linear: (…, in_features))."""
+    for kind, says in _TAKES:
+        if isinstance(module, kind):
+            return says(module)
+    return None
+
+
+def _shape_hint(loaded: LoadedModel, model_input: ModelInput, failing: nn.Module | None) -> str:
+    """What the model was given and, where the failing layer (or the model's first layer) can
+    tell, the input shape it expects."""
+    given = ", ".join("x".join(map(str, s)) for s in model_input.shapes()) or "no tensor"
+    expects = []
+    if failing is not None and (takes := _takes(failing)) is not None:
+        expects.append(f"{type(failing).__name__} takes {takes}")
+    first = next((m for m in loaded.module.modules() if _takes(m) is not None), None)
+    if first is not None and first is not failing and (takes := _takes(first)) is not None:
+        expects.append(f"its first {type(first).__name__} takes {takes}")
+    said = f"; {'; '.join(expects)}" if expects else ""
+    return (
+        f"the model was given {given}{said}: check the input shape "
+        f"(`hookcli layers {loaded.spec} --shapes` shows each layer's)."
+    )
 
 
 def run_backward(loaded: LoadedModel, value: torch.Tensor) -> None:
