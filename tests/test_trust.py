@@ -602,3 +602,31 @@ def test_a_model_nested_past_the_recursion_limit_says_so(tmp_path: Path) -> None
         mod.Deep()(torch.randn(2, 4))
     r = invoke("grads", f"{tmp_path / 'deep.py'}:Deep", "--input", "randn:2x4", "--no-config")
     assert_one_line_error(r, 3, "levels deep", "recursion limit", "plain forward fails the same")
+
+
+def test_config_attn_table_randint_input_and_errors_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text((ROOT / "examples" / "tiny" / "net.py").read_text())
+    cfg = tmp_path / "hookcli.toml"
+    # a randint spec is a spec, not a file name; [attn] is a command table like the others
+    cfg.write_text(
+        'model = "net.py:Net"\ninput = "randint:0:5:2x2:float32"\n[attn]\nlayer = "l1"\n'
+    )
+    r = invoke("inspect", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["input"]["description"].startswith("randint:0:5:2x2")
+    # an error about a value the config set names the file
+    for line, needle in [
+        ("topk = -5", "topk = -5 comes from"),
+        ('device = "tpu"', "device = 'tpu' comes from"),
+        ('layer = "nosuch"', "layer = ['nosuch'] comes from"),
+    ]:
+        cfg.write_text(f'model = "net.py:Net"\ninput = "randn:2x2"\n{line}\n')
+        r = invoke("inspect")
+        assert_one_line_error(r, 2, needle, str(cfg))
+    # given on the command line, it is not the config's
+    r = invoke("inspect", "--device", "tpu")
+    assert_one_line_error(r, 2, "unknown device 'tpu'")
+    assert "comes from" not in r.stderr

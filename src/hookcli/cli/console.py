@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -35,12 +35,43 @@ def err(message: str) -> None:
     sys.stderr.flush()
 
 
+# the options this command took from the project config: (file, {--flag: value})
+_from_config: list[tuple[str, dict[str, Any]]] = []
+
+
+def config_values(path: str | None, values: dict[str, Any]) -> None:
+    """The options the current command took from the config file at `path` (params.configured)."""
+    _from_config.clear()
+    if path and values:
+        _from_config.append((path, values))
+
+
+def _config_note(message: str) -> str | None:
+    """ "topk = -5 comes from hookcli.toml" when an error is about a value the config set: it
+    names the option (--topk) or holds the value ('nosuch')."""
+    for path, values in _from_config:
+        # the option named, then a value quoted (the model's last: messages often name it)
+        ranked = sorted(values.items(), key=lambda kv: kv[0] == "--model")
+        for by_value in (False, True):
+            for flag, value in ranked:
+                items = value if isinstance(value, list | tuple) else [value]
+                texts = [str(v) for v in items if v is not None and len(str(v)) >= 2]
+                if (flag in message) if not by_value else any(t in message for t in texts):
+                    shown = value if not isinstance(value, tuple) else list(value)
+                    return f"{flag.removeprefix('--')} = {shown!r} comes from {path}"
+    return None
+
+
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """Typed errors → one line on stderr and their exit code; Ctrl-C → 130."""
+    """Typed errors → one line on stderr and their exit code; Ctrl-C → 130. An error about a
+    value the project config set says so (the file may be a parent folder's)."""
     try:
         yield
     except HookcliError as exc:
+        note = _config_note(exc.message)
+        if note is not None and "hookcli.toml:" not in exc.message:
+            exc.message = f"{exc.message.rstrip().rstrip('.')} ({note})."
         err(f"error: {ranks.label()}{exc}")
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:

@@ -430,7 +430,17 @@ def configured(ctx: typer.Context) -> tuple[dict[str, Any], str | None]:
         for k, v in ctx.params.items()
         if k not in ("config", "no_config")
     }
-    return params, ctx.meta.get(_CONFIG_FILE)
+    used = ctx.meta.get(_CONFIG_FILE)
+    from_file = {}
+    for p in ctx.command.params:
+        source = ctx.get_parameter_source(p.name) if p.name else None
+        if used and source is not None and source.name == "DEFAULT_MAP":
+            flag = next((o for o in p.opts if o.startswith("--")), p.name or "")
+            from_file[flag] = ctx.params.get(p.name or "")
+    from hookcli.cli.console import config_values
+
+    config_values(used, from_file)
+    return params, used
 
 
 # ------------------------------------------------------------------ parameters → options

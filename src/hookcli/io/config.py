@@ -24,7 +24,7 @@ from typing import Any
 from hookcli.errors import UsageError
 from hookcli.io.output import note_read
 
-COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "layers", "models", "show")
+COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "attn", "layers", "models", "show")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,8 @@ class Key:
     choices: tuple[str, ...] = ()
 
 
-_SPEC = re.compile(r"^(randn|rand|ones|zeros):")
+_SPEC = re.compile(r"^(randn|rand|ones|zeros|randint):")
+_KEYWORD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")  # input_ids=randint:… (a keyword)
 _TENSOR_FILE = (".pt", ".pth", ".npy")
 
 
@@ -247,10 +248,14 @@ def _resolve_paths(config: Config) -> None:
     if "input_spec" in v:  # `input`: images and tensor specs alike
         images, specs = [], []
         for item in v.pop("input_spec"):
-            if _SPEC.match(item):
+            keyword = _KEYWORD.match(item)
+            name, rest = (f"{keyword.group(1)}=", keyword.group(2)) if keyword else ("", item)
+            if _SPEC.match(rest):
                 specs.append(item)
-            elif item.lower().endswith(_TENSOR_FILE):
-                specs.append(_relative(folder, item))
+            elif rest.lower().endswith(_TENSOR_FILE):
+                specs.append(name + _relative(folder, rest))
+            elif keyword and not (folder / item).exists():
+                specs.append(item)  # NAME=… that is no file: the spec parser says what is wrong
             else:
                 images.append(_relative(folder, item))
         if images:
