@@ -106,15 +106,24 @@ def test_ensure_sets_the_limit_before_torch_runs_and_reports_say_so(
 
 
 def _run_under(limit: str, cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`hookcli ARGS` in a fresh process that finds the probe's answer `limit` for this machine
-    cached where the CLI looks, with no limit of its own in the environment."""
-    (cache_dir / isa.cache_path().name).write_text(
+    """`hookcli ARGS` in a fresh process on a CPU that advertises AMX (its flags stood in for:
+    on a CPU without AMX no cached answer is read) and finds the probe's answer `limit` cached
+    where the CLI looks, with no limit of its own in the environment."""
+    (cache_dir / isa.cache_path(AMX).name).write_text(
         json.dumps({"version": 1, "limit": limit, "died": "SIGILL"})
     )
     env = {k: v for k, v in os.environ.items() if k != isa.ENV}
     env |= {"HOOKCLI_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    code = (
+        "import sys\n"
+        "from hookcli.runtime import isa\n"
+        f"isa.cpu_flags = lambda: {sorted(AMX)!r}\n"
+        "from hookcli.cli import main\n"
+        f"sys.argv = ['hookcli', *{list(args)!r}]\n"
+        "main()\n"
+    )
     return subprocess.run(
-        [sys.executable, "-m", "hookcli", *args],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -138,3 +147,30 @@ def test_diff_in_bfloat16_takes_the_fallback_and_says_so(tmp_path: Path) -> None
     report = json.loads(r.stdout)
     assert any("oneDNN limited to AVX512_CORE_BF16" in n for n in report["notes"])
     assert report["calls"], "the bfloat16 side ran"
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda p: p.write_text("[" * 100_000 + "]" * 100_000),  # deep JSON: a RecursionError
+        lambda p: p.symlink_to("/dev/zero"),  # reading it would never end
+        lambda p: p.write_text('{"version": 1, "limit": null, "died": "x" }' + " " * 10_000),
+        lambda p: p.write_text("[1, 2]"),
+        lambda p: p.write_text('{"version": 1, "limit": null, "died": 5}'),
+    ],
+)
+def test_a_hostile_cache_file_is_probed_again(fresh: Path, plant: object) -> None:
+    path = isa.cache_path(AMX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plant(path)  # type: ignore[operator]
+    assert isa.decide({}, flags=AMX, run=lambda limit: 0) == isa.IsaLimit(None, None)
+
+
+def test_no_note_claims_amx_on_a_cpu_without_it(fresh: Path) -> None:
+    """A cache that says AMX kernels died, found on a CPU that does not advertise AMX (copied
+    from another machine, or planted): the CPU's own flags win, nothing is limited or said."""
+    plain = {"avx2", "avx512f"}
+    path = isa.cache_path(plain)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"version": 1, "limit": "AVX2", "died": "SIGILL"}\n')
+    assert isa.decide({}, flags=plain, run=lambda limit: 0) is None

@@ -21,6 +21,7 @@ import json
 import os
 import platform as _host
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -177,17 +178,32 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+_CACHE_MAX = 4096  # the cache file is one short JSON line; anything larger is not one
+
+
 def _read(path: Path) -> IsaLimit | None:
+    """The cached answer, or None for anything else: a missing file, one that is not a regular
+    file (a link to /dev/zero would never end), too large, not JSON (however deeply nested),
+    or with fields of the wrong kind — the probe then runs again."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("version") != _CACHE_VERSION:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as f:
+            raw = f.read(_CACHE_MAX + 1)
+        if len(raw) > _CACHE_MAX:
+            return None
+        data = json.loads(raw.decode("utf-8"))
+        if not isinstance(data, dict) or data.get("version") != _CACHE_VERSION:
             return None
         limit, died = data.get("limit"), data.get("died")
-        if (limit is None or limit in LIMITS) and (died is None or isinstance(died, str)):
+        if (limit is None or limit in LIMITS) and (died is None or died in _SIGNAL_NAMES):
             return IsaLimit(limit, died)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, RecursionError):
         pass
     return None
+
+
+_SIGNAL_NAMES = frozenset(s.name for s in signal.Signals)
 
 
 def _write(path: Path, answer: IsaLimit) -> None:
@@ -217,12 +233,12 @@ def decide(
     if env.get(ENV) or env.get("HOOKCLI_NO_PROBE"):
         return None
     flags = cpu_flags() if flags is None else flags
+    if not any(f.startswith("amx") for f in flags):
+        return None  # no AMX: nothing to probe, and no cached answer can claim otherwise
     path = cache_path(flags)
     cached = _read(path)
     if cached is not None:
         return cached
-    if not any(f.startswith("amx") for f in flags):
-        return None
     answer = probe(run)
     if answer is not None:
         _write(path, answer)
