@@ -630,3 +630,26 @@ def test_config_attn_table_randint_input_and_errors_naming_the_file(
     r = invoke("inspect", "--device", "tpu")
     assert_one_line_error(r, 2, "unknown device 'tpu'")
     assert "comes from" not in r.stderr
+
+
+def test_a_target_word_finds_the_classes_that_hold_it() -> None:
+    import re
+
+    cats = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"]
+    holding = [c for c in cats if re.search(r"\bcat\b", c.lower())]
+    assert len(holding) > 1  # the oracle: torchvision's own label list
+    run = ["resnet18", "--input", "randn:1x3x32x32", "-l", "fc", "--no-config"]
+    r = invoke("grads", *run, "--target", "cat")
+    assert_one_line_error(r, 2, f"{len(holding)} classes hold the word", *map(repr, holding[:3]))
+    # a word only one class holds picks that class
+    words = {w for c in cats for w in re.findall(r"[a-z]+", c.lower()) if len(w) > 5}
+    unique = sorted(
+        w for w in words
+        if sum(bool(re.search(rf"\b{w}\b", c.lower())) for c in cats) == 1
+        and w not in {c.lower() for c in cats}
+    )  # fmt: skip
+    word = unique[0]
+    (index,) = [i for i, c in enumerate(cats) if re.search(rf"\b{word}\b", c.lower())]
+    r = invoke("grads", *run, "--target", word, "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert f"class {index} " in json.loads(r.stdout)["backward"]["source"]

@@ -117,6 +117,19 @@ def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int
     inside = [i for c, i in lowered.items() if re.search(rf"\b{re.escape(c)}\b", raw.lower())]
     if len(inside) == 1:
         return inside[0]
+    # "cat" → the classes whose names hold the word: the one, or a list to choose from
+    word = rf"\b{re.escape(raw.lower().strip())}\b"
+    holding = [i for c, i in lowered.items() if raw.strip() and re.search(word, c)]
+    if len(holding) == 1:
+        return holding[0]
+    if holding:
+        shown = ", ".join(f"{categories[i]!r} ({i})" for i in holding[:8])
+        more = f" and {len(holding) - 8} more" if len(holding) > 8 else ""
+        raise UsageError(
+            f"{option} {raw!r} names no class exactly; {len(holding)} classes hold the word: "
+            f"{shown}{more}.",
+            f"give one of them, e.g. {option} {categories[holding[0]]!r}, or its index.",
+        )
     close = difflib.get_close_matches(raw, categories, n=3, cutoff=0.5)
     close = close or [c for c in categories if raw.lower() in c.lower()][:3]
     near = f" Close: {', '.join(repr(c) for c in close)}." if close else ""
