@@ -326,27 +326,40 @@ def test_layers_of_a_lazy_model_counts_after_a_forward() -> None:
 # ---------------------------------------------------------------- 2. a scripted child
 
 
-def test_a_scripted_child_is_listed_not_hooked_and_the_rest_is_measured() -> None:
+def test_a_scripted_child_is_measured_at_its_call_and_its_insides_listed() -> None:
+    """torch.jit.script refuses hooks; in an eager parent a stand-in takes its place for the
+    pass, so its call is measured (issue 32), its insides are listed as not hookable, and the
+    model's module tree is as it was afterwards."""
     model = ScriptedChild().eval()
     x = torch.randn(2, 4)
     want = captured_outputs(model, x, ["pre", "post"])
+    with torch.no_grad():  # the oracle for the scripted call: the same module called by hand
+        mid_in = model.pre(x)
+        want["mid"] = model.mid(mid_in)
+    scripted = model.mid
     report = hookcli.inspect(model, x, device="cpu", topk=0)
-    assert [c.name for c in report.layers] == ["pre", "post"]
+    assert [c.name for c in report.layers] == ["pre", "mid", "post"]
     for call in report.layers:
         assert_stats_match(call.outputs[0], want[call.name])
-    assert "mid" not in report.never_called and "mid.lin" not in report.never_called
+    assert_stats_match(report.layers[1].inputs[0], mid_in)
+    assert report.layers[1].type == "Inner"
+    assert "mid.lin" not in report.never_called
     (note,) = [n for n in report.notes if "not hookable" in n]
-    assert "mid and 1 module inside" in note and "TorchScript" in note
-    assert (
-        sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in (model.pre, model.post)) == 0
-    )
+    assert "mid.lin" in note and "inside a scripted TorchScript module" in note
+    assert model.mid is scripted and model._modules["mid"] is scripted, "put back as found"
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
 
     grads = hookcli.grads(model, x, device="cpu", topk=0, target="sum")
-    assert [c.name for c in grads.layers] == ["pre", "post"]
+    assert [c.name for c in grads.layers] == ["pre", "mid", "post"]
+    # the oracle: torch's own gradients of the scripted child's parameters
+    model.zero_grad()
+    model(x).sum().backward()  # type: ignore[no-untyped-call]
+    params = {p.name: p for p in grads.layers[1].params or []}
+    assert params["lin.weight"].grad_norm == pytest.approx(float(model.mid.lin.weight.grad.norm()))
     assert grads.layers[0].grad_outputs is not None  # the gradient flows through the script
 
 
-def test_layers_lists_the_scripted_child_and_naming_it_is_refused() -> None:
+def test_layers_lists_the_scripted_child_and_what_is_inside_it() -> None:
     r = run("layers", f"{HERE}:ScriptedChild")
     assert r.exit_code == 0, r.stderr
     assert "mid " in r.stdout and "mid.lin" in r.stdout and "not hookable" in r.stdout
@@ -354,10 +367,14 @@ def test_layers_lists_the_scripted_child_and_naming_it_is_refused() -> None:
         m["name"]: m
         for m in json.loads(run("layers", f"{HERE}:ScriptedChild", "-f", "json").stdout)["modules"]
     }
-    assert rows["mid"]["type"] == "Inner" and rows["mid"]["hookable"] is False
+    assert rows["mid"]["type"] == "Inner" and rows["mid"]["hookable"] is True
+    assert rows["mid.lin"]["hookable"] is False
     assert rows["pre"]["hookable"] is True, "JSON keeps type names; a field says hookable"
-    r = run("inspect", f"{HERE}:ScriptedChild", "-i", "randn:2x4", "-l", "mid")
-    assert_one_line_error(r, 2, "mid", "TorchScript")
+    r = run("inspect", f"{HERE}:ScriptedChild", "-i", "randn:2x4", "-l", "mid", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    assert [c["name"] for c in json.loads(r.stdout)["layers"]] == ["mid"]
+    r = run("inspect", f"{HERE}:ScriptedChild", "-i", "randn:2x4", "-l", "mid.lin")
+    assert_one_line_error(r, 2, "mid.lin", "TorchScript")
 
 
 # ---------------------------------------------------------------- 3. LSTM, unused output
@@ -475,10 +492,10 @@ def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found
     before = state(model)
     report = hookcli.inspect(model, [str(tmp_path)], batch_size=1, device="cpu")
     assert report.input.shapes == [(2, 3, 224, 224)]
-    assert [c.name for c in report.layers] == ["conv", "pool", "head"]
-    assert "mid" not in report.never_called
+    assert [c.name for c in report.layers] == ["conv", "pool", "mid", "head"]
+    assert "mid.lin" not in report.never_called
     assert sum("differentiates inside its forward" in n for n in report.notes) == 1
-    assert sum("not hookable" in n and "mid" in n for n in report.notes) == 1
+    assert sum("not hookable" in n and "mid.lin" in n for n in report.notes) == 1
     assert same_state(before, state(model))
 
 

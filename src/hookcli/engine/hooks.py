@@ -52,6 +52,30 @@ class Target:
     name: str
     aliases: list[str]
     type: str
+    # a scripted module: the eager (parent, attribute) places a stand-in takes for the pass
+    places: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+class ScriptedCall(nn.Module):
+    """Stands in for a scripted module (torch.jit.script refuses Python hooks) in its eager
+    parents for one pass: the parent calls it as it called the scripted module, the hooks on
+    it see that call's inputs and outputs, and it calls the scripted module (HOOK_PITFALLS 15).
+    The scripted module is held as a plain attribute, not a child: the model's own module
+    tree is put back exactly as it was when the pass ends."""
+
+    def __init__(self, scripted: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "scripted", scripted)
+        self.training = scripted.training
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scripted(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # the parent may read the module's attributes
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["scripted"], name)
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
@@ -179,6 +203,7 @@ class HookSession:
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
+        self._restores: list[tuple[nn.Module, str, nn.Module, nn.Module]] = []
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
         self._started_by: GradKey | None = None  # the last output gradient
         # `readers` (inspect/grads: origins): before backward the pass calls count_readers;
@@ -197,16 +222,24 @@ class HookSession:
 
     def _hook(self, i: int, target: Target) -> None:
         """Both hooks on one module; a module that refuses hooks (TorchScript, HOOK_PITFALLS
-        15) is listed in `unhooked` and the others are hooked all the same."""
+        15) is listed in `unhooked` and the others are hooked all the same. A scripted module
+        inside eager parents is hooked on a stand-in that takes its place in them."""
+        module = target.module
+        if target.places:
+            module = ScriptedCall(target.module)
+            for parent, attr in target.places:
+                if parent._modules.get(attr) is target.module:
+                    parent._modules[attr] = module
+                    self._restores.append((parent, attr, target.module, module))
         try:
-            pre = target.module.register_forward_pre_hook(
+            pre = module.register_forward_pre_hook(
                 CopySafeHook(self._pre_hook(i)), with_kwargs=True
             )
         except RuntimeError as exc:
             self.unhooked.append((target.name, str(exc)))
             return
         try:
-            post = target.module.register_forward_hook(CopySafeHook(self._post_hook(i)))
+            post = module.register_forward_hook(CopySafeHook(self._post_hook(i)))
         except RuntimeError as exc:
             pre.remove()
             self.unhooked.append((target.name, str(exc)))
@@ -243,6 +276,10 @@ class HookSession:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        while self._restores:  # the scripted modules back in their places
+            parent, attr, scripted, standin = self._restores.pop()
+            if parent._modules.get(attr) is standin:
+                parent._modules[attr] = scripted
 
     def _mark_start(self, pending: PendingCall, args: Any, entered: int) -> None:
         """--profile: the module's own forward starts now, after this hook's work. On CUDA an

@@ -38,6 +38,7 @@ from hookcli.engine.selection import (
     ModuleEntry,
     module_entries,
     select,
+    target_of,
     unhookable_note,
 )
 from hookcli.engine.targets import TargetSpec, parse_target
@@ -137,11 +138,7 @@ def prepare(
 
 def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
     """Every module Python hooks can see, the model itself included (as `(model)`)."""
-    return [
-        Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type)
-        for e in entries
-        if e.unhookable is None
-    ]
+    return [target_of(e) for e in entries if e.unhookable is None]
 
 
 def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -40,6 +40,9 @@ class ModuleEntry:
     params: int
     # why Python hooks cannot see this module (TorchScript), None when they can
     unhookable: str | None = None
+    # a scripted module inside eager parents: (parent, attribute) where it sits, so that a
+    # stand-in can take its place for a pass (hooks.ScriptedCall); empty for any other module
+    places: list[tuple[nn.Module, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -106,14 +109,24 @@ def _type_of(module: nn.Module) -> str:
 
 _SCRIPTED = "TorchScript (torch.jit.script) refuses Python hooks"
 _TRACED_INSIDE = "inside a traced TorchScript module, hooks never run"
+_SCRIPTED_INSIDE = "inside a scripted TorchScript module, hooks never run"
+
+
+def is_scripted(module: nn.Module) -> bool:
+    """A torch.jit.script module (it refuses hooks; a traced one accepts them)."""
+    return isinstance(module, torch.jit.ScriptModule) and not isinstance(module, TracedModule)
 
 
 def _unhookable(module: nn.Module, parent: ModuleEntry | None) -> str | None:
+    """Why Python hooks cannot see a module, or None. A scripted module inside an eager parent
+    is seen: measured at its call through a stand-in in the parent (hooks.ScriptedCall); what
+    is inside any TorchScript module is not."""
     if parent is not None and parent.unhookable is not None:
         return parent.unhookable
     if parent is not None and isinstance(parent.module, torch.jit.ScriptModule):
-        return _TRACED_INSIDE  # a traced module itself fires its hooks, its insides do not
-    if isinstance(module, torch.jit.ScriptModule) and not isinstance(module, TracedModule):
+        # a traced or stood-in scripted module fires hooks at its own call, not inside
+        return _SCRIPTED_INSIDE if is_scripted(parent.module) else _TRACED_INSIDE
+    if is_scripted(module) and parent is None:
         return _SCRIPTED
     return None
 
@@ -125,8 +138,10 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
         entry = by_id.get(id(module))
         if entry is not None:
             entry.names.append(name)
+            if is_scripted(module) and parent is not None:
+                entry.places.append((parent, name.rpartition(".")[2]))
             continue
-        by_id[id(module)] = ModuleEntry(
+        by_id[id(module)] = entry = ModuleEntry(
             module=module,
             names=[name],
             type=_type_of(module),
@@ -136,6 +151,8 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
             params=0,
             unhookable=_unhookable(module, by_id.get(id(parent))),
         )
+        if is_scripted(module) and parent is not None and entry.unhookable is None:
+            entry.places.append((parent, name.rpartition(".")[2]))
     entries = list(by_id.values())
     recount(entries)
     return entries
@@ -171,6 +188,8 @@ def _default(entry: ModuleEntry) -> bool:
     MultiheadAttention holds `in_proj_weight` itself and never calls its `out_proj` as a
     module; without this rule the attention itself would go unseen.
     """
+    if isinstance(entry.module, torch.jit.ScriptModule) and entry.unhookable is None:
+        return True  # a TorchScript module is seen at its call only: its insides are not
     return entry.leaf or (entry.own_params > 0 and entry.depth > 0)
 
 
@@ -250,7 +269,14 @@ def select(
             "the layer filters together select no layer.",
             f"loosen -l/-t/--depth; run `hookcli layers {model_label}` to see what exists.",
         )
-    return [Target(e.module, e.name or ROOT_LABEL, e.names[1:], e.type) for e in hookable]
+    return [target_of(e) for e in hookable]
+
+
+def target_of(entry: ModuleEntry) -> Target:
+    """The Target hooks attach to for a module entry (a scripted one with its places)."""
+    return Target(
+        entry.module, entry.name or ROOT_LABEL, entry.names[1:], entry.type, list(entry.places)
+    )
 
 
 def unhookable_note(entries: Sequence[ModuleEntry]) -> str | None:
