@@ -653,3 +653,20 @@ def test_a_target_word_finds_the_classes_that_hold_it() -> None:
     r = invoke("grads", *run, "--target", word, "-f", "json")
     assert r.exit_code == 0, r.output
     assert f"class {index} " in json.loads(r.stdout)["backward"]["source"]
+
+
+def test_no_third_party_progress_bar_reaches_the_terminal(tmp_path: Path) -> None:
+    """A sharded save_pretrained folder: transformers draws "Loading checkpoint shards" with
+    carriage returns while it loads; hookcli turns such bars off."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=16, num_labels=3,
+    )  # fmt: skip
+    folder = tmp_path / "sharded"
+    ViTForImageClassification(config).save_pretrained(folder, max_shard_size="20KB")
+    assert len(list(folder.glob("*.safetensors"))) > 1
+    r = invoke("inspect", f"hf:{folder}", "--no-config", "-l", "classifier")
+    assert r.exit_code == 0, r.output
+    assert "\r" not in r.stderr and "\x1b" not in r.stderr and "shards" not in r.stderr, r.stderr

@@ -23,7 +23,7 @@ from torch import nn
 
 from hookcli.errors import UsageError
 from hookcli.runtime import gcpause
-from hookcli.sources.base import Source, parse_model_args, quiet_warnings
+from hookcli.sources.base import Source, no_progress_bars, parse_model_args, quiet_warnings
 from hookcli.sources.custom import FileSource, ModuleSource, wrap_module
 from hookcli.sources.device import resolve_device
 from hookcli.sources.hf import HFSource
@@ -77,6 +77,7 @@ def load_model(
         )
     source = resolve(spec)
     try:
-        return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))
+        with no_progress_bars():
+            return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))
     finally:
         gcpause.resume()  # the CLI: start-up is over (runtime/gcpause.py)

@@ -63,6 +63,35 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+# environment switches that turn third-party progress bars off (tqdm's, huggingface_hub's,
+# transformers' "Loading checkpoint shards"): their carriage returns and escape codes would
+# reach the terminal raw, in the middle of hookcli's one-line messages (issue 32)
+_NO_PROGRESS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Third-party progress bars off while a model is built (the environment as it was after;
+    transformers' own switch is turned off where it is imported, sources/hf.py)."""
+    import sys
+
+    saved = {k: os.environ.get(k) for k in _NO_PROGRESS}
+    os.environ.update(_NO_PROGRESS)
+    tf_logging = getattr(
+        sys.modules.get("transformers.utils.logging"), "disable_progress_bar", None
+    )
+    if tf_logging is not None:
+        tf_logging()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @contextlib.contextmanager
 def quiet_warnings() -> Iterator[list[warnings.WarningMessage]]:
     with warnings.catch_warnings(record=True) as caught:

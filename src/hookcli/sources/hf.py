@@ -13,6 +13,7 @@ become `input_ids` with an all-ones `attention_mask`.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -35,7 +36,10 @@ TEXT_LENGTH = 16  # tokens in the default random input of a text model
 
 
 def _transformers() -> Any:
-    return import_extra("transformers", "hf", "hf: models")
+    tf = import_extra("transformers", "hf", "hf: models")
+    with contextlib.suppress(AttributeError):  # "Loading checkpoint shards" never drawn raw
+        tf.utils.logging.disable_progress_bar()
+    return tf
 
 
 def logits_of(output: Any) -> Any:

@@ -247,6 +247,8 @@ def _build_pretrained(name: str, weights: Any, kwargs: dict[str, Any]) -> nn.Mod
     tv = _tv_models()
     try:
         # torch.hub announces downloads on stdout; stdout carries data (JSON), so divert it.
+        if _builder_accepts(name, "progress"):  # no raw progress bar on the terminal
+            kwargs = {"progress": False, **kwargs}
         with contextlib.redirect_stdout(sys.stderr):
             return tv.get_model(name, weights=weights, **kwargs)  # type: ignore[no-any-return]
     except (urllib.error.URLError, OSError, ConnectionError, TimeoutError) as exc:
