@@ -7,6 +7,7 @@ gradients, the script's own side effects."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -670,3 +671,56 @@ def test_no_third_party_progress_bar_reaches_the_terminal(tmp_path: Path) -> Non
     r = invoke("inspect", f"hf:{folder}", "--no-config", "-l", "classifier")
     assert r.exit_code == 0, r.output
     assert "\r" not in r.stderr and "\x1b" not in r.stderr and "shards" not in r.stderr, r.stderr
+
+
+POOL = """
+from concurrent.futures import ThreadPoolExecutor
+
+from torch import nn
+
+
+class Net(nn.Module):
+    \"\"\"Three heads run by a thread pool in its forward.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        with ThreadPoolExecutor(3) as pool:
+            outs = list(pool.map(lambda h: h(x), self.heads))
+        return outs[0] + outs[1] + outs[2]
+"""
+
+
+def test_diff_of_a_model_running_layers_in_threads(tmp_path: Path) -> None:
+    """Layers called from the model's own threads: no traceback from a thread, and each
+    layer compared with its own reference (the spill was written from three threads at once)."""
+    (tmp_path / "pool.py").write_text(POOL)
+    spec = f"{tmp_path / 'pool.py'}:Net"
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(5))
+    torch.save(x, tmp_path / "x.pt")
+    run = ["--input", str(tmp_path / "x.pt"), "--no-config", "-f", "json"]
+    r = invoke("diff", spec, *run, "--b", "seed=0")
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr
+    rows = {c["name"]: c["b"][0] for c in json.loads(r.stdout)["calls"]}
+    assert all(rows[f"heads.{i}"]["rel_l2"] == 0 for i in range(3)), rows
+    r = invoke("diff", spec, *run, "--b", "float16", "--no-own")
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr
+    rows = {c["name"]: c["b"][0] for c in json.loads(r.stdout)["calls"]}
+    # the oracle: each head in float32 and in float16 on the same input, by hand
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("pool_oracle", tmp_path / "pool.py")
+    assert loader is not None and loader.loader is not None
+    mod = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = mod.Net().eval()
+    with torch.no_grad():
+        for i, head in enumerate(model.heads):
+            a = head(x).double()
+            b = copy.deepcopy(head).half()(x.half()).double()
+            want = float((b - a).norm() / a.norm())
+            assert rows[f"heads.{i}"]["rel_l2"] == pytest.approx(want, rel=1e-3, abs=1e-7)

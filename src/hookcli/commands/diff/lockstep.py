@@ -98,6 +98,7 @@ class Exchange:
         self._posted: set[tuple[str, int, str]] = set()
         self.index: set[Key] = set()
         self.broken: str | None = None
+        self._homes: dict[int, int] = {}  # each pass's thread (greenlets: all the same one)
 
     @property
     def inputs(self) -> bool:
@@ -144,13 +145,28 @@ class Exchange:
         with self._cv:
             self._break(why)
 
+    def _foreign(self, me: int) -> bool:
+        """A hook of pass `me` called from a thread of the model's own (a forward that runs
+        layers in threads): it cannot wait for its turn there (a greenlet belongs to its
+        thread), so the exchange breaks, the call returns quietly — nothing raised into the
+        model's thread — and the spill runs the batch (issue 32)."""
+        home = self._homes.get(me)
+        if home is None or home == threading.get_ident():
+            return False
+        with self._cv:
+            self._break("a forward called a layer from a thread of its own")
+        return True
+
     # ---------------------------------------------------------------- the reference pass
     def begin(self) -> None:
         """The reference pass starts, with the turn."""
+        self._homes[REFERENCE] = threading.get_ident()
         with self._cv:
             self._wait(REFERENCE, lambda: True)
 
     def put(self, name: str, call: int, kind: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        if self._foreign(REFERENCE):
+            return
         arrays = {path: as_array(t) for path, t in tensors}
         with self._cv:
             key = (name, call, kind)
@@ -183,6 +199,9 @@ class Exchange:
 
     @contextlib.contextmanager
     def _get(self, i: int, name: str, call: int, kind: str) -> Iterator[Lookup]:
+        if self._foreign(i):
+            yield lambda path: None  # measured against nothing: the spill runs the batch
+            return
         with self._cv:
             self._turn(i)
             if self.broken is None and not self._mine(i):
@@ -207,6 +226,9 @@ class Exchange:
         passes compute one after the other: two thread pools on the same cores slow each
         other down more than they gain). A container's call and its first child's both go on
         the same stop."""
+        self._homes.setdefault(i, threading.get_ident())
+        if self._foreign(i):
+            return
         with self._cv:
             self._turn(i)
 

@@ -87,7 +87,10 @@ class Spill:
             os.close(fd)
             raise
         self._fd: int | None = fd
-        self._buf = bytearray()  # one reused read buffer for small tensors
+        # one reused read buffer for small tensors, per thread: a forward that runs layers
+        # in threads of its own reads (and writes) from several at once (issue 32)
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the next free offset, taken by one write at a time
         self.index: dict[Key, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
         self._end = 0
         self.failed: OSError | None = None
@@ -113,7 +116,9 @@ class Spill:
         if self.failed is not None:
             return  # the run stops after this pass; nothing more to keep
         arr = as_array(t)
-        start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        with self._lock:  # this tensor's region, reserved before it is written
+            start = -(-self._end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+            self._end = start + arr.nbytes
         data = arr.reshape(-1).view(np.uint8).data  # the bytes, no copy
         try:
             done = 0
@@ -123,7 +128,6 @@ class Spill:
             self.failed = exc
             return
         self.index[key] = (start, arr.dtype, tuple(arr.shape))
-        self._end = start + arr.nbytes
 
     def raise_if_failed(self) -> None:
         """The write error, if any, as the one-line error it is for the user."""
@@ -145,7 +149,7 @@ class Spill:
 
     def read(self, key: Key) -> np.ndarray[Any, Any] | None:
         """The tensor written under key: a read-only view of its mapped pages, or (small
-        tensors) a view of a buffer that the next read reuses."""
+        tensors) a view of a buffer that this thread's next read reuses."""
         found = self.index.get(key)
         if found is None:
             return None
@@ -161,16 +165,17 @@ class Spill:
                 offset=offset,
             )
             return np.frombuffer(pages, dtype=dtype, count=count).reshape(shape)
-        if len(self._buf) < nbytes:
-            self._buf = bytearray(nbytes)
-        view = memoryview(self._buf)[:nbytes]
+        buf: bytearray = getattr(self._local, "buf", bytearray())
+        if len(buf) < nbytes:
+            buf = self._local.buf = bytearray(nbytes)
+        view = memoryview(buf)[:nbytes]
         got = 0
         while got < nbytes:
             n = os.preadv(self.fd, [view[got:]], offset + got)
             if n == 0:
                 raise OSError(f"the spill file in {self.dir} was cut short")
             got += n
-        return np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
+        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
     def reset(self) -> None:
         """Empty for the next batch; the file keeps its pages, overwritten in place."""
