@@ -724,3 +724,70 @@ def test_diff_of_a_model_running_layers_in_threads(tmp_path: Path) -> None:
             b = copy.deepcopy(head).half()(x.half()).double()
             want = float((b - a).norm() / a.norm())
             assert rows[f"heads.{i}"]["rel_l2"] == pytest.approx(want, rel=1e-3, abs=1e-7)
+
+
+# ---------------------------------------------------------------- the review's findings
+
+
+def test_a_script_annotation_that_calls_is_not_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "s.py").write_text(
+        "from torch import nn\n"
+        f"x: open({str(marker)!r}, 'w').write('x') = 1\n\n"
+        "class Net(nn.Linear):\n    def __init__(self):\n        super().__init__(2, 2)\n"
+    )
+    r = invoke("inspect", f"{tmp_path / 's.py'}:Net", "--input", "ones:2x2", "--no-config")
+    assert r.exit_code == 0, r.output
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        # a default value needs a skipped name: raised while the definitions run
+        (
+            "class Net(nn.Linear):\n    def __init__(self, n=WIDTH):\n"
+            "        super().__init__(2, n)\n",
+            "needs 'WIDTH', set at line 3",
+        ),
+        # the forward needs one: raised in the pass
+        (
+            "class Net(nn.Linear):\n    def __init__(self):\n        super().__init__(2, 2)\n\n"
+            "    def forward(self, x):\n        return super().forward(x) * WIDTH\n",
+            "forward needs 'WIDTH', set at line 3",
+        ),
+    ],
+)
+def test_a_name_set_by_skipped_code_is_explained_wherever_it_is_needed(
+    tmp_path: Path, body: str, needle: str
+) -> None:
+    (tmp_path / "s.py").write_text(
+        "import os\nfrom torch import nn\nWIDTH = int(os.environ.get('W', '2'))\n\n" + body
+    )
+    r = invoke("inspect", f"{tmp_path / 's.py'}:Net", "--input", "ones:2x2", "--no-config")
+    assert_one_line_error(r, 2, needle, "does not run")
+
+
+def test_bare_hookcli_still_shows_its_help() -> None:
+    r = runner.invoke(app, [])
+    assert "Usage: hookcli" in r.output and "error:" not in r.output
+
+
+def test_a_config_value_is_named_only_where_the_error_is_about_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text((ROOT / "examples" / "tiny" / "net.py").read_text())
+    # seed 2 is no part of "2x3" (the shapes in the model's own error), and that error is
+    # the model's (exit 3), not the config's
+    (tmp_path / "hookcli.toml").write_text('model = "net.py:Net"\ninput = "randn:2x3"\nseed = 2\n')
+    r = invoke("inspect")
+    assert r.exit_code == 3 and "comes from" not in r.stderr, r.stderr
+
+
+def test_an_endless_stop_grace_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookcli.runtime import supervise
+
+    for raw, want in [("inf", 1e6), ("1e20", 1e6), ("nan", 10.0), ("-3", 0.0), ("x", 10.0)]:
+        monkeypatch.setenv("HOOKCLI_STOP_GRACE_S", raw)
+        assert supervise._grace() == want

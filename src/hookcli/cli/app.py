@@ -26,6 +26,8 @@ _USAGE_ERROR: type[Exception] = next(
 def _one_line(exc: Exception) -> None:
     """A usage error (unknown option, missing argument, bad value) shown as every other hookcli
     error: one line on stderr with a next step, not click's usage block (issue 32)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return  # `hookcli` alone: the help, as click shows it
     ctx = getattr(exc, "ctx", None)
     where = getattr(ctx, "command_path", None) or "hookcli"
 
@@ -82,9 +84,11 @@ def _root(
 
     Example: hookcli inspect resnet34 sample_images/cat.jpeg
     """
+    from hookcli.cli.console import config_values
     from hookcli.io import output
 
     output.begin()  # a new command: no file read, no output claimed yet
+    config_values(None, {})  # nor a config's values (params.configured sets them)
 
 
 # The commands, in the order --help lists them; those that read the project config take it

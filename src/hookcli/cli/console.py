@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from hookcli.errors import HookcliError
+from hookcli.errors import HookcliError, UsageError
 from hookcli.render import SUFFIX_FORMATS, Format
 from hookcli.runtime import ranks
 from hookcli.text import escape
@@ -56,10 +57,19 @@ def _config_note(message: str) -> str | None:
             for flag, value in ranked:
                 items = value if isinstance(value, list | tuple) else [value]
                 texts = [str(v) for v in items if v is not None and len(str(v)) >= 2]
-                if (flag in message) if not by_value else any(t in message for t in texts):
+                named = re.search(rf"{re.escape(flag)}\b", message) is not None
+                quoted = any(
+                    re.search(rf"(?<![\w.]){re.escape(t)}(?![\w])", message) for t in texts
+                )
+                if named if not by_value else quoted:
                     shown = value if not isinstance(value, tuple) else list(value)
                     return f"{flag.removeprefix('--')} = {shown!r} comes from {path}"
     return None
+
+
+def _quoted(text: str, message: str) -> bool:
+    """`text` in the message as a whole (not 32 inside 32x512, nor fc inside fc1)."""
+    return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", message) is not None
 
 
 @contextlib.contextmanager
@@ -69,7 +79,7 @@ def handled() -> Iterator[None]:
     try:
         yield
     except HookcliError as exc:
-        note = _config_note(exc.message)
+        note = _config_note(exc.message) if isinstance(exc, UsageError) else None
         if note is not None and "hookcli.toml:" not in exc.message:
             exc.message = f"{exc.message.rstrip().rstrip('.')} ({note})."
         err(f"error: {ranks.label()}{exc}")

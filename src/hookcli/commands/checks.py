@@ -412,7 +412,9 @@ def _drifted(a: float | None, b: float | None, rtol: float, atol: float) -> bool
     it appeared or vanished)."""
     if a is None or b is None:
         return (a is None) != (b is None)
-    return abs(a - b) > atol + rtol * abs(b)
+    if a == b:
+        return False
+    return not abs(a - b) <= atol + rtol * abs(b)  # a NaN or Inf that moved is a drift
 
 
 def _scale(entry: dict[str, Any]) -> float | None:

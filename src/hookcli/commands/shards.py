@@ -39,6 +39,9 @@ class Group:
     world: int
     backend: str
     owned: bool
+    # NCCL: a gloo group of the same ranks for the monitored barrier (`arrive`), made in join()
+    # while every rank is there (making it later would wait for a hung rank too)
+    side: Any = None
 
     def batches(self, total: int) -> list[int]:
         """The global batches this rank runs: k ≡ rank (mod world)."""
@@ -56,7 +59,8 @@ def join() -> Group | None:
         world = dist.get_world_size()
         if world < 2:
             return None
-        return Group(dist.get_rank(), world, str(dist.get_backend()), False)
+        backend = str(dist.get_backend())
+        return Group(dist.get_rank(), world, backend, False, _side_group(backend))
     from hookcli.runtime.ranks import launched
 
     try:
@@ -80,7 +84,14 @@ def join() -> Group | None:
             f"torchrun's process group could not start ({backend}): {exc}",
             "check MASTER_ADDR/MASTER_PORT, or run without torchrun.",
         ) from exc
-    return Group(dist.get_rank(), world, backend, True)
+    return Group(dist.get_rank(), world, backend, True, _side_group(backend))
+
+
+def _side_group(backend: str) -> Any:
+    """A gloo group of every rank for the monitored barrier, where the backend is not gloo."""
+    if backend == "gloo":
+        return None
+    return collective(lambda: torch.distributed.new_group(backend="gloo"), "made a side group")
 
 
 def _wait_s() -> float | None:
@@ -176,13 +187,9 @@ def arrive(group: Group, elapsed: float) -> None:
     wait = _wait_s()
     timeout = wait if wait is not None else 2 * elapsed + 120
     dist = torch.distributed
-    if group.backend == "gloo":
-        side = None
-    else:  # monitored_barrier is gloo's: NCCL ranks meet in a gloo group of their own
-        side = collective(lambda: dist.new_group(backend="gloo"), "made a side group")
-    try:
+    try:  # monitored_barrier is gloo's: NCCL ranks meet in their gloo side group
         dist.monitored_barrier(
-            group=side, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True
+            group=group.side, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True
         )
     except RuntimeError as exc:
         found = _RANKS.search(str(exc))

@@ -530,6 +530,10 @@ def run_forward(
                     f"{loaded.name} called sys.exit({exc.code!r}){place} during forward.",
                     "a model's forward must return or raise; remove the sys.exit call.",
                 ) from exc
+            if isinstance(exc, NameError):  # a global the script sets by code not run
+                said = _skipped_global(model, exc)
+                if said is not None:
+                    raise said from exc
             if _needs_autograd(exc):
                 hint = (
                     "the model differentiates inside its forward (torch.autograd.grad or "
@@ -553,6 +557,20 @@ def run_forward(
                 where = f"{where[:36]}…{where[-36:]} ({where.count('.') + 1} levels deep)"
                 place = f" in layer {where}"
             raise ModelError(f"{loaded.name} failed{place}: {one_line(exc)}", hint) from exc
+
+
+def _skipped_global(model: nn.Module, exc: NameError) -> UsageError | None:
+    """For a model read from a script (sources.script): the one line naming the line that sets
+    the name its forward needs, which hookcli did not run."""
+    from hookcli.sources.custom import skipped_name
+
+    for m in model.modules():
+        owner = sys.modules.get(type(m).__module__)
+        defs = getattr(owner, "__skipped__", None)
+        if defs is not None:
+            source = getattr(owner, "__file__", None) or type(m).__module__
+            return skipped_name(defs, exc, source, f"{type(m).__name__}'s forward")
+    return None
 
 
 def _module_named(model: nn.Module, name: str | None) -> nn.Module | None:

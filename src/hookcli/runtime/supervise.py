@@ -26,6 +26,7 @@ runs in-process as before.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -218,9 +219,10 @@ def _grace() -> float:
     """How long a worker that ignores a passed-on stop has before SIGKILL (10 s;
     HOOKCLI_STOP_GRACE_S sets another)."""
     try:
-        return max(0.0, float(os.environ.get("HOOKCLI_STOP_GRACE_S", "10")))
+        value = float(os.environ.get("HOOKCLI_STOP_GRACE_S", "10"))
     except ValueError:
         return 10.0
+    return min(max(value, 0.0), 1e6) if not math.isnan(value) else 10.0  # at most ~11 days
 
 
 def _wait(pid: int, stopped: list[int]) -> int | None:

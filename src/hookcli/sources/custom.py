@@ -5,6 +5,7 @@ passed through the Python API. Weights: as constructed, or a local state dict.""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import io
@@ -86,7 +87,8 @@ def import_file(source: str, wanted: str = "") -> ModuleType:
     from hookcli.sources.script import definitions
 
     path = _read_model_file(source)
-    module_name = f"_hookcli_user_{path.stem}"
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    module_name = f"_hookcli_user_{path.stem}_{digest}"  # two files of one name: two modules
     try:
         with io.open_code(str(path)) as f:
             text = importlib.util.decode_source(f.read())
@@ -107,13 +109,35 @@ def import_file(source: str, wanted: str = "") -> ModuleType:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     with models_own(
         f"importing {source} failed:",
-        "fix the model file; run it with python to see the traceback.",
+        "fix the model file (its definitions fail as the file's imports run them).",
     ):
         try:
             exec(compile(defs.module, str(path), "exec"), module.__dict__)
+        except NameError as exc:  # a default value, decorator or class body needs skipped code
+            sys.modules.pop(module_name, None)
+            said = skipped_name(defs, exc, source, source)
+            if said is None:
+                raise
+            raise said from exc
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
         finally:
             sys.path.remove(folder)
     return module
+
+
+def skipped_name(defs: Any, exc: NameError, source: str, who: str) -> UsageError | None:
+    """The one line for a NameError whose name the script sets by code hookcli did not run
+    (sources.script), or None when it is not such a name."""
+    binder = defs.binder(exc.name) if defs is not None and exc.name else None
+    if binder is None:
+        return None
+    return UsageError(
+        f"{who} needs {exc.name!r}, set at line {binder.line} of {source} by code hookcli does "
+        f"not run ({binder.text}): a script's definitions are read, not its top-level code.",
+        f"make {exc.name} a constant or a definition, or move the model into a module of its own.",
+    )
 
 
 @contextlib.contextmanager
@@ -197,16 +221,10 @@ def load_custom(
         try:
             model = obj(**kwargs)
         except NameError as exc:
-            binder = skipped.binder(exc.name) if skipped is not None and exc.name else None
-            if binder is None:
+            said = skipped_name(skipped, exc, source, attr)
+            if said is None:
                 raise
-            raise UsageError(
-                f"{attr} needs {exc.name!r}, set at line {binder.line} of {source} by code "
-                f"hookcli does not run ({binder.text}): a script's definitions are read, not "
-                "its top-level code.",
-                f"make {exc.name} a constant or a definition, or move the model into a module "
-                "of its own.",
-            ) from exc
+            raise said from exc
         except TypeError as exc:
             raise UsageError(
                 f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",

@@ -14,6 +14,9 @@ Everything else at the top level (calls such as `main()` or `torch.manual_seed(0
 `with` blocks, `if __name__ == "__main__":`, assignments that call something) is not run. A file
 that is a module of definitions runs exactly as an import would; a script runs no further than
 its definitions. What was left out is returned, so a missing name can be explained.
+
+This keeps a script from running; it is no sandbox: the definitions kept run as at any import
+(decorators, base classes, default values, class bodies), as they must for the class to exist.
 """
 
 from __future__ import annotations
@@ -83,7 +86,11 @@ def _defines(stmt: ast.stmt) -> bool:  # noqa: PLR0911 — one return per kind o
     if isinstance(stmt, ast.Assign):
         return _static(stmt.value) and all(_static_target(t) for t in stmt.targets)
     if isinstance(stmt, ast.AnnAssign):
-        return _static_target(stmt.target) and (stmt.value is None or _static(stmt.value))
+        return (
+            _static_target(stmt.target)
+            and _static(stmt.annotation)  # module-level annotations are evaluated
+            and (stmt.value is None or _static(stmt.value))
+        )
     if isinstance(stmt, ast.If):
         return _static(stmt.test) and all(_defines(s) for s in [*stmt.body, *stmt.orelse])
     if isinstance(stmt, ast.Try):

@@ -131,7 +131,10 @@ def diff_report(
     if group is not None:
         settings = {
             "command": "diff",
-            "model": model,
+            "model": dataclasses.replace(
+                model,
+                model=model.model if isinstance(model.model, str) else type(model.model).__name__,
+            ),
             "selection": selection,
             "sides": [s.describe() for s in (reference, *compared)],
             "run": (isolate, tol, sort, own),
