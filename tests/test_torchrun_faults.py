@@ -127,3 +127,21 @@ def test_a_rank_that_dies_is_named(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code != 0
     assert any(ln.startswith("error: rank 1 of 2: the run died of SIGKILL") for ln in lines), lines
+
+
+def test_strict_and_save_under_torchrun_are_one_line_each(tmp_path: Path) -> None:
+    folder = _images(tmp_path)
+    (folder / "zz.png").write_bytes(b"not an image")
+    code, lines, _ = _torchrun(
+        tmp_path, "inspect", MODEL, str(folder), "--batch-size", "1", "--no-config", "--strict"
+    )
+    assert code != 0
+    assert any("rank 0 of 2: " in ln and "zz.png" in ln and "--strict" in ln for ln in lines)
+    assert not any("internal error" in ln for ln in lines), lines
+    code, lines, _ = _torchrun(
+        tmp_path, "inspect", MODEL, str(folder), "--batch-size", "1", "--no-config",
+        "--save", str(tmp_path / "s.safetensors"),
+    )  # fmt: skip
+    assert code != 0 and lines, lines
+    assert all(ln.startswith("error: rank ") for ln in lines), lines
+    assert any("--save works on one batch" in ln for ln in lines), lines
