@@ -1,0 +1,239 @@
+"""hookcli on a GPU, measured in one process (issue 33): run by benchmarks/gpu_check.sh.
+
+(a) host synchronisation: `torch.cuda.set_sync_debug_mode("error")` over a hooked inspect pass
+    of resnet50, vit_b_16 and a tiny Llama (random init): any `.item()`, `.cpu()` or `if t.any()`
+    per tensor in the pass raises (HOOK_PITFALLS 8); each model's line says "no sync" or what
+    raised;
+(b) time, by CUDA events (a start and an end recorded on the stream around each variant, the
+    elapsed time read once the end has completed), float32 and bfloat16, interleaved rounds,
+    ratios of medians:
+    - `hookcli.inspect` with statistics on every leaf ÷ plain `model(x)` under no_grad (goal
+      at most 1.05 times on resnet50 b32 bfloat16), and torchinfo's `summary` ÷ the same plain pass;
+    - `hookcli.grads` ÷ a plain forward + backward of the same scalar (the sum of the top-1
+      logits);
+    - `hookcli.diff --b bfloat16` ÷ the two plain passes (float32 and bfloat16).
+
+Usage: python benchmarks/gpu_figures.py [--out FILE] [--rounds N] [--device cuda|cpu] [--quick]
+`--device cpu --quick` runs the same code on small models on the CPU (wall clock instead of
+events, no sync check): a check of this script where no GPU is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+from torch import nn
+
+import hookcli
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """Milliseconds of one call: CUDA events on a GPU, the wall clock on the CPU."""
+    if device.type == "cuda":
+
+        def by_events(fn: Callable[[], object]) -> float:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+
+        return by_events
+
+    def by_clock(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    return by_clock
+
+
+def interleaved(
+    variants: dict[str, Callable[[], object]], rounds: int, device: torch.device
+) -> dict[str, float]:
+    """Median milliseconds of each variant, in turn round after round, after one warm-up."""
+    timed = _timer(device)
+    for fn in variants.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for key, fn in variants.items():
+            times[key].append(timed(fn))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def tiny_llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def models(quick: bool) -> list[tuple[str, Callable[[], nn.Module], Callable[[int], torch.Tensor]]]:
+    """(name, builder, input of a batch size)."""
+    image = 64 if quick else 224
+
+    def images(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, image, image, generator=torch.Generator().manual_seed(0))
+
+    def vit_input(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+
+    def tokens(n: int) -> torch.Tensor:
+        return torch.randint(0, 512, (n, 32), generator=torch.Generator().manual_seed(0))
+
+    cnn = torchvision.models.resnet18 if quick else torchvision.models.resnet50
+    return [
+        ("resnet18" if quick else "resnet50", lambda: cnn().eval(), images),
+        ("vit_b_16", lambda: torchvision.models.vit_b_16().eval(), vit_input),
+        ("tiny llama", lambda: tiny_llama().eval(), tokens),
+    ]
+
+
+def sync_check(device: torch.device, quick: bool) -> list[str]:
+    """(a): each model's hooked pass under the sync debug mode 'error'."""
+    if device.type != "cuda":
+        return ["(a) host synchronisation: not checked (no CUDA device)"]
+    lines = ["(a) host synchronisation in a hooked inspect pass (set_sync_debug_mode('error'))"]
+    for name, build, make in models(quick):
+        model = build().to(device)
+        x = make(2).to(device)
+        hookcli.inspect(model, x, device=str(device), topk=0)  # warm: kernels, caches
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            hookcli.inspect(model, x, device=str(device), topk=0)
+            verdict = "no sync"
+        except Exception as exc:  # the figure is what raised
+            verdict = f"SYNCHRONISED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        lines.append(f"  {name}: {verdict}")
+    return lines
+
+
+def _top1_sum(out: Any) -> torch.Tensor:
+    logits = out.logits if hasattr(out, "logits") else out
+    flat = logits.reshape(logits.shape[0], -1)
+    top: torch.Tensor = flat.max(dim=1).values.sum()
+    return top
+
+
+def timings(device: torch.device, quick: bool, rounds: int) -> list[str]:
+    """(b): ratios of medians by CUDA events (the wall clock on the CPU)."""
+    summary: Callable[..., Any] | None
+    try:
+        from torchinfo import summary
+    except ImportError:  # not among the carried wheels: the line says so
+        summary = None
+    batch = 2 if quick else 32
+    lines = [f"(b) time ({'CUDA events' if device.type == 'cuda' else 'wall clock'}, median "
+             f"of {rounds} interleaved rounds; batch {batch})"]  # fmt: skip
+    name, build, make = models(quick)[0]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build().to(device, dtype)
+        x = make(batch).to(device, dtype)
+        lines.append(
+            _one_dtype(model, x, f"{name} b{batch}", summary, rounds=rounds, device=device)
+        )
+    model32 = build().to(device)
+    x32 = make(batch).to(device)
+    model16 = build().to(device, torch.bfloat16)
+    x16 = x32.to(torch.bfloat16)
+
+    def two_plain() -> object:
+        with torch.no_grad():
+            model32(x32)
+            return model16(x16)
+
+    got = interleaved(
+        {
+            "two plain": two_plain,
+            "diff": lambda: hookcli.diff(model32, x32, b="bfloat16", device=str(device)),
+        },
+        rounds,
+        device,
+    )
+    lines.append(
+        f"  {name} b{batch} diff --b bfloat16: {got['diff'] / got['two plain']:.3f}x the two "
+        f"plain passes ({got['two plain']:.2f} ms)"
+    )
+    return lines
+
+
+def _one_dtype(
+    model: nn.Module,
+    x: torch.Tensor,
+    name: str,
+    summary: Callable[..., Any] | None,
+    *,
+    rounds: int,
+    device: torch.device,
+) -> str:
+    """inspect, torchinfo and grads against the plain passes, for one model and dtype."""
+    dev = str(device)
+
+    def plain() -> object:
+        with torch.no_grad():
+            return model(x)
+
+    def plain_backward() -> object:
+        model.zero_grad(set_to_none=True)
+        _top1_sum(model(x)).backward()  # type: ignore[no-untyped-call]
+        return None
+
+    variants: dict[str, Callable[[], object]] = {
+        "plain": plain,
+        "inspect": lambda: hookcli.inspect(model, x, device=dev, topk=0),
+        "plain+backward": plain_backward,
+        "grads": lambda: hookcli.grads(model, x, device=dev, topk=0),
+    }
+    if summary is not None:
+        variants["torchinfo"] = lambda: summary(model, input_data=x, verbose=0)
+    got = interleaved(variants, rounds, device)
+    label = str(x.dtype).removeprefix("torch.")
+    torchinfo = f", torchinfo {got['torchinfo'] / got['plain']:.3f}x" if "torchinfo" in got else ""
+    return (
+        f"  {name} {label}: plain {got['plain']:.2f} ms; inspect "
+        f"{got['inspect'] / got['plain']:.3f}x{torchinfo}; grads "
+        f"{got['grads'] / got['plain+backward']:.3f}x of a plain forward+backward "
+        f"({got['plain+backward']:.2f} ms)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_figures: no CUDA device here; nothing measured (--device cpu checks the script)")
+        return 0
+    device = torch.device(args.device)
+    card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    head = [f"hookcli {hookcli.__version__}, torch {torch.__version__}, {card}"]
+    text = "\n".join([*head, *sync_check(device, args.quick), *timings(
+        device, args.quick, args.rounds
+    )]) + "\n"  # fmt: skip
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
