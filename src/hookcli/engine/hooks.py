@@ -75,7 +75,10 @@ class ScriptedCall(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.__dict__["scripted"], name)
+            scripted = self.__dict__.get("scripted")  # absent while copied or unpickled
+            if scripted is None:
+                raise
+            return getattr(scripted, name)
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
