@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -528,7 +528,7 @@ def compare_baseline(
     return CheckResult("baseline", False, message, ranked, first[2])
 
 
-def _call_order(report: Report) -> Any:
+def _call_order(report: Report) -> Callable[[str, int, str], tuple[int, int]]:
     """(name, call, kind) -> a sort key in the order the hooks saw the calls: forward
     entries by the order calls returned, then gradients in the order they arrived."""
     forward = {(c.name, c.call): c.forward_order for c in report.layers}
@@ -549,7 +549,7 @@ def _how_much(stat: str, a: float | None, b: float | None, size: float) -> str:
     tensor's rms, which is what ranks it."""
     if a is None or b is None or math.isinf(size):
         return ""
-    if stat in ("zeros",):
+    if stat == "zeros":
         return f" ({a - b:+.2%} of the elements)"
     rel = f"{(a - b) / abs(b):+.2%}, " if b != 0 else ""
     if stat == "norm":

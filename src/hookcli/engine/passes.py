@@ -611,9 +611,9 @@ def _shape_hint(loaded: LoadedModel, model_input: ModelInput, failing: nn.Module
     expects = []
     if failing is not None and (takes := _takes(failing)) is not None:
         expects.append(f"{type(failing).__name__} takes {takes}")
-    first = next((m for m in loaded.module.modules() if _takes(m) is not None), None)
-    if first is not None and first is not failing and (takes := _takes(first)) is not None:
-        expects.append(f"its first {type(first).__name__} takes {takes}")
+    first = next(((m, t) for m in loaded.module.modules() if (t := _takes(m))), None)
+    if first is not None and first[0] is not failing:
+        expects.append(f"its first {type(first[0]).__name__} takes {first[1]}")
     said = f"; {'; '.join(expects)}" if expects else ""
     return (
         f"the model was given {given}{said}: check the input shape "

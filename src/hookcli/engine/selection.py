@@ -138,21 +138,19 @@ def module_entries(model: nn.Module) -> list[ModuleEntry]:
         entry = by_id.get(id(module))
         if entry is not None:
             entry.names.append(name)
-            if is_scripted(module) and parent is not None:
-                entry.places.append((parent, name.rpartition(".")[2]))
-            continue
-        by_id[id(module)] = entry = ModuleEntry(
-            module=module,
-            names=[name],
-            type=_type_of(module),
-            depth=depth_of(name),
-            leaf=next(iter(module.children()), None) is None,
-            own_params=0,
-            params=0,
-            unhookable=_unhookable(module, by_id.get(id(parent))),
-        )
+        else:
+            by_id[id(module)] = entry = ModuleEntry(
+                module=module,
+                names=[name],
+                type=_type_of(module),
+                depth=depth_of(name),
+                leaf=next(iter(module.children()), None) is None,
+                own_params=0,
+                params=0,
+                unhookable=_unhookable(module, by_id.get(id(parent))),
+            )
         if is_scripted(module) and parent is not None and entry.unhookable is None:
-            entry.places.append((parent, name.rpartition(".")[2]))
+            entry.places.append((parent, name.rpartition(".")[2]))  # every place it sits
     entries = list(by_id.values())
     recount(entries)
     return entries
