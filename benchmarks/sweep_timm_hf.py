@@ -46,8 +46,9 @@ import hookcli
 from hookcli.errors import HookcliError
 spec, model_args, image = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 out = {"name": spec}
+head = {"head": "seq-cls"} if len(sys.argv) > 4 and sys.argv[4] == "text" else {}
 try:
-    r = hookcli.inspect(spec, device="cpu", topk=1, model_args=model_args)
+    r = hookcli.inspect(spec, device="cpu", topk=1, model_args=model_args, **head)
     kinds = collections.Counter(
         t.layout.split(":")[0] for c in r.layers for t in c.outputs if t.layout
     )
@@ -238,7 +239,9 @@ def main() -> None:
     for i, p in enumerate(picked, 1):
         image = "" if p["group"] == "text" else str(CAT)
         spec = str(p["spec"])
-        row = run_child(CHILD, [spec, json.dumps(p["args"]), image], spec, args.timeout)
+        row = run_child(
+            CHILD, [spec, json.dumps(p["args"]), image, str(p["group"])], spec, args.timeout
+        )
         row.update(group=p["group"], params=p["params"], args=p["args"])
         rows.append(row)
         print(

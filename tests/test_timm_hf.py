@@ -440,6 +440,7 @@ def test_hf_types_whose_default_config_needs_more() -> None:
     needs timm's pretrained config, imagegpt takes colour-cluster ids."""
     bart = hookcli.inspect(
         "hf:bart",
+        head="seq-cls",  # hf:bart alone is its seq2seq LM
         device="cpu",
         layers=["classification_head"],
         model_args={

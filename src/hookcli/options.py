@@ -86,6 +86,10 @@ class ModelOptions:
     device: str = "auto"
     model_args: Mapping[str, Any] = field(default_factory=dict)
     output_key: str | None = None  # the element of a dict/tuple output read for predictions
+    # hf: models: which head to build (causal-lm, seq2seq-lm, seq-cls, image-cls, base);
+    # None: the one the checkpoint was saved with (a bare hf:TYPE: the type's own)
+    head: str | None = None
+    tokenizer: str | None = None  # where --text's tokenizer comes from (PATH or ORG/NAME)
 
     def __post_init__(self) -> None:
         bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
@@ -112,6 +116,18 @@ class InputOptions:
     items: tuple[Any, ...] = ()
     specs: tuple[str, ...] = ()
     strict: bool = False
+    text: tuple[str, ...] = ()  # --text: one sequence each (several: a padded batch)
+    text_file: str | None = None  # --text-file: one sequence per line
+    chat: bool = False  # each text as a user turn through the tokenizer's chat template
+
+    def __post_init__(self) -> None:
+        given: Any = self.text
+        if isinstance(given, str):  # the API's text="…": one sequence
+            object.__setattr__(self, "text", (given,))
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self.text) or self.text_file is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +220,17 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "device": ("model", "device"),
     "model_args": ("model", "model_args"),
     "output_key": ("model", "output_key"),
+    "head": ("model", "head"),
+    "tokenizer": ("model", "tokenizer"),
     "layers": ("selection", "layers"),
     "types": ("selection", "types"),
     "depth": ("selection", "depth"),
     "also_layers": ("selection", "always"),
     "input_specs": ("inputs", "specs"),
     "strict": ("inputs", "strict"),
+    "text": ("inputs", "text"),
+    "text_file": ("inputs", "text_file"),
+    "chat": ("inputs", "chat"),
     "target": ("backward", "target"),
     "loss": ("backward", "loss"),
     "input_grad": ("backward", "input_grad"),

@@ -262,10 +262,12 @@ class Ablation:
 
 @dataclass(slots=True)
 class Backward:
-    """What backward started from: a description and the scalar's value."""
+    """What backward started from: a description and the scalar's value (for the next-token
+    loss of a text, also its perplexity, exp(loss))."""
 
     source: str
     value: float | None
+    perplexity: float | None = None
 
 
 @dataclass(slots=True)
@@ -308,11 +310,22 @@ class ModelInfo:
 
 
 @dataclass(slots=True)
+class TextInfo:
+    """One sequence of a text input: the text as given, and its real tokens (padding left out)
+    as ids and as strings (each id decoded alone, so " cat" keeps its space)."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+
+
+@dataclass(slots=True)
 class InputInfo:
     description: str
     shapes: list[tuple[int, ...]]
     sources: list[str] = field(default_factory=list)
     preprocessing: str | None = None
+    texts: list[TextInfo] | None = None  # a text input: its sequences, token by token
 
 
 @dataclass(slots=True)

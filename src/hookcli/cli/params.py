@@ -59,6 +59,40 @@ InputSpecOpt = Annotated[
         "(input_ids=randint:0:1000:1x16). Repeat for several forward arguments.",
     ),
 ]
+TextOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--text",
+        metavar="TEXT",
+        help="Text for a language model, through its tokenizer. Repeat for a batch (padded, "
+        "with its attention mask; padding never enters a statistic).",
+    ),
+]
+TextFileOpt = Annotated[
+    str | None,
+    typer.Option("--text-file", metavar="FILE", help="Texts, one sequence per line (UTF-8)."),
+]
+ChatOpt = Annotated[
+    bool,
+    typer.Option("--chat", help="Each text as a user turn through the tokenizer's chat template."),
+]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        metavar="PATH|ORG/NAME",
+        help="The tokenizer for --text [default: the checkpoint's own folder or cache entry].",
+    ),
+]
+HeadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--head",
+        metavar="causal-lm|seq2seq-lm|seq-cls|image-cls|base",
+        help="hf: models: the head to build [default: the one the checkpoint was saved with; "
+        "for hf:TYPE the type's own: a causal LM for decoder types].",
+    ),
+]
 WeightsOpt = Annotated[
     str,
     typer.Option(

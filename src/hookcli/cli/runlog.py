@@ -79,7 +79,7 @@ LOG_ONLY = ("dead_after", "min_grad_norm", "max_grad_norm", "min_update_ratio", 
 MODEL_ONLY = (
     "input_spec", "baseline", "rtol", "atol", "expect_shape", "backward", "max_abs", "layer",
     "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
-    "train", "save_baseline", "picture",
+    "train", "save_baseline", "picture", "text", "text_file", "chat", "tokenizer", "head",
 )  # fmt: skip
 
 

@@ -100,6 +100,7 @@ def _report_of_run(
     assert model_input is not None
     backward = prepared.backward is not None
     collector = StatsCollector(backend=run.stats_backend, hist_bins=run.hist)
+    collector.set_token_mask(model_input.token_mask)
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(
         prepared.targets, collector, grads=backward, saver=saver, readers=backward
@@ -125,7 +126,9 @@ def _report_of_run(
                 for path, t in prepared.input_leaves
                 if t.grad is not None
             ]
-            predictions, note = predict(result.output, loaded, _topk(run.topk, loaded), model_input)
+            predictions, note = predict(
+                result.output, loaded, _topk(run.topk, loaded), model_input, run.topk is not None
+            )
     except BaseException:
         if saver is not None:
             saver.discard()  # never a half-written file
@@ -179,7 +182,7 @@ def _report_of_run(
         predictions=predictions,
         prediction_note=note,
         notes=notes,
-        backward=Backward(prepared.backward.describe(), value) if prepared.backward else None,
+        backward=backward_of(prepared, value),
         input_grads=input_grads if prepared.input_leaves else None,
         nonfinite_origins=origins_of(prepared, session, outputs),
         nonfinite_images=by_image,
@@ -188,6 +191,17 @@ def _report_of_run(
         command=command,
         hookcli_version=__version__,
     )
+
+
+def backward_of(prepared: Prepared, value: float | None) -> Backward | None:
+    """What backward started from; for the next-token loss, its perplexity too."""
+    spec = prepared.backward
+    if spec is None:
+        return None
+    perplexity = None
+    if spec.kind == "lm" and value is not None:
+        perplexity = finite_or_none(math.exp(value)) if value < 700 else None
+    return Backward(spec.describe(), value, perplexity)
 
 
 def origins_of(
@@ -279,6 +293,7 @@ def input_info(model_input: ModelInput) -> InputInfo:
         model_input.shapes(),
         model_input.sources,
         model_input.preprocessing,
+        model_input.texts,
     )
 
 
@@ -375,8 +390,13 @@ def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None
 # ---------------------------------------------------------------- predictions
 
 
+def _outline(output: Any) -> str:
+    shapes = ["x".join(map(str, t.shape)) or "scalar" for _, t in iter_tensors(output, "out")]
+    return ", ".join(shapes[:3]) + (", …" if len(shapes) > 3 else "") or type(output).__name__
+
+
 def predict(
-    output: Any, loaded: LoadedModel, topk: int, model_input: ModelInput
+    output: Any, loaded: LoadedModel, topk: int, model_input: ModelInput, asked: bool = False
 ) -> tuple[list[Prediction] | None, str | None]:
     """Top-k per image: classes (classification), detections (detection), pixel shares
     (segmentation). Labels come from the weights' categories; each row names its image (path
@@ -408,6 +428,11 @@ def predict(
     with torch.no_grad():
         read = loaded.kind.predict(selected, topk, row)
     if read is None:
+        if asked:  # --topk given: never silent about what it could not read
+            return None, (
+                f"--topk {topk}: no predictions: the output ({_outline(selected)}) is neither "
+                "class scores (N x classes) nor a language model's next-token logits"
+            )
         return None, None
     preds, header = read
     return preds, header + meaningless

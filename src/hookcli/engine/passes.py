@@ -91,12 +91,18 @@ def prepare(
     label = model.model if isinstance(model.model, str) else type(model.model).__name__
     with beacon.phase(f"building {label}"):
         loaded = load_model(
-            model.model, weights=model.weights, seed=model.seed, model_args=model.model_args
+            model.model,
+            weights=model.weights,
+            seed=model.seed,
+            model_args=model.model_args,
+            head=model.head,
         )
     if model.output_key:  # a copy: a LoadedModel passed in is left as it was
         loaded = dataclasses.replace(loaded, kind=loaded.kind.keyed(model.output_key))
     # the task may constrain the device (quantized: CPU only, no backward)
     device = loaded.kind.device(loaded.spec, model.device, device, backward is not None)
+    text = inputs is not None and inputs.has_text
+    loaded = with_tokenizer(loaded, model.tokenizer, needed=text)
     spec = None
     if backward is not None:
         target = backward.target or (None if backward.loss else loaded.kind.default_target)
@@ -119,6 +125,9 @@ def prepare(
     leaves: tuple[tuple[str, torch.Tensor], ...] = ()
     if inputs is not None:
         model_input = build_input(loaded, inputs, model.seed).to(device)
+        loaded = dataclasses.replace(loaded, kind=loaded.kind.for_input(model_input))
+        if spec is not None and spec.kind == "lm":
+            spec.labels = next_token_labels(model_input)
         if backward is not None and backward.input_grad:
             model_input, leaves = _with_input_grad(model_input)
     note = unhookable_note(entries)
@@ -141,9 +150,63 @@ def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
     return [target_of(e) for e in entries if e.unhookable is None]
 
 
+def with_tokenizer(loaded: LoadedModel, asked: str | None, *, needed: bool) -> LoadedModel:
+    """A language model with its tokenizer (--tokenizer, else the checkpoint's) and its tokens
+    as labels. Needed (text given): a missing tokenizer is an error; else one beside the
+    checkpoint only labels the predicted tokens, and none is no loss."""
+    from hookcli.inputs.text import ensure_tokenizer, needs_text_model
+    from hookcli.sources.lm import CausalLM, TokenLabels
+
+    if needed:
+        needs_text_model(loaded, "--text")
+    elif asked is None and not (
+        isinstance(loaded.kind, CausalLM) and loaded.tokenizer_from is not None
+    ):
+        return loaded
+    if asked is not None and not needed:
+        needs_text_model(loaded, "--tokenizer")
+    loaded = dataclasses.replace(loaded)  # a LoadedModel passed in is left as it was
+    try:
+        ensure_tokenizer(loaded, asked)
+    except UsageError:
+        if needed or asked is not None:
+            raise
+        return loaded  # a checkpoint saved without its tokenizer: ids stay unlabelled
+    vocab = getattr(loaded.kind, "vocab_size", None)
+    if isinstance(loaded.kind, CausalLM) and loaded.categories is None and isinstance(vocab, int):
+        loaded.categories = TokenLabels(loaded.tokenizer, vocab)
+    return loaded
+
+
+def next_token_labels(model_input: ModelInput) -> torch.Tensor:
+    """The ids each position of a text predicts: input_ids, -100 where padding is."""
+    from hookcli.engine.targets import IGNORE
+
+    ids = model_input.kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        raise UsageError(
+            "--target next-token needs the text's input_ids (batch x tokens).",
+            "give --text, or --input input_ids=SPEC; or use --target top1.",
+        )
+    mask = model_input.kwargs.get("attention_mask")
+    labels = ids.detach().clone()
+    if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(ids.shape):
+        labels[mask == 0] = IGNORE
+    return labels
+
+
 def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelInput:
-    """Images, tensors (Python API), tensor specs, or a random input of the right shape."""
+    """Images, tensors (Python API), tensor specs, text (a language model), or a random input
+    of the right shape."""
     items = inputs.items
+    if inputs.has_text:
+        if items or inputs.specs:
+            raise UsageError(
+                "give text or images/--input tensors, not both.", "use one kind of input per run."
+            )
+        from hookcli.inputs.text import from_text
+
+        return from_text(loaded, inputs)
     if items and all(isinstance(x, torch.Tensor) for x in items):
         if inputs.specs:
             raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")

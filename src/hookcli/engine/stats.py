@@ -304,6 +304,10 @@ class StatsCollector:
         # folder runs: histogram edges shared by every batch, keyed by (context, path)
         self._edges = hist_edges
         self.context: Any = None  # set by the hook session: whose tensors come next
+        # a padded text batch's real tokens, (batch, tokens): a tensor whose leading
+        # dimensions are these is measured over its real positions only (set_token_mask)
+        self.token_mask: torch.Tensor | None = None
+        self._real_tokens = 0
         self._hist_range: dict[int, tuple[Any, Any]] = {}
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
@@ -318,12 +322,22 @@ class StatsCollector:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def set_token_mask(self, mask: torch.Tensor | None) -> None:
+        """Leave a padded batch's padding out of every tensor that has its (batch, tokens)
+        leading dimensions (None: measure whole tensors)."""
+        self.token_mask = mask
+        self._real_tokens = 0 if mask is None else int(mask.sum())
+
     def add(self, t: torch.Tensor, path: str) -> TensorStats:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in."""
         key = id(t)
         hit = self._seen.get(key)
         version = t._version
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
+        mask = self.token_mask
+        padded = mask is not None and t.dim() >= 2 and t.shape[:2] == mask.shape
+        if padded:
+            stats.numel = self._real_tokens * math.prod(t.shape[2:])
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
@@ -333,7 +347,13 @@ class StatsCollector:
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
             return stats
+        seen = t
+        if padded:
+            assert mask is not None
+            t = unpadded(t, mask)
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
+        if padded:
+            note = f"{note}; padding left out" if note else "over real tokens (padding left out)"
         idx = len(self._rows)
         self._rows.append(row)
         self._notes.append(note)
@@ -352,7 +372,7 @@ class StatsCollector:
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
         try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
-            self._seen[key] = (weakref.ref(t), version, idx)
+            self._seen[key] = (weakref.ref(seen), version, idx)
         except TypeError:  # no weakref support: measured again next time
             pass
         return stats
@@ -514,6 +534,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def unpadded(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """t's real positions (mask True) along its first two dimensions, as (real, ...)."""
+    return t.detach()[mask.to(t.device)]
 
 
 def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:

@@ -1,6 +1,9 @@
 """What backward starts from: a target on the model's scores, or a loss against a tensor.
 
 --target top1 | <class index> | "<class label>" | sum
+         | next-token    a language model's next-token cross-entropy over its own text (each
+                         real token predicted from the ones before it; padding left out):
+                         what transformers' `model(input_ids, labels=input_ids).loss` gives
          | box:K         detection: the K-th detection's score plus its box's IoU with itself,
                          per image (pytorch-grad-cam's FasterRCNNBoxScoreTarget on that box)
          | mask:CLASS    segmentation: CLASS's scores summed over the pixels predicted as CLASS
@@ -28,6 +31,8 @@ from hookcli.sources.tasks import read_scores
 from hookcli.tree import iter_tensors
 
 LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
+NEXT_TOKEN = ("next-token", "next_token")
+IGNORE = -100  # a label no loss counts (padding), as transformers' losses use it
 
 
 @dataclass(slots=True)
@@ -40,15 +45,24 @@ class TargetSpec:
     loss: str | None = None
     spec: str | None = None
     item: str = "image"  # what one row of the batch is (a text model's: "sequence")
+    # next-token: the ids each position predicts (the input's, -100 at padding), set by
+    # prepare() from the input
+    labels: torch.Tensor | None = None
 
     def describe(self) -> str:
-        if self.kind == "top1":
-            return f"top-1 score (logit) of each {self.item}, summed"
+        if self.kind == "lm":
+            n = "" if self.labels is None else f" ({int((self.labels[:, 1:] != -100).sum())} "
+            n += "tokens predicted)" if n else ""
+            return f"next-token cross-entropy of the text, mean over its tokens{n}"
+        fixed = {
+            "top1": f"top-1 score (logit) of each {self.item}, summed",
+            "sum": "sum of every floating-point output element",
+        }
+        if self.kind in fixed:
+            return fixed[self.kind]
         if self.kind == "index":
             named = f" ({self.label!r})" if self.label else ""
             return f"score (logit) of class {self.index}{named}, summed over {self.item}s"
-        if self.kind == "sum":
-            return "sum of every floating-point output element"
         if self.kind == "box":
             return f"score + IoU of detection {self.index} (by score) of each image, summed"
         if self.kind == "mask":
@@ -76,14 +90,14 @@ def parse_target(
             return TargetSpec("loss", index=index, loss=kind, spec=f"class {index}")
         return TargetSpec("loss", loss=kind, spec=rest)
     raw = (target or "top1").strip()
-    if raw.lower() == "top1":
-        return TargetSpec("top1")
-    if raw.lower() == "sum":
-        return TargetSpec("sum")
+    named = {"top1": "top1", "sum": "sum", **dict.fromkeys(NEXT_TOKEN, "lm")}
+    if raw.lower() in named:
+        return TargetSpec(named[raw.lower()])
     kind, sep, rest = raw.partition(":")
     if sep and kind.lower() in ("box", "mask"):
         return _region_target(raw, kind.lower(), rest.strip(), categories)
-    index = _class_index(raw, categories, option="--target")
+    exact = [i for i, c in enumerate(categories or ()) if c == target]  # " cat": a token
+    index = exact[0] if exact else _class_index(raw, categories, option="--target")
     label = categories[index] if categories and 0 <= index < len(categories) else None
     return TargetSpec("index", index=index, label=label)
 
@@ -162,14 +176,8 @@ def scalar(
 ) -> torch.Tensor:
     """The scalar backward starts from, computed from the model's output (graph kept);
     scores_of reads the class scores (the model's Task says how)."""
-    if spec.kind == "sum":
-        parts = [t.sum() for _, t in iter_tensors(output, "out") if t.is_floating_point()]
-        if not parts:
-            raise UsageError(
-                "the model's output has no floating-point tensor to sum.",
-                "use a --loss against a target tensor.",
-            )
-        return torch.stack(parts).sum()
+    if spec.kind in ("sum", "lm"):
+        return _sum(output) if spec.kind == "sum" else next_token_loss(output, spec.labels)
     if spec.kind == "top1":
         scores = scores_of(output)
         _check_class(0, scores, "--target top1")
@@ -184,6 +192,7 @@ def scalar(
     if spec.kind == "box":
         assert spec.index is not None
         return box_score(output, spec.index)
+
     if spec.kind == "mask":
         assert spec.index is not None
         scores = scores_of(output)
@@ -197,6 +206,45 @@ def scalar(
         mask = (scores.argmax(dim=1) == spec.index).to(scores.dtype).detach()
         return (scores[:, spec.index] * mask).sum()
     return _loss(spec, scores_of(output), seed)
+
+
+def _sum(output: Any) -> torch.Tensor:
+    parts = [t.sum() for _, t in iter_tensors(output, "out") if t.is_floating_point()]
+    if not parts:
+        raise UsageError(
+            "the model's output has no floating-point tensor to sum.",
+            "use a --loss against a target tensor.",
+        )
+    return torch.stack(parts).sum()
+
+
+def next_token_loss(output: Any, labels: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy of each real token given the ones before it (in float32 at least,
+    as transformers computes its causal-LM loss)."""
+    logits = output.get("logits") if isinstance(output, Mapping) else output
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or labels is None:
+        raise UsageError(
+            "--target next-token needs a language model's (batch, tokens, vocab) logits and "
+            "its input_ids.",
+            "give a causal LM text (--text) or token ids, or use --target top1.",
+        )
+    if tuple(labels.shape) != tuple(logits.shape[:2]):
+        raise UsageError(
+            f"--target next-token: the logits cover {logits.shape[1]} positions but the input "
+            f"has {labels.shape[1]} tokens.",
+            "use --target top1, or give the text as input_ids.",
+        )
+    shifted = labels[:, 1:].to(logits.device)
+    if not bool((shifted != IGNORE).any()):
+        raise UsageError(
+            "--target next-token: no token is predicted from another (each sequence holds one "
+            "token).",
+            "give a longer text, or use --target top1.",
+        )
+    flat = logits[:, :-1].reshape(-1, logits.shape[-1])
+    if flat.dtype in (torch.float16, torch.bfloat16):
+        flat = flat.float()
+    return F.cross_entropy(flat, shifted.reshape(-1), ignore_index=IGNORE)
 
 
 IOU_THRESHOLD = 0.5  # as pytorch-grad-cam's FasterRCNNBoxScoreTarget

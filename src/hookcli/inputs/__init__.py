@@ -12,6 +12,7 @@ either into the forward's arguments.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from hookcli.inputs.images import (
     try_read,
 )
 from hookcli.inputs.specs import DTYPES, Spec, parse, parse_spec
+from hookcli.records import TextInfo
 from hookcli.sources import LoadedModel
 from hookcli.tree import map_tensors
 
@@ -73,18 +75,16 @@ class ModelInput:
     classes: list[str | None] = field(default_factory=list)  # per image: its class folder
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable: (path, why)
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments (input_ids=…)
+    texts: list[TextInfo] | None = None  # a text input: each sequence's real tokens
+    # a padded text batch: True at real tokens, (batch, tokens); statistics of any tensor
+    # whose leading dimensions are these leave the padding out. None: no padding
+    token_mask: torch.Tensor | None = None
 
     def replace_args(
         self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
     ) -> ModelInput:
-        return ModelInput(
-            args,
-            self.description,
-            self.sources,
-            self.preprocessing,
-            self.classes,
-            self.skipped,
-            dict(self.kwargs if kwargs is None else kwargs),
+        return dataclasses.replace(
+            self, args=args, kwargs=dict(self.kwargs if kwargs is None else kwargs)
         )
 
     def map(self, fn: Any) -> ModelInput:
@@ -108,7 +108,10 @@ class ModelInput:
         return out
 
     def to(self, device: torch.device) -> ModelInput:
-        return self.map(lambda _path, t: t.to(device))
+        moved = self.map(lambda _path, t: t.to(device))
+        if self.token_mask is not None:
+            moved.token_mask = self.token_mask.to(device)
+        return moved
 
     def copy(self) -> ModelInput:
         """Each tensor a copy of its own (for a pass whose forward may change its input in

@@ -25,6 +25,7 @@ from hookcli.records import (
     Report,
     SavedFile,
     TensorStats,
+    TextInfo,
 )
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
 
@@ -188,7 +189,7 @@ DROP: dict[str, tuple[str, ...]] = {
     "grads": ("type", "grad_out mean", "grad_out std", "std", "mean", "output"),
     "params": ("grad mean", "grad max|abs|", "shape", "norm"),
     "profile": ("output MB", "backward ms", "FLOPs", "% of pass"),
-    "predictions": ("folder", "index"),
+    "predictions": ("folder", "index", "id"),
     "diff": ("norm Δ", "cosine", "max|Δ|", "output", "type", "SQNR A", "SQNR B", "own A"),
 }
 
@@ -353,11 +354,40 @@ def header_lines(report: Report) -> list[str]:
     ]
     if report.input.preprocessing:
         lines.append(f"preprocessing: {report.input.preprocessing}")
+    lines += token_lines(report.input.texts or [])
     if report.config:
         lines.append(f"config: {report.config}")
     if report.backward is not None:
-        lines.append(f"backward from: {report.backward.source} = {num(report.backward.value)}")
+        b = report.backward
+        ppl = f", perplexity {num(b.perplexity)}" if b.perplexity is not None else ""
+        lines.append(f"backward from: {b.source} = {num(b.value)}{ppl}")
     return lines
+
+
+TOKENS_SHOWN = 32  # tokens of one sequence the header lists (the JSON has them all)
+
+
+def token_lines(texts: Sequence[TextInfo]) -> list[str]:
+    """Each sequence's tokens as the model sees them: `id:'token'`, in order."""
+    lines = []
+    for i, t in enumerate(texts):
+        shown = " ".join(f"{id_}:{tok!r}" for id_, tok in zip(t.ids, t.tokens, strict=False))
+        if len(t.ids) > TOKENS_SHOWN:
+            head = t.ids[: TOKENS_SHOWN - 4], t.tokens[: TOKENS_SHOWN - 4]
+            tail = t.ids[-4:], t.tokens[-4:]
+            shown = " ".join(
+                [
+                    *(f"{a}:{b!r}" for a, b in zip(*head, strict=True)),
+                    f"… ({len(t.ids) - TOKENS_SHOWN} more) …",
+                    *(f"{a}:{b!r}" for a, b in zip(*tail, strict=True)),
+                ]
+            )
+        lines.append(f"tokens of sequence {i} ({len(t.ids)}): {shown}")
+    return lines
+
+
+def is_text_task(task: str) -> bool:
+    return task in ("causal-lm", "seq2seq-lm")
 
 
 def output_label(t: TensorStats) -> str:
@@ -429,10 +459,12 @@ def footer_lines(report: Report) -> list[str]:
 # ---------------------------------------------------------------- predictions
 
 
-def predictions_table(preds: list[Prediction]) -> Table:
+def predictions_table(preds: list[Prediction], tokens: bool = False) -> Table:
     """Top-k per image; several images: which image (its path in the folder) and, in an
     ImageFolder tree, its class folder. A non-finite score is flagged. Every column is
-    built; the image column is hidden for one image, the folder column outside a tree."""
+    built; the image column is hidden for one image, the folder column outside a tree.
+    `tokens`: a language model's next tokens, per sequence, each token quoted (its spaces
+    show)."""
     images = {p.image for p in preds}
     folders = any(p.folder_class for p in preds)
     hidden = (() if len(images) > 1 else ("image",)) + (() if folders else ("folder",))
@@ -442,7 +474,7 @@ def predictions_table(preds: list[Prediction]) -> Table:
                 p.source or str(p.image),
                 p.folder_class or DASH,
                 str(p.rank),
-                p.label or DASH,
+                (repr(p.label) if tokens else p.label) if p.label is not None else DASH,
                 str(p.index),
                 prob(p.prob),
             ],
@@ -451,6 +483,9 @@ def predictions_table(preds: list[Prediction]) -> Table:
         for p in preds
     ]
     headers = ["image", "folder", "#", "class", "index", "prob"]
+    if tokens:
+        headers = ["sequence", "folder", "#", "token", "id", "prob"]
+        hidden = tuple("sequence" if h == "image" else h for h in hidden)
     return Table("predictions", headers, rows, DROP["predictions"], hidden)
 
 
@@ -459,8 +494,8 @@ def predictions_section(report: Report) -> Section:
     if report.predictions == []:
         s.parts.append(Line("predictions: none (nothing detected)"))
     if report.predictions:
-        s.parts.append(predictions_table(report.predictions))
-    if report.predictions is not None and report.prediction_note:
+        s.parts.append(predictions_table(report.predictions, is_text_task(report.model.task)))
+    if report.prediction_note:  # (without predictions: why --topk found none to show)
         s.parts.append(Line(report.prediction_note, "dim"))
     return s
 

@@ -63,9 +63,16 @@ def load_model(
     weights: str = "none",
     seed: int = 0,
     model_args: Mapping[str, Any] | None = None,
+    head: str | None = None,
 ) -> LoadedModel:
     """Build the model named by spec with the given weights, in eval mode, on the CPU.
-    A model already loaded (LoadedModel) is returned as it is."""
+    A model already loaded (LoadedModel) is returned as it is. `head` (hf: models only):
+    which head to build; None: the one the checkpoint was saved with."""
+    if head is not None and not (isinstance(spec, str) and spec.strip().startswith("hf:")):
+        raise UsageError(
+            f"--head {head} applies to hf: models only.",
+            "drop --head, or load the model as hf:PATH, hf:ORG/NAME or hf:TYPE.",
+        )
     if isinstance(spec, LoadedModel):
         return spec
     if isinstance(spec, nn.Module):  # the Python API may pass a module directly
@@ -76,8 +83,11 @@ def load_model(
             "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
         )
     source = resolve(spec)
+    extra = {"head": head} if head is not None else {}  # a plug-in's load() need not take it
     try:
         with no_progress_bars():
-            return source.load(spec, weights=weights, seed=seed, model_args=dict(model_args or {}))
+            return source.load(
+                spec, weights=weights, seed=seed, model_args=dict(model_args or {}), **extra
+            )
     finally:
         gcpause.resume()  # the CLI: start-up is over (runtime/gcpause.py)

@@ -264,6 +264,32 @@ def load_custom(
     return loaded
 
 
+def _language_model(model: nn.Module) -> LoadedModel | None:
+    """A transformers causal or seq2seq LM built by the user's code keeps its task (next tokens
+    out, the next-token loss); its tokenizer is looked for where it was loaded from."""
+    if not type(model).__module__.startswith("transformers."):
+        return None
+    from hookcli.sources.hf import class_head
+    from hookcli.sources.lm import lm_task, max_tokens
+
+    head = class_head(model)
+    if head not in ("causal-lm", "seq2seq-lm"):
+        return None
+    config = getattr(model, "config", None)
+    where = str(getattr(config, "_name_or_path", "") or "")
+    return LoadedModel(
+        module=model,
+        name=type(model).__name__,
+        spec=type(model).__name__,
+        kind=lm_task(model, head),
+        weights_label="as given",
+        pretrained=True,
+        input_size=(224, 224),  # unused: a text model's default input is token ids
+        tokenizer_from=where if where and Path(where).is_dir() else None,
+        max_tokens=max_tokens(config),
+    )
+
+
 def _torchvision_task(model: nn.Module) -> Task:
     """A torchvision detection or segmentation model passed in keeps its task (its outputs
     are boxes or per-pixel scores); any other module is a custom one."""
@@ -282,6 +308,9 @@ def wrap_module(model: nn.Module, weights: str) -> LoadedModel:
             "inspect the original nn.Module instead of the scripted/traced one.",
         )
     # No eval() here: the run sets eval for the pass and restores every module's mode after.
+    lm = _language_model(model)
+    if lm is not None:
+        return lm
     return LoadedModel(
         module=model,
         name=type(model).__name__,

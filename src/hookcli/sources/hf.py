@@ -1,14 +1,22 @@
 """Hugging Face transformers models, offline and never with `trust_remote_code`:
 
-    hf:TYPE        a randomly initialised model from AutoConfig.for_model(TYPE) — image
-                   classification for vision types, sequence classification for text types;
-                   --model-arg key=value sets config fields (hidden_size=64, num_labels=10)
-    hf:PATH        a model directory saved with save_pretrained (its weights)
-    hf:ORG/NAME    a model in the local hub cache (its weights; never downloaded)
+    hf:TYPE        a randomly initialised model from AutoConfig.for_model(TYPE), with the
+                   type's own head: a causal LM for decoder types (llama, gpt2), a seq2seq LM
+                   for encoder-decoder ones (t5, bart), image classification for vision types,
+                   sequence classification for other text types; --model-arg key=value sets
+                   config fields (hidden_size=64, num_labels=10)
+    hf:PATH        a model directory saved with save_pretrained (its weights), built as the class
+                   its config.json names (`architectures`)
+    hf:ORG/NAME    a model in the local hub cache (its weights; never downloaded), likewise
+
+--head causal-lm|seq2seq-lm|seq-cls|image-cls|base builds another head; weights that do not
+fit the head built (missing, unexpected or mis-shaped keys) are an error, never a head
+initialised at random in silence (`base` may drop the checkpoint's head, and says so).
 
 The output is a ModelOutput: `logits` drive predictions and backward targets. Images go through
 the model's image processor into `pixel_values`; token ids (`--input randint:0:1000:1x16`)
-become `input_ids` with an all-ones `attention_mask`.
+become `input_ids` with an all-ones `attention_mask`; text (`--text`) goes through the
+checkpoint's tokenizer (sources/lm.py).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import contextlib
 import difflib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +48,37 @@ def _transformers() -> Any:
     with contextlib.suppress(AttributeError):  # "Loading checkpoint shards" never drawn raw
         tf.utils.logging.disable_progress_bar()
     return tf
+
+
+@contextlib.contextmanager
+def quiet_transformers(tf: Any) -> Iterator[None]:
+    """transformers' own log (its multi-line LOAD REPORT with raw escape codes) held back
+    while a model or tokenizer loads: what matters is said in hookcli's words."""
+    log = tf.utils.logging
+    level = log.get_verbosity()
+    log.set_verbosity_error()
+    try:
+        with quiet_warnings():
+            yield
+    finally:
+        log.set_verbosity(level)
+
+
+# --head: the Auto class each head is built with
+HEADS: dict[str, str] = {
+    "causal-lm": "AutoModelForCausalLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "seq-cls": "AutoModelForSequenceClassification",
+    "image-cls": "AutoModelForImageClassification",
+    "base": "AutoModel",
+}
+# the mappings that tell which head a model class is (first match wins)
+_HEAD_MAPPINGS = (
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
 
 
 def logits_of(output: Any) -> Any:
@@ -120,7 +159,13 @@ class HFSource(Source):
     prefix = "hf"
 
     def load(
-        self, spec: str, *, weights: str, seed: int, model_args: dict[str, Any]
+        self,
+        spec: str,
+        *,
+        weights: str,
+        seed: int,
+        model_args: dict[str, Any],
+        head: str | None = None,
     ) -> LoadedModel:
         rest = spec.removeprefix("hf:").strip()
         if not rest:
@@ -128,7 +173,7 @@ class HFSource(Source):
                 "hf: needs a model type, a saved model folder or ORG/NAME.",
                 "for example hf:vit, hf:./my-model or hf:google/vit-base-patch16-224",
             )
-        return load_hf(spec, rest, weights, seed, model_args)
+        return load_hf(spec, rest, weights, seed, model_args, head=check_head(head))
 
 
 def size_fields(size: Any) -> dict[str, Any]:
@@ -197,13 +242,47 @@ def model_types(kind: str) -> list[str]:
     return sorted(_mapping(which))
 
 
-def _head(tf: Any, model_type: str) -> tuple[Any, str]:
-    """The Auto class for a model type's head, and what it is."""
+def type_head(model_type: str) -> str:
+    """The head a bare hf:TYPE gets: image classification for vision types, a seq2seq LM for
+    encoder-decoder text types, a causal LM for decoder types (an encoder such as bert, which
+    also has a masked-LM head, is not one), sequence classification for other text types,
+    else the bare model."""
     if model_type in _mapping("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"):
-        return tf.AutoModelForImageClassification, "image"
+        return "image-cls"
+    if model_type in _mapping("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"):
+        return "seq2seq-lm"
+    if model_type in _mapping("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES") and model_type not in _mapping(
+        "MODEL_FOR_MASKED_LM_MAPPING_NAMES"
+    ):
+        return "causal-lm"
     if model_type in _mapping("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"):
-        return tf.AutoModelForSequenceClassification, "text"
-    return tf.AutoModel, "other"
+        return "seq-cls"
+    return "base"
+
+
+def class_head(model: nn.Module) -> str:
+    """Which head a built model is, by its class name in transformers' mappings."""
+    name = type(model).__name__
+    for head, which in _HEAD_MAPPINGS:
+        for found in _mapping(which).values():
+            if name == found or (isinstance(found, tuple | list) and name in found):
+                return head
+    return "base"
+
+
+def check_head(head: str | None) -> str | None:
+    if head is None or head in HEADS:
+        return head
+    close = difflib.get_close_matches(head, list(HEADS), n=1, cutoff=0.5)
+    near = f" Did you mean {close[0]}?" if close else ""
+    raise UsageError(
+        f"--head {head!r} is not a head hookcli builds.{near}",
+        f"use one of {', '.join(HEADS)}.",
+    )
+
+
+def _auto(tf: Any, head: str) -> Any:
+    return getattr(tf, HEADS[head])
 
 
 def _config_for_type(tf: Any, model_type: str, overrides: dict[str, Any]) -> Any:
@@ -273,20 +352,31 @@ def _processor_args(model_type: str, config: Any) -> dict[str, Any]:
 
 
 def load_hf(
-    spec: str, rest: str, weights: str, seed: int, overrides: dict[str, Any]
+    spec: str,
+    rest: str,
+    weights: str,
+    seed: int,
+    overrides: dict[str, Any],
+    *,
+    head: str | None = None,
 ) -> LoadedModel:
     tf = _transformers()
     local = user_path(rest, "hf: model folder")
     torch.manual_seed(seed)
     processor = None
+    notes: list[str] = []
+    tokenizer_from: str | None = None
     if local.is_dir() or rest.startswith((".", "/", "~")) or os.sep + os.sep in rest:
-        model, processor, label = _from_saved(tf, rest, local, overrides)
+        model, processor, label = _from_saved(tf, rest, local, overrides, head=head, notes=notes)
+        tokenizer_from = str(local)
     elif "/" in rest:
-        model, processor, label = _from_cache(tf, rest, overrides)
+        model, processor, label = _from_cache(tf, rest, overrides, head=head, notes=notes)
+        tokenizer_from = rest
     else:
         config = _config_for_type(tf, rest, overrides)
         check_config(config, spec)
-        auto, _ = _head(tf, rest)
+        built = head or type_head(rest)
+        auto = _auto(tf, built)
         if (
             getattr(config, "is_encoder_decoder", False)
             and getattr(config, "decoder_start_token_id", None) is None
@@ -297,7 +387,7 @@ def load_hf(
             # a type with several head classes (deit, levit, perceiver) iterates over this in
             # from_config; empty picks the mapping's first class, as transformers documents
             config.architectures = []
-        model = _build(lambda: auto.from_config(config), spec, overrides)
+        model = _build(lambda: auto.from_config(config), spec, overrides, built)
         processor = _processor_for_type(tf, rest, config)
         label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
     raw = weights.strip()
@@ -313,10 +403,14 @@ def load_hf(
         label, pretrained = str(path), True
     model.eval()
     config = model.config
-    model_type = str(getattr(config, "model_type", ""))
-    _, kind_name = _head(tf, model_type)
+    built_head = class_head(model)
     kind: Task
-    if kind_name == "text" or getattr(model, "main_input_name", "") == "input_ids":
+    if built_head in ("causal-lm", "seq2seq-lm"):
+        from hookcli.sources.lm import lm_task
+
+        processor = None
+        kind = lm_task(model, built_head)
+    elif built_head == "seq-cls" or getattr(model, "main_input_name", "") == "input_ids":
         # (imagegpt classifies images given as colour-cluster ids: token ids, not pixels)
         processor = None
         eos = getattr(config, "eos_token_id", None)
@@ -325,10 +419,12 @@ def load_hf(
             int(getattr(config, "vocab_size", 0) or 1000), eos if isinstance(eos, int) else None
         )
     else:
-        kind = HFVision() if kind_name == "image" else HFOther()
+        kind = HFVision() if built_head == "image-cls" else HFOther()
     preprocess = ImageProcessor(processor) if processor is not None else None
     size = getattr(config, "image_size", None)
     input_size = (size, size) if isinstance(size, int) else (224, 224)
+    from hookcli.sources.lm import max_tokens
+
     return LoadedModel(
         module=model,
         name=spec.removeprefix("hf:"),
@@ -340,16 +436,27 @@ def load_hf(
         preprocess=preprocess,
         preprocess_label=preprocess.describe() if preprocess is not None else "",
         input_size=input_size,
+        notes=notes,
+        tokenizer_from=tokenizer_from,
+        max_tokens=max_tokens(config),
     )
 
 
-def _build(make: Any, spec: str, overrides: dict[str, Any]) -> nn.Module:
+def _build(make: Any, spec: str, overrides: dict[str, Any], head: str = "") -> Any:
+    """make() (a model, a config, a model and its loading info), its failures in one line."""
+    tf = _transformers()
     try:
-        with quiet_warnings():
-            return make()  # type: ignore[no-any-return]
+        with quiet_transformers(tf):
+            return make()
     except (TypeError, ValueError) as exc:
+        text = one_line(exc)
+        if "Unrecognized configuration class" in text and head:
+            raise UsageError(
+                f"{spec} has no {head} head in transformers {tf.__version__}.",
+                f"choose another with --head ({', '.join(HEADS)}).",
+            ) from exc
         raise UsageError(
-            f"cannot build {spec}({kwargs_text(overrides)}): {one_line(exc)}",
+            f"cannot build {spec}({kwargs_text(overrides)}): {text}",
             "check --model-arg values against the model's config fields.",
         ) from exc
     except Exception as exc:
@@ -359,14 +466,86 @@ def _build(make: Any, spec: str, overrides: dict[str, Any]) -> nn.Module:
         ) from exc
 
 
-def _auto_for(tf: Any, config: Any) -> Any:
-    auto, _ = _head(tf, str(getattr(config, "model_type", "")))
-    return auto
+def _saved_class(tf: Any, config: Any, head: str | None, notes: list[str]) -> tuple[Any, str]:
+    """The class a checkpoint is built as, and the head it is: --head's Auto class; else the
+    class config.json's `architectures` names (one transformers ships, never remote code);
+    else the type's own head, said in a note."""
+    if head is not None:
+        return _auto(tf, head), head
+    archs = getattr(config, "architectures", None) or []
+    model_type = str(getattr(config, "model_type", ""))
+    for name in archs[:1]:
+        cls = getattr(tf, str(name), None) if str(name).isidentifier() else None
+        if isinstance(cls, type) and issubclass(cls, tf.PreTrainedModel):
+            return cls, ""
+        notes.append(
+            f"config.json names the architecture {name!r}, which transformers "
+            f"{tf.__version__} does not ship; built the {model_type} type's own head"
+        )
+        break
+    else:
+        notes.append(
+            f"config.json names no architecture; built the {model_type} type's own head "
+            f"({type_head(model_type)}; --head chooses another)"
+        )
+    built = type_head(model_type)
+    return _auto(tf, built), built
+
+
+def _load_fitting(
+    load: Any, spec: str, overrides: dict[str, Any], *, head: str, saved: Any, notes: list[str]
+) -> nn.Module:
+    """from_pretrained with its loading info: weights the class does not take, or parameters
+    the checkpoint does not hold (which would start random), are an error naming them. The
+    bare model (--head base) may leave the checkpoint's head out, and says so."""
+    model: nn.Module
+    model, info = _build(load, spec, overrides, head)
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(
+        str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
+    )
+    if head == "base" and unexpected and not missing and not mismatched:
+        notes.append(f"--head base: the checkpoint's {_keys(unexpected)} left out")
+        return model
+    if not (missing or unexpected or mismatched):
+        return model
+    parts = [
+        f"{what} {_keys(keys)}"
+        for what, keys in (
+            ("missing (would start random)", missing),
+            ("not taken", unexpected),
+            ("of another shape", mismatched),
+        )
+        if keys
+    ]
+    archs = getattr(saved, "architectures", None) or []
+    hint = (
+        f"build the head it was saved with (drop --head; config.json: {archs[0]}), or --head "
+        "base for the model without a head"
+        if archs
+        else "choose the head it was saved with (--head causal-lm, seq-cls, …), or --head base"
+    )
+    raise UsageError(
+        f"{spec}'s weights do not fit {type(model).__name__}: {'; '.join(parts)}.", hint + "."
+    )
+
+
+def _keys(keys: Sequence[str]) -> str:
+    shown = ", ".join(keys[:4])
+    return shown + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "")
 
 
 def _from_saved(
-    tf: Any, rest: str, path: Path, overrides: dict[str, Any]
+    tf: Any,
+    rest: str,
+    path: Path,
+    overrides: dict[str, Any],
+    *,
+    head: str | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[nn.Module, Any, str]:
+    notes = notes if notes is not None else []
     if not (path / "config.json").is_file():
         raise UsageError(
             f"hf:{rest} is not a saved model folder (no config.json in {path}).",
@@ -379,13 +558,20 @@ def _from_saved(
         overrides,
     )
     check_config(config, f"hf:{rest}")
-    auto = _auto_for(tf, config)
-    model = _build(
-        lambda: auto.from_pretrained(
-            path, config=config, trust_remote_code=False, use_safetensors=True
+    cls, built = _saved_class(tf, config, head, notes)
+    model = _load_fitting(
+        lambda: cls.from_pretrained(
+            path,
+            config=config,
+            trust_remote_code=False,
+            use_safetensors=True,
+            output_loading_info=True,
         ),
         f"hf:{rest}",
         overrides,
+        head=built,
+        saved=config,
+        notes=notes,
     )
     return model, _saved_processor(tf, path, config), f"saved model {path}"
 
@@ -516,12 +702,20 @@ def _saved_processor(tf: Any, where: Any, config: Any, **kw: Any) -> Any | None:
         return _processor_for_type(tf, str(getattr(config, "model_type", "")), config)
 
 
-def _from_cache(tf: Any, repo: str, overrides: dict[str, Any]) -> tuple[nn.Module, Any, str]:
+def _from_cache(
+    tf: Any,
+    repo: str,
+    overrides: dict[str, Any],
+    *,
+    head: str | None = None,
+    notes: list[str] | None = None,
+) -> tuple[nn.Module, Any, str]:
     from hookcli.sources.base import hf_cache_dir
 
+    notes = notes if notes is not None else []
     cache = str(hf_cache_dir())
     try:
-        with quiet_warnings():
+        with quiet_transformers(tf):
             config = tf.AutoConfig.from_pretrained(
                 repo, local_files_only=True, cache_dir=cache, trust_remote_code=False, **overrides
             )
@@ -540,18 +734,22 @@ def _from_cache(tf: Any, repo: str, overrides: dict[str, Any]) -> tuple[nn.Modul
     if isinstance(found, str):  # the snapshot folder: the same checks as a saved folder's
         check_folder(tf, f"hf:{repo}", Path(found).parent)
     check_config(config, f"hf:{repo}")
-    auto = _auto_for(tf, config)
-    model = _build(
-        lambda: auto.from_pretrained(
+    cls, built = _saved_class(tf, config, head, notes)
+    model = _load_fitting(
+        lambda: cls.from_pretrained(
             repo,
             config=config,
             local_files_only=True,
             cache_dir=cache,
             trust_remote_code=False,
             use_safetensors=True,
+            output_loading_info=True,
         ),
         f"hf:{repo}",
         overrides,
+        head=built,
+        saved=config,
+        notes=notes,
     )
     processor = _saved_processor(tf, repo, config, local_files_only=True, cache_dir=cache)
     return model, processor, f"hf:{repo} from the local cache"

@@ -76,6 +76,12 @@ class Task:
                 "`hookcli inspect MODEL -l '(model)'` lists the output's paths.",
             ) from exc
 
+    def for_input(self, model_input: Any) -> Task:
+        """This task reading the outputs of this input (a language model: where each
+        sequence's next token is read, past its padding); itself when the input does not
+        matter."""
+        return self
+
     def builder_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Adds what the builder needs for this task (kwargs edited in place)."""
 
@@ -163,6 +169,12 @@ class Custom(Classification):
 
 class Quantized(Classification):
     name = "quantized"
+
+    def for_input(self, model_input: Any) -> Task:
+        """This task reading the outputs of this input (a language model: where each
+        sequence's next token is read, past its padding); itself when the input does not
+        matter."""
+        return self
 
     def builder_kwargs(self, kwargs: dict[str, Any]) -> None:
         # torchvision quantizes (fuse, calibrate on its own random input, convert) offline

@@ -468,6 +468,9 @@ def _report(
     ]
     if with_ref:
         outputs[0].a = [acc.result(p, tol) for p, acc in results[0].outputs.items()]
+    over = [d for d in [*outputs[0].b, *(outputs[0].a or [])] if d.over]
+    if first is None and over:  # no hooked call is past it, yet the model's output is
+        first = (0, describe_over(outputs[0], over[0], tol))
     loaded = runs[0].prepared.loaded
     sides = ["A", "B"] if with_ref else ["B"]
     agreement = {

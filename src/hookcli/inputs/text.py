@@ -1,0 +1,216 @@
+"""Text → a language model's input: `--text` (repeatable: a padded batch with its attention
+mask), `--text-file` (one sequence per line), `--chat` (each text a user turn through the
+tokenizer's chat template). The tokens of each sequence are kept for the report, and a padded
+batch carries the mask that keeps padding out of every statistic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hookcli.errors import UsageError, one_line
+from hookcli.records import TextInfo
+
+if TYPE_CHECKING:
+    from hookcli.inputs import ModelInput
+    from hookcli.options import InputOptions
+    from hookcli.sources import LoadedModel
+
+TEXT_FILE_MAX = 16 << 20  # bytes of a --text-file: far beyond any prompt list
+SHOWN = 60  # characters of a text the description shows
+
+
+def texts_of(inputs: InputOptions) -> list[str]:
+    """--text values, then --text-file's lines (blank lines skipped)."""
+    texts = list(inputs.text)
+    if inputs.text_file is not None:
+        texts += _lines(inputs.text_file)
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise UsageError(
+                f"text {i} is empty: there is nothing to tokenize.", "give non-empty --text."
+            )
+    return texts
+
+
+def _lines(name: str) -> list[str]:
+    from hookcli.io.output import note_read, user_path
+
+    path = user_path(name, "--text-file")
+    note_read(path)
+    try:
+        if not path.is_file():
+            raise UsageError(
+                f"--text-file {name} not found.", "give a text file, one sequence a line."
+            )
+        if path.stat().st_size > TEXT_FILE_MAX:
+            raise UsageError(
+                f"--text-file {name} is over {TEXT_FILE_MAX >> 20} MB.",
+                "give a shorter file, one sequence a line.",
+            )
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"--text-file {name} is not UTF-8 text ({one_line(exc)}).",
+            "give a UTF-8 text file, one sequence a line.",
+        ) from exc
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read --text-file {name}: {one_line(exc)}.", "check the file."
+        ) from exc
+    lines = [line.rstrip("\r") for line in raw.split("\n") if line.strip()]
+    if not lines:
+        raise UsageError(f"--text-file {name} holds no text.", "give one sequence a line.")
+    return lines
+
+
+def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
+    """The texts through the model's tokenizer (loaded.tokenizer) into input_ids and
+    attention_mask (and what the model's task adds: a seq2seq LM's decoder start)."""
+    from hookcli.inputs import ModelInput
+
+    tokenizer = loaded.tokenizer
+    assert tokenizer is not None
+    texts = texts_of(inputs)
+    shown = texts
+    if inputs.chat:
+        shown = texts
+        texts = [_chat(tokenizer, t) for t in texts]
+    notes: list[str] = []
+    if len(texts) > 1 and getattr(tokenizer, "pad_token_id", None) is None:
+        eos = getattr(tokenizer, "eos_token", None)
+        if eos is None:
+            raise UsageError(
+                f"{len(texts)} texts need padding to form one batch, and the tokenizer has "
+                "neither a pad token nor an end-of-sequence token.",
+                "give one --text at a time.",
+            )
+        tokenizer.pad_token = eos  # as generate() and most fine-tuning scripts do
+        notes.append(f"padded with {eos!r} (the tokenizer has no pad token)")
+    try:
+        enc = tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=len(texts) > 1,
+            add_special_tokens=not inputs.chat,  # a chat template writes its own
+        )
+    except Exception as exc:
+        raise UsageError(
+            f"the tokenizer could not encode the text: {one_line(exc)}.", "check the text."
+        ) from exc
+    ids = enc["input_ids"].long()
+    mask = enc.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask.long()
+    _check_ids(loaded, ids, mask)
+    infos = [
+        TextInfo(text, real, [_decode(tokenizer, i) for i in real])
+        for text, row, keep in zip(shown, ids.tolist(), mask.tolist(), strict=True)
+        for real in [[i for i, m in zip(row, keep, strict=True) if m]]
+    ]
+    _, kwargs, note = loaded.kind.spec_inputs([], {"input_ids": ids, "attention_mask": mask})
+    padded = bool((mask == 0).any())
+    side = getattr(tokenizer, "padding_side", "right")
+    lengths = sorted({len(t.ids) for t in infos})
+    size = "x".join(map(str, ids.shape))
+    description = (
+        f"{len(texts)} text{'s' if len(texts) != 1 else ''} ({size} tokens"
+        + (f", padded on the {side}: {', '.join(map(str, lengths))} real" if padded else "")
+        + "): "
+        + "; ".join(repr(_short(t)) for t in shown[:3])
+        + (f", … (+{len(shown) - 3})" if len(shown) > 3 else "")
+        + note.replace(", decoder_input_ids", "; decoder_input_ids")
+    )
+    preprocessing = f"tokenizer {loaded.tokenizer_label}" + (
+        ", each text a user turn of its chat template" if inputs.chat else ""
+    )
+    if notes:
+        preprocessing += "; " + "; ".join(notes)
+    return ModelInput(
+        (),
+        description,
+        preprocessing=preprocessing,
+        kwargs=kwargs,
+        texts=infos,
+        token_mask=mask.bool() if padded else None,
+    )
+
+
+def _short(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…"
+
+
+def _decode(tokenizer: Any, i: int) -> str:
+    from hookcli.sources.lm import decode_one
+
+    return decode_one(tokenizer, i)
+
+
+def _chat(tokenizer: Any, text: str) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(
+            "--chat: the tokenizer has no chat template (chat_template in "
+            "tokenizer_config.json or chat_template.jinja).",
+            "drop --chat and give the text as the model should see it.",
+        )
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:
+        raise UsageError(
+            f"--chat: the tokenizer's chat template failed: {one_line(exc)}.",
+            "drop --chat and give the text as the model should see it.",
+        ) from exc
+    return str(rendered)
+
+
+def _check_ids(loaded: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    """Sequences the model cannot take, refused before the pass: longer than its positions,
+    or ids past its vocabulary (a tokenizer of another model)."""
+    if ids.shape[-1] == 0:
+        raise UsageError("the text gave no tokens.", "give longer --text.")
+    limit = loaded.max_tokens
+    if limit is not None and ids.shape[-1] > limit:
+        longest = int(mask.sum(-1).max())
+        raise UsageError(
+            f"a sequence of {longest} tokens is longer than {loaded.spec} takes ({limit}, its "
+            "config's maximum positions).",
+            f"shorten the text to at most {limit} tokens.",
+        )
+    vocab = getattr(loaded.kind, "vocab_size", None)
+    top = int(ids.max())
+    if isinstance(vocab, int) and top >= vocab:
+        raise UsageError(
+            f"the tokenizer gave token id {top}, past {loaded.spec}'s vocabulary of {vocab}: "
+            "it is not this model's tokenizer.",
+            "give the model's own tokenizer with --tokenizer PATH|ORG/NAME.",
+        )
+
+
+def needs_text_model(loaded: LoadedModel, what: str) -> None:
+    """Text given to a model that does not take token ids: refused in one line."""
+    if loaded.kind.takes_images or getattr(loaded.kind, "vocab_size", None) is None:
+        raise UsageError(
+            f"{loaded.spec} takes {'images' if loaded.kind.takes_images else 'tensors'}, not "
+            f"text ({what}).",
+            "give text to a language model (hf:PATH of a causal LM, hf:gpt2, …); give this "
+            "model images or --input tensors.",
+        )
+
+
+def ensure_tokenizer(loaded: LoadedModel, asked: str | None) -> None:
+    """loaded.tokenizer (and its label) from --tokenizer or beside the checkpoint."""
+    from hookcli.sources.lm import load_tokenizer
+
+    if loaded.tokenizer is not None and asked is None:
+        return
+    tokenizer, label = load_tokenizer(asked, loaded.tokenizer_from, loaded.spec)
+    loaded.tokenizer = tokenizer
+    loaded.tokenizer_label = label
+
+
+__all__: Sequence[str] = ("ensure_tokenizer", "from_text", "needs_text_model", "texts_of")

@@ -1,0 +1,294 @@
+"""Language models: the tasks of causal and seq2seq LMs (next tokens out, the next-token loss
+as grads' default), their tokenizer (the checkpoint's, offline, never remote code) and the
+tokens as labels.
+
+A causal LM's predictions are the top-k next tokens after the last real token of each
+sequence (padding is never a position predicted from); a seq2seq LM's, the decoder's next
+tokens after the start token (or after the decoder ids given).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+import torch
+from torch import nn
+
+from hookcli.errors import UsageError, one_line
+from hookcli.records import Prediction
+from hookcli.sources.hf import HFText, logits_of
+from hookcli.sources.tasks import Forward, Row, Task
+
+if TYPE_CHECKING:
+    from hookcli.inputs import ModelInput
+
+# config fields that bound a sequence's length (the first one set is the bound)
+_LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+def max_tokens(config: Any) -> int | None:
+    """The most tokens the model takes, by its config (None: not bounded there)."""
+    for name in _LENGTH_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def last_real(mask: torch.Tensor | None, ids: torch.Tensor) -> list[int]:
+    """Per sequence, the index of its last real (unpadded) token, whichever side is padded."""
+    if mask is None:
+        return [ids.shape[-1] - 1] * ids.shape[0]
+    where = torch.arange(mask.shape[-1], device=mask.device) * (mask != 0)
+    return [int(i) for i in where.max(dim=-1).values.tolist()]
+
+
+class CausalLM(HFText):
+    """A causal LM: input_ids (+ attention_mask) in, (B, T, vocab) logits out."""
+
+    name = "causal-lm"
+    item = "sequence"
+    takes_images = False
+    default_target = "next-token"
+    ids_key = "input_ids"  # the ids whose next token is predicted
+
+    def __init__(self, vocab_size: int, bos: int | None = None) -> None:
+        super().__init__(vocab_size)
+        self.bos = bos
+        self.positions: list[int] | None = None  # per sequence: where the next token is read
+
+    def for_input(self, model_input: ModelInput) -> Task:
+        ids = model_input.kwargs.get(self.ids_key)
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return self
+        twin = copy.copy(self)
+        mask = model_input.kwargs.get("attention_mask") if self.ids_key == "input_ids" else None
+        twin.positions = last_real(mask if isinstance(mask, torch.Tensor) else None, ids)
+        return twin
+
+    def _next(self, output: Any) -> torch.Tensor | None:
+        """(B, vocab) logits of each sequence's next token."""
+        logits = logits_of(output)
+        if not (
+            isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.is_floating_point()
+        ):
+            return None
+        positions = self.positions or [logits.shape[1] - 1] * logits.shape[0]
+        if len(positions) != logits.shape[0] or max(positions) >= logits.shape[1]:
+            positions = [logits.shape[1] - 1] * logits.shape[0]
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        at = torch.tensor(positions, device=logits.device)
+        return logits[rows, at]
+
+    def predict(self, output: Any, topk: int, row: Row) -> tuple[list[Prediction], str] | None:
+        scores = self._next(output)
+        if scores is None:
+            return None
+        probs = torch.softmax(scores.detach().double(), dim=-1).cpu()
+        shown = min(topk, probs.shape[-1])
+        values, idxs = probs.topk(shown, dim=-1)
+        preds = [
+            row(rank, i, v, seq)
+            for seq in range(probs.shape[0])
+            for rank, (v, i) in enumerate(
+                zip(values[seq].tolist(), idxs[seq].tolist(), strict=True), 1
+            )
+        ]
+        return preds, f"top-{shown} next tokens {self._where()}, by softmax probability"
+
+    def _where(self) -> str:
+        positions = self.positions
+        if positions and len(set(positions)) == 1:
+            return f"after the last real token (position {positions[0]})"
+        if positions:
+            return (
+                "after each sequence's last real token (positions "
+                + ", ".join(map(str, positions))
+                + ")"
+            )
+        return "after the last token"
+
+    def scores(self, output: Any) -> torch.Tensor:
+        """The next token's logits (B, vocab): --target top1, an id or a token read them."""
+        scores = self._next(output)
+        if scores is None:
+            return super().scores(output)
+        return scores
+
+
+class Seq2SeqLM(CausalLM):
+    """An encoder-decoder LM: input_ids (+ mask) into the encoder, decoder_input_ids (by default
+    the decoder's start token) into the decoder; predictions are the decoder's next tokens."""
+
+    name = "seq2seq-lm"
+    default_target = "top1"  # the next-token loss needs a target text: not the input's
+    ids_key = "decoder_input_ids"
+
+    def __init__(self, vocab_size: int, start: int, bos: int | None = None) -> None:
+        super().__init__(vocab_size, bos)
+        self.start = start
+
+    def decoder(self, kwargs: dict[str, Any]) -> str:
+        ids = kwargs.get("input_ids")
+        if "decoder_input_ids" in kwargs or not isinstance(ids, torch.Tensor):
+            return ""
+        kwargs["decoder_input_ids"] = torch.full(
+            (ids.shape[0], 1), self.start, dtype=torch.long, device=ids.device
+        )
+        return f", decoder_input_ids the start token ({self.start})"
+
+    def spec_inputs(
+        self, tensors: Sequence[torch.Tensor], named: Mapping[str, torch.Tensor]
+    ) -> Forward:
+        args, kwargs, note = super().spec_inputs(tensors, named)
+        return args, kwargs, note + self.decoder(kwargs)
+
+    def default_input(self, size: tuple[int, int], gen: torch.Generator, seed: int) -> Forward:
+        args, kwargs, note = super().default_input(size, gen, seed)
+        return args, kwargs, note + self.decoder(kwargs)
+
+    def _where(self) -> str:
+        return "of the decoder " + super()._where().replace("real token", "decoder token")
+
+
+def lm_task(model: nn.Module, head: str) -> CausalLM:
+    """The task of a causal or seq2seq LM, from its config."""
+    config = getattr(model, "config", None)
+    vocab = _vocab_size(model)
+    bos = _first_int(getattr(config, "bos_token_id", None))
+    if head == "seq2seq-lm":
+        start = _first_int(getattr(config, "decoder_start_token_id", None))
+        if start is None:
+            start = _first_int(getattr(config, "pad_token_id", None))
+        return Seq2SeqLM(vocab, 0 if start is None else start, bos)
+    return CausalLM(vocab, bos)
+
+
+def _vocab_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        vocab = getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        with _suppress():
+            vocab = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
+    return vocab if isinstance(vocab, int) and vocab > 0 else 1000
+
+
+def _suppress() -> Any:
+    import contextlib
+
+    return contextlib.suppress(Exception)
+
+
+def _first_int(value: Any) -> int | None:
+    value = value[0] if isinstance(value, list | tuple) and value else value
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class TokenLabels(Sequence[str]):
+    """A tokenizer's tokens as class labels: label i is token i decoded alone (" cat"), for
+    the first `size` ids (the model's vocabulary)."""
+
+    def __init__(self, tokenizer: Any, size: int) -> None:
+        self.tokenizer = tokenizer
+        self.size = size
+        self._all: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.size))]
+        if not -self.size <= i < self.size:
+            raise IndexError(i)
+        if self._all is not None:
+            return self._all[i]
+        return decode_one(self.tokenizer, i % self.size)
+
+    def __iter__(self) -> Iterator[str]:
+        if self._all is None:
+            self._all = [decode_one(self.tokenizer, i) for i in range(self.size)]
+        return iter(self._all)
+
+
+def decode_one(tokenizer: Any, i: int) -> str:
+    """One id as its text ("" for an id the tokenizer does not have)."""
+    try:
+        return str(tokenizer.decode([i], skip_special_tokens=False))
+    except Exception:  # an id past the tokenizer's vocabulary
+        return ""
+
+
+# files a folder holds when it has a tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+    "spiece.model", "sentencepiece.bpe.model",
+)  # fmt: skip
+
+
+def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any, str]:
+    """The tokenizer --tokenizer names, else the one beside the checkpoint; and where it came
+    from. Offline, never remote code; a folder's JSON files are checked first."""
+    from hookcli.sources.base import hf_cache_dir, hf_cache_path
+    from hookcli.sources.hf import _json_file, _transformers, quiet_transformers
+
+    where = asked if asked is not None else found
+    if where is None:
+        raise UsageError(
+            f"no tokenizer for {spec}: a model built from its type (random init) has none.",
+            "give one with --tokenizer PATH|ORG/NAME, or token ids with --input "
+            "input_ids=randint:0:VOCAB:1x16.",
+        )
+    tf = _transformers()
+    from hookcli.io.output import user_path
+
+    local = user_path(where, "--tokenizer")
+    is_local = local.is_dir() or where.startswith((".", "/", "~"))
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if is_local:
+        if not local.is_dir():
+            raise UsageError(f"tokenizer folder {where} not found.", "check the path.")
+        if not any((local / name).is_file() for name in TOKENIZER_FILES):
+            raise UsageError(
+                f"no tokenizer in {local} (looked for {', '.join(TOKENIZER_FILES[:4])}, …).",
+                "give one with --tokenizer PATH|ORG/NAME (a folder tokenizer.save_pretrained "
+                "wrote).",
+            )
+        config = _json_file(f"--tokenizer {where}", local / "tokenizer_config.json") or {}
+        _refuse_remote(config, where)
+        source: str | Path = local
+        label = str(local)
+    else:
+        kwargs.update(local_files_only=True, cache_dir=str(hf_cache_dir()))
+        source = where
+        label = f"{where} from the local cache"
+    try:
+        with quiet_transformers(tf):
+            tokenizer = tf.AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        looked = str(local) if is_local else f"{hf_cache_path(where)}/<revision>/"
+        raise UsageError(
+            f"no tokenizer could be loaded from {looked} ({one_line(exc)}).",
+            "give one with --tokenizer PATH|ORG/NAME; hookcli does not download.",
+        ) from exc
+    if isinstance(tokenizer, bool) or not callable(tokenizer):
+        raise UsageError(f"{where} holds no tokenizer.", "give one with --tokenizer PATH.")
+    return tokenizer, f"{type(tokenizer).__name__} from {label}"
+
+
+def _refuse_remote(config: Mapping[str, Any], where: str) -> None:
+    if config.get("auto_map"):
+        raise UsageError(
+            f"the tokenizer in {where} needs code of its own (auto_map in "
+            "tokenizer_config.json): hookcli never runs a folder's code.",
+            "give a tokenizer transformers ships (--tokenizer PATH|ORG/NAME).",
+        )

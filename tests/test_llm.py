@@ -1,0 +1,427 @@
+"""Language models as first-class models (issue 34): the head a checkpoint was saved with,
+text in through the checkpoint's tokenizer, next tokens out, the next-token loss, padding left
+out of every statistic. Oracles: transformers' own `hidden_states`, `logits` and `loss`, on
+tiny random models saved with save_pretrained beside a byte-level BPE tokenizer trained here
+(nothing is downloaded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from tests.conftest import CAT, assert_stats_match, hooks_left
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+runner = CliRunner()
+LINES = [
+    "The cat sat on the mat.",
+    "A dog ran in the park.",
+    "hello world, the cat and the dog",
+    "Once upon a time there was a model.",
+]
+VOCAB = 320
+
+
+def run(*args: str) -> Any:
+    return runner.invoke(app, list(args))
+
+
+def one_line_error(result: Any, code: int, *needles: str) -> str:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return str(lines[0])
+
+
+def make_tokenizer(chat: bool = False) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(LINES * 5, trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    if chat:
+        fast.chat_template = (
+            "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+        )
+    return fast
+
+
+def llama_config(**extra: Any) -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra,
+    )  # fmt: skip
+
+
+MOE = {
+    "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "max_position_embeddings": 64,
+}  # fmt: skip
+CONFIGS = {
+    "llama": lambda: transformers.LlamaForCausalLM(llama_config()),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    ),
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(**MOE)),
+}
+
+
+def save(folder: Path, name: str, chat: bool = False) -> Path:
+    torch.manual_seed(0)
+    model = CONFIGS[name]().eval()
+    model.save_pretrained(folder)
+    make_tokenizer(chat).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(tmp_path_factory.mktemp("tiny_llama"), "llama", chat=True)
+
+
+def truth(folder: Path, texts: list[str], **kw: Any) -> tuple[Any, Any, Any]:
+    """transformers' own run of the saved model: (model, encoding, output)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    enc = tok(texts, return_tensors="pt", padding=len(texts) > 1)
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True, **kw)
+    return model, enc, out
+
+
+# ---------------------------------------------------------------- the head it was saved with
+
+
+def test_a_causal_lm_checkpoint_is_built_with_its_lm_head(llama: Path) -> None:
+    result = run("inspect", f"hf:{llama}", "--text", LINES[0], "-l", "lm_head", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    assert "LOAD REPORT" not in result.stderr and "\x1b" not in result.stderr
+    report = json.loads(result.stdout)
+    assert report["model"]["task"] == "causal-lm"
+    assert [c["name"] for c in report["layers"]] == ["lm_head"]
+    _, _, out = truth(llama, [LINES[0]])
+    assert report["layers"][0]["outputs"][0]["shape"] == list(out.logits.shape)
+    assert_stats_match(
+        _stats(report["layers"][0]["outputs"][0]), out.logits, rtol=1e-5, same_tensor=False
+    )
+
+
+def test_weights_that_do_not_fit_the_head_asked_for_are_an_error_naming_them(llama: Path) -> None:
+    result = run("inspect", f"hf:{llama}", "--head", "seq-cls")
+    line = one_line_error(result, 2, "score.weight", "lm_head.weight", "LlamaForCausalLM")
+    assert "LOAD REPORT" not in result.stderr, line
+    base = run("inspect", f"hf:{llama}", "--head", "base", "-l", "norm", "-f", "json")
+    assert base.exit_code == 0, base.stderr
+    report = json.loads(base.stdout)
+    assert any("lm_head.weight left out" in n for n in report["notes"])
+    one_line_error(run("inspect", f"hf:{llama}", "--head", "causal"), 2, "causal-lm")
+    one_line_error(run("inspect", "resnet18", "--head", "base"), 2, "hf: models only")
+
+
+def test_a_bare_decoder_type_is_a_causal_lm_and_an_encoder_decoder_a_seq2seq_lm() -> None:
+    gpt = hookcli.inspect(
+        "hf:gpt2",
+        device="cpu",
+        layers=["lm_head"],
+        model_args={"n_embd": 16, "n_layer": 1, "n_head": 2, "vocab_size": 100},
+    )
+    assert gpt.model.task == "causal-lm" and gpt.layers[0].outputs[0].shape == (1, 16, 100)
+    assert gpt.predictions is not None and len(gpt.predictions) == 5
+    t5 = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 100}
+    report = hookcli.inspect("hf:t5", device="cpu", model_args=t5, layers=["lm_head"])
+    assert report.model.task == "seq2seq-lm"
+    assert "decoder_input_ids the start token (0)" in report.input.description
+    assert report.layers[0].outputs[0].shape == (1, 1, 100)  # the decoder's first position
+    bert = hookcli.inspect(
+        "hf:bert",
+        device="cpu",
+        depth=1,
+        model_args={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                    "intermediate_size": 32, "vocab_size": 100},
+    )  # fmt: skip
+    assert bert.model.task == "text-classification"  # an encoder is not made a causal LM
+
+
+# ---------------------------------------------------------------- text in, tokens out
+
+
+def test_text_goes_through_the_checkpoints_tokenizer_and_the_tokens_are_reported(
+    llama: Path,
+) -> None:
+    report = hookcli.inspect(f"hf:{llama}", text=LINES[0], device="cpu", layers=["lm_head"])
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    ids = tok(LINES[0])["input_ids"]
+    assert report.input.texts is not None
+    (seq,) = report.input.texts
+    assert seq.text == LINES[0] and seq.ids == ids
+    assert seq.tokens == [tok.decode([i]) for i in ids] and "".join(seq.tokens) == LINES[0]
+    result = run("inspect", f"hf:{llama}", "--text", LINES[0], "-l", "lm_head")
+    assert result.exit_code == 0, result.stderr
+    assert f"tokens of sequence 0 ({len(ids)}): {ids[0]}:{seq.tokens[0]!r}" in result.stdout
+
+
+def test_predictions_are_the_next_tokens_at_the_last_real_position(llama: Path) -> None:
+    texts = [LINES[0], "hello world"]
+    report = hookcli.inspect(f"hf:{llama}", text=texts, device="cpu", topk=3, layers=["lm_head"])
+    _, enc, out = truth(llama, texts)
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    assert report.predictions is not None and len(report.predictions) == 6
+    for seq in range(2):
+        last = int(enc.attention_mask[seq].nonzero().max())
+        probs = torch.softmax(out.logits[seq, last].double(), -1)
+        want = probs.topk(3)
+        got = [p for p in report.predictions if p.image == seq]
+        assert [p.index for p in got] == want.indices.tolist()
+        assert [p.prob for p in got] == pytest.approx(want.values.tolist(), rel=1e-5)
+        assert [p.label for p in got] == [tok.decode([i]) for i in want.indices.tolist()]
+    assert "next tokens" in str(report.prediction_note)
+
+
+def test_a_left_padded_batch_reads_the_last_position(llama: Path, tmp_path: Path) -> None:
+    folder = save(tmp_path / "left", "llama")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["padding_side"] = "left"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    texts = ["hello world", LINES[0]]
+    report = hookcli.inspect(f"hf:{folder}", text=texts, device="cpu", topk=1, layers=["lm_head"])
+    _, enc, out = truth(folder, texts)
+    assert int(enc.attention_mask[0, 0]) == 0  # padded on the left indeed
+    assert report.predictions is not None
+    assert [p.index for p in report.predictions] == out.logits[:, -1].argmax(-1).tolist()
+    assert "padded on the left" in report.input.description
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "mixtral"])
+def test_the_residual_stream_entering_every_block_is_transformers_hidden_states(
+    name: str, tmp_path: Path
+) -> None:
+    folder = save(tmp_path / name, name)
+    blocks = "model.layers.*" if name != "gpt2" else "transformer.h.*"
+    from hookcli.sources import load_model
+
+    loaded = load_model(f"hf:{folder}")
+    before = hooks_left(loaded.module)  # transformers' own (its output recorders)
+    report = hookcli.inspect(loaded, text=LINES[3], device="cpu", layers=[blocks])
+    _, _, out = truth(folder, [LINES[3]])
+    calls = [c for c in report.layers if c.name.count(".") == 2]
+    assert len(calls) == 2
+    for i, call in enumerate(calls):
+        entering = out.hidden_states[i]
+        stats = next(t for t in call.inputs if t.shape == tuple(entering.shape))
+        assert_stats_match(stats, entering, rtol=1e-5, same_tensor=False)
+    assert hooks_left(loaded.module) == before
+
+
+def test_padding_never_enters_a_statistic(llama: Path) -> None:
+    """Every statistic of a padded batch equals that of the sequences run one by one,
+    unpadded, their tokens put together."""
+    texts = [LINES[3], "hello", LINES[0]]
+    layers = ["model.layers.0", "model.norm", "lm_head"]
+    batch = hookcli.inspect(f"hf:{llama}", text=texts, device="cpu", layers=layers)
+    alone = [
+        hookcli.inspect(f"hf:{llama}", text=t, device="cpu", layers=layers, topk=0) for t in texts
+    ]
+    model, _, _ = truth(llama, [texts[0]])
+    for layer in layers:
+        got = next(c for c in batch.layers if c.name == layer).outputs[0]
+        parts = [_layer_output(model, layer, text, llama) for text in texts]
+        joined = torch.cat([p.reshape(-1, p.shape[-1]) for p in parts])
+        assert_stats_match(got, joined, rtol=1e-5, same_tensor=False)
+        assert got.shape[:2] == (3, max(len(s.ids) for s in batch.input.texts or []))
+        assert "padding left out" in str(got.note)
+        # and each sequence's own run agrees on its own tokens
+        for one, part in zip(alone, parts, strict=True):
+            own = next(c for c in one.layers if c.name == layer).outputs[0]
+            assert_stats_match(own, part, rtol=1e-5, same_tensor=False)
+
+
+def _layer_output(model: Any, layer: str, text: str, folder: Path) -> torch.Tensor:
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    seen: list[torch.Tensor] = []
+    module = model.get_submodule(layer)
+    handle = module.register_forward_hook(
+        lambda _m, _i, o: seen.append((o[0] if isinstance(o, tuple) else o).detach())
+    )
+    try:
+        with torch.no_grad():
+            model(**tok(text, return_tensors="pt"))
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def _stats(d: dict[str, Any]) -> Any:
+    from hookcli.records import TensorStats
+
+    keys = ("path", "shape", "dtype", "numel", "mean", "std", "min", "max", "zeros", "nan", "inf")
+    return TensorStats(**{k: d[k] for k in keys}, norm=d["norm"])
+
+
+# ---------------------------------------------------------------- the next-token loss
+
+
+def test_grads_start_from_the_next_token_loss_of_the_text(llama: Path) -> None:
+    texts = [LINES[0], "hello world"]
+    report = hookcli.grads(f"hf:{llama}", text=texts, device="cpu", layers=["lm_head"])
+    model, enc, _ = truth(llama, texts)
+    labels = enc.input_ids.clone()
+    labels[enc.attention_mask == 0] = -100
+    loss = model(**enc, labels=labels).loss.detach()
+    assert report.backward is not None
+    assert report.backward.value == pytest.approx(float(loss), rel=1e-5)
+    assert report.backward.perplexity == pytest.approx(float(torch.exp(loss)), rel=1e-5)
+    assert "next-token cross-entropy" in report.backward.source
+    result = run("grads", f"hf:{llama}", "--text", LINES[0], "-l", "lm_head")
+    assert result.exit_code == 0, result.stderr
+    assert "perplexity" in result.stdout
+
+
+def test_the_next_token_loss_gradient_is_autograds(llama: Path) -> None:
+    report = hookcli.grads(f"hf:{llama}", text=LINES[0], device="cpu", layers=["lm_head"])
+    model, enc, _ = truth(llama, [LINES[0]])
+    seen: list[torch.Tensor] = []
+    handle = model.lm_head.register_forward_hook(lambda _m, _i, o: seen.append(o))
+    loss = model(**enc, labels=enc.input_ids).loss
+    handle.remove()
+    (want,) = torch.autograd.grad(loss, seen)
+    grad = report.layers[0].grad_outputs
+    assert grad is not None
+    assert_stats_match(grad[0], want, rtol=1e-4, same_tensor=False)
+
+
+def test_a_token_is_a_target_by_its_text(llama: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    cat = tok(" cat", add_special_tokens=False)["input_ids"]
+    assert len(cat) == 1
+    report = hookcli.grads(
+        f"hf:{llama}", text="The dog", device="cpu", target=" cat", layers=["lm_head"]
+    )
+    assert report.backward is not None and f"class {cat[0]}" in report.backward.source
+
+
+# ---------------------------------------------------------------- chat, files, bad inputs
+
+
+def test_chat_renders_each_text_through_the_template(llama: Path) -> None:
+    report = hookcli.inspect(f"hf:{llama}", text="hi", chat=True, device="cpu", topk=0, depth=1)
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    want = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert report.input.texts is not None
+    assert report.input.texts[0].ids == tok(want, add_special_tokens=False)["input_ids"]
+    assert "chat template" in str(report.input.preprocessing)
+
+
+def test_a_text_file_gives_one_sequence_per_line(llama: Path, tmp_path: Path) -> None:
+    path = tmp_path / "prompts.txt"
+    path.write_text(f"{LINES[0]}\n\n{LINES[1]}\n", encoding="utf-8")
+    report = hookcli.inspect(f"hf:{llama}", text_file=str(path), device="cpu", topk=1, depth=1)
+    assert [t.text for t in report.input.texts or []] == LINES[:2]
+
+
+def test_bad_text_inputs_get_one_line_each(llama: Path, tmp_path: Path) -> None:
+    one_line_error(run("inspect", "resnet18", "--text", "hi"), 2, "not text")
+    one_line_error(run("inspect", f"hf:{llama}", "--text", "hi", str(CAT)), 2, "not both")
+    one_line_error(
+        run("inspect", "hf:llama", "--text", "hi", "--model-arg", "num_hidden_layers=1"),
+        2,
+        "no tokenizer",
+        "--tokenizer",
+    )
+    bare = tmp_path / "no_tokenizer"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(llama_config()).save_pretrained(bare)
+    one_line_error(run("inspect", f"hf:{bare}", "--text", "hi"), 2, "no tokenizer in", str(bare))
+    # the same folder with --tokenizer pointing at one
+    ok = run("inspect", f"hf:{bare}", "--text", "hi", "--tokenizer", str(llama), "--depth", "1")
+    assert ok.exit_code == 0, ok.stderr
+    one_line_error(run("inspect", f"hf:{llama}", "--text", "x " * 200), 2, "longer than", "64")
+    one_line_error(run("inspect", f"hf:{llama}", "--text", "  "), 2, "empty")
+    one_line_error(run("inspect", f"hf:{llama}", "--text-file", str(tmp_path / "nope")), 2)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    one_line_error(run("inspect", f"hf:{llama}", "--text-file", str(empty)), 2, "no text")
+    plain = save(tmp_path / "plain", "llama", chat=False)
+    one_line_error(run("inspect", f"hf:{plain}", "--text", "hi", "--chat"), 2, "chat template")
+    small = tmp_path / "small_vocab"
+    torch.manual_seed(0)
+    config = llama_config()
+    config.vocab_size = 100
+    transformers.LlamaForCausalLM(config).save_pretrained(small)
+    one_line_error(
+        run("inspect", f"hf:{small}", "--text", LINES[0], "--tokenizer", str(llama)),
+        2,
+        "not this model's tokenizer",
+    )
+
+
+class _SinOutside(torch.nn.Module):
+    """A layer that rounds alike in float32 and bfloat16 (the identity on a bfloat16-exact
+    input), and outside any module a sine of its output scaled past bfloat16's precision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.eye(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(self.fc(x) * 1000.0)
+
+
+def test_a_diff_whose_model_output_alone_is_past_tolerance_says_so() -> None:
+    x = torch.tensor([[1.0, 1.5, 2.0, 0.25]])
+    report = hookcli.diff(_SinOutside(), [x], b="bfloat16", device="cpu", layers=["fc"])
+    assert not any(d.over for c in report.calls for d in c.b)  # the hooked layer agrees
+    assert any(d.over for d in report.outputs[0].b)  # the model's output does not
+    assert report.first_over is not None and "(model)" in report.first_over
+
+
+def test_a_causal_lm_from_a_factory_file_is_a_language_model(llama: Path, tmp_path: Path) -> None:
+    factory = tmp_path / "make.py"
+    factory.write_text(
+        "import transformers\n\n\n"
+        "def make():\n"
+        f"    return transformers.AutoModelForCausalLM.from_pretrained({str(llama)!r})\n"
+    )
+    report = hookcli.inspect(f"{factory}:make", text=LINES[0], device="cpu", topk=3, depth=1)
+    assert report.model.task == "causal-lm"
+    _, _, out = truth(llama, [LINES[0]])
+    assert report.predictions is not None
+    assert [p.index for p in report.predictions] == out.logits[0, -1].topk(3).indices.tolist()
+
+
+class _Ids(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 3).long()
+
+
+def test_topk_asked_of_an_output_it_cannot_read_says_why() -> None:
+    report = hookcli.inspect(_Ids(), [torch.ones(1, 8)], device="cpu", topk=3)
+    assert report.predictions is None
+    assert "--topk 3: no predictions" in str(report.prediction_note)
+    assert "1x8" in str(report.prediction_note)
