@@ -425,3 +425,101 @@ def test_topk_asked_of_an_output_it_cannot_read_says_why() -> None:
     assert report.predictions is None
     assert "--topk 3: no predictions" in str(report.prediction_note)
     assert "1x8" in str(report.prediction_note)
+
+
+def test_per_token_statistics_are_each_positions_own(llama: Path) -> None:
+    texts = [LINES[0], "hello world"]
+    report = hookcli.inspect(
+        f"hf:{llama}", text=texts, device="cpu", layers=["model.layers.0"], per_token=True
+    )
+    _, enc, out = truth(llama, texts)
+    (call,) = report.layers
+    rows = call.outputs[0].per_token
+    assert rows is not None
+    mask = enc.attention_mask.bool()
+    assert len(rows) == int(mask.sum())  # padding positions are not rows
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    block = out.hidden_states[1].double()
+    for r in rows:
+        x = block[r.sequence, r.position]
+        assert r.id == int(enc.input_ids[r.sequence, r.position])
+        assert r.token == tok.decode([r.id])
+        assert r.norm == pytest.approx(float(x.norm()), rel=1e-5)
+        assert r.mean == pytest.approx(float(x.mean()), rel=1e-4, abs=1e-6)
+        assert r.std == pytest.approx(float(x.std(correction=0)), rel=1e-5)
+        assert r.max_abs == pytest.approx(float(x.abs().max()), rel=1e-5)
+        assert r.channel == int(x.abs().argmax())
+    result = run("inspect", f"hf:{llama}", "--text", "hello", "-l", "model.layers.0", "--per-token")
+    assert result.exit_code == 0, result.stderr
+    assert "per token" in result.stdout and "'hello'" in result.stdout
+    as_json = run(
+        "inspect", f"hf:{llama}", "--text", "hello", "-l", "model.layers.0", "--per-token",
+        "-f", "json",
+    )  # fmt: skip
+    row = json.loads(as_json.stdout)["layers"][0]["outputs"][0]["per_token"][0]
+    assert set(row) == {"sequence", "position", "norm", "mean", "std", "max_abs", "channel",
+                        "id", "token"}  # fmt: skip
+    one_line_error(run("inspect", "resnet18", "--per-token"), 2, "--per-token needs token ids")
+
+
+# ---------------------------------------------------------------- the logit lens
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_logit_lens_is_each_blocks_output_through_the_final_norm_and_unembedding(
+    name: str, tmp_path: Path
+) -> None:
+    folder = save(tmp_path / name, name)
+    texts = [LINES[0], "hello"]
+    report = hookcli.lens(f"hf:{folder}", text=texts, device="cpu", topk=3)
+    model, enc, out = truth(folder, texts)
+    base = model.model if name == "llama" else model.transformer
+    blocks = base.layers if name == "llama" else base.h
+    final = base.norm if name == "llama" else base.ln_f
+    seen: list[torch.Tensor] = []
+    handles = [
+        b.register_forward_hook(lambda _m, _i, o: seen.append(o[0] if isinstance(o, tuple) else o))
+        for b in blocks
+    ]
+    with torch.no_grad():
+        model(**enc)
+        for h in handles:
+            h.remove()
+        by_hand = [torch.softmax(model.lm_head(final(h)).double(), -1).topk(3) for h in seen]
+    prefix = "model.layers" if name == "llama" else "transformer.h"
+    assert report.blocks == [f"{prefix}.{i}" for i in range(2)]
+    assert report.norm == ("model.norm" if name == "llama" else "transformer.ln_f")
+    assert report.unembed == "lm_head"
+    mask = enc.attention_mask.bool()
+    assert len(report.lens) == 2 * int(mask.sum())  # no padding position is read
+    for cell in report.lens:
+        want = by_hand[int(cell.layer.rsplit(".", 1)[1])]
+        assert [t.index for t in cell.top] == want.indices[cell.sequence, cell.position].tolist()
+        assert [t.prob for t in cell.top] == pytest.approx(
+            want.values[cell.sequence, cell.position].tolist(), rel=1e-6
+        )
+    assert report.last_vs_logits == 0.0  # the last block's lens is the model's own logits
+    del out
+
+
+def test_lens_writes_json_csv_and_a_png_grid(llama: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    as_json = run("lens", f"hf:{llama}", "--text", LINES[0], "-f", "json")
+    assert as_json.exit_code == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    cell = data["lens"][0]
+    assert set(cell) == {"layer", "sequence", "position", "top"}
+    assert set(cell["top"][0]) == {"index", "token", "prob"} and len(cell["top"]) == 5
+    png = tmp_path / "lens.png"
+    drawn = run("lens", f"hf:{llama}", "--text", LINES[0], "-o", str(png))
+    assert drawn.exit_code == 0, drawn.stderr
+    with Image.open(png) as image:
+        meta = json.loads(image.text["hookcli"])
+        assert len(meta["cells"]) == len(data["lens"])
+    table = run("lens", f"hf:{llama}", "--text", LINES[0])
+    assert "layers.1" in table.stdout and "' cat'" in table.stdout
+    csv_out = run("lens", f"hf:{llama}", "--text", LINES[0], "-f", "csv")
+    assert csv_out.stdout.splitlines()[0] == "layer,sequence,position,rank,index,token,prob"
+    one_line_error(run("lens", "resnet18"), 2, "not a language model")
+    one_line_error(run("lens", f"hf:{llama}", "--text", "hi", "--unembed", "nope"), 2, "--unembed")

@@ -11,6 +11,8 @@ The public Python API mirrors the command line and returns the same `Report` the
     >>> hookcli.cam("resnet18", "sample_images/cat.jpeg").image.save("cam.png")
     >>> hookcli.attn("vit_b_16", "sample_images/cat.jpeg").rollout.shape  # (1, 197, 197)
     >>> open("report.html", "w").write(hookcli.html(report))
+    >>> report = hookcli.inspect("hf:./tiny-llama", text="The cat sat on the")  # next tokens
+    >>> hookcli.lens("hf:./tiny-llama", text="The cat sat on the").lens[0].top[0].token
 
 Importing this package never imports torch; it is imported on first use.
 """
@@ -24,6 +26,7 @@ from hookcli.options import DEFAULTS
 
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
+    from hookcli.commands.lens import LensReport
     from hookcli.records import DiffReport, Report
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "grads",
     "html",
     "inspect",
+    "lens",
     "maps",
     "passed",
     "watch",
@@ -239,6 +243,30 @@ def attn(
     _new_run()
     model_options, inputs = commands.picture_options(model, image, options, "attn")
     return commands.attn(model_options, inputs, AttnOptions(layer, image_index))
+
+
+def lens(
+    model: Any,
+    inputs: Any = (),
+    *,
+    topk: int = DEFAULTS.lens.topk,
+    blocks: str | None = None,
+    norm: str | None = None,
+    unembed: str | None = None,
+    **options: Any,
+) -> LensReport:
+    """`hookcli lens`: the logit lens. Each block's output through the model's own final norm
+    and unembedding (`blocks=` a glob, `norm=` a module name or "none", `unembed=` override
+    what is found), the top-k tokens of every position of every block: `.lens` is a list of
+    LensCell(layer, sequence, position, top=[LensToken(index, token, prob)]). The last block's
+    lens is the model's own next-token distribution (`.last_vs_logits` is 0.0 then). Options:
+    text, text_file, chat, tokenizer, head, input_specs, weights, seed, device, model_args."""
+    from hookcli.commands.lens import lens_report
+    from hookcli.options import Invocation, LensOptions
+
+    _new_run()
+    inv = Invocation.from_api(model, inputs, options, backward=False)
+    return lens_report(inv.model, inv.inputs, LensOptions(topk, blocks, norm, unembed))
 
 
 def diff(

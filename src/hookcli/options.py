@@ -153,6 +153,7 @@ class RunOptions:
     topk: int | None = None
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
+    per_token: bool = False  # per-position statistics of (batch, tokens, C) outputs
     save: Any = None  # an io.output.Destination (the API claims a path it is given)
     ablate: tuple[str, ...] = ()
     deterministic: bool = False
@@ -238,6 +239,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "topk": ("run", "topk"),
     "hist": ("run", "hist"),
     "profile": ("run", "profile"),
+    "per_token": ("run", "per_token"),
     "save": ("run", "save"),
     "ablate": ("run", "ablate"),
     "deterministic": ("run", "deterministic"),
@@ -348,6 +350,17 @@ class AttnOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class LensOptions:
+    """lens: how many tokens per position, and the modules that read a block's output (None:
+    found in the model: its blocks, its final norm, its unembedding)."""
+
+    topk: int = 5
+    blocks: str | None = None  # a glob on dotted names of the blocks
+    norm: str | None = None  # a module name, or "none" for no norm
+    unembed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DiffOptions:
     """diff: the two sides (and an optional reference side), as side specs
     (compare.parse_side), whether passes run in processes of their own, the tolerance, and
@@ -376,6 +389,7 @@ class Defaults:
     maps: MapOptions = MapOptions()
     cam: CamOptions = CamOptions()
     attn: AttnOptions = AttnOptions()
+    lens: LensOptions = LensOptions()
     diff: DiffOptions = DiffOptions()
 
 

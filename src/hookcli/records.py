@@ -15,6 +15,23 @@ READABLE_SCHEMAS = (1, 2)
 
 
 @dataclass(slots=True)
+class TokenRow:
+    """--per-token: one position of one sequence of a (batch, tokens, channels) output: the
+    L2 norm, mean and std (population) over its channels, and its largest |x| with the channel
+    holding it. `token`/`id`: what sits at that position of the input (None: not known)."""
+
+    sequence: int
+    position: int
+    norm: float | None
+    mean: float | None
+    std: float | None
+    max_abs: float | None
+    channel: int | None
+    id: int | None = None
+    token: str | None = None
+
+
+@dataclass(slots=True)
 class TensorStats:
     """Statistics of one tensor, taken the moment a hook saw it.
 
@@ -41,6 +58,7 @@ class TensorStats:
     # a layer's 3-D/4-D output: NCHW, NHWC or tokens:K+HxW (engine.layout), unknown when it
     # cannot be told; None for other tensors
     layout: str | None = None
+    per_token: list[TokenRow] | None = None  # --per-token: each real position's statistics
 
     @property
     def nonfinite(self) -> bool:

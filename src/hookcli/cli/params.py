@@ -84,6 +84,14 @@ TokenizerOpt = Annotated[
         help="The tokenizer for --text [default: the checkpoint's own folder or cache entry].",
     ),
 ]
+PerTokenOpt = Annotated[
+    bool,
+    typer.Option(
+        "--per-token",
+        help="Per position of each (batch, tokens, channels) output: norm, mean, std and max|x| "
+        "with its channel, labelled by token.",
+    ),
+]
 HeadOpt = Annotated[
     str | None,
     typer.Option(

@@ -101,6 +101,8 @@ def _report_of_run(
     backward = prepared.backward is not None
     collector = StatsCollector(backend=run.stats_backend, hist_bins=run.hist)
     collector.set_token_mask(model_input.token_mask)
+    if run.per_token:
+        collector.per_token = token_grid(model_input)
     saver = _saver(prepared, run, command) if run.save is not None else None
     session = HookSession(
         prepared.targets, collector, grads=backward, saver=saver, readers=backward
@@ -143,6 +145,8 @@ def _report_of_run(
             )
     collector.finalize()
     layers = [p.complete(backward) for p in session.calls]
+    if run.per_token:
+        label_tokens(layers, model_input)
     number_backward(session.calls)
     label_layouts(layers, layout_of)
     first_call: dict[str, LayerCall] = {}
@@ -191,6 +195,38 @@ def _report_of_run(
         command=command,
         hookcli_version=__version__,
     )
+
+
+def token_grid(model_input: ModelInput) -> tuple[int, int]:
+    """--per-token: the (batch, tokens) of the input's token ids."""
+    ids = model_input.kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise UsageError(
+            "--per-token needs token ids (a text model's input_ids, batch x tokens).",
+            "give --text or --input input_ids=SPEC to a text model, or drop --per-token.",
+        )
+    return int(ids.shape[0]), int(ids.shape[1])
+
+
+def label_tokens(layers: Sequence[LayerCall], model_input: ModelInput) -> None:
+    """--per-token rows: padding positions left out, each row given the id and the token at
+    its position."""
+    ids = model_input.kwargs["input_ids"].tolist()
+    mask = model_input.token_mask
+    real = None if mask is None else mask.cpu().tolist()
+    words: dict[tuple[int, int], str] = {}
+    for b, text in enumerate(model_input.texts or []):
+        where = [p for p in range(len(ids[b])) if real is None or real[b][p]]
+        words.update({(b, p): tok for p, tok in zip(where, text.tokens, strict=False)})
+    for call in layers:
+        for t in call.outputs:
+            if t.per_token is None:
+                continue
+            kept = [r for r in t.per_token if real is None or real[r.sequence][r.position]]
+            for r in kept:
+                r.id = int(ids[r.sequence][r.position])
+                r.token = words.get((r.sequence, r.position))
+            t.per_token = kept
 
 
 def backward_of(prepared: Prepared, value: float | None) -> Backward | None:

@@ -32,6 +32,7 @@ measured by magnitude, sparse tensors densified, float16/bfloat16 widened to flo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from hookcli.options import STATS_BACKENDS
-from hookcli.records import TensorStats
+from hookcli.records import TensorStats, TokenRow
 
 ROW = 9
 COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
@@ -308,6 +309,11 @@ class StatsCollector:
         # dimensions are these is measured over its real positions only (set_token_mask)
         self.token_mask: torch.Tensor | None = None
         self._real_tokens = 0
+        # --per-token: (batch, tokens) of the input; each output of shape (batch, tokens, C)
+        # also gets per-position statistics over its C channels
+        self.per_token: tuple[int, int] | None = None
+        self._tokens: dict[int, list[TokenRow] | torch.Tensor] = {}
+        self._wants_tokens: list[tuple[TensorStats, int]] = []
         self._hist_range: dict[int, tuple[Any, Any]] = {}
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
@@ -346,6 +352,8 @@ class StatsCollector:
                 self._wants_values.append((stats, idx))
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
+            if idx in self._tokens:
+                self._wants_tokens.append((stats, idx))
             return stats
         seen = t
         if padded:
@@ -371,6 +379,16 @@ class StatsCollector:
             self._hists[idx] = counts
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
+        if (
+            self.per_token is not None
+            and path.startswith("out")
+            and seen.dim() == 3
+            and tuple(seen.shape[:2]) == self.per_token
+            and seen.is_floating_point()
+            and seen.device.type != "meta"
+        ):
+            self._tokens[idx] = token_rows(seen)
+            self._wants_tokens.append((stats, idx))
         try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
             self._seen[key] = (weakref.ref(seen), version, idx)
         except TypeError:  # no weakref support: measured again next time
@@ -423,12 +441,45 @@ class StatsCollector:
                 out[i] = values
         self._resolve_values()
         self._resolve_hists()
+        self._resolve_tokens()
         for stats, idx in self._handed_out:
             _fill(stats, out[idx])
-        for kept in (self._handed_out, self._wants_values, self._wants_hist, self._rows):
+        for kept in (
+            self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens
+        ):  # fmt: skip
             kept.clear()
-        for table in (self._notes, self._values, self._hists, self._hist_range, self._seen):
+        for table in (
+            self._notes, self._values, self._hists, self._hist_range, self._seen, self._tokens
+        ):  # fmt: skip
             table.clear()
+
+    def _resolve_tokens(self) -> None:
+        """--per-token rows; those on a device travel in one transfer per device."""
+        pending: dict[torch.device, list[int]] = {}
+        for idx, v in self._tokens.items():
+            if isinstance(v, torch.Tensor):
+                pending.setdefault(v.device, []).append(idx)
+        for idxs in pending.values():
+            parts = [self._tokens[i] for i in idxs]
+            stacked = torch.stack(parts).to("cpu", torch.float64).tolist()  # type: ignore[arg-type]
+            for i, grid in zip(idxs, stacked, strict=True):
+                self._tokens[i] = [
+                    TokenRow(
+                        sequence=b,
+                        position=p,
+                        norm=finite_or_none(cell[0]),
+                        mean=finite_or_none(cell[1]),
+                        std=finite_or_none(cell[2]),
+                        max_abs=finite_or_none(cell[3]),
+                        channel=int(cell[4]) if math.isfinite(cell[4]) else None,
+                    )
+                    for b, seq in enumerate(grid)
+                    for p, cell in enumerate(seq)
+                ]
+        for stats, idx in self._wants_tokens:
+            rows = self._tokens[idx]
+            assert not isinstance(rows, torch.Tensor)
+            stats.per_token = [dataclasses.replace(r) for r in rows]
 
     def _resolve_hists(self) -> None:
         by_device: dict[torch.device, list[int]] = {}
@@ -534,6 +585,23 @@ def dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def token_rows(t: torch.Tensor) -> torch.Tensor:
+    """(batch, tokens, C) → (batch, tokens, 5): per position the norm, mean, std and max |x|
+    over the C channels and the channel of that max (computed where t lives, no transfer)."""
+    x = t.detach().to(accumulate_dtype(t.device))
+    top = x.abs().max(dim=-1)
+    return torch.stack(
+        [
+            x.norm(dim=-1),
+            x.mean(dim=-1),
+            x.std(dim=-1, correction=0),
+            top.values,
+            top.indices.to(x.dtype),
+        ],
+        dim=-1,
+    )
 
 
 def unpadded(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

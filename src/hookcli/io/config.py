@@ -24,7 +24,9 @@ from typing import Any
 from hookcli.errors import UsageError
 from hookcli.io.output import note_read
 
-COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "attn", "layers", "models", "show")
+COMMANDS = (
+    "inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens", "layers", "models", "show",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,6 +190,7 @@ DROP: dict[str, tuple[str, ...]] = {
     "params": ("grad mean", "grad max|abs|", "shape", "norm"),
     "profile": ("output MB", "backward ms", "FLOPs", "% of pass"),
     "predictions": ("folder", "index", "id"),
+    "per_token": ("id", "call", "mean", "std"),
     "diff": ("norm Δ", "cosine", "max|Δ|", "output", "type", "SQNR A", "SQNR B", "own A"),
 }
 
@@ -651,6 +652,44 @@ def ablation_section(report: Report) -> Section:
     return s
 
 
+def per_token_section(report: Report) -> Section:
+    """--per-token: each selected call's (batch, tokens, C) outputs, position by position."""
+    s = Section("per_token", "per token")
+    rows: list[Row] = []
+    sequences: set[int] = set()
+    for c in report.layers:
+        for t in c.outputs:
+            for r in t.per_token or ():
+                sequences.add(r.sequence)
+                rows.append(
+                    Row(
+                        [
+                            c.name,
+                            str(c.call),
+                            t.path.removeprefix("out") or DASH,
+                            str(r.sequence),
+                            str(r.position),
+                            repr(r.token) if r.token is not None else DASH,
+                            str(r.id) if r.id is not None else DASH,
+                            num(r.norm),
+                            num(r.mean),
+                            num(r.std),
+                            num(r.max_abs),
+                            str(r.channel) if r.channel is not None else DASH,
+                        ],
+                        r.norm is None,
+                    )
+                )
+    if rows:
+        headers = ["layer", "call", "out", "seq", "pos", "token", "id", "norm", "mean", "std"]
+        headers += ["max|x|", "channel"]
+        hidden: tuple[str, ...] = ("seq",) if len(sequences) == 1 else ()
+        if all(r.cells[2] == DASH for r in rows):
+            hidden += ("out",)
+        s.parts.append(Table("per token", headers, rows, DROP["per_token"], hidden))
+    return s
+
+
 def checks_section(report: Report, *, quiet: bool = False) -> Section:
     """Each rule's verdict and its first failures (with quiet, only the rules that failed)."""
     return checks_of(report.checks, quiet=quiet)
@@ -686,6 +725,7 @@ def report_sections(report: Report) -> list[Section]:
     sections = [
         lines_section("header", "run", header_lines(report), "dim"),
         calls,
+        per_token_section(report),
         lines_section("summary", "summary", summary_lines(report)),
         lines_section("origins", "non-finite origins", origin_lines(report)),
         lines_section("input_grads", "input gradients", input_grad_lines(report)),

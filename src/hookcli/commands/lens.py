@@ -1,0 +1,258 @@
+"""`hookcli lens`: the logit lens. Each block's output goes through the model's own final norm
+and unembedding (the very modules the model runs, found in its tree; --norm, --unembed
+override), and the top-k tokens of every position of every block are reported. The last
+block's lens is the model's own next-token distribution; where the model changes its logits
+after the unembedding (a soft cap, a scale), the report says by how much they differ.
+
+The lens is read inside the blocks' forward hooks, under no_grad, as each block returns:
+only the top-k of each position is kept, never a (tokens x vocab) tensor per block.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookcli._version import __version__
+from hookcli.errors import UsageError
+from hookcli.options import InputOptions, LensOptions, ModelOptions
+from hookcli.records import InputInfo, ModelInfo
+
+
+@dataclass(slots=True)
+class LensToken:
+    index: int
+    token: str | None
+    prob: float | None
+
+
+@dataclass(slots=True)
+class LensCell:
+    """One block's lens at one position of one sequence: its top tokens."""
+
+    layer: str
+    sequence: int
+    position: int
+    top: list[LensToken]
+
+
+@dataclass(slots=True)
+class LensReport:
+    model: ModelInfo
+    input: InputInfo
+    device: str
+    blocks: list[str]
+    norm: str | None
+    unembed: str
+    lens: list[LensCell] = field(default_factory=list)
+    # the last block's lens against the model's own logits: the largest |difference|
+    last_vs_logits: float | None = None
+    notes: list[str] = field(default_factory=list)
+    command: str = "lens"
+    schema: int = 1
+    hookcli_version: str = __version__
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        data = dataclasses.asdict(self)
+        return {"schema": data.pop("schema"), **data}
+
+
+def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module]]:
+    """The model's blocks: those --blocks names, else the shallowest ModuleList of modules of
+    one class (a seq2seq model's: its decoder's), in order."""
+    named = dict(model.named_modules())
+    if pattern is not None:
+        picked = [(n, m) for n, m in named.items() if n and fnmatch.fnmatchcase(n, pattern)]
+        if not picked:
+            raise UsageError(
+                f"--blocks {pattern!r} matches no module.",
+                "give a glob on dotted names (model.layers.*); `hookcli layers MODEL` lists them.",
+            )
+        return picked
+    lists = [
+        (name, m)
+        for name, m in named.items()
+        if isinstance(m, nn.ModuleList)
+        and len(m) > 0
+        and len({type(c) for c in m}) == 1
+        and not isinstance(m[0], nn.ModuleList | nn.Linear | nn.Embedding)
+    ]
+    if not lists:
+        raise UsageError(
+            "no blocks found: the model holds no ModuleList of one kind of module.",
+            "name them with --blocks GLOB (model.layers.*).",
+        )
+    decoder = [entry for entry in lists if "decoder" in entry[0].split(".")]
+    pool = decoder or lists
+    depth = min(n.count(".") for n, _ in pool)
+    name, blocks = max(((n, m) for n, m in pool if n.count(".") == depth), key=lambda e: len(e[1]))
+    return [(f"{name}.{i}", b) for i, b in enumerate(blocks)]
+
+
+def find_norm(model: nn.Module, blocks: Sequence[str], asked: str | None) -> tuple[str, Any]:
+    """The final norm: --norm, else the last normalisation module registered after the blocks
+    beside their list (model.norm, transformer.ln_f, decoder.final_layer_norm)."""
+    if asked is not None:
+        if asked.strip().lower() == "none":
+            return "", None
+        return asked, _module(model, asked, "--norm")
+    parent = blocks[0].rsplit(".", 2)[0] if blocks[0].count(".") >= 2 else ""
+    last = blocks[-1]
+    seen_last = False
+    found: tuple[str, Any] = ("", None)
+    for name, m in model.named_modules():
+        if name == last:
+            seen_last = True
+            continue
+        if not seen_last or name.startswith(last + "."):
+            continue
+        inside = name.rsplit(".", 1)[0] if "." in name else ""
+        if inside == parent and "norm" in type(m).__name__.lower():
+            found = (name, m)
+    return found
+
+
+def find_unembed(model: nn.Module, asked: str | None) -> tuple[str, nn.Module]:
+    """The unembedding: --unembed, else the model's output embeddings (lm_head)."""
+    if asked is not None:
+        return asked, _module(model, asked, "--unembed")
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if isinstance(head, nn.Module):
+        for name, m in model.named_modules():
+            if m is head:
+                return name, m
+    raise UsageError(
+        "no unembedding found: the model has no output embeddings (lm_head).",
+        "name it with --unembed MODULE.",
+    )
+
+
+def _module(model: nn.Module, name: str, option: str) -> nn.Module:
+    try:
+        return model.get_submodule(name)
+    except AttributeError as exc:
+        raise UsageError(
+            f"{option} {name!r} is not a module of the model.",
+            "`hookcli layers MODEL` lists the modules.",
+        ) from exc
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions) -> LensReport:
+    """The logit lens of every block over the input's tokens."""
+    from hookcli.commands.inspect import input_info, model_info
+    from hookcli.engine.hooks import HookSession
+    from hookcli.engine.passes import hooked_pass, prepare
+    from hookcli.engine.stats import StatsCollector
+    from hookcli.sources.hf import logits_of
+    from hookcli.sources.lm import CausalLM
+
+    if options.topk < 1:
+        raise UsageError(f"--topk must be 1 or more, got {options.topk}.", "use --topk 5.")
+    prepared = prepare(model, None, inputs)
+    loaded = prepared.loaded
+    if not isinstance(loaded.kind, CausalLM):
+        raise UsageError(
+            f"{loaded.spec} is not a language model ({loaded.task}): the lens reads tokens.",
+            "give a causal or seq2seq LM (hf:PATH of one, hf:gpt2, …).",
+        )
+    module = loaded.module
+    blocks = find_blocks(module, options.blocks)
+    names = [n for n, _ in blocks]
+    norm_name, norm = find_norm(module, names, options.norm)
+    unembed_name, unembed = find_unembed(module, options.unembed)
+    model_input = prepared.model_input
+    assert model_input is not None
+    mask = model_input.token_mask
+    last: list[torch.Tensor] = []
+    tops: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def reader(name: str) -> Any:
+        def hook(_m: nn.Module, _args: Any, output: Any) -> None:
+            h = _first_tensor(output)
+            if h is None or h.dim() != 3:
+                return
+            with torch.no_grad():
+                x = norm(h) if norm is not None else h
+                logits = unembed(x)
+                if name == names[-1]:
+                    last[:] = [logits.detach()]
+                probs = torch.softmax(logits.detach().double(), dim=-1)
+                tops[name] = probs.topk(min(options.topk, probs.shape[-1]), dim=-1)
+
+        return hook
+
+    handles = [m.register_forward_hook(reader(n)) for n, m in blocks]
+    session = HookSession([], StatsCollector())
+    try:
+        with hooked_pass(prepared, session) as result:
+            logits = logits_of(result.output)
+    finally:
+        for h in handles:
+            h.remove()
+    if not tops:
+        raise UsageError(
+            "no block returned a (batch, tokens, hidden) output to read the lens from.",
+            "name the blocks with --blocks GLOB.",
+        )
+    notes = list(prepared.notes)
+    diff = None
+    if last and isinstance(logits, torch.Tensor) and logits.shape == last[0].shape:
+        diff = float((last[0].double() - logits.detach().double()).abs().max())
+        if diff != 0.0:
+            notes.append(
+                f"the last block's lens differs from the model's logits by up to {diff:.3g}: the "
+                "model changes its logits after the unembedding (a scale or a soft cap), or "
+                "--norm/--unembed name other modules"
+            )
+    cells = _cells(tops, names, loaded.categories, mask)
+    return LensReport(
+        model=model_info(loaded, seed=prepared.seed),
+        input=input_info(model_input),
+        device=str(prepared.device),
+        blocks=[n for n in names if n in tops],
+        norm=norm_name or None,
+        unembed=unembed_name,
+        lens=cells,
+        last_vs_logits=diff,
+        notes=notes,
+    )
+
+
+def _cells(
+    tops: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    names: Sequence[str],
+    labels: Sequence[str] | None,
+    mask: torch.Tensor | None,
+) -> list[LensCell]:
+    real = None if mask is None else mask.cpu().tolist()
+    cells = []
+    for name in names:
+        if name not in tops:
+            continue
+        values, indices = (t.cpu().tolist() for t in tops[name])
+        for b, (vrow, irow) in enumerate(zip(values, indices, strict=True)):
+            for p, (v, i) in enumerate(zip(vrow, irow, strict=True)):
+                if real is not None and not real[b][p]:
+                    continue
+                top = [
+                    LensToken(j, labels[j] if labels is not None and j < len(labels) else None, pv)
+                    for pv, j in zip(v, i, strict=True)
+                ]
+                cells.append(LensCell(name, b, p, top))
+    return cells
