@@ -523,3 +523,60 @@ def test_lens_writes_json_csv_and_a_png_grid(llama: Path, tmp_path: Path) -> Non
     assert csv_out.stdout.splitlines()[0] == "layer,sequence,position,rank,index,token,prob"
     one_line_error(run("lens", "resnet18"), 2, "not a language model")
     one_line_error(run("lens", f"hf:{llama}", "--text", "hi", "--unembed", "nope"), 2, "--unembed")
+
+
+# ---------------------------------------------------------------- generation
+
+
+def test_generate_hooks_every_step_and_makes_transformers_tokens(llama: Path) -> None:
+    texts = [LINES[0], "hello"]
+    report = hookcli.inspect(
+        f"hf:{llama}", text=texts, device="cpu", generate=4, layers=["lm_head", "model.norm"]
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(
+            **enc, max_new_tokens=4, do_sample=False, output_logits=True,
+            return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+    new = out.sequences[:, enc.input_ids.shape[1] :]
+    assert report.generated is not None
+    assert [g.ids for g in report.generated] == new.tolist()
+    assert [g.text for g in report.generated] == [tok.decode(ids) for ids in new.tolist()]
+    heads = [c for c in report.layers if c.name == "lm_head"]
+    assert [c.call for c in heads] == [0, 1, 2, 3]  # one call per forward of generate
+    for call, logits in zip(heads, out.logits, strict=True):
+        assert call.outputs[0].shape[1] == 1  # each step's last position (the KV cache)
+        assert_stats_match(call.outputs[0], logits, rtol=1e-5, same_tensor=False)
+    norms = [c for c in report.layers if c.name == "model.norm"]
+    assert norms[0].outputs[0].shape[1] == enc.input_ids.shape[1]  # call 0: the prompt
+    assert all(c.outputs[0].shape[1] == 1 for c in norms[1:])
+    assert any("call 0 is the prompt" in n for n in report.notes)
+
+
+def test_check_holds_its_rules_over_every_generation_step(llama: Path) -> None:
+    result = run(
+        "check", f"hf:{llama}", "--text", LINES[0], "--generate", "3", "-l", "lm_head",
+        "--fail-on", "nonfinite", "--max-abs", "1e-6", "-f", "json",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.stderr
+    report = json.loads(result.stdout)
+    failed = next(c for c in report["checks"] if c["rule"] == "max-abs")
+    assert sorted({f["call"] for f in failed["failures"]}) == [0, 1, 2]
+    assert len(report["generated"][0]["ids"]) == 3
+
+
+def test_generate_is_refused_where_it_cannot_run(llama: Path) -> None:
+    one_line_error(run("inspect", "resnet18", "--generate", "2"), 2, "cannot generate")
+    one_line_error(run("inspect", f"hf:{llama}", "--text", "hi", "--sample"), 2, "--generate")
+    with pytest.raises(hookcli.errors.UsageError, match="no backward"):
+        hookcli.grads(f"hf:{llama}", text="hi", device="cpu", generate=2)
+    sampled = [
+        hookcli.inspect(f"hf:{llama}", text="hi", generate=5, sample=True, seed=s, depth=1)
+        for s in (1, 1, 2)
+    ]
+    ids = [r.generated[0].ids for r in sampled if r.generated]
+    assert ids[0] == ids[1]  # sampling is seeded by --seed

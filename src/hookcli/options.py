@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from hookcli import bounds
 from hookcli.errors import UsageError
 
+GENERATE_MAX = 1 << 20  # new tokens one --generate may ask for
 MODEL_ARG_MAX = 1000  # characters of one --model-arg KEY=VALUE: far beyond any real one
 HIST_BINS = 12  # --hist and the API's hist=True: equal bins from min to max of the finite values
 DEFAULT_BATCH = 32  # images per batch of a folder run; a folder with more is batched
@@ -119,6 +120,7 @@ class InputOptions:
     text: tuple[str, ...] = ()  # --text: one sequence each (several: a padded batch)
     text_file: str | None = None  # --text-file: one sequence per line
     chat: bool = False  # each text as a user turn through the tokenizer's chat template
+    padding_side: str | None = None  # a padded text batch: left or right (None: the tokenizer's)
 
     def __post_init__(self) -> None:
         given: Any = self.text
@@ -154,6 +156,8 @@ class RunOptions:
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
     per_token: bool = False  # per-position statistics of (batch, tokens, C) outputs
+    generate: int = 0  # new tokens model.generate makes (0: one forward); hooks see every step
+    sample: bool = False  # --generate samples (under --seed) instead of greedy decoding
     save: Any = None  # an io.output.Destination (the API claims a path it is given)
     ablate: tuple[str, ...] = ()
     deterministic: bool = False
@@ -163,6 +167,9 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.topk is not None:
             bounds.integer(self.topk, "--topk", low=0, high=bounds.INT32_MAX, example="--topk 5")
+        bounds.integer(
+            self.generate, "--generate", low=0, high=GENERATE_MAX, example="--generate 8"
+        )
         if self.stats_backend not in STATS_BACKENDS:
             raise UsageError(
                 f"stats_backend {self.stats_backend!r} is not a statistics backend.",
@@ -240,6 +247,8 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "hist": ("run", "hist"),
     "profile": ("run", "profile"),
     "per_token": ("run", "per_token"),
+    "generate": ("run", "generate"),
+    "sample": ("run", "sample"),
     "save": ("run", "save"),
     "ablate": ("run", "ablate"),
     "deterministic": ("run", "deterministic"),

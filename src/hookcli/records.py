@@ -338,6 +338,16 @@ class TextInfo:
 
 
 @dataclass(slots=True)
+class Generated:
+    """--generate: one sequence's new tokens (ids, and as text when a tokenizer is known)."""
+
+    sequence: int
+    ids: list[int]
+    text: str | None
+    tokens: list[str] | None = None
+
+
+@dataclass(slots=True)
 class InputInfo:
     description: str
     shapes: list[tuple[int, ...]]
@@ -356,6 +366,7 @@ class Report:
     outputs: list[TensorStats] = field(default_factory=list)
     predictions: list[Prediction] | None = None
     prediction_note: str | None = None
+    generated: list[Generated] | None = None  # --generate: each sequence's new tokens
     checks: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     nonfinite_origins: list[Origin] = field(default_factory=list)

@@ -84,6 +84,18 @@ TokenizerOpt = Annotated[
         help="The tokenizer for --text [default: the checkpoint's own folder or cache entry].",
     ),
 ]
+GenerateOpt = Annotated[
+    int,
+    typer.Option(
+        "--generate",
+        metavar="N",
+        help="Run model.generate for N new tokens (greedy): the hooks see every step, call 0 "
+        "the prompt, call k the k-th new token.",
+    ),
+]
+SampleOpt = Annotated[
+    bool, typer.Option("--sample", help="--generate samples (under --seed) instead of greedy.")
+]
 PerTokenOpt = Annotated[
     bool,
     typer.Option(

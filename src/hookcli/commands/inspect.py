@@ -59,7 +59,23 @@ def report(inv: Invocation, command: str) -> Report:
     from hookcli.commands import ablation
 
     specs = [ablation.parse(a) for a in run.ablate]
-    prepared = prepare(inv.model, inv.selection, inv.inputs, backward=inv.backward)
+    inputs = inv.inputs
+    if run.generate:
+        if inv.backward is not None:
+            raise UsageError(
+                "--generate runs model.generate, which has no backward.",
+                "drop --generate for gradients (grads takes the text's next-token loss), or "
+                "run inspect/check --generate.",
+            )
+        inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
+    elif run.sample:
+        raise UsageError("--sample chooses how --generate decodes.", "add --generate N.")
+    prepared = prepare(inv.model, inv.selection, inputs, backward=inv.backward)
+    if run.generate:
+        from hookcli.sources.lm import generation_args
+
+        assert prepared.model_input is not None
+        prepared.model_input.generate = generation_args(prepared.loaded, run.generate, run.sample)
     with deterministic_algorithms(run.deterministic):
         clean = _one_run(prepared, run, command)
         if specs:  # the same model and input once more, those layers' outputs changed
@@ -172,6 +188,12 @@ def _report_of_run(
         if saver.skipped:
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
+    generated = None
+    if model_input.generate is not None:
+        from hookcli.sources.lm import generated_of
+
+        generated, said = generated_of(result.output, model_input, loaded)
+        notes.append(said)
     return Report(
         model=model_info(loaded, run.train, prepared.seed),
         input=input_info(model_input),
@@ -185,6 +207,7 @@ def _report_of_run(
         outputs=outputs,
         predictions=predictions,
         prediction_note=note,
+        generated=generated,
         notes=notes,
         backward=backward_of(prepared, value),
         input_grads=input_grads if prepared.input_leaves else None,
@@ -441,7 +464,7 @@ def predict(
     output does not have is an error whether or not anything reads it (no prediction, --topk
     0): a gate never passes on a key that names nothing."""
     selected = loaded.kind.select(output)
-    if topk == 0:
+    if topk == 0 or model_input.generate is not None:  # (generated text: report.generated)
         return None, None
     cats = loaded.categories
     meaningless = "" if loaded.pretrained else f"; {RANDOM_WEIGHTS_NOTE}"

@@ -554,6 +554,18 @@ def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | 
     return innermost
 
 
+def generate(model: nn.Module, model_input: ModelInput) -> Any:
+    """model.generate over the input (every step's forward goes through the hooks), with
+    transformers' own log held back (its notes on generation settings)."""
+    from hookcli.sources.hf import _transformers, quiet_transformers
+
+    assert model_input.generate is not None
+    with quiet_transformers(_transformers()):
+        return model.generate(  # type: ignore[operator]
+            *model_input.args, **model_input.kwargs, **model_input.generate
+        )
+
+
 def run_forward(
     loaded: LoadedModel, model_input: ModelInput, session: HookSession, device: torch.device
 ) -> Any:
@@ -568,6 +580,8 @@ def run_forward(
     with session:
         try:
             try:
+                if model_input.generate is not None:
+                    return generate(model, model_input)
                 return model(*model_input.args, **model_input.kwargs)
             finally:
                 if os.getpid() != pid:

@@ -79,6 +79,8 @@ class ModelInput:
     # a padded text batch: True at real tokens, (batch, tokens); statistics of any tensor
     # whose leading dimensions are these leave the padding out. None: no padding
     token_mask: torch.Tensor | None = None
+    # --generate: keyword arguments of model.generate (None: one forward, model(...))
+    generate: dict[str, Any] | None = None
 
     def replace_args(
         self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None

@@ -90,6 +90,8 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
             )
         tokenizer.pad_token = eos  # as generate() and most fine-tuning scripts do
         notes.append(f"padded with {eos!r} (the tokenizer has no pad token)")
+    if inputs.padding_side is not None:
+        tokenizer.padding_side = inputs.padding_side
     try:
         enc = tokenizer(
             texts,

@@ -356,6 +356,9 @@ def header_lines(report: Report) -> list[str]:
     if report.input.preprocessing:
         lines.append(f"preprocessing: {report.input.preprocessing}")
     lines += token_lines(report.input.texts or [])
+    for g in report.generated or ():
+        shown = repr(g.text) if g.text is not None else " ".join(map(str, g.ids))
+        lines.append(f"generated for sequence {g.sequence} ({len(g.ids)} tokens): {shown}")
     if report.config:
         lines.append(f"config: {report.config}")
     if report.backward is not None:

@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from hookcli.errors import UsageError, one_line
-from hookcli.records import Prediction
+from hookcli.records import Generated, Prediction
 from hookcli.sources.hf import HFText, logits_of
 from hookcli.sources.tasks import Forward, Row, Task
 
 if TYPE_CHECKING:
     from hookcli.inputs import ModelInput
+    from hookcli.sources.model import LoadedModel
 
 # config fields that bound a sequence's length (the first one set is the bound)
 _LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
@@ -292,3 +293,65 @@ def _refuse_remote(config: Mapping[str, Any], where: str) -> None:
             "tokenizer_config.json): hookcli never runs a folder's code.",
             "give a tokenizer transformers ships (--tokenizer PATH|ORG/NAME).",
         )
+
+
+def generation_args(loaded: LoadedModel, new: int, sample: bool) -> dict[str, Any]:
+    """model.generate's keyword arguments for --generate N (greedy, or sampled under the
+    run's seed with the checkpoint's generation settings)."""
+    module = loaded.module
+    can = getattr(module, "can_generate", None)
+    if not isinstance(loaded.kind, CausalLM) or not callable(can) or not can():
+        raise UsageError(
+            f"{loaded.spec} cannot generate ({loaded.task}): --generate needs a causal or "
+            "seq2seq language model.",
+            "drop --generate, or give a language model (hf:PATH of one, hf:gpt2, …).",
+        )
+    args: dict[str, Any] = {
+        "max_new_tokens": new,
+        "do_sample": sample,
+        "num_beams": 1,
+        "return_dict_in_generate": True,
+    }
+    if not sample:  # greedy: the checkpoint's sampling settings do not apply
+        args.update(temperature=None, top_p=None, top_k=None)
+    pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    config = getattr(module, "config", None)
+    if pad is None:
+        pad = _first_int(getattr(config, "pad_token_id", None))
+    if pad is None:
+        pad = _first_int(getattr(config, "eos_token_id", None))
+    if pad is not None:
+        args["pad_token_id"] = pad
+    return args
+
+
+def generated_of(
+    output: Any, model_input: ModelInput, loaded: LoadedModel
+) -> tuple[list[Generated], str]:
+    """Each sequence's new tokens from generate's output, and a note on how the calls line up
+    with the steps."""
+    sequences = output.get("sequences") if isinstance(output, Mapping) else output
+    if not isinstance(sequences, torch.Tensor):
+        raise UsageError(
+            f"{loaded.spec}'s generate returned no sequences.", "drop --generate for this model."
+        )
+    prompt = model_input.kwargs.get(
+        "decoder_input_ids" if isinstance(loaded.kind, Seq2SeqLM) else "input_ids"
+    )
+    start = prompt.shape[-1] if isinstance(prompt, torch.Tensor) else 0
+    new = sequences[:, start:].cpu().tolist()
+    tokenizer = loaded.tokenizer
+    out = []
+    for i, ids in enumerate(new):
+        text = tokens = None
+        if tokenizer is not None:
+            text = str(tokenizer.decode(ids, skip_special_tokens=False))
+            tokens = [decode_one(tokenizer, t) for t in ids]
+        out.append(Generated(i, ids, text, tokens))
+    steps = max((len(ids) for ids in new), default=0)
+    said = (
+        f"--generate: model.generate made {steps} new token{'s' if steps != 1 else ''} in "
+        f"{steps} forward{'s' if steps != 1 else ''}: each layer's call 0 is the prompt, call k "
+        "the k-th new token (with the KV cache)"
+    )
+    return out, said
