@@ -580,3 +580,32 @@ def test_generate_is_refused_where_it_cannot_run(llama: Path) -> None:
     ]
     ids = [r.generated[0].ids for r in sampled if r.generated]
     assert ids[0] == ids[1]  # sampling is seeded by --seed
+
+
+# ---------------------------------------------------------------- attn on text
+
+
+def test_attn_on_text_labels_its_axes_with_the_tokens(llama: Path, tmp_path: Path) -> None:
+    text = "The cat sat on the mat. A dog ran in the park."
+    drawing = hookcli.attn(f"hf:{llama}", text=text, device="cpu")
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager")
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    enc = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        want = model(**enc, output_attentions=True).attentions[-1]
+    assert drawing.raw is not None
+    assert torch.allclose(torch.from_numpy(drawing.raw), want.float(), atol=1e-6)
+    words = [tok.decode([i]) for i in enc.input_ids[0].tolist()]
+    assert drawing.picture.row_tokens == words and drawing.picture.col_tokens == words
+    assert "sequence 0" in drawing.picture.title
+    last = hookcli.attn(f"hf:{llama}", text=text, device="cpu", queries="-4:")
+    assert last.picture.tiles is not None and last.picture.tiles.shape[1] == 4  # 4 query rows
+    assert last.picture.row_tokens == words[-4:]
+    png = tmp_path / "attn.png"
+    result = run("attn", f"hf:{llama}", "--text", text, "--queries", "-4:", "-o", str(png))
+    assert result.exit_code == 0, result.stderr
+    one_line_error(
+        run("attn", f"hf:{llama}", "--text", text, "--queries", "x", "-o", str(png)),
+        2,
+        "START:END",
+    )

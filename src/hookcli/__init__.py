@@ -226,6 +226,7 @@ def attn(
     *,
     layer: str | None = None,
     image_index: int = DEFAULTS.attn.image_index,
+    queries: str | None = None,
     **options: Any,
 ) -> Drawing:
     """`hookcli attn`: the attention probabilities of one transformer block (default: the
@@ -236,13 +237,14 @@ def attn(
     `.raw` (the block's probabilities, float32 batch x heads x tokens x tokens: --save-raw's
     array), `.rollout` (float32 batch x tokens x tokens), `.layer` (the block drawn),
     `.picture.tiles` (each head's map as drawn, uint8), `.notes`; `.save("attn.png")` writes
-    the CLI's PNG. Options as maps'."""
+    the CLI's PNG. Text models: the axes are labelled by their tokens, and `queries="-16:"`
+    draws only those query rows. Options as maps' (text=, tokenizer=, head= among them)."""
     from hookcli import commands
     from hookcli.options import AttnOptions
 
     _new_run()
     model_options, inputs = commands.picture_options(model, image, options, "attn")
-    return commands.attn(model_options, inputs, AttnOptions(layer, image_index))
+    return commands.attn(model_options, inputs, AttnOptions(layer, image_index, queries))
 
 
 def lens(

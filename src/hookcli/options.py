@@ -356,6 +356,7 @@ class AttnOptions:
 
     layer: str | None = None
     image_index: int = 0
+    queries: str | None = None  # token matrices: the query rows drawn, START:END (None: all)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,14 @@ HeadOpt = Annotated[
         "for hf:TYPE the type's own: a causal LM for decoder types].",
     ),
 ]
+QueriesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--queries",
+        metavar="START:END",
+        help="Token matrices: only these query rows (a Python slice; -16: the last 16).",
+    ),
+]
 WeightsOpt = Annotated[
     str,
     typer.Option(

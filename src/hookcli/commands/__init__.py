@@ -55,7 +55,10 @@ Running = Callable[[bool], AbstractContextManager[Progress | None]]
 RULE_KEYS = field_names(RuleOptions)
 INSPECT_RULE_KEYS = ("fail_on", "dead_frac")  # --fail-on works on inspect and grads too
 BATCH_KEYS = field_names(Batching)  # folder runs (check: no --per-image)
-PICTURE_KEYS = ("weights", "seed", "device", "model_args", "output_key", "input_specs", "strict")
+PICTURE_KEYS = (
+    "weights", "seed", "device", "model_args", "output_key", "input_specs", "strict", "text",
+    "text_file", "chat", "tokenizer", "head",
+)  # fmt: skip
 
 
 def run_command(

@@ -142,22 +142,32 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
     )
     p = probs[index].double()
     r = rolled[index]
+    row_tokens = col_tokens = None
     if layout is not None:
         tiles, heat, lines = _on_grid(p, r, layout, has_class_token(loaded.module))
         legend += lines
         shown = layout.label
     else:
-        tiles, heat = _uint8(p), _heat(r)
+        rows = query_rows(options.queries, length)
+        tiles, heat = _uint8(p[:, rows]), _heat(r[rows])
+        span = (
+            f"rows are the query tokens {rows.start}-{rows.stop - 1} of {length}"
+            if rows != slice(0, length)
+            else f"rows are the {length} query tokens"
+        )
         legend.append(
-            f"token x token: rows are the {length} query tokens, columns the key tokens; "
-            "each head and the rollout scaled from their own minimum to maximum"
+            f"token x token: {span}, columns the key tokens; each head and the rollout scaled "
+            "from their own minimum to maximum"
         )
         shown = f"tokens:{length}x{length}"
+        words = position_tokens(model_input, index, length)
+        if words is not None:
+            row_tokens, col_tokens = words[rows], words
     legend += [rolled_how, f"read: {how}"]
     if not loaded.pretrained:
         notes.append("weights are random (--weights none): the attention shows nothing learned")
     return Picture(
-        title=f"attention · {loaded.spec} · {block} · image {index}",
+        title=f"attention · {loaded.spec} · {block} · {loaded.kind.item} {index}",
         image=input_image(model_input, index, loaded) if layout is not None else None,
         tiles=tiles,
         labels=[f"head {h}" for h in range(heads)],
@@ -169,7 +179,46 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
         call=first.call,
         layout=shown,
         rollout=rolled.float().cpu().numpy(),
+        row_tokens=row_tokens,
+        col_tokens=col_tokens,
     )
+
+
+def query_rows(spec: str | None, length: int) -> slice:
+    """--queries START:END (Python's slice, negatives from the end: -16: the last 16) as the
+    rows of a length x length matrix."""
+    if spec is None:
+        return slice(0, length)
+    start_s, sep, end_s = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start = int(start_s) if start_s.strip() else None
+        end = int(end_s) if end_s.strip() else None
+    except ValueError:
+        raise UsageError(
+            f"--queries {spec!r} is not START:END.", "for example --queries -16: (the last 16)."
+        ) from None
+    rows = slice(*slice(start, end).indices(length)[:2])
+    if rows.stop <= rows.start:
+        raise UsageError(
+            f"--queries {spec} selects no query of the {length} tokens.",
+            f"give a range within 0:{length}, e.g. --queries -16:",
+        )
+    return rows
+
+
+def position_tokens(model_input: Any, index: int, length: int) -> list[str] | None:
+    """The token at each position of sequence `index` (padding as <pad>), when the input is
+    text of that length; None otherwise."""
+    texts = model_input.texts
+    ids = model_input.kwargs.get("input_ids")
+    if not texts or not isinstance(ids, torch.Tensor) or ids.shape[-1] != length:
+        return None
+    mask = model_input.token_mask
+    real = [True] * length if mask is None else mask[index].cpu().tolist()
+    words = iter(texts[index].tokens)
+    return [next(words, "?") if keep else "<pad>" for keep in real]
 
 
 def _on_grid(

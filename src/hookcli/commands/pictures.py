@@ -61,6 +61,9 @@ class Picture:
     call: int = 0
     layout: str = ""  # how the activation was read (engine.layout), stated on the picture
     rollout: np.ndarray[Any, np.dtype[np.float32]] | None = None  # attn: (B, L, L) rollout
+    # attn's token x token matrices: the tokens of the rows (queries) and columns (keys)
+    row_tokens: list[str] | None = None
+    col_tokens: list[str] | None = None
 
 
 def default_cam_layer(prepared: Prepared, layout_of: LayoutOf) -> tuple[str, str | None]:

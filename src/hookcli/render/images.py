@@ -34,6 +34,8 @@ class PictureLike(Protocol):
     legend: list[str]
     notes: list[str]
     layout: str
+    row_tokens: list[str] | None
+    col_tokens: list[str] | None
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
@@ -199,23 +201,84 @@ def cam_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dic
     return canvas, {"title": picture.title, "layout": picture.layout}
 
 
+TOKEN_PANEL = 512  # pixels a token matrix's longer side is drawn at, at most
+TOKEN_CELL = (2, 18)  # and the pixels of one token, at least and at most
+LABEL_PX = 11  # a token label's font size: labels are drawn every n tokens to fit
+
+
+def token_matrices(
+    tiles: np.ndarray[Any, Any],
+    labels: list[str],
+    rows: list[str] | None,
+    cols: list[str] | None,
+) -> tuple[Image.Image, list[dict[str, Any]]]:
+    """Token x token matrices (K, h, w, 3) in a grid, each titled above it (never over its
+    first rows and columns, where attention sinks show), the query tokens down the left of the
+    first column and the key tokens (turned) along the top of the first row."""
+    k, h, w = tiles.shape[:3]
+    cell = min(TOKEN_CELL[1], max(TOKEN_CELL[0], TOKEN_PANEL // max(h, w)))
+    tw, th = w * cell, h * cell
+    font, title_font = _font(LABEL_PX), _font(12)
+    step = max(1, math.ceil((LABEL_PX + 2) / cell))  # every step-th token labelled
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    shown_rows = [(i, repr(t)) for i, t in enumerate(rows or []) if i % step == 0]
+    shown_cols = [(i, repr(t)) for i, t in enumerate(cols or []) if i % step == 0]
+    left = int(max((probe.textlength(t, font=font) for _, t in shown_rows), default=0)) + 4
+    top = int(max((probe.textlength(t, font=font) for _, t in shown_cols), default=0)) + 4
+    band = _text_height(title_font)
+    ncols = math.ceil(math.sqrt(k))
+    nrows = math.ceil(k / ncols)
+    grid = Image.new(
+        "RGB", (left + ncols * (tw + GAP), top + nrows * (band + th + GAP)), BACKGROUND
+    )
+    draw = ImageDraw.Draw(grid)
+    boxes = []
+    for i in range(k):
+        r, c = divmod(i, ncols)
+        x, y = left + c * (tw + GAP), top + r * (band + th + GAP)
+        label = labels[i] if i < len(labels) else str(i)
+        draw.text((x, y), label, fill=INK, font=title_font)
+        tile = Image.fromarray(tiles[i], mode="RGB").resize((tw, th), Image.Resampling.NEAREST)
+        grid.paste(tile, (x, y + band))
+        boxes.append({"label": label, "box": [x, y + band, x + tw, y + band + th]})
+    y0 = top + band
+    for i, text in shown_rows:
+        width = probe.textlength(text, font=font)
+        draw.text(
+            (left - 2 - width, y0 + i * cell + (cell - LABEL_PX) // 2), text, fill=INK, font=font
+        )
+    for i, text in shown_cols:
+        width = int(probe.textlength(text, font=font)) + 2
+        strip = Image.new("RGB", (width, LABEL_PX + 3), BACKGROUND)
+        ImageDraw.Draw(strip).text((0, 0), text, fill=INK, font=font)
+        turned = strip.rotate(90, expand=True)
+        grid.paste(turned, (left + i * cell + (cell - turned.width) // 2, top - 2 - turned.height))
+    return grid, boxes
+
+
 def attn_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, dict[str, Any]]:
     """attn: the input, a grid of the heads' maps (over the image, or token x token
-    matrices), and the rollout with a colour bar under it."""
+    matrices, labelled by their tokens), and the rollout with a colour bar under it."""
     assert picture.tiles is not None
     assert picture.heat is not None
     base = Image.fromarray(picture.image, mode="RGB") if picture.image is not None else None
     heads = [t.astype(np.float32) / 255 for t in picture.tiles]
     if base is not None:
         tiles = np.stack([np.asarray(overlay(m, base, alpha)) for m in heads])
+        grid, boxes = _grid(tiles, picture.labels)
+        rolled = overlay(picture.heat, base, alpha)
     else:
         tiles = np.stack([np.asarray(heat_rgb(m)) for m in heads])
-    grid, boxes = _grid(tiles, picture.labels)
-    rolled = overlay(picture.heat, base, alpha) if base is not None else heat_rgb(picture.heat)
-    size = max(224, grid.height)
-    resample = Image.Resampling.NEAREST if rolled.height < size else Image.Resampling.BILINEAR
-    rolled = rolled.resize((round(rolled.width * size / rolled.height), size), resample)
-    _label(ImageDraw.Draw(rolled), (0, 0), "rollout", _font(13))
+        rows, cols = picture.row_tokens, picture.col_tokens
+        grid, boxes = token_matrices(tiles, picture.labels, rows, cols)
+        rolled, _ = token_matrices(
+            np.asarray(heat_rgb(picture.heat))[None], ["rollout"], rows, cols
+        )
+    if base is not None:
+        size = max(224, grid.height)
+        resample = Image.Resampling.NEAREST if rolled.height < size else Image.Resampling.BILINEAR
+        rolled = rolled.resize((round(rolled.width * size / rolled.height), size), resample)
+        _label(ImageDraw.Draw(rolled), (0, 0), "rollout", _font(13))
     panels = [p for p in (_input_panel(picture, grid.height), grid, rolled) if p is not None]
     canvas, places = _compose(panels, picture, under_last=_colour_bar(rolled.width))
     (gx, gy), (rx, ry) = places[-2], places[-1]
