@@ -26,8 +26,7 @@ from hookcli.options import DEFAULTS
 
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
-    from hookcli.commands.lens import LensReport
-    from hookcli.records import DiffReport, Report
+    from hookcli.records import DiffReport, LensReport, Report
 
 __all__ = [
     "__version__",

@@ -511,3 +511,43 @@ class DiffReport:
         ordered: dict[str, Any] = {"schema": data.pop("schema")}
         ordered.update(data)
         return ordered
+
+
+@dataclass(slots=True)
+class LensToken:
+    index: int
+    token: str | None
+    prob: float | None
+
+
+@dataclass(slots=True)
+class LensCell:
+    """One block's lens at one position of one sequence: its top tokens."""
+
+    layer: str
+    sequence: int
+    position: int
+    top: list[LensToken]
+
+
+@dataclass(slots=True)
+class LensReport:
+    """`hookcli lens`: each block's top tokens at every real position of every sequence."""
+
+    model: ModelInfo
+    input: InputInfo
+    device: str
+    blocks: list[str]
+    norm: str | None
+    unembed: str
+    lens: list[LensCell] = field(default_factory=list)
+    # the last block's lens against the model's own logits: the largest |difference|
+    last_vs_logits: float | None = None
+    notes: list[str] = field(default_factory=list)
+    command: str = "lens"
+    schema: int = 1
+    hookcli_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        return {"schema": data.pop("schema"), **data}

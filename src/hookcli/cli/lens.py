@@ -23,8 +23,8 @@ from hookcli.options import DEFAULTS
 from hookcli.render import Format
 
 if TYPE_CHECKING:
-    from hookcli.commands.lens import LensReport
     from hookcli.io.output import Destination
+    from hookcli.records import LensReport
 
 
 def lens(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,47 +20,7 @@ from torch import nn
 from hookcli._version import __version__
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, LensOptions, ModelOptions
-from hookcli.records import InputInfo, ModelInfo
-
-
-@dataclass(slots=True)
-class LensToken:
-    index: int
-    token: str | None
-    prob: float | None
-
-
-@dataclass(slots=True)
-class LensCell:
-    """One block's lens at one position of one sequence: its top tokens."""
-
-    layer: str
-    sequence: int
-    position: int
-    top: list[LensToken]
-
-
-@dataclass(slots=True)
-class LensReport:
-    model: ModelInfo
-    input: InputInfo
-    device: str
-    blocks: list[str]
-    norm: str | None
-    unembed: str
-    lens: list[LensCell] = field(default_factory=list)
-    # the last block's lens against the model's own logits: the largest |difference|
-    last_vs_logits: float | None = None
-    notes: list[str] = field(default_factory=list)
-    command: str = "lens"
-    schema: int = 1
-    hookcli_version: str = __version__
-
-    def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
-        data = dataclasses.asdict(self)
-        return {"schema": data.pop("schema"), **data}
+from hookcli.records import LensCell, LensReport, LensToken
 
 
 def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module]]:
@@ -89,11 +48,28 @@ def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str,
             "no blocks found: the model holds no ModuleList of one kind of module.",
             "name them with --blocks GLOB (model.layers.*).",
         )
-    decoder = [entry for entry in lists if "decoder" in entry[0].split(".")]
-    pool = decoder or lists
+    within = _decoder_path(model)  # a multimodal or encoder-decoder model: its text decoder's
+    inside = [e for e in lists if within is None or (e[0] + ".").startswith(within + ".")]
+    pool = inside or lists
+    if within is None:
+        decoder = [entry for entry in lists if "decoder" in entry[0].split(".")]
+        pool = decoder or lists
     depth = min(n.count(".") for n, _ in pool)
     name, blocks = max(((n, m) for n, m in pool if n.count(".") == depth), key=lambda e: len(e[1]))
     return [(f"{name}.{i}", b) for i, b in enumerate(blocks)]
+
+
+def _decoder_path(model: nn.Module) -> str | None:
+    """The dotted name of the model's text decoder (transformers' get_decoder()), when it is a
+    part of the model and not the model itself."""
+    get = getattr(model, "get_decoder", None)
+    try:
+        decoder = get() if callable(get) else None
+    except Exception:  # a model whose get_decoder needs more than it has
+        return None
+    if not isinstance(decoder, nn.Module) or decoder is model:
+        return None
+    return next((n for n, m in model.named_modules() if m is decoder and n), None)
 
 
 def find_norm(model: nn.Module, blocks: Sequence[str], asked: str | None) -> tuple[str, Any]:
@@ -159,7 +135,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     from hookcli.engine.hooks import HookSession
     from hookcli.engine.passes import hooked_pass, prepare
     from hookcli.engine.stats import StatsCollector
-    from hookcli.sources.hf import logits_of
+    from hookcli.sources.hfbase import logits_of
     from hookcli.sources.lm import CausalLM
 
     if options.topk < 1:
@@ -231,6 +207,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
         lens=cells,
         last_vs_logits=diff,
         notes=notes,
+        hookcli_version=__version__,
     )
 
 

@@ -557,10 +557,10 @@ def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | 
 def generate(model: nn.Module, model_input: ModelInput) -> Any:
     """model.generate over the input (every step's forward goes through the hooks), with
     transformers' own log held back (its notes on generation settings)."""
-    from hookcli.sources.hf import _transformers, quiet_transformers
+    from hookcli.sources.hfbase import quiet_transformers, transformers_module
 
     assert model_input.generate is not None
-    with quiet_transformers(_transformers()):
+    with quiet_transformers(transformers_module()):
         return model.generate(  # type: ignore[operator]
             *model_input.args, **model_input.kwargs, **model_input.generate
         )

@@ -38,7 +38,7 @@ class PictureLike(Protocol):
     col_tokens: list[str] | None
 
 
-def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+def label_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow without FreeType: the fixed bitmap font
@@ -70,7 +70,7 @@ def _grid(
         "RGB", (cols * tw + (cols - 1) * GAP, rows * th + (rows - 1) * GAP), BACKGROUND
     )
     draw = ImageDraw.Draw(grid)
-    font = _font(max(10, min(16, th // 5)))
+    font = label_font(max(10, min(16, th // 5)))
     boxes = []
     mode = "RGB" if tiles.ndim == 4 else "L"  # (K, h, w, 3) colour tiles, or grey ones
     for i in range(k):
@@ -117,7 +117,7 @@ def _colour_bar(width: int) -> Image.Image:
     band = Image.new("RGB", (width, 30), BACKGROUND)
     band.paste(bar, (0, 0))
     draw = ImageDraw.Draw(band)
-    font = _font(11)
+    font = label_font(11)
     draw.text((0, 14), "low", fill=INK, font=font)
     draw.text((width - draw.textlength("high", font=font), 14), "high", fill=INK, font=font)
     return band
@@ -128,7 +128,7 @@ def _compose(
 ) -> tuple[Image.Image, list[tuple[int, int]]]:
     """Panels side by side under a title; an optional band under the last panel; legend and
     notes below. Returns the canvas and the top-left of each panel."""
-    title_font, text_font = _font(16), _font(13)
+    title_font, text_font = label_font(16), label_font(13)
     th, lh = _text_height(title_font), _text_height(text_font)
     height = max(p.height for p in panels)
     width = sum(p.width for p in panels) + GAP * 3 * (len(panels) - 1)
@@ -218,7 +218,7 @@ def token_matrices(
     k, h, w = tiles.shape[:3]
     cell = min(TOKEN_CELL[1], max(TOKEN_CELL[0], TOKEN_PANEL // max(h, w)))
     tw, th = w * cell, h * cell
-    font, title_font = _font(LABEL_PX), _font(12)
+    font, title_font = label_font(LABEL_PX), label_font(12)
     step = max(1, math.ceil((LABEL_PX + 2) / cell))  # every step-th token labelled
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     shown_rows = [(i, repr(t)) for i, t in enumerate(rows or []) if i % step == 0]
@@ -278,7 +278,7 @@ def attn_png(picture: PictureLike, alpha: float = 0.55) -> tuple[Image.Image, di
         size = max(224, grid.height)
         resample = Image.Resampling.NEAREST if rolled.height < size else Image.Resampling.BILINEAR
         rolled = rolled.resize((round(rolled.width * size / rolled.height), size), resample)
-        _label(ImageDraw.Draw(rolled), (0, 0), "rollout", _font(13))
+        _label(ImageDraw.Draw(rolled), (0, 0), "rollout", label_font(13))
     panels = [p for p in (_input_panel(picture, grid.height), grid, rolled) if p is not None]
     canvas, places = _compose(panels, picture, under_last=_colour_bar(rolled.width))
     (gx, gy), (rx, ry) = places[-2], places[-1]

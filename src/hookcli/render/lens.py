@@ -16,7 +16,7 @@ from hookcli.render.rows import Line, Row, Section, Table, lines_section, token_
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hookcli.commands.lens import LensCell, LensReport
+    from hookcli.records import LensCell, LensReport
 
 POSITIONS_SHOWN = 16  # positions a table shows (the last ones); JSON, CSV and PNG have all
 
@@ -115,13 +115,13 @@ def lens_png(report: LensReport, sequence: int = 0) -> tuple[Image.Image, dict[s
     (viridis-like ramp from dark to yellow); the input's tokens label the columns."""
     from PIL import Image, ImageDraw
 
-    from hookcli.render.images import _font
+    from hookcli.render.images import label_font
 
     cells = [c for c in report.lens if c.sequence == sequence]
     positions = sorted({c.position for c in cells})
     texts = report.input.texts or []
     words = texts[sequence].tokens if sequence < len(texts) else []
-    font = _font(12)
+    font = label_font(12)
     left, top = 110, 40
     width = left + CELL_W * max(1, len(positions)) + 10
     height = top + CELL_H * (len(report.blocks) + 1) + 30

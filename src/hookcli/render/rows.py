@@ -356,6 +356,7 @@ def header_lines(report: Report) -> list[str]:
     if report.input.preprocessing:
         lines.append(f"preprocessing: {report.input.preprocessing}")
     lines += token_lines(report.input.texts or [])
+    lines += padding_lines(report)
     for g in report.generated or ():
         shown = repr(g.text) if g.text is not None else " ".join(map(str, g.ids))
         lines.append(f"generated for sequence {g.sequence} ({len(g.ids)} tokens): {shown}")
@@ -388,6 +389,21 @@ def token_lines(texts: Sequence[TextInfo]) -> list[str]:
             )
         lines.append(f"tokens of sequence {i} ({len(t.ids)}): {shown}")
     return lines
+
+
+def padding_lines(report: Report) -> list[str]:
+    """A padded text batch: how much of it is padding, which no statistic counts."""
+    texts, shapes = report.input.texts, report.input.shapes
+    if not texts or not shapes or len(shapes[0]) != 2:
+        return []
+    batch, tokens = shapes[0]
+    real = sum(len(t.ids) for t in texts)
+    if real >= batch * tokens:
+        return []
+    return [
+        f"padding: {batch * tokens - real} of {batch * tokens} positions; no statistic counts "
+        "them (a tensor's leading batch x tokens dimensions are read at the real tokens only)"
+    ]
 
 
 def is_text_task(task: str) -> bool:

@@ -19,12 +19,13 @@ from torch import nn
 
 from hookcli.errors import UsageError, one_line
 from hookcli.records import Generated, Prediction
-from hookcli.sources.hf import HFText, logits_of
+from hookcli.sources.hfbase import HFText, logits_of
 from hookcli.sources.tasks import Forward, Row, Task
 
 if TYPE_CHECKING:
-    from hookcli.inputs import ModelInput
     from hookcli.sources.model import LoadedModel
+
+ModelInput = Any  # hookcli.inputs.ModelInput (inputs sits beside sources: not imported here)
 
 # config fields that bound a sequence's length (the first one set is the bound)
 _LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
@@ -240,7 +241,7 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
     """The tokenizer --tokenizer names, else the one beside the checkpoint; and where it came
     from. Offline, never remote code; a folder's JSON files are checked first."""
     from hookcli.sources.base import hf_cache_dir, hf_cache_path
-    from hookcli.sources.hf import _json_file, _transformers, quiet_transformers
+    from hookcli.sources.hfbase import json_file, quiet_transformers, transformers_module
 
     where = asked if asked is not None else found
     if where is None:
@@ -249,7 +250,7 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
             "give one with --tokenizer PATH|ORG/NAME, or token ids with --input "
             "input_ids=randint:0:VOCAB:1x16.",
         )
-    tf = _transformers()
+    tf = transformers_module()
     from hookcli.io.output import user_path
 
     local = user_path(where, "--tokenizer")
@@ -264,7 +265,7 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
                 "give one with --tokenizer PATH|ORG/NAME (a folder tokenizer.save_pretrained "
                 "wrote).",
             )
-        config = _json_file(f"--tokenizer {where}", local / "tokenizer_config.json") or {}
+        config = json_file(f"--tokenizer {where}", local / "tokenizer_config.json") or {}
         _refuse_remote(config, where)
         source: str | Path = local
         label = str(local)

@@ -1,0 +1,316 @@
+"""Run hookcli over every causal-LM type transformers ships; write docs/models_llm.md.
+
+Each type is built offline from its own default config shrunk (2 blocks of the real layer
+pattern, hidden size 64, 4 heads, small MLPs and expert counts, a 512-token vocabulary), with
+random weights, and inspected with `--text` through a byte-level BPE tokenizer trained here.
+Two oracles decide a type's row:
+
+- the residual stream entering every block (the first input of each block hookcli hooks)
+  has the statistics of transformers' own `output_hidden_states` at that block;
+- the logits are unchanged by the hooks: hookcli's statistics of the model's logits equal
+  those of an unhooked forward, bit for bit.
+
+Types run in child processes, a batch at a time (a crash or a hang is that type's row).
+
+    python benchmarks/sweep_llm.py                 # every type (about 20 minutes on 2 cores)
+    python benchmarks/sweep_llm.py --only 'llama*' --out /tmp/llm.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fnmatch
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "models_llm.md"
+VOCAB = 512
+TEXT = "The cat sat on the mat. A dog ran in the park, and the cat saw it."
+LINES = [TEXT, "hello world, the cat and the dog", "Once upon a time there was a model."]
+
+# config fields set wherever a config has them (sub-configs too): small, consistent sizes
+SIZES: dict[str, int] = {
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "dim": 64, "embed_dim": 64,
+    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "d_ff": 128, "ffn_hidden_size": 128,
+    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "n_heads": 4,
+    "decoder_attention_heads": 4, "encoder_attention_heads": 4, "num_key_value_heads": 2,
+    "multi_query_group_num": 2,
+    "head_dim": 16, "kv_channels": 16, "d_kv": 16,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_shared_experts": 1,
+    "vocab_size": VOCAB, "max_position_embeddings": 256, "n_positions": 256, "seq_length": 256,
+    "n_ctx": 256, "max_seq_len": 256,
+}  # fmt: skip
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
+
+
+def _layer_types(config: Any, n: int) -> int:
+    """Keep the real layer pattern: the first block of each distinct kind (at least n)."""
+    for name in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
+        pattern = vars(config).get(name)
+        if isinstance(pattern, list | tuple) and pattern:
+            kinds = list(dict.fromkeys(pattern))
+            keep = [kinds[i % len(kinds)] for i in range(max(n, len(kinds)))]
+            _set(config, name, type(pattern)(keep))
+            return len(keep)
+        if isinstance(pattern, str) and pattern:
+            kinds = list(dict.fromkeys(pattern))
+            text = "".join(kinds[i % len(kinds)] for i in range(max(n, len(kinds))))
+            _set(config, name, text)
+            return len(text)
+    return n
+
+
+def shrink(config: Any, seen: set[int] | None = None) -> Any:
+    """The config with small sizes and 2 blocks (more when its layer pattern has more kinds)."""
+    from transformers import PretrainedConfig
+
+    seen = seen if seen is not None else set()
+    if id(config) in seen:
+        return config
+    seen.add(id(config))
+    own = vars(config)  # what the config sets (getattr may refuse per-layer fields)
+    for key, value in SIZES.items():
+        old = own.get(key)
+        if isinstance(old, int) and not isinstance(old, bool):
+            _set(config, key, value)
+    if isinstance(own.get("num_kv_shared_layers"), int):
+        _set(config, "num_kv_shared_layers", 0)
+    layers = _layer_types(config, 2)
+    for key in LAYERS:
+        if isinstance(own.get(key), int):
+            _set(config, key, layers)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        value = own.get(key)
+        if isinstance(value, int) and value >= VOCAB:
+            _set(config, key, {"pad_token_id": 0, "bos_token_id": 1}.get(key, 2))
+        elif isinstance(value, list):
+            _set(config, key, [v if isinstance(v, int) and v < VOCAB else 2 for v in value])
+    for value in list(own.values()):
+        for sub in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(sub, PretrainedConfig):
+                shrink(sub, seen)
+    return config
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    with contextlib.suppress(Exception):  # a field the config computes or validates: as it is
+        setattr(config, key, value)
+
+
+CHILD = """
+import sys
+sys.path.insert(0, {bench!r})
+from sweep_llm import child
+child(sys.argv[1], sys.argv[2:])
+"""
+
+
+def child(tokdir: str, types: list[str]) -> None:
+    """In a child process: each type's row, a JSON line each."""
+    import transformers as tf
+
+    from hookcli.errors import HookcliError
+
+    tf.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    tok = tf.AutoTokenizer.from_pretrained(tokdir)
+    for t in types:
+        t0 = time.perf_counter()
+        out: dict[str, Any] = {"type": t}
+        try:
+            problem = one_type(t, tokdir, tok, out)
+            out["status"] = "ok" if problem is None else "mismatch"
+            if problem is not None:
+                out["message"] = problem[:300]
+        except HookcliError as exc:
+            out.update(status=f"hookcli exit {exc.exit_code}", message=str(exc)[:300])
+        except Exception as exc:
+            msg = " ".join(str(exc).split())[:300]
+            status = "build" if "class" not in out else "error"
+            out.update(status=status, message=f"{type(exc).__name__}: {msg}")
+        out["seconds"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(out), flush=True)
+
+
+def one_type(t: str, tokdir: str, tok: Any, out: dict[str, Any]) -> str | None:
+    """Build type t shrunk, inspect it with --text, and check the oracles; the first
+    disagreement, or None."""
+    import torch
+    import transformers as tf
+
+    import hookcli
+    from hookcli.commands.lens import find_blocks
+
+    config = shrink(tf.AutoConfig.for_model(t))
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()  # type: ignore[no-untyped-call]
+    out["class"] = type(model).__name__
+    out["params"] = sum(p.numel() for p in model.parameters())
+    blocks = [n for n, _ in find_blocks(model)]
+    out["blocks"] = len(blocks)
+    report = hookcli.inspect(
+        model, text=TEXT, tokenizer=tokdir, device="cpu", layers=blocks, topk=1
+    )
+    enc = tok(TEXT, return_tensors="pt")
+    with torch.no_grad():
+        truth = model(**enc, output_hidden_states=True)
+    problem = stream_problem(blocks, report, truth.hidden_states)
+    if problem is not None:
+        return problem
+    logits = next((s for s in report.outputs if s.path.endswith('["logits"]')), None)
+    lg = truth.logits.double()
+    if logits is None:
+        return "no logits in the output"
+    if (logits.min, logits.max) != (float(lg.min()), float(lg.max())):
+        return "logits changed by the hooks"
+    return None
+
+
+def stream_problem(blocks: list[str], report: Any, hidden: Any) -> str | None:
+    """Where the residual stream entering a block differs from transformers' hidden states."""
+    firsts = {c.name: c for c in reversed(report.layers)}  # each block's call 0
+    for i, name in enumerate(blocks):
+        call = firsts.get(name)
+        if call is None:
+            return f"{name} not called"
+        if hidden is None or i >= len(hidden):
+            return f"transformers gave {0 if hidden is None else len(hidden)} hidden states"
+        want = hidden[i].double()
+        got = next((s for s in call.inputs if s.shape == tuple(want.shape)), None)
+        if got is None:
+            return f"{name}: no input of the hidden states' shape {tuple(want.shape)}"
+        ref = tuple(float(r) for r in (want.mean(), want.std(correction=0), want.min(), want.max()))
+        mine = (got.mean, got.std, got.min, got.max)
+        scale = max(abs(ref[0]), ref[1], 1e-30)
+        if any(
+            m is None or abs(m - r) > 1e-5 * max(scale, abs(r))
+            for m, r in zip(mine, ref, strict=True)
+        ):
+            return f"{name}: entering stream {mine} != hidden_states[{i}] {ref}"
+    return None
+
+
+def causal_types() -> list[str]:
+    from transformers.models.auto import modeling_auto
+
+    return sorted(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def make_tokenizer(folder: Path) -> None:
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(LINES * 20, trainer)
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(folder)
+
+
+def run_batch(types: list[str], tokdir: str, timeout: float) -> list[dict[str, Any]]:
+    """One child for the batch; a type the child never reported (a crash, a hang) is run
+    alone, and if that fails too, its row says how."""
+    code = CHILD.format(bench=str(Path(__file__).parent))
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", code, tokdir, *types],
+            capture_output=True,
+            text=True,
+            timeout=timeout * len(types),
+            check=False,
+        )
+        stdout, stderr, code_rc = res.stdout, res.stderr, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stderr, code_rc = "timeout", -1
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    done = {r["type"] for r in rows}
+    missing = [t for t in types if t not in done]
+    if missing and len(types) == 1:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1][:200]
+        why = "timeout" if stderr == "timeout" else f"crashed (exit {code_rc})"
+        return [{"type": types[0], "status": why, "message": tail}]
+    for t in missing:
+        rows += run_batch([t], tokdir, timeout)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], seconds: float) -> str:
+    import torch
+    import transformers
+
+    ok = sum(r["status"] == "ok" for r in rows)
+    lines = [
+        "# Causal language models: hookcli over every causal-LM type of transformers",
+        "",
+        f"**{ok} of {len(rows)} causal-LM types ran** with the residual stream entering every "
+        "block equal to transformers' `output_hidden_states` and the logits unchanged by the "
+        "hooks.",
+        "",
+        f"transformers {transformers.__version__}, torch {torch.__version__}, CPU. Written by "
+        f"`python benchmarks/sweep_llm.py` in {seconds / 60:.0f} minutes. Each type is built "
+        "offline from its default config shrunk (2 blocks of its real layer pattern, hidden "
+        f"size 64, 4 heads, small MLPs and expert counts, a {VOCAB}-token vocabulary) with random "
+        "weights, and inspected with `--text` through a byte-level BPE tokenizer trained in the "
+        "sweep. The oracles: each block's first input against `hidden_states[i]` (mean, std, "
+        "min, max within 1e-5 of the scale), and the logits' statistics against an unhooked "
+        "forward (min and max bit for bit).",
+        "",
+        "| type | class | params | blocks | status | seconds | why |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["type"]):
+        why = str(r.get("message", "")).replace("|", "/")
+        lines.append(
+            f"| {r['type']} | {r.get('class', '')} | {r.get('params', '')} | "
+            f"{r.get('blocks', '')} | {r['status']} | {r.get('seconds', '')} | {why} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", action="append", help="glob on types, repeatable")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--batch", type=int, default=12)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per type")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    types = causal_types()
+    if args.only:
+        types = [t for t in types if any(fnmatch.fnmatchcase(t, g) for g in args.only)]
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tokenizer(Path(tmp))
+        batches = [types[i : i + args.batch] for i in range(0, len(types), args.batch)]
+        rows: list[dict[str, Any]] = []
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for got in pool.map(lambda b: run_batch(b, tmp, args.timeout), batches):
+                rows += got
+                ok = sum(r["status"] == "ok" for r in rows)
+                print(f"{len(rows)}/{len(types)} done, {ok} ok", flush=True)
+    seconds = time.perf_counter() - t0
+    args.out.write_text(table(rows, seconds))
+    ok = sum(r["status"] == "ok" for r in rows)
+    print(f"{ok} of {len(rows)} causal-LM types ran; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
