@@ -609,3 +609,20 @@ def test_attn_on_text_labels_its_axes_with_the_tokens(llama: Path, tmp_path: Pat
         2,
         "START:END",
     )
+
+
+def test_diff_gives_each_position_of_the_logits_its_error(llama: Path) -> None:
+    import copy
+
+    report = hookcli.diff(f"hf:{llama}", b="bfloat16", text=LINES[0], device="cpu", depth=1)
+    (logits,) = [d for d in report.outputs[0].b if d.path == 'out["logits"]']
+    model, enc, out = truth(llama, [LINES[0]])
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.no_grad():
+        b = low(**enc).logits.double()
+    a = out.logits.double()
+    want = ((b - a).norm(dim=-1) / a.norm(dim=-1)).tolist()
+    assert logits.per_position is not None
+    assert logits.per_position == [pytest.approx(row, rel=1e-6) for row in want]
+    result = run("diff", f"hf:{llama}", "--text", LINES[0], "--b", "bfloat16", "--depth", "1")
+    assert 'worst positions of ["logits"]' in result.stdout, result.stdout

@@ -459,6 +459,9 @@ class TensorDiff:
     over: bool = False
     note: str | None = None
     own_rel_l2: float | None = None
+    # the model's (batch, tokens, vocab) output: the relative L2 of each sequence's each
+    # position over the vocabulary ([sequence][position]; null where the reference is zero)
+    per_position: list[list[float | None]] | None = None
 
 
 @dataclass(slots=True)

@@ -206,6 +206,45 @@ def diff_footer(report: DiffReport) -> list[str]:
     return lines
 
 
+POSITIONS_LISTED = 3  # a (batch, tokens, vocab) output's worst positions named under the table
+
+
+def position_lines(report: DiffReport) -> list[Line]:
+    """The model's (batch, tokens, vocab) output: its worst positions by relative L2, each
+    named by its token."""
+    texts = report.input.texts or []
+    lines = []
+    for call in report.outputs:
+        for side, diffs in (("B", call.b), ("A", call.a or [])):
+            for d in diffs:
+                if not d.per_position:
+                    continue
+                cells = [
+                    (e, b, p)
+                    for b, row in enumerate(d.per_position)
+                    for p, e in enumerate(row)
+                    if e is not None
+                ]
+                worst = sorted(cells, reverse=True)[:POSITIONS_LISTED]
+                if not worst:
+                    continue
+                shown = ", ".join(
+                    f"sequence {b} position {p}{_token_at(texts, b, p, len(d.per_position[b]))} "
+                    f"{num(e)}"
+                    for e, b, p in worst
+                )
+                path = d.path.removeprefix("out") or "output"
+                lines.append(Line(f"worst positions of {path}, side {side} (relative L2): {shown}"))
+    return lines
+
+
+def _token_at(texts: list[Any], b: int, p: int, length: int) -> str:
+    """The token at a position, when the sequence is unpadded (its tokens are its positions)."""
+    if b < len(texts) and len(texts[b].tokens) == length:
+        return f" ({texts[b].tokens[p]!r})"
+    return ""
+
+
 def diff_verdict(report: DiffReport) -> Line:
     if report.first_over is not None:
         return Line(f"first past tolerance: {report.first_over}", "bad")
@@ -217,6 +256,7 @@ def diff_sections(report: DiffReport) -> list[Section]:
         *(Line(line) for line in diff_footer(report)),
         *agreement_lines(report),
         *largest_lines(report),
+        *position_lines(report),
         diff_verdict(report),
     ]
     return [

@@ -204,6 +204,8 @@ class Accumulator:
     max_abs: float = 0.0
     nonfinite: int = 0
     notes: set[str] = field(default_factory=set)
+    # a (batch, tokens, C) model output: Σ(b - a)² and Σa² of each position, (batch, tokens)
+    rows: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
 
     def add(self, sums: np.ndarray[Any, Any], numel: int) -> None:
         self.sd += float(sums[0])
@@ -224,6 +226,7 @@ class Accumulator:
         self.nonfinite += other.nonfinite
         self.numel += other.numel
         self.notes |= other.notes
+        self.rows = None  # positions of other batches: not one (batch, tokens) grid
 
     def result(self, path: str, tol: float) -> TensorDiff:
         d = TensorDiff(path, self.shape, self.numel, nonfinite=self.nonfinite)
@@ -246,6 +249,12 @@ class Accumulator:
         if self.sa > 0 and self.sb > 0:
             d.cosine = max(-1.0, min(1.0, self.sab / math.sqrt(self.sa * self.sb)))
         d.over = self.nonfinite > 0 or d.rel_l2 is None or d.rel_l2 > tol
+        if self.rows is not None:
+            sd, sa = self.rows
+            d.per_position = [
+                [math.sqrt(e / r) if r > 0 else None for e, r in zip(es, rs, strict=True)]
+                for es, rs in zip(sd.tolist(), sa.tolist(), strict=True)
+            ]
         return d
 
 
@@ -454,8 +463,15 @@ class Compared:
 
 
 def measure(
-    accs: dict[str, Accumulator], path: str, ref: np.ndarray[Any, Any] | None, got: torch.Tensor
+    accs: dict[str, Accumulator],
+    path: str,
+    ref: np.ndarray[Any, Any] | None,
+    got: torch.Tensor,
+    *,
+    positions: bool = False,
 ) -> None:
+    """One tensor against the reference's, into its accumulator. `positions`: the model's
+    output, whose (batch, tokens, C) tensors also get each position's error."""
     acc = accs.setdefault(path, Accumulator(tuple(got.shape)))
     if ref is None:
         acc.notes.add("only on this side")
@@ -467,6 +483,22 @@ def measure(
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
         acc.notes.add(why_not_finite(ref, got))
     acc.add(got_sums, got.numel())
+    if positions and got.dim() == 3 and got.is_floating_point() and acc.numel == got.numel():
+        acc.rows = position_sums(ref, got)  # (one batch: a folder of batches keeps none)
+    elif acc.numel != got.numel():
+        acc.rows = None
+
+
+def position_sums(
+    ref: np.ndarray[Any, Any], got: torch.Tensor
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Σ(b - a)² and Σa² over the last dimension, per (sequence, position), in float64."""
+    a = np.asarray(ref)
+    if a.dtype == np.uint16:  # bfloat16 bits
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    a64 = torch.from_numpy(np.ascontiguousarray(a)).double()
+    b64 = got.detach().cpu().double()
+    return ((b64 - a64) ** 2).sum(-1).numpy(), (a64**2).sum(-1).numpy()
 
 
 def why_not_finite(ref: np.ndarray[Any, Any], got: torch.Tensor) -> str:

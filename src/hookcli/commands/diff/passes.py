@@ -133,7 +133,7 @@ def compared_pass(
     ):
         compared.add_calls(calls, order)
         for path, t in real(result.output):
-            measure(compared.outputs, path, lookup(path), t)
+            measure(compared.outputs, path, lookup(path), t, positions=True)
         if not isolate:
             scores = class_scores(p.loaded, result.output)
             compared.agree(lookup(SCORES[2]), scores, model_input.sources)

@@ -204,6 +204,7 @@ def diff_report(
                 first_input.shapes(),
                 first_input.sources,
                 first_input.preprocessing,
+                first_input.texts,
             )
         spread = None
         if group is not None:
@@ -490,7 +491,11 @@ def _report(
     return DiffReport(
         model=info,
         input=InputInfo(
-            description, input_info.shapes, input_info.sources, input_info.preprocessing
+            description,
+            input_info.shapes,
+            input_info.sources,
+            input_info.preprocessing,
+            input_info.texts,
         ),
         device=str(runs[0].prepared.device),
         a=runs[1].side.describe() if with_ref else runs[0].side.describe(),
