@@ -626,3 +626,26 @@ def test_diff_gives_each_position_of_the_logits_its_error(llama: Path) -> None:
     assert logits.per_position == [pytest.approx(row, rel=1e-6) for row in want]
     result = run("diff", f"hf:{llama}", "--text", LINES[0], "--b", "bfloat16", "--depth", "1")
     assert 'worst positions of ["logits"]' in result.stdout, result.stdout
+
+
+def test_position_picks_the_real_token_predicted_after(llama: Path) -> None:
+    texts = [LINES[0], "hello world"]
+    report = hookcli.inspect(
+        f"hf:{llama}", text=texts, device="cpu", topk=2, position=1, layers=["lm_head"]
+    )
+    _, _, out = truth(llama, texts)
+    assert report.predictions is not None
+    want = out.logits[:, 1].double().softmax(-1).topk(2).indices.tolist()
+    assert [[p.index for p in report.predictions if p.image == s] for s in (0, 1)] == want
+    assert "after real token 1" in str(report.prediction_note)
+    first = hookcli.inspect(f"hf:{llama}", text=texts, device="cpu", topk=1, position=-1)
+    last = hookcli.inspect(f"hf:{llama}", text=texts, device="cpu", topk=1)
+    assert first.predictions == last.predictions
+    short = len(transformers.AutoTokenizer.from_pretrained(llama)("hello world")["input_ids"])
+    one_line_error(
+        run("inspect", f"hf:{llama}", "--text", LINES[0], "--text", "hello world", "--position",
+            str(short)),
+        2,
+        "--position",
+    )  # fmt: skip
+    one_line_error(run("inspect", "resnet18", "--position", "0"), 2, "--position")

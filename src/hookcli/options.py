@@ -157,6 +157,7 @@ class RunOptions:
     profile: bool = False
     per_token: bool = False  # per-position statistics of (batch, tokens, C) outputs
     generate: int = 0  # new tokens model.generate makes (0: one forward); hooks see every step
+    position: int | None = None  # a language model's predictions: after this real token
     sample: bool = False  # --generate samples (under --seed) instead of greedy decoding
     save: Any = None  # an io.output.Destination (the API claims a path it is given)
     ablate: tuple[str, ...] = ()
@@ -248,6 +249,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "profile": ("run", "profile"),
     "per_token": ("run", "per_token"),
     "generate": ("run", "generate"),
+    "position": ("run", "position"),
     "sample": ("run", "sample"),
     "save": ("run", "save"),
     "ablate": ("run", "ablate"),

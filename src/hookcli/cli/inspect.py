@@ -52,6 +52,7 @@ def inspect(
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
+    position: opt.PositionOpt = None,
     weights: opt.WeightsOpt = DEFAULTS.model.weights,
     seed: opt.SeedOpt = DEFAULTS.model.seed,
     device: opt.DeviceOpt = DEFAULTS.model.device,
@@ -111,6 +112,7 @@ def grads(
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
+    position: opt.PositionOpt = None,
     target: opt.TargetOpt = None,
     loss: opt.LossOpt = None,
     input_grad: Annotated[
@@ -222,6 +224,7 @@ def check(
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
+    position: opt.PositionOpt = None,
     generate: opt.GenerateOpt = DEFAULTS.run.generate,
     sample: opt.SampleOpt = DEFAULTS.run.sample,
     target: opt.TargetOpt = None,

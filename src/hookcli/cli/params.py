@@ -96,6 +96,15 @@ GenerateOpt = Annotated[
 SampleOpt = Annotated[
     bool, typer.Option("--sample", help="--generate samples (under --seed) instead of greedy.")
 ]
+PositionOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--position",
+        metavar="P",
+        help="Language models: predict the token after real token P of each sequence "
+        "(0: the first, -1: the last) [default: -1].",
+    ),
+]
 PerTokenOpt = Annotated[
     bool,
     typer.Option(

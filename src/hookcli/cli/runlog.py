@@ -80,7 +80,7 @@ MODEL_ONLY = (
     "input_spec", "baseline", "rtol", "atol", "expect_shape", "backward", "max_abs", "layer",
     "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
     "train", "save_baseline", "picture", "text", "text_file", "chat", "tokenizer", "head",
-    "generate", "sample",
+    "generate", "sample", "position",
 )  # fmt: skip
 
 

@@ -70,7 +70,9 @@ def report(inv: Invocation, command: str) -> Report:
         inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
     elif run.sample:
         raise UsageError("--sample chooses how --generate decodes.", "add --generate N.")
-    prepared = prepare(inv.model, inv.selection, inputs, backward=inv.backward)
+    prepared = prepare(
+        inv.model, inv.selection, inputs, backward=inv.backward, position=run.position
+    )
     if run.generate:
         from hookcli.sources.lm import generation_args
 

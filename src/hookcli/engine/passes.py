@@ -81,6 +81,7 @@ def prepare(
     inputs: InputOptions | None = None,
     *,
     backward: BackwardOptions | None = None,
+    position: int | None = None,
 ) -> Prepared:
     """Model, modules and input for a run; every usage error is raised here, before any pass.
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
@@ -103,6 +104,14 @@ def prepare(
     device = loaded.kind.device(loaded.spec, model.device, device, backward is not None)
     text = inputs is not None and inputs.has_text
     loaded = with_tokenizer(loaded, model.tokenizer, needed=text)
+    if position is not None:  # --position: which real token a language model predicts after
+        at = getattr(loaded.kind, "at_position", None)
+        if at is None:
+            raise UsageError(
+                f"--position picks a language model's token; {loaded.spec} is {loaded.task}.",
+                "drop --position.",
+            )
+        loaded = dataclasses.replace(loaded, kind=at(position))
     spec = None
     if backward is not None:
         target = backward.target or (None if backward.loss else loaded.kind.default_target)

@@ -61,6 +61,14 @@ class CausalLM(HFText):
         super().__init__(vocab_size)
         self.bos = bos
         self.positions: list[int] | None = None  # per sequence: where the next token is read
+        self.asked: int | None = None  # --position: the real token read (None: the last)
+
+    def at_position(self, position: int | None) -> CausalLM:
+        """This task reading the next token after each sequence's real token `position`
+        (0: the first, -1: the last), for_input resolving it per sequence."""
+        twin = copy.copy(self)
+        twin.asked = position
+        return twin
 
     def for_input(self, model_input: ModelInput) -> Task:
         ids = model_input.kwargs.get(self.ids_key)
@@ -68,7 +76,22 @@ class CausalLM(HFText):
             return self
         twin = copy.copy(self)
         mask = model_input.kwargs.get("attention_mask") if self.ids_key == "input_ids" else None
-        twin.positions = last_real(mask if isinstance(mask, torch.Tensor) else None, ids)
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        if self.asked is None:
+            twin.positions = last_real(mask, ids)
+            return twin
+        real = (
+            [list(range(ids.shape[-1]))] * ids.shape[0]
+            if mask is None
+            else [[p for p, m in enumerate(row) if m] for row in mask.cpu().tolist()]
+        )
+        shortest = min(len(r) for r in real)
+        if not -shortest <= self.asked < shortest:
+            raise UsageError(
+                f"--position {self.asked} is past a sequence of {shortest} tokens.",
+                f"give a position from {-shortest} to {shortest - 1} (-1: the last token).",
+            )
+        twin.positions = [r[self.asked] for r in real]
         return twin
 
     def _next(self, output: Any) -> torch.Tensor | None:
@@ -103,6 +126,8 @@ class CausalLM(HFText):
 
     def _where(self) -> str:
         positions = self.positions
+        if self.asked is not None and positions:
+            return f"after real token {self.asked} (position {', '.join(map(str, positions))})"
         if positions and len(set(positions)) == 1:
             return f"after the last real token (position {positions[0]})"
         if positions:
