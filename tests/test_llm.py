@@ -649,3 +649,23 @@ def test_position_picks_the_real_token_predicted_after(llama: Path) -> None:
         "--position",
     )  # fmt: skip
     one_line_error(run("inspect", "resnet18", "--position", "0"), 2, "--position")
+
+
+def test_a_causal_lm_in_the_hub_cache_comes_with_its_tokenizer(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hf:ORG/NAME from a hub cache laid out as huggingface_hub writes it (offline)."""
+    import shutil
+
+    base = tmp_path / "hub" / "models--org--tiny-llama"
+    snap = base / "snapshots" / ("b" * 40)
+    shutil.copytree(llama, snap)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    report = hookcli.inspect("hf:org/tiny-llama", text=LINES[0], device="cpu", topk=1, depth=1)
+    assert report.model.task == "causal-lm"
+    assert "from the local cache" in str(report.input.preprocessing)
+    _, _, out = truth(llama, [LINES[0]])
+    assert report.predictions is not None
+    assert report.predictions[0].index == int(out.logits[0, -1].argmax())
