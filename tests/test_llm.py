@@ -669,3 +669,109 @@ def test_a_causal_lm_in_the_hub_cache_comes_with_its_tokenizer(
     _, _, out = truth(llama, [LINES[0]])
     assert report.predictions is not None
     assert report.predictions[0].index == int(out.logits[0, -1].argmax())
+
+
+# ---------------------------------------------------------------- review round: edge cases
+
+
+def test_a_target_text_must_be_one_token_and_ids_past_the_tokenizer_are_labelled(
+    llama: Path,
+) -> None:
+    from hookcli.sources import load_model
+    from hookcli.sources.lm import TokenLabels
+
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    labels = TokenLabels(tok, len(tok) + 3)  # a model vocabulary larger than its tokenizer's
+    assert labels[len(tok) + 1] == f"<id {len(tok) + 1}>"
+    assert labels.find_token("zzzq") is None
+    one_line_error(
+        run("grads", f"hf:{llama}", "--text", "The cat", "--target", "zzzq"),
+        2,
+        "not one token",
+    )
+    assert load_model(f"hf:{llama}").kind.name == "causal-lm"
+
+
+def test_the_next_token_loss_of_a_left_padded_batch_is_each_sequences_own(
+    llama: Path, tmp_path: Path
+) -> None:
+    folder = save(tmp_path / "left", "llama")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["padding_side"] = "left"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    texts = [LINES[0], "hello world"]
+    report = hookcli.grads(f"hf:{folder}", text=texts, device="cpu", layers=["lm_head"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for text in texts:  # each alone, unpadded: HF's mean over its predicted tokens
+            enc = tok(text, return_tensors="pt")
+            n = enc.input_ids.shape[1] - 1
+            total += float(model(**enc, labels=enc.input_ids).loss) * n
+            count += n
+    assert report.backward is not None
+    assert report.backward.value == pytest.approx(total / count, rel=1e-5)
+    assert f"{count} tokens predicted" in report.backward.source
+
+
+def test_attention_probabilities_leave_padding_queries_out_even_when_heads_equal_tokens(
+    llama: Path,
+) -> None:
+    texts = ["The cat sat on", "hi"]  # 4 tokens, 4 heads: (B, heads, T, T) with heads == T
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    enc = tok(texts, return_tensors="pt", padding=True)
+    assert enc.input_ids.shape[1] == 4
+    report = hookcli.inspect(
+        f"hf:{llama}", text=texts, device="cpu", layers=["model.layers.0.self_attn"],
+        model_args={"attn_implementation": "eager"},
+    )  # fmt: skip
+    probs = next(t for t in report.layers[0].outputs if len(t.shape) == 4)
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama, attn_implementation="eager")
+    with torch.no_grad():
+        want = model(**enc, output_attentions=True).attentions[0]
+    rows = want.transpose(1, 2)[enc.attention_mask.bool()]  # (real queries, heads, keys)
+    assert probs.numel == rows.numel() == int(enc.attention_mask.sum()) * 4 * 4
+    assert_stats_match(probs, rows, rtol=1e-5, same_tensor=False)
+
+
+def test_a_models_tokenizer_is_left_as_it_was(llama: Path) -> None:
+    from hookcli.sources import load_model
+
+    loaded = load_model(f"hf:{llama}")
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    tok.pad_token = None
+    loaded.tokenizer, loaded.tokenizer_label = tok, "test"
+    side = tok.padding_side
+    hookcli.inspect(loaded, text=[LINES[0], "hi"], device="cpu", generate=2, depth=1)
+    assert tok.padding_side == side and tok.pad_token is None
+    again = hookcli.inspect(loaded, text=[LINES[0], "hi"], device="cpu", depth=1)
+    assert f"padded on the {side}" in again.input.description
+
+
+def test_lens_blocks_glob_keeps_the_outermost_and_generate_is_bounded(llama: Path) -> None:
+    report = hookcli.lens(f"hf:{llama}", text="The cat", device="cpu", blocks="model.layers.*")
+    assert report.blocks == ["model.layers.0", "model.layers.1"]
+    one_line_error(
+        run("inspect", f"hf:{llama}", "--text", LINES[0], "--generate", "100"),
+        2,
+        "positions",
+    )
+
+
+def test_the_lens_of_a_seq2seq_lm_reads_the_decoder_through_the_norm_that_runs_last() -> None:
+    torch.manual_seed(0)
+    config = transformers.MBartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.MBartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms that are not the identity: the wrong one would show
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+    report = hookcli.lens(model, input_specs=[f"input_ids=randint:3:{VOCAB}:1x6"], device="cpu")
+    assert report.norm == "model.decoder.layer_norm"  # not layernorm_embedding (runs first)
+    assert report.blocks == ["model.decoder.layers.0", "model.decoder.layers.1"]
+    assert {c.position for c in report.lens} == {0}  # the decoder's one start position

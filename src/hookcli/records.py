@@ -544,6 +544,9 @@ class LensReport:
     norm: str | None
     unembed: str
     lens: list[LensCell] = field(default_factory=list)
+    # per sequence, the token at each position read, in order (a seq2seq model's: the
+    # decoder's tokens)
+    tokens: list[list[str | None]] | None = None
     # the last block's lens against the model's own logits: the largest |difference|
     last_vs_logits: float | None = None
     notes: list[str] = field(default_factory=list)

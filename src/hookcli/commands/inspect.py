@@ -77,7 +77,11 @@ def report(inv: Invocation, command: str) -> Report:
         from hookcli.sources.lm import generation_args
 
         assert prepared.model_input is not None
-        prepared.model_input.generate = generation_args(prepared.loaded, run.generate, run.sample)
+        ids = prepared.model_input.kwargs.get("input_ids")
+        prompt = int(ids.shape[-1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else 0
+        prepared.model_input.generate = generation_args(
+            prepared.loaded, run.generate, run.sample, prompt
+        )
     with deterministic_algorithms(run.deterministic):
         clean = _one_run(prepared, run, command)
         if specs:  # the same model and input once more, those layers' outputs changed

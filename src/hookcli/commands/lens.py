@@ -24,11 +24,14 @@ from hookcli.records import LensCell, LensReport, LensToken
 
 
 def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module]]:
-    """The model's blocks: those --blocks names, else the shallowest ModuleList of modules of
-    one class (a seq2seq model's: its decoder's), in order."""
+    """The model's blocks: those --blocks names, else the shallowest ModuleList of modules (a
+    multimodal or seq2seq model's: its text decoder's), in order."""
     named = dict(model.named_modules())
     if pattern is not None:
         picked = [(n, m) for n, m in named.items() if n and fnmatch.fnmatchcase(n, pattern)]
+        # a glob's * reaches inside the blocks too (model.layers.0.mlp): the outermost only
+        outer = tuple(n + "." for n, _ in picked)
+        picked = [(n, m) for n, m in picked if not any(n.startswith(o) for o in outer)]
         if not picked:
             raise UsageError(
                 f"--blocks {pattern!r} matches no module.",
@@ -40,12 +43,11 @@ def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str,
         for name, m in named.items()
         if isinstance(m, nn.ModuleList)
         and len(m) > 0
-        and len({type(c) for c in m}) == 1
-        and not isinstance(m[0], nn.ModuleList | nn.Linear | nn.Embedding)
-    ]
+        and not any(isinstance(c, nn.ModuleList | nn.Linear | nn.Embedding) for c in m)
+    ]  # (a hybrid model's blocks are of several classes: attention, mamba, …)
     if not lists:
         raise UsageError(
-            "no blocks found: the model holds no ModuleList of one kind of module.",
+            "no blocks found: the model holds no ModuleList of blocks.",
             "name them with --blocks GLOB (model.layers.*).",
         )
     within = _decoder_path(model)  # a multimodal or encoder-decoder model: its text decoder's
@@ -130,13 +132,15 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
 
 
 def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions) -> LensReport:
-    """The logit lens of every block over the input's tokens."""
+    """The logit lens of every block over the input's tokens: the blocks' outputs kept during
+    the pass (batch x tokens x hidden each), the final norm told by the order of the calls
+    (the norm that runs after the last block), then norm, unembedding and top-k per block."""
     from hookcli.commands.inspect import input_info, model_info
     from hookcli.engine.hooks import HookSession
     from hookcli.engine.passes import hooked_pass, prepare
     from hookcli.engine.stats import StatsCollector
     from hookcli.sources.hfbase import logits_of
-    from hookcli.sources.lm import CausalLM
+    from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     if options.topk < 1:
         raise UsageError(f"--topk must be 1 or more, got {options.topk}.", "use --topk 5.")
@@ -150,30 +154,28 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     module = loaded.module
     blocks = find_blocks(module, options.blocks)
     names = [n for n, _ in blocks]
-    norm_name, norm = find_norm(module, names, options.norm)
     unembed_name, unembed = find_unembed(module, options.unembed)
     model_input = prepared.model_input
     assert model_input is not None
-    mask = model_input.token_mask
-    last: list[torch.Tensor] = []
-    tops: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    seq2seq = isinstance(loaded.kind, Seq2SeqLM)
+    mask = None if seq2seq else model_input.token_mask  # the decoder's positions: unpadded
+    kept: dict[str, torch.Tensor] = {}
+    order: list[str] = []  # blocks and norm candidates, in the order they returned
+    asked_norm = options.norm is not None
+    candidates = {} if asked_norm else norm_candidates(module, names)
 
-    def reader(name: str) -> Any:
+    def keep(name: str) -> Any:
         def hook(_m: nn.Module, _args: Any, output: Any) -> None:
+            order.append(name)
             h = _first_tensor(output)
-            if h is None or h.dim() != 3:
+            if name in candidates or h is None or h.dim() != 3 or name in kept:
                 return
-            with torch.no_grad():
-                x = norm(h) if norm is not None else h
-                logits = unembed(x)
-                if name == names[-1]:
-                    last[:] = [logits.detach()]
-                probs = torch.softmax(logits.detach().double(), dim=-1)
-                tops[name] = probs.topk(min(options.topk, probs.shape[-1]), dim=-1)
+            kept[name] = h.detach()
 
         return hook
 
-    handles = [m.register_forward_hook(reader(n)) for n, m in blocks]
+    watched = [*blocks, *candidates.items()]
+    handles = [m.register_forward_hook(keep(n)) for n, m in watched]
     session = HookSession([], StatsCollector())
     try:
         with hooked_pass(prepared, session) as result:
@@ -181,22 +183,34 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     finally:
         for h in handles:
             h.remove()
-    if not tops:
+    if not kept:
         raise UsageError(
             "no block returned a (batch, tokens, hidden) output to read the lens from.",
-            "name the blocks with --blocks GLOB.",
+            "name the blocks with --blocks GLOB (model.layers.*).",
         )
+    if asked_norm:
+        norm_name, norm = find_norm(module, names, options.norm)
+    else:
+        norm_name = final_norm(order, names, candidates)
+        norm = candidates.get(norm_name) if norm_name else None
+    tops, last = _read(kept, names, norm, unembed, options.topk)
     notes = list(prepared.notes)
+    if norm is None:
+        notes.append(
+            "no norm runs after the last block: each block's output goes to the unembedding "
+            "as it is (--norm names one)"
+        )
     diff = None
-    if last and isinstance(logits, torch.Tensor) and logits.shape == last[0].shape:
-        diff = float((last[0].double() - logits.detach().double()).abs().max())
-        if diff != 0.0:
+    if last is not None and isinstance(logits, torch.Tensor) and logits.shape == last.shape:
+        diff = float((last.double() - logits.detach().double()).abs().max())
+        scale = float(logits.detach().double().abs().max())
+        if diff > 1e-5 * max(scale, 1.0):
             notes.append(
                 f"the last block's lens differs from the model's logits by up to {diff:.3g}: the "
                 "model changes its logits after the unembedding (a scale or a soft cap), or "
                 "--norm/--unembed name other modules"
             )
-    cells = _cells(tops, names, loaded.categories, mask)
+    ids = model_input.kwargs.get(loaded.kind.ids_key)
     return LensReport(
         model=model_info(loaded, seed=prepared.seed),
         input=input_info(model_input),
@@ -204,11 +218,75 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
         blocks=[n for n in names if n in tops],
         norm=norm_name or None,
         unembed=unembed_name,
-        lens=cells,
+        lens=_cells(tops, names, loaded.categories, mask),
+        tokens=_position_tokens(ids, mask, loaded.categories),
         last_vs_logits=diff,
         notes=notes,
         hookcli_version=__version__,
     )
+
+
+def norm_candidates(model: nn.Module, blocks: Sequence[str]) -> dict[str, nn.Module]:
+    """Normalisation modules outside the blocks: one of them may be the final norm."""
+    inside = tuple(b + "." for b in blocks)
+    return {
+        n: m
+        for n, m in model.named_modules()
+        if n and "norm" in type(m).__name__.lower() and n not in blocks and not n.startswith(inside)
+    }
+
+
+def final_norm(order: Sequence[str], blocks: Sequence[str], candidates: Any) -> str:
+    """The norm that ran first after the last block returned ("" when none did): BART's
+    layernorm_embedding is registered after its layers but runs before them."""
+    last = max((i for i, n in enumerate(order) if n == blocks[-1]), default=None)
+    if last is None:
+        return ""
+    return next((n for n in order[last + 1 :] if n in candidates), "")
+
+
+def _read(
+    kept: dict[str, torch.Tensor],
+    names: Sequence[str],
+    norm: Any,
+    unembed: nn.Module,
+    topk: int,
+) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+    """Each kept block output through norm and unembedding: its top-k probabilities and ids;
+    and the last block's logits."""
+    tops: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    last = None
+    with torch.no_grad():
+        for name in names:
+            h = kept.get(name)
+            if h is None:
+                continue
+            logits = unembed(norm(h) if norm is not None else h)
+            if name == names[-1]:
+                last = logits
+            probs = torch.softmax(logits.double(), dim=-1)
+            values, ids = probs.topk(min(topk, probs.shape[-1]), dim=-1)
+            tops[name] = (values, ids)
+    return tops, last
+
+
+def _position_tokens(
+    ids: Any, mask: torch.Tensor | None, labels: Sequence[str] | None
+) -> list[list[str | None]] | None:
+    """Per sequence, the token at each position the lens read (padding left out)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    real = None if mask is None else mask.cpu().tolist()
+    out = []
+    for b, row in enumerate(ids.cpu().tolist()):
+        out.append(
+            [
+                labels[i] if labels is not None and 0 <= i < len(labels) else None
+                for p, i in enumerate(row)
+                if real is None or real[b][p]
+            ]
+        )
+    return out
 
 
 def _cells(

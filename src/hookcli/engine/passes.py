@@ -201,6 +201,9 @@ def next_token_labels(model_input: ModelInput) -> torch.Tensor:
     labels = ids.detach().clone()
     if isinstance(mask, torch.Tensor) and tuple(mask.shape) == tuple(ids.shape):
         labels[mask == 0] = IGNORE
+        # a sequence's first real token has nothing before it to be predicted from (with
+        # padding on the left, the position before it is padding)
+        labels[:, 1:][mask[:, :-1] == 0] = IGNORE
     return labels
 
 

@@ -309,6 +309,7 @@ class StatsCollector:
         # dimensions are these is measured over its real positions only (set_token_mask)
         self.token_mask: torch.Tensor | None = None
         self._real_tokens = 0
+        self._real_index: torch.Tensor | None = None
         # --per-token: (batch, tokens) of the input; each output of shape (batch, tokens, C)
         # also gets per-position statistics over its C channels
         self.per_token: tuple[int, int] | None = None
@@ -330,9 +331,33 @@ class StatsCollector:
 
     def set_token_mask(self, mask: torch.Tensor | None) -> None:
         """Leave a padded batch's padding out of every tensor that has its (batch, tokens)
-        leading dimensions (None: measure whole tensors)."""
+        leading dimensions, and of the query rows of (batch, heads, tokens, tokens) attention
+        (None: measure whole tensors). The real positions are found once, here."""
         self.token_mask = mask
         self._real_tokens = 0 if mask is None else int(mask.sum())
+        self._real_index = None if mask is None else mask.reshape(-1).nonzero().squeeze(1)
+
+    def _token_rows_of(self, t: torch.Tensor, path: str) -> bool:
+        """--per-token: whether t is an output of (batch, tokens, C)."""
+        return (
+            self.per_token is not None
+            and path.startswith("out")
+            and t.dim() == 3
+            and tuple(t.shape[:2]) == self.per_token
+            and t.is_floating_point()
+            and t.device.type != "meta"
+        )
+
+    def _padded(self, t: torch.Tensor) -> int:
+        """0: t holds no token positions of the mask; 1: (batch, tokens, …); 2: attention,
+        (batch, heads, tokens, tokens), its query rows masked."""
+        mask = self.token_mask
+        if mask is None or t.dim() < 2:
+            return 0
+        batch, tokens = mask.shape
+        if t.dim() == 4 and t.shape[0] == batch and t.shape[2] == t.shape[3] == tokens:
+            return 2
+        return 1 if t.shape[0] == batch and t.shape[1] == tokens else 0
 
     def add(self, t: torch.Tensor, path: str) -> TensorStats:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in."""
@@ -340,10 +365,10 @@ class StatsCollector:
         hit = self._seen.get(key)
         version = t._version
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
-        mask = self.token_mask
-        padded = mask is not None and t.dim() >= 2 and t.shape[:2] == mask.shape
+        padded = self._padded(t) if self.token_mask is not None else 0
         if padded:
-            stats.numel = self._real_tokens * math.prod(t.shape[2:])
+            rest = math.prod(t.shape[2:]) if padded == 1 else t.shape[1] * t.shape[3]
+            stats.numel = self._real_tokens * rest
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
@@ -352,13 +377,15 @@ class StatsCollector:
                 self._wants_values.append((stats, idx))
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
+            if idx not in self._tokens and self._token_rows_of(t, path):
+                self._tokens[idx] = token_rows(t)  # first seen as an input, now an output
             if idx in self._tokens:
                 self._wants_tokens.append((stats, idx))
             return stats
         seen = t
         if padded:
-            assert mask is not None
-            t = unpadded(t, mask)
+            assert self._real_index is not None
+            t = unpadded(t, self._real_index, attention=padded == 2)
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         if padded:
             note = f"{note}; padding left out" if note else "over real tokens (padding left out)"
@@ -379,14 +406,7 @@ class StatsCollector:
             self._hists[idx] = counts
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
-        if (
-            self.per_token is not None
-            and path.startswith("out")
-            and seen.dim() == 3
-            and tuple(seen.shape[:2]) == self.per_token
-            and seen.is_floating_point()
-            and seen.device.type != "meta"
-        ):
+        if self._token_rows_of(seen, path):
             self._tokens[idx] = token_rows(seen)
             self._wants_tokens.append((stats, idx))
         try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
@@ -604,9 +624,12 @@ def token_rows(t: torch.Tensor) -> torch.Tensor:
     )
 
 
-def unpadded(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """t's real positions (mask True) along its first two dimensions, as (real, ...)."""
-    return t.detach()[mask.to(t.device)]
+def unpadded(t: torch.Tensor, real: torch.Tensor, *, attention: bool = False) -> torch.Tensor:
+    """t's real positions (`real`: their indices in the flattened (batch, tokens)) along its
+    first two dimensions, as (real, …); `attention`: (batch, heads, tokens, tokens) by its
+    query rows, as (real, heads, tokens). An index, not a boolean mask: no wait on a GPU."""
+    x = t.detach().transpose(1, 2) if attention else t.detach()
+    return x.flatten(0, 1).index_select(0, real.to(x.device))
 
 
 def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:

@@ -96,10 +96,29 @@ def parse_target(
     kind, sep, rest = raw.partition(":")
     if sep and kind.lower() in ("box", "mask"):
         return _region_target(raw, kind.lower(), rest.strip(), categories)
-    exact = [i for i, c in enumerate(categories or ()) if c == target]  # " cat": a token
-    index = exact[0] if exact else _class_index(raw, categories, option="--target")
+    if raw.lstrip("-").isdigit():
+        index = int(raw)
+    elif hasattr(categories, "find_token"):  # a language model's tokens: one token, exactly
+        index = _token_index(target or raw, categories)
+    else:
+        index = _class_index(raw, categories, option="--target")
     label = categories[index] if categories and 0 <= index < len(categories) else None
     return TargetSpec("index", index=index, label=label)
+
+
+def _token_index(text: str, tokens: Any) -> int:
+    """A --target given as text, for a language model: the one token it is (spaces count:
+    " cat" is not "cat")."""
+    found = tokens.find_token(text)
+    if found is None:
+        parts = tokens.encoded(text)
+        split = f" (this tokenizer splits it into {len(parts)}: {parts[:8]})" if parts else ""
+        raise UsageError(
+            f"--target {text!r} is not one token of this model's tokenizer{split}.",
+            "give one token exactly as it is decoded (mind its leading space: ' cat'), or a "
+            "token id.",
+        )
+    return int(found)
 
 
 def _region_target(raw: str, kind: str, rest: str, categories: Sequence[str] | None) -> TargetSpec:

@@ -6,6 +6,7 @@ batch carries the mask that keeps padding out of every statistic.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,11 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
         shown = texts
         texts = [_chat(tokenizer, t) for t in texts]
     notes: list[str] = []
-    if len(texts) > 1 and getattr(tokenizer, "pad_token_id", None) is None:
+    side = inputs.padding_side
+    no_pad = len(texts) > 1 and getattr(tokenizer, "pad_token_id", None) is None
+    if no_pad or (side is not None and side != getattr(tokenizer, "padding_side", side)):
+        tokenizer = copy.deepcopy(tokenizer)  # the model's own is left as it was
+    if no_pad:
         eos = getattr(tokenizer, "eos_token", None)
         if eos is None:
             raise UsageError(
@@ -90,8 +95,8 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
             )
         tokenizer.pad_token = eos  # as generate() and most fine-tuning scripts do
         notes.append(f"padded with {eos!r} (the tokenizer has no pad token)")
-    if inputs.padding_side is not None:
-        tokenizer.padding_side = inputs.padding_side
+    if side is not None:
+        tokenizer.padding_side = side
     try:
         enc = tokenizer(
             texts,

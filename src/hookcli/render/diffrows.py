@@ -219,9 +219,15 @@ def position_lines(report: DiffReport) -> list[Line]:
             for d in diffs:
                 if not d.per_position:
                     continue
+                padded = {  # a padded sequence's positions include its padding: left out
+                    b
+                    for b, row in enumerate(d.per_position)
+                    if b < len(texts) and len(texts[b].tokens) != len(row)
+                }
                 cells = [
                     (e, b, p)
                     for b, row in enumerate(d.per_position)
+                    if b not in padded
                     for p, e in enumerate(row)
                     if e is not None
                 ]
@@ -234,7 +240,10 @@ def position_lines(report: DiffReport) -> list[Line]:
                     for e, b, p in worst
                 )
                 path = d.path.removeprefix("out") or "output"
-                lines.append(Line(f"worst positions of {path}, side {side} (relative L2): {shown}"))
+                left = f" (padded sequences {sorted(padded)} left out)" if padded else ""
+                lines.append(
+                    Line(f"worst positions of {path}, side {side} (relative L2){left}: {shown}")
+                )
     return lines
 
 

@@ -53,6 +53,12 @@ def _token(t: str | None) -> str:
     return repr(t) if t is not None else DASH
 
 
+def _words(report: LensReport, sequence: int) -> list[str | None]:
+    """The tokens at the positions the lens read of a sequence, in order."""
+    tokens = report.tokens or []
+    return list(tokens[sequence]) if sequence < len(tokens) else []
+
+
 def _cell(top: Any) -> str:
     word = _token(top.token) if top.token is not None else str(top.index)
     return f"{word} {top.prob:.2f}" if top.prob is not None else f"{word} nan"
@@ -63,11 +69,10 @@ def lens_sections(report: LensReport) -> list[Section]:
     by_seq: dict[int, list[LensCell]] = {}
     for cell in report.lens:
         by_seq.setdefault(cell.sequence, []).append(cell)
-    texts = report.input.texts or []
     for seq, cells in by_seq.items():
         positions = sorted({c.position for c in cells})
         shown = positions[-POSITIONS_SHOWN:]
-        words = texts[seq].tokens if seq < len(texts) else []
+        words = _words(report, seq)
         real = positions  # the real positions, in order: the i-th holds the i-th token
         label = {p: (words[i] if i < len(words) else None) for i, p in enumerate(real)}
         headers = ["block"] + [
@@ -119,8 +124,7 @@ def lens_png(report: LensReport, sequence: int = 0) -> tuple[Image.Image, dict[s
 
     cells = [c for c in report.lens if c.sequence == sequence]
     positions = sorted({c.position for c in cells})
-    texts = report.input.texts or []
-    words = texts[sequence].tokens if sequence < len(texts) else []
+    words = _words(report, sequence)
     font = label_font(12)
     left, top = 110, 40
     width = left + CELL_W * max(1, len(positions)) + 10
@@ -135,7 +139,7 @@ def lens_png(report: LensReport, sequence: int = 0) -> tuple[Image.Image, dict[s
     )
     column = {p: i for i, p in enumerate(positions)}
     for i, p in enumerate(positions):
-        word = words[i] if i < len(words) else str(p)
+        word = words[i] if i < len(words) and words[i] is not None else str(p)
         draw.text((left + i * CELL_W + 2, top), _fit(repr(word)), fill="black", font=font)
     row_of = {layer: j for j, layer in enumerate(report.blocks)}
     boxes = []

@@ -218,12 +218,43 @@ def _first_int(value: Any) -> int | None:
 
 class TokenLabels(Sequence[str]):
     """A tokenizer's tokens as class labels: label i is token i decoded alone (" cat"), for
-    the first `size` ids (the model's vocabulary)."""
+    the first `size` ids (the model's vocabulary, which may be larger than the tokenizer's:
+    an id the tokenizer lacks is labelled `<id N>`)."""
 
     def __init__(self, tokenizer: Any, size: int) -> None:
         self.tokenizer = tokenizer
         self.size = size
         self._all: list[str] | None = None
+        try:
+            self.known = len(tokenizer)
+        except TypeError:
+            self.known = size
+
+    def label(self, i: int) -> str:
+        if i >= self.known:
+            return f"<id {i}>"
+        text = decode_one(self.tokenizer, i)
+        return text if text or i < self.known else f"<id {i}>"
+
+    def find_token(self, text: str) -> int | None:
+        """The id of `text` as one token: a token that decodes to it exactly, else the one id
+        the tokenizer encodes it to; None when it is no single token."""
+        exact = [i for i, label in enumerate(self) if label == text]
+        if exact:
+            return exact[0]
+        try:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        except Exception:
+            return None
+        return int(ids[0]) if len(ids) == 1 and 0 <= ids[0] < self.size else None
+
+    def encoded(self, text: str) -> list[str]:
+        """text as this tokenizer splits it (for messages)."""
+        try:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        except Exception:
+            return []
+        return [self.label(int(i)) for i in ids]
 
     def __len__(self) -> int:
         return self.size
@@ -239,11 +270,11 @@ class TokenLabels(Sequence[str]):
             raise IndexError(i)
         if self._all is not None:
             return self._all[i]
-        return decode_one(self.tokenizer, i % self.size)
+        return self.label(i % self.size)
 
     def __iter__(self) -> Iterator[str]:
         if self._all is None:
-            self._all = [decode_one(self.tokenizer, i) for i in range(self.size)]
+            self._all = [self.label(i) for i in range(self.size)]
         return iter(self._all)
 
 
@@ -321,10 +352,18 @@ def _refuse_remote(config: Mapping[str, Any], where: str) -> None:
         )
 
 
-def generation_args(loaded: LoadedModel, new: int, sample: bool) -> dict[str, Any]:
+def generation_args(loaded: LoadedModel, new: int, sample: bool, prompt: int = 0) -> dict[str, Any]:
     """model.generate's keyword arguments for --generate N (greedy, or sampled under the
-    run's seed with the checkpoint's generation settings)."""
+    run's seed with the checkpoint's generation settings); `prompt`: its tokens, which with
+    the N new ones must fit the model's positions."""
     module = loaded.module
+    limit = loaded.max_tokens
+    if limit is not None and not isinstance(loaded.kind, Seq2SeqLM) and prompt + new > limit:
+        raise UsageError(
+            f"--generate {new} after a prompt of {prompt} tokens needs {prompt + new} positions; "
+            f"{loaded.spec} takes {limit}.",
+            f"generate at most {max(limit - prompt, 0)} tokens, or shorten the text.",
+        )
     can = getattr(module, "can_generate", None)
     if not isinstance(loaded.kind, CausalLM) or not callable(can) or not can():
         raise UsageError(
