@@ -52,8 +52,15 @@ SIZES: dict[str, int] = {
     "embedding_dim": 64, "rotary_dim": 8,
     # multi-head latent attention: rope and no-rope parts of a query/key head, low ranks
     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
-    "q_lora_rank": 32,
+    "q_lora_rank": 32, "num_experts_per_token": 2, "mamba_d_head": 16, "mamba_headdim": 16,
+    "attention_head_dim": 16, "qk_head_dim": 16, "expert_ffn_hidden_size": 64,
+    "zero_expert_num": 2, "num_layers_per_stack": 1, "num_dense_layers": 1,
 }  # fmt: skip
+# fields a default config leaves None where the model needs a number (hunyuan's head_dim)
+UNSET = (
+    "head_dim", "num_key_value_heads", "num_experts", "num_experts_per_tok", "n_routed_experts",
+    "n_shared_experts",
+)  # fmt: skip
 # hybrid models: where the attention and expert layers sit among 2 blocks (the second)
 PLACES: dict[str, Any] = {
     "attn_layer_indices": [1], "attn_layer_period": 2, "attn_layer_offset": 1,
@@ -90,15 +97,43 @@ def shrink(config: Any, seen: set[int] | None = None) -> Any:
     own = vars(config)  # what the config sets (getattr may refuse per-layer fields)
     for key, value in SIZES.items():
         old = own.get(key)
-        if isinstance(old, int) and not isinstance(old, bool):
+        if (isinstance(old, int) and not isinstance(old, bool)) or (
+            key in UNSET and key in own and old is None
+        ):
             _set(config, key, value)
+    hidden, attn = own.get("hidden_size"), own.get("attention_hidden_size")
+    if isinstance(attn, int) and isinstance(hidden, int) and hidden and attn % hidden == 0:
+        _set(config, "attention_hidden_size", SIZES["hidden_size"] * (attn // hidden))
+    if "layer_types" in own and own["layer_types"] is None and "num_dense_layers" in own:
+        _set(config, "layer_types", ["conv", "full_attention"])  # lfm2_moe: both kinds
+    if isinstance(own.get("axial_pos_embds_dim"), list | tuple):  # reformer: sums to hidden
+        _set(config, "axial_pos_embds_dim", (32, 32))
+        _set(config, "axial_pos_shape", (16, 16))
+    # gaps in transformers' own default configs, filled as their checkpoints fill them
+    if type(config).__name__.endswith("AttentionConfig") and "rope_theta" not in own:
+        _set(config, "rope_theta", 10000.0)  # dbrx's attn_config
+        if "clip_qkv" in own and own["clip_qkv"] is None:
+            _set(config, "clip_qkv", 8.0)  # (its modeling clamps by it)
+    kinds = own.get("layer_types")
+    if own.get("rope_parameters") == {} and isinstance(kinds, list | tuple):
+        default = {"rope_theta": 10000.0, "rope_type": "default"}
+        _set(config, "rope_parameters", {k: dict(default) for k in set(kinds)})
+    if isinstance(kinds, list) and set(kinds) == {"linear_attention"}:
+        _set(config, "layer_types", ["linear_attention", "full_attention"])  # a hybrid needs one
+    if isinstance(own.get("kv_lora_rank"), int):  # MLA: as many key/value heads as queries
+        _set(config, "num_key_value_heads", SIZES["num_attention_heads"])
     if isinstance(own.get("num_kv_shared_layers"), int):
         _set(config, "num_kv_shared_layers", 0)
     if isinstance(own.get("qk_rope_head_dim"), int) and "head_dim" in own:
         _set(config, "head_dim", SIZES["qk_rope_head_dim"])  # MLA: its rotary runs on that part
     for key, value in PLACES.items():
-        if key in own and own[key] is not None:
-            _set(config, key, value)
+        if key in own and (own[key] is not None or key == "attn_layer_indices"):
+            _set(config, key, value)  # (bamba's None: no attention layer at all)
+    m_expand = own.get("mamba_expand")
+    m_head = own.get("mamba_d_head") or own.get("mamba_headdim")
+    for key in ("mamba_n_heads", "n_mamba_heads"):
+        if key in own and isinstance(m_expand, int) and isinstance(m_head, int):
+            _set(config, key, m_expand * SIZES["hidden_size"] // m_head)
     expand, head = own.get("expand"), own.get("head_dim") or own.get("mamba_head_dim")
     if isinstance(expand, int) and isinstance(head, int) and "num_heads" in own:
         _set(config, "num_heads", expand * SIZES["hidden_size"] // head)  # mamba2: heads x dim
@@ -170,7 +205,16 @@ def one_type(t: str, tokdir: str, tok: Any, out: dict[str, Any]) -> str | None:
 
     config = shrink(tf.AutoConfig.for_model(t))
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(config).eval()  # type: ignore[no-untyped-call]
+    try:
+        model = tf.AutoModelForCausalLM.from_config(config).eval()  # type: ignore[no-untyped-call]
+    except AttributeError:
+        decoder = getattr(config, "decoder", None)  # musicgen: the causal LM is the decoder's
+        if decoder is None:
+            raise
+        from transformers.models.auto import modeling_auto
+
+        cls = getattr(tf, modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t])
+        model = cls(decoder).eval()
     out["class"] = type(model).__name__
     out["params"] = sum(p.numel() for p in model.parameters())
     blocks = [n for n, _ in find_blocks(model)]

@@ -25,6 +25,8 @@ from tests.models import Chain
 from tests.test_cli import assert_one_line_error
 from tests.test_dataset import make_folder
 
+pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
+
 runner = CliRunner()
 CHAIN = "tests/models.py:Chain"
 
