@@ -637,3 +637,44 @@ def report_html_of(report: Any) -> str:
     from hookcli.render.html import report_html
 
     return str(report_html(report))
+
+
+# ---------------------------------------------------------------- language models (issue 34)
+
+
+def test_a_language_models_report_shows_its_tokens_per_token_rows_and_lens(
+    browser: Any, tmp_path: Path
+) -> None:
+    """An LLM's HTML report in the browser: the tokens in the header, the per-token table
+    with a row per real position (padding left out), the next tokens; and the lens page."""
+    from tests.test_llm import LINES, save
+
+    folder = save(tmp_path / "tiny", "llama")
+    texts = ["--text", LINES[0], "--text", "hello"]
+    page_file = tmp_path / "llm.html"
+    result = runner.invoke(
+        app,
+        ["inspect", f"hf:{folder}", *texts, "-l", "model.layers.1", "--per-token",
+         "-o", str(page_file)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(
+        runner.invoke(
+            app, ["inspect", f"hf:{folder}", *texts, "-l", "model.layers.1", "--per-token",
+                  "-f", "json"],
+        ).stdout
+    )  # fmt: skip
+    real = sum(len(t["ids"]) for t in data["input"]["texts"])
+    with opened(browser, page_file) as page:
+        rows = page.locator("#s-per_token tbody tr")
+        assert rows.count() == real  # one row per real token of the one call
+        first = rows.nth(0).locator("td").all_inner_texts()
+        assert repr(data["input"]["texts"][0]["tokens"][0]) in first
+        header = page.locator("header").inner_text()
+        assert "tokens of sequence 1" in header and "padding:" in header
+        assert page.locator("#s-predictions tbody tr").count() == 10  # top-5 of 2 sequences
+    lens_file = tmp_path / "lens.html"
+    lensed = runner.invoke(app, ["lens", f"hf:{folder}", "--text", LINES[0], "-o", str(lens_file)])
+    assert lensed.exit_code == 0, lensed.stderr
+    with opened(browser, lens_file, js=False) as page:
+        assert page.locator("#s-lens_0 tbody tr").count() == 2  # one row per block

@@ -775,3 +775,30 @@ def test_the_lens_of_a_seq2seq_lm_reads_the_decoder_through_the_norm_that_runs_l
     assert report.norm == "model.decoder.layer_norm"  # not layernorm_embedding (runs first)
     assert report.blocks == ["model.decoder.layers.0", "model.decoder.layers.1"]
     assert {c.position for c in report.lens} == {0}  # the decoder's one start position
+
+
+def test_a_seq2seq_lm_predicts_the_decoders_first_token_as_transformers_does(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
+    make_tokenizer().save_pretrained(tmp_path / "t5")
+    report = hookcli.inspect(f"hf:{tmp_path / 't5'}", text=LINES[0], device="cpu", topk=3)
+    assert report.model.task == "seq2seq-lm"
+    model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "t5").eval()
+    enc = transformers.AutoTokenizer.from_pretrained(tmp_path / "t5")(LINES[0], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**enc, decoder_input_ids=torch.tensor([[0]])).logits
+    want = logits[0, -1].double().softmax(-1).topk(3)
+    assert report.predictions is not None
+    assert [p.index for p in report.predictions] == want.indices.tolist()
+    assert [p.prob for p in report.predictions] == pytest.approx(want.values.tolist(), rel=1e-6)
+    generated = hookcli.inspect(f"hf:{tmp_path / 't5'}", text=LINES[0], generate=3, depth=1)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert generated.generated is not None
+    assert generated.generated[0].ids == out[0, 1:].tolist()  # after the start token
