@@ -295,22 +295,11 @@ def causal_types() -> list[str]:
 
 
 def make_tokenizer(folder: Path) -> None:
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """The tokenizer examples/tiny_llm.py trains, on this sweep's lines, saved in folder."""
+    sys.path.insert(0, str(ROOT))
+    from examples.tiny_llm import train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(LINES * 20, trainer)
-    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
-    fast.save_pretrained(folder)
+    train_tokenizer(LINES, VOCAB, repeat=20).save_pretrained(folder)
 
 
 def run_batch(types: list[str], tokdir: str, timeout: float) -> list[dict[str, Any]]:

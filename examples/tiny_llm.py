@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 LINES = [
     "The cat sat on the mat.",
@@ -21,28 +22,43 @@ LINES = [
 VOCAB = 320
 
 
-def build(folder: Path) -> None:
-    import torch
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+def train_tokenizer(
+    lines: list[str], vocab: int = VOCAB, *, chat: bool = False, repeat: int = 5
+) -> Any:
+    """A byte-level BPE tokenizer trained on `lines`, as transformers' PreTrainedTokenizerFast
+    with <pad> (0), <s> (1) and </s> (2); `chat`: with a small chat template."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         special_tokens=["<pad>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
-    tok.train_from_iterator(LINES * 5, trainer)
-    tokenizer = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    tok.train_from_iterator(lines * repeat, trainer)
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
     )
-    tokenizer.chat_template = (
-        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant:{% endif %}"
-    )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build(folder: Path) -> None:
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     config = transformers.LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -57,7 +73,7 @@ def build(folder: Path) -> None:
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    train_tokenizer(LINES, chat=True).save_pretrained(folder)
 
 
 if __name__ == "__main__":

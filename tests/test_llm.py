@@ -45,26 +45,10 @@ def one_line_error(result: Any, code: int, *needles: str) -> str:
 
 
 def make_tokenizer(chat: bool = False) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """The tokenizer examples/tiny_llm.py trains, on this file's lines."""
+    from examples.tiny_llm import train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(LINES * 5, trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
-    if chat:
-        fast.chat_template = (
-            "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-            "{% if add_generation_prompt %}<s>assistant:{% endif %}"
-        )
-    return fast
+    return train_tokenizer(LINES, VOCAB, chat=chat)
 
 
 def llama_config(**extra: Any) -> Any:
