@@ -80,8 +80,11 @@ def nnsight_variant(model: Any, ids: Any, blocks: list[str]) -> Callable[[], obj
     wrapped = importlib.import_module("nnsight").NNsight(model)
 
     def run() -> object:
+        saved: list[Any] = []
         with torch.no_grad(), wrapped.trace(ids, use_cache=False):
-            saved = [_get(wrapped, b).output.save() for b in blocks]
+            for b in blocks:
+                saved.append(_get(wrapped, b).output.save())
+        assert len(saved) == len(blocks), "nnsight saved every block's output"
         return saved
 
     return run
