@@ -786,3 +786,27 @@ def test_a_seq2seq_lm_predicts_the_decoders_first_token_as_transformers_does(
         out = model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert generated.generated is not None
     assert generated.generated[0].ids == out[0, 1:].tolist()  # after the start token
+
+
+def test_second_review_round_targets_globs_and_position(llama: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    (cat,) = tok(" cat", add_special_tokens=False)["input_ids"]
+    report = hookcli.grads(f"hf:{llama}", text="The", device="cpu", target=" cat", depth=1)
+    assert report.backward is not None and f"class {cat} (' cat')" in report.backward.source
+    for odd in ("²", "--5", "٣"):  # never an index, never an internal error
+        one_line_error(run("grads", f"hf:{llama}", "--text", "The cat", f"--target={odd}"), 2)
+    inner = hookcli.lens(
+        f"hf:{llama}", text="The cat", device="cpu", blocks="model.layers.*.self_attn"
+    )
+    assert inner.norm == "model.norm"  # not the last layer's post_attention_layernorm
+    # outputs the unembedding cannot read are left out (model.rotary_emb's), and a glob that
+    # leaves none (the outermost of * is the whole base model) is one line, not a crash
+    result = run("lens", f"hf:{llama}", "--text", "The cat", "--blocks", "model.*", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    assert "model.rotary_emb" not in json.loads(result.stdout)["blocks"]
+    one_line_error(run("lens", f"hf:{llama}", "--text", "hi", "--blocks", "*"), 2, "unembedding")
+    one_line_error(
+        run("inspect", f"hf:{llama}", "--text", "hi", "--generate", "2", "--position", "0"),
+        2,
+        "--position",
+    )

@@ -70,6 +70,12 @@ def report(inv: Invocation, command: str) -> Report:
         inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
     elif run.sample:
         raise UsageError("--sample chooses how --generate decodes.", "add --generate N.")
+    if run.generate and run.position is not None:
+        raise UsageError(
+            "--position picks the token predictions are read after; with --generate there are "
+            "none (the generated tokens are the output).",
+            "drop --position, or --generate.",
+        )
     prepared = prepare(
         inv.model, inv.selection, inputs, backward=inv.backward, position=run.position
     )

@@ -30,8 +30,8 @@ def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str,
     if pattern is not None:
         picked = [(n, m) for n, m in named.items() if n and fnmatch.fnmatchcase(n, pattern)]
         # a glob's * reaches inside the blocks too (model.layers.0.mlp): the outermost only
-        outer = tuple(n + "." for n, _ in picked)
-        picked = [(n, m) for n, m in picked if not any(n.startswith(o) for o in outer)]
+        matched = {n for n, _ in picked}
+        picked = [(n, m) for n, m in picked if not any(a in matched for a in _ancestors(n))]
         if not picked:
             raise UsageError(
                 f"--blocks {pattern!r} matches no module.",
@@ -59,6 +59,12 @@ def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str,
     depth = min(n.count(".") for n, _ in pool)
     name, blocks = max(((n, m) for n, m in pool if n.count(".") == depth), key=lambda e: len(e[1]))
     return [(f"{name}.{i}", b) for i, b in enumerate(blocks)]
+
+
+def _ancestors(name: str) -> list[str]:
+    """model.layers.0.mlp → model, model.layers, model.layers.0."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _decoder_path(model: nn.Module) -> str | None:
@@ -162,19 +168,24 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     kept: dict[str, torch.Tensor] = {}
     order: list[str] = []  # blocks and norm candidates, in the order they returned
     asked_norm = options.norm is not None
+    weight = getattr(unembed, "weight", None)  # (vocab, hidden): the width it reads
+    width = None
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        width = int(weight.shape[-1])
     candidates = {} if asked_norm else norm_candidates(module, names)
 
     def keep(name: str) -> Any:
         def hook(_m: nn.Module, _args: Any, output: Any) -> None:
             order.append(name)
             h = _first_tensor(output)
-            if name in candidates or h is None or h.dim() != 3 or name in kept:
+            if name in candidates or name == UNEMBED or h is None or name in kept:
                 return
-            kept[name] = h.detach()
+            if h.dim() == 3 and (width is None or h.shape[-1] == width):
+                kept[name] = h.detach()  # (batch, tokens, hidden): what the unembedding reads
 
         return hook
 
-    watched = [*blocks, *candidates.items()]
+    watched = [*blocks, *candidates.items(), (UNEMBED, unembed)]
     handles = [m.register_forward_hook(keep(n)) for n, m in watched]
     session = HookSession([], StatsCollector())
     try:
@@ -185,7 +196,8 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
             h.remove()
     if not kept:
         raise UsageError(
-            "no block returned a (batch, tokens, hidden) output to read the lens from.",
+            "no block returned a (batch, tokens, hidden) output the unembedding "
+            f"({unembed_name}) reads.",
             "name the blocks with --blocks GLOB (model.layers.*).",
         )
     if asked_norm:
@@ -236,13 +248,21 @@ def norm_candidates(model: nn.Module, blocks: Sequence[str]) -> dict[str, nn.Mod
     }
 
 
+UNEMBED = "(unembedding)"  # the unembedding's place in the order of the calls
+
+
 def final_norm(order: Sequence[str], blocks: Sequence[str], candidates: Any) -> str:
-    """The norm that ran first after the last block returned ("" when none did): BART's
-    layernorm_embedding is registered after its layers but runs before them."""
+    """The norm that ran last between the last block's return and the unembedding ("" when
+    none did): BART's layernorm_embedding is registered after its layers but runs before
+    them; with blocks inside the layers (--blocks model.layers.*.self_attn), the layers' own
+    norms that run after the last of them are not the final one."""
     last = max((i for i, n in enumerate(order) if n == blocks[-1]), default=None)
     if last is None:
         return ""
-    return next((n for n in order[last + 1 :] if n in candidates), "")
+    after = order[last + 1 :]
+    end = after.index(UNEMBED) if UNEMBED in after else len(after)
+    between = [n for n in after[:end] if n in candidates]
+    return between[-1] if between else ""
 
 
 def _read(

@@ -33,6 +33,7 @@ from hookcli.tree import iter_tensors
 LOSSES = ("ce", "nll", "l1", "mse", "bce", "bcelogits")
 NEXT_TOKEN = ("next-token", "next_token")
 IGNORE = -100  # a label no loss counts (padding), as transformers' losses use it
+WHOLE = re.compile(r"-?[0-9]+")  # an index: ASCII digits only (never "²" or "٣")
 
 
 @dataclass(slots=True)
@@ -96,10 +97,10 @@ def parse_target(
     kind, sep, rest = raw.partition(":")
     if sep and kind.lower() in ("box", "mask"):
         return _region_target(raw, kind.lower(), rest.strip(), categories)
-    if raw.lstrip("-").isdigit():
+    if hasattr(categories, "find_token") and not WHOLE.fullmatch(target or raw):
+        index = _token_index(target or raw, categories)  # a token's text: spaces count
+    elif WHOLE.fullmatch(raw):
         index = int(raw)
-    elif hasattr(categories, "find_token"):  # a language model's tokens: one token, exactly
-        index = _token_index(target or raw, categories)
     else:
         index = _class_index(raw, categories, option="--target")
     label = categories[index] if categories and 0 <= index < len(categories) else None
@@ -136,7 +137,7 @@ def _region_target(raw: str, kind: str, rest: str, categories: Sequence[str] | N
 
 
 def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int:
-    if raw.lstrip("-").isdigit():
+    if WHOLE.fullmatch(raw):
         return int(raw)
     if not categories:
         raise UsageError(

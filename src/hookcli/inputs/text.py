@@ -81,8 +81,9 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
         shown = texts
         texts = [_chat(tokenizer, t) for t in texts]
     notes: list[str] = []
-    side = inputs.padding_side
-    no_pad = len(texts) > 1 and getattr(tokenizer, "pad_token_id", None) is None
+    batch = len(texts) > 1  # (one text is never padded: no pad token, no side needed)
+    side = inputs.padding_side if batch else None
+    no_pad = batch and getattr(tokenizer, "pad_token_id", None) is None
     if no_pad or (side is not None and side != getattr(tokenizer, "padding_side", side)):
         tokenizer = copy.deepcopy(tokenizer)  # the model's own is left as it was
     if no_pad:

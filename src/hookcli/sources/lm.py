@@ -237,16 +237,28 @@ class TokenLabels(Sequence[str]):
         return text if text or i < self.known else f"<id {i}>"
 
     def find_token(self, text: str) -> int | None:
-        """The id of `text` as one token: a token that decodes to it exactly, else the one id
-        the tokenizer encodes it to; None when it is no single token."""
-        exact = [i for i, label in enumerate(self) if label == text]
-        if exact:
-            return exact[0]
+        """The id of `text` as one token: the one id the tokenizer encodes it to; else the one
+        sentencepiece word token spelled as it (▁ read as a space: " cat" is ▁cat); else the
+        one id that decodes to it alone. None when no single token is it, or several are."""
         try:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         except Exception:
-            return None
-        return int(ids[0]) if len(ids) == 1 and 0 <= ids[0] < self.size else None
+            ids = []
+        if len(ids) == 1 and 0 <= ids[0] < self.size:
+            return int(ids[0])
+        try:
+            raw = self.tokenizer.convert_ids_to_tokens(list(range(min(self.known, self.size))))
+        except Exception:
+            raw = []
+        spelled = [  # sentencepiece: "▁cat" is " cat", which decoding alone strips
+            i
+            for i, t in enumerate(raw)
+            if isinstance(t, str) and t.startswith("\u2581") and t.replace("\u2581", " ") == text
+        ]
+        if len(spelled) == 1:
+            return spelled[0]
+        decoded = [i for i, label in enumerate(self) if label == text]
+        return decoded[0] if len(decoded) == 1 else None
 
     def encoded(self, text: str) -> list[str]:
         """text as this tokenizer splits it (for messages)."""

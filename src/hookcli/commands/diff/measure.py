@@ -489,6 +489,9 @@ def measure(
         acc.rows = None
 
 
+POSITION_CHUNK = 1 << 22  # elements of the float64 working copies position_sums makes at once
+
+
 def position_sums(
     ref: np.ndarray[Any, Any], got: torch.Tensor
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -496,9 +499,19 @@ def position_sums(
     a = np.asarray(ref)
     if a.dtype == np.uint16:  # bfloat16 bits
         a = (a.astype(np.uint32) << 16).view(np.float32)
-    a64 = torch.from_numpy(np.ascontiguousarray(a)).double()
-    b64 = got.detach().cpu().double()
-    return ((b64 - a64) ** 2).sum(-1).numpy(), (a64**2).sum(-1).numpy()
+    ref_t = torch.from_numpy(np.ascontiguousarray(a))
+    got_t = got.detach().cpu()
+    batch, tokens, width = got_t.shape
+    sd = np.zeros((batch, tokens))
+    sa = np.zeros((batch, tokens))
+    step = max(1, POSITION_CHUNK // max(width, 1))  # float64 copies of a few positions at a time
+    for b in range(batch):
+        for t in range(0, tokens, step):
+            a64 = ref_t[b, t : t + step].double()
+            d64 = got_t[b, t : t + step].double() - a64
+            sd[b, t : t + step] = (d64 * d64).sum(-1).numpy()
+            sa[b, t : t + step] = (a64 * a64).sum(-1).numpy()
+    return sd, sa
 
 
 def why_not_finite(ref: np.ndarray[Any, Any], got: torch.Tensor) -> str:
