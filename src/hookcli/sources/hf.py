@@ -402,20 +402,37 @@ def _saved_class(tf: Any, config: Any, head: str | None, notes: list[str]) -> tu
     return _auto(tf, built), built
 
 
-def _load_fitting(
-    load: Any, spec: str, overrides: dict[str, Any], *, head: str, saved: Any, notes: list[str]
+def _pretrained(
+    tf: Any,
+    where: Any,
+    saved: Any,
+    spec: str,
+    overrides: dict[str, Any],
+    *,
+    head: str | None,
+    notes: list[str],
+    **found: Any,
 ) -> nn.Module:
-    """from_pretrained with its loading info: weights the class does not take, or parameters
-    the checkpoint does not hold (which would start random), are an error naming them. The
-    bare model (--head base) may leave the checkpoint's head out, and says so."""
+    """The checkpoint at `where` (a folder, or ORG/NAME with `found`'s cache arguments) built
+    as _saved_class says, from safetensors, never remote code. Weights the class does not
+    take, or parameters the checkpoint does not hold (which would start random), are an error
+    naming them. The bare model (--head base) may leave the checkpoint's head out, and says
+    so."""
+    cls, built = _saved_class(tf, saved, head, notes)
+    load_args = {"trust_remote_code": False, "use_safetensors": True, **found}
     model: nn.Module
-    model, info = _build(load, spec, overrides, head)
+    model, info = _build(
+        lambda: cls.from_pretrained(where, config=saved, output_loading_info=True, **load_args),
+        spec,
+        overrides,
+        built,
+    )
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
     mismatched = sorted(
         str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
     )
-    if head == "base" and unexpected and not missing and not mismatched:
+    if built == "base" and unexpected and not missing and not mismatched:
         notes.append(f"--head base: the checkpoint's {_keys(unexpected)} left out")
         return model
     if not (missing or unexpected or mismatched):
@@ -468,21 +485,7 @@ def _from_saved(
         overrides,
     )
     check_config(config, f"hf:{rest}")
-    cls, built = _saved_class(tf, config, head, notes)
-    model = _load_fitting(
-        lambda: cls.from_pretrained(
-            path,
-            config=config,
-            trust_remote_code=False,
-            use_safetensors=True,
-            output_loading_info=True,
-        ),
-        f"hf:{rest}",
-        overrides,
-        head=built,
-        saved=config,
-        notes=notes,
-    )
+    model = _pretrained(tf, path, config, f"hf:{rest}", overrides, head=head, notes=notes)
     return model, _saved_processor(tf, path, config), f"saved model {path}"
 
 
@@ -617,23 +620,10 @@ def _from_cache(
     if isinstance(found, str):  # the snapshot folder: the same checks as a saved folder's
         check_folder(tf, f"hf:{repo}", Path(found).parent)
     check_config(config, f"hf:{repo}")
-    cls, built = _saved_class(tf, config, head, notes)
-    model = _load_fitting(
-        lambda: cls.from_pretrained(
-            repo,
-            config=config,
-            local_files_only=True,
-            cache_dir=cache,
-            trust_remote_code=False,
-            use_safetensors=True,
-            output_loading_info=True,
-        ),
-        f"hf:{repo}",
-        overrides,
-        head=built,
-        saved=config,
-        notes=notes,
-    )
+    model = _pretrained(
+        tf, repo, config, f"hf:{repo}", overrides, head=head, notes=notes,
+        local_files_only=True, cache_dir=cache,
+    )  # fmt: skip
     processor = _saved_processor(tf, repo, config, local_files_only=True, cache_dir=cache)
     return model, processor, f"hf:{repo} from the local cache"
 
