@@ -38,6 +38,7 @@ echo "## CUDA tests" >> "$report"
 timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py >> "$report" 2>&1 \
   || status=1
 echo "## figures" >> "$report"
-timeout 240 "$PY" benchmarks/gpu_figures.py --rounds 7 >> "$report" 2>&1 || status=1
+timeout 240 "$PY" benchmarks/gpu_figures.py --rounds 7 --profile-out "$OUT/gpu_profile.txt" \
+  >> "$report" 2>&1 || status=1
 cat "$report"
 exit $status

@@ -1,9 +1,9 @@
 """hookcli on a GPU, measured in one process (issue 33): run by benchmarks/gpu_check.sh.
 
-(a) host synchronisation: `torch.cuda.set_sync_debug_mode("error")` over a hooked inspect pass
-    of resnet50, vit_b_16 and a tiny Llama (random init): any `.item()`, `.cpu()` or `if t.any()`
-    per tensor in the pass raises (HOOK_PITFALLS 8); each model's line says "no sync" or what
-    raised;
+(a) host synchronisation: `torch.cuda.set_sync_debug_mode("error")` inside the forward of
+    resnet50, vit_b_16 and a tiny Llama (random init), plain and hooked by inspect: any
+    `.item()`, `.cpu()` or `if t.any()` per tensor in the pass raises (HOOK_PITFALLS 8); each
+    model's line says "no sync" or what raised;
 (b) time, by CUDA events (a start and an end recorded on the stream around each variant, the
     elapsed time read once the end has completed), float32 and bfloat16, interleaved rounds,
     ratios of medians:
@@ -11,9 +11,13 @@
       at most 1.05 times on resnet50 b32 bfloat16), and torchinfo's `summary` ÷ the same plain pass;
     - `hookcli.grads` ÷ a plain forward + backward of the same scalar (the sum of the top-1
       logits);
-    - `hookcli.diff --b bfloat16` ÷ the two plain passes (float32 and bfloat16).
+    - `hookcli.diff --b bfloat16` ÷ the two plain passes (float32 and bfloat16);
+(c) where inspect's time goes: the same run with each tensor's statistics replaced by one fill
+    kernel (the hooks and bookkeeping alone), at batch 32 and 128;
+(d) host time of one inspect and one diff call by cProfile, the profiles to --profile-out.
 
 Usage: python benchmarks/gpu_figures.py [--out FILE] [--rounds N] [--device cuda|cpu] [--quick]
+    [--profile-out FILE]
 `--device cpu --quick` runs the same code on small models on the CPU (wall clock instead of
 events, no sync check): a check of this script where no GPU is.
 """
@@ -103,24 +107,130 @@ def models(quick: bool) -> list[tuple[str, Callable[[], nn.Module], Callable[[in
     ]
 
 
-def sync_check(device: torch.device, quick: bool) -> list[str]:
-    """(a): each model's hooked pass under the sync debug mode 'error'."""
-    if device.type != "cuda":
-        return ["(a) host synchronisation: not checked (no CUDA device)"]
-    lines = ["(a) host synchronisation in a hooked inspect pass (set_sync_debug_mode('error'))"]
-    for name, build, make in models(quick):
-        model = build().to(device)
-        x = make(2).to(device)
-        hookcli.inspect(model, x, device=str(device), topk=0)  # warm: kernels, caches
+class NoSync(nn.Module):
+    """`model` under `torch.cuda.set_sync_debug_mode("error")` for its forward alone: a hook
+    that synchronises the host inside the pass raises, while what a run does once before or
+    after its pass (moving the input, the one transfer of the statistics) does not."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         torch.cuda.set_sync_debug_mode("error")
         try:
-            hookcli.inspect(model, x, device=str(device), topk=0)
-            verdict = "no sync"
-        except Exception as exc:  # the figure is what raised
-            verdict = f"SYNCHRONISED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return self.model(*args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        lines.append(f"  {name}: {verdict}")
+
+
+def _verdict(fn: Callable[[], object]) -> str:
+    """ "no sync", or what raised: in the pass, or in a hook (which notes it on its call)."""
+    try:
+        got = fn()
+    except Exception as exc:
+        return f"SYNCHRONISED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    failed = [c for c in getattr(got, "layers", []) if c.error]
+    if failed:
+        first = failed[0]
+        return f"SYNCHRONISED in {len(failed)} hooked calls, first {first.name}: {first.error}"
+    return "no sync"
+
+
+def sync_check(device: torch.device, quick: bool) -> list[str]:
+    """(a): each model's plain pass, then its hooked pass, under the sync debug mode 'error'
+    (the plain pass first: a model that synchronises by itself is not hookcli's doing)."""
+    if device.type != "cuda":
+        return ["(a) host synchronisation: not checked (no CUDA device)"]
+    lines = ["(a) host synchronisation inside the forward (set_sync_debug_mode('error'))"]
+    for name, build, make in models(quick):
+        lines.append(f"  {name}: {_sync_line(NoSync(build().to(device)), make(2).to(device))}")
+    return lines
+
+
+def _sync_line(model: NoSync, x: torch.Tensor) -> str:
+    dev = str(x.device)
+    with torch.no_grad():
+        model.model(x)  # warm: kernels, caches
+    hookcli.inspect(model, x, device=dev, topk=0)
+
+    def plain() -> object:
+        with torch.no_grad():
+            return model(x)
+
+    hooked = _verdict(lambda: hookcli.inspect(model, x, device=dev, topk=0))
+    return f"plain pass {_verdict(plain)}; hooked inspect pass {hooked}"
+
+
+def split(device: torch.device, quick: bool, rounds: int) -> list[str]:
+    """(c): where inspect's time goes, bfloat16: the whole run; the same run with each
+    tensor's statistics replaced by one fill kernel (the hooks and the run's bookkeeping
+    alone); and a batch four times larger (a fixed cost per tensor weighs less there)."""
+    from unittest import mock
+
+    from hookcli.engine import stats
+
+    name, build, make = models(quick)[0]
+    model = build().to(device, torch.bfloat16)
+    clock = "CUDA events" if device.type == "cuda" else "wall clock"
+    lines = [f"(c) where inspect's time goes, {name} bfloat16 ({clock}, medians)"]
+    for batch in (2, 8) if quick else (32, 128):
+        x = make(batch).to(device, torch.bfloat16)
+
+        def plain(x: torch.Tensor = x) -> object:
+            with torch.no_grad():
+                return model(x)
+
+        def inspect(x: torch.Tensor = x) -> object:
+            return hookcli.inspect(model, x, device=str(device), topk=0)
+
+        def hooks_alone(x: torch.Tensor = x) -> object:
+            def fill(t: torch.Tensor) -> torch.Tensor:
+                return torch.zeros(9, dtype=torch.float64, device=t.device)
+
+            with mock.patch.object(stats, "_torch_row", fill):
+                return inspect(x)
+
+        got = interleaved(
+            {"plain": plain, "inspect": inspect, "hooks": hooks_alone}, rounds, device
+        )
+        lines.append(
+            f"  b{batch}: plain {got['plain']:.2f} ms; inspect {got['inspect'] / got['plain']:.2f}x"
+            f"; without the statistics' kernels {got['hooks'] / got['plain']:.2f}x"
+        )
+    return lines
+
+
+def host_profile(device: torch.device, quick: bool, out: Path | None) -> list[str]:
+    """(d): where one call's host time goes (cProfile of inspect and diff, bfloat16, batch 32):
+    the 25 functions of most own time, written beside the figures."""
+    import cProfile
+    import io
+    import pstats
+
+    name, build, make = models(quick)[0]
+    model = build().to(device, torch.bfloat16)
+    x = make(2 if quick else 32).to(device, torch.bfloat16)
+    calls: dict[str, Callable[[], object]] = {
+        "inspect": lambda: hookcli.inspect(model, x, device=str(device), topk=0),
+        "diff": lambda: hookcli.diff(model.float(), x.float(), b="bfloat16", device=str(device)),
+    }
+    text = io.StringIO()
+    lines = [f"(d) host time of one call, {name} bfloat16 (cProfile)"]
+    for what, fn in calls.items():
+        fn()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.runcall(fn)
+        lines.append(f"  {what}: {(time.perf_counter() - t0) * 1e3:.1f} ms under the profiler")
+        text.write(f"=== {what}\n")
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(25)
+        model.to(torch.bfloat16)
+    if out is not None:
+        out.write_text(text.getvalue())
+        lines.append(f"  the profiles: {out}")
     return lines
 
 
@@ -219,6 +329,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile-out", type=Path, default=None, help="(d)'s profiles here")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_figures: no CUDA device here; nothing measured (--device cpu checks the script)")
@@ -226,9 +337,14 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     head = [f"hookcli {hookcli.__version__}, torch {torch.__version__}, {card}"]
-    text = "\n".join([*head, *sync_check(device, args.quick), *timings(
-        device, args.quick, args.rounds
-    )]) + "\n"  # fmt: skip
+    parts = [
+        *head,
+        *sync_check(device, args.quick),
+        *timings(device, args.quick, args.rounds),
+        *split(device, args.quick, args.rounds),
+        *host_profile(device, args.quick, args.profile_out),
+    ]
+    text = "\n".join(parts) + "\n"
     sys.stdout.write(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
+from hookcli.records import Report
 from tests.conftest import CAT, assert_stats_match
 
 # HOOKCLI_TEST_DEVICE=cpu runs the device-generic tests below on the CPU (a check of the tests
@@ -29,9 +30,12 @@ runner = CliRunner()
 
 @needs_cuda
 def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
+    from benchmarks.gpu_figures import NoSync
     from hookcli.engine.stats import StatsCollector
 
-    model = torchvision.models.resnet18().eval().cuda()
+    # the sync debug mode is on inside the model's forward, where every hook fires; the run's
+    # one transfer of the statistics after the pass is allowed
+    model = NoSync(torchvision.models.resnet18().eval().cuda())
     x = torch.randn(2, 3, 224, 224, device="cuda")
     c = StatsCollector()
     t = torch.randn(1000, device="cuda")
@@ -39,12 +43,13 @@ def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
     torch.cuda.set_sync_debug_mode("error")
     try:
         entry = c.add(t, "x")
-        report = hookcli.inspect(model, x, device="cuda", topk=0)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    report = hookcli.inspect(model, x, device="cuda", topk=0)
     c.finalize()
     assert_stats_match(entry, t.cpu())
     assert report.device.startswith("cuda") and report.layers
+    assert [c.error for c in report.layers if c.error] == []  # a hook that synchronised
 
 
 @needs_cuda
@@ -138,3 +143,68 @@ def test_watch_with_a_grad_scaler_on_the_device(tmp_path: Path) -> None:
     steps = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["kind"] == "step"] == [0, 2]
     assert all(s["layers"] for s in steps if s["kind"] == "step")
+
+
+@needs_cuda
+def test_a_padded_token_batch_is_measured_without_a_sync_per_tensor() -> None:
+    """The padding mask is read once (set_token_mask); each (batch, tokens, C) output and each
+    (batch, heads, tokens, tokens) attention is then measured at its real positions, and its
+    per-token rows computed, on the device with no host synchronisation."""
+    from hookcli.engine.stats import StatsCollector
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
+    hidden = torch.randn(2, 6, 16, generator=g)
+    attn = torch.softmax(torch.randn(2, 4, 6, 6, generator=g), dim=-1)
+    c = StatsCollector()
+    c.set_token_mask(mask.cuda())
+    c.per_token = (2, 6)
+    on_device = hidden.cuda(), attn.cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        h = c.add(on_device[0], "out")
+        a = c.add(on_device[1], "out.attn")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    c.finalize()
+    assert_stats_match(h, hidden[mask], rtol=1e-5, same_tensor=False)
+    assert_stats_match(a, attn.permute(0, 2, 1, 3)[mask], rtol=1e-5, same_tensor=False)
+    rows = h.per_token  # every position's row (the report leaves the padding's out later)
+    assert rows is not None and len(rows) == mask.numel()
+    for r in rows:
+        x = hidden[r.sequence, r.position].double()
+        assert r.norm == pytest.approx(float(x.norm()), rel=1e-5)
+        assert r.max_abs == pytest.approx(float(x.abs().max()), rel=1e-5)
+        assert r.channel == int(x.abs().argmax())
+
+
+def test_a_language_models_text_run_on_the_device_equals_the_cpus(tmp_path: Path) -> None:
+    """A saved tiny Llama and its tokenizer, a padded batch of two texts with --per-token: the
+    device's statistics, next tokens and per-token rows are the CPU's within float tolerance."""
+    pytest.importorskip("transformers")
+    from tests.test_llm import LINES, save
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    folder = save(tmp_path / "tiny", "llama")
+    texts = [LINES[0], "hello world"]
+    layers = ["model.layers.0", "model.norm", "lm_head"]
+    kw: dict[str, object] = {"text": texts, "layers": layers, "per_token": True, "topk": 3}
+    here = hookcli.inspect(f"hf:{folder}", device="cpu", **kw)
+    there = hookcli.inspect(f"hf:{folder}", device=DEVICE, **kw)
+    assert there.device.startswith(DEVICE)
+
+    def top1(r: Report) -> list[tuple[int, int]]:
+        return [(p.image, p.index) for p in r.predictions or [] if p.rank == 1]
+
+    assert top1(there) == top1(here) and len(top1(here)) == 2
+    for a, b in zip(here.layers, there.layers, strict=True):
+        assert a.name == b.name
+        ta, tb = a.outputs[0], b.outputs[0]
+        assert tb.numel == ta.numel and tb.note == ta.note
+        for stat in ("mean", "std", "min", "max", "norm"):
+            assert getattr(tb, stat) == pytest.approx(getattr(ta, stat), rel=1e-3, abs=1e-4)
+        assert ta.per_token is not None and tb.per_token is not None
+        assert len(tb.per_token) == len(ta.per_token)
+        for ra, rb in zip(ta.per_token, tb.per_token, strict=True):
+            assert (rb.sequence, rb.position, rb.id) == (ra.sequence, ra.position, ra.id)
+            assert rb.norm == pytest.approx(ra.norm, rel=1e-3, abs=1e-4)

@@ -312,7 +312,7 @@ def _normalise_tiles(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
     grid = make_grid(maps.unsqueeze(1), nrow=k, padding=0, normalize=True, scale_each=True)
     # make_grid lays the tiles side by side; split them back into (K, h, w)
     tiles = grid[0].reshape(h, k, w).permute(1, 0, 2)
-    out: np.ndarray[Any, np.dtype[np.uint8]] = (tiles.clamp(0, 1).numpy() * 255 + 0.5).astype(
+    out: np.ndarray[Any, np.dtype[np.uint8]] = (tiles.clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(
         np.uint8
     )
     return out
