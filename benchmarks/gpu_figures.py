@@ -2,7 +2,7 @@
 
 (a) host synchronisation: `torch.cuda.set_sync_debug_mode("error")` inside the forward of
     resnet50, vit_b_16 and a tiny Llama (random init), plain and hooked by inspect: any
-    `.item()`, `.cpu()` or `if t.any()` per tensor in the pass raises (HOOK_PITFALLS 8); each
+    `.item()`, `.cpu()` or `if t.any()` per tensor in the pass raises (docs/traps.md §8); each
     model's line says "no sync" or what raised;
 (b) time, by CUDA events (a start and an end recorded on the stream around each variant, the
     elapsed time read once the end has completed), float32 and bfloat16, interleaved rounds,

@@ -1,5 +1,5 @@
 """GPU paths. Skipped on machines without CUDA (this project's CI has none); run them where
-a GPU exists: the hooked pass must not synchronise with the host (HOOK_PITFALLS 8)."""
+a GPU exists: the hooked pass must not synchronise with the host (docs/traps.md §8)."""
 
 from __future__ import annotations
 

@@ -27,14 +27,14 @@ from tests.conftest import CAT, ROOT
 
 sync_api = pytest.importorskip(
     "playwright.sync_api",
-    reason="Playwright for Python is not installed: pip install playwright (README, Tests)",
+    reason="Playwright for Python is not installed: pip install playwright (README, top)",
 )
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 )
 if CHROMIUM is None:
     pytest.skip(
-        reason="Debian's chromium is not installed: apt-get install -y chromium (README, Tests)",
+        reason="Debian's chromium is not installed: apt-get install -y chromium (README, top)",
         allow_module_level=True,
     )
 

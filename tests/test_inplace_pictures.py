@@ -1,5 +1,5 @@
 """Pictures and saved tensors read a layer's output as the layer returned it, before a later
-in-place op rewrites it (HOOK_PITFALLS 12): resnet18's `layer1.0.bn1` is followed by an
+in-place op rewrites it (docs/traps.md §12): resnet18's `layer1.0.bn1` is followed by an
 in-place ReLU, densenet121's `features` by `F.relu(..., inplace=True)` in forward.
 
 Oracles: an independent forward hook that clones the output, and Grad-CAM by hand on a model

@@ -321,7 +321,7 @@ def test_user_text_on_stderr_is_escaped(tmp_path: Path) -> None:
 
 
 def test_the_working_directory_is_importable_from_the_console_script() -> None:
-    """CLI.md: pkg.mod:Name from the current directory, as with `python -m`."""
+    """docs/usage.md: pkg.mod:Name from the current directory, as with `python -m`."""
     script = Path(sys.executable).with_name("hookcli")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(script), "layers", "tests.crash_models:Net"], capture_output=True,

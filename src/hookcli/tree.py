@@ -1,6 +1,6 @@
 """The one walker over what models take and return: tensors inside tuples, namedtuples, lists
 and Mappings (dicts, OrderedDicts, Hugging Face `ModelOutput`), each tensor named by its path —
-`out`, `out[0]`, `out["boxes"]`, `out.aux_logits` (HOOK_PITFALLS 5).
+`out`, `out[0]`, `out["boxes"]`, `out.aux_logits` (docs/traps.md §5).
 
 `iter_tensors` reads (hooks, diff, targets, pictures); `map_tensors` rebuilds the same structure
 with some tensors replaced (an ablated output, `--input-grad`'s leaf copies). Both stop at the

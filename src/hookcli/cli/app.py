@@ -116,7 +116,7 @@ def main() -> None:
 
     stdio.guard()
     if "" not in sys.path and os.getcwd() not in sys.path:
-        # CLI.md: the current directory is importable (pkg.mod:Name), as with `python -m`;
+        # docs/usage.md: the current directory is importable (pkg.mod:Name), as with `python -m`;
         # last, so a local torch.py cannot shadow the installed one
         sys.path.append(os.getcwd())
     code = supervise(sys.argv[1:])

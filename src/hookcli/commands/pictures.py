@@ -6,7 +6,7 @@ It hands plain numpy arrays to render/images.py, which composes the PNG with Pil
 
 The output is copied in the hook, as the layer returned it: a later in-place op (resnet's
 `bn1` → in-place `relu`, densenet's `features` → `F.relu(inplace=True)`) would otherwise
-rewrite what the picture reads (HOOK_PITFALLS 12). Its gradient comes from a tensor hook
+rewrite what the picture reads (docs/traps.md §12). Its gradient comes from a tensor hook
 on that same returned value, which receives the gradient of the value before the op.
 """
 

@@ -1,11 +1,11 @@
 """A hook session: pre-hooks and forward hooks on the selected modules, always removed.
 
-One record per *call* (HOOK_PITFALLS 3): ResNet's BasicBlock calls `self.relu` twice, so
+One record per *call* (docs/traps.md §3): ResNet's BasicBlock calls `self.relu` twice, so
 `layer1.0.relu` yields calls 0 and 1. A module reachable under several names (aliases) is
 hooked once, as one object. Pre- and post-hook of one call are paired by a per-module
 stack, which keeps recursion and re-entrant modules right.
 
-Statistics are taken inside the hook, immediately (HOOK_PITFALLS 4): after an in-place ReLU
+Statistics are taken inside the hook, immediately (docs/traps.md §4): after an in-place ReLU
 `input[0] is output`, so inputs are measured in the pre-hook, before the module runs. Hooks
 return None (they never replace an output) and never raise into the user's forward: a
 failure to measure is recorded as a note on the call.
@@ -59,7 +59,7 @@ class Target:
 class ScriptedCall(nn.Module):
     """Stands in for a scripted module (torch.jit.script refuses Python hooks) in its eager
     parents for one pass: the parent calls it as it called the scripted module, the hooks on
-    it see that call's inputs and outputs, and it calls the scripted module (HOOK_PITFALLS 15).
+    it see that call's inputs and outputs, and it calls the scripted module (docs/traps.md §15).
     The scripted module is held as a plain attribute, not a child: the model's own module
     tree is put back exactly as it was when the pass ends."""
 
@@ -224,8 +224,8 @@ class HookSession:
         return self
 
     def _hook(self, i: int, target: Target) -> None:
-        """Both hooks on one module; a module that refuses hooks (TorchScript, HOOK_PITFALLS
-        15) is listed in `unhooked` and the others are hooked all the same. A scripted module
+        """Both hooks on one module; a module that refuses hooks (TorchScript, docs/traps.md
+        §15) is listed in `unhooked` and the others are hooked all the same. A scripted module
         inside eager parents is hooked on a stand-in that takes its place in them."""
         module = target.module
         if target.places:
@@ -458,7 +458,7 @@ class HookSession:
                     if self.saver is not None:
                         self._save(args, "in", "input", call)
                         self._save(kwargs, "in", "input", call)
-            except Exception as exc:  # never break the user's forward (HOOK_PITFALLS 4)
+            except Exception as exc:  # never break the user's forward (docs/traps.md §4)
                 call.error = call.error or f"could not measure inputs: {exc}"
             if self.profile:
                 self._mark_start(pending, args, entered)

@@ -395,7 +395,7 @@ def model_left_as_found(
 
     Every module's own train/eval flag comes back, and the device. Buffers come back after
     every run, not only in train mode (where BatchNorm updates its running statistics even
-    without gradients, HOOK_PITFALLS 9): a layer may count its calls or keep a running value
+    without gradients, docs/traps.md §9): a layer may count its calls or keep a running value
     in eval mode too. Yields a function that puts the buffers back now (before a rerun).
     """
     modes = [(m, m.training) for m in model.modules()]
@@ -456,7 +456,7 @@ class BufferSnapshot:
     module's buffers (a scripted BatchNorm in train mode updates them inside TorchScript) get
     their values copied back; their objects stay as TorchScript holds them. Off the CPU the
     values are copied back without comparing them first: a comparison would wait for the
-    device, once per buffer (HOOK_PITFALLS 8); a copy is queued like any kernel."""
+    device, once per buffer (docs/traps.md §8); a copy is queued like any kernel."""
 
     def __init__(self, modules: Iterator[nn.Module] | Sequence[nn.Module]) -> None:
         self.items: list[tuple[nn.Module, str, Any, int | None, torch.Tensor | None]] = []

@@ -8,7 +8,7 @@ of recursing without end.
 Parameters that do not exist yet (`nn.LazyLinear`'s UninitializedParameter) count 0 until
 the forward that materialises them; counts are taken again after it (`recount`). TorchScript
 modules refuse Python hooks (scripted) or never fire them inside (traced): they stay in the
-list, marked not hookable, and are never selected (HOOK_PITFALLS 15).
+list, marked not hookable, and are never selected (docs/traps.md §15).
 """
 
 from __future__ import annotations

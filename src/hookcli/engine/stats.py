@@ -5,7 +5,7 @@ Every tensor a hook sees becomes one *row* of nine numbers:
     count (finite elements), mean, var (population), min, max, zeros, nan, inf, norm
 
 `StatsCollector.add` returns an empty TensorStats at once; `finalize` brings all rows to the
-host with a single device-to-host transfer per device (HOOK_PITFALLS 8) and fills in every
+host with a single device-to-host transfer per device (docs/traps.md §8) and fills in every
 TensorStats it handed out.
 
 Three ways to fill a row:

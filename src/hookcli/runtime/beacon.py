@@ -2,7 +2,7 @@
 
 A native crash (SIGSEGV in a custom op, SIGILL in a kernel built for an ISA the machine cannot
 run, the OOM killer's SIGKILL) ends a process before any `except` or `finally` runs
-(HOOK_PITFALLS 16). The CLI therefore runs the work in a forked child
+(docs/traps.md §16). The CLI therefore runs the work in a forked child
 (hookcli.runtime.supervise) and shares one anonymous memory page with it: the child writes into
 it, as it goes, which layer call is running (forward or backward), the phase of the run
 (building the model, a diff side) and the temp files it has made; the parent reads it when the

@@ -1,7 +1,7 @@
 """CPUs that advertise an ISA they cannot run: find out once, then keep oneDNN below it.
 
 Some machines advertise AMX (amx_bf16, amx_tile) and the kernel grants the permission, yet any
-bfloat16 matmul or convolution that oneDNN dispatches to AMX dies with SIGILL (HOOK_PITFALLS 16).
+bfloat16 matmul or convolution that oneDNN dispatches to AMX dies with SIGILL (docs/traps.md §16).
 No `except` sees that. Where the CPU advertises AMX, a tiny probe — bfloat16 and float16 linear
 and convolution, autocast included — runs in a child process at oneDNN's default ISA; if it dies
 of a signal, again under `ONEDNN_MAX_CPU_ISA` limits from the highest down, and the first that

@@ -1,6 +1,6 @@
 """Crash isolation: the CLI's work runs in a forked child that a small parent watches.
 
-A model can kill the process in ways no `except` sees (HOOK_PITFALLS 16): a custom C++/CUDA op
+A model can kill the process in ways no `except` sees (docs/traps.md §16): a custom C++/CUDA op
 segfaults, a kernel built for an ISA the CPU cannot run dies with SIGILL, a native library aborts,
 the OOM killer sends SIGKILL. That is when a user most needs to know which layer was running.
 It can also end the process without dying (os._exit) or replace it with another program
