@@ -187,7 +187,7 @@ def test_diff_marks_the_first_divergence(tmp_path: Path) -> None:
 
 
 def test_run_log_page_embeds_its_series(tmp_path: Path) -> None:
-    from tests.test_runlog import emulated_ddp
+    from tests.test_watch_logs import emulated_ddp
 
     _, single = emulated_ddp(tmp_path, steps=2)
     r = cli("report", str(single), "-f", "html")
@@ -390,7 +390,7 @@ def test_picture_errors_point_somewhere_useful(tmp_path: Path) -> None:
             "-f", "html")  # fmt: skip
     # not class scores, and inspect has no --target to follow the usual hint with
     assert_one_line_error(r, 2, "--picture cam", "grads or check")
-    from tests.test_runlog import _log, _step
+    from tests.test_watch_logs import _log, _step
 
     log = _log(tmp_path, [_step(0)])
     assert_one_line_error(cli("check", str(log), "--picture", "cam"), 2, "--picture")

@@ -34,7 +34,7 @@ from hookcli.records import (
     TensorDiff,
     TensorStats,
 )
-from hookcli.render import diffrows, rows
+from hookcli.render import diffrows, listing, rows
 from hookcli.render.markdown import diff_markdown, report_markdown, sections_markdown
 from hookcli.render.table import checks_table, diff_table, layers_table, report_table
 from hookcli.text import escape, markdown
@@ -362,7 +362,7 @@ def test_layers_rows_are_the_listing() -> None:
         ],
         input=InputInfo(description="ones", shapes=[(1, 4)]),
     )  # fmt: skip
-    t = rows.layers_sections(report)[1].tables()[0]
+    t = listing.layers_sections(report)[1].tables()[0]
     assert t.rows[1].cells == ["  block.fc", "Linear", "10", "yes", "fc", "1", "1x4"]
     text = layers_table(report, color=False, width=WIDE)
     for r in t.rows:

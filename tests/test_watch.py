@@ -507,7 +507,7 @@ def test_a_log_that_cannot_be_written_stops_logging_not_training(
 
 
 def test_two_runs_watching_one_log_are_told_apart(tmp_path: Path) -> None:
-    from hookcli.commands.watch.runlog import load_run
+    from hookcli.commands.watch.runmerge import load_run
 
     log = tmp_path / "run.jsonl"
     torch.manual_seed(0)

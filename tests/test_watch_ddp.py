@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.commands.watch import runlog
+from hookcli.commands.watch import runmerge
 from tests.conftest import ROOT
-from tests.test_runlog import assert_same_run
+from tests.test_watch_logs import assert_same_run
 
 SCRIPT = ROOT / "tests" / "ddp_train.py"
 TIMEOUT = 180
@@ -79,7 +79,7 @@ def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
         first = json.loads(log.read_text().splitlines()[0])
         assert (first["rank"], first["world_size"]) == (r, 2)
         assert first["layers"][0]["outputs"][0]["shape"][0] == 4  # its half of the batch
-    merged = runlog.load_run(logs)
+    merged = runmerge.load_run(logs)
     assert merged.ranks == 2 and merged.notes == [], merged.notes  # parameters agree
     single = [json.loads(x) for x in (tmp_path / "single.jsonl").read_text().splitlines()]
     assert [s["step"] for s in single] == [0, 1, 2, 3]

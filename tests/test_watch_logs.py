@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from hookcli.commands.watch import runlog
+from hookcli.commands.watch import logread, runmerge, runrules, runseries
 from hookcli.errors import UsageError
 from tests.conftest import ROOT
 from tests.test_cli import assert_one_line_error
@@ -139,7 +139,7 @@ def assert_same_run(
             (c["name"], c["call"]) for c in s["layers"]
         ]
         for mc, sc in zip(m["layers"], s["layers"], strict=True):
-            for kind in runlog.KINDS:
+            for kind in logread.KINDS:
                 if sc[kind] is None:
                     assert mc[kind] is None, (step, sc["name"], kind)
                     continue
@@ -233,7 +233,7 @@ def _log(tmp_path: Path, lines: Iterable[dict[str, Any]], name: str = "run.jsonl
 
 def _checks(path: Path, **rules: Any) -> dict[str, Any]:
     """Each rule's verdict over the log at path, by rule name."""
-    got = runlog.evaluate_run(runlog.load_run([path]), runlog.parse_run_rules(**rules))
+    got = runrules.evaluate_run(runmerge.load_run([path]), runrules.parse_run_rules(**rules))
     return {c.rule: c for c in got}
 
 
@@ -243,7 +243,7 @@ def _checks(path: Path, **rules: Any) -> dict[str, Any]:
 def test_a_real_log_reads_back_with_its_steps(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     _train(Tiny(), _batches(5), log, every=2)
-    r = runlog.load_run([log])
+    r = runmerge.load_run([log])
     assert r.step_numbers == [0, 2, 4] and r.ranks == 1 and r.notes == []
     assert [c["name"] for c in r.steps[0]["layers"]] == ["conv", "act", "fc"]
 
@@ -267,7 +267,7 @@ def test_a_file_that_is_not_a_log_is_a_one_line_error(
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     with pytest.raises(UsageError, match=r"run log .*bad\.jsonl") as e:
-        runlog.load_run([path])
+        runmerge.load_run([path])
     assert needle in str(e.value), str(e.value)
     assert e.value.hint
     r = run("check", str(path))
@@ -281,14 +281,14 @@ def test_a_bad_line_is_named_and_a_last_line_cut_short_is_a_note(tmp_path: Path)
     path = tmp_path / "run.jsonl"
     path.write_text(good[0] + "\n" + good[1][:-5] + "\n" + good[2] + "\n")
     with pytest.raises(UsageError, match="line 2 is not a JSON object"):
-        runlog.load_run([path])
+        runmerge.load_run([path])
     bad = _step(1)
     bad["layers"][0]["outputs"][0]["numel"] = -1
     path.write_text(good[0] + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(UsageError, match=r"line 2 has numel = -1 in layers\[0\]\.outputs\[0\]"):
-        runlog.load_run([path])
+        runmerge.load_run([path])
     path.write_text(good[0] + "\n" + good[1] + "\n" + good[2][:40])  # the writer was killed
-    r = runlog.load_run([path])
+    r = runmerge.load_run([path])
     assert r.step_numbers == [0, 1]
     assert any("line 3 is incomplete" in n for n in r.notes)
 
@@ -296,12 +296,12 @@ def test_a_bad_line_is_named_and_a_last_line_cut_short_is_a_note(tmp_path: Path)
 def test_two_runs_appended_to_one_log_are_an_error(tmp_path: Path) -> None:
     path = _log(tmp_path, [_step(0), _step(1), _step(0)])
     with pytest.raises(UsageError, match=r"holds step 0 twice \(lines 1 and 3\)"):
-        runlog.load_run([path])
+        runmerge.load_run([path])
 
 
 def test_unknown_kinds_and_extra_keys_are_tolerated(tmp_path: Path) -> None:
     lines = [{"schema": 1, "kind": "start", "anything": 1}, _step(0, extra_key=[1, 2])]
-    r = runlog.load_run([_log(tmp_path, lines)])
+    r = runmerge.load_run([_log(tmp_path, lines)])
     assert r.step_numbers == [0]
 
 
@@ -317,7 +317,7 @@ def test_a_missing_log_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_merged_rank_logs_equal_one_process_over_the_whole_batch(tmp_path: Path) -> None:
     logs, single = emulated_ddp(tmp_path, steps=3, world=2)
-    merged = runlog.load_run(logs)
+    merged = runmerge.load_run(logs)
     assert merged.ranks == 2 and merged.notes == [], merged.notes
     assert all(s["merged_ranks"] == 2 and s["world_size"] == 1 for s in merged.steps)
     assert_same_run(merged.steps, _read(single))
@@ -328,12 +328,12 @@ def test_gradients_are_scaled_by_one_over_the_world_size(tmp_path: Path) -> None
     the comparison above can fail."""
     logs, single = emulated_ddp(tmp_path, steps=1, world=2)
     ranks = [_read(p)[0] for p in logs]
-    merged, _ = runlog.merge_step(ranks)
+    merged, _ = runmerge.merge_step(ranks)
     want = _read(single)[0]
     fc = next(c for c in merged["layers"] if c["name"] == "fc")
     ref = next(c for c in want["layers"] if c["name"] == "fc")
     assert fc["grad_outputs"][0]["norm"] == pytest.approx(ref["grad_outputs"][0]["norm"], rel=1e-5)
-    unscaled = runlog.merge_tensors([[r["layers"][2]["grad_outputs"][0]] for r in ranks])
+    unscaled = runmerge.merge_tensors([[r["layers"][2]["grad_outputs"][0]] for r in ranks])
     assert unscaled[0]["norm"] == pytest.approx(2 * ref["grad_outputs"][0]["norm"], rel=1e-5)
     wrong = {**fc, "grad_outputs": unscaled}
     with pytest.raises(AssertionError):
@@ -342,33 +342,33 @@ def test_gradients_are_scaled_by_one_over_the_world_size(tmp_path: Path) -> None
 
 def test_ranks_that_disagree_on_parameters_are_a_note(tmp_path: Path) -> None:
     logs, _ = emulated_ddp(tmp_path, steps=2, world=2, all_reduce=False)
-    r = runlog.load_run(logs)
+    r = runmerge.load_run(logs)
     assert any("ranks disagree on" in n and "not one DistributedDataParallel" in n for n in r.notes)
 
 
 def test_rank_logs_must_be_one_whole_run(tmp_path: Path) -> None:
     logs, _ = emulated_ddp(tmp_path, steps=2, world=2)
     with pytest.raises(UsageError, match=r"both rank 0's log"):
-        runlog.load_run([logs[0], logs[0]])
-    alone = runlog.load_run([logs[1]])  # one rank alone: read, with a note
+        runmerge.load_run([logs[0], logs[0]])
+    alone = runmerge.load_run([logs[1]])  # one rank alone: read, with a note
     assert any("rank 1 of 2" in n for n in alone.notes)
     lines = logs[1].read_text().splitlines()
     logs[1].write_text(lines[0] + "\n")  # rank 1 stopped after step 0
     gone = r"run\.rank1\.jsonl \(rank 1\) has no step 1, which run\.rank0\.jsonl has"
     with pytest.raises(UsageError, match=gone):
-        runlog.load_run(logs)
+        runmerge.load_run(logs)
     third = _log(tmp_path, [_step(0)], "other.jsonl")
     with pytest.raises(
         UsageError, match=r"3 logs given for a run of 2 processes \(.*other.jsonl rank 0 of 1"
     ):
-        runlog.load_run([*logs, third])
+        runmerge.load_run([*logs, third])
     with pytest.raises(UsageError, match=r"1 logs given for a run of 2 processes \(rank 1 missing"):
-        runlog.merge_logs([runlog.read_log(logs[0])])
+        runmerge.merge_logs([logread.read_log(logs[0])])
 
 
 def test_a_missing_log_name_finds_its_rank_logs(tmp_path: Path) -> None:
     logs, _ = emulated_ddp(tmp_path, steps=1, world=2)
-    assert runlog.expand_logs([str(tmp_path / "run.jsonl")]) == [str(p) for p in logs]
+    assert logread.expand_logs([str(tmp_path / "run.jsonl")]) == [str(p) for p in logs]
     r = run("check", str(tmp_path / "run.jsonl"))
     assert r.exit_code == 0, r.stderr
     assert "2 rank logs merged" in r.stdout
@@ -500,13 +500,13 @@ def test_update_ratio_bounds(tmp_path: Path) -> None:
 
 def test_bad_rule_values_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="--grad-norm and --min-grad-norm"):
-        runlog.parse_run_rules(_rules(grad_norm="1:2"), max_grad_norm=3.0)
+        runrules.parse_run_rules(_rules(grad_norm="1:2"), max_grad_norm=3.0)
     with pytest.raises(UsageError, match=r"--min-update-ratio 1 is above --max-update-ratio 0\.1"):
-        runlog.parse_run_rules(min_update_ratio=1.0, max_update_ratio=0.1)
+        runrules.parse_run_rules(min_update_ratio=1.0, max_update_ratio=0.1)
     with pytest.raises(UsageError, match="--max-grad-norm"):
-        runlog.parse_run_rules(max_grad_norm=float("nan"))
+        runrules.parse_run_rules(max_grad_norm=float("nan"))
     with pytest.raises(UsageError, match="--dead-after"):
-        runlog.parse_run_rules(dead_after=-1)
+        runrules.parse_run_rules(dead_after=-1)
 
 
 # ---------------------------------------------------------------- hookcli check run.jsonl
@@ -576,7 +576,7 @@ def test_report_table_shows_series_with_sparklines_and_nonfinite_marks(tmp_path:
     fc = next(line for line in out.splitlines() if line.startswith("fc "))
     assert "!" in fc, fc  # NaN at step 2 marked in its sparklines
     assert "loss: 1 → 0.5" in out
-    assert runlog.series(runlog.load_run([_nan_run(tmp_path)])).layers[0].bad_steps == [2]
+    assert runseries.series(runmerge.load_run([_nan_run(tmp_path)])).layers[0].bad_steps == [2]
 
 
 def test_sparkline_scales_and_marks() -> None:
@@ -694,13 +694,13 @@ def test_help_lists_report_and_reading_logs_imports_no_torch(tmp_path: Path) -> 
     log = _log(tmp_path, [_step(0)])
     code = (
         "import sys\n"
-        "from hookcli.commands.watch import runlog\n"
+        "from hookcli.commands.watch import runmerge, runrules, runseries\n"
         "from hookcli.render import series\n"
         "import hookcli.cli.runlog\n"
-        f"r = runlog.load_run([{str(log)!r}])\n"
-        "s = runlog.series(r)\n"
+        f"r = runmerge.load_run([{str(log)!r}])\n"
+        "s = runseries.series(r)\n"
         "series.series_sections(s, ['x']); series.series_csv(s)\n"
-        "runlog.evaluate_run(r, runlog.parse_run_rules())\n"
+        "runrules.evaluate_run(r, runrules.parse_run_rules())\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
@@ -710,10 +710,10 @@ def test_help_lists_report_and_reading_logs_imports_no_torch(tmp_path: Path) -> 
 def test_merged_loss_is_the_ranks_mean() -> None:
     a, b = _step(0, loss=1.0), _step(0, loss=3.0)
     b.update(rank=1)
-    merged, _ = runlog.merge_step([a, b])
+    merged, _ = runmerge.merge_step([a, b])
     assert merged["loss"] == 2.0 and merged["merged_ranks"] == 2 and merged["world_size"] == 1
     b["loss"] = None
-    assert runlog.merge_step([a, b])[0]["loss"] is None
+    assert runmerge.merge_step([a, b])[0]["loss"] is None
     assert math.isclose(merged["layers"][0]["outputs"][0]["std"], 1.0)
 
 

@@ -1,7 +1,8 @@
 """report (a saved JSON report, or a hookcli.watch log's series), and check over a run log:
 `hookcli check run.jsonl [rank logs]` is dispatched here from cli.inspect.check.
 
-No torch: a log and a saved report are numbers; commands.watch.runlog reads and merges them."""
+No torch: a log and a saved report are numbers; commands.watch's logread, runmerge, runseries
+and runrules read, merge and judge them."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from hookcli.errors import UsageError
 from hookcli.render import Format
 
 if TYPE_CHECKING:
-    from hookcli.commands.watch.runlog import Run, RunSeries
+    from hookcli.commands.watch.runmerge import Run
+    from hookcli.commands.watch.runseries import RunSeries
     from hookcli.io.output import Destination
     from hookcli.records import Report
 
@@ -99,7 +101,7 @@ def check_log(ctx: typer.Context) -> bool:
     runs it as before (and then refuses the run-log options)."""
     p, used = opt.configured(ctx)
     named = [x for x in [p.get("model"), *(p.get("inputs") or [])] if x]
-    from hookcli.commands.watch.runlog import is_log_path
+    from hookcli.commands.watch.logread import is_log_path
 
     logs = [x for x in named if is_log_path(x)]
     if not logs:
@@ -126,12 +128,9 @@ def check_log(ctx: typer.Context) -> bool:
                 "drop it; a log's rules: --fail-on, --dead-frac, --dead-after, --min-std, "
                 "--grad-norm or --min/--max-grad-norm, --min/--max-update-ratio.",
             )
-    from hookcli.commands.watch.runlog import (
-        evaluate_run,
-        expand_logs,
-        load_run,
-        parse_run_rules,
-    )
+    from hookcli.commands.watch.logread import expand_logs
+    from hookcli.commands.watch.runmerge import load_run
+    from hookcli.commands.watch.runrules import evaluate_run, parse_run_rules
     from hookcli.options import RuleOptions, pick
 
     paths = expand_logs(logs)
@@ -164,7 +163,8 @@ def check_log(ctx: typer.Context) -> bool:
 def _render_checks(
     run: Run, results: list[Any], fmt: Format, dest: Destination | None, *, quiet: bool
 ) -> str:
-    from hookcli.commands.watch.runlog import checks_json, run_lines
+    from hookcli.commands.watch.runrules import checks_json
+    from hookcli.commands.watch.runseries import run_lines
     from hookcli.render import series as render
 
     if fmt == Format.json:
@@ -227,7 +227,7 @@ def report(
     Example: hookcli report run.jsonl -o series.png
     """
     with handled():
-        from hookcli.commands.watch.runlog import expand_logs, is_log_path
+        from hookcli.commands.watch.logread import expand_logs, is_log_path
 
         logs = [f for f in files if is_log_path(f)]
         if logs and len(logs) != len(files):
@@ -262,7 +262,7 @@ def report(
 
 
 def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> None:
-    from hookcli.commands.watch.runlog import saved_report
+    from hookcli.io.reportfile import saved_report
 
     emit(_render_saved(saved_report(path), output_format(fmt, dest), dest), dest)
 
@@ -293,7 +293,8 @@ def _render_saved(report: Report, fmt: Format, dest: Destination | None) -> str:
 def _report_run(
     paths: list[str], fmt: Format | None, dest: Destination | None, *, png: bool
 ) -> None:
-    from hookcli.commands.watch.runlog import load_run, run_lines, series
+    from hookcli.commands.watch.runmerge import load_run
+    from hookcli.commands.watch.runseries import run_lines, series
 
     run = load_run(paths)
     data = series(run)

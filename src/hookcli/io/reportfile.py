@@ -1,5 +1,6 @@
-"""One loader for saved JSON reports (`check --baseline FILE`, `hookcli diff a.json b.json`):
-bounded, parsed safely and validated field by field before anything reads it.
+"""One loader for saved JSON reports (`check --baseline FILE`, `hookcli diff a.json b.json`,
+`hookcli report FILE.json`): bounded, parsed safely and validated field by field before anything
+reads it; `saved_report` reads one back as the Report it was written from.
 
 A report is refused — exit 2, one line naming the file and what is wrong — when it is larger
 than MAX_BYTES (checked before reading), does not start with `{`, is not UTF-8 JSON, nests
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
-from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION
+from hookcli.io.recordjson import RecordError, from_json, json_type
+from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION, Report
 from hookcli.text import escape
 
 MAX_BYTES = 256 * 2**20  # a resnet50 report is ~1 MB; a 10k-call one ~30 MB
@@ -88,25 +90,28 @@ def load_report(path: str | Path, role: str, record: str) -> dict[str, Any]:
     return data  # type: ignore[no-any-return]
 
 
+def saved_report(path: str | Path) -> Report:
+    """A JSON report (`inspect -f json -o FILE`) as the Report it was written from, for the
+    renderers: io.reportfile validates what every reader needs, and each further field is
+    checked against its record's type here (a field of the wrong type is an error, exit 2;
+    one this version does not know is ignored)."""
+    record = f"write one: hookcli inspect MODEL … -f json -o {path}"
+    data = load_report(path, "report", record)
+    try:
+        report = from_json(Report, data)
+    except RecordError as exc:
+        raise UsageError(
+            f"report {escape(str(path))} is not a hookcli JSON report: {exc}.", escape(record)
+        ) from None
+    assert isinstance(report, Report)
+    return report
+
+
 def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number in a report (hookcli writes null)")
 
 
 # ---------------------------------------------------------------- the schema
-
-
-def _type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
 
 
 def _get(obj: dict[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
@@ -120,7 +125,7 @@ def _get(obj: dict[str, Any], key: str, where: str, *, optional: bool = False) -
 def _str(obj: dict[str, Any], key: str, where: str, *, optional: bool = False) -> None:
     v = _get(obj, key, where, optional=optional)
     if not isinstance(v, str) and not (optional and v is None):
-        raise _Bad(f"{where}.{key} is {_type(v)}, not a string")
+        raise _Bad(f"{where}.{key} is {json_type(v)}, not a string")
 
 
 def _int(obj: dict[str, Any], key: str, where: str, *, optional: bool = False) -> None:
@@ -128,7 +133,7 @@ def _int(obj: dict[str, Any], key: str, where: str, *, optional: bool = False) -
     if optional and v is None:
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _Bad(f"{where}.{key} is {_type(v) if not isinstance(v, int) else v}, not a count")
+        raise _Bad(f"{where}.{key} is {json_type(v) if not isinstance(v, int) else v}, not a count")
 
 
 def _num(obj: dict[str, Any], key: str, where: str) -> None:
@@ -136,7 +141,7 @@ def _num(obj: dict[str, Any], key: str, where: str) -> None:
     if v is None:
         return
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise _Bad(f"{where}.{key} is {_type(v)}, not a number or null")
+        raise _Bad(f"{where}.{key} is {json_type(v)}, not a number or null")
     try:
         float(v)
     except OverflowError:
@@ -148,13 +153,13 @@ def _list(obj: dict[str, Any], key: str, where: str, *, nullable: bool = False) 
     if v is None and nullable:
         return []
     if not isinstance(v, list):
-        raise _Bad(f"{where}.{key} is {_type(v)}, not a list")
+        raise _Bad(f"{where}.{key} is {json_type(v)}, not a list")
     return v
 
 
 def _dict(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Bad(f"{where} is {_type(value)}, not an object")
+        raise _Bad(f"{where} is {json_type(value)}, not an object")
     return value
 
 
@@ -184,7 +189,7 @@ def _validate(data: Any) -> None:
         raise _Bad("it is a diff report (compare inspect/grads/check reports)")
     schema = _get(report, "schema", "the report")
     if isinstance(schema, bool) or not isinstance(schema, int):
-        raise _Bad(f"its schema is {_type(schema)}, not a number")
+        raise _Bad(f"its schema is {json_type(schema)}, not a number")
     if schema not in READABLE_SCHEMAS:
         return  # the caller names the schema mismatch, whatever the rest looks like
     model = _dict(_get(report, "model", "the report"), "model")

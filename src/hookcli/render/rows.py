@@ -19,11 +19,8 @@ from typing import Literal
 from hookcli.records import (
     CheckResult,
     LayerCall,
-    LayersReport,
-    ModelEntry,
     Prediction,
     Report,
-    SavedFile,
     TensorStats,
     TextInfo,
 )
@@ -768,87 +765,3 @@ def checks_sections(report: Report, *, quiet: bool) -> list[Section]:
         verdict = f"{len(report.checks) - failed} passed, {failed} failed"
         sections.append(Section("verdict", "verdict", [Line(verdict, "bad" if failed else "good")]))
     return [s for s in sections if s.parts]
-
-
-# ---------------------------------------------------------------- layers, models, saved files
-
-
-def layers_sections(report: LayersReport) -> list[Section]:
-    m = report.model
-    head = [f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules"]
-    if report.input is not None:
-        head.append(f"shapes from one forward pass; input: {report.input.description}")
-    headers = ["layer", "type", "params", "leaf", "also named"]
-    if report.input is not None:
-        headers += ["calls", "output shape"]
-    t = Table(None, headers)
-    for r in report.modules:
-        indent = "  " * max(r.depth - 1, 0)
-        cells = [
-            indent + r.name,
-            r.type if r.hookable else f"{r.type} (TorchScript, not hookable)",
-            count(r.params),
-            "yes" if r.leaf else "",
-            ", ".join(r.aliases),
-        ]
-        if report.input is not None:
-            cells += [str(r.calls or 0), "; ".join(r.output_shapes or []) or DASH]
-        t.rows.append(Row(cells))
-    hint = (
-        "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"
-        " default: every leaf module"
-    )
-    return [
-        lines_section("header", "model", head),
-        Section("modules", "modules", [t]),
-        lines_section("hint", "selecting", [hint]),
-    ]
-
-
-def models_sections(entries: list[ModelEntry]) -> list[Section]:
-    prefix = entries[0].name.partition(":")[0] if entries and ":" in entries[0].name else ""
-    source = {"timm": "timm", "hf": "Hugging Face model types with a classification head"}.get(
-        prefix, "torchvision"
-    )
-    t = Table(
-        f"{len(entries)} {source}" + ("" if prefix == "hf" else " models"),
-        ["name", "task", "params", "input", "weights", "metric (DEFAULT)"],
-    )
-    for e in entries:
-        weights = ", ".join(w + ("*" if w == e.default else "") for w in e.weights) or DASH
-        cells = [
-            e.name,
-            e.task,
-            count(e.params) if e.params else DASH,
-            e.input_size or DASH,
-            weights,
-            e.metric or DASH,
-        ]
-        t.rows.append(Row(cells))
-    hint = {
-        "timm": "* = DEFAULT (read from the local Hugging Face cache). Use: hookcli inspect "
-        "timm:NAME [IMAGE] --weights DEFAULT|TAG|FILE|none",
-        "hf": "Use: hookcli inspect hf:TYPE [IMAGE] --model-arg key=value (config fields); "
-        "random init. hf:PATH or hf:ORG/NAME load saved weights.",
-    }.get(prefix, "* = DEFAULT. Use: hookcli inspect NAME [IMAGE] --weights DEFAULT|ENUM|none")
-    return [Section("models", "models", [t]), lines_section("hint", "using", [hint])]
-
-
-def saved_sections(saved: SavedFile) -> list[Section]:
-    head: list[Part] = [Line(f"{saved.path}: {len(saved.tensors)} tensors", "heading")]
-    head += [Line(f"{key}: {value}", "dim") for key, value in sorted(saved.metadata.items())]
-    t = Table(None, list(SAVED_HEADERS))
-    for s in saved.tensors:
-        cells = [
-            s.path,
-            shape(s.shape),
-            s.dtype,
-            num(s.mean),
-            num(s.std),
-            num(s.min),
-            num(s.max),
-            pct(s.zeros),
-            nonfinite(s) or DASH,
-        ]
-        t.rows.append(Row(cells, s.nonfinite))
-    return [Section("header", "file", head), Section("tensors", "tensors", [t])]

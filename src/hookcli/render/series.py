@@ -2,7 +2,7 @@
 run.jsonl`) in every format: format-neutral sections for the table and Markdown, CSV rows, and
 a PNG grid of tiny line plots (Pillow, as images.py).
 
-It reads what commands.watch.runlog computes through the protocols below (numbers and
+It reads what commands.watch.runseries computes through the protocols below (numbers and
 strings), never torch and never a command module.
 """
 

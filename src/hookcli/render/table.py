@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hookcli.records import DiffReport, LayersReport, ModelEntry, Prediction, Report, SavedFile
-from hookcli.render import diffrows, rows
+from hookcli.render import diffrows, listing, rows
 from hookcli.render.markdown import diff_markdown, report_markdown
 from hookcli.render.rows import (
     DROP,
@@ -250,15 +250,15 @@ def predictions_table(preds: list[Prediction], color: bool) -> Grid:
 
 
 def layers_table(report: LayersReport, *, color: bool, width: int | None) -> str:
-    return render_sections(rows.layers_sections(report), color=color, width=width)
+    return render_sections(listing.layers_sections(report), color=color, width=width)
 
 
 def models_table(entries: list[ModelEntry], *, color: bool, width: int | None) -> str:
-    return render_sections(rows.models_sections(entries), color=color, width=width)
+    return render_sections(listing.models_sections(entries), color=color, width=width)
 
 
 def saved_table(saved: SavedFile, *, color: bool, width: int | None) -> str:
-    return render_sections(rows.saved_sections(saved), color=color, width=width)
+    return render_sections(listing.saved_sections(saved), color=color, width=width)
 
 
 def diff_table(report: DiffReport, *, color: bool, width: int | None) -> str:

@@ -1,0 +1,272 @@
+"""Several rank logs of one run merged into one, and what every reader of a run shares.
+
+Rank logs (torchrun: run.rank0.jsonl, run.rank1.jsonl, …) merge into the log one process over
+the whole batch would have written, when each rank's loss is a mean over an equal shard of it:
+
+- activations (`inputs`, `outputs`): each rank's statistics are over its shard, so they combine
+  exactly by Chan's parallel update (engine.aggregate.Accumulator);
+- activation gradients (`grad_outputs`, `grad_inputs`) are first scaled by 1/W: DDP minimises
+  the mean of the W ranks' losses, so d(mean loss)/d(activation) = (1/W) · the rank's local
+  gradient (mean, std, min, max and norm scale; zeros and NaN/Inf counts do not), then merged;
+- parameters are all-reduced by DDP, so every rank holds the same: rank 0's are taken, and a
+  rank that disagrees beyond 1e-5 relative is a note (not one DDP model?), not an error;
+- the loss is the mean of the ranks'.
+
+A merged step has the same fields as a single process's (world_size 1) plus `merged_ranks`.
+No torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookcli.commands.watch.logread import GRAD_KINDS, KINDS, STATS, LogFile, read_log
+from hookcli.engine.aggregate import Accumulator
+from hookcli.errors import UsageError
+from hookcli.records import TensorStats
+from hookcli.text import escape
+
+PARAM_RTOL = 1e-5  # ranks of one DDP model agree on their parameters within this
+_SCALED = ("mean", "std", "min", "max", "norm")  # what scales with the gradient (not zeros)
+
+
+@dataclass(slots=True)
+class Run:
+    """A run as one process over the whole batch would have logged it: `steps` are step
+    records in step order (merged when several rank logs were given), `events` every rank's
+    non-finite events; `ranks` the logs merged, `world_size` the processes of the run."""
+
+    files: list[str]
+    ranks: int
+    world_size: int
+    steps: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_numbers(self) -> list[int]:
+        return [s["step"] for s in self.steps]
+
+
+def load_run(paths: Sequence[str | Path]) -> Run:
+    """One log, or every rank's log of one run merged (see the module docstring)."""
+    if not paths:
+        raise UsageError("no run log given.", "e.g. hookcli report run.jsonl")
+    logs = [read_log(p) for p in paths]
+    notes = [n for log in logs for n in log.notes]
+    if len(logs) == 1:
+        (log,) = logs
+        if log.world_size > 1:
+            notes.append(
+                f"{Path(log.path).name} is rank {log.rank} of {log.world_size}: statistics over "
+                "its shard of each batch only (give every rank's log to merge them)"
+            )
+        return Run([log.path], 1, log.world_size, list(log.steps.values()), log.events, notes)
+    return merge_logs(logs, notes)
+
+
+def merge_logs(logs: Sequence[LogFile], notes: list[str] | None = None) -> Run:
+    """The rank logs of one run merged step by step."""
+    notes = list(notes or [])
+    names = [Path(log.path).name for log in logs]
+    worlds = {log.world_size for log in logs}
+    world = max(worlds)
+    if len(worlds) > 1 or world < len(logs):
+        sizes = ", ".join(
+            f"{n} rank {log.rank} of {log.world_size}" for n, log in zip(names, logs, strict=True)
+        )
+        raise UsageError(
+            f"{len(logs)} logs given for a run of {world} processes ({sizes}): not one run.",
+            "give every rank's log of one run: run.rank0.jsonl run.rank1.jsonl …",
+        )
+    by_rank: dict[int, LogFile] = {}
+    for log, name in zip(logs, names, strict=True):
+        other = by_rank.get(log.rank)
+        if other is not None:
+            raise UsageError(
+                f"{Path(other.path).name} and {name} are both rank {log.rank}'s log.",
+                "give each rank's log once.",
+            )
+        by_rank[log.rank] = log
+    if len(logs) < world:
+        missing = ", ".join(str(r) for r in range(world) if r not in by_rank)
+        raise UsageError(
+            f"{len(logs)} logs given for a run of {world} processes (rank {missing} missing).",
+            "give every rank's log of one run: run.rank0.jsonl run.rank1.jsonl …",
+        )
+    ordered = [by_rank[r] for r in range(world)]
+    every = sorted({s for log in ordered for s in log.steps})
+    for log in ordered:
+        gone = [s for s in every if s not in log.steps]
+        if gone:
+            has = next(o for o in ordered if gone[0] in o.steps)
+            raise UsageError(
+                f"run log {escape(log.path)} (rank {log.rank}) has no step {gone[0]}, which "
+                f"{escape(Path(has.path).name)} has"
+                + (f" ({len(gone)} steps missing in all)" if len(gone) > 1 else "")
+                + ".",
+                "give the logs of one run, whole (a rank that stopped early ends its log "
+                "early: read the ranks one at a time).",
+            )
+    steps = []
+    for s in every:
+        merged, disagree = merge_step([log.steps[s] for log in ordered])
+        steps.append(merged)
+        notes += disagree
+    events = sorted((e for log in ordered for e in log.events), key=lambda e: e["step"])
+    return Run([log.path for log in ordered], world, world, steps, events, notes)
+
+
+def merge_step(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """One step's records from W ranks (rank order) merged into the record one process over
+    the whole batch would have written, and notes on what did not agree."""
+    w = len(records)
+    first = records[0]
+    step = first["step"]
+    notes: list[str] = []
+    merged: dict[str, Any] = {k: v for k, v in first.items() if k not in ("layers", "params")}
+    merged.update(rank=0, world_size=1, merged_ranks=w)
+    losses = [r.get("loss") for r in records]
+    finite = [float(x) for x in losses if x is not None]
+    merged["loss"] = math.fsum(finite) / w if len(finite) == w else None
+    if any(r.get("loss_nonfinite") for r in records):
+        merged["loss_nonfinite"] = True
+    if any(r.get("skipped") for r in records):
+        merged["skipped"] = True
+    # layer calls, in the order rank 0 saw them (then any only other ranks ran)
+    calls: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        for c in r["layers"]:
+            calls.setdefault((c["name"], c["call"]), []).append(c)
+    layers = []
+    for (name, call), parts in calls.items():
+        if len(parts) != w:
+            notes.append(
+                f"step {step}: {name} call {call} ran on {len(parts)} of {w} ranks; merged "
+                "over those"
+            )
+        entry = {k: v for k, v in parts[0].items() if k not in KINDS}
+        for kind in KINDS:
+            lists = [c.get(kind) for c in parts]
+            if all(x is None for x in lists):
+                entry[kind] = None
+                continue
+            scale = 1.0 / w if kind in GRAD_KINDS else 1.0
+            entry[kind] = merge_tensors([x or [] for x in lists], scale)
+        entry["error"] = next((c.get("error") for c in parts if c.get("error")), None)
+        layers.append(entry)
+    merged["layers"] = layers
+    merged["params"] = first["params"]
+    notes += _params_agree(records)
+    merged["nonfinite_origins"] = [
+        {**o, "rank": r.get("rank", i)}
+        for i, r in enumerate(records)
+        for o in r.get("nonfinite_origins") or []
+    ]
+    return merged, notes
+
+
+def merge_tensors(lists: Sequence[Sequence[dict[str, Any]]], scale: float = 1.0) -> list[Any]:
+    """Each path's statistics over every rank's shard (Chan's update), each part's scaled
+    statistics first multiplied by `scale` (a gradient's 1/W)."""
+    acc: dict[str, Accumulator] = {}
+    for tensors in lists:
+        for d in tensors:
+            t = tensor_stats(d, scale)
+            a = acc.get(t.path)
+            if a is None:
+                a = acc[t.path] = Accumulator(t.path, t.dtype, t.shape[1:])
+            a.add(t)
+    return [_plain(a.stats()) for a in acc.values()]
+
+
+def tensor_stats(d: dict[str, Any], scale: float = 1.0) -> TensorStats:
+    """A log's tensor entry as TensorStats, its scaled statistics times `scale`."""
+    values: dict[str, float | None] = {k: d.get(k) for k in STATS}
+    if scale != 1.0:
+        for k in _SCALED:
+            v = values[k]
+            values[k] = None if v is None else v * scale
+    return TensorStats(
+        path=d["path"],
+        shape=tuple(d["shape"]),
+        dtype=d.get("dtype") or "",
+        numel=d["numel"],
+        nan=d.get("nan") or 0,
+        inf=d.get("inf") or 0,
+        note=d.get("note"),
+        layout=d.get("layout"),
+        mean=values["mean"],
+        std=values["std"],
+        min=values["min"],
+        max=values["max"],
+        zeros=values["zeros"],
+        norm=values["norm"],
+    )
+
+
+def _plain(t: TensorStats) -> dict[str, Any]:
+    """As a log line holds it (a JSON list for the shape; no values or histogram)."""
+    out = dataclasses.asdict(t)
+    out["shape"] = list(t.shape)
+    out.pop("values", None)
+    out.pop("hist", None)
+    return out
+
+
+def _params_agree(records: Sequence[dict[str, Any]]) -> list[str]:
+    """DDP all-reduces gradients, so every rank steps the same weights: a parameter whose norm,
+    gradient norm or update differs beyond PARAM_RTOL is worth a note (one per step)."""
+    step = records[0]["step"]
+    base = {p["name"]: p for p in records[0]["params"]}
+    for i, r in enumerate(records[1:], 1):
+        rank = r.get("rank", i)
+        for p in r["params"]:
+            q = base.get(p["name"])
+            if q is None:
+                return [f"step {step}: rank {rank} has parameter {p['name']}, rank 0 has not"]
+            q_grad, p_grad = q.get("grad") or {}, p.get("grad") or {}
+            for what, a, b in (
+                ("norm", q.get("norm"), p.get("norm")),
+                ("gradient norm", q_grad.get("norm"), p_grad.get("norm")),
+                ("update norm", q.get("update_norm"), p.get("update_norm")),
+            ):
+                if not _close(a, b):
+                    return [
+                        f"step {step}: ranks disagree on {p['name']}'s {what} (rank 0 "
+                        f"{_g(a)}, rank {rank} {_g(b)}): not one DistributedDataParallel "
+                        "model? parameters are rank 0's"
+                    ]
+    return []
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= PARAM_RTOL * max(abs(a), abs(b)) + 1e-30
+
+
+def _g(v: float | None) -> str:
+    return "null" if v is None else f"{v:.6g}"
+
+
+def nonfinite_in(t: dict[str, Any] | None) -> bool:
+    """Whether a tensor's statistics (a log's dict) count NaN or Inf."""
+    return t is not None and bool(t.get("nan") or t.get("inf"))
+
+
+def loss_nonfinite(run: Run) -> list[bool]:
+    """The steps whose loss was not finite: the recorder marked it (`loss_nonfinite`), a
+    non-finite event said so, or (logs without the mark) the loss is null
+    where other steps logged one (the log writes NaN/Inf as null)."""
+    said = {e["step"] for e in run.events if "loss" in (e.get("found") or [])}
+    logged = any(s.get("loss") is not None for s in run.steps)
+    return [
+        bool(s.get("loss_nonfinite")) or s["step"] in said or (logged and s.get("loss") is None)
+        for s in run.steps
+    ]
