@@ -27,6 +27,7 @@ from hookcli.integrations.lightning import (
     HookcliWatch,
     lightning_package,
 )
+from hookcli.records import log_line
 
 pl = lightning_package()  # the package HookcliWatch subclasses the Callback of
 
@@ -129,26 +130,26 @@ def test_fit_logs_the_watched_steps_with_lightnings_losses(tmp_path: Path) -> No
     w = callback.watch
     assert model.val_batches == 2 + 3 * 2, "the sanity check and three validation runs ran"
 
-    assert [r["step"] for r in w.records] == [0, 2, 4]
+    assert [r.step for r in w.records] == [0, 2, 4]
     losses = _step_losses(model)
     assert sorted(losses) == list(range(6))
     for record in w.records:
-        assert record["loss"] == pytest.approx(losses[record["step"]][0], rel=1e-6)
+        assert record.loss == pytest.approx(losses[record.step][0], rel=1e-6)
         # one call per layer: the validation forwards are not in the step
-        assert [(c["name"], c["call"]) for c in record["layers"]] == [(n, 0) for n in LAYERS]
-        for call in record["layers"]:
-            assert call["outputs"][0]["mean"] is not None
-            assert call["grad_outputs"][0]["norm"] > 0
-        names = [p["name"] for p in record["params"]]
+        assert [(c.name, c.call) for c in record.layers] == [(n, 0) for n in LAYERS]
+        for call in record.layers:
+            assert call.outputs[0].mean is not None
+            assert call.grad_outputs[0].norm > 0
+        names = [p.name for p in record.params]
         assert names == [n for n, _ in model.named_parameters()]
-        assert all(p["grad"]["norm"] > 0 and p["update_ratio"] > 0 for p in record["params"])
+        assert all(p.grad.norm > 0 and p.update_ratio > 0 for p in record.params)
     assert w.nonfinite is None
     assert w.step_index == trainer.global_step == 6
 
     # the default log: the Trainer's log_dir (default_root_dir without a logger)
     assert callback.log_path == tmp_path / LOG_NAME
     lines = callback.log_path.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in lines] == json.loads(json.dumps(list(w.records)))
+    assert [json.loads(line) for line in lines] == [log_line(r) for r in w.records]
     _assert_unhooked(model, trainer.optimizers[0])
 
 
@@ -165,13 +166,13 @@ def test_a_nan_at_step_3_names_the_layer(
     trainer.fit(model, _data())
     w = callback.watch
     assert w.nonfinite is not None
-    assert w.nonfinite["step"] == 3
-    first = w.nonfinite["origins"][0]
-    assert (first["layer"], first["type"], first["direction"]) == (layer, "Poison", "forward")
+    assert w.nonfinite.step == 3
+    first = w.nonfinite.origins[0]
+    assert (first.layer, first.type, first.direction) == (layer, "Poison", "forward")
     bundle = tmp_path / "hookcli-watch.bundle"
-    assert w.nonfinite["bundle"] == str(bundle)
+    assert w.nonfinite.bundle == str(bundle)
     assert (bundle / "bundle.json").is_file()
-    assert [r["step"] for r in w.records] == [0, 2, 4]
+    assert [r.step for r in w.records] == [0, 2, 4]
     # the log in the recorder's order: the NaN's line inside its step, before step 4's
     lines = [json.loads(x) for x in callback.log_path.read_text(encoding="utf-8").splitlines()]
     assert [(x["kind"], x["step"]) for x in lines] == [
@@ -191,14 +192,14 @@ def test_accumulated_batches_make_one_step(tmp_path: Path) -> None:
     w = callback.watch
     assert w.step_index == trainer.global_step == 6
     assert len(model.losses) == 12
-    assert [r["step"] for r in w.records] == [0, 2, 4]
+    assert [r.step for r in w.records] == [0, 2, 4]
     losses = _step_losses(model)
     for record in w.records:
         # the loss backpropagated: each micro-batch's divided by accumulate_grad_batches
-        micro = losses[record["step"]]
+        micro = losses[record.step]
         assert len(micro) == 2
-        assert record["loss"] == pytest.approx(sum(micro) / 2, rel=1e-6)
-        calls = [(c["name"], c["call"]) for c in record["layers"]]
+        assert record.loss == pytest.approx(sum(micro) / 2, rel=1e-6)
+        calls = [(c.name, c.call) for c in record.layers]
         assert sorted(calls) == sorted((n, k) for n in LAYERS for k in (0, 1))
     assert not (tmp_path / LOG_NAME).exists(), "log=False writes no file"
     _assert_unhooked(model, trainer.optimizers[0])
@@ -213,12 +214,12 @@ def test_a_resumed_fit_numbers_steps_as_lightning(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, first, max_steps=3)
     trainer.fit(model, _data())
     trainer.save_checkpoint(tmp_path / "step3.ckpt")
-    assert [r["step"] for r in first.watch.records] == [0, 2]
+    assert [r.step for r in first.watch.records] == [0, 2]
 
     again = HookcliWatch(every=2)
     trainer = _trainer(tmp_path, again, max_steps=6)
     trainer.fit(model, _data(), ckpt_path=tmp_path / "step3.ckpt")
-    assert [r["step"] for r in again.watch.records] == [4]
+    assert [r.step for r in again.watch.records] == [4]
     assert again.watch.step_index == trainer.global_step == 6
     lines = again.log_path.read_text(encoding="utf-8").splitlines()
     assert [json.loads(x)["step"] for x in lines] == [4]
@@ -235,14 +236,12 @@ def test_a_grad_scaler_loss_is_unscaled_and_its_skipped_steps_are_steps(tmp_path
     trainer.fit(model, _data())
     w = callback.watch
     assert w.nonfinite is None
-    assert [r["step"] for r in w.records] == [0, 1, 2, 3]
+    assert [r.step for r in w.records] == [0, 1, 2, 3]
     # each line has the scale after its step's update: halved by every skipped step
-    assert [(r["skipped"], r["scale"]) for r in w.records] == [
-        (True, 2.0 ** (39 - i)) for i in range(4)
-    ]
+    assert [(r.skipped, r.scale) for r in w.records] == [(True, 2.0 ** (39 - i)) for i in range(4)]
     losses = _step_losses(model)
     for record in w.records:
-        assert record["loss"] == pytest.approx(losses[record["step"]][0], rel=1e-3)
+        assert record.loss == pytest.approx(losses[record.step][0], rel=1e-3)
     assert "update" not in scaler.__dict__, "the scaler is left as found"
     _assert_unhooked(model, trainer.optimizers[0])
 
@@ -279,11 +278,11 @@ def test_several_optimizers_need_one_named(tmp_path: Path) -> None:
     trainer.fit(model, _data())
     w = callback.watch
     assert w.step_index == 2
-    assert [r["step"] for r in w.records] == [0, 1]
+    assert [r.step for r in w.records] == [0, 1]
     for record in w.records:
-        assert [p["name"] for p in record["params"]] == ["net.3.weight", "net.3.bias"]
+        assert [p.name for p in record.params] == ["net.3.weight", "net.3.bias"]
         # both forwards and backwards of the batch: the first optimizer's belong to the step
-        assert [c["call"] for c in record["layers"] if c["name"] == "net.3"] == [0, 1]
+        assert [c.call for c in record.layers if c.name == "net.3"] == [0, 1]
     _assert_unhooked(model, trainer.optimizers[1])
 
 

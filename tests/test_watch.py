@@ -15,7 +15,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import hookcli
+from hookcli.commands.watch.logread import step_line
 from hookcli.errors import UsageError
+from hookcli.records import log_line
 
 LEAVES = ["conv", "act", "fc"]
 
@@ -88,7 +90,10 @@ def test_a_watched_step_equals_torch_on_the_same_batch_and_weights(tmp_path: Pat
             opt.step()
             weights[step] = (w_before, {n: p.detach().clone() for n, p in model.named_parameters()})
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["step"] for r in lines] == [0, 2] == [r["step"] for r in w.records]
+    assert [r["step"] for r in lines] == [0, 2] == [r.step for r in w.records]
+    # each record is its line: the same data, read back as the same record
+    assert lines == [log_line(r) for r in w.records]
+    assert [step_line(d) for d in lines] == list(w.records)
     batches = _batches(4)
     for record in lines:
         step = record["step"]
@@ -131,7 +136,7 @@ def test_unwatched_steps_carry_no_hook_and_everything_is_removed_after() -> None
         for m in model.modules()
     )
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
-    assert [r["step"] for r in w.records] == [0, 3]
+    assert [r.step for r in w.records] == [0, 3]
 
 
 def test_gradient_accumulation_is_one_step_with_every_forward() -> None:
@@ -145,9 +150,9 @@ def test_gradient_accumulation_is_one_step_with_every_forward() -> None:
             for x, y in batches[i : i + 2]:
                 (F.cross_entropy(model(x), y) / 2).backward()
             opt.step()
-    assert [r["step"] for r in w.records] == [0, 1]
+    assert [r.step for r in w.records] == [0, 1]
     for r in w.records:
-        assert [(c["name"], c["call"]) for c in r["layers"]] == [("fc", 0), ("fc", 1)]
+        assert [(c.name, c.call) for c in r.layers] == [("fc", 0), ("fc", 1)]
 
 
 def test_without_an_optimizer_step_marks_the_steps() -> None:
@@ -157,8 +162,8 @@ def test_without_an_optimizer_step_marks_the_steps() -> None:
         for x, y in _batches(3):
             F.cross_entropy(model(x), y).backward()
             w.step()
-    assert [r["step"] for r in w.records] == [0, 2]
-    assert all(r["params"] == [] for r in w.records)
+    assert [r.step for r in w.records] == [0, 2]
+    assert all(r.params == [] for r in w.records)
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
@@ -194,18 +199,19 @@ def test_a_watched_step_equals_hookcli_grads_on_the_same_batch_and_weights() -> 
             F.cross_entropy(model(x), torch.full((len(x),), 2)).backward()
             opt.step()
     for record in w.records:
-        step = record["step"]
+        step = record.step
         report = hookcli.grads(before[step], data[step][0], loss="ce:2", device="cpu")
         want = {c.name: c for c in report.layers}
-        for call in record["layers"]:
-            ref = want[call["name"]]
+        for call in record.layers:
+            ref = want[call.name]
             for kind in ("inputs", "outputs", "grad_outputs"):
-                for got, exp in zip(call[kind], getattr(ref, kind), strict=True):
+                for got, exp in zip(getattr(call, kind), getattr(ref, kind), strict=True):
                     for key in ("mean", "std", "min", "max", "norm", "zeros"):
-                        assert got[key] == pytest.approx(getattr(exp, key), rel=1e-6, abs=1e-9)
+                        want_v = getattr(exp, key)
+                        assert getattr(got, key) == pytest.approx(want_v, rel=1e-6, abs=1e-9)
         grads = {f"{c.name}.{p.name}": p.grad_norm for c in report.layers for p in c.params or []}
-        for p in record["params"]:
-            assert p["grad"]["norm"] == pytest.approx(grads[p["name"]], rel=1e-6)
+        for p in record.params:
+            assert p.grad.norm == pytest.approx(grads[p.name], rel=1e-6)
 
 
 @pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
@@ -239,11 +245,11 @@ def test_a_compiled_model_watched_steps_run_eager_and_nothing_recompiles(how: st
             assert model._compiled_call_impl is None or how == "module.compile"
             assert not model._forward_hooks and not model._forward_pre_hooks
     plain, compiled_records = records
-    assert [r["step"] for r in compiled_records] == [0, 3, 6]
+    assert [r.step for r in compiled_records] == [0, 3, 6]
     for a, b in zip(plain, compiled_records, strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
-        for ca, cb in zip(a["layers"], b["layers"], strict=True):
-            assert ca["outputs"][0]["norm"] == pytest.approx(cb["outputs"][0]["norm"], rel=1e-5)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        for ca, cb in zip(a.layers, b.layers, strict=True):
+            assert ca.outputs[0].norm == pytest.approx(cb.outputs[0].norm, rel=1e-5)
 
 
 def test_gradscaler_skipped_steps_are_steps_and_not_faults() -> None:
@@ -264,14 +270,14 @@ def test_gradscaler_skipped_steps_are_steps_and_not_faults() -> None:
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(opt)
             scaler.update()
-    assert [r["step"] for r in w.records] == [0, 1, 2, 3, 4]
-    skipped = [r["skipped"] for r in w.records]
+    assert [r.step for r in w.records] == [0, 1, 2, 3, 4]
+    skipped = [r.skipped for r in w.records]
     assert skipped[0] is True and skipped[-1] is False
-    scales = [r["scale"] for r in w.records]
+    scales = [r.scale for r in w.records]
     assert scales == sorted(scales, reverse=True)
     assert w.nonfinite is None
     # a skipped step has no parameter update; the update() override is gone after
-    assert all(r["params"] == [] for r in w.records if r["skipped"])
+    assert all(r.params == [] for r in w.records if r.skipped)
     assert "update" not in vars(scaler) and scaler.update == original_update
 
 
@@ -292,7 +298,7 @@ def test_a_copy_of_a_watched_model_is_not_watched() -> None:
         opt.step()
     assert len(w.records) == 1
     # the copy's calls were not recorded: one call per layer, the watched model's
-    assert [(c["name"], c["call"]) for c in w.records[0]["layers"]] == [(n, 0) for n in LEAVES]
+    assert [(c.name, c.call) for c in w.records[0].layers] == [(n, 0) for n in LEAVES]
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     assert torch.equal(loaded(x), ema(x))  # the checkpoint loads and runs; its hooks are inert
@@ -319,7 +325,7 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
         F.cross_entropy(model(x), y).backward()
         opt.step()
         assert w.nonfinite is None
-        assert [(c["name"], c["call"]) for c in w.records[0]["layers"]] == [(n, 0) for n in LEAVES]
+        assert [(c.name, c.call) for c in w.records[0].layers] == [(n, 0) for n in LEAVES]
         for _ in range(MAX_FORWARDS + 5):  # forward-only, no step ends
             model(x)
         assert len(w._forwards) == MAX_FORWARDS and w._dropped == 5
@@ -361,8 +367,8 @@ def test_regional_compilation_compiles_as_often_watched_or_not() -> None:
                 opt.step()
         frames.append(counter.frame_count)
         if watched:
-            assert [r["step"] for r in w.records] == [0, 2, 4]
-            assert [c["name"] for c in w.records[0]["layers"]][-1] == "head"
+            assert [r.step for r in w.records] == [0, 2, 4]
+            assert [c.name for c in w.records[0].layers][-1] == "head"
     assert frames[0] == frames[1]
 
 
@@ -387,9 +393,9 @@ def test_bundle_replaces_only_a_bundle_and_a_failed_write_does_not_stop_training
         F.cross_entropy(model(x * float("nan")), y).backward()
         opt.step()
     assert w.nonfinite is not None
-    assert w.nonfinite["bundle"] is None
-    assert any("no bundle written" in n for n in w.nonfinite["notes"])
-    assert w.nonfinite["origins"][0]["where"] == "before"
+    assert w.nonfinite.bundle is None
+    assert any("no bundle written" in n for n in w.nonfinite.notes)
+    assert w.nonfinite.origins[0].where == "before"
     err = capsys.readouterr().err
     assert len([line for line in err.splitlines() if line.startswith("hookcli.watch")]) == 1
 
@@ -415,7 +421,7 @@ def test_rerun_stops_at_the_models_inputs_and_leaves_their_grad(tmp_path: Path) 
         grad_before = leaf.grad.clone()  # type: ignore[union-attr]
         opt.step()
     assert w.nonfinite is not None
-    assert not any("raised" in n for n in w.nonfinite["notes"]), w.nonfinite["notes"]
+    assert not any("raised" in n for n in w.nonfinite.notes), w.nonfinite.notes
     assert leaf.grad is not None
     assert torch.allclose(leaf.grad.nan_to_num(), grad_before.nan_to_num())
 
@@ -450,12 +456,12 @@ def test_without_an_optimizer_a_backward_only_nan_is_caught() -> None:
             model(torch.randn(3, 4)).sum().backward()
             w.step()
             model.zero_grad()
-    assert w.nonfinite is not None and w.nonfinite["step"] == 1
-    assert (w.nonfinite["origins"][0]["direction"], w.nonfinite["origins"][0]["layer"]) == (
+    assert w.nonfinite is not None and w.nonfinite.step == 1
+    assert (w.nonfinite.origins[0].direction, w.nonfinite.origins[0].layer) == (
         "backward",
         "1",
     )
-    assert w.nonfinite["nonfinite_grads"] == ["0.weight", "0.bias"]
+    assert w.nonfinite.nonfinite_grads == ["0.weight", "0.bias"]
 
 
 def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:
@@ -470,8 +476,8 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
         opt.zero_grad()
         F.cross_entropy(model(x * float("nan"), hook=lambda t: t), y).backward()
         opt.step()
-    assert w.nonfinite is not None and w.nonfinite["origins"][0]["layer"] == "conv"
-    assert any("the batch could not be saved" in n for n in w.nonfinite["notes"])
+    assert w.nonfinite is not None and w.nonfinite.origins[0].layer == "conv"
+    assert any("the batch could not be saved" in n for n in w.nonfinite.notes)
     from hookcli.commands.watch.replay import replay
 
     with pytest.raises(UsageError, match="holds no batch"):

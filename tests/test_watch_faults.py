@@ -285,30 +285,28 @@ def test_the_recorder_names_step_layer_call_and_direction_and_replay_agrees(
     w = _train(s, tmp_path / "run.jsonl")
     event = w.nonfinite
     assert event is not None, f"{s.name}: no NaN/Inf seen (fault at step {s.step})"
-    assert event["step"] == step
-    first = event["origins"][0]
-    assert (first["direction"], first["where"], first["layer"], first["call"]) == (
+    assert event.step == step
+    first = event.origins[0]
+    assert (first.direction, first.where, first.layer, first.call) == (
         direction,
         where,
         layer,
         call,
-    ), event["origins"]
+    ), event.origins
     # the log holds the event line; the bundle holds the step and the last watched records
     lines = (tmp_path / "run.jsonl").read_text().splitlines()
     assert any('"kind": "nonfinite"' in line for line in lines)
     bundle = tmp_path / "run.bundle"
-    assert event["bundle"] == str(bundle)
+    assert event.bundle == str(bundle)
     report = replay(bundle, unpickle=True)
     assert report.checks[0].passed, report.checks[0].message
     # replay does not run the loss (backward starts from the gradients it gave)
-    recorded = [o for o in event["origins"] if o["where"] != "loss"]
+    recorded = [o for o in event.origins if o.where != "loss"]
     assert [origin_key(o) for o in report.nonfinite_origins] == [origin_key(o) for o in recorded]
     # the same counts: the same batch, RNG and buffers, not merely the same place
-    assert [(o.nan, o.inf) for o in report.nonfinite_origins] == [
-        (o["nan"], o["inf"]) for o in recorded
-    ]
+    assert [(o.nan, o.inf) for o in report.nonfinite_origins] == [(o.nan, o.inf) for o in recorded]
     if s.loss == "log0":  # the loss first, then the gradient it gave
-        assert [(o["direction"], o["where"], o["layer"]) for o in event["origins"][1:]] == [
+        assert [(o.direction, o.where, o.layer) for o in event.origins[1:]] == [
             ("backward", "before", "fc2")
         ]
 
@@ -340,7 +338,7 @@ def test_no_fault_no_bundle_and_the_check_costs_no_hook(tmp_path: Path) -> None:
     w = _train(s, tmp_path / "run.jsonl")
     assert w.nonfinite is None
     assert not (tmp_path / "run.bundle").exists()
-    assert [r["step"] for r in w.records] == [0, 3, 6]
+    assert [r.step for r in w.records] == [0, 3, 6]
 
 
 def test_replay_cli_exit_codes_and_json(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import hookcli
 from hookcli.cli import app
 from hookcli.commands.watch import logread, runmerge, runrules, runseries
 from hookcli.errors import UsageError
+from hookcli.records import log_line
 from tests.conftest import ROOT
 from tests.test_cli import assert_one_line_error
 from tests.test_watch import Tiny, _batches
@@ -291,6 +292,38 @@ def test_a_bad_line_is_named_and_a_last_line_cut_short_is_a_note(tmp_path: Path)
     r = runmerge.load_run([path])
     assert r.step_numbers == [0, 1]
     assert any("line 3 is incomplete" in n for n in r.notes)
+
+
+def test_a_log_written_before_the_record_types_reads_back_as_records_unchanged() -> None:
+    """tests/data/watch_log_v1.jsonl was written by hookcli.watch before log lines had record
+    types (commit f3fefb7): three watched steps of Tiny, the third with a NaN in its input, so
+    a nonfinite line too. Every line reads as its record (StepLine, NonfiniteLine), and the
+    record writes back as the very same line, key for key and in order."""
+    path = ROOT / "tests" / "data" / "watch_log_v1.jsonl"
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [d["kind"] for d in raw] == ["step", "step", "nonfinite", "step"]
+    run = runmerge.load_run([path])
+    assert run.step_numbers == [0, 1, 2] and len(run.events) == 1
+    for data in raw:
+        line = logread.step_line(data) if data["kind"] == "step" else logread.nonfinite_line(data)
+        back = log_line(line)
+        assert back == data and list(back) == list(data)
+    first = logread.step_line(raw[0])
+    assert [c.name for c in first.layers] == ["conv", "act", "fc"]
+    out = first.layers[0].outputs[0]
+    assert out.shape == tuple(raw[0]["layers"][0]["outputs"][0]["shape"]) and out.std is not None
+    event = logread.nonfinite_line(raw[2])
+    assert event.found and event.origins[0].direction == "forward"
+    last = logread.step_line(raw[3])
+    assert last.loss is None and last.loss_nonfinite
+
+
+def test_a_field_of_the_wrong_type_anywhere_in_a_line_is_named(tmp_path: Path) -> None:
+    bad = _step(0)
+    bad["layers"][0]["error"] = 5
+    path = _log(tmp_path, [bad])
+    with pytest.raises(UsageError, match=r"line 1 is not a step line: layers\[0\]\.error is a"):
+        runmerge.load_run([path])
 
 
 def test_two_runs_appended_to_one_log_are_an_error(tmp_path: Path) -> None:

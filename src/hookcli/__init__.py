@@ -111,16 +111,17 @@ def watch(
     log="run.jsonl") as w:` around an ordinary loop. Every `every`-th optimizer step (from step
     0) is watched: each selected layer call's input and output statistics and output
     gradients, each parameter's gradient and update/weight ratio, and the loss given to
-    `w.loss(loss)` — one JSONL line per watched step (also in `w.records`). Other steps run
-    with no hook below the model itself. Without an optimizer, `w.step()` marks each step's
-    end (after backward, before the weights change).
+    `w.loss(loss)` — one JSONL line per watched step (also in `w.records`, as StepLine
+    records). Other steps run with no hook below the model itself. Without an optimizer,
+    `w.step()` marks each step's end (after backward, before the weights change).
 
     Every step, the loss, the model's outputs and the parameter gradients are checked for
     NaN/Inf; the first time one is not finite, the step's repro bundle is written (`bundle=`
     DIR; default next to `log`: run.bundle) with the last `ring` watched records, the step is
     re-run hooked to name the first non-finite layer call and direction, and a "nonfinite"
-    line is logged (`w.nonfinite`). `hookcli replay DIR` runs it again. `scaler=`: the
-    GradScaler, whose skipped steps are steps too; `check=False`: no NaN/Inf check."""
+    line is logged (`w.nonfinite`, a NonfiniteLine). `hookcli replay DIR` runs it again.
+    `scaler=`: the GradScaler, whose skipped steps are steps too; `check=False`: no NaN/Inf
+    check."""
     from hookcli.commands.watch.recorder import Watch
 
     return Watch(

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
-from hookcli.io.recordjson import json_type
+from hookcli.io.recordjson import RecordError, from_json, json_type
+from hookcli.records import READABLE_LOG_SCHEMAS, NonfiniteLine, StepLine
 from hookcli.text import escape
 
-LOG_SCHEMAS = (1,)  # the log line versions this reads (recorder.LOG_SCHEMA)
 RUN_SCHEMA = 1  # the JSON `check`/`report` write about a run
 KINDS = ("inputs", "outputs", "grad_inputs", "grad_outputs")
 GRAD_KINDS = ("grad_inputs", "grad_outputs")
@@ -116,8 +116,10 @@ def read_log(path: str | Path) -> LogFile:
                     kind = _line_kind(data)
                     if kind == "step":
                         _check_step(data)
+                        _typed(StepLine, data)
                     elif kind == "nonfinite":
                         _check_event(data)
+                        _typed(NonfiniteLine, data)
                 except _Bad as exc:
                     if not lines:
                         refuse(f"is not a hookcli.watch log: line {number} {exc}")
@@ -125,10 +127,10 @@ def read_log(path: str | Path) -> LogFile:
                 lines += 1
                 if kind not in ("step", "nonfinite"):
                     continue  # a later recorder's line kind: nothing here reads it
-                if data["schema"] not in LOG_SCHEMAS:
+                if data["schema"] not in READABLE_LOG_SCHEMAS:
                     refuse(
                         f"line {number} has schema {data['schema']}; this hookcli reads "
-                        f"{' and '.join(map(str, LOG_SCHEMAS))}",
+                        f"{' and '.join(map(str, READABLE_LOG_SCHEMAS))}",
                         "read it with the hookcli version that wrote it.",
                     )
                 here = (data["rank"], data["world_size"])
@@ -182,6 +184,29 @@ def read_log(path: str | Path) -> LogFile:
     assert who is not None
     ordered = dict(sorted(steps.items()))
     return LogFile(str(p), who[0], who[1], ordered, events, notes)
+
+
+def step_line(data: dict[str, Any]) -> StepLine:
+    """A step line read_log has validated, as its record (w.records holds the same)."""
+    line = from_json(StepLine, data)
+    assert isinstance(line, StepLine)
+    return line
+
+
+def nonfinite_line(data: dict[str, Any]) -> NonfiniteLine:
+    """A nonfinite line read_log has validated, as its record (w.nonfinite is the same)."""
+    line = from_json(NonfiniteLine, data)
+    assert isinstance(line, NonfiniteLine)
+    return line
+
+
+def _typed(cls: type[Any], data: dict[str, Any]) -> None:
+    """Every field a line's record has, of its type: the record types are the line's schema
+    (the checks above name the common faults the way a reader of the file sees them)."""
+    try:
+        from_json(cls, data)
+    except RecordError as exc:
+        raise _Bad(f"is not a {data['kind']} line: {exc}") from None
 
 
 def _no_constant(name: str) -> NoReturn:

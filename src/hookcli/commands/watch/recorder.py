@@ -49,6 +49,7 @@ from hookcli.commands.watch.bundle import (
     watch_output,
     write_bundle,
 )
+from hookcli.commands.watch.compiled import EagerSwitch, RootCall, inner_module
 from hookcli.commands.watch.logfile import LogWriter
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
 from hookcli.engine.origins import find_origins, number_backward
@@ -56,112 +57,22 @@ from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
 from hookcli.engine.stats import StatsCollector, finite_or_none
 from hookcli.errors import UsageError, one_line
-from hookcli.records import Origin, TensorStats
+from hookcli.records import (
+    LayerCall,
+    LoggedCall,
+    LoggedParam,
+    NonfiniteLine,
+    Origin,
+    StepLine,
+    TensorStats,
+    log_line,
+)
 from hookcli.tree import iter_tensors
 
-LOG_SCHEMA = 1  # the JSONL line's own version
 # forwards with gradients kept per step (micro-batches); a loop that runs more between two
 # optimizer steps (a forward-only loop inside a watch) does not grow memory without bound
 MAX_FORWARDS = 64
 _NONE = object()
-
-
-def _wrapped(model: nn.Module) -> nn.Module | None:
-    """The module a wrapper holds: a torch.compile'd module's `_orig_mod`, (Distributed)
-    DataParallel's `.module` (its subclasses too: mmengine's, Lightning's) — all share their
-    weights with it; None for any other module."""
-    inner = getattr(model, "_orig_mod", None)
-    if isinstance(inner, nn.Module):
-        return inner
-    if isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
-        held = model.module
-        return held if isinstance(held, nn.Module) else None
-    return None
-
-
-def inner_module(model: nn.Module) -> nn.Module:
-    """The module that holds the layers, under any wrappers (see _wrapped)."""
-    for _ in range(8):
-        inner = _wrapped(model)
-        if inner is None:
-            break
-        model = inner
-    return model
-
-
-class RootCall:
-    """For a model compiled in place (`model.compile()`): the recorder's root work around its
-    compiled call, where hooks on the model would run inside the compiled code (and split its
-    graph). `eager`: call the module's own eager call instead (watched steps, re-runs)."""
-
-    def __init__(self, model: nn.Module, pre: Any, post: Any) -> None:
-        self.model, self.pre, self.post = model, pre, post
-        self.compiled = model._compiled_call_impl
-        self.eager = False
-        model._compiled_call_impl = self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.pre(self.model, args, kwargs)
-        call: Any = self.model._call_impl if self.eager else self.compiled
-        assert call is not None
-        out = call(*args, **kwargs)
-        self.post(self.model, args, out)
-        return out
-
-    def remove(self) -> None:
-        if self.model._compiled_call_impl is self:
-            self.model._compiled_call_impl = self.compiled
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> None:
-        return None  # a copy of the model is not watched: it runs eagerly
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return type(None), ()
-
-
-class EagerSwitch:
-    """A torch.compile'd model's eager module, for the steps hooks must see: the hooks of a
-    watched step and a re-run are Python code the compiled graph does not run, so those steps
-    call the module the compiled one wraps (the same weights) — `torch.compile(model)`'s
-    OptimizedModule through its `forward`, `model.compile()` by its compiled call. Switched
-    back, the compiled code is called again as it was: no recompilation (no hook is left on a
-    module it traced)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        # every compiled module, the root's wrappers and compiled blocks inside alike
-        # (regional compilation: a hook in a compiled block would be traced into it)
-        self.compiled: list[nn.Module] = []
-        self.in_place: list[nn.Module] = []
-        for m in model.modules():
-            if isinstance(getattr(m, "_orig_mod", None), nn.Module) and "forward" in vars(m):
-                self.compiled.append(m)
-            if getattr(m, "_compiled_call_impl", None) is not None:
-                self.in_place.append(m)
-        self._saved: list[tuple[nn.Module, str, Any]] = []
-
-    def on(self) -> None:
-        if self._saved:
-            return
-        for m in self.compiled:
-            self._saved.append((m, "forward", m.__dict__.get("forward")))
-            m.__dict__["forward"] = m._orig_mod.__call__  # type: ignore[operator]
-        for m in self.in_place:
-            impl = m._compiled_call_impl
-            self._saved.append((m, "_compiled_call_impl", impl))
-            if isinstance(impl, RootCall):
-                impl.eager = True
-            else:
-                m._compiled_call_impl = None
-
-    def off(self) -> None:
-        for m, name, value in reversed(self._saved):
-            if name == "forward":
-                m.__dict__["forward"] = value
-            elif isinstance(value, RootCall):
-                value.eager = False
-            else:
-                m._compiled_call_impl = value
-        self._saved.clear()
 
 
 class Watch:
@@ -217,13 +128,13 @@ class Watch:
         )
         self.bundle_path = self._bundle_path(bundle)
         self._bundle_given = bundle is not None and bundle is not True and bundle is not False
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring)
+        self.recent: collections.deque[StepLine] = collections.deque(maxlen=ring)
         # the watched steps' lines: all of them without a log; with one (they are in the
         # file), the last `ring` only, so a long run does not grow in memory
-        self.records: collections.deque[dict[str, Any]] | list[dict[str, Any]] = (
+        self.records: collections.deque[StepLine] | list[StepLine] = (
             self.recent if log is not None else []
         )
-        self.nonfinite: dict[str, Any] | None = None  # the first NaN/Inf's line, once seen
+        self.nonfinite: NonfiniteLine | None = None  # the first NaN/Inf's line, once seen
         self.step_index = 0  # the optimizer step now being taken (0: the first)
         self._session: HookSession | None = None
         self._collector: StatsCollector | None = None
@@ -574,9 +485,11 @@ class Watch:
         self.step_index += 1
         self._arm()
 
-    def _write(self, line: dict[str, Any]) -> None:
+    def _write(self, line: StepLine | NonfiniteLine) -> None:
         if self._file is not None:
-            self._file.write(line)
+            data = log_line(line)
+            self._file.write(data)  # marks the line with the run's id
+            line.run = data.get("run")
 
     # ------------------------------------------------------------ the first NaN/Inf
 
@@ -638,7 +551,7 @@ class Watch:
                             module=self.module,
                             optimizer=optimizer or self.optimizer,
                             forwards=self._forwards,
-                            records=list(self.recent),
+                            records=[log_line(r) for r in self.recent],
                         )
                     except Exception as exc:  # training goes on; the log line says why
                         bundle = None
@@ -648,20 +561,17 @@ class Watch:
             if self._session is None:
                 self._eager.off()
             now.restore()
-        found_origins = [_plain(o) for o in origins]
-        line: dict[str, Any] = {
-            "schema": LOG_SCHEMA,
-            "kind": "nonfinite",
-            "step": self.step_index,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "found": found,
-            "origins": found_origins,
-            "nonfinite_params": bad_params,
-            "nonfinite_grads": bad_grads,
-            "bundle": None if bundle is None else str(bundle),
-            "notes": notes,
-        }
+        line = NonfiniteLine(
+            step=self.step_index,
+            rank=self.rank,
+            world_size=self.world_size,
+            found=found,
+            origins=list(origins),
+            nonfinite_params=bad_params,
+            nonfinite_grads=bad_grads,
+            bundle=None if bundle is None else str(bundle),
+            notes=notes,
+        )
         self.nonfinite = line
         self._write(line)
         where = "; ".join(o.describe() for o in origins) or "no layer call held it on the re-run"
@@ -681,7 +591,7 @@ class Watch:
             "world_size": self.world_size,
             "found": found,
             "nonfinite_params": bad_params,
-            "origins": [_plain(o) for o in origins],
+            "origins": [dataclasses.asdict(o) for o in origins],
             "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
             "device": str(_device_of(self.module)),
             "layers": list(self.layers),
@@ -700,7 +610,7 @@ class Watch:
         return Origin("forward", "", "", 0, "loss", nan, int(t.numel()) - nan - int(
             torch.isfinite(t).sum()), where="loss")  # fmt: skip
 
-    def _record(self) -> dict[str, Any]:
+    def _record(self) -> StepLine:
         session, collector = self._session, self._collector
         assert session is not None
         assert collector is not None
@@ -729,34 +639,31 @@ class Watch:
         loss = self._loss
         if isinstance(loss, torch.Tensor):
             loss = float(loss.double().sum()) if loss.numel() else None
-        params = []
-        for name, grad, w_norm, delta in updates:
-            params.append(
-                {
-                    "name": name,
-                    "norm": finite_or_none(w_norm),
-                    "grad": None if grad is None else _stats(grad),
-                    "update_norm": finite_or_none(delta),
-                    "update_ratio": finite_or_none(delta / w_norm) if w_norm else None,
-                }
+        params = [
+            LoggedParam(
+                name=name,
+                norm=finite_or_none(w_norm),
+                grad=None if grad is None else _numbers(grad),
+                update_norm=finite_or_none(delta),
+                update_ratio=finite_or_none(delta / w_norm) if w_norm else None,
             )
-        record: dict[str, Any] = {
-            "schema": LOG_SCHEMA,
-            "kind": "step",
-            "step": self.step_index,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "loss": finite_or_none(loss) if isinstance(loss, float) else None,
-            "layers": [_call(c) for c in calls],
-            "params": params,
-            "nonfinite_origins": [_plain(o) for o in origins],
-        }
-        if isinstance(loss, float) and not math.isfinite(loss):
-            record["loss_nonfinite"] = True  # "loss": null alone would read as "not given"
+            for name, grad, w_norm, delta in updates
+        ]
+        record = StepLine(
+            step=self.step_index,
+            rank=self.rank,
+            world_size=self.world_size,
+            loss=finite_or_none(loss) if isinstance(loss, float) else None,
+            layers=[_logged(c) for c in calls],
+            params=params,
+            nonfinite_origins=list(origins),
+            # "loss": null alone would read as "not given"
+            loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
+        )
         if self.scaler is not None:
-            record["skipped"] = self._skipped
+            record.skipped = self._skipped
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-            record["scale"] = None if scale is None else float(scale)
+            record.scale = None if scale is None else float(scale)
         return record
 
 
@@ -804,31 +711,27 @@ def rank_log_path(path: Path, rank: int, world_size: int) -> Path:
     return path
 
 
-# a tensor's statistics in the log: the numbers, no element values or histograms
-_LOGGED = tuple(f.name for f in dataclasses.fields(TensorStats) if f.name not in ("values", "hist"))
+def _logged(c: LayerCall) -> LoggedCall:
+    """A finished layer call as its log line holds it."""
+
+    def many(ts: list[TensorStats] | None) -> list[TensorStats] | None:
+        return None if ts is None else [_numbers(t) for t in ts]
+
+    return LoggedCall(
+        c.name,
+        c.type,
+        c.call,
+        [_numbers(t) for t in c.inputs],
+        [_numbers(t) for t in c.outputs],
+        many(c.grad_outputs),
+        many(c.grad_inputs),
+        c.error,
+    )
 
 
-def _stats(t: TensorStats) -> dict[str, Any]:
-    """A tensor's statistics for the log (field by field: dataclasses.asdict's deep copy cost
-    resnet18 30 ms a watched step)."""
-    out = {name: getattr(t, name) for name in _LOGGED}
-    out["shape"] = list(t.shape)
-    return out
-
-
-def _call(c: Any) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "type": c.type,
-        "call": c.call,
-        "inputs": [_stats(t) for t in c.inputs],
-        "outputs": [_stats(t) for t in c.outputs],
-        "grad_outputs": None if c.grad_outputs is None else [_stats(t) for t in c.grad_outputs],
-        "grad_inputs": None if c.grad_inputs is None else [_stats(t) for t in c.grad_inputs],
-        "error": c.error,
-    }
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    """A record as JSON data (its floats are finite or None already)."""
-    return dataclasses.asdict(obj)
+def _numbers(t: TensorStats) -> TensorStats:
+    """t as a log line holds it: its statistics, no element values or histogram (a record in
+    w.records is its line)."""
+    if t.values is None and t.hist is None:
+        return t
+    return dataclasses.replace(t, values=None, hist=None)
