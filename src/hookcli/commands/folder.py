@@ -28,24 +28,21 @@ from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
 from hookcli.commands import shards
-from hookcli.commands.inspect import (
+from hookcli.commands.inspect import model_info, predict
+from hookcli.commands.measured import (
     claimed_params,
     finish_param,
     label_layouts,
     measure_params,
-    model_info,
-    nonfinite_by_image,
-    nonfinite_rows,
+    measured_pass,
     origins_of,
-    predict,
+    statistics,
 )
 from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.aggregate import Aggregate
-from hookcli.engine.hooks import HookSession, measure
 from hookcli.engine.layout import reader
-from hookcli.engine.origins import number_backward
-from hookcli.engine.passes import Prepared, hooked_pass, prepare
-from hookcli.engine.stats import StatsCollector, accumulate_dtype, dtype_name, finite_or_none
+from hookcli.engine.passes import Prepared, prepare
+from hookcli.engine.stats import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import (
     ImageFile,
@@ -68,7 +65,6 @@ from hookcli.records import (
     ParamStats,
     Prediction,
     Report,
-    TensorStats,
 )
 
 Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
@@ -416,30 +412,29 @@ class _FolderRun:
             if self.run.profile
             else None
         )
-        collector = StatsCollector(  # a folder repays loading the kernels at once
-            backend="kernel" if self.run.stats_backend == "auto" else self.run.stats_backend,
+        collector = statistics(  # a folder repays loading the kernels at once
+            self.run.stats_backend,
+            repays_kernels=True,
             hist_bins=self.hist,
             hist_edges=self.edges,
         )
         backward = self.backward
-        session = HookSession(prepared.targets, collector, grads=backward, readers=backward)
-        # which image holds NaN/Inf: the input counted before the pass (a model may change it)
-        rows = nonfinite_rows(model_input.forward_values(), len(tensors), "in")
-        out_stats: list[TensorStats] = []
-        with hooked_pass(
-            prepared, session, model_input=model_input, train=self.train, backward=backward
-        ) as result:
-            collector.context = ("(model)", 0, "out")
-            measure(collector, result.output, "out", out_stats)
-            by_image = nonfinite_by_image(model_input, result.output, rows)
+        with measured_pass(
+            prepared,
+            collector,
+            model_input=model_input,
+            images=len(tensors),
+            backward=backward,
+            train=self.train,
+        ) as measured:
+            result = measured.result
+            assert result is not None
             if backward:  # while the gradients are readable
                 self._add_grads()
                 if result.scalar is not None:
                     self.value += float(result.scalar.detach().double())
-        collector.finalize()
-        calls = [p.complete(backward) for p in session.calls]
-        if backward:
-            number_backward(session.calls)
+        session, calls = measured.session, measured.calls
+        out_stats, by_image = measured.outputs, measured.by_image
         for b in by_image:  # which image: its file, its place in the batch
             b.source = files[b.image].name
         self.nonfinite_images += [(k, b) for b in by_image]
@@ -494,7 +489,7 @@ class _FolderRun:
         if group is not None:
             summed = shards.sum_tensors(group, summed, params)
         by_id = {id(p): g for p, g in zip(params, summed, strict=True)}
-        collector = StatsCollector(backend=self.run.stats_backend, hist_bins=self.hist)
+        collector = statistics(self.run.stats_backend, hist_bins=self.hist)
         pending = measure_params(self.params, collector, lambda p: by_id[id(p)])
         collector.finalize()
         for target, rows in pending.items():

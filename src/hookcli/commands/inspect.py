@@ -9,38 +9,42 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from hookcli._version import __version__
+from hookcli.commands.measured import (
+    PendingParam,
+    claimed_params,
+    finish_param,
+    images_in,
+    label_layouts,
+    measure_params,
+    measured_pass,
+    origins_of,
+    statistics,
+)
 from hookcli.commands.profile import profile_calls
-from hookcli.engine.hooks import HookSession, Target, measure
-from hookcli.engine.layout import LayoutOf, image_of, reader
-from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.layout import image_of, reader
 from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
-    hooked_pass,
     prepare,
 )
-from hookcli.engine.selection import ROOT_LABEL, count_params, depth_of
-from hookcli.engine.stats import StatsCollector, finite_or_none
+from hookcli.engine.selection import count_params
+from hookcli.engine.stats import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
 from hookcli.options import Invocation, RunOptions
 from hookcli.records import (
     Backward,
-    ImageNonfinite,
     InputInfo,
     LayerCall,
     ModelInfo,
-    Origin,
-    ParamStats,
     Prediction,
     Report,
-    TensorStats,
 )
 from hookcli.runtime import gcpause, isa
 from hookcli.sources import LoadedModel
@@ -97,21 +101,6 @@ def report(inv: Invocation, command: str) -> Report:
     return clean
 
 
-PendingParam = tuple[ParamStats, TensorStats, TensorStats | None]  # the weight's, the gradient's
-
-
-def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:
-    """Each 3-D/4-D output's layout (engine.layout) into its stats: NCHW, NHWC, tokens:K+HxW,
-    or unknown when neither the model nor the input size tells."""
-    for call in layers:
-        for t in call.outputs:
-            if len(t.shape) in (3, 4):
-                try:
-                    t.layout = layout_of(call.name, t.shape).label
-                except UsageError:
-                    t.layout = "unknown"
-
-
 def _one_run(
     prepared: Prepared, run: RunOptions, command: str, ablations: Sequence[Any] = ()
 ) -> Report:
@@ -127,30 +116,30 @@ def _report_of_run(
     loaded, model_input = prepared.loaded, prepared.model_input
     assert model_input is not None
     backward = prepared.backward is not None
-    collector = StatsCollector(backend=run.stats_backend, hist_bins=run.hist)
+    collector = statistics(run.stats_backend, hist_bins=run.hist)
     collector.set_token_mask(model_input.token_mask)
     if run.per_token:
         collector.per_token = token_grid(model_input)
     saver = _saver(prepared, run, command) if run.save is not None else None
-    session = HookSession(
-        prepared.targets, collector, grads=backward, saver=saver, readers=backward
-    )
     timing = profile_calls(prepared, run) if run.profile else None
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
     params: dict[str, list[PendingParam]] = {}
-    outputs: list[TensorStats] = []
-    batch = images_in(model_input)  # which image holds NaN/Inf: the input counted before
-    values = model_input.forward_values()
-    input_rows = None if batch is None else nonfinite_rows(values, batch, "in")
     try:
         with (
             ablated(prepared.entries, ablations, prepared.seed, layout_of) as ablation_calls,
-            hooked_pass(prepared, session, train=run.train, backward=backward) as result,
+            measured_pass(
+                prepared,
+                collector,
+                images=images_in(model_input),
+                backward=backward,
+                train=run.train,
+                saver=saver,
+            ) as measured,
         ):
+            result = measured.result
+            assert result is not None
             if backward:
                 params = measure_params(claimed_params(prepared.targets), collector)
-            measure(collector, result.output, "out", outputs)
-            by_image = nonfinite_by_image(model_input, result.output, input_rows)
             input_grads = [
                 collector.add(t.grad, path)
                 for path, t in prepared.input_leaves
@@ -171,11 +160,10 @@ def _report_of_run(
                 f"--ablate: layer {spec.layer} never ran, so ablating it changes nothing.",
                 "ablate a layer that runs (`hookcli layers MODEL --shapes` shows calls).",
             )
-    collector.finalize()
-    layers = [p.complete(backward) for p in session.calls]
+    session, layers, outputs = measured.session, measured.calls, measured.outputs
+    by_image = measured.by_image
     if run.per_token:
         label_tokens(layers, model_input)
-    number_backward(session.calls)
     label_layouts(layers, layout_of)
     first_call: dict[str, LayerCall] = {}
     for call in layers:
@@ -275,89 +263,6 @@ def backward_of(prepared: Prepared, value: float | None) -> Backward | None:
     return Backward(spec.describe(), value, perplexity)
 
 
-def origins_of(
-    prepared: Prepared, session: HookSession, outputs: Sequence[TensorStats] = ()
-) -> list[Origin]:
-    """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
-    types = {n: e.type for e in prepared.entries for n in e.names}
-    selected = {id(t.module) for t in session.targets}
-    partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)
-    return find_origins(session.calls, types, partial=partial, outputs=outputs)
-
-
-RowCounts = tuple[torch.Tensor, torch.Tensor]  # NaN and Inf per image (int64, on the CPU)
-
-
-def images_in(model_input: ModelInput) -> int | None:
-    """How many images a batch holds: a list input (detection) one per element, else the
-    first tensor's first dimension; None when that cannot be told."""
-    values = model_input.forward_values()
-    if values and isinstance(values[0], list | tuple):
-        return len(values[0])
-    shapes = model_input.shapes()
-    return shapes[0][0] if shapes and shapes[0] else None
-
-
-def nonfinite_rows(values: Any, batch: int, root: str) -> RowCounts:
-    """The NaN and Inf of `values` per image: a list of per-image items (detection's images
-    and outputs) item by item, else every floating tensor whose first dimension is the batch,
-    row by row (one small transfer at the end)."""
-    nan = torch.zeros(batch, dtype=torch.int64)
-    inf = torch.zeros(batch, dtype=torch.int64)
-    per_item = isinstance(values, tuple) and len(values) == 1 and isinstance(values[0], list)
-    items = values[0] if per_item else values
-    if isinstance(items, list) and len(items) == batch and (per_item or root == "out"):
-        for row, item in enumerate(items):
-            for _, t in iter_tensors(item, root):
-                if t.is_floating_point():
-                    nan[row] += int(t.isnan().sum())
-                    inf[row] += int(t.isinf().sum())
-        return nan, inf
-    found: list[torch.Tensor] = []
-    for _, t in iter_tensors(values, root):
-        if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch and not _finite(t):
-            flat = t.detach().reshape(batch, -1)
-            found.append(torch.stack([flat.isnan().sum(1), flat.isinf().sum(1)]))
-    if found:
-        both = torch.stack([f.to(found[0].device) for f in found]).sum(0).cpu()
-        nan, inf = both[0], both[1]
-    return nan, inf
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """Known at once that a CPU tensor holds no NaN/Inf: its sum is finite (one fast read;
-    a NaN or Inf anywhere makes the sum NaN or Inf). A sum that overflows only sends the
-    tensor to the exact count. Off the CPU, never known without waiting for the device."""
-    if not t.is_cpu:
-        return False
-    acc = torch.float64 if t.dtype is torch.float64 else torch.float32
-    return math.isfinite(float(t.detach().sum(dtype=acc)))
-
-
-def nonfinite_by_image(
-    model_input: ModelInput, output: Any, inputs: RowCounts | None = None
-) -> list[ImageNonfinite]:
-    """The images whose input or the model's output hold NaN/Inf, with their counts.
-    `inputs`: the input's counts taken before the pass (a model may change its input in
-    place); else counted now."""
-    batch = images_in(model_input)
-    if batch is None:
-        return []
-    in_nan, in_inf = inputs or nonfinite_rows(model_input.forward_values(), batch, "in")
-    out_nan, out_inf = nonfinite_rows(output, batch, "out")
-    table = torch.stack([in_nan, in_inf, out_nan, out_inf]).tolist()
-    sources = model_input.sources
-    return [
-        ImageNonfinite(
-            row,
-            sources[row] if row < len(sources) else None,
-            *(int(table[k][row]) for k in range(4)),
-        )
-        for row in range(batch)
-        if any(table[k][row] for k in range(4))
-    ]
-
-
 def input_info(model_input: ModelInput) -> InputInfo:
     return InputInfo(
         model_input.description,
@@ -391,56 +296,6 @@ def _topk(topk: int | None, loaded: LoadedModel) -> int:
     if topk is None:  # a custom model's output is not known to be class scores: ask first
         return loaded.kind.default_topk
     return topk
-
-
-def claimed_params(targets: Sequence[Target]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
-    """Each selected module's parameters, by target name in the targets' order. A parameter is
-    listed once, under the innermost selected module that holds it: a selected container lists
-    only what no selected module inside it (nor a tied module before it) already lists."""
-    claimed: set[int] = set()
-    by_name: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
-    for t in sorted(targets, key=lambda t: -depth_of("" if t.name == ROOT_LABEL else t.name)):
-        own = []
-        for name, p in t.module.named_parameters():
-            if id(p) not in claimed:
-                claimed.add(id(p))
-                own.append((name, p))
-        by_name[t.name] = own
-    return {t.name: by_name[t.name] for t in targets}
-
-
-def measure_params(
-    params: dict[str, list[tuple[str, torch.nn.Parameter]]],
-    collector: StatsCollector,
-    grad_of: Callable[[torch.nn.Parameter], torch.Tensor | None] = lambda p: p.grad,
-) -> dict[str, list[PendingParam]]:
-    """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
-    run's sum over the batches), measured by the collector."""
-    return {
-        target: [
-            (
-                ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                collector.add(p, name),
-                None if (g := grad_of(p)) is None else collector.add(g, f"{name}.grad"),
-            )
-            for name, p in own
-        ]
-        for target, own in params.items()
-    }
-
-
-def finish_param(pending: PendingParam) -> ParamStats:
-    ps, weight, g = pending
-    ps.norm = weight.norm
-    if g is not None:
-        ps.grad = g
-        ps.grad_norm = g.norm
-        ps.grad_mean = g.mean
-        if g.min is not None and g.max is not None:
-            ps.grad_max_abs = max(abs(g.min), abs(g.max))
-        if ps.norm and g.norm is not None:
-            ps.ratio = g.norm / ps.norm
-    return ps
 
 
 def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None) -> ModelInfo:

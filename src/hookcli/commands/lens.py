@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
+from hookcli.commands.measured import statistics
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, LensOptions, ModelOptions
 from hookcli.records import LensCell, LensReport, LensToken
@@ -144,7 +145,6 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     from hookcli.commands.inspect import input_info, model_info
     from hookcli.engine.hooks import HookSession
     from hookcli.engine.passes import hooked_pass, prepare
-    from hookcli.engine.stats import StatsCollector
     from hookcli.sources.hfbase import logits_of
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
@@ -187,7 +187,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
 
     watched = [*blocks, *candidates.items(), (UNEMBED, unembed)]
     handles = [m.register_forward_hook(keep(n)) for n, m in watched]
-    session = HookSession([], StatsCollector())
+    session = HookSession([], statistics())
     try:
         with hooked_pass(prepared, session) as result:
             logits = logits_of(result.output)

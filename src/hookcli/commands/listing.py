@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from hookcli.commands.inspect import input_info, model_info
+from hookcli.commands.measured import statistics
 from hookcli.engine.hooks import HookSession
 from hookcli.engine.passes import build_input, hooked_pass, prepare
 from hookcli.engine.selection import ROOT_LABEL, has_lazy, recount
-from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import LayerCall, LayersReport, ModelEntry, ModuleRow, SavedFile
@@ -196,7 +196,7 @@ def show_file(path: str | Path) -> SavedFile:
     try:
         with safe_open(str(p), framework="pt") as f:
             metadata = dict(f.metadata() or {})
-            collector = StatsCollector()
+            collector = statistics()
             tensors = [collector.add(f.get_tensor(key), key) for key in f.keys()]  # noqa: SIM118
     except Exception as exc:
         raise UsageError(

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli.commands.measured import statistics
 from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.origins import find_origins, number_backward
-from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError, one_line
 from hookcli.records import LayerCall, Origin, TensorStats
 from hookcli.tree import iter_tensors, map_tensors
@@ -187,7 +187,7 @@ def rerun(
     `.grad` outside it. A forward (or its backward) that raises is noted and skipped; the
     others run. The origin is that of the first forward (micro-batch) in which NaN/Inf
     appears, with its own backward: each forward-backward pair is its own pass."""
-    collector = StatsCollector()
+    collector = statistics()
     session = HookSession(targets, collector, grads=True, readers=True)
     modules = list(module.modules())
     flags = [m.training for m in modules]

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
+from hookcli.commands.measured import statistics
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -346,7 +347,7 @@ class Watch:
         """Hooks on, when the coming step is watched."""
         if not self._open or self.step_index % self.every:
             return
-        self._collector = StatsCollector(backend="kernel")  # a training run repays loading numba
+        self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         self._session = HookSession(self.targets, self._collector, grads=True)
         self._session.__enter__()
         self._eager.on()  # a compiled model runs its eager module on a watched step

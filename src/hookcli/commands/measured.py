@@ -1,0 +1,236 @@
+"""One measured pass: the prepared model run once with hookcli's hooks on the selected layers,
+every selected call's statistics taken, the model's outputs measured, and which image of a batch
+held NaN/Inf. inspect makes one into a Report, a folder run folds one per batch; the statistics
+collector of every command is built here (`statistics`), where the backend is decided.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hookcli.engine.hooks import HookSession, Target, measure
+from hookcli.engine.layout import LayoutOf
+from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.passes import PassResult, Prepared, hooked_pass
+from hookcli.engine.selection import ROOT_LABEL, depth_of
+from hookcli.engine.stats import StatsCollector
+from hookcli.errors import UsageError
+from hookcli.inputs import ModelInput
+from hookcli.records import ImageNonfinite, LayerCall, Origin, ParamStats, TensorStats
+from hookcli.tree import iter_tensors
+
+RowCounts = tuple[torch.Tensor, torch.Tensor]  # NaN and Inf per image (int64, on the CPU)
+PendingParam = tuple[ParamStats, TensorStats, TensorStats | None]  # the weight's, the gradient's
+
+
+def statistics(
+    backend: str = "auto",
+    *,
+    repays_kernels: bool = False,
+    hist_bins: int = 0,
+    hist_edges: dict[Any, tuple[Any, Any]] | None = None,
+) -> StatsCollector:
+    """The statistics collector of a command: the one place one is built. `backend` is the
+    option ("auto", "kernel", "torch"); "auto" loads the numba kernels at once where the run
+    repays their loading (`repays_kernels`: a folder's batches, a training run's steps), else
+    once a process has measured enough to pay for them. The figures agree either way."""
+    if backend == "auto" and repays_kernels:
+        backend = "kernel"
+    return StatsCollector(backend=backend, hist_bins=hist_bins, hist_edges=hist_edges)
+
+
+@dataclass
+class Measured:
+    """A measured pass: `result` while the pass runs (its output, gradients still readable);
+    `calls` once it has ended, every statistic filled in."""
+
+    session: HookSession
+    collector: StatsCollector
+    result: PassResult | None = None
+    outputs: list[TensorStats] = field(default_factory=list)  # the model's outputs
+    by_image: list[ImageNonfinite] = field(default_factory=list)  # which image held NaN/Inf
+    calls: list[LayerCall] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def measured_pass(
+    prepared: Prepared,
+    collector: StatsCollector,
+    *,
+    model_input: ModelInput | None = None,
+    images: int | None = None,
+    backward: bool = False,
+    train: bool = False,
+    saver: Any = None,
+) -> Iterator[Measured]:
+    """One hooked pass of `model_input` (default: the prepared one). Inside the `with`, the
+    pass has run: the model's outputs are measured and, for a batch of `images`, the images
+    holding NaN/Inf are known (the input counted before the pass: a model may change it);
+    what a command reads while gradients live (parameters, predictions) goes there. After it,
+    the statistics are finalized (one transfer per device) and `calls` are complete."""
+    model_input = prepared.model_input if model_input is None else model_input
+    assert model_input is not None
+    session = HookSession(
+        prepared.targets, collector, grads=backward, saver=saver, readers=backward
+    )
+    rows = None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")
+    measured = Measured(session, collector)
+    with hooked_pass(
+        prepared, session, model_input=model_input, train=train, backward=backward
+    ) as result:
+        measured.result = result
+        collector.context = ("(model)", 0, "out")
+        measure(collector, result.output, "out", measured.outputs)
+        measured.by_image = nonfinite_by_image(model_input, result.output, rows)
+        yield measured
+    collector.finalize()
+    measured.calls = [p.complete(backward) for p in session.calls]
+    number_backward(session.calls)
+
+
+def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:
+    """Each 3-D/4-D output's layout (engine.layout) into its stats: NCHW, NHWC, tokens:K+HxW,
+    or unknown when neither the model nor the input size tells."""
+    for call in layers:
+        for t in call.outputs:
+            if len(t.shape) in (3, 4):
+                try:
+                    t.layout = layout_of(call.name, t.shape).label
+                except UsageError:
+                    t.layout = "unknown"
+
+
+def origins_of(
+    prepared: Prepared, session: HookSession, outputs: Sequence[TensorStats] = ()
+) -> list[Origin]:
+    """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
+    types = {n: e.type for e in prepared.entries for n in e.names}
+    selected = {id(t.module) for t in session.targets}
+    partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)
+    return find_origins(session.calls, types, partial=partial, outputs=outputs)
+
+
+def images_in(model_input: ModelInput) -> int | None:
+    """How many images a batch holds: a list input (detection) one per element, else the
+    first tensor's first dimension; None when that cannot be told."""
+    values = model_input.forward_values()
+    if values and isinstance(values[0], list | tuple):
+        return len(values[0])
+    shapes = model_input.shapes()
+    return shapes[0][0] if shapes and shapes[0] else None
+
+
+def nonfinite_rows(values: Any, batch: int, root: str) -> RowCounts:
+    """The NaN and Inf of `values` per image: a list of per-image items (detection's images
+    and outputs) item by item, else every floating tensor whose first dimension is the batch,
+    row by row (one small transfer at the end)."""
+    nan = torch.zeros(batch, dtype=torch.int64)
+    inf = torch.zeros(batch, dtype=torch.int64)
+    per_item = isinstance(values, tuple) and len(values) == 1 and isinstance(values[0], list)
+    items = values[0] if per_item else values
+    if isinstance(items, list) and len(items) == batch and (per_item or root == "out"):
+        for row, item in enumerate(items):
+            for _, t in iter_tensors(item, root):
+                if t.is_floating_point():
+                    nan[row] += int(t.isnan().sum())
+                    inf[row] += int(t.isinf().sum())
+        return nan, inf
+    found: list[torch.Tensor] = []
+    for _, t in iter_tensors(values, root):
+        if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch and not _finite(t):
+            flat = t.detach().reshape(batch, -1)
+            found.append(torch.stack([flat.isnan().sum(1), flat.isinf().sum(1)]))
+    if found:
+        both = torch.stack([f.to(found[0].device) for f in found]).sum(0).cpu()
+        nan, inf = both[0], both[1]
+    return nan, inf
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Known at once that a CPU tensor holds no NaN/Inf: its sum is finite (one fast read;
+    a NaN or Inf anywhere makes the sum NaN or Inf). A sum that overflows only sends the
+    tensor to the exact count. Off the CPU, never known without waiting for the device."""
+    if not t.is_cpu:
+        return False
+    acc = torch.float64 if t.dtype is torch.float64 else torch.float32
+    return math.isfinite(float(t.detach().sum(dtype=acc)))
+
+
+def nonfinite_by_image(
+    model_input: ModelInput, output: Any, inputs: RowCounts | None = None
+) -> list[ImageNonfinite]:
+    """The images whose input or the model's output hold NaN/Inf, with their counts.
+    `inputs`: the input's counts taken before the pass (a model may change its input in
+    place); else counted now."""
+    batch = images_in(model_input)
+    if batch is None:
+        return []
+    in_nan, in_inf = inputs or nonfinite_rows(model_input.forward_values(), batch, "in")
+    out_nan, out_inf = nonfinite_rows(output, batch, "out")
+    table = torch.stack([in_nan, in_inf, out_nan, out_inf]).tolist()
+    sources = model_input.sources
+    return [
+        ImageNonfinite(
+            row,
+            sources[row] if row < len(sources) else None,
+            *(int(table[k][row]) for k in range(4)),
+        )
+        for row in range(batch)
+        if any(table[k][row] for k in range(4))
+    ]
+
+
+def claimed_params(targets: Sequence[Target]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """Each selected module's parameters, by target name in the targets' order. A parameter is
+    listed once, under the innermost selected module that holds it: a selected container lists
+    only what no selected module inside it (nor a tied module before it) already lists."""
+    claimed: set[int] = set()
+    by_name: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
+    for t in sorted(targets, key=lambda t: -depth_of("" if t.name == ROOT_LABEL else t.name)):
+        own = []
+        for name, p in t.module.named_parameters():
+            if id(p) not in claimed:
+                claimed.add(id(p))
+                own.append((name, p))
+        by_name[t.name] = own
+    return {t.name: by_name[t.name] for t in targets}
+
+
+def measure_params(
+    params: dict[str, list[tuple[str, torch.nn.Parameter]]],
+    collector: StatsCollector,
+    grad_of: Callable[[torch.nn.Parameter], torch.Tensor | None] = lambda p: p.grad,
+) -> dict[str, list[PendingParam]]:
+    """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
+    run's sum over the batches), measured by the collector."""
+    return {
+        target: [
+            (
+                ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
+                collector.add(p, name),
+                None if (g := grad_of(p)) is None else collector.add(g, f"{name}.grad"),
+            )
+            for name, p in own
+        ]
+        for target, own in params.items()
+    }
+
+
+def finish_param(pending: PendingParam) -> ParamStats:
+    ps, weight, g = pending
+    ps.norm = weight.norm
+    if g is not None:
+        ps.grad = g
+        ps.grad_norm = g.norm
+        ps.grad_mean = g.mean
+        if g.min is not None and g.max is not None:
+            ps.grad_max_abs = max(abs(g.min), abs(g.max))
+        if ps.norm and g.norm is not None:
+            ps.ratio = g.norm / ps.norm
+    return ps
