@@ -357,6 +357,48 @@ def test_api_writes_the_page_the_cli_writes(tmp_path: Path) -> None:
     assert Page(hookcli.html(d)).data == json.loads(json.dumps(d.to_dict()))
 
 
+def test_the_api_renders_every_format_as_the_cli_writes_it() -> None:
+    """hookcli.formatted is the CLI's one door: each format of a report is the text the CLI
+    prints for it (the table at the width asked, without colour)."""
+    import hookcli
+
+    report = hookcli.inspect("resnet18", [str(CAT)], layers=["layer1.0.*"])
+    for fmt in ("json", "csv", "markdown"):
+        assert hookcli.formatted(report, fmt) == cli("inspect", *SMALL, "-f", fmt).stdout, fmt
+    table = hookcli.formatted(report, width=200)
+    assert "layer1.0.conv1" in table and "\x1b[" not in table
+    with pytest.raises(ValueError, match="'pdf' is not a valid Format"):
+        hookcli.formatted(report, "pdf")
+
+
+def test_the_apis_html_embeds_pictures_as_the_cli_does() -> None:
+    """hookcli.html(report, pictures=[...]) embeds what hookcli.cam/maps return, as
+    `-f html --picture` does: each an <img> of the drawing's own pixels, with its title."""
+    import numpy as np
+
+    import hookcli
+
+    report = hookcli.inspect("resnet18", [str(CAT)], layers=["layer4.*"])
+    cam = hookcli.cam("resnet18", [str(CAT)], layer="layer4")
+    maps = hookcli.maps("resnet18", [str(CAT)], layer="layer1.0.conv1", channels=4)
+    page = Page(hookcli.html(report, pictures=[cam, maps]))
+    images = [a for tag, a in page.tags if tag == "img"]
+    assert len(images) == 2
+    for drawing, img in zip((cam, maps), images, strict=True):
+        src = str(img["src"])
+        mime, _, b64 = src.removeprefix("data:").partition(";base64,")
+        decoded = Image.open(io.BytesIO(base64.b64decode(b64)))
+        embedded = drawing.embedded()
+        assert mime == embedded.mime and base64.b64decode(b64) == embedded.data
+        if mime == "image/png":  # lossless within its budget: the drawing's own pixels
+            assert decoded.size == drawing.image.size
+            pixels = np.asarray(decoded.convert("RGB"))
+            assert np.array_equal(pixels, np.asarray(drawing.image.convert("RGB")))
+        else:  # larger: WebP, and the picture's notes say so
+            assert mime == "image/webp" and embedded.notes
+    assert page.data == json.loads(json.dumps(report.to_dict()))
+
+
 def test_undecodable_file_names_and_folder_pictures(tmp_path: Path) -> None:
     """A file name that is not UTF-8 (a lone surrogate in Python) is data like any other;
     a folder run's pictures are of its first image, said in the caption."""

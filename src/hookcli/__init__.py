@@ -25,6 +25,8 @@ from hookcli._version import __version__
 from hookcli.options import DEFAULTS
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hookcli.commands import Drawing
     from hookcli.records import DiffReport, LensReport, Report
 
@@ -35,6 +37,7 @@ __all__ = [
     "check",
     "diff",
     "exit_code",
+    "formatted",
     "grads",
     "html",
     "inspect",
@@ -138,14 +141,31 @@ def watch(
     )
 
 
-def html(report: Report | DiffReport) -> str:
-    """The report as the one self-contained HTML page `-o report.html` writes (a diff's too):
-    its JSON embedded, the per-call table static, sorting, filters and the module tree in the
-    page's own script; no request to anywhere."""
-    from hookcli.records import DiffReport
-    from hookcli.render.html import diff_html, report_html
+def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] = ()) -> str:
+    """The report as the one self-contained HTML page `-o report.html` writes (a diff's and a
+    lens' too): its JSON embedded, the per-call table static, sorting, filters and the module
+    tree in the page's own script; no request to anywhere. `pictures`: what `hookcli.maps`,
+    `cam` and `attn` return, embedded in the page as `-f html --picture` embeds them."""
+    from hookcli.render.formats import render as _render
 
-    return diff_html(report) if isinstance(report, DiffReport) else report_html(report)
+    return _render(report, "html", pictures=[d.embedded() for d in pictures])
+
+
+def formatted(
+    report: Report | DiffReport | LensReport,
+    fmt: str = "table",
+    *,
+    width: int | None = None,
+    color: bool = False,
+    checks_only: bool = False,
+    quiet: bool = False,
+) -> str:
+    """Any report as the CLI writes it: `fmt` one of table, json, csv, markdown, html (the
+    one door every command's output goes through). `width` and `color` are the table's;
+    `checks_only` shows check's verdicts alone (`quiet`: only those that failed)."""
+    from hookcli.render.formats import render as _render
+
+    return _render(report, fmt, width=width, color=color, checks_only=checks_only, quiet=quiet)
 
 
 def exit_code(report: Report) -> int:

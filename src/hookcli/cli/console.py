@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,6 +177,35 @@ def emit_listing(data: object, fmt: ListFormat, output: Destination | None, tabl
 
         text = getattr(tables, table)(data, color=color() and not to_file(output), width=width())
     emit(text, output)
+
+
+def rendered(
+    obj: Any,
+    fmt: Format,
+    dest: Destination | None,
+    *,
+    pictures: Sequence[Any] = (),
+    checks_only: bool = False,
+    quiet: bool = False,
+) -> str:
+    """A report in the format asked, through the one door (render.formats): colour and width
+    from this terminal, and a note when an HTML page is over its size budget."""
+    from hookcli.render.formats import budget, render
+
+    text = render(
+        obj,
+        fmt,
+        color=color() and not to_file(dest),
+        width=width(),
+        pictures=pictures,
+        checks_only=checks_only,
+        quiet=quiet,
+    )
+    if fmt == Format.html:
+        large = budget(obj, pictures)
+        if large is not None:
+            text = budgeted(text, len(pictures), *large)
+    return text
 
 
 def budgeted(page: str, pictures: int, what: str, advice: str) -> str:

@@ -8,24 +8,21 @@ import typer
 
 from hookcli.cli import params as opt
 from hookcli.cli.console import (
-    budgeted,
     claim,
-    color,
     emit,
     err,
     handled,
     output_format,
+    rendered,
     status,
     to_file,
-    width,
 )
 from hookcli.errors import UsageError
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
 
 if TYPE_CHECKING:
-    from hookcli.io.output import Destination
-    from hookcli.records import DiffReport
+    pass
 
 SORTS = ("order", "error", "own")  # --sort; commands.diff.report checks them
 TOL_HELP = "1e-3 float32, 4e-3 float16, 3e-2 bfloat16, 1e-1 int8"  # commands.diff.tolerance
@@ -167,32 +164,8 @@ def diff(
 
         if not writer():  # under torchrun every rank runs the diff; rank 0 writes it
             raise typer.Exit(1 if report.failed else 0)
-        emit(render(report, fmt_, dest), dest)
+        emit(rendered(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or to_file(dest):
                 err(f"first past tolerance: {report.first_over}")
             raise typer.Exit(1)
-
-
-def render(report: DiffReport, fmt: Format, dest: Destination | None) -> str:
-    if fmt == Format.html:
-        from hookcli.render.html import diff_html
-
-        return budgeted(
-            diff_html(report), 0, f"{len(report.calls)} layer calls", "select fewer layers (-l)"
-        )
-    if fmt == Format.json:
-        import json
-
-        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
-    if fmt == Format.csv:
-        from hookcli.render.csv import diff_csv
-
-        return diff_csv(report)
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import diff_markdown
-
-        return diff_markdown(report)
-    from hookcli.render.table import diff_table
-
-    return diff_table(report, color=color() and not to_file(dest), width=width())

@@ -15,28 +15,21 @@ import typer
 from hookcli.cli import params as opt
 from hookcli.cli import runlog
 from hookcli.cli.console import (
-    budgeted,
     claim,
-    color,
     emit,
     err,
     handled,
     model_output_to_stderr,
     output_format,
+    rendered,
     status,
     to_file,
-    width,
 )
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from hookcli.commands import Running
-    from hookcli.io.output import Destination
-    from hookcli.records import Report
-    from hookcli.render.html import Picture
 
 
 def inspect(
@@ -311,7 +304,9 @@ def run_command(ctx: typer.Context, command: str) -> None:
 
         emit(report_json(report), baseline_out, quiet=quiet)
     emit(
-        render(report, fmt, output, checks_only=command == "check", quiet=quiet, pictures=pictures),
+        rendered(
+            report, fmt, output, checks_only=command == "check", quiet=quiet, pictures=pictures
+        ),
         output,
         quiet=quiet,
     )
@@ -365,42 +360,3 @@ def _running(name: str) -> Running:
             yield advance
 
     return running
-
-
-def render(  # noqa: PLR0911 (one return per format)
-    report: Report,
-    fmt: Format,
-    output: Destination | None,
-    *,
-    checks_only: bool = False,
-    quiet: bool = False,
-    pictures: Sequence[Picture] = (),
-) -> str:
-    """A report in the format asked; check's table shows its checks only (its HTML page
-    puts them first, above the whole report)."""
-    if fmt == Format.html:
-        from hookcli.render.html import report_budget, report_html
-
-        return budgeted(
-            report_html(report, pictures), len(pictures), *report_budget(report, pictures)
-        )
-    if fmt == Format.json:
-        from hookcli.render.json import report_json
-
-        return report_json(report)
-    if fmt == Format.csv:
-        from hookcli.render.csv import report_csv
-
-        return report_csv(report)
-    if fmt == Format.markdown:  # the same sections as the table
-        from hookcli.render.markdown import checks_markdown, report_markdown
-
-        if checks_only:
-            return checks_markdown(report, quiet=quiet)
-        return report_markdown(report)
-    from hookcli.render.table import checks_table, report_table
-
-    tint = color() and not to_file(output)
-    if checks_only:
-        return checks_table(report, color=tint, width=width(), quiet=quiet)
-    return report_table(report, color=tint, width=width())

@@ -10,17 +10,15 @@ import typer
 from hookcli.cli import params as opt
 from hookcli.cli.console import (
     claim,
-    color,
     emit,
     err,
     handled,
     output_format,
+    rendered,
     status,
     to_file,
-    width,
 )
 from hookcli.options import DEFAULTS
-from hookcli.render import Format
 
 if TYPE_CHECKING:
     from hookcli.io.output import Destination
@@ -105,33 +103,10 @@ def lens(
         if png:
             _write_png(report, dest)
         else:
-            emit(_render(report, output_format(p["fmt"], dest), dest), dest)
+            emit(rendered(report, output_format(p["fmt"], dest), dest), dest)
         if png or (dest is not None and to_file(dest)):
             for note in report.notes:
                 err(f"note: {note}")
-
-
-def _render(report: LensReport, fmt: Format, dest: Destination | None) -> str:
-    from hookcli.render import lens as render
-
-    if fmt == Format.json:
-        import json
-
-        return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
-    if fmt == Format.csv:
-        return render.lens_csv(report)
-    sections = render.lens_sections(report)
-    if fmt == Format.html:
-        from hookcli.render.html import sections_html
-
-        return sections_html(f"hookcli lens {report.model.spec}", sections, report.to_dict())
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import sections_markdown
-
-        return sections_markdown(sections)
-    from hookcli.render.table import render_sections
-
-    return render_sections(sections, color=color() and not to_file(dest), width=width())
 
 
 def _write_png(report: LensReport, dest: Destination | None) -> None:

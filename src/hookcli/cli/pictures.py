@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -301,7 +302,6 @@ def draw_pictures(
     from hookcli import commands
     from hookcli.inputs.images import expand_paths
     from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
-    from hookcli.render.html import Picture, embed_image
 
     shown = list(inputs.items)
     first: list[str] = []
@@ -330,21 +330,15 @@ def draw_pictures(
                 ) from exc
         else:
             drawing = commands.attn(model_opts, inputs, AttnOptions(layer=layer))
-        data, mime, note = embed_image(drawing.image)
         which = "block" if kind == "attn" else "layer"
-        pictures.append(
-            Picture(
-                title=f"{kind}: {which} {drawing.layer}"
-                + (f", call {drawing.call}" if kind != "attn" else "")
-                + (f" ({REPORT_CHANNELS} most active channels)" if kind == "maps" else ""),
-                data=data,
-                width=drawing.image.width,
-                height=drawing.image.height,
-                mime=mime,
-                command=_command(kind, drawing.layer, shown, p),
-                notes=[*drawing.notes, *first, *([note] if note else [])],
-            )
+        picture = drawing.embedded(_command(kind, drawing.layer, shown, p))
+        title = (
+            f"{kind}: {which} {drawing.layer}"
+            + (f", call {drawing.call}" if kind != "attn" else "")
+            + (f" ({REPORT_CHANNELS} most active channels)" if kind == "maps" else "")
         )
+        notes = [*drawing.notes, *first, *picture.notes[len(drawing.notes) :]]
+        pictures.append(dataclasses.replace(picture, title=title, notes=notes))
     return pictures
 
 

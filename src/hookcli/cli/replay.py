@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hookcli.cli import params as opt
-from hookcli.cli.console import claim, emit, err, handled, output_format, status, to_file
+from hookcli.cli.console import claim, emit, err, handled, output_format, rendered, status, to_file
 from hookcli.render import Format
 
 
@@ -67,7 +67,6 @@ def replay(
 
         parts = [str(bundle / name) for name in (*BUNDLE_FILES, PICKLED_MODEL)]
         dest = claim(output, reads=[str(bundle), *parts])
-        from hookcli.cli.inspect import render
         from hookcli.commands.checks import exit_code, failures
         from hookcli.commands.watch.replay import replay as run
         from hookcli.sources import parse_model_args
@@ -83,7 +82,7 @@ def replay(
                 unpickle=unpickle,
             )
         form = output_format(fmt, dest)
-        emit(render(report, form, dest), dest)
+        emit(rendered(report, form, dest), dest)
         if form != Format.table or to_file(dest):
             for c in failures(report):
                 err(f"check failed: {c.rule}: {c.message}")

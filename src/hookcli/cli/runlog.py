@@ -20,6 +20,7 @@ from hookcli.cli.console import (
     err,
     handled,
     output_format,
+    rendered,
     to_file,
     width,
 )
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from hookcli.commands.watch.runmerge import Run
     from hookcli.commands.watch.runseries import RunSeries
     from hookcli.io.output import Destination
-    from hookcli.records import Report
 
 # ------------------------------------------------------------------ check's run-log options
 
@@ -264,30 +264,7 @@ def report(
 def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> None:
     from hookcli.io.reportfile import saved_report
 
-    emit(_render_saved(saved_report(path), output_format(fmt, dest), dest), dest)
-
-
-def _render_saved(report: Report, fmt: Format, dest: Destination | None) -> str:
-    """A saved report as inspect renders a fresh one (its table, Markdown, CSV, JSON or HTML)."""
-    if fmt == Format.html:
-        from hookcli.render.html import report_budget, report_html
-
-        return budgeted(report_html(report), 0, *report_budget(report, ()))
-    if fmt == Format.json:
-        from hookcli.render.json import report_json
-
-        return report_json(report)
-    if fmt == Format.csv:
-        from hookcli.render.csv import report_csv
-
-        return report_csv(report)
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import report_markdown
-
-        return report_markdown(report)
-    from hookcli.render.table import report_table
-
-    return report_table(report, color=color() and not to_file(dest), width=width())
+    emit(rendered(saved_report(path), output_format(fmt, dest), dest), dest)
 
 
 def _report_run(

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from hookcli.commands.pictures import Picture
     from hookcli.io.output import Destination
+    from hookcli.render.html import Picture as EmbeddedPicture
 
 COMMANDS = ("inspect", "grads", "check")
 Progress = Callable[[int, int], None]  # (images done, images in all) of a folder run
@@ -213,6 +214,24 @@ class Drawing:
             self.image.save(tmp, format="PNG", optimize=True, pnginfo=info)
 
         write_with(dest, fill)
+
+    def embedded(self, command: str = "") -> EmbeddedPicture:
+        """This picture as an HTML report embeds it (`-f html --picture`, `hookcli.html(report,
+        pictures=[...])`): lossless PNG within a picture's share of the page's budget, else
+        WebP, said in its notes."""
+        from hookcli.render.html import Picture as Embedded
+        from hookcli.render.html import embed_image
+
+        data, mime, note = embed_image(self.image)
+        return Embedded(
+            title=self.picture.title,
+            data=data,
+            width=self.image.width,
+            height=self.image.height,
+            mime=mime,
+            command=command,
+            notes=[*self.notes, *([note] if note else [])],
+        )
 
     def save(self, path: str | Path) -> None:
         """The PNG the CLI writes, at path (replaced atomically)."""
