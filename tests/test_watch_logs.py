@@ -26,7 +26,8 @@ import hookcli
 from hookcli.cli import app
 from hookcli.commands.watch import logread, runmerge, runrules, runseries
 from hookcli.errors import UsageError
-from hookcli.records import log_line
+from hookcli.io.recordjson import RecordError
+from hookcli.records import StepLine, log_line
 from tests.conftest import ROOT
 from tests.test_cli import assert_one_line_error
 from tests.test_watch import Tiny, _batches
@@ -318,12 +319,20 @@ def test_a_log_written_before_the_record_types_reads_back_as_records_unchanged()
     assert last.loss is None and last.loss_nonfinite
 
 
-def test_a_field_of_the_wrong_type_anywhere_in_a_line_is_named(tmp_path: Path) -> None:
+def test_a_field_of_the_wrong_type_in_a_line_read_as_a_record_is_named() -> None:
     bad = _step(0)
     bad["layers"][0]["error"] = 5
-    path = _log(tmp_path, [bad])
-    with pytest.raises(UsageError, match=r"line 1 is not a step line: layers\[0\]\.error is a"):
-        runmerge.load_run([path])
+    with pytest.raises(RecordError, match=r"layers\[0\]\.error is a number"):
+        logread.step_line(bad)
+
+
+def test_a_disabled_grad_scaler_still_writes_its_null_scale() -> None:
+    """As the recorder always wrote it: with a scaler, `skipped` and `scale` (null when the
+    scaler is disabled); without one, neither."""
+    line = StepLine(0, 0, 1, 1.0, [], [], skipped=False, scale=None)
+    assert log_line(line)["skipped"] is False and log_line(line)["scale"] is None
+    plain = log_line(StepLine(0, 0, 1, 1.0, [], []))
+    assert "skipped" not in plain and "scale" not in plain and "loss_nonfinite" not in plain
 
 
 def test_two_runs_appended_to_one_log_are_an_error(tmp_path: Path) -> None:

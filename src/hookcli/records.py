@@ -671,7 +671,9 @@ def log_line(line: StepLine | NonfiniteLine) -> dict[str, Any]:
         if f.name in data:
             continue
         value = getattr(line, f.name)
-        if f.name in _UNLESS and value == _UNLESS[f.name]:
+        # a GradScaler's scale is written, null too, whenever a scaler was given
+        scaled = f.name == "scale" and getattr(line, "skipped", None) is not None
+        if f.name in _UNLESS and value == _UNLESS[f.name] and not scaled:
             continue
         if f.name == "layers":
             value = [_logged_call(c) for c in value]

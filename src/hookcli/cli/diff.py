@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -20,9 +20,6 @@ from hookcli.cli.console import (
 from hookcli.errors import UsageError
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
-
-if TYPE_CHECKING:
-    pass
 
 SORTS = ("order", "error", "own")  # --sort; commands.diff.report checks them
 TOL_HELP = "1e-3 float32, 4e-3 float16, 3e-2 bfloat16, 1e-1 int8"  # commands.diff.tolerance

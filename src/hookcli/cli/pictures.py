@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from hookcli.commands import Drawing
     from hookcli.io.output import Destination
     from hookcli.options import InputOptions, ModelOptions
-    from hookcli.render.html import Picture
+    from hookcli.render.html import EmbeddedPicture
 
 PngOpt = Annotated[
     Path | None,
@@ -293,7 +293,7 @@ def draw_pictures(
     model_opts: ModelOptions,
     inputs: InputOptions,
     p: dict[str, Any],
-) -> list[Picture]:
+) -> list[EmbeddedPicture]:
     """Each picture as its own command draws it (the model and input of this run; cam from
     this run's --target/--loss), as bytes to embed. A folder run's pictures are of its first
     image: the picture commands take one batch."""

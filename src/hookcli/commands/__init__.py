@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from hookcli.commands.pictures import Picture
     from hookcli.io.output import Destination
-    from hookcli.render.html import Picture as EmbeddedPicture
+    from hookcli.render.html import EmbeddedPicture
 
 COMMANDS = ("inspect", "grads", "check")
 Progress = Callable[[int, int], None]  # (images done, images in all) of a folder run
@@ -73,8 +73,8 @@ def run_command(
     """inspect, grads or check as the command asks: the run (one batch, or a folder run in
     batches), then its rules evaluated into `report.checks`. `checks.exit_code(report)` is the
     exit decision."""
-    from hookcli.commands import inspect as run
     from hookcli.commands.folder import folder_options, folder_report
+    from hookcli.commands.inspect import report as inspection
 
     if command not in COMMANDS:
         raise ValueError(f"command must be one of {', '.join(COMMANDS)}, not {command!r}")
@@ -88,7 +88,7 @@ def run_command(
         if folder is not None:
             report = folder_report(inv, folder, progress)
         else:
-            report = run.report(inv, "grads" if inv.backward is not None else "inspect")
+            report = inspection(inv, "grads" if inv.backward is not None else "inspect")
     report.command = command
     report.checks = evaluate(report, rules)
     return report
@@ -219,11 +219,10 @@ class Drawing:
         """This picture as an HTML report embeds it (`-f html --picture`, `hookcli.html(report,
         pictures=[...])`): lossless PNG within a picture's share of the page's budget, else
         WebP, said in its notes."""
-        from hookcli.render.html import Picture as Embedded
-        from hookcli.render.html import embed_image
+        from hookcli.render.html import EmbeddedPicture, embed_image
 
         data, mime, note = embed_image(self.image)
-        return Embedded(
+        return EmbeddedPicture(
             title=self.picture.title,
             data=data,
             width=self.image.width,

@@ -19,6 +19,17 @@ class RecordError(Exception):
     """What is wrong with the data, and where (`layers[3].outputs[0].mean is a string, …`)."""
 
 
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    """A record class's resolved type hints (resolving them costs more than reading a record)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def json_type(value: Any) -> str:
     """A parsed JSON value's kind, for messages: "null", "a boolean", "a number", …"""
     if value is None:
@@ -38,7 +49,7 @@ def from_json(cls: type[Any], data: Any, where: str = "") -> Any:
         return Failure(data)
     if not isinstance(data, dict):
         raise RecordError(f"{where or 'the top level'} is {json_type(data)}, not an object")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:

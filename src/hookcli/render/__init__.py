@@ -5,6 +5,7 @@ rows.py turns a report into format-neutral sections (lines and tables of strings
 write the records' raw numbers (CSV one row per tensor, JSON the whole report), not the
 formatted cells. html.py writes one self-contained page: the JSON embedded, the per-call table
 static, sorting/filtering/the module tree in a script (assets/). images.py draws PNGs.
+formats.py is the one door: any report (Report, DiffReport, LensReport) in any Format.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from hookcli.records import DiffReport, LensReport, Report
 from hookcli.render import Format
-from hookcli.render.html import Picture
+from hookcli.render.html import EmbeddedPicture
 
 Renderable = Report | DiffReport | LensReport
 
@@ -24,7 +24,7 @@ def render(  # noqa: PLR0911 (one return per kind and format)
     *,
     color: bool = False,
     width: int | None = None,
-    pictures: Sequence[Picture] = (),
+    pictures: Sequence[EmbeddedPicture] = (),
     checks_only: bool = False,
     quiet: bool = False,
 ) -> str:
@@ -59,7 +59,7 @@ def render(  # noqa: PLR0911 (one return per kind and format)
     return report_table(obj, color=color, width=width)
 
 
-def budget(obj: Renderable, pictures: Sequence[Picture] = ()) -> tuple[str, str] | None:
+def budget(obj: Renderable, pictures: Sequence[EmbeddedPicture] = ()) -> tuple[str, str] | None:
     """What makes `obj`'s HTML page large and what makes it smaller (for the note a page
     over its size budget gets); None: a page with no such budget."""
     if isinstance(obj, DiffReport):

@@ -42,7 +42,7 @@ _CSP = (
 
 
 @dataclass(frozen=True, slots=True)
-class Picture:
+class EmbeddedPicture:
     """An image to embed (`embed_image` encodes it): what it shows (`title`), the command that
     draws it alone, its notes."""
 
@@ -231,7 +231,7 @@ def _banner(alerts: list[tuple[str, str, str | None]]) -> str:
     return f'<section id="banner" role="alert"><ul>{"".join(items)}</ul></section>'
 
 
-def _pictures(pictures: Sequence[Picture]) -> str:
+def _pictures(pictures: Sequence[EmbeddedPicture]) -> str:
     if not pictures:
         return ""
     figs = []
@@ -410,7 +410,7 @@ def _spark_svg(hist: dict[str, list[float]] | None) -> str:
     )
 
 
-def report_html(report: Report, pictures: Sequence[Picture] = ()) -> str:
+def report_html(report: Report, pictures: Sequence[EmbeddedPicture] = ()) -> str:
     """inspect, grads, check and folder runs (and a saved report): one page."""
     columns = _layer_columns(report)
     flags = _layer_flags(report)
@@ -438,7 +438,7 @@ def report_html(report: Report, pictures: Sequence[Picture] = ()) -> str:
     return page(title, "layers", out, report.to_dict())
 
 
-def report_budget(report: Report, pictures: Sequence[Picture]) -> tuple[str, str]:
+def report_budget(report: Report, pictures: Sequence[EmbeddedPicture]) -> tuple[str, str]:
     """What makes a layers report's page large, and what makes it smaller."""
     what = f"{len(report.layers)} layer calls" + (f", {len(pictures)} pictures" if pictures else "")
     advice = "select fewer layers (-l, --depth)"

@@ -192,7 +192,7 @@ class Spill:
 
 
 @dataclass(slots=True)
-class Accumulator:
+class ErrorSums:
     """The sums of one (call, tensor) difference; they add exactly across batches."""
 
     shape: tuple[int, ...]
@@ -216,7 +216,7 @@ class Accumulator:
         self.nonfinite += int(sums[5])
         self.numel += numel
 
-    def merge(self, other: Accumulator) -> None:
+    def merge(self, other: ErrorSums) -> None:
         """Another process's sums of the same difference added in (torchrun)."""
         self.sd += other.sd
         self.sa += other.sa
@@ -309,9 +309,9 @@ def sums(ref: np.ndarray[Any, Any], got: torch.Tensor) -> np.ndarray[Any, Any]:
     return np.array([d @ d, fa @ fa, fb @ fb, fa @ fb, top, float((~finite).sum())])
 
 
-def _absorb(into: dict[str, Accumulator], accs: Mapping[str, Accumulator]) -> None:
+def _absorb(into: dict[str, ErrorSums], accs: Mapping[str, ErrorSums]) -> None:
     for path, acc in accs.items():
-        mine = into.setdefault(path, Accumulator(acc.shape))
+        mine = into.setdefault(path, ErrorSums(acc.shape))
         mine.merge(acc)
 
 
@@ -411,15 +411,15 @@ class Agreement:
 class Compared:
     """What one compared side accumulates over every batch."""
 
-    calls: dict[tuple[str, int], tuple[str, dict[str, Accumulator]]] = field(default_factory=dict)
+    calls: dict[tuple[str, int], tuple[str, dict[str, ErrorSums]]] = field(default_factory=dict)
     order: dict[tuple[str, int], int] = field(default_factory=dict)  # return order
-    outputs: dict[str, Accumulator] = field(default_factory=dict)
+    outputs: dict[str, ErrorSums] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
     agreement: Agreement | None = None  # None: no class scores on both sides
 
     def add_calls(
         self,
-        calls: Mapping[tuple[str, int], tuple[str, Mapping[str, Accumulator]]],
+        calls: Mapping[tuple[str, int], tuple[str, Mapping[str, ErrorSums]]],
         order: Mapping[tuple[str, int], int],
     ) -> None:
         """One pass's calls added in (a later batch's: the first batch's order stays)."""
@@ -428,7 +428,7 @@ class Compared:
             self.order.setdefault(key, rank)
 
     def _add_sums(
-        self, calls: Mapping[tuple[str, int], tuple[str, Mapping[str, Accumulator]]]
+        self, calls: Mapping[tuple[str, int], tuple[str, Mapping[str, ErrorSums]]]
     ) -> None:
         for key, (type_, accs) in calls.items():
             _, mine = self.calls.setdefault(key, (type_, {}))
@@ -463,7 +463,7 @@ class Compared:
 
 
 def measure(
-    accs: dict[str, Accumulator],
+    accs: dict[str, ErrorSums],
     path: str,
     ref: np.ndarray[Any, Any] | None,
     got: torch.Tensor,
@@ -472,7 +472,7 @@ def measure(
 ) -> None:
     """One tensor against the reference's, into its accumulator. `positions`: the model's
     output, whose (batch, tokens, C) tensors also get each position's error."""
-    acc = accs.setdefault(path, Accumulator(tuple(got.shape)))
+    acc = accs.setdefault(path, ErrorSums(tuple(got.shape)))
     if ref is None:
         acc.notes.add("only on this side")
         return

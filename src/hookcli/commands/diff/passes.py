@@ -13,8 +13,8 @@ import torch
 
 from hookcli.commands.diff.measure import (
     SCORES,
-    Accumulator,
     Compared,
+    ErrorSums,
     Reference,
     Sink,
     Spill,
@@ -84,7 +84,7 @@ def compared_pass(
     p = run.prepared
     # this pass's calls, added to `compared` once its forward is over: a forward that fails
     # and runs again with gradients (hooked_pass) forgets its first try's calls
-    calls: dict[tuple[str, int], tuple[str, dict[str, Accumulator]]] = {}
+    calls: dict[tuple[str, int], tuple[str, dict[str, ErrorSums]]] = {}
     order: dict[tuple[str, int], int] = {}
     tries = [0]
 

@@ -31,7 +31,7 @@ from hookcli._version import __version__
 from hookcli.commands import shards
 from hookcli.commands.diff import lockstep
 from hookcli.commands.diff.align import align
-from hookcli.commands.diff.measure import SCORES, Accumulator, Compared, Spill, describe_over
+from hookcli.commands.diff.measure import SCORES, Compared, ErrorSums, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
 from hookcli.commands.diff.tolerance import default_tol
@@ -361,7 +361,7 @@ def _notes(
 
 
 def _diffs(
-    accs: dict[str, Accumulator],
+    accs: dict[str, ErrorSums],
     tol: float,
     own: Compared | None,
     key: tuple[str, int],

@@ -2,9 +2,14 @@
 
 recorder.py  the session over optimizer steps: hooks on watched steps, the JSONL log, the
              ring buffer and the cheap non-finite check on every step
+compiled.py  reaching a wrapped or compiled model: its inner module, eager code on watched steps
+logfile.py   the log file as the recorder writes it (locked, never hurting the training)
 bundle.py    the repro bundle written on the first NaN/Inf, and the hooked re-run of that step
-runlog.py    reading logs back: rank logs merged, rules over a run (`hookcli check run.jsonl`),
-             per-layer series (`hookcli report run.jsonl`)
+replay.py    `hookcli replay`: a bundle's step run again, hooked
+logread.py   reading one log back, validated line by line; its lines as records
+runmerge.py  rank logs merged into one run
+runseries.py per-layer series over the steps (`hookcli report run.jsonl`)
+runrules.py  rules over a run (`hookcli check run.jsonl`)
 """
 
 # A bundle's files (bundle.py writes them; `hookcli replay` protects them from its own outputs
