@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from hookcli.commands import folder as dataset
+from hookcli.commands import folder
 from hookcli.commands.folder import image_files
 from hookcli.engine.aggregate import merge_reports
 from hookcli.errors import UsageError
@@ -248,18 +248,18 @@ def test_mixed_sizes_are_reported(tmp_path: Path) -> None:
 def test_ctrl_c_reports_partial_results_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = make_folder(tmp_path / "data", 6)
-    real = dataset._FolderRun.batch
+    images = make_folder(tmp_path / "data", 6)
+    real = folder._FolderRun.batch
     seen = []
 
-    def interrupt_on_second(self: dataset._FolderRun, *a: Any, **k: Any) -> Any:
+    def interrupt_on_second(self: folder._FolderRun, *a: Any, **k: Any) -> Any:
         if seen:
             raise KeyboardInterrupt
         seen.append(1)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(dataset._FolderRun, "batch", interrupt_on_second)
-    r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc"])
+    monkeypatch.setattr(folder._FolderRun, "batch", interrupt_on_second)
+    r = runner.invoke(app, ["inspect", "resnet18", str(images), "--batch-size", "2", "-l", "fc"])
     assert r.exit_code == 130
     assert "interrupted after 2 of 6 images" in r.stdout and "fc" in r.stdout
     assert "interrupted" in r.stderr
