@@ -73,7 +73,7 @@ def measured_pass(
     pass has run: the model's outputs are measured and, for a batch of `images`, the images
     holding NaN/Inf are known (the input counted before the pass: a model may change it);
     what a command reads while gradients live (parameters, predictions) goes there. After it,
-    the statistics are finalized (one transfer per device) and `calls` are complete."""
+    the statistics are finalized (a few batched transfers per device) and `calls` are complete."""
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
     session = HookSession(
