@@ -328,8 +328,8 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
         assert [(c.name, c.call) for c in w.records[0].layers] == [(n, 0) for n in LEAVES]
         for _ in range(MAX_FORWARDS + 5):  # forward-only, no step ends
             model(x)
-        assert len(w._forwards) == MAX_FORWARDS and w._dropped == 5
-    assert w._forwards == []
+        assert len(w._step.forwards) == MAX_FORWARDS and w._step.dropped == 5
+    assert w._step.forwards == []
 
 
 class _Blocks(nn.Module):

@@ -101,13 +101,13 @@ def watch(
     model: Any,
     *,
     optimizer: Any = None,
-    every: int = 1,
+    every: int = DEFAULTS.watch.every,
     layers: Any = (),
     types: Any = (),
     log: Any = None,
-    ring: int = 8,
+    ring: int = DEFAULTS.watch.ring,
     bundle: Any = None,
-    check: bool = True,
+    check: bool = DEFAULTS.watch.check,
     scaler: Any = None,
 ) -> Any:
     """A training run's flight recorder: `with hookcli.watch(model, optimizer=opt, every=10,
@@ -126,10 +126,9 @@ def watch(
     `scaler=`: the GradScaler, whose skipped steps are steps too; `check=False`: no NaN/Inf
     check."""
     from hookcli.commands.watch.recorder import Watch
+    from hookcli.options import WatchOptions
 
-    return Watch(
-        model,
-        optimizer=optimizer,
+    options = WatchOptions(
         every=every,
         layers=(layers,) if isinstance(layers, str) else tuple(layers),
         types=(types,) if isinstance(types, str) else tuple(types),
@@ -137,8 +136,8 @@ def watch(
         ring=ring,
         bundle=bundle,
         check=check,
-        scaler=scaler,
     )
+    return Watch(model, options, optimizer=optimizer, scaler=scaler)
 
 
 def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] = ()) -> str:
@@ -310,21 +309,10 @@ def diff(
     coarsest side's precision's default; sort: "order", "error" or "own"; own: measure each
     layer's own error (a second pass of B). Options as inspect's: layers, types, depth,
     input_specs, weights, seed, device, model_args."""
-    from hookcli.commands.diff import diff_report, parse_side
-    from hookcli.options import Invocation
+    from hookcli.commands.diff import diff_run
+    from hookcli.options import DiffOptions, Invocation
 
     _new_run()
     inv = Invocation.from_api(model, inputs, options, backward=False)
-    return diff_report(
-        inv.model,
-        inv.selection,
-        inv.inputs,
-        parse_side(a, "a"),
-        parse_side(b, "b"),
-        ref=parse_side(ref, "ref") if ref is not None else None,
-        isolate=isolate,
-        tol=tol,
-        batch_size=batch_size,
-        sort=sort,
-        own=own,
-    )
+    run = DiffOptions(a, b, ref, isolate, tol, batch_size, sort, own)
+    return diff_run(inv.model, inv.selection, inv.inputs, run)

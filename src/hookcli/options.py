@@ -389,6 +389,23 @@ class DiffOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """hookcli.watch: which optimizer steps are watched (every `every`-th, from step 0) and
+    which layers (globs on dotted names, types; neither: every leaf), where the log goes (None:
+    kept in memory) and the repro bundle (None: next to the log; True: there, a log required;
+    False: none), how many recent records a bundle keeps, whether every step is checked for
+    NaN/Inf."""
+
+    every: int = 1
+    layers: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    log: str | Path | None = None
+    ring: int = 8
+    bundle: str | Path | bool | None = None
+    check: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Defaults:
     """One instance of each option object: what the CLI's parameters default to."""
 
@@ -403,6 +420,7 @@ class Defaults:
     attn: AttnOptions = AttnOptions()
     lens: LensOptions = LensOptions()
     diff: DiffOptions = DiffOptions()
+    watch: WatchOptions = WatchOptions()
 
 
 DEFAULTS = Defaults()

@@ -125,7 +125,8 @@ def diff(
     with handled():
         p, used = opt.configured(ctx)
         dest = claim(p["output"], reads=opt.reads(p, used))
-        from hookcli.commands.diff import diff_report, diff_saved, parse_side
+        from hookcli.commands.diff import diff_run, diff_saved
+        from hookcli.options import DiffOptions, pick
 
         name = opt.need_model(p, "diff")
         inputs = p["inputs"]
@@ -138,23 +139,12 @@ def diff(
                 )
             report = diff_saved(saved[0], saved[1], p["tol"], sort=p["sort"])
         else:
-            if p["b"] is None:
-                raise UsageError(
-                    "diff needs side B: --b SIDE.", "e.g. --b bfloat16, or --b weights=new.pt"
-                )
             with status(f"running {name} twice…"):
-                report = diff_report(
+                report = diff_run(
                     opt.model_options(p, "diff"),
                     opt.selection(p),
                     opt.input_options(p),
-                    parse_side(p["a"], "--a"),
-                    parse_side(p["b"], "--b"),
-                    ref=parse_side(p["ref"], "--ref") if p["ref"] is not None else None,
-                    isolate=p["isolate"],
-                    tol=p["tol"],
-                    batch_size=p["batch_size"],
-                    sort=p["sort"],
-                    own=p["own"],
+                    pick(DiffOptions, p),
                 )
         fmt_ = output_format(p["fmt"], dest)
         from hookcli.runtime.ranks import writer

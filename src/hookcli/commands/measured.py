@@ -89,9 +89,18 @@ def measured_pass(
         measure(collector, result.output, "out", measured.outputs)
         measured.by_image = nonfinite_by_image(model_input, result.output, rows)
         yield measured
-    collector.finalize()
-    measured.calls = [p.complete(backward) for p in session.calls]
+    measured.calls = finished_calls(session, backward=backward)
+
+
+def finished_calls(session: HookSession, *, backward: bool) -> list[LayerCall]:
+    """The calls of a measured pass once it has ended (a command's pass, a watched training
+    step, a step's re-run): the statistics finalized, a few batched transfers per device;
+    gradients in the order of the tensors they belong to; backward calls numbered."""
+    assert session.collector is not None
+    session.collector.finalize()
+    calls = [p.complete(backward) for p in session.calls]
     number_backward(session.calls)
+    return calls
 
 
 def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:

@@ -13,15 +13,25 @@
 - align.py: which calls two sides compare when their module trees differ (fused units as one,
   Identity rows left by fusion marked);
 - tolerance.py: the default --tol, from the sides' precision;
-- report.py: `diff_report`, the orchestration (batches, the twin, the passes, the own-error
+- report.py: `diff_run` (the sides as specs, a DiffOptions: the CLI's and the API's door) and
+  `diff_report`, the orchestration (batches, the twin, the passes, the own-error
   pass) and its report (sorted rows, the largest own errors);
 - saved.py: `diff_saved`, two saved JSON reports compared by their statistics.
 """
 
 from __future__ import annotations
 
-from hookcli.commands.diff.report import diff_report
+from hookcli.commands.diff.report import diff_report, diff_run
 from hookcli.commands.diff.saved import diff_saved
 from hookcli.commands.diff.sides import SIDE_HELP, Side, SideKind, parse_side, register
 
-__all__ = ["SIDE_HELP", "Side", "SideKind", "diff_report", "diff_saved", "parse_side", "register"]
+__all__ = [
+    "SIDE_HELP",
+    "Side",
+    "SideKind",
+    "diff_report",
+    "diff_run",
+    "diff_saved",
+    "parse_side",
+    "register",
+]

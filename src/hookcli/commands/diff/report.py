@@ -33,13 +33,13 @@ from hookcli.commands.diff import lockstep
 from hookcli.commands.diff.align import align
 from hookcli.commands.diff.measure import SCORES, Compared, ErrorSums, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
-from hookcli.commands.diff.sides import Side, SideRun, prepare_side, quantizable_twin
+from hookcli.commands.diff.sides import Side, SideRun, parse_side, prepare_side, quantizable_twin
 from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.passes import build_input
 from hookcli.engine.selection import count_params
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, expand_paths
-from hookcli.options import DEFAULTS, InputOptions, ModelOptions, Selection
+from hookcli.options import DEFAULTS, DiffOptions, InputOptions, ModelOptions, Selection
 from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
 from hookcli.runtime import beacon, isa
 
@@ -58,6 +58,28 @@ def check_sort(sort: str) -> str:
         orders = ", ".join(f"{k} ({v})" for k, v in SORTS.items())
         raise UsageError(f"--sort {sort!r} is not an order of the rows.", f"use one of: {orders}.")
     return key
+
+
+def diff_run(
+    model: ModelOptions, selection: Selection, inputs: InputOptions, options: DiffOptions
+) -> DiffReport:
+    """diff as the CLI and the API ask for it: the sides given as specs (`parse_side`), the
+    rest of `options` as `diff_report` takes them."""
+    if options.b is None:
+        raise UsageError("diff needs side B: --b SIDE.", "e.g. --b bfloat16, or --b weights=new.pt")
+    return diff_report(
+        model,
+        selection,
+        inputs,
+        parse_side(options.a, "--a"),
+        parse_side(options.b, "--b"),
+        ref=None if options.ref is None else parse_side(options.ref, "--ref"),
+        isolate=options.isolate,
+        tol=options.tol,
+        batch_size=options.batch_size,
+        sort=options.sort,
+        own=options.own,
+    )
 
 
 def diff_report(

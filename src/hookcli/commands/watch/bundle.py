@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.commands.measured import statistics
+from hookcli.commands.measured import finished_calls, statistics
 from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
-from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.origins import find_origins
 from hookcli.errors import UsageError, one_line
 from hookcli.records import LayerCall, Origin, TensorStats
 from hookcli.tree import iter_tensors, map_tensors
@@ -207,9 +207,7 @@ def rerun(
         session.remove_tensor_hooks()
         for m, flag in zip(modules, flags, strict=True):
             m.training = flag
-    collector.finalize()
-    calls = [p.complete(True) for p in session.calls]
-    number_backward(session.calls)
+    calls = finished_calls(session, backward=True)
     origins: list[Origin] = []
     for start, end, outputs in groups:
         origins = find_origins(session.calls[start:end], types, partial=partial, outputs=outputs)

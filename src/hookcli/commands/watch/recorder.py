@@ -32,6 +32,7 @@ import dataclasses
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,7 +41,7 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
-from hookcli.commands.measured import statistics
+from hookcli.commands.measured import finished_calls, statistics
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -53,11 +54,12 @@ from hookcli.commands.watch.bundle import (
 from hookcli.commands.watch.compiled import EagerSwitch, RootCall, inner_module
 from hookcli.commands.watch.logfile import LogWriter
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
-from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
 from hookcli.engine.stats import StatsCollector, finite_or_none
 from hookcli.errors import UsageError, one_line
+from hookcli.options import DEFAULTS, WatchOptions
 from hookcli.records import (
     LayerCall,
     LoggedCall,
@@ -76,21 +78,29 @@ MAX_FORWARDS = 64
 _NONE = object()
 
 
+@dataclass(slots=True)
+class StepState:
+    """What a watch holds of the optimizer step being taken, watched or not: what the step
+    needs to run again (its forwards, the buffers as it began) and how far it has come."""
+
+    loss: torch.Tensor | float | None = None  # given to w.loss()
+    forwards: list[ForwardCapture] = field(default_factory=list)  # those with gradients
+    buffers: BufferSnapshot | None = None  # the model's buffers as the first forward began
+    dropped: int = 0  # forwards past MAX_FORWARDS, not kept
+    grads_seen: bool = False  # its gradients were read (before the weights changed)
+    stepped: bool = False  # the optimizer's step ran (a scaler may skip it)
+    skipped: bool = False  # the scaler skipped it: the gradients held inf/NaN at its scale
+
+
 class Watch:
     """The context manager `hookcli.watch` returns. See the module docstring."""
 
     def __init__(
         self,
         model: nn.Module,
+        options: WatchOptions = DEFAULTS.watch,
         *,
         optimizer: torch.optim.Optimizer | None = None,
-        every: int = 1,
-        layers: Sequence[str] = (),
-        types: Sequence[str] = (),
-        log: str | Path | None = None,
-        ring: int = 8,
-        bundle: str | Path | bool | None = None,
-        check: bool = True,
         scaler: Any = None,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -98,6 +108,7 @@ class Watch:
                 f"hookcli.watch needs an nn.Module, got {type(model).__name__}.",
                 "pass the model being trained.",
             )
+        every, ring = options.every, options.ring
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise UsageError(f"every must be 1 or more, got {every!r}.", "e.g. every=10")
         if isinstance(ring, bool) or not isinstance(ring, int) or ring < 0:
@@ -107,23 +118,22 @@ class Watch:
                 f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}.",
                 "pass the GradScaler whose scaler.step(opt) the loop calls.",
             )
+        self.options = options
         self.model = model  # what the loop calls (DDP, a compiled module, or the module)
         self.module = inner_module(model)  # what holds the layers
         self.optimizer = optimizer
-        self.every = every
         self.scaler = scaler
-        self.check = check
         entries = module_entries(self.module)
         self.targets: list[Target] = select(
-            entries, layers=tuple(layers), types=tuple(types), model_label="the model"
+            entries, layers=options.layers, types=options.types, model_label="the model"
         )
-        self.layers, self.types_selected = tuple(layers), tuple(types)
         self._types = {n: e.type for e in entries for n in e.names}
         selected = {id(t.module) for t in self.targets}
         self._partial = any(e.leaf and id(e.module) not in selected for e in entries)
         self._names = {id(p): n for n, p in self.module.named_parameters()}
         self._modules = list(self.module.modules())
         self.rank, self.world_size = _rank()
+        log, bundle = options.log, options.bundle
         self.log_path = (
             None if log is None else rank_log_path(Path(log), self.rank, self.world_size)
         )
@@ -144,24 +154,21 @@ class Watch:
         self._params: list[tuple[str, TensorStats | None, torch.Tensor, torch.Tensor]] = []
         self._before_norms: list[torch.Tensor] = []
         self._buffers_for_copies: list[torch.Tensor] = []
-        self._loss: torch.Tensor | float | None = None
-        # every step: what it needs to run again
-        self._forwards: list[ForwardCapture] = []
-        self._buffers: BufferSnapshot | None = None
-        self._stepped = False  # the optimizer's step ran in this step (a scaler may skip it)
-        self._skipped = False  # the scaler skipped it
+        self._step = StepState()  # the step being taken: replaced whole when it ends
         self._eager = EagerSwitch(model)
-        self._grads_seen = False
-        self._busy = False  # a re-run is going on: the root hooks stand aside
-        self._paused = False  # pause(): a validation run, not the step's
-        self._dropped = 0  # forwards past MAX_FORWARDS in this step, not kept
-        self._evaluating = False  # a no_grad forward is running: a watched step's hooks are off
+        # where the watch stands: entered (`_open`) and not closed; while open, the root hooks
+        # stand aside for a re-run (`_busy`) and for pause()…resume() (`_paused`, a validation
+        # run, not the step's); `_evaluating` while a no_grad forward runs in a watched step
+        # (its layers' hooks are off until it returns)
+        self._open = False
+        self._busy = False
+        self._paused = False
+        self._evaluating = False
         self._handles: list[Any] = []
         self._scaler_update: Any = None
         self._scaler_own: Any = _NONE
         self._root_call: RootCall | None = None
         self._file: LogWriter | None = None
-        self._open = False
 
     def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
         if bundle is False:
@@ -256,7 +263,7 @@ class Watch:
     def loss(self, value: torch.Tensor | float) -> None:
         """The step's loss: logged with a watched step and checked for NaN/Inf on every step
         (kept as a reference, read when the step ends: no synchronisation here)."""
-        self._loss = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        self._step.loss = value.detach() if isinstance(value, torch.Tensor) else float(value)
 
     def step(self) -> None:
         """Mark the end of a step when there is no optimizer to hook (its gradients and
@@ -317,24 +324,24 @@ class Watch:
                 self._session.remove()
                 self._evaluating = True
             return
-        if not self.check or self.nonfinite is not None:
+        if not self.options.check or self.nonfinite is not None:
             return  # nothing more to bundle: no capture, no copy of the buffers
-        if len(self._forwards) >= MAX_FORWARDS:
-            self._dropped += 1
+        if len(self._step.forwards) >= MAX_FORWARDS:
+            self._step.dropped += 1
             return
-        if self._buffers is None:  # the step's first forward: its buffers as it begins
-            self._buffers = BufferSnapshot(self._modules)
-        self._forwards.append(capture_forward(args, kwargs, self._modules))
+        if self._step.buffers is None:  # the step's first forward: its buffers as it begins
+            self._step.buffers = BufferSnapshot(self._modules)
+        self._step.forwards.append(capture_forward(args, kwargs, self._modules))
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._evaluating:
             self._end_evaluation()
             return
-        if self._busy or self._paused or not self._forwards or not torch.is_grad_enabled():
+        if self._busy or self._paused or not self._step.forwards or not torch.is_grad_enabled():
             return
-        if self._forwards[-1].output is not None or self._dropped:
+        if self._step.forwards[-1].output is not None or self._step.dropped:
             return  # a forward not kept (the cap), or one already seen (re-entrant call)
-        watch_output(self._forwards[-1], output)
+        watch_output(self._step.forwards[-1], output)
 
     def _end_evaluation(self) -> None:
         self._evaluating = False
@@ -345,7 +352,7 @@ class Watch:
 
     def _arm(self) -> None:
         """Hooks on, when the coming step is watched."""
-        if not self._open or self.step_index % self.every:
+        if not self._open or self.step_index % self.options.every:
             return
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         self._session = HookSession(self.targets, self._collector, grads=True)
@@ -365,13 +372,7 @@ class Watch:
         self._before_norms = []
 
     def _forget_step(self) -> None:
-        self._dropped = 0
-        self._forwards = []
-        self._buffers = None
-        self._loss = None
-        self._stepped = False
-        self._skipped = False
-        self._grads_seen = False
+        self._step = StepState()
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         # the hook sees the step's arguments with the optimizer first: (opt, closure?)
@@ -388,7 +389,7 @@ class Watch:
 
         def measured() -> Any:
             result = closure()
-            if not self._grads_seen:
+            if not self._step.grads_seen:
                 self._grads_ready(optimizer)
             return result
 
@@ -397,12 +398,12 @@ class Watch:
         return (*args[:at], measured, *args[at + 1 :]), kwargs
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepped = True
+        self._step.stepped = True
         if self.scaler is None:
             self._finish()
 
     def _scaler_updated(self) -> None:
-        if not self._stepped and not self._grads_seen:
+        if not self._step.stepped and not self._step.grads_seen:
             # scaler.step() skipped optimizer.step(): the gradients held inf/NaN at this loss
             # scale. Expected, not a fault — but the forward (outputs, loss) is checked
             self._grads_ready(None, skipped=True)  # (the optimizer's state is still bundled)
@@ -411,8 +412,8 @@ class Watch:
     def _grads_ready(self, optimizer: Any, *, skipped: bool = False) -> None:
         """The step's gradients are complete and the weights not yet changed. Without an
         optimizer (w.step()), the model's parameters are checked, not measured."""
-        self._grads_seen = True
-        self._skipped = skipped
+        self._step.grads_seen = True
+        self._step.skipped = skipped
         params = _params_of(optimizer) if optimizer is not None else []
         checked = params if optimizer is not None else list(self.module.parameters())
         if self._session is not None and self._collector is not None and not skipped:
@@ -423,7 +424,7 @@ class Watch:
                     grad = None if p.grad is None else self._collector.add(p.grad, f"{name}.grad")
                     self._params.append((name, grad, p, before))
                 self._before_norms = list(torch._foreach_norm(befores)) if befores else []
-        if self.check and self.nonfinite is None:
+        if self.options.check and self.nonfinite is None:
             found = self._nonfinite(checked, skipped)
             if found:
                 self._on_nonfinite(found, optimizer)
@@ -448,11 +449,11 @@ class Watch:
         norm per group of tensors (a NaN or Inf anywhere makes it non-finite) and a single
         read on the host. A norm that overflows from finite values is checked exactly."""
         groups: dict[str, list[torch.Tensor]] = {"loss": [], "output": [], "grad": []}
-        if isinstance(self._loss, torch.Tensor) and self._loss.is_floating_point():
-            groups["loss"].append(self._loss)
-        elif isinstance(self._loss, float):
-            groups["loss"].append(torch.tensor(self._loss))  # a number: on the CPU
-        for f in self._forwards:
+        if isinstance(self._step.loss, torch.Tensor) and self._step.loss.is_floating_point():
+            groups["loss"].append(self._step.loss)
+        elif isinstance(self._step.loss, float):
+            groups["loss"].append(torch.tensor(self._step.loss))  # a number: on the CPU
+        for f in self._step.forwards:
             groups["output"] += [
                 t.detach()
                 for _, t in iter_tensors(f.output, "out")
@@ -500,12 +501,12 @@ class Watch:
         if self._session is not None:
             self._session.remove()  # the watched step's hooks must not see the re-run
         notes: list[str] = []
-        if self._dropped:
+        if self._step.dropped:
             notes.append(
-                f"the step ran {MAX_FORWARDS + self._dropped} forwards with gradients; only the "
-                f"first {MAX_FORWARDS} were kept, so the re-run and the bundle hold those"
+                f"the step ran {MAX_FORWARDS + self._step.dropped} forwards with gradients; "
+                f"only the first {MAX_FORWARDS} were kept, so the re-run and the bundle hold those"
             )
-        if any(f.written_since() for f in self._forwards):
+        if any(f.written_since() for f in self._step.forwards):
             notes.append(
                 "an argument of the model was changed in place after its forward began: the "
                 "saved batch is the changed one, and a replay may differ"
@@ -524,12 +525,12 @@ class Watch:
         self._eager.on()
         try:
             with rng_kept(), grads_left_as_found(params), torch.no_grad():
-                if self._buffers is not None:
-                    self._buffers.restore()  # as the step began
+                if self._step.buffers is not None:
+                    self._step.buffers.restore()  # as the step began
                 with torch.enable_grad():
                     try:
                         again = rerun(
-                            self.module, self._forwards, self.targets, self._types,
+                            self.module, self._step.forwards, self.targets, self._types,
                             partial=self._partial,
                         )  # fmt: skip
                         origins = again.origins
@@ -543,15 +544,15 @@ class Watch:
                     # step made the NaN/Inf (the others hold gradients the all-reduce spread)
                     bundle = None
                 if bundle is not None:
-                    if self._buffers is not None:
-                        self._buffers.restore()  # the re-run moved them: as the step began
+                    if self._step.buffers is not None:
+                        self._step.buffers.restore()  # the re-run moved them: as the step began
                     try:
                         notes += write_bundle(
                             bundle,
                             info=self._bundle_info(found, bad_params, origins, notes),
                             module=self.module,
                             optimizer=optimizer or self.optimizer,
-                            forwards=self._forwards,
+                            forwards=self._step.forwards,
                             records=[log_line(r) for r in self.recent],
                         )
                     except Exception as exc:  # training goes on; the log line says why
@@ -595,9 +596,9 @@ class Watch:
             "origins": [dataclasses.asdict(o) for o in origins],
             "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
             "device": str(_device_of(self.module)),
-            "layers": list(self.layers),
-            "types": list(self.types_selected),
-            "forwards": len(self._forwards),
+            "layers": list(self.options.layers),
+            "types": list(self.options.types),
+            "forwards": len(self._step.forwards),
             "hookcli_version": __version__,
             "torch_version": torch.__version__,
             "notes": list(notes),
@@ -605,16 +606,15 @@ class Watch:
 
     def _loss_origin(self) -> Origin:
         """The loss is NaN/Inf, the model's outputs finite: the loss code made it."""
-        loss = self._loss
+        loss = self._step.loss
         t = loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(loss)
         nan = int(torch.isnan(t).sum())
         return Origin("forward", "", "", 0, "loss", nan, int(t.numel()) - nan - int(
             torch.isfinite(t).sum()), where="loss")  # fmt: skip
 
     def _record(self) -> StepLine:
-        session, collector = self._session, self._collector
+        session = self._session
         assert session is not None
-        assert collector is not None
         with torch.no_grad():
             # the update, in place of the copy: one foreach subtraction and norm, one transfer
             befores = [b for *_, b in self._params]
@@ -633,11 +633,9 @@ class Watch:
                 (name, grad, w_norm, delta)
                 for (name, grad, _, _), (w_norm, delta) in zip(self._params, both, strict=True)
             ]
-        collector.finalize()
-        calls = [p.complete(True) for p in session.calls]
-        number_backward(session.calls)
+        calls = finished_calls(session, backward=True)
         origins = find_origins(session.calls, self._types, partial=self._partial)
-        loss = self._loss
+        loss = self._step.loss
         if isinstance(loss, torch.Tensor):
             loss = float(loss.double().sum()) if loss.numel() else None
         params = [
@@ -662,7 +660,7 @@ class Watch:
             loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
         )
         if self.scaler is not None:
-            record.skipped = self._skipped
+            record.skipped = self._step.skipped
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
             record.scale = None if scale is None else float(scale)
         return record
