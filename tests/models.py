@@ -398,3 +398,25 @@ class EatsInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x.log_()
         return self.fc(x)
+
+
+class Spike(nn.Linear):
+    """A Linear whose output holds 4000 at sequence 0, position 2, channel 3."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x).clone()
+        y[0, 2, 3] = 4000.0
+        return y
+
+
+class MassiveAt(nn.Module):
+    """A massive activation at a known place: `spike`'s output (tests/test_channels.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(16, 16)
+        self.spike = Spike(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.spike(self.proj(x) * 0.1)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.commands.watch import runmerge
 from tests.conftest import ROOT
-from tests.test_watch_logs import assert_same_run
+from tests.test_watch_logs import assert_same_run, read_steps
 
 SCRIPT = ROOT / "tests" / "ddp_train.py"
 TIMEOUT = 180
@@ -83,7 +83,7 @@ def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
     assert merged.ranks == 2 and merged.notes == [], merged.notes  # parameters agree
     single = [json.loads(x) for x in (tmp_path / "single.jsonl").read_text().splitlines()]
     assert [s["step"] for s in single] == [0, 1, 2, 3]
-    assert_same_run(merged.steps, single)
+    assert_same_run(merged.steps, read_steps(tmp_path / "single.jsonl"))
     # the CLI finds the rank logs from the name given to hookcli.watch, and merges them
     r = CliRunner().invoke(app, ["report", str(tmp_path / "run.jsonl"), "-f", "json"])
     assert r.exit_code == 0, r.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -27,7 +28,7 @@ from hookcli.cli import app
 from hookcli.commands.watch import logread, runmerge, runrules, runseries
 from hookcli.errors import UsageError
 from hookcli.io.recordjson import RecordError
-from hookcli.records import StepLine, log_line
+from hookcli.records import StepLine, TensorStats, log_line
 from tests.conftest import ROOT
 from tests.test_cli import assert_one_line_error
 from tests.test_watch import Tiny, _batches
@@ -109,53 +110,55 @@ def _close(a: float | None, b: float | None, scale: float, rtol: float) -> bool:
 
 
 def _tensors_match(
-    got: Iterable[dict[str, Any]], want: Iterable[dict[str, Any]], where: str, rtol: float
+    got: Iterable[TensorStats], want: Iterable[TensorStats], where: str, rtol: float
 ) -> None:
     got, want = list(got), list(want)
-    assert [t["path"] for t in got] == [t["path"] for t in want], where
+    assert [t.path for t in got] == [t.path for t in want], where
     for g, w in zip(got, want, strict=True):
-        here = f"{where} {w['path']}"
-        assert (g["shape"], g["numel"], g["nan"], g["inf"]) == (
-            list(w["shape"]),
-            w["numel"],
-            w["nan"],
-            w["inf"],
-        ), here
-        assert _close(g["zeros"], w["zeros"], 0.0, 1e-9), (here, g["zeros"], w["zeros"])
+        here = f"{where} {w.path}"
+        assert (g.shape, g.numel, g.nan, g.inf) == (w.shape, w.numel, w.nan, w.inf), here
+        assert _close(g.zeros, w.zeros, 0.0, 1e-9), (here, g.zeros, w.zeros)
         # a mean near 0 is judged against the spread (as tests/conftest.py judges statistics)
-        scale = abs(w["std"] or 0.0)
+        scale = abs(w.std or 0.0)
         for k in STATS:
-            assert _close(g[k], w[k], scale if k == "mean" else 0.0, rtol), (here, k, g[k], w[k])
+            a, b = getattr(g, k), getattr(w, k)
+            assert _close(a, b, scale if k == "mean" else 0.0, rtol), (here, k, a, b)
 
 
 def assert_same_run(
-    merged: Sequence[dict[str, Any]], single: Sequence[dict[str, Any]], rtol: float = 1e-5
+    merged: Sequence[StepLine], single: Sequence[StepLine], rtol: float = 1e-5
 ) -> None:
     """Step by step, the merged rank logs equal one process's log: every layer call's input,
     output and gradient statistics, every parameter's norms and update ratio, the loss."""
-    assert [s["step"] for s in merged] == [s["step"] for s in single]
+    assert [s.step for s in merged] == [s.step for s in single]
     for m, s in zip(merged, single, strict=True):
-        step = f"step {s['step']}"
-        assert _close(m["loss"], s["loss"], 0.0, rtol), (step, m["loss"], s["loss"])
-        assert [(c["name"], c["call"]) for c in m["layers"]] == [
-            (c["name"], c["call"]) for c in s["layers"]
-        ]
-        for mc, sc in zip(m["layers"], s["layers"], strict=True):
+        step = f"step {s.step}"
+        assert _close(m.loss, s.loss, 0.0, rtol), (step, m.loss, s.loss)
+        assert [(c.name, c.call) for c in m.layers] == [(c.name, c.call) for c in s.layers]
+        for mc, sc in zip(m.layers, s.layers, strict=True):
             for kind in logread.KINDS:
-                if sc[kind] is None:
-                    assert mc[kind] is None, (step, sc["name"], kind)
+                got, want = getattr(mc, kind), getattr(sc, kind)
+                if want is None:
+                    assert got is None, (step, sc.name, kind)
                     continue
-                _tensors_match(mc[kind], sc[kind], f"{step} {sc['name']} {kind}", rtol)
-        assert [p["name"] for p in m["params"]] == [p["name"] for p in s["params"]]
-        for mp, sp in zip(m["params"], s["params"], strict=True):
-            where = f"{step} {sp['name']}"
+                _tensors_match(got, want, f"{step} {sc.name} {kind}", rtol)
+        assert [p.name for p in m.params] == [p.name for p in s.params]
+        for mp, sp in zip(m.params, s.params, strict=True):
+            where = f"{step} {sp.name}"
             for k in ("norm", "update_norm", "update_ratio"):
-                assert _close(mp[k], sp[k], 0.0, rtol), (where, k, mp[k], sp[k])
-            _tensors_match([mp["grad"]], [sp["grad"]], where, rtol)
+                a, b = getattr(mp, k), getattr(sp, k)
+                assert _close(a, b, 0.0, rtol), (where, k, a, b)
+            assert mp.grad is not None and sp.grad is not None, where
+            _tensors_match([mp.grad], [sp.grad], where, rtol)
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def read_steps(path: Path) -> list[StepLine]:
+    """A log's step lines as records, each read by step_line (every field's type checked)."""
+    return [logread.step_line(d) for d in _read(path) if d["kind"] == "step"]
 
 
 # ---------------------------------------------------------------- hand-made lines
@@ -247,7 +250,31 @@ def test_a_real_log_reads_back_with_its_steps(tmp_path: Path) -> None:
     _train(Tiny(), _batches(5), log, every=2)
     r = runmerge.load_run([log])
     assert r.step_numbers == [0, 2, 4] and r.ranks == 1 and r.notes == []
-    assert [c["name"] for c in r.steps[0]["layers"]] == ["conv", "act", "fc"]
+    assert [c.name for c in r.steps[0].layers] == ["conv", "act", "fc"]
+    # read_log builds each record from the checked line: the record step_line reads, whose
+    # every field is checked against its type
+    assert r.steps == read_steps(log)
+
+
+def test_a_line_with_only_the_checked_fields_reads_as_a_record(tmp_path: Path) -> None:
+    """What the checks leave optional reads as the readers always took it: no loss, no dtype,
+    no statistics, no norms, no error, no origins."""
+    sparse = _step(0, params=[{"name": "w", "grad": None}])
+    del sparse["loss"], sparse["nonfinite_origins"]
+    out = sparse["layers"][0]["outputs"][0]
+    for key in ("dtype", "mean", "nan", "inf", "note", "layout"):
+        del out[key]
+    del sparse["layers"][0]["error"]
+    event = {"schema": 1, "kind": "nonfinite", "step": 0, "rank": 0, "world_size": 1, "found": []}
+    log = logread.read_log(_log(tmp_path, [sparse, event]))
+    step = log.steps[0]
+    assert step.loss is None and step.nonfinite_origins == [] and step.layers[0].error is None
+    t = step.layers[0].outputs[0]
+    assert (t.dtype, t.mean, t.nan, t.inf, t.std) == ("", None, 0, 0, 1.0)
+    p = step.params[0]
+    assert (p.name, p.norm, p.grad, p.update_norm, p.update_ratio) == ("w", None, None, None, None)
+    (e,) = log.events
+    assert (e.found, e.origins, e.nonfinite_params, e.bundle, e.run) == ([], [], [], None, None)
 
 
 @pytest.mark.parametrize(
@@ -305,6 +332,12 @@ def test_a_log_written_before_the_record_types_reads_back_as_records_unchanged()
     assert [d["kind"] for d in raw] == ["step", "step", "nonfinite", "step"]
     run = runmerge.load_run([path])
     assert run.step_numbers == [0, 1, 2] and len(run.events) == 1
+    assert run.steps == [logread.step_line(d) for d in raw if d["kind"] == "step"]
+    assert run.events == [logread.nonfinite_line(raw[2])]
+    # the JSON reports give the events as the log holds them
+    for command in ("report", "check"):
+        r = runner.invoke(app, [command, str(path), "-f", "json"])
+        assert json.loads(r.stdout)["nonfinite_events"] == [raw[2]], command
     for data in raw:
         line = logread.step_line(data) if data["kind"] == "step" else logread.nonfinite_line(data)
         back = log_line(line)
@@ -333,6 +366,7 @@ def test_a_disabled_grad_scaler_still_writes_its_null_scale() -> None:
     assert log_line(line)["skipped"] is False and log_line(line)["scale"] is None
     plain = log_line(StepLine(0, 0, 1, 1.0, [], []))
     assert "skipped" not in plain and "scale" not in plain and "loss_nonfinite" not in plain
+    assert "merged_ranks" not in plain  # only a step merged from rank logs has it
 
 
 def test_two_runs_appended_to_one_log_are_an_error(tmp_path: Path) -> None:
@@ -361,25 +395,26 @@ def test_merged_rank_logs_equal_one_process_over_the_whole_batch(tmp_path: Path)
     logs, single = emulated_ddp(tmp_path, steps=3, world=2)
     merged = runmerge.load_run(logs)
     assert merged.ranks == 2 and merged.notes == [], merged.notes
-    assert all(s["merged_ranks"] == 2 and s["world_size"] == 1 for s in merged.steps)
-    assert_same_run(merged.steps, _read(single))
+    assert all(s.merged_ranks == 2 and s.world_size == 1 for s in merged.steps)
+    assert_same_run(merged.steps, read_steps(single))
 
 
 def test_gradients_are_scaled_by_one_over_the_world_size(tmp_path: Path) -> None:
     """Without the 1/W scaling the merged gradient statistics would be W times too large:
     the comparison above can fail."""
     logs, single = emulated_ddp(tmp_path, steps=1, world=2)
-    ranks = [_read(p)[0] for p in logs]
+    ranks = [read_steps(p)[0] for p in logs]
     merged, _ = runmerge.merge_step(ranks)
-    want = _read(single)[0]
-    fc = next(c for c in merged["layers"] if c["name"] == "fc")
-    ref = next(c for c in want["layers"] if c["name"] == "fc")
-    assert fc["grad_outputs"][0]["norm"] == pytest.approx(ref["grad_outputs"][0]["norm"], rel=1e-5)
-    unscaled = runmerge.merge_tensors([[r["layers"][2]["grad_outputs"][0]] for r in ranks])
-    assert unscaled[0]["norm"] == pytest.approx(2 * ref["grad_outputs"][0]["norm"], rel=1e-5)
-    wrong = {**fc, "grad_outputs": unscaled}
+    want = read_steps(single)[0]
+    fc = next(c for c in merged.layers if c.name == "fc")
+    ref = next(c for c in want.layers if c.name == "fc")
+    assert fc.grad_outputs is not None and ref.grad_outputs is not None
+    assert fc.grad_outputs[0].norm == pytest.approx(ref.grad_outputs[0].norm, rel=1e-5)
+    unscaled = runmerge.merge_tensors([[r.layers[2].grad_outputs[0]] for r in ranks])
+    assert unscaled[0].norm == pytest.approx(2 * ref.grad_outputs[0].norm, rel=1e-5)
+    wrong = dataclasses.replace(fc, grad_outputs=unscaled)
     with pytest.raises(AssertionError):
-        assert_same_run([{**merged, "layers": [*merged["layers"][:2], wrong]}], [want])
+        assert_same_run([dataclasses.replace(merged, layers=[*merged.layers[:2], wrong])], [want])
 
 
 def test_ranks_that_disagree_on_parameters_are_a_note(tmp_path: Path) -> None:
@@ -752,11 +787,25 @@ def test_help_lists_report_and_reading_logs_imports_no_torch(tmp_path: Path) -> 
 def test_merged_loss_is_the_ranks_mean() -> None:
     a, b = _step(0, loss=1.0), _step(0, loss=3.0)
     b.update(rank=1)
-    merged, _ = runmerge.merge_step([a, b])
-    assert merged["loss"] == 2.0 and merged["merged_ranks"] == 2 and merged["world_size"] == 1
+    merged, _ = runmerge.merge_step([logread.step_line(a), logread.step_line(b)])
+    assert merged.loss == 2.0 and merged.merged_ranks == 2 and merged.world_size == 1
     b["loss"] = None
-    assert runmerge.merge_step([a, b])[0]["loss"] is None
-    assert math.isclose(merged["layers"][0]["outputs"][0]["std"], 1.0)
+    assert runmerge.merge_step([logread.step_line(a), logread.step_line(b)])[0].loss is None
+    std = merged.layers[0].outputs[0].std
+    assert std is not None and math.isclose(std, 1.0)
+
+
+def test_a_merged_steps_origins_name_the_rank_that_found_them(tmp_path: Path) -> None:
+    a = _step(0, world_size=2)
+    b = _step(0, [_call("log", "Log", out=_t(nan=3))], rank=1, world_size=2)
+    b["nonfinite_origins"] = [ORIGIN]
+    logs = [_log(tmp_path, [a], "r.rank0.jsonl"), _log(tmp_path, [b], "r.rank1.jsonl")]
+    run = runmerge.load_run(logs)
+    (origin,) = run.steps[0].nonfinite_origins
+    assert isinstance(origin, runmerge.RankOrigin) and origin.rank == 1
+    (c,) = runrules.evaluate_run(run, runrules.parse_run_rules())
+    assert not c.passed
+    assert "first: rank 1: forward: first at log (Log) call 0, output out: 3 NaN" in c.message
 
 
 def test_a_log_with_nothing_to_check_is_refused_not_passed(tmp_path: Path) -> None:

@@ -156,6 +156,8 @@ class RunOptions:
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
     per_token: bool = False  # per-position statistics of (batch, tokens, C) outputs
+    channels: bool = False  # per-channel statistics, kurtosis and massive activations
+    heads: bool = False  # every attention head's sink, entropy and most-attended key
     generate: int = 0  # new tokens model.generate makes (0: one forward); hooks see every step
     position: int | None = None  # a language model's predictions: after this real token
     sample: bool = False  # --generate samples (under --seed) instead of greedy decoding
@@ -248,6 +250,8 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "hist": ("run", "hist"),
     "profile": ("run", "profile"),
     "per_token": ("run", "per_token"),
+    "channels": ("run", "channels"),
+    "heads": ("run", "heads"),
     "generate": ("run", "generate"),
     "position": ("run", "position"),
     "sample": ("run", "sample"),
@@ -322,6 +326,11 @@ class RuleOptions:
     max_abs: float | None = None
     min_std: float | None = None  # "collapse": an output whose std is below this
     grad_norm: str | None = None  # "MIN:MAX", either bound may be empty
+    max_outlier_ratio: float | None = None  # a tensor's largest channel max|x| ÷ the median's
+    max_kurtosis: float | None = None
+    max_sink: float | None = None  # a dormant head: its queries' mean probability on token 0
+    min_entropy: float | None = None  # a collapsed head: its queries' mean entropy (nats)
+    max_expert_imbalance: float | None = None  # a router's busiest expert ÷ the mean load
     expect_shape: tuple[str, ...] = ()  # "LAYER=1x64x112x112"
     baseline: Path | None = None
     rtol: float = 1e-3
@@ -389,6 +398,14 @@ class DiffOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class CalibOptions:
+    """calib: sequences (or images) per pass, and SmoothQuant's migration strength."""
+
+    batch_size: int = 8
+    alpha: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class WatchOptions:
     """hookcli.watch: which optimizer steps are watched (every `every`-th, from step 0) and
     which layers (globs on dotted names, types; neither: every leaf), where the log goes (None:
@@ -421,6 +438,7 @@ class Defaults:
     lens: LensOptions = LensOptions()
     diff: DiffOptions = DiffOptions()
     watch: WatchOptions = WatchOptions()
+    calib: CalibOptions = CalibOptions()
 
 
 DEFAULTS = Defaults()

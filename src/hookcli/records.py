@@ -34,6 +34,135 @@ class TokenRow:
 
 
 @dataclass(slots=True)
+class Massive:
+    """--channels: one massive activation (|x| > 100 and > 1000 x its tensor's median |x|):
+    where it sits (`index` in the tensor's own dimensions; for a (batch, tokens, channels)
+    tensor also its `sequence` and token `position`), its value, and |value| / the median."""
+
+    channel: int
+    index: list[int]
+    value: float
+    ratio: float | None
+    position: int | None = None
+    sequence: int | None = None
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    """--channels: one tensor's statistics per channel (dimension `axis`), each list indexed by
+    channel: how many values (masked and non-finite ones left out), their mean, population std,
+    min, max and max|x|, how many are zero and how many reach |x| >= 6 (LLM.int8's outlier
+    magnitude). For the whole tensor: values masked apart (an attention mask's lowest value or
+    -inf), Pearson's kurtosis (3: a normal distribution), the median |x|, and its massive
+    activations (at most engine.channels.TOP per tensor, largest first)."""
+
+    axis: int
+    count: list[int]
+    mean: list[float | None]
+    std: list[float | None]
+    min: list[float | None]
+    max: list[float | None]
+    absmax: list[float | None]
+    zeros: list[int]
+    large: list[int]
+    masked: int = 0
+    kurtosis: float | None = None
+    median_abs: float | None = None
+    massive: list[Massive] = field(default_factory=list)
+    # calib: counts of |x| in engine.channels' log-spaced bins (None elsewhere)
+    abs_hist: list[int] | None = None
+
+    @property
+    def median_absmax(self) -> float | None:
+        """The median of the channels' max|x| (of an even count, the mean of the middle two)."""
+        peaks = sorted(a for a in self.absmax if a is not None)
+        if not peaks:
+            return None
+        half = len(peaks) // 2
+        return peaks[half] if len(peaks) % 2 else (peaks[half - 1] + peaks[half]) / 2
+
+    @property
+    def outlier_ratio(self) -> float | None:
+        """How far the worst channel stands out: the largest channel max|x| over the median
+        channel's (what one per-tensor int8 scale loses to it). None where the median channel
+        is all zero."""
+        median = self.median_absmax
+        peak = max((a for a in self.absmax if a is not None), default=None)
+        return peak / median if peak is not None and median else None
+
+
+@dataclass(slots=True)
+class MassiveAt:
+    """A massive activation in the report: which layer call's tensor holds it, and where."""
+
+    layer: str
+    call: int
+    path: str
+    channel: int
+    index: list[int]
+    value: float
+    ratio: float | None
+    position: int | None = None
+    sequence: int | None = None
+
+
+@dataclass(slots=True)
+class OutlierFeature:
+    """An outlier feature (LLM.int8): a channel of width `width` whose |x| reaches 6 in at least
+    6% of the values of its channel (`share`: the largest share seen) in `layers` of the `of`
+    selected layers whose outputs have that width (at least a quarter of them)."""
+
+    channel: int
+    width: int
+    layers: int
+    of: int
+    share: float
+
+
+@dataclass(slots=True)
+class Outliers:
+    """--channels: what stands out across the report's layer calls (engine.channels)."""
+
+    massive: list[MassiveAt] = field(default_factory=list)
+    features: list[OutlierFeature] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class HeadStats:
+    """--heads: one head of one attention call (engine.heads): the mean probability its
+    queries put on the first token (`sink`), their mean entropy in nats, the key position
+    (from the first real token) they attend most and that mean probability; `queries` counted
+    (the real queries after the first, over the batch)."""
+
+    layer: str  # the block, as attn -l names it
+    module: str  # the attention module
+    call: int
+    head: int
+    sink: float | None
+    entropy: float | None
+    top_key: int | None
+    top_share: float | None
+    queries: int
+
+
+@dataclass(slots=True)
+class ExpertStats:
+    """One MoE router's routing over the run (engine.experts): tokens routed to each expert
+    (k per token), the experts no token reached, the load imbalance (the busiest expert's
+    count ÷ the mean count) and the load's entropy in nats (log(experts): perfectly even)."""
+
+    layer: str  # the router module
+    experts: int
+    top_k: int | None
+    tokens: int
+    counts: list[int]
+    dead: list[int]
+    imbalance: float | None
+    entropy: float | None
+    max_entropy: float
+
+
+@dataclass(slots=True)
 class TensorStats:
     """Statistics of one tensor, taken the moment a hook saw it.
 
@@ -61,6 +190,7 @@ class TensorStats:
     # cannot be told; None for other tensors
     layout: str | None = None
     per_token: list[TokenRow] | None = None  # --per-token: each real position's statistics
+    channels: ChannelStats | None = None  # --channels: per channel, kurtosis, massive values
 
     @property
     def nonfinite(self) -> bool:
@@ -242,6 +372,8 @@ class Failure:
     path: str | None = None
     value: float | str | None = None
     limit: float | str | None = None
+    channel: int | None = None  # --channels' rules: the channel, and for tokens the position
+    position: int | None = None
 
 
 @dataclass(slots=True)
@@ -370,6 +502,9 @@ class Report:
     prediction_note: str | None = None
     generated: list[Generated] | None = None  # --generate: each sequence's new tokens
     checks: list[CheckResult] = field(default_factory=list)
+    outliers: Outliers | None = None  # --channels: massive activations, outlier features
+    heads: list[HeadStats] | None = None  # --heads: every attention call's heads
+    experts: list[ExpertStats] | None = None  # a MoE model's routing, router by router
     notes: list[str] = field(default_factory=list)
     nonfinite_origins: list[Origin] = field(default_factory=list)
     # the images whose input or output held NaN/Inf (a batch or folder: which image)
@@ -536,6 +671,37 @@ class LensCell:
 
 
 @dataclass(slots=True)
+class CalibLayer:
+    """calib: one layer's input channels over every input, and its outlier ratios (largest
+    channel max|x| ÷ the median channel's) of its input and weight, before and after
+    SmoothQuant's smoothing (None where its weight is not per input channel)."""
+
+    name: str
+    type: str
+    channels: ChannelStats
+    act_ratio: float | None
+    smoothed_act_ratio: float | None = None
+    weight_ratio: float | None = None
+    smoothed_weight_ratio: float | None = None
+
+
+@dataclass(slots=True)
+class CalibReport:
+    """`hookcli calib`: each selected layer's input channels; `hist_bounds` the inner bounds of
+    every layer's |x| histogram (channels.abs_hist): bin 0 holds |x| below the first, bin k
+    bounds[k-1] <= |x| < bounds[k], the last |x| at or above the last bound."""
+
+    model: ModelInfo
+    input: InputInfo
+    device: str
+    alpha: float
+    layers: list[CalibLayer]
+    hist_bounds: list[float]
+    notes: list[str] = field(default_factory=list)
+    command: str = "calib"
+
+
+@dataclass(slots=True)
 class LensReport:
     """`hookcli lens`: each block's top tokens at every real position of every sequence."""
 
@@ -608,6 +774,7 @@ class StepLine:
     run: str | None = None  # the run's id, as the log writer marks each line
     schema: int = LOG_SCHEMA
     kind: str = "step"
+    merged_ranks: int | None = None  # read back: the rank logs merged into it (runmerge)
 
 
 @dataclass(slots=True)
@@ -631,11 +798,18 @@ class NonfiniteLine:
 
 # a tensor's statistics in a log line: the numbers, no element values or histograms
 _LOGGED_STATS = tuple(
-    f.name for f in dataclasses.fields(TensorStats) if f.name not in ("values", "hist")
+    f.name for f in dataclasses.fields(TensorStats) if f.name not in ("values", "hist", "channels")
 )
 _LINE_FIRST = ("schema", "kind", "step", "rank", "world_size")
-# written only when they say something: a step's loss is finite, a run has no GradScaler
-_UNLESS = {"loss_nonfinite": False, "skipped": None, "scale": None, "run": None}
+# written only when they say something: a step's loss is finite, a run has no GradScaler, a
+# step is one process's (not merged from rank logs)
+_UNLESS = {
+    "loss_nonfinite": False,
+    "skipped": None,
+    "scale": None,
+    "run": None,
+    "merged_ranks": None,
+}
 
 
 def _logged_stats(t: TensorStats) -> dict[str, Any]:

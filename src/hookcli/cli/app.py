@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from hookcli._version import __version__
-from hookcli.cli import diff, inspect, lens, listing, pictures, replay, runlog
+from hookcli.cli import calib, diff, inspect, lens, listing, pictures, replay, runlog
 from hookcli.cli.console import err
 from hookcli.cli.params import register
 from hookcli.errors import HookcliError
@@ -104,6 +104,7 @@ register(app, pictures.maps, config=True)
 register(app, pictures.cam, config=True)
 register(app, pictures.attn, config=True)
 register(app, lens.lens, config=True)
+register(app, calib.calib, config=True)
 register(app, replay.replay, config=False)
 register(app, runlog.report, config=False)
 

@@ -75,6 +75,8 @@ def inspect(
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
     per_token: opt.PerTokenOpt = DEFAULTS.run.per_token,
+    channels: opt.ChannelsOpt = DEFAULTS.run.channels,
+    heads: opt.HeadsOpt = DEFAULTS.run.heads,
     generate: opt.GenerateOpt = DEFAULTS.run.generate,
     sample: opt.SampleOpt = DEFAULTS.run.sample,
     save: opt.SaveOpt = None,
@@ -131,6 +133,8 @@ def grads(
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
     per_token: opt.PerTokenOpt = DEFAULTS.run.per_token,
+    channels: opt.ChannelsOpt = DEFAULTS.run.channels,
+    heads: opt.HeadsOpt = DEFAULTS.run.heads,
     save: opt.SaveOpt = None,
     force: opt.ForceOpt = False,
     save_baseline: opt.SaveBaselineOpt = None,
@@ -198,6 +202,51 @@ def check(
     backward: Annotated[
         bool, typer.Option("--backward", help="Also run backward (gradients are checked too).")
     ] = DEFAULTS.rules.backward,
+    max_outlier_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--max-outlier-ratio",
+            metavar="R",
+            help="Fail when a tensor's largest channel max|x| exceeds R times the median "
+            "channel's (implies --channels).",
+        ),
+    ] = None,
+    max_kurtosis: Annotated[
+        float | None,
+        typer.Option(
+            "--max-kurtosis",
+            metavar="K",
+            help="Fail when a tensor's kurtosis exceeds K (a normal's is 3; implies --channels).",
+        ),
+    ] = None,
+    max_sink: Annotated[
+        float | None,
+        typer.Option(
+            "--max-sink",
+            metavar="S",
+            help="Fail when an attention head puts more than S of its queries' probability on "
+            "the first token: a dormant head (implies --heads).",
+        ),
+    ] = None,
+    min_entropy: Annotated[
+        float | None,
+        typer.Option(
+            "--min-entropy",
+            metavar="E",
+            help="Fail when an attention head's mean entropy is below E nats: a collapsed head "
+            "(implies --heads).",
+        ),
+    ] = None,
+    max_expert_imbalance: Annotated[
+        float | None,
+        typer.Option(
+            "--max-expert-imbalance",
+            metavar="R",
+            help="Fail when a MoE router's busiest expert takes more than R times the mean load.",
+        ),
+    ] = None,
+    channels: opt.ChannelsOpt = DEFAULTS.run.channels,
+    heads: opt.HeadsOpt = DEFAULTS.run.heads,
     batch_size: opt.BatchSizeOpt = None,
     limit: opt.LimitOpt = None,
     workers: opt.WorkersOpt = DEFAULTS.batching.workers,

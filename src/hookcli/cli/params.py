@@ -113,6 +113,23 @@ PerTokenOpt = Annotated[
         "with its channel, labelled by token.",
     ),
 ]
+ChannelsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--channels",
+        help="Per channel of each layer call's inputs and outputs (last dim of tokens, NCHW's "
+        "dim 1): count, mean, std, min, max, max|x|, zeros; each tensor's kurtosis, outlier "
+        "ratio and massive activations; outlier features.",
+    ),
+]
+HeadsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--heads",
+        help="Every attention head (text and vision): its sink (mean probability on the first "
+        "token), mean entropy and most-attended key, in one extra forward.",
+    ),
+]
 HeadOpt = Annotated[
     str | None,
     typer.Option(
@@ -230,8 +247,10 @@ FailOnOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--fail-on",
-        metavar="nonfinite|dead",
-        help="Exit 1 when NaN/Inf appear anywhere (nonfinite) or a ReLU-family output is dead.",
+        metavar="nonfinite|dead|massive|dead-experts",
+        help="Exit 1 when NaN/Inf appear anywhere (nonfinite), a ReLU-family output is dead, "
+        "a massive activation appears (massive: |x| > 100 and > 1000x its tensor's median; "
+        "implies --channels), or a MoE router leaves an expert without tokens.",
     ),
 ]
 DeadFracOpt = Annotated[

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hookcli.cli import params as opt
-from hookcli.cli.console import claim, err, handled, status
+from hookcli.cli.console import claim, emit, err, handled, status
 from hookcli.errors import UsageError
 from hookcli.options import DEFAULTS
+from hookcli.render import Format
 
 if TYPE_CHECKING:
     from hookcli.commands import Drawing
@@ -184,15 +185,30 @@ def attn(
     seed: opt.SeedOpt = DEFAULTS.model.seed,
     device: opt.DeviceOpt = DEFAULTS.model.device,
     model_arg: opt.ModelArgOpt = None,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="json: no picture; every attention head of every block in numbers (sink, "
+            "entropy, most-attended key), to -o FILE.json or stdout.",
+            show_default=False,
+        ),
+    ] = None,
     force: opt.ForceOpt = False,
     config: opt.ConfigOpt = None,
     no_config: opt.NoConfigOpt = False,
 ) -> None:
     """Per-head attention of one transformer block and the attention rollout over all blocks,
-    over the image (token x token matrices for text models) (PNG).
+    over the image (token x token matrices for text models) (PNG); with -f json, every head
+    of every block in numbers.
 
     Example: hookcli attn vit_b_16 sample_images/cat.jpeg -o attn.png
     """
+    raw = ctx.params.get("output")
+    if ctx.params.get("fmt") is not None or (raw is not None and str(raw).endswith(".json")):
+        _heads_json(ctx)
+        return
     from hookcli import commands
     from hookcli.options import AttnOptions, pick
 
@@ -201,6 +217,28 @@ def attn(
         return commands.attn(model_opts, opt.input_options(p), options)
 
     _draw_with_raw(ctx, "attn", draw)
+
+
+def _heads_json(ctx: typer.Context) -> None:
+    """attn -f json: every attention call's heads (commands.heads), as JSON."""
+    with handled():
+        p, used = opt.configured(ctx)
+        if p.get("fmt") not in (None, Format.json):
+            raise UsageError(
+                f"attn writes a PNG, or its heads as JSON; not {p['fmt'].value}.",
+                "use -f json (or -o FILE.json), or -o FILE.png.",
+            )
+        if p.get("save_raw") is not None:
+            raise UsageError("--save-raw saves a drawn block's probabilities.", "drop -f json.")
+        reads = opt.reads(p, used)
+        dest = claim(p["output"], reads=reads)
+        from hookcli.commands.heads import heads_data
+        from hookcli.render.json import data_json
+
+        model_opts = opt.model_options(p, "attn")
+        with status(f"running {model_opts.model}…"):
+            data = heads_data(model_opts, opt.input_options(p))
+        emit(data_json(data), dest)
 
 
 def _draw_with_raw(

@@ -4,6 +4,7 @@ no re-run — checks cost nothing beyond the hooked pass itself.
 Rules: `nonfinite` (NaN/Inf anywhere), `dead` (a ReLU-family output whose zero fraction is at
 least --dead-frac), `--max-abs X` (activation magnitude), `--min-std X` (collapsed activations),
 `--grad-norm MIN:MAX` (vanishing or exploding gradients), `--expect-shape LAYER=1x64x112x112`,
+--channels' rules (`massive` activations, `--max-outlier-ratio R`, `--max-kurtosis K`),
 and `--baseline FILE` (drift of any recorded statistic beyond rtol/atol, or layers that
 appeared or vanished). Each failure is an object (where, the value, the limit, one line); a
 rule that can tell names the first failure in the order the hooks saw the calls.
@@ -24,7 +25,7 @@ from hookcli.errors import UsageError
 from hookcli.options import RuleOptions
 from hookcli.records import CheckResult, Failure, LayerCall, Report, TensorStats
 
-FAIL_ON = ("nonfinite", "dead")
+FAIL_ON = ("nonfinite", "dead", "massive", "dead-experts")
 RELU_FAMILY = {
     "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "ELU", "CELU", "SELU", "GELU", "SiLU",
     "Hardswish", "Hardtanh", "Mish", "Softplus", "Threshold",
@@ -44,6 +45,11 @@ class Rules:
     max_abs: float | None = None
     min_std: float | None = None
     grad_norm: tuple[float | None, float | None] | None = None
+    max_outlier_ratio: float | None = None
+    max_kurtosis: float | None = None
+    max_sink: float | None = None
+    min_entropy: float | None = None
+    max_expert_imbalance: float | None = None
     expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     baseline_path: str | None = None
@@ -57,9 +63,26 @@ class Rules:
         return self.backward or self.grad_norm is not None
 
     @property
+    def needs_channels(self) -> bool:
+        """A rule reads per-channel statistics: the run measures them (--channels)."""
+        return (
+            "massive" in self.fail_on
+            or self.max_outlier_ratio is not None
+            or self.max_kurtosis is not None
+        )
+
+    @property
+    def needs_heads(self) -> bool:
+        """A rule reads attention heads: the run reads them (--heads)."""
+        return self.max_sink is not None or self.min_entropy is not None
+
+    @property
     def any(self) -> bool:
         return bool(
-            self.fail_on
+            self.needs_channels
+            or self.needs_heads
+            or self.max_expert_imbalance is not None
+            or self.fail_on
             or self.max_abs is not None
             or self.min_std is not None
             or self.grad_norm
@@ -81,6 +104,23 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
         min_std = bounds.number(
             min_std, "--min-std", low=0, low_open=True, example="--min-std 1e-6"
         )
+    ratio, kurtosis = options.max_outlier_ratio, options.max_kurtosis
+    if ratio is not None:
+        ratio = bounds.number(ratio, "--max-outlier-ratio", low=1, example="--max-outlier-ratio 20")
+    if kurtosis is not None:
+        kurtosis = bounds.number(kurtosis, "--max-kurtosis", low=0, example="--max-kurtosis 50")
+    max_sink, min_entropy = options.max_sink, options.min_entropy
+    if max_sink is not None:
+        max_sink = bounds.number(max_sink, "--max-sink", low=0, high=1, example="--max-sink 0.95")
+    if min_entropy is not None:
+        min_entropy = bounds.number(
+            min_entropy, "--min-entropy", low=0, example="--min-entropy 0.1"
+        )
+    imbalance = options.max_expert_imbalance
+    if imbalance is not None:
+        imbalance = bounds.number(
+            imbalance, "--max-expert-imbalance", low=1, example="--max-expert-imbalance 4"
+        )
     rtol = bounds.number(options.rtol, "--rtol", example="--rtol 1e-3")
     atol = bounds.number(options.atol, "--atol", example="--atol 1e-6")
     if rtol < 0 or atol < 0:
@@ -92,6 +132,11 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
         dead_frac=dead_frac,
         max_abs=max_abs,
         min_std=min_std,
+        max_outlier_ratio=ratio,
+        max_kurtosis=kurtosis,
+        max_sink=max_sink,
+        min_entropy=min_entropy,
+        max_expert_imbalance=imbalance,
         rtol=rtol,
         atol=atol,
         backward=options.backward,
@@ -221,6 +266,20 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
         results.append(_min_std(report, rules.min_std))
     if rules.grad_norm is not None:
         results.append(_grad_norm(report, *rules.grad_norm))
+    if "massive" in rules.fail_on:
+        results.append(_massive(report))
+    if rules.max_outlier_ratio is not None:
+        results.append(_per_tensor(report, "outlier-ratio", rules.max_outlier_ratio))
+    if rules.max_kurtosis is not None:
+        results.append(_per_tensor(report, "kurtosis", rules.max_kurtosis))
+    if rules.max_sink is not None:
+        results.append(_heads(report, "sink", rules.max_sink))
+    if rules.min_entropy is not None:
+        results.append(_heads(report, "entropy", rules.min_entropy))
+    if "dead-experts" in rules.fail_on:
+        results.append(_experts(report, None))
+    if rules.max_expert_imbalance is not None:
+        results.append(_experts(report, rules.max_expert_imbalance))
     for layer, shape in rules.expect_shapes:
         results.append(_expect_shape(report, layer, shape))
     if rules.baseline is not None:
@@ -230,6 +289,119 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
             )
         )
     return results
+
+
+def _channel_tensors(report: Report) -> Iterator[tuple[LayerCall, TensorStats]]:
+    for c in report.layers:
+        for t in (*c.inputs, *c.outputs):
+            if t.channels is not None:
+                yield c, t
+
+
+def _massive(report: Report) -> CheckResult:
+    """--fail-on massive: every massive activation of a selected call's inputs and outputs,
+    each naming its layer, call, channel and (tokens) position."""
+    checked = 0
+    bad: list[tuple[LayerCall, Failure]] = []
+    for c, t in _channel_tensors(report):
+        checked += 1
+        ch = t.channels
+        assert ch is not None
+        for m in ch.massive:
+            where = (
+                f"sequence {m.sequence} position {m.position}"
+                if m.position is not None
+                else "index " + "x".join(str(i) for i in m.index)
+            )
+            times = f" ({m.ratio:.3g}x the median |x|)" if m.ratio is not None else ""
+            text = f"massive activation {_fmt(m.value)} at channel {m.channel}, {where}{times}"
+            failure = _failure((c.name, c.call, t.path), text, m.value, None)
+            failure.channel, failure.position = m.channel, m.position
+            bad.append((c, failure))
+    if not bad:
+        return CheckResult(
+            "massive", True, f"no massive activation in {checked} tensors measured per channel"
+        )
+    return _failed("massive", f"{len(bad)} massive activations in {checked} tensors", bad)
+
+
+def _per_tensor(report: Report, rule: str, limit: float) -> CheckResult:
+    """--max-outlier-ratio / --max-kurtosis: each tensor measured per channel against the
+    limit; an outlier-ratio failure names the worst channel."""
+    checked = 0
+    bad: list[tuple[LayerCall, Failure]] = []
+    for c, t in _channel_tensors(report):
+        ch = t.channels
+        assert ch is not None
+        value = ch.outlier_ratio if rule == "outlier-ratio" else ch.kurtosis
+        if value is None:
+            continue
+        checked += 1
+        if value > limit:
+            where = (c.name, c.call, t.path)
+            if rule == "outlier-ratio":
+                worst = max(range(len(ch.absmax)), key=lambda k: ch.absmax[k] or 0.0)
+                text = f"channel {worst}'s max|x| is {value:.4g}x the median channel's"
+                failure = _failure(where, text, value, limit)
+                failure.channel = worst
+            else:
+                failure = _failure(where, f"kurtosis {value:.4g}", value, limit)
+            bad.append((c, failure))
+    what = "outlier ratio" if rule == "outlier-ratio" else "kurtosis"
+    if not bad:
+        return CheckResult(rule, True, f"no {what} above {limit:g} ({checked} tensors)")
+    return _failed(rule, f"{len(bad)} of {checked} tensors with {what} above {limit:g}", bad)
+
+
+def _experts(report: Report, limit: float | None) -> CheckResult:
+    """--fail-on dead-experts (limit None): a router's expert no token reached;
+    --max-expert-imbalance: a router whose busiest expert takes more than `limit` x the mean."""
+    routers = report.experts or []
+    rule = "dead-experts" if limit is None else "expert-imbalance"
+    bad = []
+    for e in routers:
+        if limit is None and e.dead:
+            text = f"{len(e.dead)} of {e.experts} experts got no token: {e.dead[:8]}"
+            f = Failure(f"{e.layer}: {text}", e.layer, 0, None, len(e.dead), 0)
+            f.channel = e.dead[0]
+            bad.append(f)
+        elif limit is not None and e.imbalance is not None and e.imbalance > limit:
+            busiest = max(range(e.experts), key=lambda k: e.counts[k])
+            text = f"expert {busiest} takes {e.imbalance:.3g}x the mean load"
+            f = Failure(f"{e.layer}: {text}", e.layer, 0, None, e.imbalance, limit)
+            f.channel = busiest
+            bad.append(f)
+    if not routers:
+        return CheckResult(rule, True, "no MoE router read (not a mixture-of-experts model)")
+    if not bad:
+        what = "dead expert" if limit is None else f"imbalance above {limit:g}"
+        return CheckResult(rule, True, f"no {what} ({len(routers)} routers)")
+    what = "with a dead expert" if limit is None else f"with imbalance above {limit:g}"
+    return CheckResult(rule, False, f"{len(bad)} of {len(routers)} routers {what}", bad, bad[0])
+
+
+def _heads(report: Report, rule: str, limit: float) -> CheckResult:
+    """--max-sink (a dormant head: its queries attend the first token and little else) and
+    --min-entropy (a collapsed head: each query attends one key), head by head."""
+    heads = report.heads or []
+    bad = []
+    checked = 0
+    for h in heads:
+        value = h.sink if rule == "sink" else h.entropy
+        if value is None:
+            continue
+        checked += 1
+        if (value > limit) if rule == "sink" else (value < limit):
+            what = "sink" if rule == "sink" else "entropy"
+            text = f"head {h.head}: {what} {value:.4g}"
+            f = Failure(f"{h.layer} call {h.call} {text}", h.layer, h.call, h.module, value, limit)
+            f.channel = h.head  # a head is the channel of attention
+            bad.append(f)
+    name = "dormant-heads" if rule == "sink" else "collapsed-heads"
+    bound = f"sink above {limit:g}" if rule == "sink" else f"entropy below {limit:g}"
+    if not bad:
+        return CheckResult(name, True, f"no head with {bound} ({checked} heads)")
+    return CheckResult(name, False, f"{len(bad)} of {checked} heads with {bound}", bad, bad[0])
 
 
 def _nonfinite(report: Report) -> CheckResult:

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
-from hookcli.commands import shards
+from hookcli.commands import outliers, shards
 from hookcli.commands.inspect import model_info, predict
 from hookcli.commands.measured import (
     claimed_params,
@@ -40,7 +40,7 @@ from hookcli.commands.measured import (
 )
 from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.aggregate import Aggregate
-from hookcli.engine.layout import reader
+from hookcli.engine.layout import image_of, reader
 from hookcli.engine.passes import Prepared, prepare
 from hookcli.engine.stats import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
@@ -142,6 +142,7 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
         )
     for flag, value in (
         ("ablate", run.ablate),
+        ("heads", run.heads),
         ("save", run.save),
         ("train", run.train),
         ("input-grad", backward is not None and backward.input_grad),
@@ -334,6 +335,7 @@ def _folder_report(
         prediction_note=prediction_note,
         notes=notes,
         profile=run.timing.profile,
+        outliers=outliers.summary(layers) if inv.run.channels else None,
         backward=(
             Backward(prepared.backward.describe(), finite_or_none(run.value) if run.seen else None)
             if prepared.backward
@@ -418,6 +420,9 @@ class _FolderRun:
             hist_bins=self.hist,
             hist_edges=self.edges,
         )
+        if self.run.channels:
+            layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
+            collector.channels = outliers.chooser(layout_of)
         backward = self.backward
         with measured_pass(
             prepared,

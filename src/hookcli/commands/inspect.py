@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from hookcli._version import __version__
+from hookcli.commands import outliers
+from hookcli.commands.experts import routing_report
 from hookcli.commands.measured import (
     PendingParam,
     claimed_params,
@@ -27,6 +29,7 @@ from hookcli.commands.measured import (
     statistics,
 )
 from hookcli.commands.profile import profile_calls
+from hookcli.engine.experts import counting_routes
 from hookcli.engine.layout import image_of, reader
 from hookcli.engine.passes import (
     Prepared,
@@ -72,6 +75,11 @@ def report(inv: Invocation, command: str) -> Report:
                 "run inspect/check --generate.",
             )
         inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
+        if run.heads:
+            raise UsageError(
+                "--heads reads attention in one forward of the input; --generate runs many.",
+                "drop --generate to read the prompt's heads.",
+            )
     elif run.sample:
         raise UsageError("--sample chooses how --generate decodes.", "add --generate N.")
     if run.generate and run.position is not None:
@@ -123,9 +131,12 @@ def _report_of_run(
     saver = _saver(prepared, run, command) if run.save is not None else None
     timing = profile_calls(prepared, run) if run.profile else None
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
+    if run.channels:
+        collector.channels = outliers.chooser(layout_of)
     params: dict[str, list[PendingParam]] = {}
     try:
         with (
+            counting_routes(loaded.module, model_input.token_mask) as routing,
             ablated(prepared.entries, ablations, prepared.seed, layout_of) as ablation_calls,
             measured_pass(
                 prepared,
@@ -188,6 +199,16 @@ def _report_of_run(
         if saver.skipped:
             notes.append(f"not saved (no safetensors dtype): {', '.join(saver.skipped[:5])}")
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
+    experts = None
+    if routing.routers:
+        experts, routed = routing_report(routing)
+        notes += routed
+    heads = None
+    if run.heads:
+        from hookcli.commands.heads import attention_heads
+
+        heads, heard = attention_heads(prepared)
+        notes += heard
     generated = None
     if model_input.generate is not None:
         from hookcli.sources.lm import generated_of
@@ -214,6 +235,9 @@ def _report_of_run(
         nonfinite_origins=origins_of(prepared, session, outputs),
         nonfinite_images=by_image,
         profile=profile,
+        outliers=outliers.summary(layers) if run.channels else None,
+        heads=heads,
+        experts=experts,
         config=run.config,
         command=command,
         hookcli_version=__version__,

@@ -58,7 +58,8 @@ def run_command(
 
 def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocation:
     """What the command adds to what was asked: backward for grads, and for check when asked
-    or a gradient rule needs it (target and loss apply then); --expect-shape's layers hooked
+    or a gradient rule needs it (target and loss apply then); --channels for the rules that
+    read per-channel numbers; --expect-shape's layers hooked
     whatever the selection; check makes no predictions and runs deterministic algorithms."""
     backward: BackwardOptions | None = None
     if command == "grads" or (command == "check" and rules.needs_backward):
@@ -70,4 +71,8 @@ def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocatio
     run = inv.run
     if command == "check":
         run = dataclasses.replace(run, topk=0, deterministic=True)
+    if rules.needs_channels and not run.channels:
+        run = dataclasses.replace(run, channels=True)
+    if rules.needs_heads and not run.heads:
+        run = dataclasses.replace(run, heads=True)
     return dataclasses.replace(inv, selection=selection, run=run, backward=backward)

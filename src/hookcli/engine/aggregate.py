@@ -16,7 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookcli.records import TensorStats
+from hookcli.engine.outliers import summary
+from hookcli.engine.routing import merge_experts
+from hookcli.io.recordjson import from_json
+from hookcli.records import ChannelStats, ExpertStats, LayerCall, Massive, TensorStats
+
+MASSIVE_KEPT = 16  # massive activations kept per tensor over a folder run (largest |x|)
 
 Key = tuple[str, int, str, str]  # layer, call, kind (inputs/outputs/…), path
 
@@ -43,6 +48,8 @@ class Accumulator:
     hist_counts: list[float] | None = None  # merged when every part used the same edges
     hist_edges: list[float] | None = None
     layout: str | None = None  # the same in every batch: the layer's, not the data's
+    channels: ChannelStats | None = None  # --channels: merged channel by channel
+    channels_lost: bool = False  # a part without them, or of another width: none reported
 
     def add(self, t: TensorStats) -> None:
         n = t.numel - t.nan - t.inf
@@ -58,6 +65,10 @@ class Accumulator:
         if t.hist:
             other.hist_counts = list(t.hist["counts"])
             other.hist_edges = list(t.hist["edges"])
+        if t.channels is not None:
+            other.channels = merge_channels(None, t.channels, 0)
+        else:
+            other.channels_lost = True
         self.merge(other)
 
     def merge(self, o: Accumulator) -> None:
@@ -75,6 +86,14 @@ class Accumulator:
         self.nan += o.nan
         self.inf += o.inf
         first = self.rows == 0
+        if first:
+            self.channels, self.channels_lost = o.channels, o.channels_lost
+        elif not self.channels_lost:
+            mine, theirs = self.channels, o.channels
+            if mine is None or theirs is None or len(mine.count) != len(theirs.count):
+                self.channels, self.channels_lost = None, True
+            else:
+                self.channels = merge_channels(mine, theirs, self.rows)
         if first:
             self.layout = o.layout
         self.rows += o.rows
@@ -103,12 +122,71 @@ class Accumulator:
             norm=math.sqrt(self.sumsq) if has else None,
             note="; ".join(sorted(self.notes)) or None,
             layout=self.layout,
+            channels=self.channels,
             hist=(
                 {"counts": self.hist_counts, "edges": self.hist_edges}
                 if self.hist_counts is not None and self.hist_edges is not None
                 else None
             ),
         )
+
+
+def merge_channels(a: ChannelStats | None, b: ChannelStats, offset: int) -> ChannelStats:
+    """Two parts' per-channel statistics as one (Chan's update per channel; `offset`: the rows
+    of the first part, added to the second's massive activations' batch index). Kurtosis
+    does not merge from these numbers: the merged value is the largest of the parts', and the
+    median |x| is left out; each part's massive activations were found against its own median.
+    """
+    moved = [
+        Massive(m.channel, [m.index[0] + offset, *m.index[1:]], m.value, m.ratio, m.position,
+                None if m.sequence is None else m.sequence + offset)
+        for m in b.massive
+    ]  # fmt: skip
+    if a is None:
+        return ChannelStats(
+            b.axis, list(b.count), list(b.mean), list(b.std), list(b.min), list(b.max),
+            list(b.absmax), list(b.zeros), list(b.large), b.masked, b.kurtosis, b.median_abs,
+            moved, None if b.abs_hist is None else list(b.abs_hist),
+        )  # fmt: skip
+    mean: list[float | None] = []
+    std: list[float | None] = []
+    for na, ma, sa, nb, mb, sb in zip(a.count, a.mean, a.std, b.count, b.mean, b.std, strict=True):
+        n = na + nb
+        if not n:
+            mean.append(None)
+            std.append(None)
+            continue
+        xa, xb = ma or 0.0, mb or 0.0
+        delta = xb - xa
+        m2 = (sa or 0.0) ** 2 * na + (sb or 0.0) ** 2 * nb + delta * delta * na * nb / n
+        mean.append(xa + delta * nb / n)
+        std.append(math.sqrt(max(m2 / n, 0.0)))
+
+    def pick(x: list[float | None], y: list[float | None], f: Any) -> list[float | None]:
+        return [u if v is None else v if u is None else f(u, v) for u, v in zip(x, y, strict=True)]
+
+    kurt = [k for k in (a.kurtosis, b.kurtosis) if k is not None]
+    massive = sorted([*a.massive, *moved], key=lambda m: -abs(m.value))[:MASSIVE_KEPT]
+    return ChannelStats(
+        axis=a.axis,
+        count=[x + y for x, y in zip(a.count, b.count, strict=True)],
+        mean=mean,
+        std=std,
+        min=pick(a.min, b.min, min),
+        max=pick(a.max, b.max, max),
+        absmax=pick(a.absmax, b.absmax, max),
+        zeros=[x + y for x, y in zip(a.zeros, b.zeros, strict=True)],
+        large=[x + y for x, y in zip(a.large, b.large, strict=True)],
+        masked=a.masked + b.masked,
+        kurtosis=max(kurt) if kurt else None,
+        median_abs=None,
+        massive=massive,
+        abs_hist=(
+            [x + y for x, y in zip(a.abs_hist, b.abs_hist, strict=True)]
+            if a.abs_hist is not None and b.abs_hist is not None
+            else None
+        ),
+    )
 
 
 class Aggregate:
@@ -177,6 +255,19 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 entry[kind] = [_plain(s) for s in agg.tensors(c["name"], c["call"], kind)]
         layers.append(entry)
     merged["layers"] = layers
+    if any(r.get("outliers") is not None for r in reports):
+        calls = [
+            LayerCall(
+                c["name"], c["type"], c["call"],
+                inputs=agg.tensors(c["name"], c["call"], "inputs"),
+                outputs=agg.tensors(c["name"], c["call"], "outputs"),
+            )
+            for c in reports[0]["layers"]
+        ]  # fmt: skip
+        merged["outliers"] = dataclasses.asdict(summary(calls))
+    if any(r.get("experts") for r in reports):
+        parts = [[from_json(ExpertStats, e) for e in r.get("experts") or []] for r in reports]
+        merged["experts"] = [dataclasses.asdict(e) for e in merge_experts(parts)]
     merged["predictions"] = [p for r in reports for p in r.get("predictions") or []] or None
     merged["input"] = dict(reports[0]["input"])
     merged["input"]["description"] = f"{len(reports)} merged reports"
@@ -184,14 +275,21 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-_NOT_READ = ("shape", "nan", "inf", "values", "hist")  # given below, or not merged
+_NOT_READ = ("shape", "nan", "inf", "values", "hist", "channels")  # given below, or not merged
 
 
 def _stats(d: dict[str, Any]) -> TensorStats:
     fields = {
         f.name: d.get(f.name) for f in dataclasses.fields(TensorStats) if f.name not in _NOT_READ
     }
-    return TensorStats(shape=tuple(d["shape"]), nan=d.get("nan", 0), inf=d.get("inf", 0), **fields)  # type: ignore[arg-type]
+    channels = d.get("channels")
+    return TensorStats(
+        shape=tuple(d["shape"]),
+        nan=d.get("nan", 0),
+        inf=d.get("inf", 0),
+        channels=None if channels is None else from_json(ChannelStats, channels),
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 def _plain(s: TensorStats) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,7 @@ class AttentionCall:
     shape: tuple[int, ...]  # (B, heads, queries, keys)
     mean: torch.Tensor | None  # (B, queries, keys); None when the shape is not 4-D
     probs: torch.Tensor | None = None  # (B, heads, queries, keys), for the sites asked for
+    heads: torch.Tensor | None = None  # per head (engine.heads), when the pass asked for them
 
     @property
     def square(self) -> bool:
@@ -267,8 +268,9 @@ def pick_block(prepared: Prepared, sites: Sequence[AttentionSite], pattern: str 
 class _Recorder:
     """Where the hooks put what they read: one AttentionCall per call, in order."""
 
-    def __init__(self, keep: set[str]) -> None:
+    def __init__(self, keep: set[str], per_head: Callable[[torch.Tensor], Any] | None) -> None:
         self.keep = keep  # attention module names whose per-head probabilities are kept
+        self.per_head = per_head  # each square call's per-head numbers, computed as it comes
         self.calls: list[AttentionCall] = []
         self.counts: dict[str, int] = {}
         self.problems: list[str] = []
@@ -296,7 +298,10 @@ class _Recorder:
         probs = w.float()
         mean = probs.mean(dim=1)
         kept = probs.clone() if site.name in self.keep else None
-        self.calls.append(AttentionCall(site, call, tuple(w.shape), mean, kept))
+        heads = None
+        if self.per_head is not None and w.shape[2] == w.shape[3]:
+            heads = self.per_head(w)
+        self.calls.append(AttentionCall(site, call, tuple(w.shape), mean, kept, heads))
 
 
 def _mha_hooks(site: AttentionSite, rec: _Recorder) -> list[RemovableHandle]:
@@ -474,11 +479,16 @@ def _hf_attentions(output: Any) -> Sequence[Any] | None:
 
 
 def capture_attention(
-    prepared: Prepared, sites: Sequence[AttentionSite], keep: set[str]
+    prepared: Prepared,
+    sites: Sequence[AttentionSite],
+    keep: set[str],
+    per_head: Callable[[torch.Tensor], Any] | None = None,
 ) -> AttentionPass:
     """One forward with every attention site read: each call's mean over heads, and the
-    per-head probabilities of the sites named in `keep`. The model is left as found."""
-    rec = _Recorder(keep)
+    per-head probabilities of the sites named in `keep`; `per_head` is applied to each
+    square call's probabilities as they come (AttentionCall.heads). The model is left as
+    found."""
+    rec = _Recorder(keep, per_head)
     x = prepared.model_input
     assert x is not None
     model = prepared.loaded.module

@@ -38,11 +38,13 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
 from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
 
@@ -315,6 +317,12 @@ class StatsCollector:
         self.per_token: tuple[int, int] | None = None
         self._tokens: dict[int, list[TokenRow] | torch.Tensor] = {}
         self._wants_tokens: list[tuple[TensorStats, int]] = []
+        # --channels: given the context and a tensor's shape, its channel dimension (None:
+        # no per-channel statistics for it); each row's packed numbers (engine.channels)
+        self.channels: Callable[[Any, tuple[int, ...]], int | None] | None = None
+        self.channel_hist = False  # calib: each also gets its histogram of |x|
+        self._chan: dict[int, _ChannelRow] = {}
+        self._wants_chan: list[tuple[TensorStats, int]] = []
         self._hist_range: dict[int, tuple[Any, Any]] = {}
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
@@ -381,6 +389,10 @@ class StatsCollector:
                 self._tokens[idx] = token_rows(t)  # first seen as an input, now an output
             if idx in self._tokens:
                 self._wants_tokens.append((stats, idx))
+            if idx not in self._chan and self.channels is not None:
+                self._channel_row(t, idx, 0)  # first seen where none were wanted
+            if idx in self._chan:
+                self._wants_chan.append((stats, idx))
             return stats
         seen = t
         if padded:
@@ -409,11 +421,33 @@ class StatsCollector:
         if self._token_rows_of(seen, path):
             self._tokens[idx] = token_rows(seen)
             self._wants_tokens.append((stats, idx))
+        if self.channels is not None and self._channel_row(seen, idx, padded, t):
+            self._wants_chan.append((stats, idx))
         try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
             self._seen[key] = (weakref.ref(seen), version, idx)
         except TypeError:  # no weakref support: measured again next time
             pass
         return stats
+
+    def _channel_row(
+        self, seen: torch.Tensor, idx: int, padded: int, x: torch.Tensor | None = None
+    ) -> bool:
+        """--channels: measure `seen` (`x`: it without padding) per channel when the
+        command's chooser names its channel dimension; whether it did."""
+        assert self.channels is not None
+        if padded == 2 or not seen.is_floating_point() or seen.device.type == "meta":
+            return False
+        shape = tuple(seen.shape)
+        axis = self.channels(self.context, shape)
+        if axis is None or seen.numel() == 0:
+            return False
+        x = seen if x is None else x
+        inner = axis - 1 if padded else axis  # (batch, tokens) became one dimension
+        if x.numel() == 0:
+            return False
+        packed = measure_channels(x, inner, hist=self.channel_hist)
+        self._chan[idx] = _ChannelRow(packed, axis, shape, shape[axis], padded == 1)
+        return True
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
         if (
@@ -462,16 +496,48 @@ class StatsCollector:
         self._resolve_values()
         self._resolve_hists()
         self._resolve_tokens()
+        self._resolve_channels()
         for stats, idx in self._handed_out:
             _fill(stats, out[idx])
         for kept in (
-            self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens
+            self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
+            self._wants_chan,
         ):  # fmt: skip
             kept.clear()
         for table in (
-            self._notes, self._values, self._hists, self._hist_range, self._seen, self._tokens
+            self._notes, self._values, self._hists, self._hist_range, self._seen, self._tokens,
+            self._chan,
         ):  # fmt: skip
             table.clear()
+
+    def _resolve_channels(self) -> None:
+        """--channels: every packed vector to the host (one transfer per device), unpacked
+        into each TensorStats that wants it, its massive activations located."""
+        if not self._wants_chan:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for idx, row in self._chan.items():
+            if isinstance(row.packed, torch.Tensor):
+                by_device.setdefault(row.packed.device, []).append(idx)
+        for idxs in by_device.values():
+            parts = [self._chan[i].packed for i in idxs]
+            joined = torch.cat(parts).to("cpu", torch.float64).tolist()  # type: ignore[arg-type]
+            at = 0
+            for i, part in zip(idxs, parts, strict=True):
+                n = part.numel()  # type: ignore[union-attr]
+                self._chan[i].packed = joined[at : at + n]
+                at += n
+        real = None
+        if any(self._chan[i].padded for _, i in self._wants_chan):
+            assert self._real_index is not None
+            real = self._real_index.tolist()
+        for stats, idx in self._wants_chan:
+            row = self._chan[idx]
+            assert not isinstance(row.packed, torch.Tensor)
+            found, top = unpack(row.packed, row.axis, row.channels, hist=self.channel_hist)
+            rows_at = RowMap(row.shape, row.axis, real if row.padded else None)
+            found.massive = find_massive(found, top, row.shape, rows_at)
+            stats.channels = found
 
     def _resolve_tokens(self) -> None:
         """--per-token rows; those on a device travel in one transfer per device."""
@@ -580,6 +646,18 @@ def _histogram(
     finite = torch.isfinite(v).to(acc)
     on_device = torch.zeros(bins, dtype=acc, device=v.device).scatter_add_(0, idx, finite)
     return on_device, (lo_t, hi_t)
+
+
+@dataclass(slots=True)
+class _ChannelRow:
+    """--channels: one measured tensor's packed numbers (a tensor until finalize brings them
+    over), its channel dimension, shape, channel count, and whether padding was taken out."""
+
+    packed: torch.Tensor | list[float]
+    axis: int
+    shape: tuple[int, ...]
+    channels: int
+    padded: bool
 
 
 def finite_or_none(v: float) -> float | None:

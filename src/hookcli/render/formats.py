@@ -8,14 +8,15 @@ imported when it is asked for (Rich only for the table). No torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
-from hookcli.records import DiffReport, LensReport, Report
+from hookcli.records import CalibReport, DiffReport, LensReport, Report
 from hookcli.render import Format
 from hookcli.render.html import EmbeddedPicture
 
-Renderable = Report | DiffReport | LensReport
+Renderable = Report | DiffReport | LensReport | CalibReport
 
 
 def render(  # noqa: PLR0911 (one return per kind and format)
@@ -36,6 +37,8 @@ def render(  # noqa: PLR0911 (one return per kind and format)
         return _diff(obj, fmt, color=color, width=width)
     if isinstance(obj, LensReport):
         return _lens(obj, fmt, color=color, width=width)
+    if isinstance(obj, CalibReport):
+        return _calib(obj, fmt, color=color, width=width)
     if fmt == Format.html:
         from hookcli.render.html import report_html
 
@@ -64,7 +67,7 @@ def budget(obj: Renderable, pictures: Sequence[EmbeddedPicture] = ()) -> tuple[s
     over its size budget gets); None: a page with no such budget."""
     if isinstance(obj, DiffReport):
         return f"{len(obj.calls)} layer calls", "select fewer layers (-l)"
-    if isinstance(obj, LensReport):
+    if isinstance(obj, LensReport | CalibReport):
         return None
     from hookcli.render.html import report_budget
 
@@ -103,6 +106,28 @@ def _lens(report: LensReport, fmt: Format, *, color: bool, width: int | None) ->
         from hookcli.render.html import sections_html
 
         return sections_html(f"hookcli lens {report.model.spec}", sections, report.to_dict())
+    if fmt == Format.markdown:
+        from hookcli.render.markdown import sections_markdown
+
+        return sections_markdown(sections)
+    from hookcli.render.table import render_sections
+
+    return render_sections(sections, color=color, width=width)
+
+
+def _calib(report: CalibReport, fmt: Format, *, color: bool, width: int | None) -> str:
+    from hookcli.render import calib
+
+    data = dataclasses.asdict(report)
+    if fmt == Format.json:
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    if fmt == Format.csv:
+        return calib.calib_csv(report)
+    sections = calib.calib_sections(report)
+    if fmt == Format.html:
+        from hookcli.render.html import sections_html
+
+        return sections_html(f"hookcli calib {report.model.spec}", sections, data)
     if fmt == Format.markdown:
         from hookcli.render.markdown import sections_markdown
 

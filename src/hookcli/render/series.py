@@ -3,7 +3,8 @@ run.jsonl`) in every format: format-neutral sections for the table and Markdown,
 a PNG grid of tiny line plots (Pillow, as images.py).
 
 It reads what commands.watch.runseries computes through the protocols below (numbers and
-strings), never torch and never a command module.
+strings, and the non-finite events as records.NonfiniteLine), never torch and never a command
+module.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from hookcli.records import CheckResult, Origin
+from hookcli.records import CheckResult, NonfiniteLine
 from hookcli.render.fmt import DASH, SPARKS, num, pct
 from hookcli.render.rows import Line, Row, Section, Table, checks_of, lines_section
 from hookcli.text import csv_cell
@@ -56,7 +57,7 @@ class RunLike(Protocol):
     @property
     def loss(self) -> TrackLike: ...
     @property
-    def events(self) -> Sequence[dict[str, Any]]: ...
+    def events(self) -> Sequence[NonfiniteLine]: ...
     @property
     def notes(self) -> Sequence[str]: ...
 
@@ -118,29 +119,19 @@ def _cell(s: SeriesLike) -> str:
 # ---------------------------------------------------------------- sections
 
 
-def _origin(o: dict[str, Any]) -> str:
-    fields = set(Origin.__dataclass_fields__)
-    try:
-        text = Origin(**{k: v for k, v in o.items() if k in fields}).describe()
-    except TypeError:
-        text = f"{o.get('direction')}: {o.get('layer')} call {o.get('call')}"
-    return f"rank {o['rank']}: {text}" if o.get("rank") is not None else text
-
-
-def event_lines(events: Sequence[dict[str, Any]]) -> list[str]:
+def event_lines(events: Sequence[NonfiniteLine]) -> list[str]:
     """Each non-finite event: its step, what held NaN/Inf, where it began, its repro bundle."""
     lines = []
     for e in events:
-        found = ", ".join(e.get("found") or []) or "the run"
-        text = f"NaN/Inf at step {e['step']}"
-        if e.get("world_size", 1) > 1:
-            text += f" (rank {e.get('rank')})"
+        found = ", ".join(e.found) or "the run"
+        text = f"NaN/Inf at step {e.step}"
+        if e.world_size > 1:
+            text += f" (rank {e.rank})"
         text += f" in: {found}"
-        origins = e.get("origins") or []
-        if origins:
-            text += f"; first appeared — {_origin(origins[0])}"
-        if e.get("bundle"):
-            text += f"; repro bundle: {e['bundle']} (hookcli replay)"
+        if e.origins:
+            text += f"; first appeared — {e.origins[0].describe()}"
+        if e.bundle:
+            text += f"; repro bundle: {e.bundle} (hookcli replay)"
         lines.append(text)
     return lines
 
@@ -183,7 +174,7 @@ def checks_part(checks: Sequence[CheckResult], *, quiet: bool) -> Section:
 def run_checks_sections(
     header: Sequence[str],
     checks: Sequence[CheckResult],
-    events: Sequence[dict[str, Any]],
+    events: Sequence[NonfiniteLine],
     notes: Sequence[str],
     *,
     quiet: bool,

@@ -3,7 +3,9 @@
 A log is one JSON object a line (recorder.py writes them): `"kind": "step"` for each watched
 optimizer step, `"kind": "nonfinite"` when a NaN/Inf is first seen. Every line is checked field
 by field before anything reads it; a file that is not a log, an empty one, a bad line, two runs
-appended to one file — each is a one-line UsageError naming the file and the line.
+appended to one file — each is a one-line UsageError naming the file and the line. A line that
+passes is kept as its record (records.StepLine, NonfiniteLine), built straight from the checked
+fields: what every reader of a run (runmerge, runseries, runrules) works on.
 
 No torch: a log is numbers, and reading one must work where torch is not installed.
 """
@@ -20,7 +22,16 @@ from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
 from hookcli.io.recordjson import from_json, json_type
-from hookcli.records import READABLE_LOG_SCHEMAS, NonfiniteLine, StepLine
+from hookcli.records import (
+    READABLE_LOG_SCHEMAS,
+    LoggedCall,
+    LoggedParam,
+    NonfiniteLine,
+    Origin,
+    StepLine,
+    TensorStats,
+    TokenRow,
+)
 from hookcli.text import escape
 
 RUN_SCHEMA = 1  # the JSON `check`/`report` write about a run
@@ -41,8 +52,8 @@ class LogFile:
     path: str
     rank: int
     world_size: int
-    steps: dict[int, dict[str, Any]]
-    events: list[dict[str, Any]]
+    steps: dict[int, StepLine]
+    events: list[NonfiniteLine]
     notes: list[str] = field(default_factory=list)
 
 
@@ -87,8 +98,8 @@ def read_log(path: str | Path) -> LogFile:
     def refuse(what: str, hint: str = f"{_WRITE_HINT} line per watched step.") -> NoReturn:
         raise UsageError(f"run log {label} {what}.", hint)
 
-    steps: dict[int, dict[str, Any]] = {}
-    events: list[dict[str, Any]] = []
+    steps: dict[int, StepLine] = {}
+    events: list[NonfiniteLine] = []
     notes: list[str] = []
     first_line: dict[int, int] = {}  # step → the line it was on
     who: tuple[int, int] | None = None  # (rank, world size) of the first line
@@ -151,7 +162,7 @@ def read_log(path: str | Path) -> LogFile:
                         "one before a new run.",
                     )
                 if kind == "nonfinite":
-                    events.append(data)
+                    events.append(_event_record(data))
                     continue
                 step = data["step"]
                 if step in steps:
@@ -161,7 +172,7 @@ def read_log(path: str | Path) -> LogFile:
                         "the log is opened for appending: delete it before a new run, or give "
                         "each run its own log.",
                     )
-                steps[step] = data
+                steps[step] = _step_record(data)
                 first_line[step] = number
     except FileNotFoundError:
         refuse(
@@ -185,15 +196,16 @@ def read_log(path: str | Path) -> LogFile:
 
 
 def step_line(data: dict[str, Any]) -> StepLine:
-    """A step line read_log has validated, as its record (w.records holds the same); a field
-    of the wrong type is a RecordError naming it."""
+    """A step line as its record (w.records holds the same), every field checked against its
+    type hint: a field of the wrong type is a RecordError naming it. read_log builds the same
+    record without those checks (_step_record: they made reading 30x slower)."""
     line = from_json(StepLine, data)
     assert isinstance(line, StepLine)
     return line
 
 
 def nonfinite_line(data: dict[str, Any]) -> NonfiniteLine:
-    """A nonfinite line read_log has validated, as its record (w.nonfinite is the same)."""
+    """A nonfinite line as its record (w.nonfinite is the same), checked as step_line is."""
     line = from_json(NonfiniteLine, data)
     assert isinstance(line, NonfiniteLine)
     return line
@@ -209,6 +221,131 @@ def _why_not_json(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "JSON nested too deeply"
     return f"not a JSON object on one line ({escape(str(exc))})"
+
+
+# ---------------------------------------------------------------- checked lines as records
+# Built field by field from a line the checks below passed. What the checks let be absent is
+# None (a statistic, a loss, a norm), 0 (NaN/Inf counts), "" (a dtype) or the record's default;
+# what they do not look at (a dtype, a note, an error, an origin's `where`) is taken as the
+# line has it. step_line is the reader that checks every field's type.
+
+
+def _step_record(data: dict[str, Any]) -> StepLine:
+    """A checked step line as its record."""
+    g = data.get
+    return StepLine(
+        step=data["step"],
+        rank=data["rank"],
+        world_size=data["world_size"],
+        loss=g("loss"),
+        layers=[_call_record(c) for c in data["layers"]],
+        params=[_param_record(p) for p in data["params"]],
+        nonfinite_origins=[_origin_record(o) for o in g("nonfinite_origins") or []],
+        loss_nonfinite=g("loss_nonfinite", False),
+        skipped=g("skipped"),
+        scale=g("scale"),
+        run=g("run"),
+        schema=data["schema"],
+    )
+
+
+def _event_record(data: dict[str, Any]) -> NonfiniteLine:
+    """A checked nonfinite line as its record."""
+    g = data.get
+    return NonfiniteLine(
+        step=data["step"],
+        rank=data["rank"],
+        world_size=data["world_size"],
+        found=data["found"],
+        origins=[_origin_record(o) for o in g("origins") or []],
+        nonfinite_params=g("nonfinite_params") or [],
+        nonfinite_grads=g("nonfinite_grads", []),
+        bundle=g("bundle"),
+        notes=g("notes", []),
+        run=g("run"),
+        schema=data["schema"],
+    )
+
+
+def _call_record(c: dict[str, Any]) -> LoggedCall:
+    grad_outputs, grad_inputs = c["grad_outputs"], c["grad_inputs"]
+    return LoggedCall(
+        name=c["name"],
+        type=c["type"],
+        call=c["call"],
+        inputs=[_stats_record(t) for t in c["inputs"]],
+        outputs=[_stats_record(t) for t in c["outputs"]],
+        grad_outputs=None if grad_outputs is None else [_stats_record(t) for t in grad_outputs],
+        grad_inputs=None if grad_inputs is None else [_stats_record(t) for t in grad_inputs],
+        error=c.get("error"),
+    )
+
+
+def _param_record(p: dict[str, Any]) -> LoggedParam:
+    g = p.get
+    grad = g("grad")
+    return LoggedParam(
+        name=p["name"],
+        norm=g("norm"),
+        grad=None if grad is None else _stats_record(grad),
+        update_norm=g("update_norm"),
+        update_ratio=g("update_ratio"),
+    )
+
+
+def _stats_record(t: dict[str, Any]) -> TensorStats:
+    """A tensor's logged statistics (no element values, histograms or channels: never logged).
+    The statistics go by position: a log holds tens of thousands, and keywords cost a quarter
+    more (read_log's records equal step_line's: tests/test_watch_logs.py checks it)."""
+    g = t.get
+    stats = TensorStats(
+        t["path"],
+        tuple(t["shape"]),
+        g("dtype") or "",
+        t["numel"],
+        g("mean"),
+        g("std"),
+        g("min"),
+        g("max"),
+        g("zeros"),
+        g("nan") or 0,
+        g("inf") or 0,
+        g("norm"),
+        note=g("note"),
+        layout=g("layout"),
+    )
+    rows = g("per_token")
+    if rows is not None:
+        stats.per_token = _token_rows(rows)
+    return stats
+
+
+_TOKEN_FIELDS = tuple(TokenRow.__dataclass_fields__)
+
+
+def _token_rows(rows: Any) -> list[TokenRow] | None:
+    """--per-token rows as the recorder writes them (each TokenRow's fields); nothing reads
+    them back, so rows of another shape are left out rather than refused."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return None
+    return [TokenRow(**{k: r.get(k) for k in _TOKEN_FIELDS}) for r in rows]
+
+
+def _origin_record(o: dict[str, Any]) -> Origin:
+    g = o.get
+    return Origin(
+        direction=o["direction"],
+        layer=o["layer"],
+        type=o["type"],
+        call=o["call"],
+        path=o["path"],
+        nan=o["nan"],
+        inf=o["inf"],
+        where=g("where", "layer"),
+        after=g("after"),
+        after_finite=g("after_finite"),
+        code=g("code", []),
+    )
 
 
 # ---------------------------------------------------------------- the line schema

@@ -12,8 +12,9 @@ the whole batch would have written, when each rank's loss is a mean over an equa
   rank that disagrees beyond 1e-5 relative is a note (not one DDP model?), not an error;
 - the loss is the mean of the ranks'.
 
-A merged step has the same fields as a single process's (world_size 1) plus `merged_ranks`.
-No torch.
+Every log's lines are records (records.StepLine, NonfiniteLine; logread builds them), and a
+merged step is a StepLine too: a single process's (world_size 1) with `merged_ranks` set, its
+non-finite origins each marked with the rank whose log named it (RankOrigin). No torch.
 """
 
 from __future__ import annotations
@@ -23,16 +24,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from hookcli.commands.watch.logread import GRAD_KINDS, KINDS, STATS, LogFile, read_log
+from hookcli.commands.watch.logread import LogFile, read_log
 from hookcli.engine.aggregate import Accumulator
 from hookcli.errors import UsageError
-from hookcli.records import TensorStats
+from hookcli.records import LoggedCall, NonfiniteLine, Origin, StepLine, TensorStats
 from hookcli.text import escape
 
 PARAM_RTOL = 1e-5  # ranks of one DDP model agree on their parameters within this
-_SCALED = ("mean", "std", "min", "max", "norm")  # what scales with the gradient (not zeros)
+
+
+@dataclass(slots=True)
+class RankOrigin(Origin):
+    """A non-finite origin of a merged step: the Origin fields plus the rank whose log said so."""
+
+    rank: int = 0
 
 
 @dataclass(slots=True)
@@ -44,13 +50,13 @@ class Run:
     files: list[str]
     ranks: int
     world_size: int
-    steps: list[dict[str, Any]]
-    events: list[dict[str, Any]]
+    steps: list[StepLine]
+    events: list[NonfiniteLine]
     notes: list[str] = field(default_factory=list)
 
     @property
     def step_numbers(self) -> list[int]:
-        return [s["step"] for s in self.steps]
+        return [s.step for s in self.steps]
 
 
 def load_run(paths: Sequence[str | Path]) -> Run:
@@ -118,31 +124,23 @@ def merge_logs(logs: Sequence[LogFile], notes: list[str] | None = None) -> Run:
         merged, disagree = merge_step([log.steps[s] for log in ordered])
         steps.append(merged)
         notes += disagree
-    events = sorted((e for log in ordered for e in log.events), key=lambda e: e["step"])
+    events = sorted((e for log in ordered for e in log.events), key=lambda e: e.step)
     return Run([log.path for log in ordered], world, world, steps, events, notes)
 
 
-def merge_step(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+def merge_step(records: Sequence[StepLine]) -> tuple[StepLine, list[str]]:
     """One step's records from W ranks (rank order) merged into the record one process over
     the whole batch would have written, and notes on what did not agree."""
     w = len(records)
     first = records[0]
-    step = first["step"]
+    step = first.step
     notes: list[str] = []
-    merged: dict[str, Any] = {k: v for k, v in first.items() if k not in ("layers", "params")}
-    merged.update(rank=0, world_size=1, merged_ranks=w)
-    losses = [r.get("loss") for r in records]
-    finite = [float(x) for x in losses if x is not None]
-    merged["loss"] = math.fsum(finite) / w if len(finite) == w else None
-    if any(r.get("loss_nonfinite") for r in records):
-        merged["loss_nonfinite"] = True
-    if any(r.get("skipped") for r in records):
-        merged["skipped"] = True
+    finite = [float(r.loss) for r in records if r.loss is not None]
     # layer calls, in the order rank 0 saw them (then any only other ranks ran)
-    calls: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    calls: dict[tuple[str, int], list[LoggedCall]] = {}
     for r in records:
-        for c in r["layers"]:
-            calls.setdefault((c["name"], c["call"]), []).append(c)
+        for c in r.layers:
+            calls.setdefault((c.name, c.call), []).append(c)
     layers = []
     for (name, call), parts in calls.items():
         if len(parts) != w:
@@ -150,99 +148,106 @@ def merge_step(records: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[
                 f"step {step}: {name} call {call} ran on {len(parts)} of {w} ranks; merged "
                 "over those"
             )
-        entry = {k: v for k, v in parts[0].items() if k not in KINDS}
-        for kind in KINDS:
-            lists = [c.get(kind) for c in parts]
-            if all(x is None for x in lists):
-                entry[kind] = None
-                continue
-            scale = 1.0 / w if kind in GRAD_KINDS else 1.0
-            entry[kind] = merge_tensors([x or [] for x in lists], scale)
-        entry["error"] = next((c.get("error") for c in parts if c.get("error")), None)
-        layers.append(entry)
-    merged["layers"] = layers
-    merged["params"] = first["params"]
+        layers.append(
+            LoggedCall(
+                name=parts[0].name,
+                type=parts[0].type,
+                call=parts[0].call,
+                inputs=merge_tensors([c.inputs for c in parts]),
+                outputs=merge_tensors([c.outputs for c in parts]),
+                grad_outputs=_merge_grads([c.grad_outputs for c in parts], w),
+                grad_inputs=_merge_grads([c.grad_inputs for c in parts], w),
+                error=next((c.error for c in parts if c.error), None),
+            )
+        )
     notes += _params_agree(records)
-    merged["nonfinite_origins"] = [
-        {**o, "rank": r.get("rank", i)}
-        for i, r in enumerate(records)
-        for o in r.get("nonfinite_origins") or []
-    ]
+    merged = dataclasses.replace(
+        first,
+        rank=0,
+        world_size=1,
+        loss=math.fsum(finite) / w if len(finite) == w else None,
+        layers=layers,
+        nonfinite_origins=[
+            RankOrigin(**{f: getattr(o, f) for f in _ORIGIN_FIELDS}, rank=r.rank)
+            for r in records
+            for o in r.nonfinite_origins
+        ],
+        loss_nonfinite=True if any(r.loss_nonfinite for r in records) else first.loss_nonfinite,
+        skipped=True if any(r.skipped for r in records) else first.skipped,
+        merged_ranks=w,
+    )
     return merged, notes
 
 
-def merge_tensors(lists: Sequence[Sequence[dict[str, Any]]], scale: float = 1.0) -> list[Any]:
+_ORIGIN_FIELDS = tuple(f.name for f in dataclasses.fields(Origin))
+
+
+def _merge_grads(lists: Sequence[list[TensorStats] | None], w: int) -> list[TensorStats] | None:
+    """Activation gradients merged, each rank's first scaled by 1/W; None when no rank had
+    any (the call's tensors had no gradient)."""
+    if all(x is None for x in lists):
+        return None
+    return merge_tensors([x or [] for x in lists], 1.0 / w)
+
+
+def merge_tensors(lists: Sequence[Sequence[TensorStats]], scale: float = 1.0) -> list[TensorStats]:
     """Each path's statistics over every rank's shard (Chan's update), each part's scaled
-    statistics first multiplied by `scale` (a gradient's 1/W)."""
+    statistics (mean, std, min, max, norm; not zeros or NaN/Inf counts) first multiplied by
+    `scale` (a gradient's 1/W)."""
     acc: dict[str, Accumulator] = {}
     for tensors in lists:
-        for d in tensors:
-            t = tensor_stats(d, scale)
+        for part in tensors:
+            t = part if scale == 1.0 else scaled(part, scale)
             a = acc.get(t.path)
             if a is None:
                 a = acc[t.path] = Accumulator(t.path, t.dtype, t.shape[1:])
             a.add(t)
-    return [_plain(a.stats()) for a in acc.values()]
+    return [a.stats() for a in acc.values()]
 
 
-def tensor_stats(d: dict[str, Any], scale: float = 1.0) -> TensorStats:
-    """A log's tensor entry as TensorStats, its scaled statistics times `scale`."""
-    values: dict[str, float | None] = {k: d.get(k) for k in STATS}
-    if scale != 1.0:
-        for k in _SCALED:
-            v = values[k]
-            values[k] = None if v is None else v * scale
-    return TensorStats(
-        path=d["path"],
-        shape=tuple(d["shape"]),
-        dtype=d.get("dtype") or "",
-        numel=d["numel"],
-        nan=d.get("nan") or 0,
-        inf=d.get("inf") or 0,
-        note=d.get("note"),
-        layout=d.get("layout"),
-        mean=values["mean"],
-        std=values["std"],
-        min=values["min"],
-        max=values["max"],
-        zeros=values["zeros"],
-        norm=values["norm"],
+def scaled(t: TensorStats, scale: float) -> TensorStats:
+    """A tensor's statistics with the ones that scale with it (mean, std, min, max, norm)
+    multiplied by `scale`."""
+
+    def times(v: float | None) -> float | None:
+        return None if v is None else v * scale
+
+    return dataclasses.replace(
+        t,
+        mean=times(t.mean),
+        std=times(t.std),
+        min=times(t.min),
+        max=times(t.max),
+        norm=times(t.norm),
     )
 
 
-def _plain(t: TensorStats) -> dict[str, Any]:
-    """As a log line holds it (a JSON list for the shape; no values or histogram)."""
-    out = dataclasses.asdict(t)
-    out["shape"] = list(t.shape)
-    out.pop("values", None)
-    out.pop("hist", None)
-    return out
-
-
-def _params_agree(records: Sequence[dict[str, Any]]) -> list[str]:
+def _params_agree(records: Sequence[StepLine]) -> list[str]:
     """DDP all-reduces gradients, so every rank steps the same weights: a parameter whose norm,
     gradient norm or update differs beyond PARAM_RTOL is worth a note (one per step)."""
-    step = records[0]["step"]
-    base = {p["name"]: p for p in records[0]["params"]}
-    for i, r in enumerate(records[1:], 1):
-        rank = r.get("rank", i)
-        for p in r["params"]:
-            q = base.get(p["name"])
+    step = records[0].step
+    base = {p.name: p for p in records[0].params}
+    for r in records[1:]:
+        for p in r.params:
+            q = base.get(p.name)
             if q is None:
-                return [f"step {step}: rank {rank} has parameter {p['name']}, rank 0 has not"]
-            q_grad, p_grad = q.get("grad") or {}, p.get("grad") or {}
+                return [f"step {step}: rank {r.rank} has parameter {p.name}, rank 0 has not"]
             for what, a, b in (
-                ("norm", q.get("norm"), p.get("norm")),
-                ("gradient norm", q_grad.get("norm"), p_grad.get("norm")),
-                ("update norm", q.get("update_norm"), p.get("update_norm")),
+                ("norm", q.norm, p.norm),
+                ("gradient norm", _grad_norm(q.grad), _grad_norm(p.grad)),
+                ("update norm", q.update_norm, p.update_norm),
             ):
                 if not _close(a, b):
                     return [
-                        f"step {step}: ranks disagree on {p['name']}'s {what} (rank 0 "
-                        f"{_g(a)}, rank {rank} {_g(b)}): not one DistributedDataParallel "
+                        f"step {step}: ranks disagree on {p.name}'s {what} (rank 0 "
+                        f"{_g(a)}, rank {r.rank} {_g(b)}): not one DistributedDataParallel "
                         "model? parameters are rank 0's"
                     ]
     return []
+
+
+def _grad_norm(t: TensorStats | None) -> float | None:
+    return None if t is None else t.norm
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -255,18 +260,17 @@ def _g(v: float | None) -> str:
     return "null" if v is None else f"{v:.6g}"
 
 
-def nonfinite_in(t: dict[str, Any] | None) -> bool:
-    """Whether a tensor's statistics (a log's dict) count NaN or Inf."""
-    return t is not None and bool(t.get("nan") or t.get("inf"))
+def nonfinite_in(t: TensorStats | None) -> bool:
+    """Whether a tensor's statistics count NaN or Inf."""
+    return t is not None and bool(t.nan or t.inf)
 
 
 def loss_nonfinite(run: Run) -> list[bool]:
     """The steps whose loss was not finite: the recorder marked it (`loss_nonfinite`), a
     non-finite event said so, or (logs without the mark) the loss is null
     where other steps logged one (the log writes NaN/Inf as null)."""
-    said = {e["step"] for e in run.events if "loss" in (e.get("found") or [])}
-    logged = any(s.get("loss") is not None for s in run.steps)
+    said = {e.step for e in run.events if "loss" in e.found}
+    logged = any(s.loss is not None for s in run.steps)
     return [
-        bool(s.get("loss_nonfinite")) or s["step"] in said or (logged and s.get("loss") is None)
-        for s in run.steps
+        bool(s.loss_nonfinite) or s.step in said or (logged and s.loss is None) for s in run.steps
     ]

@@ -11,11 +11,20 @@ from typing import Any
 from hookcli import bounds
 from hookcli.commands.checks import RELU_FAMILY, parse_rules
 from hookcli.commands.watch.logread import RUN_SCHEMA
-from hookcli.commands.watch.runmerge import Run, loss_nonfinite, nonfinite_in
+from hookcli.commands.watch.runmerge import RankOrigin, Run, loss_nonfinite, nonfinite_in
 from hookcli.commands.watch.runseries import run_header
 from hookcli.errors import UsageError
 from hookcli.options import RuleOptions
-from hookcli.records import CheckResult, Failure, Origin
+from hookcli.records import (
+    CheckResult,
+    Failure,
+    LoggedCall,
+    NonfiniteLine,
+    Origin,
+    StepLine,
+    TensorStats,
+    log_line,
+)
 
 
 @dataclass(slots=True)
@@ -106,7 +115,7 @@ def _bounds(
 def evaluate_run(run: Run, rules: RunRules) -> list[CheckResult]:
     """Each rule's verdict over every watched step. A log whose steps hold no layer and no
     parameter statistics is refused: every rule would pass on nothing (issue 32)."""
-    if not any(s["layers"] or s["params"] for s in run.steps):
+    if not any(s.layers or s.params for s in run.steps):
         files = ", ".join(run.files[:3]) + (" …" if len(run.files) > 3 else "")
         raise UsageError(
             f"{files}: {len(run.steps)} watched steps, but none holds a layer's or a "
@@ -132,34 +141,31 @@ def _span(lo: float | None, hi: float | None) -> str:
     return f"[{'' if lo is None else f'{lo:g}'}, {'' if hi is None else f'{hi:g}'}]"
 
 
-def _counts(t: dict[str, Any]) -> str:
-    return ", ".join(f"{t.get(k)} {w}" for k, w in (("nan", "NaN"), ("inf", "Inf")) if t.get(k))
+def _counts(t: TensorStats) -> str:
+    return ", ".join(f"{n} {w}" for n, w in ((t.nan, "NaN"), (t.inf, "Inf")) if n)
 
 
-def _tensors(step: dict[str, Any]) -> Iterator[tuple[str | None, int | None, str, dict[str, Any]]]:
+def _tensors(step: StepLine) -> Iterator[tuple[str | None, int | None, str, TensorStats]]:
     """Every tensor entry of a step record: (layer, call, what, stats); parameters' gradients
     with layer None."""
-    for c in step["layers"]:
-        for kind, prefix in (
-            ("inputs", ""),
-            ("outputs", ""),
-            ("grad_inputs", "grad_input "),
-            ("grad_outputs", "grad_output "),
+    for c in step.layers:
+        for tensors, prefix in (
+            (c.inputs, ""),
+            (c.outputs, ""),
+            (c.grad_inputs, "grad_input "),
+            (c.grad_outputs, "grad_output "),
         ):
-            for t in c.get(kind) or []:
-                yield c["name"], c["call"], f"{prefix}{t['path']}", t
-    for p in step["params"]:
-        if p.get("grad") is not None:
-            yield None, None, f"{p['name']}.grad", p["grad"]
+            for t in tensors or []:
+                yield c.name, c.call, f"{prefix}{t.path}", t
+    for p in step.params:
+        if p.grad is not None:
+            yield None, None, f"{p.name}.grad", p.grad
 
 
-def _origin_text(o: dict[str, Any]) -> str:
-    names = {f.name for f in dataclasses.fields(Origin)}
-    try:
-        text = Origin(**{k: v for k, v in o.items() if k in names}).describe()
-    except TypeError:  # a field missing: validated lines have the ones describe() needs
-        text = f"{o.get('direction')}: {o.get('layer')} call {o.get('call')}"
-    return f"rank {o['rank']}: {text}" if o.get("rank") is not None else text
+def _origin_text(o: Origin) -> str:
+    """An origin in words; in a merged run, with the rank whose log named it."""
+    text = o.describe()
+    return f"rank {o.rank}: {text}" if isinstance(o, RankOrigin) else text
 
 
 def _nonfinite(run: Run) -> CheckResult:
@@ -169,15 +175,15 @@ def _nonfinite(run: Run) -> CheckResult:
     bad: list[StepFailure] = []
     checked = 0
     loss_bad = loss_nonfinite(run)
-    events: dict[int, list[dict[str, Any]]] = {}
+    events: dict[int, list[NonfiniteLine]] = {}
     for e in run.events:
-        events.setdefault(e["step"], []).append(e)
+        events.setdefault(e.step, []).append(e)
     skipped_overflow = []
     seen_steps = set()
     for i, s in enumerate(run.steps):
-        step = s["step"]
+        step = s.step
         seen_steps.add(step)
-        skipped = bool(s.get("skipped"))
+        skipped = bool(s.skipped)
         tensors = list(_tensors(s))
         checked += len(tensors)
         hits = [x for x in tensors if nonfinite_in(x[3]) and not (skipped and _is_grad(x[2]))]
@@ -185,17 +191,17 @@ def _nonfinite(run: Run) -> CheckResult:
         if excused:
             skipped_overflow.append(step)
         step_events = [
-            e for e in events.get(step, []) if not (skipped and set(e["found"]) <= {"grad"})
+            e for e in events.get(step, []) if not (skipped and set(e.found) <= {"grad"})
         ]
         if not hits and not loss_bad[i] and not step_events:
             continue
-        step_origins = [*(s.get("nonfinite_origins") or [])]
-        step_origins += [o for e in step_events for o in e.get("origins") or []]
+        step_origins = [*s.nonfinite_origins]
+        step_origins += [o for e in step_events for o in e.origins]
         layer, call, path = None, None, None
         first = _origin_text(step_origins[0]) if step_origins else ""
         if step_origins:
             o = step_origins[0]
-            layer, call, path = o["layer"], o["call"], o["path"]
+            layer, call, path = o.layer, o.call, o.path
         if hits:
             what = f"NaN/Inf in {len(hits)} of {len(tensors)} tensors"
             if not step_origins:
@@ -204,7 +210,7 @@ def _nonfinite(run: Run) -> CheckResult:
                 first = f"{place}: {_counts(t)}"
         else:
             what = "NaN/Inf"
-        found_in = {f for e in step_events for f in e["found"]}
+        found_in = {f for e in step_events for f in e.found}
         found_in |= {_found(x[0], x[2]) for x in hits}
         if loss_bad[i]:
             found_in.add("loss")
@@ -212,23 +218,21 @@ def _nonfinite(run: Run) -> CheckResult:
         if found:
             what += f" (found in: {', '.join(found)})"
         message = f"step {step}: {what}" + (f"; first: {first}" if first else "")
-        rank = next((e.get("rank") for e in step_events), None) if run.ranks > 1 else None
-        value = sum((x[3].get("nan") or 0) + (x[3].get("inf") or 0) for x in hits)
+        rank = next((e.rank for e in step_events), None) if run.ranks > 1 else None
+        value = sum(x[3].nan + x[3].inf for x in hits)
         bad.append(StepFailure(message, layer, call, path, value, None, step=step, rank=rank))
     for step, step_events in sorted(events.items()):  # events of steps no line was logged for
         if step in seen_steps:
             continue
         e = step_events[0]
-        origins = [_origin_text(o) for o in e.get("origins") or []]
-        message = f"step {step} (not watched): NaN/Inf in {', '.join(e['found']) or 'the run'}"
+        origins = [_origin_text(o) for o in e.origins]
+        message = f"step {step} (not watched): NaN/Inf in {', '.join(e.found) or 'the run'}"
         message += f"; first: {origins[0]}" if origins else ""
-        o = (e.get("origins") or [{}])[0]
-        bad.append(
-            StepFailure(
-                message, o.get("layer"), o.get("call"), o.get("path"),
-                None, None, step=step, rank=e.get("rank") if run.ranks > 1 else None,
-            )
-        )  # fmt: skip
+        layer, call, path = None, None, None
+        if e.origins:
+            layer, call, path = e.origins[0].layer, e.origins[0].call, e.origins[0].path
+        rank = e.rank if run.ranks > 1 else None
+        bad.append(StepFailure(message, layer, call, path, None, None, step=step, rank=rank))
     bad.sort(key=lambda f: f.step if f.step is not None else -1)
     handled = (
         f"; GradScaler skipped step {', '.join(map(str, skipped_overflow))} for its gradient "
@@ -257,15 +261,21 @@ def _is_grad(what: str) -> bool:
 
 def _entries(
     run: Run, kinds: Iterable[str]
-) -> dict[tuple[str, int, str], list[tuple[int, dict[str, Any], str]]]:
+) -> dict[tuple[str, int, str], list[tuple[int, TensorStats, str]]]:
     """Each (layer, call, path) of the given kinds: (step index, stats, type) per watched step."""
-    out: dict[tuple[str, int, str], list[tuple[int, dict[str, Any], str]]] = {}
+    out: dict[tuple[str, int, str], list[tuple[int, TensorStats, str]]] = {}
     for i, s in enumerate(run.steps):
-        for c in s["layers"]:
+        for c in s.layers:
             for kind in kinds:
-                for t in c.get(kind) or []:
-                    out.setdefault((c["name"], c["call"], t["path"]), []).append((i, t, c["type"]))
+                for t in _of_kind(c, kind):
+                    out.setdefault((c.name, c.call, t.path), []).append((i, t, c.type))
     return out
+
+
+def _of_kind(c: LoggedCall, kind: str) -> list[TensorStats]:
+    """A call's tensors of one kind (inputs, outputs, grad_inputs, grad_outputs): [] for none."""
+    tensors: list[TensorStats] | None = getattr(c, kind)
+    return tensors or []
 
 
 def _run_since(flags: Sequence[bool]) -> int | None:
@@ -293,13 +303,13 @@ def _dead(run: Run, frac: float, after: int) -> CheckResult:
     for (name, call, path), seen in _entries(run, ("outputs",)).items():
         if seen[0][2] not in RELU_FAMILY:
             continue
-        late = [(i, t) for i, t, _ in seen if numbers[i] >= after and t.get("zeros") is not None]
+        late = [(i, t.zeros) for i, t, _ in seen if numbers[i] >= after and t.zeros is not None]
         if not late:
             continue
         checked += 1
-        if all(t["zeros"] >= frac for _, t in late):
+        if all(z >= frac for _, z in late):
             since = numbers[late[0][0]]
-            zeros = min(t["zeros"] for _, t in late)
+            zeros = min(z for _, z in late)
             text = (
                 f"{name} call {call} {path}: {limit} at every watched step from step {since} "
                 f"({len(late)} steps; fewest zeros {zeros:.1%})"
@@ -325,16 +335,16 @@ def _collapse(run: Run, limit: float) -> CheckResult:
     bad: list[StepFailure] = []
     checked = 0
     for (name, call, path), seen in _entries(run, ("outputs",)).items():
-        usable = [(i, t) for i, t, _ in seen if t.get("std") is not None and _finite(t) >= 2]
+        usable = [(i, t.std) for i, t, _ in seen if t.std is not None and _finite(t) >= 2]
         if not usable:
             continue
         checked += 1
-        start = _run_since([t["std"] < limit for _, t in usable])
+        start = _run_since([v < limit for _, v in usable])
         if start is None:
             continue
         since = numbers[usable[start][0]]
         low = usable[start:]
-        std = max(t["std"] for _, t in low)
+        std = max(v for _, v in low)
         text = (
             f"{name} call {call} {path}: std below {limit:g} from step {since} to the end "
             f"({len(low)} steps; at most {std:.4g}: collapsed)"
@@ -351,9 +361,9 @@ def _collapse(run: Run, limit: float) -> CheckResult:
     return CheckResult("min-std", False, message, list(bad), bad[0])
 
 
-def _finite(t: dict[str, Any]) -> int:
+def _finite(t: TensorStats) -> int:
     """A tensor entry's finite elements."""
-    return int(t["numel"]) - int(t.get("nan") or 0) - int(t.get("inf") or 0)
+    return int(t.numel) - int(t.nan) - int(t.inf)
 
 
 def _outside(
@@ -378,15 +388,14 @@ def _outside(
     return out
 
 
-def _norm_value(t: dict[str, Any]) -> float | str | None:
+def _norm_value(t: TensorStats) -> float | str | None:
     """A gradient's norm for a bound: "Inf"/"NaN" when it holds them (its norm is over the
     finite elements only), else its norm (None: empty)."""
-    if t.get("inf"):
+    if t.inf:
         return "Inf"
-    if t.get("nan"):
+    if t.nan:
         return "NaN"
-    norm = t.get("norm")
-    return None if norm is None else float(norm)
+    return None if t.norm is None else float(t.norm)
 
 
 def _bounded(
@@ -441,18 +450,17 @@ def _grad_norm(run: Run, lo: float | None, hi: float | None) -> CheckResult:
     steps GradScaler did not skip."""
     entries: dict[tuple[str | None, int | None, str], list[tuple[int, float | str]]] = {}
     for i, s in enumerate(run.steps):
-        if s.get("skipped"):
+        if s.skipped:
             continue
-        for c in s["layers"]:
-            for g in c.get("grad_outputs") or []:
+        for c in s.layers:
+            for g in c.grad_outputs or []:
                 v = _norm_value(g)
                 if v is not None:
-                    entries.setdefault((c["name"], c["call"], f"grad_output {g['path']}"), [])
-                    entries[(c["name"], c["call"], f"grad_output {g['path']}")].append((i, v))
-        for p in s["params"]:
-            v = None if p.get("grad") is None else _norm_value(p["grad"])
+                    entries.setdefault((c.name, c.call, f"grad_output {g.path}"), []).append((i, v))
+        for p in s.params:
+            v = None if p.grad is None else _norm_value(p.grad)
             if v is not None:
-                entries.setdefault((None, None, f"{p['name']}.grad"), []).append((i, v))
+                entries.setdefault((None, None, f"{p.name}.grad"), []).append((i, v))
     return _bounded(
         "grad-norm", "gradient norm", run, entries=entries, lo=lo, hi=hi,
         low_word="vanishing", high_word="exploding",
@@ -464,13 +472,13 @@ def _update_ratio(run: Run, lo: float | None, hi: float | None) -> CheckResult:
     and where it had a gradient (a parameter with none is not updated by design)."""
     entries: dict[tuple[str | None, int | None, str], list[tuple[int, float | str]]] = {}
     for i, s in enumerate(run.steps):
-        if s.get("skipped"):
+        if s.skipped:
             continue
-        for p in s["params"]:
-            ratio = p.get("update_ratio")
-            if ratio is None or p.get("grad") is None:
+        for p in s.params:
+            ratio = p.update_ratio
+            if ratio is None or p.grad is None:
                 continue
-            entries.setdefault((None, None, p["name"]), []).append((i, float(ratio)))
+            entries.setdefault((None, None, p.name), []).append((i, float(ratio)))
     return _bounded(
         "update-ratio", "update ratio", run, entries=entries, lo=lo, hi=hi,
         low_word="too small", high_word="too large",
@@ -479,11 +487,11 @@ def _update_ratio(run: Run, lo: float | None, hi: float | None) -> CheckResult:
 
 def checks_json(run: Run, results: Sequence[CheckResult]) -> dict[str, Any]:
     """`hookcli check run.jsonl -f json`: the run, each rule's verdict and failures (each with
-    its step), and the non-finite events."""
+    its step), and the non-finite events as their log lines."""
     return {
         "schema": RUN_SCHEMA,
         "command": "check",
         "run": run_header(run.files, run.ranks, run.world_size, run.step_numbers, run.notes),
         "checks": [dataclasses.asdict(c) for c in results],
-        "nonfinite_events": run.events,
+        "nonfinite_events": [log_line(e) for e in run.events],
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 from hookcli.commands.watch.logread import RUN_SCHEMA
 from hookcli.commands.watch.runmerge import Run, loss_nonfinite, nonfinite_in
+from hookcli.records import LoggedCall, LoggedParam, NonfiniteLine, log_line
 
 LAYER_METRICS = ("out std", "out mean", "zeros", "nan/inf", "grad norm")
 PARAM_METRICS = ("grad norm", "update ratio")
@@ -53,7 +54,7 @@ class RunSeries:
     layers: list[Track]
     params: list[Track]
     loss: Track
-    events: list[dict[str, Any]]
+    events: list[NonfiniteLine]
     notes: list[str]
 
     @property
@@ -62,7 +63,7 @@ class RunSeries:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: each track's series as value lists (null: absent or not finite)
-        and the steps where it held NaN/Inf."""
+        and the steps where it held NaN/Inf; the non-finite events as their log lines."""
 
         def track(t: Track) -> dict[str, Any]:
             out: dict[str, Any] = {"name": t.name}
@@ -79,7 +80,7 @@ class RunSeries:
             "loss": track(self.loss),
             "layers": [track(t) for t in self.layers],
             "params": [track(t) for t in self.params],
-            "nonfinite_events": self.events,
+            "nonfinite_events": [log_line(e) for e in self.events],
         }
 
 
@@ -100,44 +101,49 @@ def series(run: Run) -> RunSeries:
     outputs, its first output gradient's norm; per parameter: gradient norm and update
     ratio; and the loss — one value per watched step."""
     n = len(run.steps)
-    layer_at: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    layer_at: dict[tuple[str, int], dict[int, LoggedCall]] = {}
     types: dict[tuple[str, int], str] = {}
-    param_at: dict[str, dict[int, dict[str, Any]]] = {}
+    param_at: dict[str, dict[int, LoggedParam]] = {}
     for i, s in enumerate(run.steps):
-        for c in s["layers"]:
-            key = (c["name"], c["call"])
+        for c in s.layers:
+            key = (c.name, c.call)
             layer_at.setdefault(key, {})[i] = c
-            types.setdefault(key, c["type"])
-        for p in s["params"]:
-            param_at.setdefault(p["name"], {})[i] = p
+            types.setdefault(key, c.type)
+        for p in s.params:
+            param_at.setdefault(p.name, {})[i] = p
     layers = []
     for key, at in layer_at.items():
         cols: dict[str, Series] = {m: Series(m, [None] * n, [False] * n) for m in LAYER_METRICS}
         for i, c in at.items():
-            out = (c.get("outputs") or [None])[0]
-            grad = (c.get("grad_outputs") or [None])[0]
-            outs_bad = any(nonfinite_in(t) for t in c.get("outputs") or [])
-            grad_bad = any(nonfinite_in(t) for t in c.get("grad_outputs") or [])
-            for metric, stat in (("out std", "std"), ("out mean", "mean"), ("zeros", "zeros")):
-                cols[metric].values[i] = None if out is None else out.get(stat)
+            outs = c.outputs or []
+            grads = c.grad_outputs or []
+            out = outs[0] if outs else None
+            grad = grads[0] if grads else None
+            outs_bad = any(nonfinite_in(t) for t in outs)
+            grad_bad = any(nonfinite_in(t) for t in grads)
+            for metric, value in (
+                ("out std", None if out is None else out.std),
+                ("out mean", None if out is None else out.mean),
+                ("zeros", None if out is None else out.zeros),
+            ):
+                cols[metric].values[i] = value
                 cols[metric].bad[i] = outs_bad
-            count = sum((t.get("nan") or 0) + (t.get("inf") or 0) for t in c.get("outputs") or [])
-            cols["nan/inf"].values[i] = float(count)
+            cols["nan/inf"].values[i] = float(sum(t.nan + t.inf for t in outs))
             cols["nan/inf"].bad[i] = outs_bad
-            cols["grad norm"].values[i] = None if grad is None else grad.get("norm")
+            cols["grad norm"].values[i] = None if grad is None else grad.norm
             cols["grad norm"].bad[i] = grad_bad
         layers.append(Track("layer", key[0], types[key], key[1], list(cols.values())))
     params = []
-    for name, at in param_at.items():
+    for name, seen in param_at.items():
         grad_norm = Series("grad norm", [None] * n, [False] * n)
         ratio = Series("update ratio", [None] * n, [False] * n)
-        for i, p in at.items():
-            g = p.get("grad")
-            grad_norm.values[i] = None if g is None else g.get("norm")
+        for i, p in seen.items():
+            g = p.grad
+            grad_norm.values[i] = None if g is None else g.norm
             grad_norm.bad[i] = nonfinite_in(g)
-            ratio.values[i] = p.get("update_ratio")
+            ratio.values[i] = p.update_ratio
         params.append(Track("param", name, None, None, [grad_norm, ratio]))
-    loss = Series("loss", [s.get("loss") for s in run.steps], loss_nonfinite(run))
+    loss = Series("loss", [s.loss for s in run.steps], loss_nonfinite(run))
     return RunSeries(
         run.files,
         run.ranks,

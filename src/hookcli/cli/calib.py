@@ -1,0 +1,100 @@
+"""`hookcli calib`: per input channel activation ranges of every Linear and convolution over a
+text file, a folder or given inputs, written as safetensors for quantization tools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hookcli.cli import params as opt
+from hookcli.cli.console import claim, emit, err, handled, output_format, rendered, status
+from hookcli.options import DEFAULTS
+
+
+def calib(
+    ctx: typer.Context,
+    model: opt.ModelArg = None,
+    inputs: opt.InputsArg = None,
+    text: opt.TextOpt = None,
+    text_file: opt.TextFileOpt = None,
+    chat: opt.ChatOpt = DEFAULTS.inputs.chat,
+    tokenizer: opt.TokenizerOpt = None,
+    input_spec: opt.InputSpecOpt = None,
+    layer: opt.LayerOpt = None,
+    type_: opt.TypeOpt = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size", help="Sequences (or images) per pass; the passes merge exactly."
+        ),
+    ] = DEFAULTS.calib.batch_size,
+    alpha: Annotated[
+        float,
+        typer.Option(
+            "--alpha",
+            help="SmoothQuant's migration strength for the before/after outlier ratios (0-1).",
+        ),
+    ] = DEFAULTS.calib.alpha,
+    head: opt.HeadOpt = None,
+    weights: opt.WeightsOpt = DEFAULTS.model.weights,
+    seed: opt.SeedOpt = DEFAULTS.model.seed,
+    device: opt.DeviceOpt = DEFAULTS.model.device,
+    model_arg: opt.ModelArgOpt = None,
+    fmt: opt.FormatOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE.safetensors",
+            help="Write the scales: NAME (max|x| per input channel: SmoothQuant's act_scales), "
+            "NAME.min_val and NAME.max_val (PerChannelMinMaxObserver's), NAME.histogram.",
+        ),
+    ] = None,
+    force: opt.ForceOpt = False,
+    config: opt.ConfigOpt = None,
+    no_config: opt.NoConfigOpt = False,
+) -> None:
+    """Calibrate activations for quantization: every Linear's and convolution's input, per
+    channel over all tokens (padding never counted): max|x|, min, max and a histogram of |x|,
+    and each layer's outlier ratio before and after SmoothQuant's smoothing.
+
+    Example: hookcli calib hf:./tiny-llama --text-file calib.txt -o act_scales.safetensors
+    """
+    with handled():
+        p, used = opt.configured(ctx)
+        if used:
+            err(f"config: {used}")
+        reads = opt.reads(p, used)
+        dest = claim(p.get("output"), "-o", suffix=".safetensors", stdout_ok=False, reads=reads)
+        from hookcli.commands.calib import calib_report, calib_tensors
+        from hookcli.options import CalibOptions, pick
+
+        model_opts = opt.model_options(p, "calib")
+        with status(f"calibrating {model_opts.model}…"):
+            report = calib_report(
+                model_opts, opt.selection(p), opt.input_options(p), pick(CalibOptions, p)
+            )
+        emit(rendered(report, output_format(p["fmt"], None), None), None)
+        if dest is not None:
+            from hookcli.io.saving import TensorSaver
+
+            saver = TensorSaver(
+                dest,
+                {
+                    "format": "hookcli calib",
+                    "model": report.model.spec,
+                    "input": report.input.description,
+                    "alpha": f"{report.alpha:g}",
+                },
+            )
+            try:
+                for key, tensor in calib_tensors(report).items():
+                    saver.add(key, tensor)
+            except BaseException:
+                saver.discard()  # never a half-written file
+                raise
+            saver.close()
+            err(f"wrote {dest.label} ({len(report.layers)} layers)")

@@ -1,0 +1,87 @@
+"""--heads: every attention block's heads in numbers — the sink, the mean entropy and the
+most-attended key (engine.heads) — read in one extra forward through engine.attention (eager
+attention for Hugging Face models; the model is left as found)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from hookcli.engine.attention import capture_attention, find_attention, no_attention
+from hookcli.engine.heads import HEAD_COLUMNS, head_numbers
+from hookcli.engine.passes import Prepared, prepare
+from hookcli.options import InputOptions, ModelOptions
+from hookcli.records import HeadStats
+
+
+def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
+    """Each attention call's heads over the whole input (a padded batch's padding left out),
+    in the order the calls ran, and notes (calls not over the input's sequences, such as
+    windowed attention, are left out and said)."""
+    model_input = prepared.model_input
+    assert model_input is not None
+    sites = find_attention(prepared.loaded.module)
+    if not sites:
+        raise no_attention(prepared.loaded.spec)
+    mask = model_input.token_mask
+    shapes = model_input.shapes()
+    batch = shapes[0][0] if shapes and shapes[0] else None
+
+    def per_head(probs: torch.Tensor) -> torch.Tensor | None:
+        if batch is not None and probs.shape[0] != batch:
+            return None  # windows, not the input's sequences
+        real = (
+            mask
+            if mask is not None and tuple(mask.shape) == (probs.shape[0], probs.shape[2])
+            else None
+        )
+        return head_numbers(probs, real)
+
+    got = capture_attention(prepared, sites, keep=set(), per_head=per_head)
+    measured = [c for c in got.calls if c.heads is not None]
+    notes = list(got.notes)
+    skipped = len(got.calls) - len(measured)
+    if skipped:
+        notes.append(
+            f"--heads: {skipped} attention call(s) not over the input's sequences (windowed, "
+            "or not square) left out"
+        )
+    if not measured:
+        return [], notes
+    flat = torch.cat([c.heads.reshape(-1) for c in measured]).cpu().tolist()  # type: ignore[union-attr]
+    out: list[HeadStats] = []
+    at = 0
+    for c in measured:
+        heads = c.shape[1]
+        for h in range(heads):
+            sink, entropy, top, share, queries = flat[at : at + HEAD_COLUMNS]
+            at += HEAD_COLUMNS
+            out.append(
+                HeadStats(
+                    layer=c.site.block,
+                    module=c.site.name,
+                    call=c.call,
+                    head=h,
+                    sink=sink if queries else None,
+                    entropy=entropy if queries else None,
+                    top_key=int(top) if queries else None,
+                    top_share=share if queries else None,
+                    queries=int(queries),
+                )
+            )
+    return out, notes
+
+
+def heads_data(model: ModelOptions, inputs: InputOptions) -> dict[str, Any]:
+    """attn -f json: the model, its input, and every attention call's heads."""
+    prepared = prepare(model, inputs=inputs)
+    heads, notes = attention_heads(prepared)
+    assert prepared.model_input is not None
+    return {
+        "model": prepared.loaded.spec,
+        "input": prepared.model_input.description,
+        "heads": [dataclasses.asdict(h) for h in heads],
+        "notes": [*prepared.notes, *notes],
+    }

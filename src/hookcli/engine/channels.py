@@ -1,0 +1,211 @@
+"""--channels: each activation's statistics per channel, and the values that stand out.
+
+Per channel — the channel dimension as the layout says it: the last of a (…, C) tensor (tokens,
+features), dim 1 of NCHW, dim 3 of NHWC — the count of values, their mean and population std,
+min, max, how many are zero and how many have |x| >= 6 (LLM.int8's outlier magnitude, Dettmers
+et al. 2022). These merge exactly over batches, folders and ranks (Chan's update, as whole
+tensors do: engine.aggregate), and memory is O(channels) however many tokens pass.
+
+Per tensor: kurtosis (Pearson's, E[(x-mu)^4] / sigma^4: 3 for a normal distribution), the
+median |x|, and the largest |x| with where they sit — the massive activations among them (Sun
+et al., "Massive Activations in Large Language Models", 2024: |x| > 100 and > 1000 x the
+tensor's median |x|).
+
+Masked values never count as values: the scores an attention mask fills with the dtype's lowest
+value or -inf are counted apart (`masked`), and a padded batch's padding is left out before any
+of this (the collector's token mask). NaN and +inf are not values either: the tensor's own
+statistics count them.
+
+Everything is computed where the tensor lives, in float64, with no wait on a GPU; the numbers
+travel to the host with the collector's other rows, at the end of the pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from hookcli.records import ChannelStats, Massive
+
+LARGE = 6.0  # LLM.int8: a feature dimension is an outlier where |x| reaches 6
+MASSIVE_ABS = 100.0  # Sun et al.: a massive activation exceeds 100 …
+MASSIVE_RATIO = 1000.0  # … and 1000 times the median |x| of its tensor
+TOP = 16  # the largest |x| of each tensor kept as massive candidates
+# what `measure_channels` holds per channel
+COUNT, MEAN, M2, MIN, MAX, ZEROS, LARGE_N, MASKED = range(8)
+PER_CHANNEL = 8
+
+
+HIST_BINS = 2048  # calib's histogram of |x|: log-spaced bins over 12 decades, merged exactly
+HIST_LOW, HIST_HIGH = -6, 6  # bin 0: |x| < 1e-6 (zeros too); the last: |x| >= 1e6
+
+
+def hist_bounds(device: torch.device | None = None) -> torch.Tensor:
+    """The inner bounds of the |x| histogram (HIST_BINS - 1 of them, log-spaced): bin k holds
+    bounds[k-1] <= |x| < bounds[k]."""
+    return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64, device=device)
+
+
+def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch.Tensor:
+    """x (already without padding) per channel along `axis`, packed in one float64 vector
+    (`unpack` reads it): per channel COUNT … MASKED; the tensor's kurtosis and median |x|; its
+    TOP largest |x| as signed value, flat index into x moved to (…, C), and |x|; with `hist`,
+    then the counts of |x| in HIST_BINS log-spaced bins. Computed where x lives; nothing is
+    read on the host."""
+    d = x.detach()
+    moved = d.movedim(axis, -1) if axis != d.dim() - 1 else d
+    c = moved.shape[-1]
+    flat = moved.reshape(-1, c)
+    acc = torch.float32 if flat.device.type == "mps" else torch.float64
+    v = flat.to(acc)
+    masked = v == -math.inf
+    if flat.is_floating_point():
+        masked |= flat == torch.finfo(flat.dtype).min
+    valid = torch.isfinite(v) & ~masked
+    count = valid.sum(0, dtype=acc)
+    z = torch.where(valid, v, 0.0)
+    mean = z.sum(0) / count.clamp(min=1)
+    dev = torch.where(valid, v - mean, 0.0)
+    m2 = (dev * dev).sum(0)
+    lo = torch.where(valid, v, math.inf).amin(0)
+    hi = torch.where(valid, v, -math.inf).amax(0)
+    zeros = (valid & (v == 0)).sum(0, dtype=acc)
+    absv = z.abs()
+    large = (absv >= LARGE).sum(0, dtype=acc)
+    masked_n = masked.sum(0, dtype=acc)
+    # the tensor: its mean from the channels', then the fourth moment about it
+    total = count.sum()
+    g_mean = (mean * count).sum() / total.clamp(min=1)
+    sq = torch.where(valid, v - g_mean, 0.0).square()
+    g_m2 = sq.sum()
+    kurt = (sq * sq).sum() * total / (g_m2 * g_m2)
+    kurt = torch.where((total > 0) & (g_m2 > 0), kurt, math.nan)
+    absf = torch.where(valid, flat.abs().to(torch.float32), math.nan).reshape(-1)
+    median = absf.nanmedian().to(acc) if absf.numel() else v.new_full((), math.nan)
+    k = min(TOP, absv.numel())
+    top_abs, top_idx = absv.reshape(-1).topk(k)
+    signed = z.reshape(-1).gather(0, top_idx)
+    parts = [
+        torch.stack([count, mean, m2, lo, hi, zeros, large, masked_n]).reshape(-1),
+        torch.stack([kurt, median]),
+        torch.stack([signed, top_idx.to(acc), top_abs]).reshape(-1),
+    ]
+    if hist:
+        bounds = hist_bounds(v.device).to(acc)
+        idx = torch.bucketize(absv.reshape(-1), bounds, right=True)
+        weights = valid.reshape(-1).to(acc)
+        parts.append(torch.bincount(idx, weights=weights, minlength=HIST_BINS).to(acc))
+    return torch.cat(parts)
+
+
+def unpack(
+    packed: Sequence[float], axis: int, c: int, *, hist: bool = False
+) -> tuple[ChannelStats, list[tuple[float, int, float]]]:
+    """The ChannelStats of `measure_channels`' vector, read on the host, and the tensor's
+    largest |x| as (signed value, flat index into the tensor moved to (…, C), |x|)."""
+    rows = [packed[i * c : (i + 1) * c] for i in range(PER_CHANNEL)]
+    kurt, median = packed[PER_CHANNEL * c], packed[PER_CHANNEL * c + 1]
+    end = len(packed) - (HIST_BINS if hist else 0)
+    rest = packed[PER_CHANNEL * c + 2 : end]
+    k = len(rest) // 3
+    top = [
+        (float(s), int(i), float(a))
+        for s, i, a in zip(rest[:k], rest[k : 2 * k], rest[2 * k :], strict=True)
+        if a > 0
+    ]
+    count = [int(n) for n in rows[COUNT]]
+
+    def finite(i: int) -> list[float | None]:
+        return [
+            float(v) if n and math.isfinite(v) else None
+            for v, n in zip(rows[i], count, strict=True)
+        ]
+
+    std = [
+        math.sqrt(max(q / n, 0.0)) if n and math.isfinite(q) else None
+        for q, n in zip(rows[M2], count, strict=True)
+    ]
+    lo, hi = finite(MIN), finite(MAX)
+    stats = ChannelStats(
+        axis=axis,
+        count=count,
+        mean=finite(MEAN),
+        std=std,
+        min=lo,
+        max=hi,
+        absmax=[
+            None if a is None or b is None else max(abs(a), abs(b))
+            for a, b in zip(lo, hi, strict=True)
+        ],
+        zeros=[int(n) for n in rows[ZEROS]],
+        large=[int(n) for n in rows[LARGE_N]],
+        masked=int(sum(rows[MASKED])),
+        kurtosis=float(kurt) if math.isfinite(kurt) else None,
+        median_abs=float(median) if math.isfinite(median) else None,
+        abs_hist=[int(n) for n in packed[end:]] if hist else None,
+    )
+    return stats, top
+
+
+def find_massive(
+    stats: ChannelStats,
+    top: Sequence[tuple[float, int, float]],
+    shape: Sequence[int],
+    rows_at: RowMap,
+) -> list[Massive]:
+    """The massive activations among a tensor's largest |x| (`top`, from `unpack`): above
+    MASSIVE_ABS and MASSIVE_RATIO x its median |x|. `rows_at` maps a row of the tensor moved
+    to (…, C) back to its index in the tensor's own dimensions (padding taken out before: the
+    real positions)."""
+    median = stats.median_abs
+    out: list[Massive] = []
+    c = len(stats.count)
+    for value, flat, a in top:
+        if a <= MASSIVE_ABS or median is None or a <= MASSIVE_RATIO * median:
+            continue
+        row, channel = divmod(flat, c)
+        index = rows_at(row, channel)
+        out.append(
+            Massive(
+                channel=channel,
+                index=index,
+                value=value,
+                ratio=a / median if median > 0 else None,
+                position=index[1] if len(shape) == 3 else None,
+                sequence=index[0] if len(shape) == 3 else None,
+            )
+        )
+    return out
+
+
+class RowMap:
+    """Where a row of a tensor moved to (…, C) sits in the tensor: its index, channel placed
+    back at `axis`; `real` the real positions of a padded batch (flattened batch x tokens)."""
+
+    def __init__(self, shape: Sequence[int], axis: int, real: Sequence[int] | None) -> None:
+        self.shape = tuple(shape)
+        self.axis = axis
+        self.real = real
+        self.others = [s for i, s in enumerate(shape) if i != axis]
+
+    def __call__(self, row: int, channel: int) -> list[int]:
+        others = self.others
+        if self.real is not None:  # (real positions, rest…): the position, then the rest
+            rest = math.prod(others[2:])
+            pos, within = divmod(row, rest) if rest else (row, 0)
+            b, t = divmod(self.real[pos], others[1])
+            idx = [b, t, *_unravel(within, others[2:])]
+        else:
+            idx = _unravel(row, others)
+        idx.insert(self.axis, channel)
+        return idx
+
+
+def _unravel(i: int, dims: Sequence[int]) -> list[int]:
+    out = []
+    for d in reversed(dims):
+        i, r = divmod(i, d) if d else (i, 0)
+        out.append(r)
+    return out[::-1]

@@ -1,0 +1,55 @@
+"""Per-head numbers of self-attention probabilities (batch, heads, L, L): the attention sink,
+the mean entropy and the most-attended key.
+
+For each sequence, positions are counted from its first real token (f: 0 unless a batch is
+padded on the left). The queries measured are the real ones after f — the first real query
+can attend only itself under a causal mask, and a class token's own row says nothing of the
+patches — weighted equally over the batch:
+
+- sink: the mean probability those queries put on key f (the first token: BOS, or a ViT's
+  class token), "attention sinks" (Xiao et al. 2023); near 1 a dormant head that attends the
+  sink and nothing else;
+- entropy: the mean over those queries of -sum_k p log p, in nats (0: a query attends one key);
+- top key: the key position (from f) with the largest mean probability over those queries,
+  and that mean (`top_share`).
+
+Computed where the probabilities live; one small tensor per call comes to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HEAD_COLUMNS = 5  # sink, entropy, top key, top share, queries
+
+
+def head_numbers(probs: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+    """(H, HEAD_COLUMNS) float64 for probabilities (B, H, L, L); `real` (B, L) marks the
+    real tokens of a padded batch (None: every position is real)."""
+    p = probs.detach().to(torch.float64)
+    b, h, length, _ = p.shape
+    if real is None:
+        mask = torch.ones(b, length, dtype=torch.bool, device=p.device)
+    else:
+        mask = real.to(device=p.device, dtype=torch.bool)
+    pos = torch.arange(length, device=p.device)
+    first = torch.where(mask, pos, length).amin(dim=1).clamp(max=length - 1)  # (B,)
+    weight = (mask & (pos > first[:, None])).to(torch.float64)  # (B, L) queries counted
+    total = weight.sum()
+    denom = total.clamp(min=1)
+    # the sink: each query's probability on key f
+    at_first = first.view(b, 1, 1, 1).expand(b, h, length, 1)
+    sink_q = p.gather(3, at_first).squeeze(3)  # (B, H, L)
+    sink = (sink_q * weight[:, None, :]).sum((0, 2)) / denom
+    plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    entropy_q = -plogp.sum(3)  # (B, H, L)
+    entropy = (entropy_q * weight[:, None, :]).sum((0, 2)) / denom
+    # keys counted from f: key j of sequence b is position f_b + j
+    keys = (pos[None, :] + first[:, None]).clamp(max=length - 1)  # (B, L)
+    valid_key = (pos[None, :] + first[:, None]) < length
+    shifted = p.gather(3, keys.view(b, 1, 1, length).expand(b, h, length, length))
+    shifted = shifted * valid_key.view(b, 1, 1, length)
+    per_key = (shifted * weight.view(b, 1, length, 1)).sum((0, 2)) / denom  # (H, L)
+    share, top = per_key.max(dim=1)
+    queries = total.expand(h)
+    return torch.stack([sink, entropy, top.to(torch.float64), share, queries], dim=1)

@@ -1,0 +1,108 @@
+"""Expert routing of MoE models (issue 36): read from each router's own top-k output, padding
+left out, merged by adding counts; check's rules. Oracle: each sequence run alone through
+transformers, the router's input kept by an independent hook and its top-k taken by hand
+(softmax over h·Wᵀ, topk)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from hookcli.commands.checks import evaluate, parse_rules
+from hookcli.commands.experts import expert_stats, merge_experts
+from hookcli.options import RuleOptions
+from tests.conftest import hooks_left
+
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+TEXTS = ["The cat sat on the mat.", "hello", "A dog ran in the park."]
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_llm import save
+
+    return save(tmp_path_factory.mktemp("mixtral"), "mixtral")
+
+
+def routing_by_hand(folder: Path) -> dict[str, list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    seen: dict[str, list[torch.Tensor]] = {}
+    routers = {n: m for n, m in model.named_modules() if type(m).__name__.endswith("Router")}
+    handles = [
+        m.register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, []).append(a[0].detach()))
+        for n, m in routers.items()
+    ]
+    try:
+        with torch.no_grad():
+            for t in TEXTS:
+                model(**tok(t, return_tensors="pt"))
+    finally:
+        for h in handles:
+            h.remove()
+    k = model.config.num_experts_per_tok
+    counts = {}
+    for name, inputs in seen.items():
+        w = routers[name].weight.detach()
+        total = [0] * w.shape[0]
+        for h in inputs:
+            probs = torch.softmax(h.reshape(-1, w.shape[1]).float() @ w.T.float(), dim=-1)
+            for row in probs.topk(k, dim=-1).indices.tolist():
+                for e in row:
+                    total[e] += 1
+        counts[name] = total
+    return counts
+
+
+def test_routing_is_the_routers_top_k_by_hand_padding_left_out(mixtral: Path) -> None:
+    report = hookcli.inspect(f"hf:{mixtral}", text=TEXTS, device="cpu", topk=0)
+    want = routing_by_hand(mixtral)
+    assert report.experts is not None
+    assert {e.layer: e.counts for e in report.experts} == want
+    tokens = sum(len(s.ids) for s in report.input.texts or [])
+    for e in report.experts:
+        assert e.experts == 4 and e.top_k == 2 and e.tokens == tokens
+        mean = sum(e.counts) / 4
+        assert e.imbalance == pytest.approx(max(e.counts) / mean)
+        assert e.dead == [i for i, c in enumerate(e.counts) if c == 0]
+        p = torch.tensor(e.counts, dtype=torch.float64) / sum(e.counts)
+        assert e.entropy == pytest.approx(float(-(p[p > 0] * p[p > 0].log()).sum()))
+
+
+def test_merged_routing_is_one_runs(mixtral: Path) -> None:
+    whole = hookcli.inspect(f"hf:{mixtral}", text=TEXTS, device="cpu", topk=0)
+    parts = [hookcli.inspect(f"hf:{mixtral}", text=t, device="cpu", topk=0) for t in TEXTS]
+    merged = merge_experts([p.experts or [] for p in parts])
+    assert whole.experts == merged
+
+
+def test_expert_rules_name_the_router_and_the_expert() -> None:
+    base = hookcli.inspect(torch.nn.Linear(2, 2), torch.randn(1, 2))
+    assert base.experts is None
+    report = dataclasses.replace(base, experts=[expert_stats("mlp.gate", 4, 2, [6, 0, 1, 1])])
+    results = evaluate(report, parse_rules(RuleOptions(fail_on=("dead-experts",),
+                                                      max_expert_imbalance=2.5)))  # fmt: skip
+    dead, busy = results
+    assert not dead.passed and dead.first is not None and dead.first.channel == 1
+    assert "1 of 4 experts got no token: [1]" in dead.first.message
+    assert not busy.passed and busy.first is not None and busy.first.channel == 0
+    assert busy.first.value == pytest.approx(3.0)
+
+
+def test_check_reads_a_moe_models_routing(mixtral: Path) -> None:
+    args = ["check", f"hf:{mixtral}", "--text", TEXTS[0]]
+    r = runner.invoke(app, [*args, "--fail-on", "dead-experts", "--max-expert-imbalance", "1"])
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    assert "expert-imbalance: 2 of 2 routers with imbalance above 1" in r.stdout
+    ok = runner.invoke(app, [*args, "--max-expert-imbalance", "4"])
+    assert ok.exit_code == 0, (ok.stdout, ok.stderr)
+    model = transformers.AutoModelForCausalLM.from_pretrained(mixtral)
+    hookcli.inspect(model, torch.randint(3, 300, (1, 5)))
+    assert hooks_left(model) == 0

@@ -1,0 +1,170 @@
+"""--heads (issue 36): every attention head's sink, mean entropy and most-attended key, and
+check's rules on them. Oracles: softmax(QK^T/sqrt(d)) by hand for torch's MultiheadAttention,
+and transformers' own eager `attentions` of each sequence run alone (no padding), the numbers
+taken by plain Python loops."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from tests.conftest import hooks_left
+
+runner = CliRunner()
+
+
+def numbers_by_hand(probs: list[Any]) -> list[tuple[float, float, int, float, int]]:
+    """Per head: (sink, entropy, top key, its share, queries) over sequences given one by one
+    as (heads, L, L) probabilities of their real tokens only: queries 1…L-1."""
+    heads = probs[0].shape[0]
+    out = []
+    for h in range(heads):
+        sink = entropy = 0.0
+        n = 0
+        keys: dict[int, float] = {}
+        for p in probs:
+            length = p.shape[1]
+            for q in range(1, length):
+                row = p[h, q].tolist()
+                sink += row[0]
+                entropy -= sum(v * math.log(v) for v in row if v > 0)
+                for k, v in enumerate(row):
+                    keys[k] = keys.get(k, 0.0) + v
+                n += 1
+        top = max(keys, key=lambda k: (keys[k], -k))
+        out.append((sink / n, entropy / n, top, keys[top] / n, n))
+    return out
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x, x, x, need_weights=False)[0]
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_heads_are_softmax_qk_by_hand_for_multihead_attention() -> None:
+    model = Encoder().eval()
+    x = torch.randn(2, 6, 8) * 3
+    report = hookcli.inspect(model, x, heads=True)
+    assert hooks_left(model) == 0
+    assert report.heads is not None and len(report.heads) == 4
+    h_in = x
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        w, bias = attn.in_proj_weight.detach(), attn.in_proj_bias.detach()
+        q = (h_in @ w[:8].T + bias[:8]).view(2, 6, 2, 4).transpose(1, 2)
+        k = (h_in @ w[8:16].T + bias[8:16]).view(2, 6, 2, 4).transpose(1, 2)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1).double()
+        want = numbers_by_hand([probs[0], probs[1]])
+        got = [h for h in report.heads if h.layer == f"blocks.{i}"]
+        for h, (sink, entropy, top, share, n) in zip(got, want, strict=True):
+            assert h.sink == pytest.approx(sink, rel=1e-5)
+            assert h.entropy == pytest.approx(entropy, rel=1e-5)
+            assert (h.top_key, h.queries) == (top, n)
+            assert h.top_share == pytest.approx(share, rel=1e-5)
+        with torch.no_grad():
+            h_in = block(h_in)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    from tests.test_llm import save
+
+    return save(tmp_path_factory.mktemp("heads_llama"), "llama")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_heads_of_a_padded_batch_are_each_sequence_alone(
+    llama: Path, side: str, tmp_path: Path
+) -> None:
+    """A padded batch (either side): the heads equal those of the sequences run alone through
+    transformers' eager attention, by hand."""
+    transformers = pytest.importorskip("transformers")
+    from tests.test_llm import LINES, save
+
+    if side == "left":
+        llama = save(tmp_path / "left", "llama")
+        config = json.loads((llama / "tokenizer_config.json").read_text())
+        config["padding_side"] = "left"
+        (llama / "tokenizer_config.json").write_text(json.dumps(config))
+
+    texts = [LINES[3], "hello world", LINES[0]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        llama, attn_implementation="eager"
+    ).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    alone = []
+    for t in texts:
+        with torch.no_grad():
+            out = model(**tok(t, return_tensors="pt"), output_attentions=True)
+        alone.append([a[0].double() for a in out.attentions])
+    report = hookcli.inspect(f"hf:{llama}", text=texts, device="cpu", heads=True, topk=0)
+    assert report.heads is not None
+    assert ("padded on the left" in report.input.description) == (side == "left")
+    for layer in range(2):
+        want = numbers_by_hand([a[layer] for a in alone])
+        got = [h for h in report.heads if h.layer == f"model.layers.{layer}"]
+        assert len(got) == 4
+        for h, (sink, entropy, top, share, n) in zip(got, want, strict=True):
+            assert h.sink == pytest.approx(sink, rel=1e-5)
+            assert h.entropy == pytest.approx(entropy, rel=1e-5)
+            assert (h.top_key, h.queries) == (top, n)
+            assert h.top_share == pytest.approx(share, rel=1e-5)
+
+
+def test_check_names_dormant_and_collapsed_heads(llama: Path) -> None:
+    r = runner.invoke(app, ["check", f"hf:{llama}", "--text", "The cat sat on the mat.",
+                            "--max-sink", "0.01", "--min-entropy", "5"])  # fmt: skip
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    assert "dormant-heads: 8 of 8 heads with sink above 0.01" in r.stdout
+    assert "collapsed-heads: 8 of 8 heads with entropy below 5" in r.stdout
+    assert "model.layers.0 call 0 head 0: sink" in r.stdout
+    ok = runner.invoke(app, ["check", f"hf:{llama}", "--text", "The cat sat on the mat.",
+                             "--max-sink", "0.99", "--min-entropy", "0"])  # fmt: skip
+    assert ok.exit_code == 0, (ok.stdout, ok.stderr)
+    bad = runner.invoke(app, ["check", f"hf:{llama}", "--text", "x", "--max-sink", "2"])
+    assert bad.exit_code == 2 and "--max-sink" in bad.stderr
+    none = runner.invoke(app, ["inspect", "tests/models.py:MassiveAt", "--input",
+                               "randn:1x6x16", "--heads"])  # fmt: skip
+    assert none.exit_code == 2 and "no attention module" in none.stderr
+
+
+def test_attn_json_gives_every_heads_numbers(llama: Path, tmp_path: Path) -> None:
+    text = "The cat sat on the mat."
+    out = tmp_path / "heads.json"
+    r = runner.invoke(app, ["attn", f"hf:{llama}", "--text", text, "-o", str(out)])
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    data = json.loads(out.read_text())
+    report = hookcli.inspect(f"hf:{llama}", text=text, device="cpu", heads=True, topk=0)
+    assert report.heads is not None
+    assert [(h["layer"], h["head"]) for h in data["heads"]] == [
+        (h.layer, h.head) for h in report.heads
+    ]
+    assert [h["sink"] for h in data["heads"]] == pytest.approx([h.sink for h in report.heads])
+    bad = runner.invoke(app, ["attn", f"hf:{llama}", "--text", text, "-f", "csv"])
+    assert bad.exit_code == 2 and "-f json" in bad.stderr
