@@ -461,3 +461,27 @@ def test_a_folder_runs_channels_are_one_batchs() -> None:
         for key in ("min", "max", "absmax", "mean", "std"):
             assert getattr(g, key) == pytest.approx(getattr(w, key), rel=1e-4, abs=1e-5), key
     assert folder.outliers is not None and whole.outliers is not None
+
+
+def test_a_training_log_refuses_the_model_rules(tmp_path: Path) -> None:
+    """A log records no per-channel numbers nor routing: those rules are one-line errors."""
+    model = TokenMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    log = tmp_path / "run.jsonl"
+    with hookcli.watch(model, optimizer=opt, log=str(log)) as w:
+        for _ in range(2):
+            loss = model(torch.randn(2, 3, 16)).square().mean()
+            w.loss(loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for extra, needle in [
+        (["--fail-on", "massive"], "--fail-on massive reads a model's run"),
+        (["--fail-on", "dead-experts"], "--fail-on dead-experts"),
+        (["--max-kurtosis", "3"], "--max-kurtosis is for checking a model"),
+        (["--heads"], "--heads is for checking a model"),
+    ]:
+        r = runner.invoke(app, ["check", str(log), *extra])
+        assert r.exit_code == 2, (extra, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (extra, r.stderr)

@@ -82,7 +82,8 @@ MODEL_ONLY = (
     "input_spec", "baseline", "rtol", "atol", "expect_shape", "backward", "max_abs", "layer",
     "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
     "train", "save_baseline", "picture", "text", "text_file", "chat", "tokenizer", "head",
-    "generate", "sample", "position",
+    "generate", "sample", "position", "channels", "heads", "max_outlier_ratio", "max_kurtosis",
+    "max_sink", "min_entropy", "max_expert_imbalance",
 )  # fmt: skip
 
 

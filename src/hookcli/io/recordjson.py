@@ -1,4 +1,4 @@
-"""Records (the dataclasses of records.py) read back from parsed JSON, checked against their
+"""Records (the dataclasses of hookcli.records) read back from parsed JSON, checked against their
 type hints field by field: one reader for every file hookcli writes and reads. A field of the
 wrong type is a RecordError naming it; a field this version does not know is ignored; a field
 with a default may be absent (an older file). No torch.

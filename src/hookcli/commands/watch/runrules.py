@@ -58,6 +58,9 @@ class RunRules:
         )
 
 
+LOG_FAIL_ON = ("nonfinite", "dead")  # what a log's numbers can tell
+
+
 def parse_run_rules(
     options: RuleOptions = RuleOptions(),
     *,
@@ -71,6 +74,14 @@ def parse_run_rules(
     model (checks.parse_rules validates them), and the run's own bounds. No rule at all:
     --fail-on nonfinite; --dead-after implies --fail-on dead."""
     base = parse_rules(options)
+    model_only = [r for r in base.fail_on if r not in LOG_FAIL_ON]
+    if model_only:
+        raise UsageError(
+            f"--fail-on {model_only[0]} reads a model's run (per-channel numbers, routing), "
+            "which a training log does not record.",
+            f"a log's --fail-on rules: {', '.join(LOG_FAIL_ON)}; check the model itself for "
+            f"{model_only[0]}.",
+        )
     rules = RunRules(fail_on=list(base.fail_on), dead_frac=base.dead_frac, min_std=base.min_std)
     if dead_after is not None:
         if isinstance(dead_after, bool) or not isinstance(dead_after, int) or dead_after < 0:

@@ -1,0 +1,136 @@
+"""What --channels, --heads and a MoE model's routing add to a report: per-channel statistics,
+massive activations, outlier features, attention heads, expert routing. Plain dataclasses,
+re-exported by hookcli.records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Massive:
+    """--channels: one massive activation (|x| > 100 and > 1000 x its tensor's median |x|):
+    where it sits (`index` in the tensor's own dimensions; for a (batch, tokens, channels)
+    tensor also its `sequence` and token `position`), its value, and |value| / the median."""
+
+    channel: int
+    index: list[int]
+    value: float
+    ratio: float | None
+    position: int | None = None
+    sequence: int | None = None
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    """--channels: one tensor's statistics per channel (dimension `axis`), each list indexed by
+    channel: how many values (masked and non-finite ones left out), their mean, population std,
+    min, max and max|x|, how many are zero and how many reach |x| >= 6 (LLM.int8's outlier
+    magnitude). For the whole tensor: values masked apart (an attention mask's lowest value or
+    -inf), Pearson's kurtosis (3: a normal distribution), the median |x|, and its massive
+    activations (at most engine.channels.TOP per tensor, largest first)."""
+
+    axis: int
+    count: list[int]
+    mean: list[float | None]
+    std: list[float | None]
+    min: list[float | None]
+    max: list[float | None]
+    absmax: list[float | None]
+    zeros: list[int]
+    large: list[int]
+    masked: int = 0
+    kurtosis: float | None = None
+    median_abs: float | None = None
+    massive: list[Massive] = field(default_factory=list)
+    # calib: counts of |x| in engine.channels' log-spaced bins (None elsewhere)
+    abs_hist: list[int] | None = None
+
+    @property
+    def median_absmax(self) -> float | None:
+        """The median of the channels' max|x| (of an even count, the mean of the middle two)."""
+        peaks = sorted(a for a in self.absmax if a is not None)
+        if not peaks:
+            return None
+        half = len(peaks) // 2
+        return peaks[half] if len(peaks) % 2 else (peaks[half - 1] + peaks[half]) / 2
+
+    @property
+    def outlier_ratio(self) -> float | None:
+        """How far the worst channel stands out: the largest channel max|x| over the median
+        channel's (what one per-tensor int8 scale loses to it). None where the median channel
+        is all zero."""
+        median = self.median_absmax
+        peak = max((a for a in self.absmax if a is not None), default=None)
+        return peak / median if peak is not None and median else None
+
+
+@dataclass(slots=True)
+class MassiveAt:
+    """A massive activation in the report: which layer call's tensor holds it, and where."""
+
+    layer: str
+    call: int
+    path: str
+    channel: int
+    index: list[int]
+    value: float
+    ratio: float | None
+    position: int | None = None
+    sequence: int | None = None
+
+
+@dataclass(slots=True)
+class OutlierFeature:
+    """An outlier feature (LLM.int8): a channel of width `width` whose |x| reaches 6 in at least
+    6% of the values of its channel (`share`: the largest share seen) in `layers` of the `of`
+    selected layers whose outputs have that width (at least a quarter of them)."""
+
+    channel: int
+    width: int
+    layers: int
+    of: int
+    share: float
+
+
+@dataclass(slots=True)
+class Outliers:
+    """--channels: what stands out across the report's layer calls (engine.channels)."""
+
+    massive: list[MassiveAt] = field(default_factory=list)
+    features: list[OutlierFeature] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class HeadStats:
+    """--heads: one head of one attention call (engine.heads): the mean probability its
+    queries put on the first token (`sink`), their mean entropy in nats, the key position
+    (from the first real token) they attend most and that mean probability; `queries` counted
+    (the real queries after the first, over the batch)."""
+
+    layer: str  # the block, as attn -l names it
+    module: str  # the attention module
+    call: int
+    head: int
+    sink: float | None
+    entropy: float | None
+    top_key: int | None
+    top_share: float | None
+    queries: int
+
+
+@dataclass(slots=True)
+class ExpertStats:
+    """One MoE router's routing over the run (engine.experts): tokens routed to each expert
+    (k per token), the experts no token reached, the load imbalance (the busiest expert's
+    count ÷ the mean count) and the load's entropy in nats (log(experts): perfectly even)."""
+
+    layer: str  # the router module
+    experts: int
+    top_k: int | None
+    tokens: int
+    counts: list[int]
+    dead: list[int]
+    imbalance: float | None
+    entropy: float | None
+    max_entropy: float
