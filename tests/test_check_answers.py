@@ -146,7 +146,8 @@ def test_failures_are_objects_and_stderr_says_why(tmp_path: Path) -> None:
         assert got[key] == pytest.approx(value)
     assert {f["limit"] for f in check["failures"]} == {0.5}
     assert all(
-        set(f) == {"message", "layer", "call", "path", "value", "limit"} for f in check["failures"]
+        set(f) == {"message", "layer", "call", "path", "value", "limit", "channel", "position"}
+        for f in check["failures"]
     )
     # stderr: one line per failed rule, whatever the format; a file output too
     assert r.stderr.count("check failed: max-abs:") == 1
