@@ -96,6 +96,7 @@ def test_scales_min_max_and_histogram_are_the_oracles_over_passes(
         assert moved.sum() <= 2 + counts.sum() // 1000, moved.nonzero()
         # SmoothQuant's smoothing by hand
         w = model.get_submodule(layer.name).weight.detach().abs().double().amax(0)
+        w = w.clamp(min=1e-5)  # as smooth_ln_fcs does
         s = (scale.pow(0.6) / w.pow(0.4)).clamp(min=1e-5)
         ratio = lambda v: (v.max() / v.median() if len(v) % 2 else v.max() / v.sort()[0][  # noqa: E731
             len(v) // 2 - 1 : len(v) // 2 + 1].mean()).item()  # fmt: skip
@@ -150,3 +151,21 @@ def test_a_convolutions_input_channels_are_dim_1() -> None:
     lin = torch.nn.Linear(4, 6)
     assert torch.equal(weight_scales(lin, 4), lin.weight.detach().abs().double().amax(0))  # type: ignore[arg-type]
     assert weight_scales(lin, 5) is None
+
+
+def test_a_linears_input_first_seen_as_a_selected_output_still_leaves_padding_out(
+    llama: Path,
+) -> None:
+    """q_proj's input is input_layernorm's output, measured first as that (no channel numbers
+    wanted there): its channels are still counted at the real tokens only."""
+    layers = ("model.layers.0.input_layernorm", "model.layers.0.self_attn.q_proj")
+    report = calib_report(
+        ModelOptions(f"hf:{llama}", device="cpu"),
+        Selection(layers=layers),
+        InputOptions(text=(TEXTS[3], TEXTS[1])),
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    real = sum(len(tok(t)["input_ids"]) for t in (TEXTS[3], TEXTS[1]))
+    assert [layer.name for layer in report.layers] == list(layers)
+    for layer in report.layers:
+        assert set(layer.channels.count) == {real}, layer.name

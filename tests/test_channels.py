@@ -485,3 +485,13 @@ def test_a_training_log_refuses_the_model_rules(tmp_path: Path) -> None:
         assert r.exit_code == 2, (extra, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (extra, r.stderr)
+
+
+def test_a_conv1d_s_channels_are_dim_1() -> None:
+    from hookcli.commands.outliers import channel_axis, chooser
+
+    assert channel_axis((2, 8, 50), None) == 2 and channel_axis((2, 8, 50), None, first=True) == 1
+    choose = chooser(lambda name, shape: None, {"conv": "Conv1d", "proj": "Linear"})
+    assert choose(("conv", 0, "out"), (2, 8, 50)) == 1
+    assert choose(("proj", 0, "out"), (2, 8, 50)) == 2
+    assert choose(("conv", 0, "grad_output"), (2, 8, 50)) is None

@@ -106,3 +106,40 @@ def test_check_reads_a_moe_models_routing(mixtral: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(mixtral)
     hookcli.inspect(model, torch.randint(3, 300, (1, 5)))
     assert hooks_left(model) == 0
+
+
+def test_a_router_with_dropped_tokens_is_counted_without_breaking_the_forward() -> None:
+    """Indices outside the experts (a dropped token's -1) are not counted; a router that
+    raises in the hook is a note, never a broken forward."""
+
+    class TopKRouter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 8))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = x @ self.weight.T
+            return logits, torch.tensor([[0, -1], [3, 9], [3, 1]])
+
+    class Moe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = TopKRouter()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.router(x)[0]
+
+    model = Moe()
+    report = hookcli.inspect(model, torch.randn(3, 8))
+    assert report.experts is not None
+    (e,) = report.experts
+    assert e.counts == [1, 1, 0, 2] and e.dead == [2]
+    assert hooks_left(model) == 0
+
+
+def test_expert_rules_are_refused_over_a_folder_run() -> None:
+    from tests.conftest import CAT, COFFEE
+
+    r = runner.invoke(app, ["check", "resnet18", str(CAT), str(COFFEE), "--batch-size", "1",
+                            "--fail-on", "dead-experts"])  # fmt: skip
+    assert r.exit_code == 2 and "not over a folder run" in r.stderr, (r.stdout, r.stderr)

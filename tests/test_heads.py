@@ -168,3 +168,27 @@ def test_attn_json_gives_every_heads_numbers(llama: Path, tmp_path: Path) -> Non
     assert [h["sink"] for h in data["heads"]] == pytest.approx([h.sink for h in report.heads])
     bad = runner.invoke(app, ["attn", f"hf:{llama}", "--text", text, "-f", "csv"])
     assert bad.exit_code == 2 and "-f json" in bad.stderr
+
+
+def test_a_query_row_left_out_never_poisons_the_numbers() -> None:
+    """A padded query row of NaN (softmax over all -inf) is left out, not multiplied by 0."""
+    from hookcli.engine.heads import head_numbers
+
+    p = torch.softmax(torch.randn(1, 2, 4, 4), dim=-1)
+    p[0, :, 3] = float("nan")
+    real = torch.tensor([[True, True, True, False]])
+    got = head_numbers(p, real)
+    assert torch.isfinite(got).all()
+    want = numbers_by_hand([p[0, :, :3, :].double()])  # queries 0-2, every key
+    for row, (sink, entropy, top, share, n) in zip(got.tolist(), want, strict=True):
+        assert row[0] == pytest.approx(sink) and row[1] == pytest.approx(entropy)
+        assert (int(row[2]), int(row[4])) == (top, n) and row[3] == pytest.approx(share)
+
+
+def test_attn_json_keeps_the_block_asked_and_refuses_drawing_options(llama: Path) -> None:
+    args = ["attn", f"hf:{llama}", "--text", "The cat sat", "-f", "json"]
+    r = runner.invoke(app, [*args, "-l", "model.layers.1"])
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert {h["layer"] for h in json.loads(r.stdout)["heads"]} == {"model.layers.1"}
+    bad = runner.invoke(app, [*args, "--queries", "0:2"])
+    assert bad.exit_code == 2 and "--queries is for the drawing" in bad.stderr

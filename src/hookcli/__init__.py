@@ -315,4 +315,4 @@ def diff(
     _new_run()
     inv = Invocation.from_api(model, inputs, options, backward=False)
     run = DiffOptions(a, b, ref, isolate, tol, batch_size, sort, own)
-    return diff_run(inv.model, inv.selection, inv.inputs, run)
+    return diff_run(inv.model, inv.selection, inv.inputs, run, flags=("a", "b", "ref"))

@@ -228,8 +228,13 @@ def _heads_json(ctx: typer.Context) -> None:
                 f"attn writes a PNG, or its heads as JSON; not {p['fmt'].value}.",
                 "use -f json (or -o FILE.json), or -o FILE.png.",
             )
-        if p.get("save_raw") is not None:
-            raise UsageError("--save-raw saves a drawn block's probabilities.", "drop -f json.")
+        for name, flag in (("save_raw", "--save-raw"), ("queries", "--queries"),
+                           ("image_index", "--image")):  # fmt: skip
+            if opt.given(ctx, name):
+                raise UsageError(
+                    f"{flag} is for the drawing; -f json gives every head's numbers.",
+                    f"drop {flag}, or draw with -o FILE.png.",
+                )
         reads = opt.reads(p, used)
         dest = claim(p["output"], reads=reads)
         from hookcli.commands.heads import heads_data
@@ -237,7 +242,7 @@ def _heads_json(ctx: typer.Context) -> None:
 
         model_opts = opt.model_options(p, "attn")
         with status(f"running {model_opts.model}…"):
-            data = heads_data(model_opts, opt.input_options(p))
+            data = heads_data(model_opts, opt.input_options(p), opt.single_layer(p))
         emit(data_json(data), dest)
 
 

@@ -8,7 +8,8 @@ as its `get_act_scales` computes them — and min and max, as torch.ao's
 dim 1, of a convolution's NCHW input); a histogram of |x| in log-spaced bins (engine.channels)
 for percentile calibration; and each layer's outlier ratio (largest channel max|x| ÷ the median
 channel's) of its input and of its weight, before and after SmoothQuant's smoothing at `alpha`:
-s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (clamped at 1e-5), X_j / s_j and W_j · s_j.
+s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (max|W_j| and s_j clamped at 1e-5, as SmoothQuant
+does), X_j / s_j and W_j · s_j.
 
 The numbers of each pass merge exactly (engine.aggregate.merge_channels); memory is O(channels)
 per layer however many sequences pass.
@@ -35,7 +36,7 @@ from hookcli.records import CalibLayer, CalibReport, ChannelStats
 from hookcli.sources import load_model
 
 TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D")
-SMOOTH_MIN = 1e-5  # SmoothQuant clamps its smoothing scales here
+SMOOTH_MIN = 1e-5  # SmoothQuant clamps its weight scales and smoothing scales here
 
 
 def _chunks(inputs: InputOptions, size: int) -> Iterator[InputOptions]:
@@ -174,10 +175,13 @@ def _median(values: Sequence[float]) -> float:
 
 
 def _ratio(values: Sequence[float]) -> float | None:
-    if not values:
+    """max ÷ median of finite values; None where there are none or the median is 0."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
         return None
-    median = _median(values)
-    return max(values) / median if median > 0 else None
+    median = _median(finite)
+    ratio = max(finite) / median if median > 0 else None
+    return ratio if ratio is not None and math.isfinite(ratio) else None
 
 
 def weight_scales(module: nn.Module | None, channels: int) -> torch.Tensor | None:
@@ -207,6 +211,7 @@ def _layer(
     after = w_before = w_after = None
     if w is not None:
         x = torch.tensor(act, dtype=torch.float64)
+        w = w.clamp(min=SMOOTH_MIN)  # as SmoothQuant's smooth_ln_fcs clamps weight scales
         s = (x.pow(alpha) / w.pow(1 - alpha)).clamp(min=SMOOTH_MIN)
         after = _ratio((x / s).tolist())
         w_before = _ratio(w.tolist())

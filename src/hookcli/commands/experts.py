@@ -23,6 +23,7 @@ def routing_report(routing: Routing) -> tuple[list[ExpertStats], list[str]]:
     notes = [
         f"router {name} gives no expert indices: its routing is not read" for name in routing.unread
     ]
+    notes += [f"could not read {p}" for p in routing.problems[:3]]
     if not read:
         return [], notes
     flat = torch.cat([r.counts.to("cpu") for r in read if r.counts is not None]).tolist()

@@ -422,7 +422,8 @@ class _FolderRun:
         )
         if self.run.channels:
             layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
-            collector.channels = outliers.chooser(layout_of)
+            types = {n: e.type for e in prepared.entries for n in e.names}
+            collector.channels = outliers.chooser(layout_of, types)
         backward = self.backward
         with measured_pass(
             prepared,

@@ -9,7 +9,12 @@ from typing import Any
 
 import torch
 
-from hookcli.engine.attention import capture_attention, find_attention, no_attention
+from hookcli.engine.attention import (
+    capture_attention,
+    find_attention,
+    no_attention,
+    pick_block,
+)
 from hookcli.engine.heads import HEAD_COLUMNS, head_numbers
 from hookcli.engine.passes import Prepared, prepare
 from hookcli.options import InputOptions, ModelOptions
@@ -74,10 +79,16 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
     return out, notes
 
 
-def heads_data(model: ModelOptions, inputs: InputOptions) -> dict[str, Any]:
-    """attn -f json: the model, its input, and every attention call's heads."""
+def heads_data(
+    model: ModelOptions, inputs: InputOptions, block: str | None = None
+) -> dict[str, Any]:
+    """attn -f json: the model, its input, and every attention call's heads (`block`: the
+    block -l names, as attn picks it; None: every block)."""
     prepared = prepare(model, inputs=inputs)
     heads, notes = attention_heads(prepared)
+    if block is not None:
+        picked = pick_block(prepared, find_attention(prepared.loaded.module), block)
+        heads = [h for h in heads if h.layer == picked]
     assert prepared.model_input is not None
     return {
         "model": prepared.loaded.spec,

@@ -132,7 +132,8 @@ def _report_of_run(
     timing = profile_calls(prepared, run) if run.profile else None
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
     if run.channels:
-        collector.channels = outliers.chooser(layout_of)
+        types = {n: e.type for e in prepared.entries for n in e.names}
+        collector.channels = outliers.chooser(layout_of, types)
     params: dict[str, list[PendingParam]] = {}
     try:
         with (

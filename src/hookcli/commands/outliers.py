@@ -5,7 +5,7 @@ engine.outliers (`summary`, re-exported here). No torch at import.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hookcli.engine.outliers import summary
@@ -16,11 +16,19 @@ __all__ = ["channel_axis", "chooser", "summary"]
 LayoutOf = Callable[[str, tuple[int, ...]], Any]
 
 
-def channel_axis(shape: Sequence[int], layout: str | None) -> int | None:
+# modules whose 3-D inputs and outputs are (N, C, L): the channel is dim 1, not the last
+CHANNELS_FIRST = ("Conv1d", "ConvTranspose1d", "BatchNorm1d", "InstanceNorm1d", "MaxPool1d",
+                  "AvgPool1d", "AdaptiveAvgPool1d", "AdaptiveMaxPool1d", "LazyConv1d")  # fmt: skip
+
+
+def channel_axis(shape: Sequence[int], layout: str | None, *, first: bool = False) -> int | None:
     """The channel dimension of a tensor of `shape`: the last of a 2-D (batch, features) or
-    3-D (batch, tokens, channels) tensor; of a 4-D one, 1 for NCHW and 3 for NHWC as the layout
-    engine read it. None where it cannot be told (a 4-D tensor of unknown layout, such as
-    attention scores; 1-D, 5-D and more)."""
+    3-D (batch, tokens, channels) tensor — dim 1 of a 3-D one where `first` (a Conv1d's
+    (N, C, L)); of a 4-D one, 1 for NCHW and 3 for NHWC as the layout engine read it. None
+    where it cannot be told (a 4-D tensor of unknown layout, such as attention scores; 1-D,
+    5-D and more)."""
+    if len(shape) == 3 and first:
+        return 1
     if len(shape) in (2, 3):
         return len(shape) - 1
     if len(shape) == 4:
@@ -28,10 +36,14 @@ def channel_axis(shape: Sequence[int], layout: str | None) -> int | None:
     return None
 
 
-def chooser(layout_of: LayoutOf) -> Callable[[Any, tuple[int, ...]], int | None]:
+def chooser(
+    layout_of: LayoutOf, types: Mapping[str, str] | None = None
+) -> Callable[[Any, tuple[int, ...]], int | None]:
     """The collector's channel chooser: a layer call's inputs and outputs (not gradients, not
     the model's own output) by their shape; a 4-D one by the layout the layout engine reads
-    (NCHW, NHWC), none where it cannot tell (attention scores)."""
+    (NCHW, NHWC), none where it cannot tell (attention scores); a 3-D one of a module in
+    CHANNELS_FIRST (`types`: each module's type by name) at dim 1."""
+    first = {name for name, t in (types or {}).items() if t in CHANNELS_FIRST}
     layouts: dict[tuple[str, tuple[int, ...]], str | None] = {}
 
     def choose(context: Any, shape: tuple[int, ...]) -> int | None:
@@ -49,6 +61,6 @@ def chooser(layout_of: LayoutOf) -> Callable[[Any, tuple[int, ...]], int | None]
                 except UsageError:
                     layouts[key] = None
             layout = layouts[key]
-        return channel_axis(shape, layout)
+        return channel_axis(shape, layout, first=name in first)
 
     return choose

@@ -268,11 +268,40 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if any(r.get("experts") for r in reports):
         parts = [[from_json(ExpertStats, e) for e in r.get("experts") or []] for r in reports]
         merged["experts"] = [dataclasses.asdict(e) for e in merge_experts(parts)]
+    if any(r.get("heads") for r in reports):
+        merged["heads"] = merge_heads([r.get("heads") or [] for r in reports])
     merged["predictions"] = [p for r in reports for p in r.get("predictions") or []] or None
     merged["input"] = dict(reports[0]["input"])
     merged["input"]["description"] = f"{len(reports)} merged reports"
     merged["input"]["sources"] = [s for r in reports for s in r["input"].get("sources") or []]
     return merged
+
+
+def merge_heads(parts: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """--heads of several runs (ranks' reports) as one: sink, entropy and the top key's share
+    are means over queries, so they merge weighted by each part's queries; the top key is
+    kept where every part agrees on it (then it is the merged argmax too), else null."""
+    merged: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for part in parts:
+        for h in part:
+            merged.setdefault((h["layer"], h["module"], h["call"], h["head"]), []).append(h)
+    out = []
+    for group in merged.values():
+        n = sum(h["queries"] for h in group)
+
+        def mean(key: str, group: list[dict[str, Any]] = group, n: int = n) -> float | None:
+            if not n or any(h[key] is None for h in group if h["queries"]):
+                return None
+            return math.fsum(h[key] * h["queries"] for h in group) / n
+
+        tops = {h["top_key"] for h in group if h["queries"]}
+        agree = len(tops) == 1 and None not in tops
+        out.append(
+            dict(group[0], sink=mean("sink"), entropy=mean("entropy"), queries=n,
+                 top_key=tops.pop() if agree else None,
+                 top_share=mean("top_share") if agree else None)
+        )  # fmt: skip
+    return out
 
 
 _NOT_READ = ("shape", "nan", "inf", "values", "hist", "channels")  # given below, or not merged

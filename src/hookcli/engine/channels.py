@@ -42,10 +42,10 @@ HIST_BINS = 2048  # calib's histogram of |x|: log-spaced bins over 12 decades, m
 HIST_LOW, HIST_HIGH = -6, 6  # bin 0: |x| < 1e-6 (zeros too); the last: |x| >= 1e6
 
 
-def hist_bounds(device: torch.device | None = None) -> torch.Tensor:
-    """The inner bounds of the |x| histogram (HIST_BINS - 1 of them, log-spaced): bin k holds
-    bounds[k-1] <= |x| < bounds[k]."""
-    return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64, device=device)
+def hist_bounds() -> torch.Tensor:
+    """The inner bounds of the |x| histogram (HIST_BINS - 1 of them, log-spaced, float64 on the
+    CPU): bin k holds bounds[k-1] <= |x| < bounds[k]."""
+    return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64)
 
 
 def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch.Tensor:
@@ -92,11 +92,11 @@ def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch
         torch.stack([kurt, median]),
         torch.stack([signed, top_idx.to(acc), top_abs]).reshape(-1),
     ]
-    if hist:
-        bounds = hist_bounds(v.device).to(acc)
+    if hist:  # index_add_, not bincount: bincount reads its input's range back to the host
+        bounds = hist_bounds().to(v.device, acc)
         idx = torch.bucketize(absv.reshape(-1), bounds, right=True)
-        weights = valid.reshape(-1).to(acc)
-        parts.append(torch.bincount(idx, weights=weights, minlength=HIST_BINS).to(acc))
+        counts = torch.zeros(HIST_BINS, dtype=acc, device=v.device)
+        parts.append(counts.index_add_(0, idx, valid.reshape(-1).to(acc)))
     return torch.cat(parts)
 
 

@@ -6,8 +6,10 @@ not visible as a call of an expert module. The router says it: transformers' rou
 (router_logits, top-k weights, top-k expert indices). A module whose class name says router
 and whose output holds an integer tensor of (tokens, k) expert indices is read: per call, the
 indices of the real tokens (a padded batch's padding left out) are counted per expert where
-they live (bincount, no wait on a GPU), one transfer at the end. A router whose output holds
-no indices is named in a note and not read: its routing is never guessed from its logits.
+they live (no wait on a GPU), one transfer at the end; an index outside the experts (a
+dropped token's -1) is not counted. A router whose output holds no indices is named in a note
+and not read: its routing is never guessed from its logits. The hooks never break the
+model's forward: a failure is a note.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Routing:
 
     routers: list[RouterCount] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # a router hook that failed, and why
 
 
 def find_routers(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
@@ -65,6 +68,32 @@ def _indices(output: Any, experts: int) -> torch.Tensor | None:
     return None
 
 
+def _count(
+    count: RouterCount,
+    idx: torch.Tensor | None,
+    real: torch.Tensor | None,
+    rows: int | None,
+    routing: Routing,
+) -> None:
+    """One router call's indices added to its counts, where they live: an index outside
+    0…experts-1 (a dropped token's -1) is not counted. No wait on a GPU (index_add_, not
+    bincount, which reads its input's range back to the host)."""
+    if idx is None:
+        if count.name not in routing.unread:
+            routing.unread.append(count.name)
+        return
+    idx = idx.detach()
+    if real is not None and idx.shape[0] == rows:
+        idx = idx.index_select(0, real.to(idx.device))
+    flat = idx.reshape(-1).long()
+    valid = (flat >= 0) & (flat < count.experts)
+    if count.counts is None:
+        count.counts = torch.zeros(count.experts, dtype=torch.int64, device=flat.device)
+    count.counts.index_add_(0, flat.clamp(0, count.experts - 1), valid.long())
+    count.top_k = int(idx.shape[1])
+    count.calls += 1
+
+
 @contextlib.contextmanager
 def counting_routes(model: nn.Module, real: torch.Tensor | None) -> Iterator[Routing]:
     """Forward hooks on every router for the `with` block, removed after (even on error).
@@ -79,18 +108,10 @@ def counting_routes(model: nn.Module, real: torch.Tensor | None) -> Iterator[Rou
         routing.routers.append(count)
 
         def hook(m: nn.Module, args: Any, output: Any, count: RouterCount = count) -> None:
-            idx = _indices(output, count.experts)
-            if idx is None:
-                if count.name not in routing.unread:
-                    routing.unread.append(count.name)
-                return
-            idx = idx.detach()
-            if flat is not None and idx.shape[0] == rows:
-                idx = idx.index_select(0, flat.to(idx.device))
-            bins = torch.bincount(idx.reshape(-1).long(), minlength=count.experts)
-            count.counts = bins if count.counts is None else count.counts + bins
-            count.top_k = int(idx.shape[1])
-            count.calls += 1
+            try:  # never break the model's forward: a router not read is said
+                _count(count, _indices(output, count.experts), flat, rows, routing)
+            except Exception as exc:
+                routing.problems.append(f"router {count.name}: {exc}")
 
         handles.append(module.register_forward_hook(hook))
     try:

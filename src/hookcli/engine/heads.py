@@ -24,9 +24,10 @@ HEAD_COLUMNS = 5  # sink, entropy, top key, top share, queries
 
 
 def head_numbers(probs: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
-    """(H, HEAD_COLUMNS) float64 for probabilities (B, H, L, L); `real` (B, L) marks the
-    real tokens of a padded batch (None: every position is real)."""
-    p = probs.detach().to(torch.float64)
+    """(H, HEAD_COLUMNS) float64 (float32 on MPS) for probabilities (B, H, L, L); `real`
+    (B, L) marks the real tokens of a padded batch (None: every position is real)."""
+    acc = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    p = probs.detach().to(acc)
     b, h, length, _ = p.shape
     if real is None:
         mask = torch.ones(b, length, dtype=torch.bool, device=p.device)
@@ -34,22 +35,23 @@ def head_numbers(probs: torch.Tensor, real: torch.Tensor | None = None) -> torch
         mask = real.to(device=p.device, dtype=torch.bool)
     pos = torch.arange(length, device=p.device)
     first = torch.where(mask, pos, length).amin(dim=1).clamp(max=length - 1)  # (B,)
-    weight = (mask & (pos > first[:, None])).to(torch.float64)  # (B, L) queries counted
-    total = weight.sum()
+    counted = mask & (pos > first[:, None])  # (B, L) the queries counted
+    total = counted.sum().to(acc)
     denom = total.clamp(min=1)
+    rows = counted[:, None, :]  # a row not counted is left out, never multiplied (NaN x 0)
     # the sink: each query's probability on key f
     at_first = first.view(b, 1, 1, 1).expand(b, h, length, 1)
     sink_q = p.gather(3, at_first).squeeze(3)  # (B, H, L)
-    sink = (sink_q * weight[:, None, :]).sum((0, 2)) / denom
+    sink = torch.where(rows, sink_q, 0.0).sum((0, 2)) / denom
     plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
     entropy_q = -plogp.sum(3)  # (B, H, L)
-    entropy = (entropy_q * weight[:, None, :]).sum((0, 2)) / denom
+    entropy = torch.where(rows, entropy_q, 0.0).sum((0, 2)) / denom
     # keys counted from f: key j of sequence b is position f_b + j
     keys = (pos[None, :] + first[:, None]).clamp(max=length - 1)  # (B, L)
     valid_key = (pos[None, :] + first[:, None]) < length
     shifted = p.gather(3, keys.view(b, 1, 1, length).expand(b, h, length, length))
-    shifted = shifted * valid_key.view(b, 1, 1, length)
-    per_key = (shifted * weight.view(b, 1, length, 1)).sum((0, 2)) / denom  # (H, L)
+    keep = valid_key.view(b, 1, 1, length) & counted.view(b, 1, length, 1)
+    per_key = torch.where(keep, shifted, 0.0).sum((0, 2)) / denom  # (H, L)
     share, top = per_key.max(dim=1)
     queries = total.expand(h)
-    return torch.stack([sink, entropy, top.to(torch.float64), share, queries], dim=1)
+    return torch.stack([sink, entropy, top.to(acc), share, queries], dim=1)

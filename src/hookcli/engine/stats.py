@@ -390,7 +390,7 @@ class StatsCollector:
             if idx in self._tokens:
                 self._wants_tokens.append((stats, idx))
             if idx not in self._chan and self.channels is not None:
-                self._channel_row(t, idx, 0)  # first seen where none were wanted
+                self._channel_row(t, idx, padded)  # first seen where none were wanted
             if idx in self._chan:
                 self._wants_chan.append((stats, idx))
             return stats
@@ -421,7 +421,9 @@ class StatsCollector:
         if self._token_rows_of(seen, path):
             self._tokens[idx] = token_rows(seen)
             self._wants_tokens.append((stats, idx))
-        if self.channels is not None and self._channel_row(seen, idx, padded, t):
+        if self.channels is not None and self._channel_row(
+            seen, idx, padded, t if padded else None
+        ):
             self._wants_chan.append((stats, idx))
         try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
             self._seen[key] = (weakref.ref(seen), version, idx)
@@ -432,15 +434,20 @@ class StatsCollector:
     def _channel_row(
         self, seen: torch.Tensor, idx: int, padded: int, x: torch.Tensor | None = None
     ) -> bool:
-        """--channels: measure `seen` (`x`: it without padding) per channel when the
-        command's chooser names its channel dimension; whether it did."""
+        """--channels: measure `seen` per channel when the command's chooser names its
+        channel dimension; whether it did. A padded batch's tensor is measured at its real
+        positions (`x`: it without padding, else taken here); its channel dimension must lie
+        past (batch, tokens), which become one."""
         assert self.channels is not None
         if padded == 2 or not seen.is_floating_point() or seen.device.type == "meta":
             return False
         shape = tuple(seen.shape)
         axis = self.channels(self.context, shape)
-        if axis is None or seen.numel() == 0:
+        if axis is None or seen.numel() == 0 or (padded and axis < 2):
             return False
+        if padded and x is None:
+            assert self._real_index is not None
+            x = unpadded(seen, self._real_index)
         x = seen if x is None else x
         inner = axis - 1 if padded else axis  # (batch, tokens) became one dimension
         if x.numel() == 0:

@@ -61,19 +61,28 @@ def check_sort(sort: str) -> str:
 
 
 def diff_run(
-    model: ModelOptions, selection: Selection, inputs: InputOptions, options: DiffOptions
+    model: ModelOptions,
+    selection: Selection,
+    inputs: InputOptions,
+    options: DiffOptions,
+    *,
+    flags: tuple[str, str, str] = ("--a", "--b", "--ref"),
 ) -> DiffReport:
-    """diff as the CLI and the API ask for it: the sides given as specs (`parse_side`), the
-    rest of `options` as `diff_report` takes them."""
+    """diff as the CLI and the API ask for it: the sides given as specs (`parse_side`; a bad
+    one named by `flags`: the CLI's options, the API's keywords), the rest of `options` as
+    `diff_report` takes them."""
+    a, b, ref = flags
     if options.b is None:
-        raise UsageError("diff needs side B: --b SIDE.", "e.g. --b bfloat16, or --b weights=new.pt")
+        raise UsageError(
+            f"diff needs side B: {b} SIDE.", "e.g. --b bfloat16, or --b weights=new.pt"
+        )
     return diff_report(
         model,
         selection,
         inputs,
-        parse_side(options.a, "--a"),
-        parse_side(options.b, "--b"),
-        ref=None if options.ref is None else parse_side(options.ref, "--ref"),
+        parse_side(options.a, a),
+        parse_side(options.b, b),
+        ref=None if options.ref is None else parse_side(options.ref, ref),
         isolate=options.isolate,
         tol=options.tol,
         batch_size=options.batch_size,

@@ -332,7 +332,12 @@ def _token_rows(rows: Any) -> list[TokenRow] | None:
 
 
 def _origin_record(o: dict[str, Any]) -> Origin:
+    """An origin of a checked line; the fields the checks leave alone (where, after,
+    after_finite, code) taken only when of their type, else their default: a hand-edited
+    line still reads and describes itself."""
     g = o.get
+    where, after, code = g("where"), g("after"), g("code")
+    finite = g("after_finite")
     return Origin(
         direction=o["direction"],
         layer=o["layer"],
@@ -341,10 +346,10 @@ def _origin_record(o: dict[str, Any]) -> Origin:
         path=o["path"],
         nan=o["nan"],
         inf=o["inf"],
-        where=g("where", "layer"),
-        after=g("after"),
-        after_finite=g("after_finite"),
-        code=g("code", []),
+        where=where if isinstance(where, str) else "layer",
+        after=after if isinstance(after, str) else None,
+        after_finite=finite if isinstance(finite, str) else None,
+        code=[c for c in code if isinstance(c, str)] if isinstance(code, list) else [],
     )
 
 
