@@ -38,7 +38,7 @@ def test_every_long_option_of_a_config_command_is_a_config_key() -> None:
     keys = config_keys("inspect")
     commands = [c for c in app.registered_commands if "config" in _long_options(c)]
     assert {c.callback.__name__ for c in commands if c.callback} == {
-        "layers", "inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens",
+        "layers", "inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens", "calib",
     }  # fmt: skip
     for command in commands:
         missing = _long_options(command) - {"config", "no-config"} - set(keys)
