@@ -48,6 +48,59 @@ def hist_bounds() -> torch.Tensor:
     return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64)
 
 
+def _every_value_counts(flat: torch.Tensor, acc: torch.dtype) -> torch.Tensor | None:
+    """`measure_channels` for a CPU tensor (values, C) none of whose values is masked or
+    non-finite — the common case, told from each channel's min and max in one pass: the same
+    numbers in about half the passes, with one float64 copy; the median |x| and the largest
+    values only where some |x| exceeds MASSIVE_ABS (else no activation can be massive, and the
+    median is left out: null). None: some value is masked or not finite (the general path)."""
+    lo, hi = torch.aminmax(flat, dim=0)
+    lowest = torch.finfo(flat.dtype).min
+    if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())):
+        return None
+    if bool((lo == lowest).any()):
+        return None
+    n, c = flat.shape
+    v = flat.to(acc)
+    var, mean = torch.var_mean(v, dim=0, correction=0)
+    count = torch.full((c,), float(n), dtype=acc)
+    absx = flat.abs()
+    zeros = (flat == 0).sum(0, dtype=acc)
+    large = (absx >= LARGE).sum(0, dtype=acc)
+    g_mean = mean.mean()
+    v -= g_mean  # the copy is ours: deviations from the tensor's mean, in place
+    sq = v.square_()
+    g_m2 = sq.sum()
+    kurt = sq.square_().sum() * (n * c) / (g_m2 * g_m2) if float(g_m2) > 0 else None
+    # the median and the largest |x| serve to find massive activations (|x| > MASSIVE_ABS):
+    # where no value gets there, neither is computed (each a sort-like pass)
+    if max(float(-lo.min()), float(hi.max())) > MASSIVE_ABS:
+        median = absx.reshape(-1).median().to(acc)
+        top_abs, top_idx = absx.reshape(-1).topk(min(TOP, absx.numel()))
+        signed = flat.reshape(-1).gather(0, top_idx).to(acc)
+    else:
+        median = torch.tensor(math.nan, dtype=acc)
+        top_abs = top_idx = signed = torch.zeros(0, dtype=acc)
+    return torch.cat(
+        [
+            torch.stack(
+                [
+                    count,
+                    mean,
+                    var * n,
+                    lo.to(acc),
+                    hi.to(acc),
+                    zeros,
+                    large,
+                    torch.zeros_like(count),
+                ]
+            ).reshape(-1),
+            torch.stack([kurt if kurt is not None else torch.tensor(math.nan, dtype=acc), median]),
+            torch.stack([signed, top_idx.to(acc), top_abs.to(acc)]).reshape(-1),
+        ]
+    )
+
+
 def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch.Tensor:
     """x (already without padding) per channel along `axis`, packed in one float64 vector
     (`unpack` reads it): per channel COUNT … MASKED; the tensor's kurtosis and median |x|; its
@@ -59,6 +112,10 @@ def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch
     c = moved.shape[-1]
     flat = moved.reshape(-1, c)
     acc = torch.float32 if flat.device.type == "mps" else torch.float64
+    if flat.is_cpu and flat.is_floating_point() and flat.numel() and not hist:
+        fast = _every_value_counts(flat, acc)
+        if fast is not None:
+            return fast
     v = flat.to(acc)
     masked = v == -math.inf
     if flat.is_floating_point():
@@ -84,6 +141,8 @@ def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch
     kurt = torch.where((total > 0) & (g_m2 > 0), kurt, math.nan)
     absf = torch.where(valid, flat.abs().to(torch.float32), math.nan).reshape(-1)
     median = absf.nanmedian().to(acc) if absf.numel() else v.new_full((), math.nan)
+    # reported where an activation could be massive only, as the CPU's fast path computes it
+    median = torch.where(absv.amax() > MASSIVE_ABS, median, math.nan) if absv.numel() else median
     k = min(TOP, absv.numel())
     top_abs, top_idx = absv.reshape(-1).topk(k)
     signed = z.reshape(-1).gather(0, top_idx)
@@ -101,52 +160,45 @@ def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch
 
 
 def unpack(
-    packed: Sequence[float], axis: int, c: int, *, hist: bool = False
+    packed: torch.Tensor, axis: int, c: int, *, hist: bool = False
 ) -> tuple[ChannelStats, list[tuple[float, int, float]]]:
-    """The ChannelStats of `measure_channels`' vector, read on the host, and the tensor's
-    largest |x| as (signed value, flat index into the tensor moved to (…, C), |x|)."""
-    rows = [packed[i * c : (i + 1) * c] for i in range(PER_CHANNEL)]
-    kurt, median = packed[PER_CHANNEL * c], packed[PER_CHANNEL * c + 1]
-    end = len(packed) - (HIST_BINS if hist else 0)
-    rest = packed[PER_CHANNEL * c + 2 : end]
-    k = len(rest) // 3
-    top = [
-        (float(s), int(i), float(a))
-        for s, i, a in zip(rest[:k], rest[k : 2 * k], rest[2 * k :], strict=True)
-        if a > 0
-    ]
-    count = [int(n) for n in rows[COUNT]]
-
-    def finite(i: int) -> list[float | None]:
-        return [
-            float(v) if n and math.isfinite(v) else None
-            for v, n in zip(rows[i], count, strict=True)
-        ]
-
-    std = [
-        math.sqrt(max(q / n, 0.0)) if n and math.isfinite(q) else None
-        for q, n in zip(rows[M2], count, strict=True)
-    ]
-    lo, hi = finite(MIN), finite(MAX)
+    """The ChannelStats of `measure_channels`' vector (float64, on the CPU), and the tensor's
+    largest |x| as (signed value, flat index into the tensor moved to (…, C), |x|). The
+    arithmetic is done on the vector; each list is made once."""
+    rows = packed[: PER_CHANNEL * c].view(PER_CHANNEL, c)
+    kurt, median = packed[PER_CHANNEL * c : PER_CHANNEL * c + 2].tolist()
+    end = packed.numel() - (HIST_BINS if hist else 0)
+    rest = packed[PER_CHANNEL * c + 2 : end].view(3, -1).tolist()
+    top = [(s, int(i), a) for s, i, a in zip(*rest, strict=True) if a > 0]
+    count = rows[COUNT]
+    has = count > 0
+    lo, hi = rows[MIN], rows[MAX]
+    both = has & torch.isfinite(lo) & torch.isfinite(hi)
     stats = ChannelStats(
         axis=axis,
-        count=count,
-        mean=finite(MEAN),
-        std=std,
-        min=lo,
-        max=hi,
-        absmax=[
-            None if a is None or b is None else max(abs(a), abs(b))
-            for a, b in zip(lo, hi, strict=True)
-        ],
-        zeros=[int(n) for n in rows[ZEROS]],
-        large=[int(n) for n in rows[LARGE_N]],
-        masked=int(sum(rows[MASKED])),
-        kurtosis=float(kurt) if math.isfinite(kurt) else None,
-        median_abs=float(median) if math.isfinite(median) else None,
-        abs_hist=[int(n) for n in packed[end:]] if hist else None,
+        count=count.long().tolist(),
+        mean=_listed(rows[MEAN], has),
+        std=_listed((rows[M2] / count.clamp(min=1)).clamp(min=0).sqrt(), has),
+        min=_listed(lo, has),
+        max=_listed(hi, has),
+        absmax=_listed(torch.maximum(lo.abs(), hi.abs()), both),
+        zeros=rows[ZEROS].long().tolist(),
+        large=rows[LARGE_N].long().tolist(),
+        masked=int(rows[MASKED].sum()),
+        kurtosis=kurt if math.isfinite(kurt) else None,
+        median_abs=median if math.isfinite(median) else None,
+        abs_hist=packed[end:].long().tolist() if hist else None,
     )
     return stats, top
+
+
+def _listed(values: torch.Tensor, has: torch.Tensor) -> list[float | None]:
+    """values as floats, None where `has` is False or the value is not finite."""
+    ok = has & torch.isfinite(values)
+    out: list[float | None] = list(values.tolist())
+    if not bool(ok.all()):
+        out = [v if k else None for v, k in zip(out, ok.tolist(), strict=True)]
+    return out
 
 
 def find_massive(

@@ -524,23 +524,21 @@ class StatsCollector:
             return
         by_device: dict[torch.device, list[int]] = {}
         for idx, row in self._chan.items():
-            if isinstance(row.packed, torch.Tensor):
+            if not row.packed.is_cpu or row.packed.dtype != torch.float64:
                 by_device.setdefault(row.packed.device, []).append(idx)
         for idxs in by_device.values():
             parts = [self._chan[i].packed for i in idxs]
-            joined = torch.cat(parts).to("cpu", torch.float64).tolist()  # type: ignore[arg-type]
+            joined = torch.cat(parts).to("cpu", torch.float64)
             at = 0
             for i, part in zip(idxs, parts, strict=True):
-                n = part.numel()  # type: ignore[union-attr]
-                self._chan[i].packed = joined[at : at + n]
-                at += n
+                self._chan[i].packed = joined[at : at + part.numel()]
+                at += part.numel()
         real = None
         if any(self._chan[i].padded for _, i in self._wants_chan):
             assert self._real_index is not None
             real = self._real_index.tolist()
         for stats, idx in self._wants_chan:
             row = self._chan[idx]
-            assert not isinstance(row.packed, torch.Tensor)
             found, top = unpack(row.packed, row.axis, row.channels, hist=self.channel_hist)
             rows_at = RowMap(row.shape, row.axis, real if row.padded else None)
             found.massive = find_massive(found, top, row.shape, rows_at)
@@ -660,7 +658,7 @@ class _ChannelRow:
     """--channels: one measured tensor's packed numbers (a tensor until finalize brings them
     over), its channel dimension, shape, channel count, and whether padding was taken out."""
 
-    packed: torch.Tensor | list[float]
+    packed: torch.Tensor  # on its device until finalize brings it over (float64, CPU)
     axis: int
     shape: tuple[int, ...]
     channels: int

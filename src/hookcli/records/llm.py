@@ -27,7 +27,8 @@ class ChannelStats:
     channel: how many values (masked and non-finite ones left out), their mean, population std,
     min, max and max|x|, how many are zero and how many reach |x| >= 6 (LLM.int8's outlier
     magnitude). For the whole tensor: values masked apart (an attention mask's lowest value or
-    -inf), Pearson's kurtosis (3: a normal distribution), the median |x|, and its massive
+    -inf), Pearson's kurtosis (3: a normal distribution), the median |x| (only where some |x|
+    exceeds 100: else none can be massive), and its massive
     activations (at most engine.channels.TOP per tensor, largest first)."""
 
     axis: int
