@@ -135,6 +135,8 @@ def test_bad_calib_requests_get_one_line(llama: Path, tmp_path: Path) -> None:
         (["--batch-size", "0"], "--batch-size"),
         (["-t", "Conv2d"], "no layer has type"),
     ]
+    bare = runner.invoke(app, ["calib", f"hf:{llama}"])
+    assert bare.exit_code == 2 and "calib needs data" in bare.stderr, bare.stderr
     for extra, needle in cases:
         r = runner.invoke(app, ["calib", f"hf:{llama}", "--text", "hello", *extra])
         assert r.exit_code == 2, (extra, r.stdout, r.stderr)

@@ -84,6 +84,11 @@ def calib_report(
         options.batch_size, "--batch-size", low=1, high=bounds.BATCH_MAX, example="--batch-size 8"
     )
     alpha = bounds.number(options.alpha, "--alpha", low=0, high=1, example="--alpha 0.5")
+    if not (inputs.has_text or inputs.items or inputs.specs):
+        raise UsageError(
+            "calib needs data to calibrate on: a random input's ranges say nothing.",
+            "give --text-file FILE (one sequence per line), --text, a folder of images, or inputs.",
+        )
     loaded = load_model(
         model.model,
         weights=model.weights,
