@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from statistics import median
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from hookcli.commands.inspect import input_info, model_info
 from hookcli.commands.measured import measured_pass, statistics
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
-from hookcli.engine.passes import prepare
+from hookcli.engine.passes import prepare, with_tokenizer
 from hookcli.errors import UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
 from hookcli.records import CalibLayer, CalibReport, ChannelStats
@@ -105,9 +106,11 @@ def calib_report(
                 "select the layers to calibrate with -l or -t.",
             )
         selection = Selection(types=found)
+    # the tokenizer read once: each pass's prepare finds it there (tokenizer None below)
+    loaded = with_tokenizer(loaded, model.tokenizer, needed=inputs.has_text)
     base = ModelOptions(
         loaded, model.weights, model.seed, model.device, model.model_args, model.output_key,
-        model.head, model.tokenizer,
+        model.head, None,
     )  # fmt: skip
     merged: dict[str, ChannelStats] = {}
     types: dict[str, str] = {}
@@ -173,19 +176,13 @@ def calib_report(
     )
 
 
-def _median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    half = len(s) // 2
-    return s[half] if len(s) % 2 else (s[half - 1] + s[half]) / 2
-
-
 def _ratio(values: Sequence[float]) -> float | None:
     """max ÷ median of finite values; None where there are none or the median is 0."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return None
-    median = _median(finite)
-    ratio = max(finite) / median if median > 0 else None
+    middle = median(finite)
+    ratio = max(finite) / middle if middle > 0 else None
     return ratio if ratio is not None and math.isfinite(ratio) else None
 
 

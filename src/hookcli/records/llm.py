@@ -4,6 +4,7 @@ re-exported by hookcli.records."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -50,11 +51,8 @@ class ChannelStats:
     @property
     def median_absmax(self) -> float | None:
         """The median of the channels' max|x| (of an even count, the mean of the middle two)."""
-        peaks = sorted(a for a in self.absmax if a is not None)
-        if not peaks:
-            return None
-        half = len(peaks) // 2
-        return peaks[half] if len(peaks) % 2 else (peaks[half - 1] + peaks[half]) / 2
+        peaks = [a for a in self.absmax if a is not None]
+        return statistics.median(peaks) if peaks else None
 
     @property
     def outlier_ratio(self) -> float | None:
