@@ -24,6 +24,13 @@ from tests.conftest import captured_outputs, hooks_left
 
 runner = CliRunner()
 
+# the statistics' two CPU paths, torch ops and the numba kernels (engine/_chankernels.py): the
+# oracles hold for both; the second CI pass reruns the kernels' on generic x86-64
+BACKENDS = [
+    pytest.param("torch", id="torch"),
+    pytest.param("kernel", id="kernel", marks=pytest.mark.kernels),
+]
+
 
 def _by_channel(t: torch.Tensor, axis: int) -> torch.Tensor:
     """(values, C) in float64: t with its channel dimension moved last."""
@@ -74,21 +81,24 @@ class Convs(nn.Module):
         return self.head(self.act(self.conv(x)))
 
 
-def test_per_channel_numbers_are_torchs_on_the_retained_tensor() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_channel_numbers_are_torchs_on_the_retained_tensor(backend: str) -> None:
     """Tokens (the last dimension) and NCHW (dim 1), every array against float64 torch."""
     torch.manual_seed(0)
     model, x = TokenMLP().eval(), torch.randn(2, 7, 16) * 3
     x[1, 4, 9] = 500.0  # one value past 100: that tensor's median is taken
     names = ["up", "act", "down"]
     kept = captured_outputs(model, x, names)
-    report = hookcli.inspect(model, x, channels=True, layers=names)
+    report = hookcli.inspect(model, x, channels=True, layers=names, stats_backend=backend)
     for call in report.layers:
         assert_channels_are_torchs(call.outputs[0], kept[call.name], 2)
     assert_channels_are_torchs(report.layers[0].inputs[0], x, 2)
     assert hooks_left(model) == 0
     cnn, img = Convs().eval(), torch.randn(2, 3, 12, 10)
     kept = captured_outputs(cnn, img, ["conv", "act", "head"])
-    report = hookcli.inspect(cnn, img, channels=True, layers=["conv", "act", "head"])
+    report = hookcli.inspect(
+        cnn, img, channels=True, layers=["conv", "act", "head"], stats_backend=backend
+    )
     for call in report.layers:
         assert call.outputs[0].layout == "NCHW"
         assert_channels_are_torchs(call.outputs[0], kept[call.name], 1)
@@ -199,14 +209,19 @@ def _planted_model(seed: int) -> tuple[Fan, torch.Tensor, set[tuple[str, tuple[i
     return blocks, x, want
 
 
-def test_planted_massive_activations_are_all_found_and_nothing_else_over_60_models() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_planted_massive_activations_are_all_found_and_nothing_else_over_60_models(
+    backend: str,
+) -> None:
     """Values past 100 and 1000x the median, planted at random places of random layers, are
     found with their layer, channel and position; decoys (|x| 60-150: under the 1000x) are not."""
     planted = found_right = 0
     for seed in range(60):
         model, x, want = _planted_model(seed)
         blocks = [f"blocks.{k}" for k in range(len(model.blocks))]
-        report = hookcli.inspect(model, x, channels=True, topk=0, layers=blocks)
+        report = hookcli.inspect(
+            model, x, channels=True, topk=0, layers=blocks, stats_backend=backend
+        )
         assert report.outliers is not None
         got = {(m.layer, tuple(m.index)) for m in report.outliers.massive}
         assert got == want, seed
@@ -396,8 +411,9 @@ def _plant(places: list[tuple[tuple[int, ...], float]]) -> Any:
     return hook
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
-    tmp_path: Path,
+    backend: str,
 ) -> None:
     """40 seeded CNNs (NCHW: channel dim 1) and 12 tiny random Llamas (planted in each
     block's MLP output, the residual stream's source): every planted value found with its
@@ -416,7 +432,9 @@ def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
                 places.append((where, rng.choice([-1, 1]) * rng.uniform(3e3, 4e4)))
                 want.add((f"convs.{k}", where))
             model.convs[k].register_forward_hook(_plant(places))
-        report = hookcli.inspect(model, x, channels=True, topk=0, layers=["convs.*"])
+        report = hookcli.inspect(
+            model, x, channels=True, topk=0, layers=["convs.*"], stats_backend=backend
+        )
         assert report.outliers is not None
         got = {(m.layer, tuple(m.index)) for m in report.outliers.massive}
         assert got == want, seed
@@ -442,7 +460,9 @@ def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
                 want.add((f"model.layers.{k}.mlp.down_proj", where))
             model.model.layers[k].mlp.down_proj.register_forward_hook(_plant(places))
         layers = ["model.layers.*.mlp.down_proj"]
-        report = hookcli.inspect(model, ids, channels=True, topk=0, layers=layers)
+        report = hookcli.inspect(
+            model, ids, channels=True, topk=0, layers=layers, stats_backend=backend
+        )
         assert report.outliers is not None
         got = {(m.layer, tuple(m.index)) for m in report.outliers.massive}
         assert got == want, seed
@@ -499,3 +519,95 @@ def test_a_conv1d_s_channels_are_dim_1() -> None:
     assert choose(("conv", 0, "out"), (2, 8, 50)) == 1
     assert choose(("proj", 0, "out"), (2, 8, 50)) == 2
     assert choose(("conv", 0, "grad_output"), (2, 8, 50)) is None
+
+
+def _layouts() -> list[tuple[str, torch.Tensor, int]]:
+    """Tensors the kernels read in each of their ways: rows (channel last, or channels-last
+    memory), planes (NCHW, read in place), copied (a transposed view), split among threads
+    (past PARALLEL_MIN elements), every float dtype, a mean far from zero, zeros and values
+    past 6, and massive values (the median and the top taken)."""
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(700, 96, generator=g) * torch.linspace(0.1, 9, 96)
+    big[17, 40] = -7000.0
+    relu = torch.randn(4, 24, 16, 16, generator=g).clamp(min=0)
+    relu[2, 5, 3, 9] = 4000.0
+    return [
+        ("tokens", torch.randn(2, 9, 40, generator=g) * 3, 2),
+        ("tokens split", big, 1),
+        ("tokens split serial-sized", big[:200, :60].contiguous(), 1),
+        ("far from zero", torch.randn(300, 17, generator=g, dtype=torch.float64) + 1e6, 1),
+        ("nchw", relu, 1),
+        ("channels last", relu.to(memory_format=torch.channels_last), 1),
+        ("transposed", torch.randn(6, 11, 5, generator=g).transpose(0, 2), 1),
+        ("bfloat16", (torch.randn(3, 8, 24, generator=g) * 20).bfloat16(), 2),
+        ("float16", (torch.randn(2, 16, 6, 5, generator=g) * 200).half(), 1),
+        ("conv1d", torch.randn(2, 12, 33, generator=g), 1),
+    ]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("case", _layouts(), ids=lambda c: c[0])
+def test_the_channel_kernels_give_torchs_numbers_in_every_layout(
+    case: tuple[str, torch.Tensor, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--channels by the numba kernels, against float64 torch on the same tensor, and the
+    kernels are what measured it (the torch path is never called)."""
+    from hookcli.engine import channels as channels_mod
+    from hookcli.engine import stats as stats_mod
+
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    _, x, axis = case
+    torch_path: list[object] = []
+    monkeypatch.setattr(channels_mod, "_every_value_counts", lambda *a: torch_path.append(a))
+    by_kernels = channels_mod._by_kernels
+    kernel_path: list[object] = []
+
+    def spy(*args: Any) -> Any:
+        kernel_path.append(by_kernels(*args))
+        return kernel_path[-1]
+
+    monkeypatch.setattr(channels_mod, "_by_kernels", spy)
+    c = StatsCollector(backend="kernel")
+    c.channels = lambda ctx, shape: axis
+    stats = c.add(x, "out")
+    c.finalize()
+    assert torch_path == [] and len(kernel_path) == 1 and kernel_path[0] is not None
+    assert_channels_are_torchs(stats, x, axis)
+    absx = x.double().abs()
+    if absx.max() > 100 and absx.max() > 1000 * absx.median():  # planted: massive
+        found = stats.channels.massive  # type: ignore[union-attr]
+        peak = int(absx.argmax())
+        assert found and found[0].index == list(torch.unravel_index(torch.tensor(peak), x.shape))
+
+
+@pytest.mark.kernels
+def test_the_kernels_leave_nonfinite_and_masked_tensors_to_the_careful_path() -> None:
+    """NaN, Inf or a mask's lowest value anywhere: the kernels' fast-math figures are not
+    trusted; the numbers are the general path's, which keeps them out."""
+    from hookcli.engine import stats as stats_mod
+
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    x = torch.randn(40, 8)
+    cases = [x.clone(), x.clone(), x.clone()]
+    cases[0][3, 2] = math.nan
+    cases[1][5, 1] = math.inf
+    cases[2][:, 6] = torch.finfo(torch.float32).min
+    for t in cases:
+        got = []
+        for backend in ("kernel", "torch"):
+            c = StatsCollector(backend=backend)
+            c.channels = lambda ctx, shape: 1
+            got.append(c.add(t, "out"))
+            c.finalize()
+        a, b = (s.channels for s in got)
+        assert a is not None and b is not None
+        assert (a.count, a.min, a.max, a.zeros, a.masked) == (
+            b.count,
+            b.min,
+            b.max,
+            b.zeros,
+            b.masked,
+        )
+        assert a.count != [40] * 8

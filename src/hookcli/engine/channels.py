@@ -23,8 +23,10 @@ travel to the host with the collector's other rows, at the end of the pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 
 from hookcli.records import ChannelStats, Massive
@@ -48,12 +50,35 @@ def hist_bounds() -> torch.Tensor:
     return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64)
 
 
+def _packed(
+    vec: np.ndarray[Any, Any], n: int, kurt: float, flat: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """The packed vector (`measure_channels`) of a tensor of n values per channel, none masked
+    or non-finite. `vec`: PER_CHANNEL * C + 2 float64 values whose rows MEAN, M2, MIN, MAX,
+    ZEROS and LARGE_N are filled; `flat()`: the tensor as (n, C), read for the median |x| and
+    the largest values only where some |x| exceeds MASSIVE_ABS (else no activation can be
+    massive, and the median is left out: null)."""
+    c = (vec.size - 2) // PER_CHANNEL
+    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    block[COUNT] = n
+    block[MASKED] = 0
+    vec[-2:] = kurt, math.nan
+    if max(-block[MIN].min(), block[MAX].max()) > MASSIVE_ABS:
+        values = flat()
+        absx = values.abs().reshape(-1)
+        vec[-1] = float(absx.median())
+        top_abs, top_idx = absx.topk(min(TOP, absx.numel()))
+        signed = values.reshape(-1).gather(0, top_idx)
+        top = torch.stack([signed.double(), top_idx.double(), top_abs.double()])
+        vec = np.concatenate([vec, top.reshape(-1).numpy()])
+    return torch.from_numpy(vec)
+
+
 def _every_value_counts(flat: torch.Tensor, acc: torch.dtype) -> torch.Tensor | None:
     """`measure_channels` for a CPU tensor (values, C) none of whose values is masked or
-    non-finite — the common case, told from each channel's min and max in one pass: the same
-    numbers in about half the passes, with one float64 copy; the median |x| and the largest
-    values only where some |x| exceeds MASSIVE_ABS (else no activation can be massive, and the
-    median is left out: null). None: some value is masked or not finite (the general path)."""
+    non-finite — the common case without the kernels, told from each channel's min and max in
+    one pass: the same numbers in about half the passes of the general path, with one float64
+    copy. None: some value is masked or not finite (the general path)."""
     lo, hi = torch.aminmax(flat, dim=0)
     lowest = torch.finfo(flat.dtype).min
     if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())):
@@ -61,53 +86,79 @@ def _every_value_counts(flat: torch.Tensor, acc: torch.dtype) -> torch.Tensor | 
     if bool((lo == lowest).any()):
         return None
     n, c = flat.shape
+    vec = np.empty(PER_CHANNEL * c + 2)
+    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
     v = flat.to(acc)
     var, mean = torch.var_mean(v, dim=0, correction=0)
-    count = torch.full((c,), float(n), dtype=acc)
-    absx = flat.abs()
-    zeros = (flat == 0).sum(0, dtype=acc)
-    large = (absx >= LARGE).sum(0, dtype=acc)
-    g_mean = mean.mean()
-    v -= g_mean  # the copy is ours: deviations from the tensor's mean, in place
+    block[MEAN] = mean.numpy()
+    block[M2] = (var * n).numpy()
+    block[MIN] = lo.to(acc).numpy()
+    block[MAX] = hi.to(acc).numpy()
+    block[ZEROS] = (flat == 0).sum(0).numpy()
+    block[LARGE_N] = (flat.abs() >= LARGE).sum(0).numpy()
+    v -= mean.mean()  # the copy is ours: deviations from the tensor's mean, in place
     sq = v.square_()
-    g_m2 = sq.sum()
-    kurt = sq.square_().sum() * (n * c) / (g_m2 * g_m2) if float(g_m2) > 0 else None
-    # the median and the largest |x| serve to find massive activations (|x| > MASSIVE_ABS):
-    # where no value gets there, neither is computed (each a sort-like pass)
-    if max(float(-lo.min()), float(hi.max())) > MASSIVE_ABS:
-        median = absx.reshape(-1).median().to(acc)
-        top_abs, top_idx = absx.reshape(-1).topk(min(TOP, absx.numel()))
-        signed = flat.reshape(-1).gather(0, top_idx).to(acc)
+    g_m2 = float(sq.sum())
+    kurt = float(sq.square_().sum()) * (n * c) / (g_m2 * g_m2) if g_m2 > 0 else math.nan
+    return _packed(vec, n, kurt, lambda: flat)
+
+
+def _by_kernels(x: torch.Tensor, axis: int, chan: Any) -> torch.Tensor | None:
+    """`measure_channels` of a CPU float tensor by the numba kernels (`chan`: the
+    _chankernels module): two reads of x, in place where its channel dimension is the last in
+    memory or x is contiguous, instead of a float64 copy and about ten passes. None: some
+    value is masked or not finite (the general path)."""
+    lowest = float(torch.finfo(x.dtype).min)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()  # float16 and bfloat16 widen exactly
+    c = x.shape[axis]
+    moved = x.movedim(axis, -1)
+    a: np.ndarray[Any, Any]
+    if moved.is_contiguous() or not x.is_contiguous():
+        a = moved.contiguous().numpy().reshape(-1, c)
+    else:  # NCHW and the like: (outer, C, inner), read in place
+        a = x.numpy().reshape(math.prod(x.shape[:axis]), c, -1)
+    n = a.size // c
+    vec = np.empty(PER_CHANNEL * c + 2)
+    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    large = a.dtype.type(LARGE)
+    parts = chan.threads() if a.size >= chan.PARALLEL_MIN else 1
+    if a.ndim == 3:
+        chan.first_planes(a, large, block)
+    elif parts > 1:
+        chan.first_rows(a, large, parts, block)
     else:
-        median = torch.tensor(math.nan, dtype=acc)
-        top_abs = top_idx = signed = torch.zeros(0, dtype=acc)
-    return torch.cat(
-        [
-            torch.stack(
-                [
-                    count,
-                    mean,
-                    var * n,
-                    lo.to(acc),
-                    hi.to(acc),
-                    zeros,
-                    large,
-                    torch.zeros_like(count),
-                ]
-            ).reshape(-1),
-            torch.stack([kurt if kurt is not None else torch.tensor(math.nan, dtype=acc), median]),
-            torch.stack([signed, top_idx.to(acc), top_abs.to(acc)]).reshape(-1),
-        ]
-    )
+        chan.first_rows_serial(a, large, block)
+    # the first pass's fast-math figures hold only where every sum is finite (no NaN or Inf)
+    if not np.isfinite(block[MEAN]).all() or (block[MIN] == lowest).any():
+        return None
+    block[MEAN] /= n
+    g = float(block[MEAN].mean())
+    moments = np.empty(2)
+    if a.ndim == 3:
+        chan.second_planes(a, block[MEAN], g, block, moments)
+    elif parts > 1:
+        chan.second_rows(a, block[MEAN], g, parts, block, moments)
+    else:
+        chan.second_rows_serial(a, block[MEAN], g, block, moments)
+    g_m2, g_m4 = moments.tolist()
+    kurt = g_m4 * (n * c) / (g_m2 * g_m2) if g_m2 > 0 else math.nan
+    return _packed(vec, n, kurt, lambda: moved.reshape(-1, c))
 
 
-def measure_channels(x: torch.Tensor, axis: int, *, hist: bool = False) -> torch.Tensor:
+def measure_channels(
+    x: torch.Tensor, axis: int, *, hist: bool = False, kernels: Any = None
+) -> torch.Tensor:
     """x (already without padding) per channel along `axis`, packed in one float64 vector
     (`unpack` reads it): per channel COUNT … MASKED; the tensor's kurtosis and median |x|; its
     TOP largest |x| as signed value, flat index into x moved to (…, C), and |x|; with `hist`,
     then the counts of |x| in HIST_BINS log-spaced bins. Computed where x lives; nothing is
-    read on the host."""
+    read on the host. `kernels`: the _chankernels module, for a CPU tensor (None: torch ops)."""
     d = x.detach()
+    if kernels is not None and d.is_cpu and d.is_floating_point() and d.numel() and not hist:
+        fast = _by_kernels(d, axis, kernels)
+        if fast is not None:
+            return fast
     moved = d.movedim(axis, -1) if axis != d.dim() - 1 else d
     c = moved.shape[-1]
     flat = moved.reshape(-1, c)
@@ -164,39 +215,43 @@ def unpack(
 ) -> tuple[ChannelStats, list[tuple[float, int, float]]]:
     """The ChannelStats of `measure_channels`' vector (float64, on the CPU), and the tensor's
     largest |x| as (signed value, flat index into the tensor moved to (…, C), |x|). The
-    arithmetic is done on the vector; each list is made once."""
-    rows = packed[: PER_CHANNEL * c].view(PER_CHANNEL, c)
-    kurt, median = packed[PER_CHANNEL * c : PER_CHANNEL * c + 2].tolist()
-    end = packed.numel() - (HIST_BINS if hist else 0)
-    rest = packed[PER_CHANNEL * c + 2 : end].view(3, -1).tolist()
+    arithmetic is done on the vector (numpy: these are small arrays, where torch's per-op
+    cost dominates); each list is made once."""
+    vec = packed.numpy()
+    rows = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    kurt, median = vec[PER_CHANNEL * c : PER_CHANNEL * c + 2].tolist()
+    end = vec.size - (HIST_BINS if hist else 0)
+    rest = vec[PER_CHANNEL * c + 2 : end].reshape(3, -1).tolist()
     top = [(s, int(i), a) for s, i, a in zip(*rest, strict=True) if a > 0]
     count = rows[COUNT]
     has = count > 0
     lo, hi = rows[MIN], rows[MAX]
-    both = has & torch.isfinite(lo) & torch.isfinite(hi)
+    with np.errstate(invalid="ignore"):  # NaN where a channel has no value: listed as None
+        std = np.sqrt(np.maximum(rows[M2] / np.maximum(count, 1), 0))
+        absmax = np.maximum(np.abs(lo), np.abs(hi))
     stats = ChannelStats(
         axis=axis,
-        count=count.long().tolist(),
+        count=count.astype(np.int64).tolist(),
         mean=_listed(rows[MEAN], has),
-        std=_listed((rows[M2] / count.clamp(min=1)).clamp(min=0).sqrt(), has),
+        std=_listed(std, has),
         min=_listed(lo, has),
         max=_listed(hi, has),
-        absmax=_listed(torch.maximum(lo.abs(), hi.abs()), both),
-        zeros=rows[ZEROS].long().tolist(),
-        large=rows[LARGE_N].long().tolist(),
+        absmax=_listed(absmax, has & np.isfinite(lo) & np.isfinite(hi)),
+        zeros=rows[ZEROS].astype(np.int64).tolist(),
+        large=rows[LARGE_N].astype(np.int64).tolist(),
         masked=int(rows[MASKED].sum()),
         kurtosis=kurt if math.isfinite(kurt) else None,
         median_abs=median if math.isfinite(median) else None,
-        abs_hist=packed[end:].long().tolist() if hist else None,
+        abs_hist=vec[end:].astype(np.int64).tolist() if hist else None,
     )
     return stats, top
 
 
-def _listed(values: torch.Tensor, has: torch.Tensor) -> list[float | None]:
+def _listed(values: np.ndarray[Any, Any], has: np.ndarray[Any, Any]) -> list[float | None]:
     """values as floats, None where `has` is False or the value is not finite."""
-    ok = has & torch.isfinite(values)
-    out: list[float | None] = list(values.tolist())
-    if not bool(ok.all()):
+    ok = has & np.isfinite(values)
+    out: list[float | None] = values.tolist()
+    if not ok.all():
         out = [v if k else None for v, k in zip(out, ok.tolist(), strict=True)]
     return out
 

@@ -50,10 +50,9 @@ def summary(calls: Sequence[LayerCall]) -> Outliers:
                 continue  # a feature dimension is the last (tokens, features)
             width = len(ch.count)
             layers.setdefault(width, set()).add(c.name)
-            for k, (large, n) in enumerate(zip(ch.large, ch.count, strict=True)):
-                if large and n:
-                    seen = share.setdefault((width, k), {})
-                    seen[c.name] = max(seen.get(c.name, 0.0), large / n)
+            for k in [k for k, large in enumerate(ch.large) if large]:  # few channels
+                seen = share.setdefault((width, k), {})
+                seen[c.name] = max(seen.get(c.name, 0.0), ch.large[k] / ch.count[k])
     features = []
     for (width, k), by_layer in share.items():
         hit = [v for v in by_layer.values() if v >= FEATURE_SHARE]

@@ -60,6 +60,9 @@ SMALL = 16
 _MAX_CANCELLATION = 100.0
 # The process measures this many bytes with torch ops before it loads the numba kernels.
 _KERNEL_AFTER = 256 << 20
+# --channels by torch ops reads a tensor about this many times (a float64 copy, var_mean,
+# aminmax, the counts, the kurtosis' moments): its bytes count so many times toward loading.
+CHANNEL_PASSES = 10
 # `_cpu_row` widens at most this many elements to float64 at a time (a scratch copy that stays
 # in the cache, and bounded).
 _CHUNK = 1 << 18
@@ -68,11 +71,12 @@ _CHUNK = 1 << 18
 class Kernels:
     """The numba kernels (see _kernels.py): fast for clean data, careful for the rest."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, chan: Any) -> None:
         self.fused = (module.fused_serial, module.fused_parallel)
         self.careful = (module.careful_serial, module.careful_parallel)
         self.diff = (module.diff_serial, module.diff_parallel)
         self.diff_nhwc = module.diff_nhwc
+        self.channels = chan  # --channels' per-channel passes (_chankernels)
 
 
 def _load_kernels() -> Kernels | None:
@@ -82,13 +86,13 @@ def _load_kernels() -> Kernels | None:
     try:
         import numba
 
-        from hookcli.engine import _kernels
+        from hookcli.engine import _chankernels, _kernels
     except Exception:  # numba absent or broken: the torch path is exact, only slower
         return None
     # The kernels run between torch's own ops: use no more threads than torch does.
     most = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
     numba.set_num_threads(max(1, min(torch.get_num_threads(), most)))
-    return Kernels(_kernels)
+    return Kernels(_kernels, _chankernels)
 
 
 def kernel_threads() -> int | None:
@@ -452,9 +456,22 @@ class StatsCollector:
         inner = axis - 1 if padded else axis  # (batch, tokens) became one dimension
         if x.numel() == 0:
             return False
-        packed = measure_channels(x, inner, hist=self.channel_hist)
+        packed = measure_channels(x, inner, hist=self.channel_hist, kernels=self._chan_kernels(x))
         self._chan[idx] = _ChannelRow(packed, axis, shape, shape[axis], padded == 1)
         return True
+
+    def _chan_kernels(self, x: torch.Tensor) -> Any:
+        """The per-channel kernels for x, once they pay (as `_cpu` decides): a tensor measured
+        per channel by torch ops costs about CHANNEL_PASSES reads of it, against the kernels'
+        two."""
+        if not x.is_cpu:
+            return None
+        ks = self._kernels
+        if ks is None and self._backend == "auto":
+            ks = self._kernels = _kernels_if_they_pay()
+            if ks is None:
+                _without_kernels[0] += CHANNEL_PASSES * x.numel() * x.element_size()
+        return ks.channels if ks is not None else None
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
         if (
