@@ -14,15 +14,23 @@ The public Python API mirrors the command line and returns the same `Report` the
     >>> report = hookcli.inspect("hf:./tiny-llama", text="The cat sat on the")  # next tokens
     >>> hookcli.lens("hf:./tiny-llama", text="The cat sat on the").lens[0].top[0].token
 
-Importing this package never imports torch; it is imported on first use.
+Importing this package never imports torch; it is imported on first use. In a Python process
+(not the `hookcli` command) it starts loading the statistics' numba kernels in a background
+thread (hookcli.runtime.preload), so that the first call measures as fast as later ones;
+HOOKCLI_STATS=torch turns that off.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookcli._version import __version__
 from hookcli.options import DEFAULTS
+from hookcli.runtime import preload
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,6 +56,21 @@ __all__ = [
 ]
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _settled(fn: _F) -> _F:
+    """An API call: first, until runtime.preload's thread is done importing hookcli's modules
+    (at most ~0.1 s, what the call would spend importing them itself)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        preload.settle()
+        return fn(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
 def _new_run() -> None:
     """Each call is a run of its own: files an earlier call read may be written by this one."""
     from hookcli.io import output
@@ -55,6 +78,7 @@ def _new_run() -> None:
     output.begin()
 
 
+@_settled
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     """One hooked forward pass; its Report, as `hookcli inspect` makes it.
 
@@ -72,6 +96,7 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("inspect", model, inputs, options)
 
 
+@_settled
 def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     """Forward and backward with gradient hooks; its Report, as `hookcli grads` makes it.
     Options as inspect's (no batching), plus target ("top1", a class index or label, "sum"),
@@ -82,6 +107,7 @@ def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("grads", model, inputs, options)
 
 
+@_settled
 def check(model: Any, inputs: Any = (), **options: Any) -> Report:
     """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
     evaluate rules into `report.checks`; `hookcli.passed(report)` and
@@ -97,6 +123,7 @@ def check(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("check", model, inputs, options)
 
 
+@_settled
 def watch(
     model: Any,
     *,
@@ -140,6 +167,7 @@ def watch(
     return Watch(model, options, optimizer=optimizer, scaler=scaler)
 
 
+@_settled
 def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] = ()) -> str:
     """The report as the one self-contained HTML page `-o report.html` writes (a diff's and a
     lens' too): its JSON embedded, the per-call table static, sorting, filters and the module
@@ -150,6 +178,7 @@ def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] =
     return _render(report, "html", pictures=[d.embedded() for d in pictures])
 
 
+@_settled
 def formatted(
     report: Report | DiffReport | LensReport,
     fmt: str = "table",
@@ -167,6 +196,7 @@ def formatted(
     return _render(report, fmt, width=width, color=color, checks_only=checks_only, quiet=quiet)
 
 
+@_settled
 def exit_code(report: Report) -> int:
     """The exit code the CLI ends this report's run with: 0 every check passed, 1 a check
     failed, 130 a folder run was interrupted (partial statistics)."""
@@ -175,6 +205,7 @@ def exit_code(report: Report) -> int:
     return _exit_code(report)
 
 
+@_settled
 def passed(report: Report) -> bool:
     """Every check in `report.checks` passed and the run was whole (exit code 0)."""
     from hookcli.commands.checks import passed as _passed
@@ -182,6 +213,7 @@ def passed(report: Report) -> bool:
     return _passed(report)
 
 
+@_settled
 def maps(
     model: Any,
     image: Any = (),
@@ -209,6 +241,7 @@ def maps(
     )
 
 
+@_settled
 def cam(
     model: Any,
     image: Any = (),
@@ -239,6 +272,7 @@ def cam(
     )
 
 
+@_settled
 def attn(
     model: Any,
     image: Any = (),
@@ -266,6 +300,7 @@ def attn(
     return commands.attn(model_options, inputs, AttnOptions(layer, image_index, queries))
 
 
+@_settled
 def lens(
     model: Any,
     inputs: Any = (),
@@ -290,6 +325,7 @@ def lens(
     return lens_report(inv.model, inv.inputs, LensOptions(topk, blocks, norm, unembed))
 
 
+@_settled
 def diff(
     model: Any,
     inputs: Any = (),
@@ -316,3 +352,14 @@ def diff(
     inv = Invocation.from_api(model, inputs, options, backward=False)
     run = DiffOptions(a, b, ref, isolate, tol, batch_size, sort, own)
     return diff_run(inv.model, inv.selection, inv.inputs, run, flags=("a", "b", "ref"))
+
+
+def _the_command() -> bool:
+    """Whether this process is the `hookcli` command, which forks its worker before any load
+    (and whose --help loads nothing): it starts the load when a model is about to be built."""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name in {"hookcli", "hookcli.exe", "-m"}
+
+
+if not _the_command():
+    preload.start()

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from hookcli.engine._kernels import _FASTMATH, _fmax, _fmin
-from hookcli.engine.channels import LARGE_N, M2, MAX, MEAN, MIN, ZEROS
+from hookcli.engine.packing import LARGE_N, M2, MAX, MEAN, MIN, ZEROS
 
 PARALLEL_MIN = 1 << 15  # fewer elements: one thread (the threads' start costs more)
 

@@ -29,15 +29,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from hookcli.engine.packing import (
+    COUNT,
+    LARGE_N,
+    M2,
+    MASKED,
+    MAX,
+    MEAN,
+    MIN,
+    PER_CHANNEL,
+    ZEROS,
+)
 from hookcli.records import ChannelStats, Massive
 
 LARGE = 6.0  # LLM.int8: a feature dimension is an outlier where |x| reaches 6
 MASSIVE_ABS = 100.0  # Sun et al.: a massive activation exceeds 100 …
 MASSIVE_RATIO = 1000.0  # … and 1000 times the median |x| of its tensor
 TOP = 16  # the largest |x| of each tensor kept as massive candidates
-# what `measure_channels` holds per channel
-COUNT, MEAN, M2, MIN, MAX, ZEROS, LARGE_N, MASKED = range(8)
-PER_CHANNEL = 8
 
 
 HIST_BINS = 2048  # calib's histogram of |x|: log-spaced bins over 12 decades, merged exactly

@@ -47,6 +47,7 @@ import torch
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
 from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
+from hookcli.runtime import preload
 
 ROW = 9
 COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
@@ -60,6 +61,9 @@ SMALL = 16
 _MAX_CANCELLATION = 100.0
 # The process measures this many bytes with torch ops before it loads the numba kernels.
 _KERNEL_AFTER = 256 << 20
+# With the load in flight (runtime.preload), the process waits for it past this many bytes:
+# torch ops cost about 0.3 ms per MiB here, the kernels a tenth of it.
+_WAIT_AFTER = 64 << 20
 # --channels by torch ops reads a tensor about this many times (a float64 copy, var_mean,
 # aminmax, the counts, the kurtosis' moments): its bytes count so many times toward loading.
 CHANNEL_PASSES = 10
@@ -115,7 +119,9 @@ def use_kernel_threads(n: int | None) -> None:
 
 @functools.cache
 def kernels() -> Kernels | None:
-    """Loaded on first use (numba costs ~0.5 s to import and load), once per process."""
+    """Loaded on first use, once per process (numba costs about a second to import and load:
+    runtime.preload starts that early, in the background; this waits for it to end)."""
+    preload.wait()
     return _load_kernels()
 
 
@@ -123,9 +129,14 @@ _without_kernels = [0]  # bytes this process has measured on the CPU without the
 
 
 def _kernels_if_they_pay() -> Kernels | None:
-    """The kernels once loading them pays: loaded already, or once this process has measured
-    `_KERNEL_AFTER` bytes without them. Either way the figures agree to rounding."""
-    if kernels.cache_info().currsize or _without_kernels[0] >= _KERNEL_AFTER:
+    """The kernels once loading them pays: loaded already (here or by runtime.preload), or
+    waited for when a load is in flight and this process has measured `_WAIT_AFTER` bytes
+    with torch ops, or loaded here once it has measured `_KERNEL_AFTER` bytes without them.
+    Whichever path measures a tensor, the figures agree to rounding."""
+    done = _without_kernels[0]
+    if kernels.cache_info().currsize or preload.finished() or done >= _KERNEL_AFTER:
+        return kernels()
+    if preload.started() and done >= _WAIT_AFTER:
         return kernels()
     return None
 
