@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import threading
 import weakref
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from hookcli.engine import stats as stats_mod
 from hookcli.engine.stats import StatsCollector, tensor_stats
+from hookcli.runtime import preload
 from tests.conftest import assert_stats_match
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
@@ -117,6 +119,8 @@ def test_auto_measures_with_torch_until_the_kernels_pay(monkeypatch: pytest.Monk
     fresh = functools.cache(stats_mod._load_kernels)  # as in a process that never loaded them
     monkeypatch.setattr(stats_mod, "kernels", fresh)
     monkeypatch.setattr(stats_mod, "_without_kernels", [0])
+    monkeypatch.setattr(preload, "_thread", [])  # … nor started loading them in the background
+    monkeypatch.setattr(preload, "_done", threading.Event())
     monkeypatch.setattr(stats_mod, "_KERNEL_AFTER", 2 * t.numel() * 4)
     fast = _spy(monkeypatch, "_cpu_row")
     fused = _spy(monkeypatch, "_fused_row")

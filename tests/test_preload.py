@@ -1,0 +1,139 @@
+"""runtime.preload (issue 37): the statistics' kernels load in a background thread, so a
+fresh process's first call measures as its later ones do. Each case runs in a fresh process:
+what a process has loaded is the subject."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from hookcli.engine import stats as stats_mod
+from hookcli.engine.stats import StatsCollector
+from hookcli.runtime import preload
+
+pytestmark = pytest.mark.skipif(stats_mod.kernels() is None, reason="numba unavailable")
+
+
+def _fresh(code: str, *, argv0: str = "-c", env: dict[str, str] | None = None) -> dict[str, object]:
+    """Run `code` in a fresh Python (sys.argv[0] set first, as the process would have it), and
+    return the JSON it prints last."""
+    prelude = f"import sys; sys.argv[0] = {argv0!r}\n"
+    out = subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+_STATE = """
+import json, threading, time
+import hookcli
+from hookcli.runtime import preload
+names = [t.name for t in threading.enumerate()]
+loading = preload.started()
+preload.wait()
+torch_loaded = "torch" in sys.modules
+print(json.dumps({"threads": names, "started": loading, "numba": "numba" in sys.modules,
+                  "torch": torch_loaded, "finished": preload.finished()}))
+"""
+
+
+def test_import_hookcli_loads_the_kernels_in_the_background_without_torch() -> None:
+    got = _fresh(_STATE)
+    assert got["started"] and "hookcli-kernels" in got["threads"]  # type: ignore[operator]
+    assert got["finished"] and got["numba"]
+    assert got["torch"] is False  # the thread never imports torch
+
+
+@pytest.mark.parametrize(
+    ("argv0", "env"),
+    [
+        ("/usr/bin/hookcli", {}),  # the command: it forks first, and --help loads nothing
+        ("-m", {}),  # python -m hookcli, while the package is found
+        ("-c", {"HOOKCLI_STATS": "torch"}),  # the statistics on torch ops: nothing to load
+    ],
+    ids=["the command", "python -m", "HOOKCLI_STATS=torch"],
+)
+def test_no_load_where_nothing_wants_it(argv0: str, env: dict[str, str]) -> None:
+    got = _fresh(_STATE, argv0=argv0, env=env)
+    assert got == {**got, "started": False, "numba": False, "torch": False}
+    assert "hookcli-kernels" not in got["threads"]  # type: ignore[operator]
+
+
+def test_the_first_call_finds_the_kernels_loaded_and_its_figures_are_the_oracles() -> None:
+    """A fresh process: import hookcli, build a model, then the first inspect measures with the
+    kernels (loaded meanwhile), and its statistics are float64 torch's."""
+    got = _fresh(
+        """
+import json, torch
+import hookcli
+from hookcli.engine import stats
+from hookcli.runtime import preload
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval()
+x = torch.randn(512, 64)
+preload.wait()
+used = []
+original = stats._fused_row
+stats._fused_row = lambda *a: used.append(1) or original(*a)
+report = hookcli.inspect(model, x, device="cpu", layers=["0"])
+out = model[0](x).double()
+s = report.layers[0].outputs[0]
+print(json.dumps({"kernel": len(used), "mean": [s.mean, out.mean().item()],
+                  "std": [s.std, out.std(correction=0).item()]}))
+"""
+    )
+    assert got["kernel"]
+    for key in ("mean", "std"):
+        a, b = got[key]  # type: ignore[misc]
+        assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_a_load_in_flight_is_waited_for_past_the_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the load started but not done, small tensors are measured by torch ops; once the
+    process has measured _WAIT_AFTER bytes, the next waits for the load and uses the kernels."""
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    done = threading.Event()
+    monkeypatch.setattr(preload, "_thread", [thread])
+    monkeypatch.setattr(preload, "_done", done)
+    monkeypatch.setattr(stats_mod, "kernels", _fresh_kernels(done))
+    monkeypatch.setattr(stats_mod, "_without_kernels", [0])
+    t = torch.randn(1 << 14)
+    monkeypatch.setattr(stats_mod, "_WAIT_AFTER", 3 * t.numel() * 4)
+    used: list[str] = []
+    for name in ("_cpu_row", "_fused_row"):
+        original = getattr(stats_mod, name)
+        monkeypatch.setattr(
+            stats_mod, name, lambda *a, _o=original, _n=name: used.append(_n) or _o(*a)
+        )
+    collector = StatsCollector()
+    for i in range(3):
+        collector.add(t + i, f"x{i}")
+    assert used == ["_cpu_row"] * 3
+    threading.Timer(0.2, done.set).start()  # the load ends while the next tensor waits
+    collector.add(t + 3, "x3")
+    collector.finalize()
+    assert used == ["_cpu_row"] * 3 + ["_fused_row"] and done.is_set()
+
+
+def _fresh_kernels(done: threading.Event) -> object:
+    """stats.kernels as in a process whose background load is in flight: waits for `done`."""
+    import functools
+
+    @functools.cache
+    def kernels() -> object:
+        done.wait()
+        return stats_mod._load_kernels()
+
+    return kernels
