@@ -23,12 +23,14 @@ HOOKCLI_STATS=torch turns that off.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookcli._version import __version__
+from hookcli.engine import kernelwarm
 from hookcli.options import DEFAULTS
 from hookcli.runtime import preload
 
@@ -361,5 +363,22 @@ def _the_command() -> bool:
     return name in {"hookcli", "hookcli.exe", "-m"}
 
 
+# What a first inspect/grads/check call imports, in the order it does (~0.1 s, most of it
+# dataclasses): those without torch always, the rest where the caller has imported torch.
+_WITHOUT_TORCH = ("hookcli.records", "hookcli.commands.api", "hookcli.commands.run")
+_WITH_TORCH = ("hookcli.commands.inspect", "hookcli.commands.folder")
+
+
+def _import_modules() -> None:
+    """runtime.preload's first step: hookcli's own modules a first call would import, imported
+    while the caller does other work. Never torch: where the caller has not imported it yet,
+    the modules that need it are left to the first call."""
+    torch = sys.modules.get("torch")
+    spec = getattr(torch, "__spec__", None)
+    ready = torch is not None and not getattr(spec, "_initializing", False)
+    for name in _WITHOUT_TORCH + (_WITH_TORCH if ready else ()):
+        importlib.import_module(name)
+
+
 if not _the_command():
-    preload.start()
+    preload.start(kernelwarm.load, imports=_import_modules)

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from hookcli.engine._kernels import _FASTMATH, _fmax, _fmin
+from hookcli.engine._kernels import FASTMATH, fmax, fmin
 from hookcli.engine.packing import LARGE_N, M2, MAX, MEAN, MIN, ZEROS
 
 PARALLEL_MIN = 1 << 15  # fewer elements: one thread (the threads' start costs more)
@@ -39,7 +39,7 @@ def threads() -> int:
     return int(numba.get_num_threads())
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
+@njit(fastmath=FASTMATH, nogil=True, cache=True, inline="always")
 def _first_rows(a: Any, large: Any, parts: int, out: Any) -> None:
     rows, c = a.shape
     s = np.zeros((parts, c))
@@ -55,8 +55,8 @@ def _first_rows(a: Any, large: Any, parts: int, out: Any) -> None:
             for j in range(c):
                 v = row[j]
                 sp[j] += np.float64(v)
-                mnp[j] = _fmin(mnp[j], v)
-                mxp[j] = _fmax(mxp[j], v)
+                mnp[j] = fmin(mnp[j], v)
+                mxp[j] = fmax(mxp[j], v)
                 zp[j] += 1 if v == 0 else 0
                 bigp[j] += 1 if abs(v) >= large else 0
     for j in range(c):  # the parts in a fixed order: the digits do not depend on scheduling
@@ -74,7 +74,7 @@ def _first_rows(a: Any, large: Any, parts: int, out: Any) -> None:
             out[LARGE_N, j] += big[p, j]
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
+@njit(fastmath=FASTMATH, nogil=True, cache=True, inline="always")
 def _second_rows(  # noqa: PLR0917 (numba compiles no keyword-only arguments)
     a: Any, mean: Any, g: float, parts: int, out: Any, moments: Any
 ) -> None:
@@ -103,7 +103,7 @@ def _second_rows(  # noqa: PLR0917 (numba compiles no keyword-only arguments)
     moments[1] = g4.sum()
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True, parallel=True)
 def first_rows(a: Any, large: Any, parts: int, out: Any) -> None:
     """a: (rows, C), C-contiguous; large: a scalar of a's dtype. out: the (PER_CHANNEL, C)
     float64 block of channels.py's packed vector, whose rows MEAN (here: the sum), MIN, MAX,
@@ -111,13 +111,13 @@ def first_rows(a: Any, large: Any, parts: int, out: Any) -> None:
     _first_rows(a, large, parts, out)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True)
 def first_rows_serial(a: Any, large: Any, out: Any) -> None:
     """As first_rows, in this thread."""
     _first_rows(a, large, 1, out)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True, parallel=True)
 def second_rows(  # noqa: PLR0917 (numba compiles no keyword-only arguments)
     a: Any, mean: Any, g: float, parts: int, out: Any, moments: Any
 ) -> None:
@@ -127,13 +127,13 @@ def second_rows(  # noqa: PLR0917 (numba compiles no keyword-only arguments)
     _second_rows(a, mean, g, parts, out, moments)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True)
 def second_rows_serial(a: Any, mean: Any, g: float, out: Any, moments: Any) -> None:
     """As second_rows, in this thread."""
     _second_rows(a, mean, g, 1, out, moments)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True, parallel=True)
 def first_planes(a: Any, large: Any, out: Any) -> None:
     """a: (outer, C, inner), C-contiguous, inner > 1; otherwise as first_rows."""
     outer, c, inner = a.shape
@@ -148,8 +148,8 @@ def first_planes(a: Any, large: Any, out: Any) -> None:
             for i in range(inner):
                 v = plane[i]
                 s += np.float64(v)
-                mn = _fmin(mn, v)
-                mx = _fmax(mx, v)
+                mn = fmin(mn, v)
+                mx = fmax(mx, v)
                 z += 1 if v == 0 else 0
                 big += 1 if abs(v) >= large else 0
         out[MEAN, j] = s
@@ -159,7 +159,7 @@ def first_planes(a: Any, large: Any, out: Any) -> None:
         out[LARGE_N, j] = big
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True, parallel=True)
 def second_planes(a: Any, mean: Any, g: float, out: Any, moments: Any) -> None:
     """a: (outer, C, inner), free of NaN/Inf, inner > 1; otherwise as second_rows."""
     outer, c, inner = a.shape

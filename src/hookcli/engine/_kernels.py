@@ -27,7 +27,7 @@ from numba import njit, prange
 from numba.extending import intrinsic, overload
 
 BLOCK = 4096
-_FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
+FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
 
 
 def _binary_intrinsic(name: str, flags: tuple[str, ...] = ()) -> Any:
@@ -43,15 +43,15 @@ def _binary_intrinsic(name: str, flags: tuple[str, ...] = ()) -> Any:
     return call
 
 
-_fmin = _binary_intrinsic("llvm.minnum")
-_fmax = _binary_intrinsic("llvm.maxnum")
+fmin = _binary_intrinsic("llvm.minnum")
+fmax = _binary_intrinsic("llvm.maxnum")
 # For arguments that are never NaN (the careful kernel replaces non-finite values first):
 # the flags let min/max vectorise as reductions without assuming anything false.
 _fmin_nonan = _binary_intrinsic("llvm.minnum", ("nnan", "nsz"))
 _fmax_nonan = _binary_intrinsic("llvm.maxnum", ("nnan", "nsz"))
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
+@njit(fastmath=FASTMATH, nogil=True, cache=True, inline="always")
 def _block(r: Any) -> Any:
     s = 0.0
     q = 0.0
@@ -64,12 +64,12 @@ def _block(r: Any) -> Any:
         s += w
         q += w * w
         z += np.float32(1.0) if v == 0 else np.float32(0.0)
-        mn = _fmin(mn, v)
-        mx = _fmax(mx, v)
+        mn = fmin(mn, v)
+        mx = fmax(mx, v)
     return s, q, z, mn, mx
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, inline="always")
+@njit(fastmath=FASTMATH, nogil=True, cache=True, inline="always")
 def _fused(a: Any, out: Any) -> None:
     n = a.shape[0]
     nb = n // BLOCK
@@ -100,13 +100,13 @@ def _fused(a: Any, out: Any) -> None:
     out[4] = mx
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True)
 def fused_serial(a: Any, out: Any) -> None:
     """out[:] = sum, sum of squares, zero count, min, max of the 1-D array a (len(a) > 0)."""
     _fused(a, out)
 
 
-@njit(fastmath=_FASTMATH, nogil=True, cache=True, parallel=True)
+@njit(fastmath=FASTMATH, nogil=True, cache=True, parallel=True)
 def fused_parallel(a: Any, out: Any) -> None:
     """As fused_serial, with blocks spread over numba's threads."""
     _fused(a, out)

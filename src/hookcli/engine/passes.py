@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from hookcli.engine import kernelwarm
 from hookcli.engine.hooks import HookSession, Target
 from hookcli.engine.selection import (
     ROOT_LABEL,
@@ -87,7 +88,7 @@ def prepare(
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
     (folder runs bring their batches)."""
     isa.ensure()  # before oneDNN first runs: a CPU whose AMX kernels die gets a limit
-    preload.start()  # the statistics' kernels load while the model is built and read in
+    preload.start(kernelwarm.load)  # the kernels load while the model is built and read in
     device = resolve_device(model.device)
     # a module given through the API is named by its class: its repr can be huge, or endless
     label = model.model if isinstance(model.model, str) else type(model.model).__name__
