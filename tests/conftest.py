@@ -13,11 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from hookcli.runtime import isa
+from hookcli.runtime import isa, preload
 
 # Before torch runs any kernel: on a CPU that advertises AMX but dies in its bfloat16 kernels,
 # the suite runs under the same oneDNN limit the CLI and the API take (issue 13).
 isa.ensure()
+# `import hookcli` started loading the statistics' kernels in the background: done before any
+# test, so that "auto" measures with them in every test, not depending on how fast it loads
+# (tests that read the torch ops' numbers ask for stats_backend="torch").
+preload.wait()
 
 ROOT = Path(__file__).resolve().parent.parent
 CAT = ROOT / "sample_images" / "cat.jpeg"

@@ -133,6 +133,7 @@ def test_masked_values_are_counted_apart_and_never_as_values() -> None:
     assert ch.mean[1] == pytest.approx(flat[5:, 1].mean().item(), rel=1e-12)
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_merged_parts_are_the_whole_tensors_numbers() -> None:
     """Two batches' channel statistics merged (a folder run, torchrun ranks) = one batch's."""
     torch.manual_seed(1)
@@ -233,6 +234,7 @@ def test_planted_massive_activations_are_all_found_and_nothing_else_over_60_mode
     assert planted > 60 and found_right == planted
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_outlier_features_are_llm_int8s() -> None:
     """A channel at |x| >= 6 in 10% of the tokens of 3 of 5 layers is an outlier feature; one
     in a single layer (20%), or in 2% of the tokens, is not."""
@@ -286,6 +288,7 @@ def _act_scales_by_hand(model: nn.Module, sequences: list[torch.Tensor]) -> dict
     return {"scales": scales, "observers": observers}
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_linear_inputs_give_smoothquants_act_scales_and_the_observers_min_max(
     tmp_path: Path,
 ) -> None:
@@ -320,6 +323,7 @@ def _run(*args: str) -> Any:
     return runner.invoke(app, list(args))
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_check_fails_on_a_massive_activation_naming_where(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     r = _run(
@@ -355,6 +359,7 @@ def test_inspect_channels_shows_the_tables(tmp_path: Path) -> None:
     assert "spike call 0 out: 4000 at channel 3, sequence 0 position 2" in r.stdout
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_rank_reports_merge_to_the_whole_runs_channels_and_outliers() -> None:
     """Two shards' JSON reports (a torchrun's ranks) merged: per-channel numbers and the
     outliers are one run's over all the data."""
@@ -468,6 +473,7 @@ def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
         assert got == want, seed
 
 
+@pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_a_folder_runs_channels_are_one_batchs() -> None:
     """Two images in batches of one (a folder run) = the same two in one batch."""
     from tests.conftest import CAT, COFFEE
@@ -542,22 +548,49 @@ def _layouts() -> list[tuple[str, torch.Tensor, int]]:
         ("bfloat16", (torch.randn(3, 8, 24, generator=g) * 20).bfloat16(), 2),
         ("float16", (torch.randn(2, 16, 6, 5, generator=g) * 200).half(), 1),
         ("conv1d", torch.randn(2, 12, 33, generator=g), 1),
+        ("float64 nchw massive", relu.double() * 1e3, 1),
+        ("one channel", torch.randn(50, 1, generator=g), 1),
+        ("pooled", torch.randn(3, 7, 1, 1, generator=g), 1),
     ]
 
 
+@pytest.mark.parametrize("case", _layouts(), ids=lambda c: c[0])
+def test_the_torch_ops_give_torchs_numbers_in_every_layout_and_leave_the_tensor(
+    case: tuple[str, torch.Tensor, int],
+) -> None:
+    """--channels by torch ops (no numba, or before it loads): float64 torch's numbers, and
+    the measured tensor as it was (a float64 tensor is not widened into a copy of its own)."""
+    _, x, axis = case
+    kept = x.clone()
+    c = StatsCollector(backend="torch")
+    c.channels = lambda ctx, shape: axis
+    stats = c.add(x, "out")
+    c.finalize()
+    assert torch.equal(x, kept)
+    assert_channels_are_torchs(stats, x, axis)
+
+
 @pytest.mark.kernels
+@pytest.mark.parametrize("threads", [None, 3], ids=["threads as loaded", "rows in 3 parts"])
 @pytest.mark.parametrize("case", _layouts(), ids=lambda c: c[0])
 def test_the_channel_kernels_give_torchs_numbers_in_every_layout(
-    case: tuple[str, torch.Tensor, int], monkeypatch: pytest.MonkeyPatch
+    case: tuple[str, torch.Tensor, int], threads: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--channels by the numba kernels, against float64 torch on the same tensor, and the
-    kernels are what measured it (the torch path is never called)."""
+    kernels are what measured it (the torch path is never called); rows split in uneven
+    parts (3, past any row count here where one part is empty) give the same numbers."""
     from hookcli.engine import channels as channels_mod
     from hookcli.engine import stats as stats_mod
 
     if stats_mod.kernels() is None:
         pytest.skip("numba unavailable")
+    if threads is not None:
+        from hookcli.engine import _chankernels
+
+        monkeypatch.setattr(_chankernels, "threads", lambda: threads)
+        monkeypatch.setattr(_chankernels, "PARALLEL_MIN", 0)
     _, x, axis = case
+    kept = x.clone()
     torch_path: list[object] = []
     monkeypatch.setattr(channels_mod, "_every_value_counts", lambda *a: torch_path.append(a))
     by_kernels = channels_mod._by_kernels
@@ -573,6 +606,7 @@ def test_the_channel_kernels_give_torchs_numbers_in_every_layout(
     stats = c.add(x, "out")
     c.finalize()
     assert torch_path == [] and len(kernel_path) == 1 and kernel_path[0] is not None
+    assert torch.equal(x, kept)
     assert_channels_are_torchs(stats, x, axis)
     absx = x.double().abs()
     if absx.max() > 100 and absx.max() > 1000 * absx.median():  # planted: massive

@@ -4,6 +4,7 @@ what a process has loaded is the subject."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ from hookcli.engine import stats as stats_mod
 from hookcli.engine.stats import StatsCollector
 from hookcli.runtime import preload
 
-pytestmark = pytest.mark.skipif(stats_mod.kernels() is None, reason="numba unavailable")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba unavailable"
+)
 
 
 def _fresh(code: str, *, argv0: str = "-c", env: dict[str, str] | None = None) -> dict[str, object]:
@@ -70,9 +73,10 @@ def test_no_load_where_nothing_wants_it(argv0: str, env: dict[str, str]) -> None
     assert "hookcli-kernels" not in got["threads"]  # type: ignore[operator]
 
 
+@pytest.mark.kernels
 def test_the_first_call_finds_the_kernels_loaded_and_its_figures_are_the_oracles() -> None:
-    """A fresh process: import hookcli, build a model, then the first inspect measures with the
-    kernels (loaded meanwhile), and its statistics are float64 torch's."""
+    """A fresh process: import hookcli, build a model, then the first inspect (once the load
+    has ended) measures with the kernels, and its statistics are float64 torch's."""
     got = _fresh(
         """
 import json, torch
@@ -137,3 +141,23 @@ def _fresh_kernels(done: threading.Event) -> object:
         return stats_mod._load_kernels()
 
     return kernels
+
+
+def test_a_fork_during_the_load_leaves_a_child_that_runs() -> None:
+    """multiprocessing's fork right after `import hookcli`: the fork waits for the load to end
+    (no module left half imported in the child), and the child's calls do not wait for a
+    thread it does not have."""
+    got = _fresh(
+        """
+import json, os, signal, torch
+import hookcli
+pid = os.fork()
+if pid == 0:
+    signal.alarm(120)  # a hang fails the test instead of the run
+    report = hookcli.inspect(torch.nn.Linear(4, 4), torch.randn(2, 4), device="cpu")
+    os._exit(0 if len(report.layers) == 1 else 1)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"status": status}))
+"""
+    )
+    assert got == {"status": 0}

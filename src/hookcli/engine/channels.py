@@ -96,7 +96,7 @@ def _every_value_counts(flat: torch.Tensor, acc: torch.dtype) -> torch.Tensor | 
     n, c = flat.shape
     vec = np.empty(PER_CHANNEL * c + 2)
     block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
-    v = flat.to(acc)
+    v = flat.to(acc, copy=True)  # ours to change in place below (a float64 x is the caller's)
     var, mean = torch.var_mean(v, dim=0, correction=0)
     block[MEAN] = mean.numpy()
     block[M2] = (var * n).numpy()

@@ -12,8 +12,11 @@ def load() -> None:
     caller's thread."""
     import numpy as np
 
-    from hookcli.engine import _chankernels, _kernels  # noqa: F401 (compiled on import)
+    from hookcli.engine import _chankernels, _kernels
 
     values, out = np.zeros(8, np.float32), np.zeros(7)
     _kernels.fused_serial(values, out)
     _kernels.careful_serial(values, 0.0, out)
+    rows, block, moments = np.zeros((2, 4), np.float32), np.zeros((8, 4)), np.zeros(2)
+    _chankernels.first_rows_serial(rows, np.float32(6), block)  # --channels' own
+    _chankernels.second_rows_serial(rows, block[1], 0.0, block, moments)

@@ -50,7 +50,7 @@ def summary(calls: Sequence[LayerCall]) -> Outliers:
                 continue  # a feature dimension is the last (tokens, features)
             width = len(ch.count)
             layers.setdefault(width, set()).add(c.name)
-            for k in [k for k, large in enumerate(ch.large) if large]:  # few channels
+            for k in [k for k, large in enumerate(ch.large) if large and ch.count[k]]:
                 seen = share.setdefault((width, k), {})
                 seen[c.name] = max(seen.get(c.name, 0.0), ch.large[k] / ch.count[k])
     features = []

@@ -5,3 +5,5 @@ reach |x| >= 6, how many were masked."""
 
 COUNT, MEAN, M2, MIN, MAX, ZEROS, LARGE_N, MASKED = range(8)
 PER_CHANNEL = 8
+# numba caches _chankernels' machine code with these values baked in, and sees only that
+# file's own changes: change a value here, and change _chankernels.py too (or its cache).

@@ -10,15 +10,17 @@ TensorStats it handed out.
 
 Three ways to fill a row:
 
-* CPU floating point, until the process has measured `_KERNEL_AFTER` bytes: `_cpu_row`, a
-  few fast torch reductions (float64 sum and sum of squares, aminmax, a nonzero count) at
-  ~10 GB/s. torch's var_mean, `x == 0`, count_nonzero (on ReLU outputs) and isfinite stream
-  near 1 GB/s, so they are not used: a finite sum and sum of squares prove the data holds no
-  NaN/Inf. Costs no import.
-* CPU floating point, from then on: numba kernels (`_fused_row`), one fused pass for all five
-  sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs ~0.5 s
-  per process, which a single image's activations do not repay; a folder, a batch stream, a
-  training run or an API session does.
+* CPU floating point, until the numba kernels are loaded: `_cpu_row`, a few fast torch
+  reductions (float64 sum and sum of squares, aminmax, a nonzero count) at ~10 GB/s. torch's
+  var_mean, `x == 0`, count_nonzero (on ReLU outputs) and isfinite stream near 1 GB/s, so they
+  are not used: a finite sum and sum of squares prove the data holds no NaN/Inf.
+* CPU floating point, once loaded: numba kernels (`_fused_row`), one fused pass for all five
+  sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs about a
+  second per process; runtime.preload does it in a background thread from `import hookcli`
+  (or, in the `hookcli` command, from the model's build), and a collector takes the kernels
+  as soon as they are there; with the load still in flight it waits for it once the process
+  has measured `_WAIT_AFTER` bytes with torch ops. Where nothing started a load, they are
+  loaded after `_KERNEL_AFTER` bytes.
   Both CPU paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted
   only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
   counts them and excludes them), and a variance small against the mean square means
@@ -311,9 +313,9 @@ class StatsCollector:
         hist_bins: int = 0,
         hist_edges: dict[Any, tuple[Any, Any]] | None = None,
     ) -> None:
-        """backend: "auto" (torch reductions, then the numba kernels once the process has
-        measured `_KERNEL_AFTER` bytes), "kernel" (numba from the first tensor, where numba
-        works) or "torch" (never numba). They agree to rounding."""
+        """backend: "auto" (the numba kernels once loaded — runtime.preload loads them in the
+        background — torch reductions until then), "kernel" (numba from the first tensor,
+        where numba works) or "torch" (never numba). They agree to rounding."""
         if backend not in STATS_BACKENDS:
             raise ValueError(f"backend must be one of {STATS_BACKENDS}, not {backend!r}")
         self._backend = backend

@@ -56,9 +56,31 @@ def _run(load: Callable[[], None], imports: Callable[[], None] | None) -> None:
         _done.set()
 
 
+def _before_fork() -> None:
+    """A fork while the thread imports would leave the child modules half imported, their
+    locks held by a thread it does not have: the fork waits for the load to end first (about a
+    second at most; bounded, for a thread stuck elsewhere)."""
+    if _thread and not _done.is_set():
+        _done.wait(_FORK_WAIT)
+
+
+def _in_child() -> None:
+    """The child has no thread: nothing to wait for; its first use loads the kernels itself."""
+    if _thread:
+        _thread.clear()
+        _imported.set()
+        _done.set()
+
+
+_FORK_WAIT = 30.0
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+
+
 def settle() -> None:
-    """Before a call imports hookcli's modules: until the thread is done importing them (the
-    two never import modules at once, so neither import waits on the other's)."""
+    """Before a call imports hookcli's modules: until the thread is done importing them, so
+    that the two never import hookcli's modules at once (its load step then imports numba and
+    numpy beside the caller's imports: no module of one imports the other's)."""
     if _thread:
         _imported.wait()
 
