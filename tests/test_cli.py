@@ -292,8 +292,10 @@ def test_version() -> None:
 
 
 def test_help_never_imports_torch() -> None:
+    """As the console script runs it: argv[0] is `hookcli` before anything is imported (so no
+    background load of the kernels starts either: it would import numpy)."""
     code = (
-        "import sys; from hookcli.cli import main; sys.argv = ['hookcli', '--help']\n"
+        "import sys; sys.argv = ['hookcli', '--help']; from hookcli.cli import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'\n"
     )
