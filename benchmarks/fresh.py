@@ -158,12 +158,16 @@ def main() -> None:
             r = _run_child(case, kind)
             ratios.setdefault((kind, case), []).append(r["hooked"] / r["plain"])
             overlapped += not r.get("loaded", True)
-    print(f"(a) first hookcli call of a fresh process ÷ plain, medians of {args.rounds} processes")
-    for kind, case in pairs:
+    if args.rounds > 0:
+        print(
+            f"(a) first hookcli call of a fresh process ÷ plain, medians of {args.rounds} processes"
+        )
+    for kind, case in pairs if args.rounds > 0 else []:
         each = ", ".join(f"{v:.2f}" for v in ratios[kind, case])
         ratio = statistics.median(ratios[kind, case])
         print(f"  {kind:<8} {CASES[case]:<30} {ratio:.2f}x   ({each})")
-    print(f"  timed plain forwards that ran beside the background load: {overlapped}")
+    if args.rounds > 0:
+        print(f"  timed plain forwards that ran beside the background load: {overlapped}")
     if args.cli_runs <= 0:
         return
     import torch

@@ -357,8 +357,8 @@ def diff(
 
 
 def _the_command() -> bool:
-    """Whether this process is the `hookcli` command, which forks its worker before any load
-    (and whose --help loads nothing): it starts the load when a model is about to be built."""
+    """Whether this process is the `hookcli` command, which forks its worker before anything
+    heavy (and whose --help loads nothing): it starts no background load (runtime.preload)."""
     name = os.path.basename(sys.argv[0]) if sys.argv else ""
     return name in {"hookcli", "hookcli.exe", "-m"}
 

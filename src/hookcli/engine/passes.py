@@ -32,7 +32,6 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from hookcli.engine import kernelwarm
 from hookcli.engine.hooks import HookSession, Target
 from hookcli.engine.selection import (
     ROOT_LABEL,
@@ -47,7 +46,7 @@ from hookcli.engine.targets import scalar as scalar_of
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput, default_input, from_images, from_specs
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
-from hookcli.runtime import beacon, gcpause, isa, preload, ranks
+from hookcli.runtime import beacon, gcpause, isa, ranks
 from hookcli.sources import LoadedModel, load_model, resolve_device
 
 
@@ -88,7 +87,6 @@ def prepare(
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
     (folder runs bring their batches)."""
     isa.ensure()  # before oneDNN first runs: a CPU whose AMX kernels die gets a limit
-    preload.start(kernelwarm.load)  # the kernels load while the model is built and read in
     device = resolve_device(model.device)
     # a module given through the API is named by its class: its repr can be huge, or endless
     label = model.model if isinstance(model.model, str) else type(model.model).__name__

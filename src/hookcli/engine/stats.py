@@ -16,11 +16,11 @@ Three ways to fill a row:
   are not used: a finite sum and sum of squares prove the data holds no NaN/Inf.
 * CPU floating point, once loaded: numba kernels (`_fused_row`), one fused pass for all five
   sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs about a
-  second per process; runtime.preload does it in a background thread from `import hookcli`
-  (or, in the `hookcli` command, from the model's build), and a collector takes the kernels
-  as soon as they are there; with the load still in flight it waits for it once the process
-  has measured `_WAIT_AFTER` bytes with torch ops. Where nothing started a load, they are
-  loaded after `_KERNEL_AFTER` bytes.
+  second per process: runtime.preload does it in a background thread from `import hookcli`
+  (not in the `hookcli` command), and a collector takes the kernels as soon as they are
+  there; with the load in flight it waits for it once the process has measured `_WAIT_AFTER`
+  bytes with torch ops. Where nothing started a load (the command), they are loaded after
+  `_KERNEL_AFTER` bytes.
   Both CPU paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted
   only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
   counts them and excludes them), and a variance small against the mean square means

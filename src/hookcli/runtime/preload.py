@@ -7,8 +7,9 @@ the cache), most of it while torch's own work would let the process run somethin
 model's construction, reading the input, the forward's ops. Started early, the load is done by
 the time the statistics want it, and a one-shot run's statistics cost what a warm loop's do.
 
-`start()` is called where a run is certain: by `import hookcli` in a Python process (not in
-the `hookcli` command, which forks first: there, when a model is about to be built). The
+`start()` is called by `import hookcli` in a Python process, not in the `hookcli` command:
+there the load's imports, which hold the GIL against the worker's own, slowed every run more
+than they saved (docs/speed.md), and it loads the kernels inline past 256 MiB. The
 thread first imports the hookcli modules a first call would (`settle()`: the API's calls wait
 for that before importing anything, so the two threads never import at once), then numba and
 the kernels (engine.kernelwarm). It never imports torch, leaves nothing running when it ends
