@@ -58,6 +58,13 @@ def hist_bounds() -> torch.Tensor:
     return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64)
 
 
+def _head(c: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A packed vector's head for C channels (PER_CHANNEL * C + 2 float64 values, unfilled), and
+    its per-channel block viewed as (PER_CHANNEL, C)."""
+    vec = np.empty(PER_CHANNEL * c + 2)
+    return vec, vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+
+
 def _packed(
     vec: np.ndarray[Any, Any], n: int, kurt: float, flat: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
@@ -67,7 +74,7 @@ def _packed(
     the largest values only where some |x| exceeds MASSIVE_ABS (else no activation can be
     massive, and the median is left out: null)."""
     c = (vec.size - 2) // PER_CHANNEL
-    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)  # _head's view
     block[COUNT] = n
     block[MASKED] = 0
     vec[-2:] = kurt, math.nan
@@ -94,8 +101,7 @@ def _every_value_counts(flat: torch.Tensor, acc: torch.dtype) -> torch.Tensor | 
     if bool((lo == lowest).any()):
         return None
     n, c = flat.shape
-    vec = np.empty(PER_CHANNEL * c + 2)
-    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    vec, block = _head(c)
     v = flat.to(acc, copy=True)  # ours to change in place below (a float64 x is the caller's)
     var, mean = torch.var_mean(v, dim=0, correction=0)
     block[MEAN] = mean.numpy()
@@ -127,8 +133,7 @@ def _by_kernels(x: torch.Tensor, axis: int, chan: Any) -> torch.Tensor | None:
     else:  # NCHW and the like: (outer, C, inner), read in place
         a = x.numpy().reshape(math.prod(x.shape[:axis]), c, -1)
     n = a.size // c
-    vec = np.empty(PER_CHANNEL * c + 2)
-    block = vec[: PER_CHANNEL * c].reshape(PER_CHANNEL, c)
+    vec, block = _head(c)
     large = a.dtype.type(LARGE)
     parts = chan.threads() if a.size >= chan.PARALLEL_MIN else 1
     if a.ndim == 3:

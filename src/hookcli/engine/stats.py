@@ -479,12 +479,18 @@ class StatsCollector:
         two."""
         if not x.is_cpu:
             return None
+        ks = self._kernels_or_count(CHANNEL_PASSES * x.numel() * x.element_size())
+        return ks.channels if ks is not None else None
+
+    def _kernels_or_count(self, nbytes: int) -> Kernels | None:
+        """The kernels once they pay for their loading; else None, with "auto" counting the
+        `nbytes` measured without them toward that."""
         ks = self._kernels
         if ks is None and self._backend == "auto":
             ks = self._kernels = _kernels_if_they_pay()
             if ks is None:
-                _without_kernels[0] += CHANNEL_PASSES * x.numel() * x.element_size()
-        return ks.channels if ks is not None else None
+                _without_kernels[0] += nbytes
+        return ks
 
     def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
         if (
@@ -506,13 +512,9 @@ class StatsCollector:
 
     def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
-        ks = self._kernels
-        if ks is None and self._backend == "auto":
-            ks = self._kernels = _kernels_if_they_pay()
+        ks = self._kernels_or_count(t.numel() * t.element_size())
         if ks is not None:
             return _fused_row(t, ks, self._scratch)
-        if self._backend == "auto":
-            _without_kernels[0] += t.numel() * t.element_size()
         return _cpu_row(_dense_flat(t))
 
     def finalize(self) -> None:
