@@ -4,6 +4,7 @@ atomic output files, one-line errors for every bad input, help for every command
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
@@ -284,6 +285,26 @@ def test_every_command_has_help_with_an_example() -> None:
         h = run(command, "--help")
         assert h.exit_code == 0 and "Example: hookcli" in h.stdout, h.stdout
     assert run("inspect", "-h").exit_code == 0
+
+
+def test_a_run_builds_only_the_command_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typer builds a command from its whole signature: `hookcli --help` lists the commands
+    without building any, a command builds itself alone; the list is the same as Typer's."""
+    app_module = importlib.import_module("hookcli.cli.app")  # hookcli.cli.app is the Typer app
+    built: list[str] = []
+    real = app_module.build
+
+    def counting(function: object, config: bool) -> object:
+        built.append(getattr(function, "__name__", ""))
+        return real(function, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app_module, "build", counting)
+    listed = run("--help")
+    assert listed.exit_code == 0 and built == []
+    names = re.findall(r"^  (\w+)  ", listed.stdout.split("Commands:")[1], re.M)
+    assert names == list(app_module.registered()) and len(names) == 14
+    assert run("layers", "--help").exit_code == 0 and built == ["layers"]
+    assert run("inspec").exit_code == 2 and built == ["layers"]  # a typo: a suggestion, no build
 
 
 def test_version() -> None:

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.cli.params import config_keys
+from hookcli.cli.params import config_keys, registered
 from hookcli.options import DEFAULTS, RuleOptions, pick
 from tests.conftest import ROOT
 
@@ -22,9 +23,8 @@ runner = CliRunner()
 NET = ROOT / "examples" / "tiny" / "net.py"
 
 
-def _long_options(command: typer.models.CommandInfo) -> set[str]:
-    assert command.callback is not None
-    hints = typing.get_type_hints(command.callback, include_extras=True)
+def _long_options(function: Callable[..., None]) -> set[str]:
+    hints = typing.get_type_hints(function, include_extras=True)
     names = set()
     for hint in hints.values():
         for info in typing.get_args(hint)[1:]:
@@ -36,13 +36,13 @@ def _long_options(command: typer.models.CommandInfo) -> set[str]:
 
 def test_every_long_option_of_a_config_command_is_a_config_key() -> None:
     keys = config_keys("inspect")
-    commands = [c for c in app.registered_commands if "config" in _long_options(c)]
-    assert {c.callback.__name__ for c in commands if c.callback} == {
+    commands = [f for f, _ in registered().values() if "config" in _long_options(f)]
+    assert {f.__name__ for f in commands} == {
         "layers", "inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens", "calib",
     }  # fmt: skip
     for command in commands:
         missing = _long_options(command) - {"config", "no-config"} - set(keys)
-        assert not missing, (command.callback, missing)
+        assert not missing, (command, missing)
     assert keys["image"].param == "image_index"  # --image feeds MapOptions.image_index
     assert keys["input"].param == "input_spec" and keys["input"].kind == "list"
     assert keys["output"].kind == "path" and keys["tol"].kind == "float"

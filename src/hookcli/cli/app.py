@@ -4,17 +4,19 @@ package (hookcli.cli imports them all); `main` runs them in a supervised worker.
 from __future__ import annotations
 
 import contextlib
+import inspect as _inspect
 import os
 import sys
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from hookcli._version import __version__
 from hookcli.cli import calib, diff, inspect, lens, listing, pictures, replay, runlog
 from hookcli.cli.console import err
-from hookcli.cli.params import register
+from hookcli.cli.params import build, register, registered
 from hookcli.errors import HookcliError
 
 # click's usage error (typer's BadParameter derives from it; typer may vendor click)
@@ -38,7 +40,62 @@ def _one_line(exc: Exception) -> None:
     exc.show = show  # type: ignore[attr-defined]
 
 
+class Commands(MutableMapping[str, Any]):
+    """The app's commands by name, each built only when it is looked up: Typer reads a command's
+    whole signature to build it (~6 ms each here), and a run uses one command, so `hookcli
+    inspect` builds one and `hookcli --help` none (it lists `stand_ins`)."""
+
+    def __init__(self, functions: dict[str, tuple[Callable[..., None], bool]]) -> None:
+        self._functions = functions
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            function, config = self._functions[name]
+            self._built[name] = build(function, config)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+        self._functions.setdefault(name, (command.callback, False))
+
+    def __delitem__(self, name: str) -> None:
+        del self._functions[name]
+        self._built.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._functions)
+
+    def __len__(self) -> int:
+        return len(self._functions)
+
+    def stand_ins(self) -> dict[str, Any]:
+        """Every command as the command list of --help needs it (name, help, hidden): the
+        built command where there is one, else one without parameters."""
+        return {
+            name: self._built.get(name)
+            or TyperCommand(name=name, help=_inspect.getdoc(function), rich_markup_mode=None)
+            for name, (function, _) in self._functions.items()
+        }
+
+
 class _OneLineGroup(TyperGroup):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = Commands(registered())
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # names only: Typer's own reads (builds) every command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        lazy = self.commands
+        if isinstance(lazy, Commands):
+            self.commands = lazy.stand_ins()
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self.commands = lazy
+
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().make_context(*args, **kwargs)
@@ -93,20 +150,20 @@ def _root(
 
 # The commands, in the order --help lists them; those that read the project config take it
 # through params.ConfigCommand.
-register(app, listing.models, config=False)
-register(app, listing.layers, config=True)
-register(app, inspect.inspect, config=True)
-register(app, inspect.grads, config=True)
-register(app, inspect.check, config=True)
-register(app, diff.diff, config=True)
-register(app, listing.show, config=False)
-register(app, pictures.maps, config=True)
-register(app, pictures.cam, config=True)
-register(app, pictures.attn, config=True)
-register(app, lens.lens, config=True)
-register(app, calib.calib, config=True)
-register(app, replay.replay, config=False)
-register(app, runlog.report, config=False)
+register(listing.models, config=False)
+register(listing.layers, config=True)
+register(inspect.inspect, config=True)
+register(inspect.grads, config=True)
+register(inspect.check, config=True)
+register(diff.diff, config=True)
+register(listing.show, config=False)
+register(pictures.maps, config=True)
+register(pictures.cam, config=True)
+register(pictures.attn, config=True)
+register(lens.lens, config=True)
+register(calib.calib, config=True)
+register(replay.replay, config=False)
+register(runlog.report, config=False)
 
 
 def main() -> None:

@@ -440,13 +440,29 @@ def _project_config(command: Any, args: Sequence[str]) -> tuple[Path, dict[str, 
 _READS_CONFIG: dict[str, Callable[..., None]] = {}  # the commands that read the config
 
 
-def register(app: typer.Typer, command: Callable[..., None], *, config: bool) -> None:
-    """A command on the app; with `config`, its options not given come from the config."""
+_REGISTERED: dict[str, tuple[Callable[..., None], bool]] = {}  # name: (function, config)
+
+
+def register(command: Callable[..., None], *, config: bool) -> None:
+    """A command of the app (app.Commands builds it when it is used); with `config`, its
+    options not given come from the config."""
     if config:
         _READS_CONFIG[command.__name__] = command
-        app.command(cls=ConfigCommand)(command)
-    else:
-        app.command()(command)
+    _REGISTERED[command.__name__.lower().replace("_", "-")] = (command, config)
+
+
+def registered() -> dict[str, tuple[Callable[..., None], bool]]:
+    """The registered commands, in the order `hookcli --help` lists them."""
+    return dict(_REGISTERED)
+
+
+def build(command: Callable[..., None], config: bool) -> Any:
+    """One command's Click object, built by Typer from the function's signature (its options,
+    their types and help): a Typer app of that one command, as typer.main.get_command builds
+    it. A few milliseconds a command, so only the command that runs is built."""
+    one = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+    one.command(cls=ConfigCommand if config else None)(command)
+    return typer.main.get_command(one)
 
 
 def config_keys(current: str) -> dict[str, Key]:

@@ -27,7 +27,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 ENV = "ONEDNN_MAX_CPU_ISA"
@@ -109,6 +108,8 @@ def _cpu_model() -> str:
 
 
 def _torch_version() -> str:
+    from importlib import metadata  # 10 ms: not on `hookcli --help`'s path
+
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
