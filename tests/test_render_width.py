@@ -3,6 +3,7 @@ split across lines; columns are left out (and named) before that, then rows turn
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
@@ -80,3 +81,92 @@ def test_profile_table_fits(width: int) -> None:
     whole = re.compile(r"\d+\.\d{3}|\d+\.\d{2}|\d+\.\d%|\d")
     assert cells and all(whole.fullmatch(c) for c in cells if c != str(width)), cells
     assert "self" in section
+
+
+def _grid_text(grid: object, color: bool, width: int, rich_only: bool) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(
+        file=buf, width=width, force_terminal=color, no_color=not color,
+        color_system="standard" if color else None, highlight=False, soft_wrap=False,
+    )  # fmt: skip
+    if rich_only:
+        grid._laid_out = lambda *a: None  # type: ignore[attr-defined]
+    console.print(grid)
+    text = buf.getvalue()
+    return "\n".join(line.rstrip() for line in ANSI.sub("", text).splitlines())
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+WORDS = [
+    "conv1",
+    "x y",
+    " lead",
+    "layer4.1.conv2",
+    "8x64x56x56",
+    "0.0002255",
+    "-1.587",
+    "—",
+    "猫",
+    "",
+]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_fast_layout_draws_what_richs_table_draws(seed: int) -> None:
+    """Grid lays its lines out itself where no cell folds: the oracle is Rich's Table drawing
+    the same grid (widths, justification, wrapped headers, multi-line cells, titles, flagged
+    rows, wide characters), in colour and without."""
+    import random
+
+    from hookcli.render.rows import RIGHT
+    from hookcli.render.table import Grid
+
+    rng = random.Random(seed)
+    right = sorted(RIGHT)
+    headers = ["layer", *rng.sample([*right, "type", "input", "output"], rng.randint(1, 6))]
+    title = rng.choice([None, "parameters", "a title that may well be wider than the table is"])
+    color = rng.random() < 0.5
+    width = rng.choice([40, 80, 120, 200])
+
+    def cell() -> str:
+        return "\n".join(rng.choice(WORDS) for _ in range(rng.choice([1, 1, 1, 2])))
+
+    grids = []
+    for _ in range(2):
+        g = Grid(title, headers, color, drop=headers[2:4])
+        rng2 = random.Random(seed)
+        for _ in range(rng2.randint(0, 6)):
+            g.add_row(*(cell() for _ in headers), style=rng.choice([None, "red"]))
+        grids.append(g)
+    grids[1].rows = list(grids[0].rows)
+    fast = _grid_text(grids[0], color, width, rich_only=False)
+    slow = _grid_text(grids[1], color, width, rich_only=True)
+    assert fast == slow, f"\n{fast}\n---\n{slow}"
+
+
+def test_the_fast_layout_is_used_and_gives_way_to_folding() -> None:
+    from hookcli.render.table import Grid
+
+    g = Grid(None, ["layer", "mean"], False)
+    g.add_row("conv1", "0.5")
+    assert g._laid_out(["layer", "mean"], [0, 1], [5, 4], 80, False) is not None
+    g.add_row("a." * 60, "1")  # longer than the 80 columns leave: Rich folds it
+    assert g._laid_out(["layer", "mean"], [0, 1], [120, 4], 80, False) is None
+
+
+def test_the_fast_layout_keeps_the_colours() -> None:
+    from rich.console import Console
+
+    from hookcli.render.table import Grid
+
+    g = Grid("parameters", ["layer", "type", "mean"], True)
+    g.add_row("conv1", "Conv2d", "0.5")
+    g.add_row("fc", "Linear", "nan", style="red")
+    buf = io.StringIO()
+    Console(file=buf, width=80, force_terminal=True, color_system="standard").print(g)
+    lines = buf.getvalue().splitlines()
+    assert lines[1] == "\x1b[1mlayer   type     mean\x1b[0m"  # the header bold
+    assert lines[3] == "conv1   Conv2d    0.5"
+    assert lines[4] == "\x1b[31mfc      Linear    nan\x1b[0m"  # a flagged row red
