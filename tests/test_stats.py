@@ -38,6 +38,7 @@ def _cases() -> dict[str, torch.Tensor]:
         "all nan": torch.full((10,), math.nan),
         "all inf": torch.full((4,), math.inf),
         "all zero": torch.zeros(50_000),
+        "signed zeros": torch.tensor([-0.0, 0.0, 1.5] * 1000),  # -0.0 is a zero
         "one element": torch.tensor([3.5]),
         "ill-conditioned": torch.randn(BIG, generator=g) * 1e-3 + 1000.0,
         "huge values": torch.tensor([3e30, -1e30, 2.5e38, 0.0]),
