@@ -678,3 +678,39 @@ def test_a_language_models_report_shows_its_tokens_per_token_rows_and_lens(
     assert lensed.exit_code == 0, lensed.stderr
     with opened(browser, lens_file, js=False) as page:
         assert page.locator("#s-lens_0 tbody tr").count() == 2  # one row per block
+
+
+# ---------------------------------------------------------------- a notebook's HTML view
+
+
+def test_a_reports_notebook_view_styles_only_itself(browser: Any, tmp_path: Path) -> None:
+    """`Report._repr_html_()` as a notebook shows it: inside a page of its own elements. The
+    page's own heading and table look the same with the fragment as without it; the
+    fragment's banner and table are shown; it asks for nothing."""
+    import torch
+
+    import hookcli
+    from tests.models import NanForward
+
+    torch.manual_seed(0)
+    report = hookcli.inspect(NanForward(), torch.randn(2, 4))
+    own = '<h1 id="own">notebook</h1><table id="own-t"><tr><td id="own-td">cell</td></tr></table>'
+    props = ["font-family", "font-size", "color", "padding-left", "border-bottom-width", "margin"]
+    seen = {}
+    for name, fragment in (("without", ""), ("with", report._repr_html_())):
+        path = tmp_path / f"{name}.html"
+        path.write_text(f"<!DOCTYPE html><html><body>{own}{fragment}{own}</body></html>")
+        with watched(browser, path, js=False) as (page, _):
+            seen[name] = page.evaluate(
+                """(props) => [...document.querySelectorAll('#own, #own-t, #own-td')].map(
+                    e => props.map(p => getComputedStyle(e).getPropertyValue(p)))""",
+                props,
+            )
+            if fragment:
+                banner = page.locator(".hookcli-nb .hk-banner")
+                assert banner.is_visible() and "NaN/Inf first appeared" in banner.inner_text()
+                rows = page.locator(".hookcli-nb tbody tr, .hookcli-nb table tr:has(td)")
+                assert rows.count() >= len(report.layers)
+                names = page.locator(".hookcli-nb td").all_inner_texts()
+                assert {c.name for c in report.layers} <= set(names)
+    assert seen["with"] == seen["without"]

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hookcli import records as _records
 from hookcli._version import __version__
 from hookcli.engine import kernelwarm
 from hookcli.options import DEFAULTS
@@ -36,6 +37,7 @@ from hookcli.runtime import preload
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from types import ModuleType
 
     from hookcli.commands import Drawing
     from hookcli.records import DiffReport, LensReport, Report
@@ -378,6 +380,16 @@ def _import_modules() -> None:
     ready = torch is not None and not getattr(spec, "_initializing", False)
     for name in _WITHOUT_TORCH + (_WITH_TORCH if ready else ()):
         importlib.import_module(name)
+
+
+def _views() -> ModuleType:
+    """What a report shows in a notebook (records imports no renderer: they import it)."""
+    from hookcli.render import views
+
+    return views
+
+
+_records.VIEWS.append(_views)
 
 
 if not _the_command():

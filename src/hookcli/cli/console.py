@@ -152,16 +152,24 @@ def to_file(dest: Destination | None) -> bool:
     return dest is not None and dest.path is not None
 
 
-def emit(text: str, dest: Destination | None, *, quiet: bool = False) -> None:
+def emit(text: str | bytes, dest: Destination | None, *, quiet: bool = False) -> None:
     """stdout, or the claimed destination (atomically replaced, or written through); `quiet`
-    (check --quiet): no "wrote FILE" line."""
-    from hookcli.io.output import write_text
+    (check --quiet): no "wrote FILE" line. Bytes: a binary format's file (Parquet)."""
+    from hookcli.io.output import write_bytes, write_text
 
     if dest is None:
+        if isinstance(text, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text)
+            sys.stdout.buffer.flush()
+            return
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    write_text(dest, text)
+    if isinstance(text, bytes):
+        write_bytes(dest, text)
+    else:
+        write_text(dest, text)
     if dest.path is not None and dest.fd is None and not quiet:  # `-o /dev/stdout`: the data
         err(f"wrote {dest.label}")
 
@@ -187,11 +195,14 @@ def rendered(
     pictures: Sequence[Any] = (),
     checks_only: bool = False,
     quiet: bool = False,
-) -> str:
+) -> str | bytes:
     """A report in the format asked, through the one door (render.formats): colour and width
-    from this terminal, and a note when an HTML page is over its size budget."""
-    from hookcli.render.formats import budget, render
+    from this terminal, and a note when an HTML page is over its size budget; Parquet as the
+    file's bytes."""
+    from hookcli.render.formats import budget, parquet, render
 
+    if fmt == Format.parquet:
+        return parquet(obj)
     text = render(
         obj,
         fmt,
@@ -218,10 +229,71 @@ def budgeted(page: str, pictures: int, what: str, advice: str) -> str:
     return page
 
 
-def output_format(fmt: Format | None, output: Destination | None) -> Format:
-    """--format, else the -o file's suffix, else a table."""
-    if fmt is not None:
-        return fmt
-    if output is not None and output.path is not None:
-        return SUFFIX_FORMATS.get(output.path.suffix.lower(), Format.table)
-    return Format.table
+def _suffix(output: Destination | None) -> str:
+    """The -o file's suffix ('' for stdout, a descriptor, a name without one)."""
+    if output is None or output.path is None or output.special:
+        return ""
+    return output.path.suffix.lower()
+
+
+def _written() -> str:
+    return ".json, .csv, .md, .html, .txt or .parquet (or give -f FORMAT and no suffix)"
+
+
+def output_format(
+    fmt: Format | None, output: Destination | None, *, parquet: bool = False
+) -> Format:
+    """--format, else the -o file's suffix, else a table; checked before any work: a suffix
+    hookcli does not write, or one that names another format than -f, is refused (a table in
+    a file named .parquet helps no one), and so is Parquet where the command has no rows for
+    it (`parquet`: it has), where pandas/pyarrow are missing, or for a terminal."""
+    suffix = _suffix(output)
+    named = SUFFIX_FORMATS.get(suffix)
+    if suffix and named is None:
+        raise UsageError(
+            f"-o {output.label if output else ''}: hookcli does not write {suffix} files.",
+            f"name the file {_written()}.",
+        )
+    if fmt is not None and named is not None and named != fmt and suffix != ".txt":
+        raise UsageError(
+            f"-f {fmt.value} and -o {output.label if output else ''}: that name is a "
+            f"{named.value} file's.",
+            "drop -f (the suffix picks the format), or rename the file.",
+        )
+    chosen = fmt or named or Format.table
+    if chosen == Format.parquet:
+        _parquet_possible(output, parquet)
+    return chosen
+
+
+def _parquet_possible(output: Destination | None, parquet: bool) -> None:
+    if not parquet:
+        raise UsageError(
+            "this command's output has no Parquet form.",
+            "write -f csv or -f json; inspect, grads, check, diff and report write Parquet.",
+        )
+    from hookcli.render.tabular import available
+
+    if not available():
+        raise UsageError(
+            "Parquet needs pandas and pyarrow, which are not installed.",
+            "pip install 'hookcli[pandas]'.",
+        )
+    to_stdout = output is None or output.path is None or output.fd == 1
+    if to_stdout and sys.stdout.isatty():
+        raise UsageError("Parquet is binary; not for a terminal.", "give -o FILE.parquet.")
+
+
+def listing_format(fmt: ListFormat, output: Destination | None) -> ListFormat:
+    """models, layers and show: a table or JSON; -o FILE.json writes JSON, and a suffix they do
+    not write is refused before any work."""
+    suffix = _suffix(output)
+    if suffix == ".json":
+        return ListFormat.json
+    if suffix not in ("", ".txt"):
+        raise UsageError(
+            f"-o {output.label if output else ''}: this command writes a table (.txt) or JSON "
+            f"(.json), not {suffix}.",
+            "name the file .txt or .json.",
+        )
+    return fmt

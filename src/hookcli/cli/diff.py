@@ -125,6 +125,7 @@ def diff(
     with handled():
         p, used = opt.configured(ctx)
         dest = claim(p["output"], reads=opt.reads(p, used))
+        fmt_ = output_format(p["fmt"], dest, parquet=True)
         from hookcli.commands.diff import diff_run, diff_saved
         from hookcli.options import DiffOptions, pick
 
@@ -146,7 +147,6 @@ def diff(
                     opt.input_options(p),
                     pick(DiffOptions, p),
                 )
-        fmt_ = output_format(p["fmt"], dest)
         from hookcli.runtime.ranks import writer
 
         if not writer():  # under torchrun every rank runs the diff; rank 0 writes it

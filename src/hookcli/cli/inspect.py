@@ -305,7 +305,7 @@ def run_command(ctx: typer.Context, command: str) -> None:
     output = claim(p["output"], reads=reads)
     baseline_out = claim(p["save_baseline"], "--save-baseline", stdout_ok=False, reads=reads)
     save = claim(p.get("save"), "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
-    fmt = output_format(p["fmt"], output)
+    fmt = output_format(p["fmt"], output, parquet=True)
     from hookcli.cli.pictures import parse_pictures
 
     specs = parse_pictures(p.get("picture"), fmt)

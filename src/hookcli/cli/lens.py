@@ -93,6 +93,7 @@ def lens(
         raw = p.get("output")
         png = raw is not None and str(raw).lower().endswith(".png")
         dest = claim(raw, "-o", suffix=".png", reads=reads) if png else claim(raw, reads=reads)
+        form = None if png else output_format(p["fmt"], dest)
         from hookcli.commands.lens import lens_report
         from hookcli.options import LensOptions, pick
 
@@ -103,7 +104,8 @@ def lens(
         if png:
             _write_png(report, dest)
         else:
-            emit(rendered(report, output_format(p["fmt"], dest), dest), dest)
+            assert form is not None
+            emit(rendered(report, form, dest), dest)
         if png or (dest is not None and to_file(dest)):
             for note in report.notes:
                 err(f"note: {note}")

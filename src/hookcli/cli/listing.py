@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from hookcli.cli import params as opt
-from hookcli.cli.console import ListFormat, claim, emit_listing, err, handled, status
+from hookcli.cli.console import (
+    ListFormat,
+    claim,
+    emit_listing,
+    err,
+    handled,
+    listing_format,
+    status,
+)
 from hookcli.options import DEFAULTS
 
 ListFormatOpt = Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")]
@@ -56,6 +64,7 @@ def models(
     """
     with handled():
         dest = claim(output)
+        fmt = listing_format(fmt, dest)
         from hookcli.commands.listing import list_models
 
         entries = list_models(pattern, task.value if task else None, source.value)
@@ -94,6 +103,7 @@ def layers(
         if used:
             err(f"config: {used}")
         dest = claim(p["output"], reads=opt.reads(p, used))
+        form = listing_format(p["fmt"], dest)
         from hookcli.commands.listing import layers_report
 
         model_opts = opt.model_options(p, "layers")
@@ -105,7 +115,7 @@ def layers(
                 shapes=p["shapes"],
                 depth=p["depth"],
             )
-        emit_listing(report, p["fmt"], dest, "layers_table")
+        emit_listing(report, form, dest, "layers_table")
 
 
 def show(
@@ -119,6 +129,7 @@ def show(
     """
     with handled():
         dest = claim(output, reads=[str(file)])
+        fmt = listing_format(fmt, dest)
         from hookcli.commands.listing import show_file
 
         emit_listing(show_file(file), fmt, dest, "saved_table")

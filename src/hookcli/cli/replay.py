@@ -67,6 +67,7 @@ def replay(
 
         parts = [str(bundle / name) for name in (*BUNDLE_FILES, PICKLED_MODEL)]
         dest = claim(output, reads=[str(bundle), *parts])
+        form = output_format(fmt, dest)
         from hookcli.commands.checks import exit_code, failures
         from hookcli.commands.watch.replay import replay as run
         from hookcli.sources import parse_model_args
@@ -81,7 +82,6 @@ def replay(
                 types=tuple(type_ or ()),
                 unpickle=unpickle,
             )
-        form = output_format(fmt, dest)
         emit(rendered(report, form, dest), dest)
         if form != Format.table or to_file(dest):
             for c in failures(report):

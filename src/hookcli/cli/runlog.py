@@ -136,6 +136,7 @@ def check_log(ctx: typer.Context) -> bool:
 
     paths = expand_logs(logs)
     dest = claim(p["output"], reads=[*paths, *([used] if used else [])])
+    fmt = output_format(p["fmt"], dest)
     rules = parse_run_rules(
         pick(RuleOptions, p),
         dead_after=p.get("dead_after"),
@@ -146,7 +147,6 @@ def check_log(ctx: typer.Context) -> bool:
     )
     run = load_run(paths)
     results = evaluate_run(run, rules)
-    fmt = output_format(p["fmt"], dest)
     quiet = bool(p.get("quiet"))
     elsewhere = fmt != Format.table or to_file(dest)
     if used and elsewhere and not quiet:
@@ -256,21 +256,20 @@ def report(
                 f"-f {fmt.value} and -o {output}: a .png output is the picture.",
                 "drop -f, or write the text to another file.",
             )
+        form = Format.table if png else output_format(fmt, dest, parquet=not logs)
         if logs:
-            _report_run(paths, fmt, dest, png=png)
+            _report_run(paths, form, dest, png=png)
         else:
-            _report_saved(paths[0], fmt, dest)
+            _report_saved(paths[0], form, dest)
 
 
-def _report_saved(path: str, fmt: Format | None, dest: Destination | None) -> None:
+def _report_saved(path: str, fmt: Format, dest: Destination | None) -> None:
     from hookcli.io.reportfile import saved_report
 
-    emit(rendered(saved_report(path), output_format(fmt, dest), dest), dest)
+    emit(rendered(saved_report(path), fmt, dest), dest)
 
 
-def _report_run(
-    paths: list[str], fmt: Format | None, dest: Destination | None, *, png: bool
-) -> None:
+def _report_run(paths: list[str], fmt: Format, dest: Destination | None, *, png: bool) -> None:
     from hookcli.commands.watch.runmerge import load_run
     from hookcli.commands.watch.runseries import run_lines, series
 
@@ -281,7 +280,7 @@ def _report_run(
         assert dest is not None
         _write_png(data, header, dest)
         return
-    emit(_render_series(data, header, output_format(fmt, dest), dest), dest)
+    emit(_render_series(data, header, fmt, dest), dest)
 
 
 def _render_series(

@@ -325,9 +325,20 @@ def write_text(dest: Destination, text: str) -> None:
         out.write(text)
         out.flush()
         return
+    write_bytes(dest, text.encode("utf-8"))
+
+
+def write_bytes(dest: Destination, data: bytes) -> None:
+    """A file's bytes (Parquet; text encoded) to the destination by the policy above."""
+    if dest.path is None or dest.fd in (1, 2):
+        out = sys.stderr if dest.fd == 2 else sys.stdout
+        out.flush()
+        out.buffer.write(data)
+        out.buffer.flush()
+        return
     if dest.fd is not None:
         try:
-            _write_fd(dest, text.encode("utf-8"))
+            _write_fd(dest, data)
         except OSError as exc:
             raise UsageError(
                 f"cannot write {dest.label}: {exc.strerror}.", "free space or choose another path."
@@ -335,7 +346,7 @@ def write_text(dest: Destination, text: str) -> None:
         return
 
     def fill(tmp: str) -> None:
-        Path(tmp).write_text(text, encoding="utf-8")
+        Path(tmp).write_bytes(data)
 
     write_with(dest, fill)
 

@@ -6,6 +6,8 @@ Renderers read these and nothing else, so they never need torch.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,8 +372,78 @@ class InputInfo:
     texts: list[TextInfo] | None = None  # a text input: its sequences, token by token
 
 
-@dataclass(slots=True)
-class Report:
+# The views of a report in a notebook or at a prompt (the CLI's table, an HTML fragment, a
+# DataFrame) are rendered by hookcli.render.views, which imports this module: the package
+# installs a loader for it here (hookcli/__init__.py), so records imports no renderer.
+VIEWS: list[Callable[[], Any]] = []
+
+
+def _views() -> Any:
+    if not VIEWS:  # hookcli/__init__.py runs before any of its submodules: never empty
+        raise RuntimeError("hookcli's views are not installed")
+    return VIEWS[0]()
+
+
+class Rendered(str):
+    """Text a report rendered (`report.table()`): prints as itself, and a prompt or a notebook
+    shows it as itself rather than as a quoted string."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _short(text: str, most: int = 120) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+class _Viewed:
+    """What a report does in a notebook: a short repr, `report["layer"]`, the CLI's table
+    (`table()`, and `print(report)`), an HTML view (`_repr_html_`) and `to_pandas()`."""
+
+    __slots__ = ()
+
+    def _calls(self) -> list[Any]:
+        raise NotImplementedError
+
+    def _summary(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self._summary()[:2000]
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __getitem__(self, name: str) -> list[Any]:
+        """The calls of the layer named `name` (its dotted name, or an alias it was called
+        by), in call order. KeyError, naming the nearest names, when it has none here."""
+        if not isinstance(name, str):
+            raise TypeError(f"a report is indexed by layer name, not {type(name).__name__}")
+        calls = [c for c in self._calls() if c.name == name or name in getattr(c, "aliases", ())]
+        if not calls:
+            names = list(dict.fromkeys(c.name for c in self._calls()))
+            near = difflib.get_close_matches(name, names, n=3)
+            hint = f"; nearest: {', '.join(near)}" if near else ""
+            raise KeyError(f"no call of a layer named {name!r} in this report{hint}")
+        return calls
+
+    def table(self, *, color: bool = False, width: int | None = None) -> Rendered:
+        """The table the CLI prints (`width`: characters; None: 200)."""
+        return Rendered(_views().table(self, color=color, width=width))
+
+    def _repr_html_(self) -> str:
+        return str(_views().html(self))
+
+    def to_pandas(self) -> Any:
+        """One row per measured tensor, as a pandas DataFrame (hookcli[pandas]); the same rows
+        and columns as `-f csv` and `-o FILE.parquet`."""
+        return _views().frame(self)
+
+
+@dataclass(slots=True, repr=False)
+class Report(_Viewed):
     model: ModelInfo
     input: InputInfo
     device: str
@@ -405,6 +477,42 @@ class Report:
         ordered: dict[str, Any] = {"schema": data.pop("schema")}
         ordered.update(data)
         return ordered
+
+    def _calls(self) -> list[LayerCall]:
+        return self.layers
+
+    def _summary(self) -> str:
+        tensors = [t for c in self.layers for t in (*c.inputs, *c.outputs)]
+        tensors += [
+            t for c in self.layers for t in (*(c.grad_inputs or []), *(c.grad_outputs or []))
+        ]
+        bad = sum(t.nonfinite for t in (*tensors, *self.outputs))
+        named = len({c.name for c in self.layers})
+        parts = [
+            f"input {_short(self.input.description, 80)}",
+            f"{len(self.layers)} layer calls of {named} layers",
+        ]
+        if self.never_called:
+            parts.append(f"{len(self.never_called)} never called")
+        if bad:
+            first = self.nonfinite_origins[0].describe() if self.nonfinite_origins else ""
+            parts.append(f"NaN/Inf in {bad} tensors" + (f" ({_short(first)})" if first else ""))
+        else:
+            parts.append("no NaN/Inf")
+        if self.checks:
+            failed = [c.rule for c in self.checks if not c.passed]
+            parts.append(
+                f"checks: {len(failed)} failed ({', '.join(failed)})" if failed else "checks passed"
+            )
+        if self.predictions:
+            top = self.predictions[0]
+            label = top.label if top.label is not None else f"class {top.index}"
+            prob = f" {top.prob:.3g}" if top.prob is not None else ""
+            parts.append(f"top-1 {_short(label, 40)}{prob}")
+        if self.notes:
+            parts.append(f"{len(self.notes)} notes")
+        body = "; ".join(parts)
+        return f"<Report {self.command} {_short(self.model.spec, 80)} on {self.device}: {body}>"
 
 
 @dataclass(slots=True)
@@ -497,8 +605,8 @@ class DiffCall:
     fused_into: str | None = None
 
 
-@dataclass(slots=True)
-class DiffReport:
+@dataclass(slots=True, repr=False)
+class DiffReport(_Viewed):
     model: ModelInfo
     input: InputInfo
     device: str
@@ -525,6 +633,21 @@ class DiffReport:
     @property
     def failed(self) -> bool:
         return self.first_over is not None
+
+    def _calls(self) -> list[DiffCall]:
+        return [*self.calls, *self.outputs]
+
+    def _summary(self) -> str:
+        verdict = (
+            f"first past tol {self.tol:g}: {_short(self.first_over)}"
+            if self.first_over
+            else f"every call within tol {self.tol:g}"
+        )
+        sides = f"{_short(self.a, 60)} vs {_short(self.b, 60)}"
+        body = f"{sides}, {len(self.calls)} layer calls, {verdict}"
+        if self.notes:
+            body += f"; {len(self.notes)} notes"
+        return f"<DiffReport {_short(self.model.spec, 80)} on {self.device}: {body}>"
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

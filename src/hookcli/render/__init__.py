@@ -19,6 +19,7 @@ class Format(StrEnum):
     csv = "csv"
     markdown = "markdown"
     html = "html"
+    parquet = "parquet"  # binary: a file (-o FILE.parquet), never a terminal
 
 
 SUFFIX_FORMATS = {
@@ -29,4 +30,5 @@ SUFFIX_FORMATS = {
     ".txt": Format.table,
     ".html": Format.html,
     ".htm": Format.html,
+    ".parquet": Format.parquet,
 }

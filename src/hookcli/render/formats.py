@@ -33,6 +33,13 @@ def render(  # noqa: PLR0911 (one return per kind and format)
     Report's HTML page; `checks_only` (check's table and Markdown) shows its checks alone,
     `quiet` only those that failed; `color` and `width` are the table's."""
     fmt = Format(fmt)
+    if fmt == Format.parquet:
+        from hookcli.errors import UsageError
+
+        raise UsageError(
+            "Parquet is a binary file, not text.",
+            "write it with -o FILE.parquet, or report.to_pandas().to_parquet(path).",
+        )
     if isinstance(obj, DiffReport):
         return _diff(obj, fmt, color=color, width=width)
     if isinstance(obj, LensReport):
@@ -60,6 +67,19 @@ def render(  # noqa: PLR0911 (one return per kind and format)
     if checks_only:
         return checks_table(obj, color=color, width=width, quiet=quiet)
     return report_table(obj, color=color, width=width)
+
+
+def parquet(obj: Renderable) -> bytes:
+    """A layers or diff report's rows (render.tabular) as a Parquet file's bytes."""
+    if not isinstance(obj, Report | DiffReport):
+        from hookcli.errors import UsageError
+
+        raise UsageError(
+            f"a {type(obj).__name__}'s output has no Parquet form.", "write -f csv or -f json."
+        )
+    from hookcli.render.tabular import parquet as tabular_parquet
+
+    return tabular_parquet(obj)
 
 
 def budget(obj: Renderable, pictures: Sequence[EmbeddedPicture] = ()) -> tuple[str, str] | None:

@@ -423,7 +423,7 @@ def report_html(report: Report, pictures: Sequence[EmbeddedPicture] = ()) -> str
     title = f"hookcli {report.command} {m.spec}"
     out = [
         _header(title, rows.header_lines(report)),
-        _banner(_report_alerts(report)),
+        _banner(report_alerts(report)),
         '<div id="app"></div>',
     ]
     for s in sections:
@@ -449,7 +449,7 @@ def report_budget(report: Report, pictures: Sequence[EmbeddedPicture]) -> tuple[
     return what, advice
 
 
-def _report_alerts(report: Report) -> list[tuple[str, str, str | None]]:
+def report_alerts(report: Report) -> list[tuple[str, str, str | None]]:
     """The banner's lines; a link only to a call that is a row (an origin "after" the last
     call, in the model's output, has none)."""
     rows = {(c.name, c.call) for c in report.layers}
