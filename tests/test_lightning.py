@@ -143,7 +143,7 @@ def test_fit_logs_the_watched_steps_with_lightnings_losses(tmp_path: Path) -> No
         names = [p.name for p in record.params]
         assert names == [n for n, _ in model.named_parameters()]
         assert all(p.grad.norm > 0 and p.update_ratio > 0 for p in record.params)
-    assert w.nonfinite is None
+    assert w.nonfinite == []
     assert w.step_index == trainer.global_step == 6
 
     # the default log: the Trainer's log_dir (default_root_dir without a logger)
@@ -165,12 +165,12 @@ def test_a_nan_at_step_3_names_the_layer(
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, _data())
     w = callback.watch
-    assert w.nonfinite is not None
-    assert w.nonfinite.step == 3
-    first = w.nonfinite.origins[0]
+    assert len(w.nonfinite) == 1
+    assert w.nonfinite[0].step == 3
+    first = w.nonfinite[0].origins[0]
     assert (first.layer, first.type, first.direction) == (layer, "Poison", "forward")
     bundle = tmp_path / "hookcli-watch.bundle"
-    assert w.nonfinite.bundle == str(bundle)
+    assert w.nonfinite[0].bundle == str(bundle)
     assert (bundle / "bundle.json").is_file()
     assert [r.step for r in w.records] == [0, 2, 4]
     # the log in the recorder's order: the NaN's line inside its step, before step 4's
@@ -235,7 +235,7 @@ def test_a_grad_scaler_loss_is_unscaled_and_its_skipped_steps_are_steps(tmp_path
     trainer = _trainer(tmp_path, callback, plugins=[precision], max_steps=4)
     trainer.fit(model, _data())
     w = callback.watch
-    assert w.nonfinite is None
+    assert w.nonfinite == []
     assert [r.step for r in w.records] == [0, 1, 2, 3]
     # each line has the scale after its step's update: halved by every skipped step
     assert [(r.skipped, r.scale) for r in w.records] == [(True, 2.0 ** (39 - i)) for i in range(4)]

@@ -95,6 +95,9 @@ def test_a_report_is_looked_up_by_layer_name(grads_report: Report) -> None:
         grads_report["fc3"]
     with pytest.raises(TypeError):
         grads_report[0]  # type: ignore[index]
+    assert "fc2" in grads_report and "fc3" not in grads_report and 0 not in grads_report
+    with pytest.raises(TypeError, match="not iterable"):
+        iter(grads_report)  # type: ignore[call-overload]
 
 
 def test_diff_reports_too() -> None:
@@ -196,6 +199,24 @@ def test_parquet_and_csv_read_back_as_the_frame(grads_report: Report, tmp_path: 
         assert values == (list(want["values"]) if want["values"] is not None else None)
 
 
+def test_parquet_files_of_different_runs_read_as_one(tmp_path: Path) -> None:
+    """The schema is fixed: a column no row fills (`values` of large tensors, `note`) keeps
+    its type, so a folder of runs reads back as one table."""
+    torch.manual_seed(0)
+    small = hookcli.inspect(nn.Linear(4, 4), torch.randn(1, 4))
+    large = hookcli.inspect(nn.Linear(40, 40), torch.randn(1, 40))
+    from hookcli.render.tabular import parquet
+
+    for name, r in (("a", small), ("b", large)):
+        (tmp_path / f"{name}.parquet").write_bytes(parquet(r))
+    both = pd.read_parquet(tmp_path)
+    assert len(both) == len(small.to_pandas()) + len(large.to_pandas())
+    schema = pq.read_schema(tmp_path / "b.parquet")
+    assert str(schema.field("values").type) == "list<element: double>"
+    assert str(schema.field("note").type) == "string"
+    assert str(schema.field("shape").type) == "list<element: int64>"
+
+
 def test_inspect_writes_parquet_with_the_json_numbers(tmp_path: Path) -> None:
     args = ["inspect", "resnet18", "--input", "randn:1x3x32x32", "-l", "layer1.*"]
     res = runner.invoke(app, [*args, "-o", str(tmp_path / "r.parquet")])
@@ -218,7 +239,9 @@ def test_inspect_writes_parquet_with_the_json_numbers(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["inspect", "no-such-model", "-o", "r.xlsx"], "does not write .xlsx files"),
-        (["inspect", "no-such-model", "-o", "r.parquet", "-f", "json"], "a parquet file's"),
+        (["inspect", "no-such-model", "-o", "r.parquet", "-f", "json"], "go together"),
+        (["inspect", "no-such-model", "-o", "r.txt", "-f", "parquet"], "go together"),
+        (["calib", "no-such-model", "-f", "parquet"], "no Parquet form"),
         (["diff", "no-such-model", "--b", "bfloat16", "-o", "d.pdf"], "does not write .pdf"),
         (["layers", "no-such-model", "-o", "l.parquet"], "not .parquet"),
         (["lens", "no-such-model", "-o", "l.parquet"], "no Parquet form"),
@@ -256,6 +279,24 @@ def test_text_formats_keep_their_suffixes(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "plain").read_text())["command"] == "inspect"
     res = runner.invoke(app, ["layers", "resnet18", "-o", str(tmp_path / "l.json")])
     assert res.exit_code == 0 and json.loads((tmp_path / "l.json").read_text())["model"]
+    # -f names the format whatever the name: a mktemp name, a table in a .json
+    odd = tmp_path / "tmp.k3j9x2"
+    assert runner.invoke(app, [*base, "-f", "json", "-o", str(odd)]).exit_code == 0
+    assert json.loads(odd.read_text())["command"] == "inspect"
+    res = runner.invoke(app, ["layers", "resnet18", "-f", "table", "-o", str(tmp_path / "t.json")])
+    assert res.exit_code == 0 and (tmp_path / "t.json").read_text().startswith("resnet18 (")
+
+
+def test_the_suffix_is_the_names_not_a_links_target(tmp_path: Path) -> None:
+    target = tmp_path / "reports" / "r.2024-05-01"
+    target.parent.mkdir()
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    res = runner.invoke(
+        app, ["inspect", "resnet18", "--input", "randn:1x3x32x32", "-l", "fc", "-o", str(link)]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(target.read_text())["command"] == "inspect"
 
 
 # ---------------------------------------------------------------- the HTML fragment

@@ -275,7 +275,7 @@ def test_gradscaler_skipped_steps_are_steps_and_not_faults() -> None:
     assert skipped[0] is True and skipped[-1] is False
     scales = [r.scale for r in w.records]
     assert scales == sorted(scales, reverse=True)
-    assert w.nonfinite is None
+    assert w.nonfinite == []
     # a skipped step has no parameter update; the update() override is gone after
     assert all(r.params == [] for r in w.records if r.skipped)
     assert "update" not in vars(scaler) and scaler.update == original_update
@@ -324,7 +324,7 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-        assert w.nonfinite is None
+        assert w.nonfinite == []
         assert [(c.name, c.call) for c in w.records[0].layers] == [(n, 0) for n in LEAVES]
         for _ in range(MAX_FORWARDS + 5):  # forward-only, no step ends
             model(x)
@@ -392,10 +392,10 @@ def test_bundle_replaces_only_a_bundle_and_a_failed_write_does_not_stop_training
         opt.zero_grad()
         F.cross_entropy(model(x * float("nan")), y).backward()
         opt.step()
-    assert w.nonfinite is not None
-    assert w.nonfinite.bundle is None
-    assert any("no bundle written" in n for n in w.nonfinite.notes)
-    assert w.nonfinite.origins[0].where == "before"
+    assert len(w.nonfinite) == 1
+    assert w.nonfinite[0].bundle is None
+    assert any("no bundle written" in n for n in w.nonfinite[0].notes)
+    assert w.nonfinite[0].origins[0].where == "before"
     err = capsys.readouterr().err
     assert len([line for line in err.splitlines() if line.startswith("hookcli.watch")]) == 1
 
@@ -420,8 +420,8 @@ def test_rerun_stops_at_the_models_inputs_and_leaves_their_grad(tmp_path: Path) 
         loss.backward()
         grad_before = leaf.grad.clone()  # type: ignore[union-attr]
         opt.step()
-    assert w.nonfinite is not None
-    assert not any("raised" in n for n in w.nonfinite.notes), w.nonfinite.notes
+    assert len(w.nonfinite) == 1
+    assert not any("raised" in n for n in w.nonfinite[0].notes), w.nonfinite[0].notes
     assert leaf.grad is not None
     assert torch.allclose(leaf.grad.nan_to_num(), grad_before.nan_to_num())
 
@@ -456,12 +456,12 @@ def test_without_an_optimizer_a_backward_only_nan_is_caught() -> None:
             model(torch.randn(3, 4)).sum().backward()
             w.step()
             model.zero_grad()
-    assert w.nonfinite is not None and w.nonfinite.step == 1
-    assert (w.nonfinite.origins[0].direction, w.nonfinite.origins[0].layer) == (
+    assert len(w.nonfinite) == 1 and w.nonfinite[0].step == 1
+    assert (w.nonfinite[0].origins[0].direction, w.nonfinite[0].origins[0].layer) == (
         "backward",
         "1",
     )
-    assert w.nonfinite.nonfinite_grads == ["0.weight", "0.bias"]
+    assert w.nonfinite[0].nonfinite_grads == ["0.weight", "0.bias"]
 
 
 def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:
@@ -476,8 +476,8 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
         opt.zero_grad()
         F.cross_entropy(model(x * float("nan"), hook=lambda t: t), y).backward()
         opt.step()
-    assert w.nonfinite is not None and w.nonfinite.origins[0].layer == "conv"
-    assert any("the batch could not be saved" in n for n in w.nonfinite.notes)
+    assert len(w.nonfinite) == 1 and w.nonfinite[0].origins[0].layer == "conv"
+    assert any("the batch could not be saved" in n for n in w.nonfinite[0].notes)
     from hookcli.commands.watch.replay import replay
 
     with pytest.raises(UsageError, match="holds no batch"):

@@ -22,12 +22,9 @@ HOOKCLI_STATS=torch turns that off.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from hookcli import records as _records
 from hookcli._version import __version__
@@ -60,21 +57,6 @@ __all__ = [
 ]
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _settled(fn: _F) -> _F:
-    """An API call: first, until runtime.preload's thread is done importing hookcli's modules
-    (at most ~0.1 s, what the call would spend importing them itself)."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        preload.settle()
-        return fn(*args, **kwargs)
-
-    return call  # type: ignore[return-value]
-
-
 def _new_run() -> None:
     """Each call is a run of its own: files an earlier call read may be written by this one."""
     from hookcli.io import output
@@ -82,7 +64,6 @@ def _new_run() -> None:
     output.begin()
 
 
-@_settled
 def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     """One hooked forward pass; its Report, as `hookcli inspect` makes it.
 
@@ -100,7 +81,6 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("inspect", model, inputs, options)
 
 
-@_settled
 def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     """Forward and backward with gradient hooks; its Report, as `hookcli grads` makes it.
     Options as inspect's (no batching), plus target ("top1", a class index or label, "sum"),
@@ -111,7 +91,6 @@ def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("grads", model, inputs, options)
 
 
-@_settled
 def check(model: Any, inputs: Any = (), **options: Any) -> Report:
     """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
     evaluate rules into `report.checks`; `hookcli.passed(report)` and
@@ -127,7 +106,6 @@ def check(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("check", model, inputs, options)
 
 
-@_settled
 def watch(
     model: Any,
     *,
@@ -140,6 +118,7 @@ def watch(
     bundle: Any = None,
     check: bool = DEFAULTS.watch.check,
     scaler: Any = None,
+    tensorboard: Any = None,
 ) -> Any:
     """A training run's flight recorder: `with hookcli.watch(model, optimizer=opt, every=10,
     log="run.jsonl") as w:` around an ordinary loop. Every `every`-th optimizer step (from step
@@ -153,9 +132,11 @@ def watch(
     NaN/Inf; the first time one is not finite, the step's repro bundle is written (`bundle=`
     DIR; default next to `log`: run.bundle) with the last `ring` watched records, the step is
     re-run hooked to name the first non-finite layer call and direction, and a "nonfinite"
-    line is logged (`w.nonfinite`, a NonfiniteLine). `hookcli replay DIR` runs it again.
+    line is logged (`w.nonfinite`: a list of those events, NonfiniteLines). `hookcli replay
+    DIR` runs it again.
     `scaler=`: the GradScaler, whose skipped steps are steps too; `check=False`: no NaN/Inf
-    check."""
+    check; `tensorboard=DIR`: each watched step's scalars (the loss, the layers' and the
+    parameters' series of `hookcli report`) into a TensorBoard event file there as it ends."""
     from hookcli.commands.watch.recorder import Watch
     from hookcli.options import WatchOptions
 
@@ -167,11 +148,11 @@ def watch(
         ring=ring,
         bundle=bundle,
         check=check,
+        tensorboard=tensorboard,
     )
     return Watch(model, options, optimizer=optimizer, scaler=scaler)
 
 
-@_settled
 def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] = ()) -> str:
     """The report as the one self-contained HTML page `-o report.html` writes (a diff's and a
     lens' too): its JSON embedded, the per-call table static, sorting, filters and the module
@@ -182,7 +163,6 @@ def html(report: Report | DiffReport | LensReport, pictures: Sequence[Drawing] =
     return _render(report, "html", pictures=[d.embedded() for d in pictures])
 
 
-@_settled
 def formatted(
     report: Report | DiffReport | LensReport,
     fmt: str = "table",
@@ -200,7 +180,6 @@ def formatted(
     return _render(report, fmt, width=width, color=color, checks_only=checks_only, quiet=quiet)
 
 
-@_settled
 def exit_code(report: Report) -> int:
     """The exit code the CLI ends this report's run with: 0 every check passed, 1 a check
     failed, 130 a folder run was interrupted (partial statistics)."""
@@ -209,7 +188,6 @@ def exit_code(report: Report) -> int:
     return _exit_code(report)
 
 
-@_settled
 def passed(report: Report) -> bool:
     """Every check in `report.checks` passed and the run was whole (exit code 0)."""
     from hookcli.commands.checks import passed as _passed
@@ -217,7 +195,6 @@ def passed(report: Report) -> bool:
     return _passed(report)
 
 
-@_settled
 def maps(
     model: Any,
     image: Any = (),
@@ -245,7 +222,6 @@ def maps(
     )
 
 
-@_settled
 def cam(
     model: Any,
     image: Any = (),
@@ -276,7 +252,6 @@ def cam(
     )
 
 
-@_settled
 def attn(
     model: Any,
     image: Any = (),
@@ -304,7 +279,6 @@ def attn(
     return commands.attn(model_options, inputs, AttnOptions(layer, image_index, queries))
 
 
-@_settled
 def lens(
     model: Any,
     inputs: Any = (),
@@ -329,7 +303,6 @@ def lens(
     return lens_report(inv.model, inv.inputs, LensOptions(topk, blocks, norm, unembed))
 
 
-@_settled
 def diff(
     model: Any,
     inputs: Any = (),
@@ -365,23 +338,6 @@ def _the_command() -> bool:
     return name in {"hookcli", "hookcli.exe", "-m"}
 
 
-# What a first inspect/grads/check call imports, in the order it does (~0.1 s, most of it
-# dataclasses): those without torch always, the rest where the caller has imported torch.
-_WITHOUT_TORCH = ("hookcli.records", "hookcli.commands.api", "hookcli.commands.run")
-_WITH_TORCH = ("hookcli.commands.inspect", "hookcli.commands.folder")
-
-
-def _import_modules() -> None:
-    """runtime.preload's first step: hookcli's own modules a first call would import, imported
-    while the caller does other work. Never torch: where the caller has not imported it yet,
-    the modules that need it are left to the first call."""
-    torch = sys.modules.get("torch")
-    spec = getattr(torch, "__spec__", None)
-    ready = torch is not None and not getattr(spec, "_initializing", False)
-    for name in _WITHOUT_TORCH + (_WITH_TORCH if ready else ()):
-        importlib.import_module(name)
-
-
 def _views() -> ModuleType:
     """What a report shows in a notebook (records imports no renderer: they import it)."""
     from hookcli.render import views
@@ -393,4 +349,4 @@ _records.VIEWS.append(_views)
 
 
 if not _the_command():
-    preload.start(kernelwarm.load, imports=_import_modules)
+    preload.start(kernelwarm.load)

@@ -420,6 +420,7 @@ class WatchOptions:
     ring: int = 8
     bundle: str | Path | bool | None = None
     check: bool = True
+    tensorboard: str | Path | None = None  # a log folder: each watched step's scalars there
 
 
 @dataclass(frozen=True, slots=True)

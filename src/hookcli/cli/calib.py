@@ -69,6 +69,7 @@ def calib(
             err(f"config: {used}")
         reads = opt.reads(p, used)
         dest = claim(p.get("output"), "-o", suffix=".safetensors", stdout_ok=False, reads=reads)
+        form = output_format(p["fmt"], None)
         from hookcli.commands.calib import calib_report, calib_tensors
         from hookcli.options import CalibOptions, pick
 
@@ -77,7 +78,7 @@ def calib(
             report = calib_report(
                 model_opts, opt.selection(p), opt.input_options(p), pick(CalibOptions, p)
             )
-        emit(rendered(report, output_format(p["fmt"], None), None), None)
+        emit(rendered(report, form, None), None)
         if dest is not None:
             from hookcli.io.saving import TensorSaver
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hookcli.errors import HookcliError, UsageError
-from hookcli.render import SUFFIX_FORMATS, Format
+from hookcli.render import SUFFIX_FORMATS, TRACKERS, Format
 from hookcli.runtime import ranks
 from hookcli.text import escape
 
@@ -230,37 +230,41 @@ def budgeted(page: str, pictures: int, what: str, advice: str) -> str:
 
 
 def _suffix(output: Destination | None) -> str:
-    """The -o file's suffix ('' for stdout, a descriptor, a name without one)."""
-    if output is None or output.path is None or output.special:
-        return ""
-    return output.path.suffix.lower()
+    """The -o name's suffix as typed ('' for stdout, a descriptor, a name without one)."""
+    return "" if output is None else output.suffix
 
 
-def _written() -> str:
-    return ".json, .csv, .md, .html, .txt or .parquet (or give -f FORMAT and no suffix)"
+_WRITTEN = ".json, .csv, .md, .html, .txt or .parquet"
 
 
 def output_format(
     fmt: Format | None, output: Destination | None, *, parquet: bool = False
 ) -> Format:
-    """--format, else the -o file's suffix, else a table; checked before any work: a suffix
-    hookcli does not write, or one that names another format than -f, is refused (a table in
-    a file named .parquet helps no one), and so is Parquet where the command has no rows for
-    it (`parquet`: it has), where pandas/pyarrow are missing, or for a terminal."""
+    """--format, else the -o name's suffix, else a table; checked before any work. Without
+    -f, a suffix hookcli does not write is refused (a table in a file named .parquet helps no
+    one); -f writes any name, except that Parquet and a .parquet name go only together.
+    Parquet is refused where the command has no rows for it (`parquet`: it has), where
+    pandas/pyarrow are missing, and for a terminal."""
     suffix = _suffix(output)
     named = SUFFIX_FORMATS.get(suffix)
-    if suffix and named is None:
+    label = output.label if output is not None else ""
+    if fmt is None and suffix and named is None:
         raise UsageError(
-            f"-o {output.label if output else ''}: hookcli does not write {suffix} files.",
-            f"name the file {_written()}.",
+            f"-o {label}: hookcli does not write {suffix} files.",
+            f"name the file {_WRITTEN}, or give -f FORMAT.",
         )
-    if fmt is not None and named is not None and named != fmt and suffix != ".txt":
+    binary = Format.parquet
+    if fmt is not None and named is not None and binary in (fmt, named) and fmt != named:
         raise UsageError(
-            f"-f {fmt.value} and -o {output.label if output else ''}: that name is a "
-            f"{named.value} file's.",
+            f"-f {fmt.value} and -o {label}: Parquet and a .parquet name go together.",
             "drop -f (the suffix picks the format), or rename the file.",
         )
     chosen = fmt or named or Format.table
+    if chosen in TRACKERS:
+        raise UsageError(
+            f"-f {chosen.value} writes a training log's series.",
+            f"hookcli report run.jsonl -f {chosen.value} -o runs/NAME",
+        )
     if chosen == Format.parquet:
         _parquet_possible(output, parquet)
     return chosen
@@ -269,8 +273,7 @@ def output_format(
 def _parquet_possible(output: Destination | None, parquet: bool) -> None:
     if not parquet:
         raise UsageError(
-            "this command's output has no Parquet form.",
-            "write -f csv or -f json; inspect, grads, check, diff and report write Parquet.",
+            "this command's output has no Parquet form.", "write -f csv or -f json instead."
         )
     from hookcli.render.tabular import available
 
@@ -284,9 +287,11 @@ def _parquet_possible(output: Destination | None, parquet: bool) -> None:
         raise UsageError("Parquet is binary; not for a terminal.", "give -o FILE.parquet.")
 
 
-def listing_format(fmt: ListFormat, output: Destination | None) -> ListFormat:
-    """models, layers and show: a table or JSON; -o FILE.json writes JSON, and a suffix they do
-    not write is refused before any work."""
+def listing_format(fmt: ListFormat | None, output: Destination | None) -> ListFormat:
+    """models, layers and show: a table or JSON, -f's, else the -o name's (FILE.json: JSON);
+    without -f, a suffix they do not write is refused before any work."""
+    if fmt is not None:
+        return fmt
     suffix = _suffix(output)
     if suffix == ".json":
         return ListFormat.json
@@ -294,6 +299,6 @@ def listing_format(fmt: ListFormat, output: Destination | None) -> ListFormat:
         raise UsageError(
             f"-o {output.label if output else ''}: this command writes a table (.txt) or JSON "
             f"(.json), not {suffix}.",
-            "name the file .txt or .json.",
+            "name the file .txt or .json, or give -f table|json.",
         )
-    return fmt
+    return ListFormat.table

@@ -20,7 +20,15 @@ from hookcli.cli.console import (
 )
 from hookcli.options import DEFAULTS
 
-ListFormatOpt = Annotated[ListFormat, typer.Option("--format", "-f", help="Output format.")]
+ListFormatOpt = Annotated[
+    ListFormat | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="Output format: a table, or JSON (default: from -o FILE.json, else a table).",
+        show_default=False,
+    ),
+]
 
 
 class ModelSource(StrEnum):
@@ -54,7 +62,7 @@ def models(
             "model types with a classification head (hookcli[hf]).",
         ),
     ] = ModelSource.torchvision,
-    fmt: ListFormatOpt = ListFormat.table,
+    fmt: ListFormatOpt = None,
     output: opt.OutputOpt = None,
 ) -> None:
     """List models with their task, size and weights: torchvision's registry, timm's, or the
@@ -89,7 +97,7 @@ def layers(
     seed: opt.SeedOpt = DEFAULTS.model.seed,
     device: opt.DeviceOpt = DEFAULTS.model.device,
     model_arg: opt.ModelArgOpt = None,
-    fmt: ListFormatOpt = ListFormat.table,
+    fmt: ListFormatOpt = None,
     output: opt.OutputOpt = None,
     config: opt.ConfigOpt = None,
     no_config: opt.NoConfigOpt = False,
@@ -120,7 +128,7 @@ def layers(
 
 def show(
     file: Annotated[Path, typer.Argument(help="A .safetensors file written by --save.")],
-    fmt: ListFormatOpt = ListFormat.table,
+    fmt: ListFormatOpt = None,
     output: opt.OutputOpt = None,
 ) -> None:
     """List what a saved .safetensors file holds: keys, shapes, dtypes and statistics.

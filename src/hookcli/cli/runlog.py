@@ -25,7 +25,7 @@ from hookcli.cli.console import (
     width,
 )
 from hookcli.errors import UsageError
-from hookcli.render import Format
+from hookcli.render import TRACKERS, Format
 
 if TYPE_CHECKING:
     from hookcli.commands.watch.runmerge import Run
@@ -217,7 +217,8 @@ def report(
             "-o",
             metavar="FILE",
             help="Write to FILE instead of stdout (replaced atomically); for a run log, "
-            "FILE.png draws its series as a grid of small plots.",
+            "FILE.png draws its series as a grid of small plots, and -f tensorboard -o DIR "
+            "writes them as TensorBoard scalars (hookcli[tensorboard]).",
         ),
     ] = None,
 ) -> None:
@@ -231,6 +232,9 @@ def report(
         from hookcli.commands.watch.logread import expand_logs, is_log_path
 
         logs = [f for f in files if is_log_path(f)]
+        if fmt in TRACKERS:
+            _report_tracker(fmt, files, logs, output)
+            return
         if logs and len(logs) != len(files):
             other = next(f for f in files if not is_log_path(f))
             raise UsageError(
@@ -261,6 +265,50 @@ def report(
             _report_run(paths, form, dest, png=png)
         else:
             _report_saved(paths[0], form, dest)
+
+
+def _report_tracker(fmt: Format, files: list[str], logs: list[str], output: Path | None) -> None:
+    """A run log's series in an experiment tracker: TensorBoard event files in the folder -o
+    names, a new MLflow run (-o a folder: its file store; or a tracking URI), or an offline
+    W&B run in the folder. Everything is checked before the log is read."""
+    from hookcli.commands.watch import trackers
+    from hookcli.commands.watch.logread import expand_logs
+    from hookcli.commands.watch.runmerge import load_run
+    from hookcli.commands.watch.runseries import series
+
+    name = fmt.value
+    if not logs or len(logs) != len(files):
+        raise UsageError(
+            f"-f {name} writes a training log's series; give the run.jsonl hookcli.watch wrote.",
+            f"hookcli report run.jsonl -f {name} -o runs/NAME",
+        )
+    if output is None:
+        raise UsageError(f"-f {name} writes a folder.", "add -o runs/NAME.")
+    if not trackers.installed(name):
+        raise UsageError(f"{name} is not installed.", f"pip install 'hookcli[{name}]'.")
+    paths = expand_logs(logs)
+    target = str(output)
+    uri = fmt == Format.mlflow and ("://" in target or target.startswith("sqlite:"))
+    if not uri:
+        from hookcli.io.output import user_path
+
+        output = user_path(target, "-o")
+        if output.exists() and not output.is_dir():
+            raise UsageError(f"-o {output} is a file; {name} writes a folder.", "give a folder.")
+    data = series(load_run(paths))
+    run_name = Path(paths[0]).stem
+    if fmt == Format.tensorboard:
+        count = trackers.write_tensorboard(data, output)
+        where = f"{output} (tensorboard --logdir {output})"
+    elif fmt == Format.mlflow:
+        tracking, run_id, count = trackers.write_mlflow(
+            data, target if uri else str(output), run_name
+        )
+        where = f"MLflow run {run_id} at {tracking}"
+    else:
+        folder, count = trackers.write_wandb(data, output, run_name)
+        where = f"{folder} (offline W&B run: wandb sync to upload)"
+    err(f"wrote {count} scalars over {len(data.steps)} steps to {where}")
 
 
 def _report_saved(path: str, fmt: Format, dest: Destination | None) -> None:

@@ -102,6 +102,7 @@ class WatchHooks:
         check: bool = True,
         optimizer: int | None = None,
         module: str | None = None,
+        tensorboard: str | Path | None = None,
     ) -> None:
         self.every = every
         self.layers = layers
@@ -113,6 +114,7 @@ class WatchHooks:
         self.check = check
         self.optimizer = optimizer
         self.module = module
+        self.tensorboard = tensorboard
         self.watch: Any = None
         self._entered = False
         self._scaler: Any = None
@@ -142,6 +144,7 @@ class WatchHooks:
             bundle=self._bundle_path(log),
             check=self.check,
             scaler=self._scaler,
+            tensorboard=self.tensorboard,
         )
         self.log_path = self.watch.log_path
 

@@ -162,6 +162,7 @@ class Destination:
     path: Path | None
     special: bool = False
     fd: int | None = None
+    suffix: str = ""  # the name's suffix as typed (a link's own, not its target's), lower case
 
     @property
     def label(self) -> str:
@@ -264,7 +265,7 @@ def claim(
             raise UsageError(f"{option} {path} is a socket.", "give a file, a FIFO or a device.")
         if not os.access(real, os.W_OK):
             raise UsageError(f"{option} {path} is not writable.", "choose another path.")
-        return Destination(option, real, special=True)
+        return Destination(option, real, special=True, suffix=path.suffix.lower())
     parent = real.parent
     if not parent.is_dir():
         raise UsageError(
@@ -281,7 +282,7 @@ def claim(
     if real.exists() and not os.access(real, os.W_OK):
         raise UsageError(f"{option} {path} is not writable.", "choose another path.")
     _registry.claim_output(str(real), option, path)
-    return Destination(option, real)
+    return Destination(option, real, suffix=path.suffix.lower())
 
 
 # ---------------------------------------------------------------- writing

@@ -95,7 +95,9 @@ def saved_report(path: str | Path) -> Report:
     renderers: io.reportfile validates what every reader needs, and each further field is
     checked against its record's type here (a field of the wrong type is an error, exit 2;
     one this version does not know is ignored)."""
-    record = f"write one: hookcli inspect MODEL … -o {Path(path).with_suffix('.json')}"
+    name = Path(path)
+    suggested = name.with_suffix(".json") if name.name not in ("", ".", "..") else "report.json"
+    record = f"write one: hookcli inspect MODEL … -o {suggested}"
     data = load_report(path, "report", record)
     try:
         report = from_json(Report, data)

@@ -394,6 +394,10 @@ class Rendered(str):
         return str(self)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _short(text: str, most: int = 120) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
 
@@ -415,6 +419,14 @@ class _Viewed:
 
     def __str__(self) -> str:
         return self.table()
+
+    __iter__ = None  # not a sequence: `report[name]` looks a layer up; iterate `.layers`
+
+    def __contains__(self, name: object) -> bool:
+        """Whether a layer of that name (or alias) has a call in this report."""
+        return isinstance(name, str) and any(
+            c.name == name or name in getattr(c, "aliases", ()) for c in self._calls()
+        )
 
     def __getitem__(self, name: str) -> list[Any]:
         """The calls of the layer named `name` (its dotted name, or an alias it was called
@@ -510,7 +522,7 @@ class Report(_Viewed):
             prob = f" {top.prob:.3g}" if top.prob is not None else ""
             parts.append(f"top-1 {_short(label, 40)}{prob}")
         if self.notes:
-            parts.append(f"{len(self.notes)} notes")
+            parts.append(_count(len(self.notes), "note"))
         body = "; ".join(parts)
         return f"<Report {self.command} {_short(self.model.spec, 80)} on {self.device}: {body}>"
 
@@ -646,7 +658,7 @@ class DiffReport(_Viewed):
         sides = f"{_short(self.a, 60)} vs {_short(self.b, 60)}"
         body = f"{sides}, {len(self.calls)} layer calls, {verdict}"
         if self.notes:
-            body += f"; {len(self.notes)} notes"
+            body += f"; {_count(len(self.notes), 'note')}"
         return f"<DiffReport {_short(self.model.spec, 80)} on {self.device}: {body}>"
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,6 +20,13 @@ class Format(StrEnum):
     markdown = "markdown"
     html = "html"
     parquet = "parquet"  # binary: a file (-o FILE.parquet), never a terminal
+    # a run log's series in an experiment tracker (`hookcli report run.jsonl -f … -o DIR`)
+    tensorboard = "tensorboard"  # event files in a folder
+    mlflow = "mlflow"  # a run in a file store (a folder) or at a tracking URI
+    wandb = "wandb"  # an offline W&B run in a folder
+
+
+TRACKERS = (Format.tensorboard, Format.mlflow, Format.wandb)
 
 
 SUFFIX_FORMATS = {

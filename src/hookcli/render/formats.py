@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 
 from hookcli.records import CalibReport, DiffReport, LensReport, Report
-from hookcli.render import Format
+from hookcli.render import TRACKERS, Format
 from hookcli.render.html import EmbeddedPicture
 
 Renderable = Report | DiffReport | LensReport | CalibReport
@@ -33,6 +33,13 @@ def render(  # noqa: PLR0911 (one return per kind and format)
     Report's HTML page; `checks_only` (check's table and Markdown) shows its checks alone,
     `quiet` only those that failed; `color` and `width` are the table's."""
     fmt = Format(fmt)
+    if fmt in TRACKERS:
+        from hookcli.errors import UsageError
+
+        raise UsageError(
+            f"{fmt.value} takes a training log's series, not a report.",
+            f"hookcli report run.jsonl -f {fmt.value} -o runs/NAME",
+        )
     if fmt == Format.parquet:
         from hookcli.errors import UsageError
 

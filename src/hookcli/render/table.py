@@ -94,8 +94,10 @@ class Grid:
     def __init__(
         self, title: str | None, headers: Sequence[str], color: bool, drop: Sequence[str] = ()
     ) -> None:
-        self.title = title
-        self.headers = list(headers)
+        # escaped (text.escape: control characters shown), never read as Rich markup: a lens
+        # header holds a token's text (`'[/INST]'`)
+        self.title = escape(title) if title else title
+        self.headers = [escape(h) for h in headers]
         self.color = color
         self.drop = [h for h in drop if h in self.headers]
         self.rows: list[tuple[list[str], str | None]] = []
@@ -212,10 +214,13 @@ class Grid:
             right = h in RIGHT
             label = h.replace(" ", "\n") if wrap else h
             if n == 0:  # the name: folds when it must
-                t.add_column(label, overflow="fold", max_width=max(_NAME_MIN, width - rest))
+                t.add_column(Text(label), overflow="fold", max_width=max(_NAME_MIN, width - rest))
             else:
                 t.add_column(
-                    label, justify="right" if right else "left", no_wrap=True, min_width=widths[i]
+                    Text(label),
+                    justify="right" if right else "left",
+                    no_wrap=True,
+                    min_width=widths[i],
                 )
         for cells, style in self.rows:
             t.add_row(*(Text(cells[i]) for i in keep), style=style if self.color else None)

@@ -30,8 +30,11 @@ DIFF_FIELDS = [
     "layer", "type", "call", "side", "path", "shape", "numel", "max_abs", "rel_l2", "cosine",
     "sqnr_db", "norm_rel", "nonfinite", "over", "note", "own_rel_l2", "type_b", "fused_into",
 ]  # fmt: skip
-# the columns that hold text (CSV escapes them); the others are numbers, shapes or lists
+# the columns that hold text (CSV escapes them), counts, and flags; the others are float
+# statistics, `shape` (ints) and `values` (floats)
 TEXT = {"layer", "type", "kind", "side", "path", "dtype", "note", "type_b", "fused_into"}
+COUNTS = {"call", "numel", "nan", "inf", "nonfinite", "flops"}
+FLAGS = {"over"}
 
 
 def _tensor(t: TensorStats) -> list[Value]:
@@ -125,21 +128,40 @@ def frame(obj: Report | DiffReport) -> Any:
     for name in columns:
         if name in TEXT or name in ("shape", "values"):
             continue  # Python objects: None stays None (not NaN, not pandas' string dtype)
-        if name in ("call", "numel", "nan", "inf", "nonfinite", "flops"):
+        if name in COUNTS:
             df[name] = df[name].astype("Int64")  # nullable: a missing count stays missing
-        elif name == "over":
+        elif name in FLAGS:
             df[name] = df[name].astype(bool)
         else:
             df[name] = pd.to_numeric(df[name], errors="raise").astype("float64")
     return df
 
 
+def _arrow_type(pa: Any, name: str) -> Any:
+    if name in TEXT:
+        return pa.string()
+    if name in COUNTS:
+        return pa.int64()
+    if name in FLAGS:
+        return pa.bool_()
+    if name == "shape":
+        return pa.list_(pa.int64())
+    if name == "values":
+        return pa.list_(pa.float64())
+    return pa.float64()
+
+
 def parquet(obj: Report | DiffReport) -> bytes:
-    """The rows as a Parquet file (pyarrow): the same columns and types as `frame`, the shape
-    a list of int64, `values` a list of float64 (null elements for NaN/Inf)."""
-    _need("pyarrow")
+    """The rows as a Parquet file (pyarrow) with a fixed schema, whatever the data: text as
+    string, counts int64, statistics float64, `shape` a list of int64, `values` a list of
+    float64 (null elements for NaN/Inf), so files of many runs read back as one table."""
+    pa = _need("pyarrow")
+    pq = _need("pyarrow.parquet")
+    df = frame(obj)
+    schema = pa.schema([pa.field(name, _arrow_type(pa, name)) for name in df.columns])
+    table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     buf = io.BytesIO()
-    frame(obj).to_parquet(buf, index=False, engine="pyarrow")
+    pq.write_table(table, buf)
     return buf.getvalue()
 
 

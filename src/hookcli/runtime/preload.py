@@ -10,9 +10,11 @@ the time the statistics want it, and a one-shot run's statistics cost what a war
 `start()` is called by `import hookcli` in a Python process, not in the `hookcli` command:
 there the load's imports, which hold the GIL against the worker's own, slowed every run more
 than they saved (docs/speed.md), and it loads the kernels inline past 256 MiB. The
-thread first imports the hookcli modules a first call would (`settle()`: the API's calls wait
-for that before importing anything, so the two threads never import at once), then numba and
-the kernels (engine.kernelwarm). It never imports torch, leaves nothing running when it ends
+thread imports numba and the kernels (engine.kernelwarm), and no other module of hookcli's:
+the caller may be importing those itself, and two threads importing a package and one of
+its modules in opposite order deadlock (Python raises _DeadlockError in one of them). The
+kernels' package, hookcli.engine, is imported before the thread starts. It never imports
+torch, leaves nothing running when it ends
 (serial kernels only: numba's thread pool starts on the caller's first parallel call) and is a
 daemon: a process may end while it loads. HOOKCLI_STATS=torch, or a missing numba, leaves the
 statistics on torch ops, as before. What it loaded is used through engine.stats.kernels().
@@ -26,30 +28,20 @@ import threading
 from collections.abc import Callable
 
 _thread: list[threading.Thread] = []
-_imported = threading.Event()  # the imports step: done (or never started)
 _done = threading.Event()
 
 
-def start(load: Callable[[], None], imports: Callable[[], None] | None = None) -> None:
+def start(load: Callable[[], None]) -> None:
     """Start the thread, once per process (a no-op after the first call, or with
-    HOOKCLI_STATS=torch): `imports` (hookcli's modules, see `settle`), then `load` (numba
-    and the kernels: engine.kernelwarm.load)."""
+    HOOKCLI_STATS=torch): `load` (numba and the kernels: engine.kernelwarm.load)."""
     if _thread or os.environ.get("HOOKCLI_STATS", "auto") == "torch":
         return
-    thread = threading.Thread(
-        target=_run, args=(load, imports), name="hookcli-kernels", daemon=True
-    )
+    thread = threading.Thread(target=_run, args=(load,), name="hookcli-kernels", daemon=True)
     _thread.append(thread)
     thread.start()
 
 
-def _run(load: Callable[[], None], imports: Callable[[], None] | None) -> None:
-    try:
-        with contextlib.suppress(Exception):  # the caller meets the same error, and says it
-            if imports is not None:
-                imports()
-    finally:
-        _imported.set()
+def _run(load: Callable[[], None]) -> None:
     try:
         with contextlib.suppress(Exception):  # numba absent or broken: engine.stats says so
             load()
@@ -69,21 +61,12 @@ def _in_child() -> None:
     """The child has no thread: nothing to wait for; its first use loads the kernels itself."""
     if _thread:
         _thread.clear()
-        _imported.set()
         _done.set()
 
 
 _FORK_WAIT = 30.0
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_in_child)
-
-
-def settle() -> None:
-    """Before a call imports hookcli's modules: until the thread is done importing them, so
-    that the two never import hookcli's modules at once (its load step then imports numba and
-    numpy beside the caller's imports: no module of one imports the other's)."""
-    if _thread:
-        _imported.wait()
 
 
 def started() -> bool:

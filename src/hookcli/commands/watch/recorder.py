@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -145,7 +145,9 @@ class Watch:
         self.records: collections.deque[StepLine] | list[StepLine] = (
             self.recent if log is not None else []
         )
-        self.nonfinite: NonfiniteLine | None = None  # the first NaN/Inf's line, once seen
+        # the NaN/Inf events (their log lines): the first one, once seen (the watch stops
+        # checking after it, so there is at most one); a list, so `len()` and `[0]` mean that
+        self.nonfinite: list[NonfiniteLine] = []
         self.step_index = 0  # the optimizer step now being taken (0: the first)
         self._session: HookSession | None = None
         self._collector: StatsCollector | None = None
@@ -169,6 +171,7 @@ class Watch:
         self._scaler_own: Any = _NONE
         self._root_call: RootCall | None = None
         self._file: LogWriter | None = None
+        self._board: Any = None  # tensorboard=DIR: integrations.trackers.TensorBoardWriter
 
     def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
         if bundle is False:
@@ -184,6 +187,23 @@ class Watch:
             return self.log_path.with_name(f"{self.log_path.stem}.bundle")
         return rank_log_path(Path(bundle), self.rank, self.world_size)
 
+    def __repr__(self) -> str:
+        """One line: what is watched, how far the run is, where it logs, NaN/Inf."""
+        model = type(self.module).__name__
+        state = "open" if self._open else "closed"
+        parts = [
+            f"{len(self.targets)} layers, every {self.options.every} steps",
+            f"{self.step_index} steps taken, {len(self.recent)} recent records",
+        ]
+        if self.log_path is not None:
+            parts.append(f"log {self.log_path}")
+        if self.nonfinite:
+            first = self.nonfinite[0]
+            parts.append(f"NaN/Inf at step {first.step}")
+        else:
+            parts.append("no NaN/Inf")
+        return f"<hookcli.watch {model} ({state}): {'; '.join(parts)}>"[:2000]
+
     # ------------------------------------------------------------ the context
 
     def __enter__(self) -> Watch:
@@ -194,6 +214,11 @@ class Watch:
             # that it never hurts the training (logfile.py)
             self._file = LogWriter(self.log_path)
         try:
+            if self.options.tensorboard is not None:
+                # its errors (not installed, a file where the folder goes) before any step
+                from hookcli.commands.watch.trackers import TensorBoardWriter
+
+                self._board = TensorBoardWriter(self.options.tensorboard)
             if getattr(self.model, "_compiled_call_impl", None) is not None:
                 self._root_call = RootCall(self.model, self._root_pre, self._root_post)
             else:
@@ -257,6 +282,18 @@ class Watch:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._board is not None:
+            board, self._board = self._board, None
+            self._sink(board.close)
+
+    def _sink(self, write: Callable[[], None]) -> None:
+        """A TensorBoard write that never hurts the training: a failure ends the sink with one
+        line on stderr."""
+        try:
+            write()
+        except Exception as exc:
+            self._board = None
+            sys.stderr.write(f"hookcli.watch: TensorBoard stopped: {one_line(exc)}\n")
 
     # ------------------------------------------------------------ what the loop calls
 
@@ -324,7 +361,7 @@ class Watch:
                 self._session.remove()
                 self._evaluating = True
             return
-        if not self.options.check or self.nonfinite is not None:
+        if not self.options.check or self.nonfinite:
             return  # nothing more to bundle: no capture, no copy of the buffers
         if len(self._step.forwards) >= MAX_FORWARDS:
             self._step.dropped += 1
@@ -424,7 +461,7 @@ class Watch:
                     grad = None if p.grad is None else self._collector.add(p.grad, f"{name}.grad")
                     self._params.append((name, grad, p, before))
                 self._before_norms = list(torch._foreach_norm(befores)) if befores else []
-        if self.options.check and self.nonfinite is None:
+        if self.options.check and not self.nonfinite:
             found = self._nonfinite(checked, skipped)
             if found:
                 self._on_nonfinite(found, optimizer)
@@ -492,6 +529,15 @@ class Watch:
             data = log_line(line)
             self._file.write(data)  # marks the line with the run's id
             line.run = data.get("run")
+        board = self._board
+        if board is not None and isinstance(line, StepLine):
+            from hookcli.commands.watch.trackers import step_scalars
+
+            def write() -> None:
+                board.add(step_scalars(line))
+                board.flush()
+
+            self._sink(write)
 
     # ------------------------------------------------------------ the first NaN/Inf
 
@@ -574,7 +620,7 @@ class Watch:
             bundle=None if bundle is None else str(bundle),
             notes=notes,
         )
-        self.nonfinite = line
+        self.nonfinite.append(line)
         self._write(line)
         where = "; ".join(o.describe() for o in origins) or "no layer call held it on the re-run"
         saved = f" Bundle: {bundle} (hookcli replay)." if bundle is not None else ""

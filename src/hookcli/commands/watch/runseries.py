@@ -96,6 +96,35 @@ def run_header(
     }
 
 
+Metric = dict[str, tuple[float | None, bool]]  # metric: (value, NaN/Inf there)
+
+
+def layer_metrics(c: LoggedCall) -> Metric:
+    """A logged layer call's LAYER_METRICS: its first output's std, mean and zero fraction,
+    NaN+Inf over its outputs, its first output gradient's norm."""
+    outs = c.outputs or []
+    grads = c.grad_outputs or []
+    out = outs[0] if outs else None
+    grad = grads[0] if grads else None
+    outs_bad = any(nonfinite_in(t) for t in outs)
+    return {
+        "out std": (None if out is None else out.std, outs_bad),
+        "out mean": (None if out is None else out.mean, outs_bad),
+        "zeros": (None if out is None else out.zeros, outs_bad),
+        "nan/inf": (float(sum(t.nan + t.inf for t in outs)), outs_bad),
+        "grad norm": (None if grad is None else grad.norm, any(nonfinite_in(t) for t in grads)),
+    }
+
+
+def param_metrics(p: LoggedParam) -> Metric:
+    """A logged parameter's PARAM_METRICS: its gradient's norm and its update ratio."""
+    g = p.grad
+    return {
+        "grad norm": (None if g is None else g.norm, nonfinite_in(g)),
+        "update ratio": (p.update_ratio, False),
+    }
+
+
 def series(run: Run) -> RunSeries:
     """Per layer call: its first output's std, mean and zero fraction, NaN+Inf over its
     outputs, its first output gradient's norm; per parameter: gradient norm and update
@@ -115,34 +144,18 @@ def series(run: Run) -> RunSeries:
     for key, at in layer_at.items():
         cols: dict[str, Series] = {m: Series(m, [None] * n, [False] * n) for m in LAYER_METRICS}
         for i, c in at.items():
-            outs = c.outputs or []
-            grads = c.grad_outputs or []
-            out = outs[0] if outs else None
-            grad = grads[0] if grads else None
-            outs_bad = any(nonfinite_in(t) for t in outs)
-            grad_bad = any(nonfinite_in(t) for t in grads)
-            for metric, value in (
-                ("out std", None if out is None else out.std),
-                ("out mean", None if out is None else out.mean),
-                ("zeros", None if out is None else out.zeros),
-            ):
+            for metric, (value, bad) in layer_metrics(c).items():
                 cols[metric].values[i] = value
-                cols[metric].bad[i] = outs_bad
-            cols["nan/inf"].values[i] = float(sum(t.nan + t.inf for t in outs))
-            cols["nan/inf"].bad[i] = outs_bad
-            cols["grad norm"].values[i] = None if grad is None else grad.norm
-            cols["grad norm"].bad[i] = grad_bad
+                cols[metric].bad[i] = bad
         layers.append(Track("layer", key[0], types[key], key[1], list(cols.values())))
     params = []
     for name, seen in param_at.items():
-        grad_norm = Series("grad norm", [None] * n, [False] * n)
-        ratio = Series("update ratio", [None] * n, [False] * n)
+        pcols = {m: Series(m, [None] * n, [False] * n) for m in PARAM_METRICS}
         for i, p in seen.items():
-            g = p.grad
-            grad_norm.values[i] = None if g is None else g.norm
-            grad_norm.bad[i] = nonfinite_in(g)
-            ratio.values[i] = p.update_ratio
-        params.append(Track("param", name, None, None, [grad_norm, ratio]))
+            for metric, (value, bad) in param_metrics(p).items():
+                pcols[metric].values[i] = value
+                pcols[metric].bad[i] = bad
+        params.append(Track("param", name, None, None, list(pcols.values())))
     loss = Series("loss", [s.loss for s in run.steps], loss_nonfinite(run))
     return RunSeries(
         run.files,
