@@ -5,6 +5,7 @@ own event reader (EventAccumulator) on both folders, against the run's JSON seri
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -102,39 +103,85 @@ def test_live_sink_and_export_hold_the_runs_series(tmp_path: Path) -> None:
 def test_a_failing_sink_never_hurts_the_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hookcli.commands.watch import trackers
+    """The disk fills under TensorBoard's record writer: one line, the training and its log
+    go on, and no traceback from a thread of TensorBoard's."""
+    from tensorboard.summary.writer import record_writer
 
-    def broken(self: object, scalars: object, wall_time: object = None) -> None:
-        raise OSError(28, "No space left on device")
+    real = record_writer.RecordWriter.write
+    calls = [0]
 
-    monkeypatch.setattr(trackers.TensorBoardWriter, "add", broken)
+    def filling(self: object, data: bytes) -> None:
+        calls[0] += 1
+        if calls[0] > 2:  # the header and the first step are written
+            raise OSError(28, "No space left on device")
+        real(self, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", filling)
     w = _train(tmp_path, tensorboard=tmp_path / "live")
     assert len(w.records) == 4  # every watched step still recorded and logged
     assert len((tmp_path / "run.jsonl").read_text().splitlines()) == 4
     err = capsys.readouterr().err
     assert err.count("TensorBoard stopped") == 1 and "No space left" in err
+    assert "Traceback" not in err
+    assert len(_read(tmp_path / "live")["loss"]) == 1  # what was written before stays readable
 
 
-def test_a_file_where_the_folder_goes_is_refused_before_training(tmp_path: Path) -> None:
+def test_a_refused_watch_leaves_the_earlier_log_and_folder_alone(tmp_path: Path) -> None:
+    _train(tmp_path)
+    before = (tmp_path / "run.jsonl").read_text()
     (tmp_path / "taken").write_text("x")
     with pytest.raises(UsageError, match="is a file"):
         _train(tmp_path, tensorboard=tmp_path / "taken")
-    assert not (tmp_path / "run.jsonl").exists() or (tmp_path / "run.jsonl").read_text() == ""
+    with pytest.raises(UsageError, match="must be a folder"):
+        _train(tmp_path, tensorboard=True)
+    assert (tmp_path / "run.jsonl").read_text() == before
+    _train(tmp_path, tensorboard=tmp_path / "tb")
+    with pytest.raises(UsageError, match="already holds TensorBoard files"):
+        _train(tmp_path, tensorboard=tmp_path / "tb")  # a second run: every point twice
 
 
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
 @pytest.mark.parametrize(
-    ("args", "needle"),
+    ("out", "needle"),
     [
-        (["-f", "tensorboard"], "add -o"),
-        (["-f", "tensorboard", "-o", "{file}"], "is a file"),
+        (None, "add -o"),
+        ("{file}", "is a file"),
+        ("-", "writes a folder, not -"),
+        ("/proc/hookcli-no", "cannot write"),
     ],
 )
-def test_export_errors_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+def test_export_errors_are_one_line(
+    tmp_path: Path, tracker: str, out: str | None, needle: str
+) -> None:
+    pytest.importorskip(tracker)
     _train(tmp_path)
     (tmp_path / "file").write_text("x")
-    args = [a.replace("{file}", str(tmp_path / "file")) for a in args]
-    res = runner.invoke(app, ["report", str(tmp_path / "run.jsonl"), *args])
+    given = [] if out is None else ["-o", out.replace("{file}", str(tmp_path / "file"))]
+    res = runner.invoke(app, ["report", str(tmp_path / "run.jsonl"), "-f", tracker, *given])
     assert_one_line_error(res, 2, needle)
+
+
+def test_export_into_a_used_folder_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path)
+    log = str(tmp_path / "run.jsonl")
+    tb = tmp_path / "tb"
+    assert runner.invoke(app, ["report", log, "-f", "tensorboard", "-o", str(tb)]).exit_code == 0
+    res = runner.invoke(app, ["report", log, "-f", "tensorboard", "-o", str(tb)])
+    assert_one_line_error(res, 2, "already holds TensorBoard files")
+    if importlib.util.find_spec("mlflow") is not None:
+        (tmp_path / "mixed" / "my.data").mkdir(parents=True)
+        res = runner.invoke(app, ["report", log, "-f", "mlflow", "-o", str(tmp_path / "mixed")])
+        assert_one_line_error(res, 2, "not an MLflow experiment")
+
+
+def test_mlflow_keys_never_merge_two_layers() -> None:
+    from hookcli.commands.watch.trackers import _mlflow_keys
+
+    tags = ["layers/d.a+b:0/grad_norm", "layers/d.a_b:0/grad_norm", "layers/d.c:0/grad_norm"]
+    keys = _mlflow_keys(tags)
+    assert len(set(keys.values())) == 3
+    assert keys["layers/d.c:0/grad_norm"] == "layers/d.c:0/grad_norm"  # untouched when unique
+    assert all(keys[t].startswith("layers/d.a_b:0/grad_norm_") for t in tags[:2])
 
 
 def test_tensorboard_is_for_run_logs_only(tmp_path: Path) -> None:
@@ -180,14 +227,14 @@ def _exact(
         assert sorted(got[tag]) == pairs, tag  # float64 both sides: every digit
 
 
-def test_mlflow_file_store_holds_the_runs_series(tmp_path: Path) -> None:
+def test_mlflow_file_store_holds_the_runs_series(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tracking = pytest.importorskip("mlflow.tracking", reason="pip install 'hookcli[mlflow]'")
     store = tmp_path / "mlruns"
     data = _exported(tmp_path, "mlflow", store)
     want = _expected(data)
-    import os
-
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: the reader's side
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: the reader's side
     client = tracking.MlflowClient(tracking_uri=store.resolve().as_uri())
     experiment = client.get_experiment_by_name("hookcli")
     (run,) = client.search_runs([experiment.experiment_id])

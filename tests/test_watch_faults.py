@@ -283,8 +283,8 @@ def test_the_recorder_names_step_layer_call_and_direction_and_replay_agrees(
         oracle = _oracle_first(s)
         step, layer = oracle
     w = _train(s, tmp_path / "run.jsonl")
-    event = w.nonfinite
-    assert event is not None, f"{s.name}: no NaN/Inf seen (fault at step {s.step})"
+    assert len(w.nonfinite) == 1, f"{s.name}: no NaN/Inf seen (fault at step {s.step})"
+    event = w.nonfinite[0]
     assert event.step == step
     first = event.origins[0]
     assert (first.direction, first.where, first.layer, first.call) == (
@@ -336,7 +336,7 @@ def test_no_fault_no_bundle_and_the_check_costs_no_hook(tmp_path: Path) -> None:
     s = Scenario("clean", (FWD, "layer", "", 0), every=3)
     s.step = -1
     w = _train(s, tmp_path / "run.jsonl")
-    assert w.nonfinite is None
+    assert w.nonfinite == []
     assert not (tmp_path / "run.bundle").exists()
     assert [r.step for r in w.records] == [0, 3, 6]
 

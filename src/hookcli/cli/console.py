@@ -290,9 +290,15 @@ def _parquet_possible(output: Destination | None, parquet: bool) -> None:
 def listing_format(fmt: ListFormat | None, output: Destination | None) -> ListFormat:
     """models, layers and show: a table or JSON, -f's, else the -o name's (FILE.json: JSON);
     without -f, a suffix they do not write is refused before any work."""
+    suffix = _suffix(output)
+    if suffix == ".parquet":
+        raise UsageError(
+            f"-o {output.label if output else ''}: this command writes a table or JSON, not "
+            "Parquet.",
+            "name the file .txt or .json.",
+        )
     if fmt is not None:
         return fmt
-    suffix = _suffix(output)
     if suffix == ".json":
         return ListFormat.json
     if suffix not in ("", ".txt"):

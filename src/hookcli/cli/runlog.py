@@ -287,27 +287,19 @@ def _report_tracker(fmt: Format, files: list[str], logs: list[str], output: Path
     if not trackers.installed(name):
         raise UsageError(f"{name} is not installed.", f"pip install 'hookcli[{name}]'.")
     paths = expand_logs(logs)
-    target = str(output)
-    uri = fmt == Format.mlflow and ("://" in target or target.startswith("sqlite:"))
-    if not uri:
-        from hookcli.io.output import user_path
-
-        output = user_path(target, "-o")
-        if output.exists() and not output.is_dir():
-            raise UsageError(f"-o {output} is a file; {name} writes a folder.", "give a folder.")
+    labels = {Format.tensorboard: "TensorBoard", Format.mlflow: "MLflow", Format.wandb: "W&B"}
+    folder = trackers.check_log_dir(output, labels[fmt])  # before the log is read
     data = series(load_run(paths))
     run_name = Path(paths[0]).stem
     if fmt == Format.tensorboard:
-        count = trackers.write_tensorboard(data, output)
-        where = f"{output} (tensorboard --logdir {output})"
+        count = trackers.write_tensorboard(data, folder)
+        where = f"{folder} (tensorboard --logdir {folder})"
     elif fmt == Format.mlflow:
-        tracking, run_id, count = trackers.write_mlflow(
-            data, target if uri else str(output), run_name
-        )
+        tracking, run_id, count = trackers.write_mlflow(data, folder, run_name)
         where = f"MLflow run {run_id} at {tracking}"
     else:
-        folder, count = trackers.write_wandb(data, output, run_name)
-        where = f"{folder} (offline W&B run: wandb sync to upload)"
+        place, count = trackers.write_wandb(data, folder, run_name)
+        where = f"{place} (offline W&B run: wandb sync to upload)"
     err(f"wrote {count} scalars over {len(data.steps)} steps to {where}")
 
 

@@ -10,13 +10,14 @@ the time the statistics want it, and a one-shot run's statistics cost what a war
 `start()` is called by `import hookcli` in a Python process, not in the `hookcli` command:
 there the load's imports, which hold the GIL against the worker's own, slowed every run more
 than they saved (docs/speed.md), and it loads the kernels inline past 256 MiB. The
-thread imports numba and the kernels (engine.kernelwarm), and no other module of hookcli's:
-the caller may be importing those itself, and two threads importing a package and one of
-its modules in opposite order deadlock (Python raises _DeadlockError in one of them). The
-kernels' package, hookcli.engine, is imported before the thread starts. It never imports
-torch, leaves nothing running when it ends
-(serial kernels only: numba's thread pool starts on the caller's first parallel call) and is a
-daemon: a process may end while it loads. HOOKCLI_STATS=torch, or a missing numba, leaves the
+thread imports numba and the kernels (engine.kernelwarm: engine._kernels, _chankernels and
+packing, which import nothing else of hookcli's) and no other module of hookcli's: the caller
+may be importing those itself, and two threads importing a package and one of its modules in
+opposite order deadlock (Python raises _DeadlockError in one of them). The kernels' package,
+hookcli.engine, is imported before the thread starts, so the thread never imports a package.
+It never imports torch, leaves nothing running when it ends (serial kernels only: numba's
+thread pool starts on the caller's first parallel call) and is a daemon: a process may end
+while it loads. HOOKCLI_STATS=torch, or a missing numba, leaves the
 statistics on torch ops, as before. What it loaded is used through engine.stats.kernels().
 """
 

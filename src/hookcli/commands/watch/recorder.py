@@ -192,7 +192,8 @@ class Watch:
         model = type(self.module).__name__
         state = "open" if self._open else "closed"
         parts = [
-            f"{len(self.targets)} layers, every {self.options.every} steps",
+            f"{len(self.targets)} layers, every "
+            + ("step" if self.options.every == 1 else f"{self.options.every} steps"),
             f"{self.step_index} steps taken, {len(self.recent)} recent records",
         ]
         if self.log_path is not None:
@@ -209,16 +210,17 @@ class Watch:
     def __enter__(self) -> Watch:
         if self.bundle_path is not None:
             check_bundle_dest(self.bundle_path)  # a bundle replaces only an earlier bundle
-        if self.log_path is not None:
-            # a new run starts a new log (a log holds one run: steps never repeat); written so
-            # that it never hurts the training (logfile.py)
-            self._file = LogWriter(self.log_path)
-        try:
-            if self.options.tensorboard is not None:
-                # its errors (not installed, a file where the folder goes) before any step
-                from hookcli.commands.watch.trackers import TensorBoardWriter
+        if self.options.tensorboard is not None:
+            # its errors (not installed, a file where the folder goes) before any step, and
+            # before the log is started (a refused watch leaves an earlier log as it was)
+            from hookcli.commands.watch.trackers import TensorBoardWriter
 
-                self._board = TensorBoardWriter(self.options.tensorboard)
+            self._board = TensorBoardWriter(self._board_dir(self.options.tensorboard))
+        try:
+            if self.log_path is not None:
+                # a new run starts a new log (a log holds one run: steps never repeat); written
+                # so that it never hurts the training (logfile.py)
+                self._file = LogWriter(self.log_path)
             if getattr(self.model, "_compiled_call_impl", None) is not None:
                 self._root_call = RootCall(self.model, self._root_pre, self._root_post)
             else:
@@ -292,8 +294,22 @@ class Watch:
         try:
             write()
         except Exception as exc:
-            self._board = None
+            board, self._board = self._board, None
+            if board is not None:
+                with contextlib.suppress(Exception):
+                    board.close()
             sys.stderr.write(f"hookcli.watch: TensorBoard stopped: {one_line(exc)}\n")
+
+    def _board_dir(self, raw: object) -> Path:
+        """tensorboard=DIR; under torchrun each rank's own subfolder (rank0, rank1, …: each
+        rank's numbers are its shard's), as each writes its own log."""
+        if not isinstance(raw, str | Path):
+            raise UsageError(
+                f"tensorboard must be a folder, got {type(raw).__name__}.",
+                "e.g. tensorboard='runs/exp1'",
+            )
+        folder = Path(raw)
+        return folder / f"rank{self.rank}" if self.world_size > 1 else folder
 
     # ------------------------------------------------------------ what the loop calls
 
