@@ -11,8 +11,10 @@ interleaved rounds, as ratios to the same loop without hookcli:
             is not recording — the root hooks that keep each step's batch references and
             buffers, the optimizer's step hooks, and the NaN/Inf check of the loss, the outputs
             and every parameter gradient (target: <= 1.01x)
+  --tensorboard  also every=1 with `tensorboard=DIR` (a new folder each run): the live sink's
+            scalars written every step, as a ratio to every=1 without it
 
-Usage: python benchmarks/watch.py [--rounds N] [--steps N] [--quick]
+Usage: python benchmarks/watch.py [--rounds N] [--steps N] [--quick] [--tensorboard]
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def _model(name: str) -> nn.Module:
 
 def _loop(
     model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[torch.Tensor, torch.Tensor]],
-    every: int | None, plain: bool = False,
+    every: int | None, *, plain: bool = False, board: bool = False,
 ) -> Callable[[], None]:  # fmt: skip
+    import tempfile
+
     import hookcli
 
     def run() -> None:
@@ -60,7 +64,8 @@ def _loop(
                 F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
                 opt.step()
             return
-        w = hookcli.watch(model, optimizer=opt, every=every or 10**9)
+        folder = tempfile.mkdtemp(prefix="hookcli-tb-") if board else None
+        w = hookcli.watch(model, optimizer=opt, every=every or 10**9, tensorboard=folder)
         if every is None:
             w.step_index = 1  # unwatched: the watched step 0 is behind it
         with w:
@@ -80,6 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 10 steps")
+    parser.add_argument("--tensorboard", action="store_true", help="also every=1 + tensorboard")
     args = parser.parse_args()
     rounds, steps = (3, 10) if args.quick else (args.rounds, args.steps)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; {rounds} rounds")
@@ -96,20 +102,21 @@ def main() -> None:
                 return torch.optim.AdamW(model.parameters(), lr=1e-4)
 
             opt = make()
-            t = interleaved(
-                {
-                    "plain": _loop(model, opt, data, None, plain=True),
-                    "every1": _loop(model, opt, data, 1),
-                    "every10": _loop(model, opt, data, 10),
-                    "unwatched": _loop(model, opt, data, None),
-                },
-                rounds,
-            )
+            variants: dict[str, Callable[[], object]] = {
+                "plain": _loop(model, opt, data, None, plain=True),
+                "every1": _loop(model, opt, data, 1),
+                "every10": _loop(model, opt, data, 10),
+                "unwatched": _loop(model, opt, data, None),
+            }
+            if args.tensorboard:
+                variants["board"] = _loop(model, opt, data, 1, board=True)
+            t = interleaved(variants, rounds)
             plain = t["plain"]
+            board = f", every=1 + tensorboard ÷ every=1 {t['board'] / t['every1']:.3f}x"
             print(
                 f"  {name} {opt_name} ({steps} steps, plain {plain * 1e3 / steps:.1f} ms/step): "
                 f"every=1 {t['every1'] / plain:.3f}x, every=10 {t['every10'] / plain:.3f}x, "
-                f"unwatched {t['unwatched'] / plain:.3f}x"
+                f"unwatched {t['unwatched'] / plain:.3f}x" + (board if args.tensorboard else "")
             )
 
 
