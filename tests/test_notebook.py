@@ -243,7 +243,7 @@ def test_inspect_writes_parquet_with_the_json_numbers(tmp_path: Path) -> None:
         (["inspect", "no-such-model", "-o", "r.txt", "-f", "parquet"], "go together"),
         (["calib", "no-such-model", "-f", "parquet"], "no Parquet form"),
         (["diff", "no-such-model", "--b", "bfloat16", "-o", "d.pdf"], "does not write .pdf"),
-        (["layers", "no-such-model", "-o", "l.parquet"], "not .parquet"),
+        (["layers", "no-such-model", "-o", "l.parquet"], "not Parquet"),
         (["lens", "no-such-model", "-o", "l.parquet"], "no Parquet form"),
     ],
 )
