@@ -26,7 +26,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hookcli import records as _records
+from hookcli import _views as _view_hook
 from hookcli._version import __version__
 from hookcli.engine import kernelwarm
 from hookcli.options import DEFAULTS
@@ -345,7 +345,7 @@ def _views() -> ModuleType:
     return views
 
 
-_records.VIEWS.append(_views)
+_view_hook.LOADERS.append(_views)
 
 
 if not _the_command():

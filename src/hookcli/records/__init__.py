@@ -6,10 +6,13 @@ Renderers read these and nothing else, so they never need torch.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+# a report's views in a notebook or at a prompt (the CLI's table, an HTML fragment, a DataFrame)
+# are rendered by hookcli.render.views, which imports this module: hookcli._views holds the
+# loader the package installs, so records imports no renderer
+from hookcli._views import views as _views
 
 # what --channels, --heads and MoE routing add, kept in records/llm.py, read from here
 from hookcli.records.llm import ChannelStats as ChannelStats
@@ -372,16 +375,6 @@ class InputInfo:
     texts: list[TextInfo] | None = None  # a text input: its sequences, token by token
 
 
-# The views of a report in a notebook or at a prompt (the CLI's table, an HTML fragment, a
-# DataFrame) are rendered by hookcli.render.views, which imports this module: the package
-# installs a loader for it here (hookcli/__init__.py), so records imports no renderer.
-VIEWS: list[Callable[[], Any]] = []
-
-
-def _views() -> Any:
-    if not VIEWS:  # hookcli/__init__.py runs before any of its submodules: never empty
-        raise RuntimeError("hookcli's views are not installed")
-    return VIEWS[0]()
 
 
 class Rendered(str):
@@ -435,6 +428,8 @@ class _Viewed:
             raise TypeError(f"a report is indexed by layer name, not {type(name).__name__}")
         calls = [c for c in self._calls() if c.name == name or name in getattr(c, "aliases", ())]
         if not calls:
+            import difflib
+
             names = list(dict.fromkeys(c.name for c in self._calls()))
             near = difflib.get_close_matches(name, names, n=3)
             hint = f"; nearest: {', '.join(near)}" if near else ""

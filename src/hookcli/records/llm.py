@@ -4,7 +4,6 @@ re-exported by hookcli.records."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 
@@ -52,6 +51,8 @@ class ChannelStats:
     def median_absmax(self) -> float | None:
         """The median of the channels' max|x| (of an even count, the mean of the middle two)."""
         peaks = [a for a in self.absmax if a is not None]
+        import statistics  # with fractions and decimal, 25 ms: not on --help's path
+
         return statistics.median(peaks) if peaks else None
 
     @property
