@@ -217,8 +217,8 @@ def report(
             "-o",
             metavar="FILE",
             help="Write to FILE instead of stdout (replaced atomically); for a run log, "
-            "FILE.png draws its series as a grid of small plots, and -f tensorboard -o DIR "
-            "writes them as TensorBoard scalars (hookcli[tensorboard]).",
+            "FILE.png draws its series as a grid of small plots, and -f tensorboard|mlflow|"
+            "wandb -o DIR writes them to that tracker (hookcli[tensorboard], …).",
         ),
     ] = None,
 ) -> None:
@@ -269,8 +269,8 @@ def report(
 
 def _report_tracker(fmt: Format, files: list[str], logs: list[str], output: Path | None) -> None:
     """A run log's series in an experiment tracker: TensorBoard event files in the folder -o
-    names, a new MLflow run (-o a folder: its file store; or a tracking URI), or an offline
-    W&B run in the folder. Everything is checked before the log is read."""
+    names, a new MLflow run in the folder's file store, or an offline W&B run in the folder.
+    Each writer checks its folder (trackers.check_log_dir) before it writes."""
     from hookcli.commands.watch import trackers
     from hookcli.commands.watch.logread import expand_logs
     from hookcli.commands.watch.runmerge import load_run
@@ -287,18 +287,16 @@ def _report_tracker(fmt: Format, files: list[str], logs: list[str], output: Path
     if not trackers.installed(name):
         raise UsageError(f"{name} is not installed.", f"pip install 'hookcli[{name}]'.")
     paths = expand_logs(logs)
-    labels = {Format.tensorboard: "TensorBoard", Format.mlflow: "MLflow", Format.wandb: "W&B"}
-    folder = trackers.check_log_dir(output, labels[fmt])  # before the log is read
     data = series(load_run(paths))
     run_name = Path(paths[0]).stem
     if fmt == Format.tensorboard:
-        count = trackers.write_tensorboard(data, folder)
-        where = f"{folder} (tensorboard --logdir {folder})"
+        count = trackers.write_tensorboard(data, output)
+        where = f"{output} (tensorboard --logdir {output})"
     elif fmt == Format.mlflow:
-        tracking, run_id, count = trackers.write_mlflow(data, folder, run_name)
+        tracking, run_id, count = trackers.write_mlflow(data, output, run_name)
         where = f"MLflow run {run_id} at {tracking}"
     else:
-        place, count = trackers.write_wandb(data, folder, run_name)
+        place, count = trackers.write_wandb(data, output, run_name)
         where = f"{place} (offline W&B run: wandb sync to upload)"
     err(f"wrote {count} scalars over {len(data.steps)} steps to {where}")
 

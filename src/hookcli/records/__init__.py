@@ -375,8 +375,6 @@ class InputInfo:
     texts: list[TextInfo] | None = None  # a text input: its sequences, token by token
 
 
-
-
 class Rendered(str):
     """Text a report rendered (`report.table()`): prints as itself, and a prompt or a notebook
     shows it as itself rather than as a quoted string."""
@@ -415,18 +413,20 @@ class _Viewed:
 
     __iter__ = None  # not a sequence: `report[name]` looks a layer up; iterate `.layers`
 
+    def _named(self, name: str) -> list[Any]:
+        """The calls of the layer named `name` (its dotted name, or an alias)."""
+        return [c for c in self._calls() if c.name == name or name in getattr(c, "aliases", ())]
+
     def __contains__(self, name: object) -> bool:
         """Whether a layer of that name (or alias) has a call in this report."""
-        return isinstance(name, str) and any(
-            c.name == name or name in getattr(c, "aliases", ()) for c in self._calls()
-        )
+        return isinstance(name, str) and bool(self._named(name))
 
     def __getitem__(self, name: str) -> list[Any]:
         """The calls of the layer named `name` (its dotted name, or an alias it was called
         by), in call order. KeyError, naming the nearest names, when it has none here."""
         if not isinstance(name, str):
             raise TypeError(f"a report is indexed by layer name, not {type(name).__name__}")
-        calls = [c for c in self._calls() if c.name == name or name in getattr(c, "aliases", ())]
+        calls = self._named(name)
         if not calls:
             import difflib
 

@@ -122,9 +122,12 @@ def _asset(name: str) -> str:
     return resources.files("hookcli.render").joinpath("assets", name).read_text("utf-8")
 
 
-def _e(text: str) -> str:
+def escape_html(text: str) -> str:
     """User-controlled text for HTML: control characters shown as escapes, markup inert."""
     return html.escape(escape(text), quote=True)
+
+
+_e = escape_html
 
 
 def data_script(data: dict[str, Any]) -> str:
@@ -561,6 +564,15 @@ def _first_over(report: DiffReport) -> DiffCall | None:
     return None
 
 
+def diff_alerts(report: DiffReport) -> list[tuple[str, str, str | None]]:
+    """A diff's banner: the first call past tolerance, linked to its row."""
+    if report.first_over is None:
+        return []
+    first = _first_over(report)
+    href = _link(first.name, first.call) if first is not None else None
+    return [("bad", f"first past tolerance: {report.first_over}", href)]
+
+
 def diff_html(report: DiffReport) -> str:
     columns = _diff_columns(report)
     first = _first_over(report)
@@ -576,13 +588,9 @@ def diff_html(report: DiffReport) -> str:
     table = by_name["calls"].tables()[0]
     m = report.model
     title = f"hookcli diff {m.spec}"
-    alerts: list[tuple[str, str, str | None]] = []
-    if report.first_over is not None:
-        href = _link(first.name, first.call) if first is not None else None
-        alerts.append(("bad", f"first past tolerance: {report.first_over}", href))
     out = [
         _header(title, diffrows.diff_header_lines(report)),
-        _banner(alerts),
+        _banner(diff_alerts(report)),
         '<div id="app"></div>',
         _calls_table(columns, body, table.title or ""),
         section_html(by_name["footer"]),

@@ -11,14 +11,13 @@ notebook's page looks as it did around it.
 from __future__ import annotations
 
 import dataclasses
-import html as _html
 from typing import Any
 
 from hookcli.records import DiffReport, Report
 from hookcli.render import Format, diffrows, rows
-from hookcli.render.html import parts_html, report_alerts
+from hookcli.render.html import diff_alerts, parts_html, report_alerts
+from hookcli.render.html import escape_html as _e
 from hookcli.render.parts import Section, Table
-from hookcli.text import escape
 
 # Rows a table shows in the fragment; the rest are counted in a line under it.
 MAX_ROWS = 200
@@ -41,10 +40,6 @@ _CSS = """
 .hookcli-nb th.num, .hookcli-nb td.num { text-align: right; }
 .hookcli-nb tr.bad td { color: #b42318; }
 """
-
-
-def _e(text: str) -> str:
-    return _html.escape(escape(text), quote=True)
 
 
 def table(obj: Report | DiffReport, *, color: bool, width: int | None) -> str:
@@ -81,11 +76,10 @@ def html(obj: Report | DiffReport) -> str:
     """The banner (NaN/Inf's origin, failed checks, the first call past tolerance) and the
     table's sections, as one self-contained fragment."""
     if isinstance(obj, DiffReport):
-        sections = diffrows.diff_sections(obj)
-        alerts = [f"first past tolerance: {obj.first_over}"] if obj.first_over else []
+        sections, found = diffrows.diff_sections(obj), diff_alerts(obj)
     else:
-        sections = rows.report_sections(obj)
-        alerts = [text for style, text, _ in report_alerts(obj) if style == "bad"]
+        sections, found = rows.report_sections(obj), report_alerts(obj)
+    alerts = [text for style, text, _ in found if style == "bad"]
     head = next((s for s in sections if s.name == "header"), None)
     out = [f'<div class="hookcli-nb"><style>{_CSS}</style>']
     out.append(f'<p class="hk-title">hookcli {_e(obj.command)} {_e(obj.model.spec)}</p>')

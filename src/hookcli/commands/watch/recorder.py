@@ -171,7 +171,7 @@ class Watch:
         self._scaler_own: Any = _NONE
         self._root_call: RootCall | None = None
         self._file: LogWriter | None = None
-        self._board: Any = None  # tensorboard=DIR: integrations.trackers.TensorBoardWriter
+        self._board: Any = None  # tensorboard=DIR: trackers.TensorBoardWriter
 
     def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
         if bundle is False:
