@@ -155,6 +155,7 @@ class RunOptions:
     topk: int | None = None
     hist: int = 0  # histogram bins, 0: none
     profile: bool = False
+    memory: bool = False  # --memory: saved-for-backward, output and peak bytes per call
     per_token: bool = False  # per-position statistics of (batch, tokens, C) outputs
     channels: bool = False  # per-channel statistics, kurtosis and massive activations
     heads: bool = False  # every attention head's sink, entropy and most-attended key
@@ -249,6 +250,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "topk": ("run", "topk"),
     "hist": ("run", "hist"),
     "profile": ("run", "profile"),
+    "memory": ("run", "memory"),
     "per_token": ("run", "per_token"),
     "channels": ("run", "channels"),
     "heads": ("run", "heads"),
@@ -331,6 +333,7 @@ class RuleOptions:
     max_sink: float | None = None  # a dormant head: its queries' mean probability on token 0
     min_entropy: float | None = None  # a collapsed head: its queries' mean entropy (nats)
     max_expert_imbalance: float | None = None  # a router's busiest expert ÷ the mean load
+    max_saved_mb: float | None = None  # what autograd saves in one step, in 10^6 bytes
     expect_shape: tuple[str, ...] = ()  # "LAYER=1x64x112x112"
     baseline: Path | None = None
     rtol: float = 1e-3

@@ -74,6 +74,7 @@ def inspect(
     picture: opt.PictureOpt = None,
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
+    memory: opt.MemoryOpt = DEFAULTS.run.memory,
     per_token: opt.PerTokenOpt = DEFAULTS.run.per_token,
     channels: opt.ChannelsOpt = DEFAULTS.run.channels,
     heads: opt.HeadsOpt = DEFAULTS.run.heads,
@@ -132,6 +133,7 @@ def grads(
     picture: opt.PictureOpt = None,
     hist: opt.HistOpt = False,
     profile: opt.ProfileOpt = DEFAULTS.run.profile,
+    memory: opt.MemoryOpt = DEFAULTS.run.memory,
     per_token: opt.PerTokenOpt = DEFAULTS.run.per_token,
     channels: opt.ChannelsOpt = DEFAULTS.run.channels,
     heads: opt.HeadsOpt = DEFAULTS.run.heads,
@@ -245,6 +247,16 @@ def check(
             help="Fail when a MoE router's busiest expert takes more than R times the mean load.",
         ),
     ] = None,
+    max_saved_mb: Annotated[
+        float | None,
+        typer.Option(
+            "--max-saved-mb",
+            metavar="MB",
+            help="Fail when the tensors autograd saves for backward in one step exceed MB "
+            "megabytes (10^6 bytes; implies --backward and --memory).",
+        ),
+    ] = None,
+    memory: opt.MemoryOpt = DEFAULTS.run.memory,
     channels: opt.ChannelsOpt = DEFAULTS.run.channels,
     heads: opt.HeadsOpt = DEFAULTS.run.heads,
     batch_size: opt.BatchSizeOpt = None,

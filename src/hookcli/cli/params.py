@@ -269,6 +269,15 @@ ProfileOpt = Annotated[
         "against an unhooked pass timed in the same process; a folder run adds up its batches.",
     ),
 ]
+MemoryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--memory",
+        help="Size each layer call: the bytes autograd saves for backward in it (with a "
+        "backward), its output's bytes and, on CUDA, the allocator's peak; totals for "
+        "parameters (tied once), gradients and activations, and checkpointing candidates.",
+    ),
+]
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use at most N images.")]
 WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader processes decoding images.")]
 StrictOpt = Annotated[

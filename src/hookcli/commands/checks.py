@@ -50,6 +50,7 @@ class Rules:
     max_sink: float | None = None
     min_entropy: float | None = None
     max_expert_imbalance: float | None = None
+    max_saved_mb: float | None = None
     expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     baseline_path: str | None = None
@@ -60,7 +61,7 @@ class Rules:
     @property
     def needs_backward(self) -> bool:
         """check runs backward: asked for (--backward), or a gradient rule needs it."""
-        return self.backward or self.grad_norm is not None
+        return self.backward or self.grad_norm is not None or self.max_saved_mb is not None
 
     @property
     def needs_channels(self) -> bool:
@@ -82,6 +83,7 @@ class Rules:
             self.needs_channels
             or self.needs_heads
             or self.max_expert_imbalance is not None
+            or self.max_saved_mb is not None
             or self.fail_on
             or self.max_abs is not None
             or self.min_std is not None
@@ -121,6 +123,11 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
         imbalance = bounds.number(
             imbalance, "--max-expert-imbalance", low=1, example="--max-expert-imbalance 4"
         )
+    saved_mb = options.max_saved_mb
+    if saved_mb is not None:
+        saved_mb = bounds.number(
+            saved_mb, "--max-saved-mb", low=0, low_open=True, example="--max-saved-mb 500"
+        )
     rtol = bounds.number(options.rtol, "--rtol", example="--rtol 1e-3")
     atol = bounds.number(options.atol, "--atol", example="--atol 1e-6")
     if rtol < 0 or atol < 0:
@@ -137,6 +144,7 @@ def parse_rules(options: RuleOptions = RuleOptions()) -> Rules:
         max_sink=max_sink,
         min_entropy=min_entropy,
         max_expert_imbalance=imbalance,
+        max_saved_mb=saved_mb,
         rtol=rtol,
         atol=atol,
         backward=options.backward,
@@ -280,6 +288,8 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
         results.append(_experts(report, None))
     if rules.max_expert_imbalance is not None:
         results.append(_experts(report, rules.max_expert_imbalance))
+    if rules.max_saved_mb is not None:
+        results.append(_saved(report, rules.max_saved_mb))
     for layer, shape in rules.expect_shapes:
         results.append(_expect_shape(report, layer, shape))
     if rules.baseline is not None:
@@ -378,6 +388,35 @@ def _experts(report: Report, limit: float | None) -> CheckResult:
         return CheckResult(rule, True, f"no {what} ({len(routers)} routers)")
     what = "with a dead expert" if limit is None else f"with imbalance above {limit:g}"
     return CheckResult(rule, False, f"{len(bad)} of {len(routers)} routers {what}", bad, bad[0])
+
+
+def _saved(report: Report, limit_mb: float) -> CheckResult:
+    """--max-saved-mb: what autograd saved for backward in the step (each storage once), in
+    10^6 bytes; a failure names the calls that saved most."""
+    memory = report.memory
+    if memory is None or memory.saved_bytes is None:
+        return CheckResult("saved-mb", False, "nothing measured: the run had no backward")
+    mb = memory.saved_bytes / 1e6
+    if mb <= limit_mb:
+        return CheckResult("saved-mb", True, f"{mb:.4g} MB saved for backward (limit {limit_mb:g})")
+    top = sorted(
+        (c for c in report.layers if c.memory is not None and c.memory.saved_bytes),
+        key=lambda c: -(c.memory.saved_bytes or 0) if c.memory else 0,
+    )
+    bad = [
+        Failure(
+            f"{c.name} call {c.call} saved {(c.memory.saved_bytes or 0) / 1e6:.4g} MB",
+            c.name,
+            c.call,
+            None,
+            (c.memory.saved_bytes or 0) / 1e6,
+            limit_mb,
+        )
+        for c in top[:5]
+        if c.memory is not None
+    ]
+    text = f"{mb:.4g} MB saved for backward, above {limit_mb:g} MB"
+    return CheckResult("saved-mb", False, text, bad, bad[0] if bad else None)
 
 
 def _heads(report: Report, rule: str, limit: float) -> CheckResult:

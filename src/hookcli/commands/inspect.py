@@ -28,9 +28,11 @@ from hookcli.commands.measured import (
     origins_of,
     statistics,
 )
+from hookcli.commands.memory import gradient_bytes, memory_report
 from hookcli.commands.profile import profile_calls
 from hookcli.engine.experts import counting_routes
 from hookcli.engine.layout import image_of, reader
+from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
@@ -135,6 +137,8 @@ def _report_of_run(
         types = {n: e.type for e in prepared.entries for n in e.names}
         collector.channels = outliers.chooser(layout_of, types)
     params: dict[str, list[PendingParam]] = {}
+    meter = MemoryMeter(loaded.module, prepared.device) if run.memory else None
+    gradients = None
     try:
         with (
             counting_routes(loaded.module, model_input.token_mask) as routing,
@@ -146,12 +150,15 @@ def _report_of_run(
                 backward=backward,
                 train=run.train,
                 saver=saver,
+                memory=meter,
             ) as measured,
         ):
             result = measured.result
             assert result is not None
             if backward:
                 params = measure_params(claimed_params(prepared.targets), collector)
+                if meter is not None:
+                    gradients = gradient_bytes(loaded.module)
             input_grads = [
                 collector.add(t.grad, path)
                 for path, t in prepared.input_leaves
@@ -188,6 +195,9 @@ def _report_of_run(
         profile, by_call = timing
         for call in layers:
             call.profile = by_call.get((call.name, call.call))
+    memory = None
+    if meter is not None:
+        memory = memory_report(prepared, meter, layers, gradients=gradients, train=run.train)
     notes = isa.notes() + prepared.notes + result.notes
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
@@ -236,6 +246,7 @@ def _report_of_run(
         nonfinite_origins=origins_of(prepared, session, outputs),
         nonfinite_images=by_image,
         profile=profile,
+        memory=memory,
         outliers=outliers.summary(layers) if run.channels else None,
         heads=heads,
         experts=experts,

@@ -11,6 +11,7 @@ from typing import Any
 
 from hookcli.commands.inspect import input_info, model_info
 from hookcli.commands.measured import statistics
+from hookcli.commands.memory import tied_names
 from hookcli.engine.hooks import HookSession
 from hookcli.engine.passes import build_input, hooked_pass, prepare
 from hookcli.engine.selection import ROOT_LABEL, has_lazy, recount
@@ -62,6 +63,12 @@ def layers_report(
         for e in prepared.entries
         if depth is None or e.depth <= depth
     ]
+    tied: dict[str, list[str]] = {}
+    for name, met in tied_names(prepared.loaded.module):
+        owner, _, attr = name.rpartition(".")
+        tied.setdefault(owner or ROOT_LABEL, []).append(f"{attr} = {met}")
+    for row in rows:
+        row.tied = tied.get(row.name, [])
     info = None
     if shapes:
         assert prepared.model_input is not None

@@ -16,6 +16,7 @@ import torch
 
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.layout import LayoutOf
+from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import PassResult, Prepared, hooked_pass
 from hookcli.engine.selection import ROOT_LABEL, depth_of
@@ -68,6 +69,7 @@ def measured_pass(
     backward: bool = False,
     train: bool = False,
     saver: Any = None,
+    memory: MemoryMeter | None = None,
 ) -> Iterator[Measured]:
     """One hooked pass of `model_input` (default: the prepared one). Inside the `with`, the
     pass has run: the model's outputs are measured and, for a batch of `images`, the images
@@ -77,7 +79,7 @@ def measured_pass(
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
     session = HookSession(
-        prepared.targets, collector, grads=backward, saver=saver, readers=backward
+        prepared.targets, collector, grads=backward, saver=saver, readers=backward, memory=memory
     )
     rows = None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")
     measured = Measured(session, collector)

@@ -51,6 +51,11 @@ def run_command(
             "expert routing is read on one batch of text, not over a folder run.",
             "give the text with --text/--text-file, or drop the expert rules.",
         )
+    if folder is not None and inv.run.memory:
+        raise UsageError(
+            "--memory sizes one batch's pass; a folder run is many.",
+            "give one image (or --input randn:BxCxHxW for the batch size you train with).",
+        )
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
     with context as progress:
         if folder is not None:
@@ -81,4 +86,6 @@ def command_invocation(command: str, inv: Invocation, rules: Rules) -> Invocatio
         run = dataclasses.replace(run, channels=True)
     if rules.needs_heads and not run.heads:
         run = dataclasses.replace(run, heads=True)
+    if rules.max_saved_mb is not None and not run.memory:
+        run = dataclasses.replace(run, memory=True)
     return dataclasses.replace(inv, selection=selection, run=run, backward=backward)

@@ -30,8 +30,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookcli.engine.memory import CallBytes, MemoryMeter
 from hookcli.engine.stats import StatsCollector, dtype_name
-from hookcli.records import LayerCall, TensorStats
+from hookcli.records import CallMemory, LayerCall, TensorStats
 from hookcli.runtime import beacon
 from hookcli.tree import iter_tensors
 
@@ -113,6 +114,7 @@ class PendingCall:
     seq_span: tuple[int, int] | None = None
     input_shared: bool = False
     parent: PendingCall | None = None  # --profile: the hooked call this one ran inside
+    bytes: CallBytes | None = None  # --memory: what it saved, its output, the allocator's peak
 
     def complete(self, backward: bool) -> LayerCall:
         """The LayerCall, once the collector has finalized: gradients in the order of the
@@ -125,6 +127,15 @@ class PendingCall:
             call.grad_outputs = [
                 grads_out[t.path] for t in call.outputs if t.path in grads_out
             ] or None
+        if self.bytes is not None:
+            b = self.bytes
+            call.memory = CallMemory(
+                sum(b.saved.values()) if backward else None,
+                len(b.saved) if backward else None,
+                b.output_bytes,
+                b.peak,
+                b.freed if backward else None,
+            )
         return call
 
 
@@ -185,6 +196,7 @@ class HookSession:
         saver: Any = None,
         profile: bool = False,
         readers: bool = False,
+        memory: MemoryMeter | None = None,
     ) -> None:
         self.targets = targets
         self.collector = collector
@@ -193,6 +205,7 @@ class HookSession:
         self.grads = grads
         self.saver = saver  # a saving.TensorSaver: tensors streamed to disk as seen
         self.profile = profile
+        self.memory = memory  # --memory: engine/memory.py
         self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
         self.resets = 0  # forwards forgotten by reset(), to run again
@@ -460,6 +473,8 @@ class HookSession:
                         self._save(kwargs, "in", "input", call)
             except Exception as exc:  # never break the user's forward (docs/traps.md §4)
                 call.error = call.error or f"could not measure inputs: {exc}"
+            if self.memory is not None:
+                pending.bytes = self.memory.enter(args, kwargs)
             if self.profile:
                 self._mark_start(pending, args, entered)
             return replaced
@@ -475,6 +490,8 @@ class HookSession:
             pending = stack.pop()
             if self._beacon is not None:
                 self._beacon.leave()
+            if self.memory is not None and pending.bytes is not None:
+                self.memory.leave(pending.bytes, output)
             entered = 0
             if self.profile:
                 if pending in self._open:

@@ -294,7 +294,8 @@ def hooked_pass(
                 beacon.at("in forward, before any hooked layer ran")
                 t0 = _clock(timed)
                 try:
-                    output = run_forward(loaded, x, session, prepared.device)
+                    with _saving(session):
+                        output = run_forward(loaded, x, session, prepared.device)
                 except ModelError as exc:
                     if grad_on or not _needs_autograd(exc.__cause__):
                         raise
@@ -306,7 +307,9 @@ def hooked_pass(
                     restore_buffers()
                     _restore_grads(params)
                     torch.manual_seed(prepared.seed)
-                    with torch.enable_grad():
+                    if session.memory is not None:
+                        session.memory.saved.clear()
+                    with torch.enable_grad(), _saving(session):
                         beacon.at("in forward (again, with gradients), before any hooked layer")
                         t0 = _clock(timed)
                         output = run_forward(loaded, x, session, prepared.device)
@@ -315,16 +318,24 @@ def hooked_pass(
                 backward_ms = None
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
-                    value = _scalar(loaded, prepared.backward, output, prepared.seed)
+                    with _saving(session):  # the loss saves tensors too (cross-entropy its softmax)
+                        value = _scalar(loaded, prepared.backward, output, prepared.seed)
                     if session.readers:
                         session.count_readers(value)  # whose input others read too (origins)
                     beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
                     run_backward(loaded, value)
                     backward_ms = _clock(timed) - t1 if timed else None
+                if session.memory is not None:
+                    session.memory.finish()
         finally:
             session.remove_tensor_hooks()
         yield PassResult(output, value, forward_ms, backward_ms, notes)
+
+
+def _saving(session: HookSession) -> contextlib.AbstractContextManager[None]:
+    """--memory: what autograd saves is counted (engine/memory.py); else nothing happens."""
+    return session.memory.saving() if session.memory is not None else contextlib.nullcontext()
 
 
 AUTOGRAD_NOTE = (

@@ -101,6 +101,59 @@ class LayerCall:
     backward_order: int | None = None
     error: str | None = None
     profile: CallProfile | None = None
+    memory: CallMemory | None = None  # --memory
+
+
+@dataclass(slots=True)
+class CallMemory:
+    """--memory: what one call holds. `saved_bytes`: the distinct storages autograd saved for
+    backward between the call's entry and its return (its children's included; parameters and
+    buffers left out; None without a backward, when nothing is saved); `output_bytes`: its
+    output's distinct storages at return; `peak_bytes` (CUDA): the allocator's peak while it
+    ran, everything allocated counted; `freed_bytes`: what it saved that nothing outside it
+    saved too, less its inputs (a checkpoint keeps them): what checkpointing it would free."""
+
+    saved_bytes: int | None
+    saved_tensors: int | None
+    output_bytes: int
+    peak_bytes: int | None = None
+    freed_bytes: int | None = None  # what checkpointing the call would free
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A checkpointing candidate: a call whose freed bytes (CallMemory.freed_bytes) would be
+    recomputed in backward instead, at the cost of its forward FLOPs again (`bytes_per_flop`
+    None: no FLOPs counted, an elementwise or normalisation call, the cheapest to recompute)."""
+
+    layer: str
+    call: int
+    freed_bytes: int
+    flops: int | None
+    bytes_per_flop: float | None
+
+
+@dataclass(slots=True)
+class Memory:
+    """--memory's totals, in bytes. Parameters and buffers count each storage once (tied
+    weights once). `saved_bytes`: everything autograd saved in the pass (each storage once,
+    inside layers or not; None without backward). `predicted_peak`: parameters + buffers +
+    gradients + optimizer state + saved, the memory one training step holds at the start of
+    its backward. `measured_peak` (CUDA): the allocator's peak over the pass, hookcli's own
+    statistics included."""
+
+    device: str
+    parameters: int
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    saved_bytes: int | None = None
+    saved_tensors: int | None = None
+    predicted_peak: int | None = None
+    measured_peak: int | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -472,6 +525,7 @@ class Report(_Viewed):
     input_grads: list[TensorStats] | None = None
     ablation: Ablation | None = None
     profile: Profile | None = None
+    memory: Memory | None = None  # --memory
     interrupted: bool = False
     config: str | None = None
     command: str = "inspect"
@@ -536,6 +590,9 @@ class ModuleRow:
     output_shapes: list[str] | None = None
     calls: int | None = None
     hookable: bool = True  # False: inside TorchScript, where Python hooks cannot reach
+    # own parameters that are another module's (tied weights), as "weight = other.weight";
+    # the model's total counts them once
+    tied: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

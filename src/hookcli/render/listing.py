@@ -13,7 +13,9 @@ def layers_sections(report: LayersReport) -> list[Section]:
     head = [f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules"]
     if report.input is not None:
         head.append(f"shapes from one forward pass; input: {report.input.description}")
+    tied = any(r.tied for r in report.modules)
     headers = ["layer", "type", "params", "leaf", "also named"]
+    headers += ["tied (counted once)"] if tied else []
     if report.input is not None:
         headers += ["calls", "output shape"]
     t = Table(None, headers)
@@ -26,6 +28,8 @@ def layers_sections(report: LayersReport) -> list[Section]:
             "yes" if r.leaf else "",
             ", ".join(r.aliases),
         ]
+        if tied:
+            cells.append(", ".join(r.tied))
         if report.input is not None:
             cells += [str(r.calls or 0), "; ".join(r.output_shapes or []) or DASH]
         t.rows.append(Row(cells))

@@ -29,6 +29,7 @@ from hookcli.render.channelrows import (
     outliers_section,
 )
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, prob, shape, spark, tensor_label
+from hookcli.render.memrows import memory_section
 from hookcli.render.parts import Line, Part, Row, Section, Style, Table
 
 __all__ = ["Line", "Part", "Row", "Section", "Style", "Table"]
@@ -693,6 +694,7 @@ def report_sections(report: Report) -> list[Section]:
         predictions_section(report),
         lines_section("notes", "notes", [f"note: {n}" for n in report.notes], "note"),
         profile_section(report),
+        memory_section(report),
         ablation_section(report),
         checks_section(report),
     ]

@@ -1,0 +1,125 @@
+"""--memory's totals and checkpointing candidates (records.Memory), from a pass measured with
+engine.memory.MemoryMeter: parameters and buffers (each storage once: tied weights once),
+gradients, optimizer state (watch), what autograd saved, the predicted peak of a training
+step and, on CUDA, the allocator's measured peak."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from hookcli.engine.memory import MemoryMeter, distinct_bytes
+from hookcli.engine.passes import Prepared
+from hookcli.inputs import ModelInput
+from hookcli.records import Candidate, LayerCall, Memory
+
+CANDIDATES = 10  # checkpointing candidates listed
+NO_BACKWARD_NOTE = (
+    "no backward ran, so autograd saved nothing: saved bytes and the training step's peak "
+    "need one (hookcli grads --memory, or check --backward)"
+)
+
+
+def gradient_bytes(module: nn.Module) -> int:
+    """The parameters' gradients now (each storage once)."""
+    return distinct_bytes(p.grad for p in module.parameters() if p.grad is not None)[0]
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The tensors an optimizer keeps per parameter (Adam's two moments, momentum buffers,
+    step counters), each storage once."""
+    return distinct_bytes(
+        v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )[0]
+
+
+def totals(
+    module: nn.Module,
+    device: torch.device,
+    meter: MemoryMeter | None,
+    *,
+    backward: bool,
+    gradients: int | None = None,
+    optimizer: int | None = None,
+) -> Memory:
+    """The model's totals; with a backward, what the pass saved and the step's predicted
+    peak."""
+    params = list(module.parameters())  # a shared (tied) parameter once
+    param_bytes, _ = distinct_bytes(params)
+    buffer_bytes, _ = distinct_bytes(module.buffers())
+    memory = Memory(
+        str(device),
+        sum(p.numel() for p in params),
+        param_bytes,
+        buffer_bytes,
+        gradient_bytes=gradients,
+        optimizer_bytes=optimizer,
+    )
+    if meter is None:
+        return memory
+    memory.measured_peak = meter.peak
+    if not backward:
+        memory.notes.append(NO_BACKWARD_NOTE)
+        return memory
+    memory.saved_bytes = meter.saved_bytes
+    memory.saved_tensors = len(meter.saved)
+    memory.predicted_peak = (
+        param_bytes + buffer_bytes + (gradients or 0) + (optimizer or 0) + meter.saved_bytes
+    )
+    return memory
+
+
+def rank_candidates(
+    layers: Sequence[LayerCall], flops: dict[tuple[str, int], int] | None
+) -> list[Candidate]:
+    """Calls whose checkpointing would free bytes, most freed bytes per forward FLOP first
+    (a call with no counted FLOPs, elementwise or normalisation, first of all, largest
+    first): what recomputing in backward frees most per unit of work."""
+    found = []
+    for c in layers:
+        m = c.memory
+        if m is None or not m.freed_bytes:
+            continue
+        f = None if flops is None else flops.get((c.name, c.call))
+        per = m.freed_bytes / f if f else None
+        found.append(Candidate(c.name, c.call, m.freed_bytes, f, per))
+    found.sort(key=lambda k: (k.bytes_per_flop is not None, -(k.bytes_per_flop or k.freed_bytes)))
+    return found[:CANDIDATES]
+
+
+def memory_report(
+    prepared: Prepared,
+    meter: MemoryMeter,
+    layers: Sequence[LayerCall],
+    *,
+    gradients: int | None,
+    train: bool,
+    model_input: ModelInput | None = None,
+) -> Memory:
+    """--memory's totals for a finished pass; with a backward, the candidates ranked by the
+    FLOPs of a pass of their own (engine/flops.py)."""
+    backward = prepared.backward is not None
+    memory = totals(
+        prepared.loaded.module, prepared.device, meter, backward=backward, gradients=gradients
+    )
+    if backward and any(c.memory is not None and c.memory.freed_bytes for c in layers):
+        from hookcli.engine.flops import count_flops
+
+        count = count_flops(prepared, model_input=model_input, train=train, backward=False)
+        if count.note:
+            memory.notes.append(f"{count.note}; candidates ranked by freed bytes alone")
+        memory.candidates = rank_candidates(layers, count.by_call or None)
+    return memory
+
+
+def tied_names(module: nn.Module) -> Iterable[tuple[str, str]]:
+    """(a parameter's name, the name it was first met under) for every parameter that is
+    another's (tied weights: an LM's head and its embedding), in `named_parameters` order."""
+    first: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            yield name, first[id(p)]
+        else:
+            first[id(p)] = name

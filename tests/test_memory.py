@@ -1,0 +1,294 @@
+"""--memory (issue 39): the bytes autograd saves for backward in each layer call, against an
+oracle written here with `torch.autograd.graph.saved_tensors_hooks` and plain module hooks
+(storages keyed by data pointer); what checkpointing a call frees, against the saved bytes of
+the same model with that call wrapped in `torch.utils.checkpoint`; totals against the
+parameters and gradients themselves; tied weights counted once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+from tests.conftest import hooks_left
+
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+
+
+def _key(t: torch.Tensor) -> tuple[str, int]:
+    s = t.untyped_storage()
+    return str(t.device), s.data_ptr()
+
+
+def _storage_bytes(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        outs = [out]
+    else:
+        values = out.values() if isinstance(out, dict) else out
+        outs = [t for t in values if isinstance(t, torch.Tensor)]
+    return sum({_key(t): t.untyped_storage().nbytes() for t in outs}.values())
+
+
+class SavedOracle:
+    """Storages saved between each named module's entry and return (its children's
+    included), parameters and buffers left out, each storage once per call."""
+
+    def __init__(self, model: nn.Module, names: list[str]) -> None:
+        self.model = model
+        self.skip = {_key(t) for t in (*model.parameters(), *model.buffers())}
+        self.modules = dict(model.named_modules())
+        self.names = names
+        self.open: list[dict[tuple[str, int], int]] = []
+        self.calls: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
+        self.total: dict[tuple[str, int], int] = {}
+        self.outputs: dict[tuple[str, int], int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        k = _key(t)
+        n = t.untyped_storage().nbytes()
+        if k not in self.skip and n:
+            self.total[k] = n
+            for d in self.open:
+                d[k] = n
+        return t
+
+    @contextmanager
+    def hooked(self) -> Iterator[None]:
+        handles = []
+        counts: dict[str, int] = {}
+        for name in self.names:
+            m = self.modules[name]
+
+            def pre(mod: nn.Module, args: Any, name: str = name) -> None:
+                d: dict[tuple[str, int], int] = {}
+                self.calls[(name, counts.get(name, 0))] = d
+                counts[name] = counts.get(name, 0) + 1
+                self.open.append(d)
+
+            def post(mod: nn.Module, args: Any, out: Any, name: str = name) -> None:
+                d = self.calls[(name, counts[name] - 1)]
+                self.outputs[(name, counts[name] - 1)] = _storage_bytes(out)
+                while self.open and self.open.pop() is not d:
+                    pass
+
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def oracle_saved(
+    model: nn.Module, run: Callable[[], torch.Tensor], names: list[str]
+) -> SavedOracle:
+    o = SavedOracle(model, names)
+    with o.hooked():
+        loss = run()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return o
+
+
+def tiny_vit() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+        num_classes=10,
+    ).eval()  # fmt: skip
+
+
+def tiny_llama(**extra: Any) -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _cases() -> list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]]:
+    return [
+        ("resnet18", torchvision.models.resnet18, lambda: torch.randn(2, 3, 64, 64)),
+        ("vit", tiny_vit, lambda: torch.randn(2, 3, 32, 32)),
+    ]  # fmt: skip
+
+
+def _every_call(report: Any) -> dict[tuple[str, int], Any]:
+    return {(c.name, c.call): c.memory for c in report.layers}
+
+
+@pytest.mark.parametrize("case", ["resnet18", "vit"])
+def test_saved_bytes_of_every_call_are_what_autograd_saved_in_it(case: str) -> None:
+    _, make, inp = next(c for c in _cases() if c[0] == case)
+    torch.manual_seed(0)
+    model, x = make(), inp()
+    report = hookcli.grads(model, x, memory=True, target="sum")
+    assert hooks_left(model) == 0
+    names = sorted({c.name for c in report.layers})
+    o = oracle_saved(model, lambda: model(x).sum(), names)
+    got = _every_call(report)
+    assert set(got) == set(o.calls)
+    for key, saved in o.calls.items():
+        m = got[key]
+        assert m is not None
+        assert (m.saved_bytes, m.saved_tensors) == (sum(saved.values()), len(saved)), key
+    mem = report.memory
+    assert mem is not None and mem.saved_bytes == sum(o.total.values()) > 0
+    params = list(model.parameters())
+    assert mem.parameter_bytes == sum(p.numel() * p.element_size() for p in params)
+    assert mem.parameters == sum(p.numel() for p in params)
+    assert mem.gradient_bytes == mem.parameter_bytes  # every parameter got a gradient
+    assert mem.predicted_peak == (
+        mem.parameter_bytes + mem.buffer_bytes + mem.gradient_bytes + mem.saved_bytes
+    )
+    for key, out in o.outputs.items():
+        assert got[key].output_bytes == out, key
+
+
+def test_a_saved_tiny_lms_calls_save_what_autograd_saves_under_the_next_token_loss(
+    tmp_path: Any,
+) -> None:
+    from tests.test_llm import save
+
+    folder = save(tmp_path / "lm", "llama")
+    text = "The cat sat on the mat."
+    report = hookcli.grads(f"hf:{folder}", text=[text], memory=True)
+    assert report.backward is not None and report.backward.perplexity is not None
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    enc = transformers.AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt")
+    names = sorted({c.name for c in report.layers})
+    o = oracle_saved(model, lambda: model(**enc, labels=enc["input_ids"]).loss, names)
+    got = _every_call(report)
+    assert set(got) == set(o.calls)
+    for key, saved in o.calls.items():
+        assert got[key].saved_bytes == sum(saved.values()) > 0 or not saved, key
+    assert report.memory is not None and report.memory.saved_bytes
+    assert report.memory.saved_bytes >= max(m.saved_bytes or 0 for m in got.values())
+
+
+@contextmanager
+def checkpointed(module: nn.Module, **kwargs: Any) -> Iterator[None]:
+    """The module's forward recomputed in backward (reentrant checkpoint, which saves its
+    inputs through save_for_backward, where the oracle's hooks see them)."""
+    orig = module.forward
+
+    def forward(first: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(
+            lambda h: orig(h, *rest, **kw), first, use_reentrant=True
+        )
+
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.forward
+
+
+@pytest.mark.parametrize(
+    ("case", "layers"),
+    [("resnet18", ["layer2.0", "layer3", "layer1.1.bn2"]), ("llama", ["model.layers.0"])],
+)
+def test_freed_bytes_are_what_checkpointing_the_call_frees(
+    case: str, layers: list[str], tmp_path: Any
+) -> None:
+    torch.manual_seed(0)
+    given: dict[str, Any] = {}
+    if case == "llama":
+        model = tiny_llama()
+        ids = torch.randint(3, 300, (1, 10))
+        torch.save(ids, tmp_path / "ids.pt")
+        x: Any = ()
+        given["input_specs"] = [f"input_ids={tmp_path / 'ids.pt'}"]
+
+        def step() -> torch.Tensor:
+            return model(input_ids=ids).logits.sum()
+    else:
+        model = torchvision.models.resnet18().eval()
+        x = torch.randn(1, 3, 64, 64, requires_grad=True)
+
+        def step() -> torch.Tensor:
+            return model(x).sum()
+
+    report = hookcli.grads(model, x, memory=True, target="sum", layers=layers, **given)
+    plain = sum(oracle_saved(model, step, []).total.values())
+    modules = dict(model.named_modules())
+    for name in layers:
+        with checkpointed(modules[name]):
+            less = sum(oracle_saved(model, step, []).total.values())
+        m = next(c.memory for c in report.layers if c.name == name)
+        assert m is not None and m.freed_bytes == plain - less, name
+        assert plain - less >= 0
+    assert report.memory is not None
+    ranked = [k.layer for k in report.memory.candidates]
+    assert set(ranked) == {
+        n for n in layers if next(c.memory for c in report.layers if c.name == n).freed_bytes
+    }  # type: ignore[union-attr]
+
+
+def test_tied_weights_count_once_in_the_totals_and_layers() -> None:
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    ).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    once = sum(p.numel() for p in model.parameters())
+    twice = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    assert twice > once
+    spec = ["input_ids=randint:0:300:1x8"]
+    report = hookcli.inspect(model, input_specs=spec, memory=True)
+    assert report.memory is not None
+    assert report.memory.parameters == once == report.model.params
+    assert report.memory.parameter_bytes == 4 * once
+    assert report.memory.saved_bytes is None  # no backward: nothing saved
+    assert any("no backward" in n for n in report.memory.notes)
+    from hookcli.commands.listing import layers_report
+    from hookcli.options import ModelOptions
+
+    listing = layers_report(ModelOptions(model))
+    assert listing.model.params == once
+    tied = {r.name: r.tied for r in listing.modules if r.tied}
+    assert tied == {"lm_head": ["weight = transformer.wte.weight"]}
+
+
+def test_cli_memory_table_json_and_check_rule(tmp_path: Any) -> None:
+    out = tmp_path / "r.json"
+    r = runner.invoke(
+        app,
+        ["grads", "resnet18", "--input", "randn:1x3x64x64", "--memory", "-l", "layer4*",
+         "-f", "json", "-o", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["memory"]["saved_bytes"] > 0
+    assert all(c["memory"]["saved_bytes"] is not None for c in data["layers"])
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0, r.stderr
+    assert "checkpointing candidates" in r.stdout and "saved for backward" in r.stdout
+    saved_mb = data["memory"]["saved_bytes"] / 1e6
+    args = ["check", "resnet18", "--input", "randn:1x3x64x64", "-l", "layer4*"]
+    ok = runner.invoke(app, [*args, "--max-saved-mb", f"{saved_mb * 1.01:.6f}"])
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    bad = runner.invoke(app, [*args, "--max-saved-mb", f"{saved_mb * 0.5:.6f}"])
+    assert bad.exit_code == 1, bad.stdout + bad.stderr
+    assert "saved-mb" in bad.stdout and "layer4 call 0 saved" in bad.stdout
+    zero = runner.invoke(app, [*args, "--max-saved-mb", "0"])
+    assert zero.exit_code == 2 and zero.stderr.count("\n") == 1
+
+
+def test_memory_refuses_a_folder_run(tmp_path: Any) -> None:
+    from tests.conftest import CAT
+
+    r = runner.invoke(app, ["inspect", "resnet18", str(CAT), "--batch-size", "2", "--memory"])
+    assert r.exit_code == 2 and "--memory" in r.stderr and r.stderr.count("\n") == 1
