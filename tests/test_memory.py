@@ -120,7 +120,7 @@ def tiny_llama(**extra: Any) -> nn.Module:
 
 def _cases() -> list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]]:
     return [
-        ("resnet18", torchvision.models.resnet18, lambda: torch.randn(2, 3, 64, 64)),
+        ("resnet18", lambda: torchvision.models.resnet18().eval(), lambda: torch.randn(2, 3, 64, 64)),  # noqa: E501
         ("vit", tiny_vit, lambda: torch.randn(2, 3, 32, 32)),
     ]  # fmt: skip
 
