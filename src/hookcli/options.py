@@ -91,9 +91,21 @@ class ModelOptions:
     # None: the one the checkpoint was saved with (a bare hf:TYPE: the type's own)
     head: str | None = None
     tokenizer: str | None = None  # where --text's tokenizer comes from (PATH or ORG/NAME)
+    meta: bool = False  # built on the meta device: shapes, counts and FLOPs, no weights
+    offload: bool = False  # an hf: checkpoint's weights read block by block as it runs
 
     def __post_init__(self) -> None:
         bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
+        if self.meta and self.offload:
+            raise UsageError(
+                "--meta builds the model without weights; --offload reads them as it runs.",
+                "choose one.",
+            )
+
+    @property
+    def building(self) -> str:
+        """How the model is built (sources/skeleton.py): "meta", "offload" or ""."""
+        return "meta" if self.meta else "offload" if self.offload else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +246,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "output_key": ("model", "output_key"),
     "head": ("model", "head"),
     "tokenizer": ("model", "tokenizer"),
+    "offload": ("model", "offload"),
     "layers": ("selection", "layers"),
     "types": ("selection", "types"),
     "depth": ("selection", "depth"),

@@ -86,6 +86,14 @@ def layers(
     shapes: Annotated[
         bool, typer.Option("--shapes", help="Run one forward to add output shapes.")
     ] = False,
+    meta: Annotated[
+        bool,
+        typer.Option(
+            "--meta",
+            help="Build the model on the meta device and run its forward there: shapes, "
+            "parameter counts and FLOPs with no weight read or allocated (any size).",
+        ),
+    ] = False,
     depth: opt.DepthOpt = None,
     input_spec: opt.InputSpecOpt = None,
     text: opt.TextOpt = None,

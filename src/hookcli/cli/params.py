@@ -269,6 +269,15 @@ ProfileOpt = Annotated[
         "against an unhooked pass timed in the same process; a folder run adds up its batches.",
     ),
 ]
+OffloadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--offload",
+        help="hf: checkpoints larger than memory: read each block's weights from the "
+        "safetensors as it runs and free them after; every number equals the in-memory run's "
+        "(forward only).",
+    ),
+]
 MemoryOpt = Annotated[
     bool,
     typer.Option(

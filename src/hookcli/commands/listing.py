@@ -15,7 +15,7 @@ from hookcli.commands.memory import tied_names
 from hookcli.engine.hooks import HookSession
 from hookcli.engine.passes import build_input, hooked_pass, prepare
 from hookcli.engine.selection import ROOT_LABEL, has_lazy, recount
-from hookcli.errors import UsageError
+from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import LayerCall, LayersReport, ModelEntry, ModuleRow, SavedFile
 from hookcli.sources import TASKS
@@ -29,11 +29,14 @@ def layers_report(
     shapes: bool = False,
     depth: int | None = None,
 ) -> LayersReport:
-    """The module tree; with shapes, one forward fills output shapes and call counts."""
+    """The module tree; with shapes, one forward fills output shapes and call counts. Built on
+    the meta device (model.meta), the forward runs there too: shapes and each module's FLOPs
+    with no weight read or allocated."""
     if depth is not None and depth < 1:
         raise UsageError(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
+    shapes = shapes or model.meta
     if not shapes:  # no pass: no device, no input
         model = dataclasses.replace(model, device="cpu")
     prepared = prepare(model, Selection(every=True) if shapes else None, inputs if shapes else None)
@@ -46,8 +49,17 @@ def layers_report(
     session = HookSession(prepared.targets, None)
     if shapes:
         assert prepared.model_input is not None
-        with hooked_pass(prepared, session):
-            pass
+        try:
+            with hooked_pass(prepared, session):
+                pass
+        except ModelError as exc:
+            if model.meta and "meta" in str(exc):
+                raise ModelError(
+                    f"{prepared.loaded.spec}'s forward reads a tensor's values, which the meta "
+                    f"device does not have ({one_line(exc.__cause__ or exc)}).",
+                    "drop --meta: --shapes runs the forward with real (random) weights.",
+                ) from exc
+            raise
         recount(prepared.entries)  # lazy parameters are materialised now
     rows = [
         ModuleRow(
@@ -70,6 +82,19 @@ def layers_report(
     for row in rows:
         row.tied = tied.get(row.name, [])
     info = None
+    flops = None
+    if model.meta:
+        from hookcli.engine.flops import count_flops
+
+        count = count_flops(prepared)
+        if count.note:
+            prepared.notes.append(count.note)
+        flops = count.forward
+        per: dict[str, int] = {}
+        for (name, _), n in count.by_call.items():
+            per[name] = per.get(name, 0) + n
+        for row in rows:
+            row.flops = per.get(row.name)
     if shapes:
         assert prepared.model_input is not None
         first: dict[str, LayerCall] = {}
@@ -86,7 +111,8 @@ def layers_report(
                     for o in call.outputs
                 ]
         info = input_info(prepared.model_input)
-    return LayersReport(model_info(prepared.loaded), rows, info)
+    notes = list(dict.fromkeys(prepared.loaded.notes + prepared.notes))
+    return LayersReport(model_info(prepared.loaded), rows, info, flops, notes)
 
 
 def _metric(meta: Mapping[str, Any]) -> str | None:

@@ -87,7 +87,13 @@ def prepare(
     No selection: nothing hooked (timing, pictures pick their own). No inputs: none built
     (folder runs bring their batches)."""
     isa.ensure()  # before oneDNN first runs: a CPU whose AMX kernels die gets a limit
-    device = resolve_device(model.device)
+    if model.offload and backward is not None:
+        raise UsageError(
+            "--offload keeps one block's weights in memory at a time; a backward needs them "
+            "all again (autograd saves them).",
+            "drop --offload for gradients, or check without --backward and gradient rules.",
+        )
+    device = torch.device("meta") if model.meta else resolve_device(model.device)
     # a module given through the API is named by its class: its repr can be huge, or endless
     label = model.model if isinstance(model.model, str) else type(model.model).__name__
     with beacon.phase(f"building {label}"):
@@ -97,11 +103,16 @@ def prepare(
             seed=model.seed,
             model_args=model.model_args,
             head=model.head,
+            building=model.building,
         )
     if model.output_key:  # a copy: a LoadedModel passed in is left as it was
         loaded = dataclasses.replace(loaded, kind=loaded.kind.keyed(model.output_key))
     # the task may constrain the device (quantized: CPU only, no backward)
     device = loaded.kind.device(loaded.spec, model.device, device, backward is not None)
+    if model.offload:
+        from hookcli.sources.offload import place
+
+        place(loaded.module, device)
     text = inputs is not None and inputs.has_text
     loaded = with_tokenizer(loaded, model.tokenizer, needed=text)
     if position is not None:  # --position: which real token a language model predicts after
@@ -133,8 +144,13 @@ def prepare(
     model_input = None
     leaves: tuple[tuple[str, torch.Tensor], ...] = ()
     if inputs is not None:
-        model_input = build_input(loaded, inputs, model.seed).to(device)
-        loaded = dataclasses.replace(loaded, kind=loaded.kind.for_input(model_input))
+        built = build_input(loaded, inputs, model.seed)  # (read before a move to meta)
+        loaded = dataclasses.replace(loaded, kind=loaded.kind.for_input(built))
+        mask = built.kwargs.get("attention_mask")
+        if model.meta and isinstance(mask, torch.Tensor) and bool(mask.all()):
+            # a mask of ones changes nothing, and transformers reads its values to skip it
+            del built.kwargs["attention_mask"]
+        model_input = built.to(device)
         if spec is not None and spec.kind == "lm":
             spec.labels = next_token_labels(model_input)
         if backward is not None and backward.input_grad:
@@ -412,6 +428,8 @@ def model_left_as_found(
     modes = [(m, m.training) for m in model.modules()]
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else None
+    if home is not None and home.type == "meta":
+        home = None  # --offload: weights come in on the pass's device as blocks run
     buffers = BufferSnapshot(m for m, _ in modes)
     caches = _tensor_caches(m for m, _ in modes)
     try:

@@ -593,6 +593,7 @@ class ModuleRow:
     # own parameters that are another module's (tied weights), as "weight = other.weight";
     # the model's total counts them once
     tied: list[str] = field(default_factory=list)
+    flops: int | None = None  # --meta: forward FLOPs of its calls, added up
 
 
 @dataclass(slots=True)
@@ -600,6 +601,8 @@ class LayersReport:
     model: ModelInfo
     modules: list[ModuleRow]
     input: InputInfo | None = None
+    flops: int | None = None  # --meta: the forward's FLOPs (FlopCounterMode)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

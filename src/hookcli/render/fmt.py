@@ -50,6 +50,8 @@ def nonfinite(t: TensorStats) -> str:
 
 
 def count(n: int) -> str:
+    if n >= 1_000_000_000:
+        return f"{n / 1e9:.2f}B"
     if n >= 1_000_000:
         return f"{n / 1e6:.1f}M"
     if n >= 10_000:

@@ -5,19 +5,34 @@ from __future__ import annotations
 
 from hookcli.records import LayersReport, ModelEntry, SavedFile
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape
-from hookcli.render.rows import SAVED_HEADERS, Line, Part, Row, Section, Table, lines_section
+from hookcli.render.rows import (
+    SAVED_HEADERS,
+    Line,
+    Part,
+    Row,
+    Section,
+    Table,
+    flops_label,
+    lines_section,
+)
 
 
 def layers_sections(report: LayersReport) -> list[Section]:
     m = report.model
     head = [f"{m.spec} ({m.task}): {count(m.params)} parameters, {len(report.modules)} modules"]
     if report.input is not None:
-        head.append(f"shapes from one forward pass; input: {report.input.description}")
+        where = " on the meta device" if report.flops is not None else ""
+        head.append(f"shapes from one forward pass{where}; input: {report.input.description}")
+    if report.flops is not None:
+        head.append(f"forward FLOPs {flops_label(report.flops)} (FlopCounterMode; MACs = FLOPs/2)")
+    head += [f"note: {n}" for n in report.notes]
     tied = any(r.tied for r in report.modules)
     headers = ["layer", "type", "params", "leaf", "also named"]
     headers += ["tied (counted once)"] if tied else []
     if report.input is not None:
         headers += ["calls", "output shape"]
+    if report.flops is not None:
+        headers.append("FLOPs")
     t = Table(None, headers)
     for r in report.modules:
         indent = "  " * max(r.depth - 1, 0)
@@ -32,6 +47,8 @@ def layers_sections(report: LayersReport) -> list[Section]:
             cells.append(", ".join(r.tied))
         if report.input is not None:
             cells += [str(r.calls or 0), "; ".join(r.output_shapes or []) or DASH]
+        if report.flops is not None:
+            cells.append(flops_label(r.flops))
         t.rows.append(Row(cells))
     hint = (
         "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"

@@ -29,6 +29,7 @@ from hookcli.sources.device import resolve_device
 from hookcli.sources.hf import HFSource
 from hookcli.sources.model import LoadedModel
 from hookcli.sources.registry import register, resolve, sources, unknown_model, unregister
+from hookcli.sources.skeleton import empty
 from hookcli.sources.tasks import CLIP_FRAMES, TASKS, Task
 from hookcli.sources.timm import TimmSource
 from hookcli.sources.torchvision import TorchvisionSource
@@ -64,20 +65,39 @@ def load_model(
     seed: int = 0,
     model_args: Mapping[str, Any] | None = None,
     head: str | None = None,
+    building: str = "",
 ) -> LoadedModel:
     """Build the model named by spec with the given weights, in eval mode, on the CPU.
     A model already loaded (LoadedModel) is returned as it is. `head` (hf: models only):
-    which head to build; None: the one the checkpoint was saved with."""
+    which head to build; None: the one the checkpoint was saved with. `building` "meta":
+    on the meta device, no weight read; "offload": an hf: checkpoint whose weights are read
+    block by block as it runs (sources/skeleton.py)."""
     if head is not None and not (isinstance(spec, str) and spec.strip().startswith("hf:")):
         raise UsageError(
             f"--head {head} applies to hf: models only.",
             "drop --head, or load the model as hf:PATH, hf:ORG/NAME or hf:TYPE.",
+        )
+    if building and not isinstance(spec, str):
+        raise UsageError(
+            f"--{building} builds the model itself; a model passed in is already built.",
+            "pass its name (hf:FOLDER, a registry name or file.py:Name) instead.",
         )
     if isinstance(spec, LoadedModel):
         return spec
     if isinstance(spec, nn.Module):  # the Python API may pass a module directly
         return wrap_module(spec, weights)
     spec = spec.strip()
+    if building == "offload" and not spec.startswith("hf:"):
+        raise UsageError(
+            f"--offload reads a Hugging Face checkpoint's safetensors block by block; {spec} "
+            "is not one.",
+            "give hf:FOLDER (written by save_pretrained) or hf:ORG/NAME from the cache.",
+        )
+    if building == "meta" and weights.strip().lower() not in ("", "none"):
+        raise UsageError(
+            "--meta builds the model without weights, so --weights would never be read.",
+            "drop --weights (shapes, parameter counts and FLOPs do not depend on them).",
+        )
     if not spec:
         raise UsageError(
             "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
@@ -85,9 +105,14 @@ def load_model(
     source = resolve(spec)
     extra = {"head": head} if head is not None else {}  # a plug-in's load() need not take it
     try:
-        with no_progress_bars():
-            return source.load(
+        with no_progress_bars(), empty(building):
+            loaded = source.load(
                 spec, weights=weights, seed=seed, model_args=dict(model_args or {}), **extra
             )
+        if building == "meta" and any(
+            not t.is_meta for t in (*loaded.module.parameters(), *loaded.module.buffers())
+        ):
+            loaded.module.to("meta")  # tensors a source made outside the meta device
+        return loaded
     finally:
         gcpause.resume()  # the CLI: start-up is over (runtime/gcpause.py)

@@ -42,6 +42,7 @@ from hookcli.sources.hfbase import (
     transformers_module,
 )
 from hookcli.sources.model import LoadedModel
+from hookcli.sources.skeleton import META, OFFLOAD, building
 from hookcli.sources.statedict import load_state_dict_file
 from hookcli.sources.tasks import Task
 
@@ -282,6 +283,12 @@ def load_hf(
     elif "/" in rest:
         model, processor, label = _from_cache(tf, rest, overrides, head=head, notes=notes)
         tokenizer_from = rest
+    elif building() == OFFLOAD:
+        raise UsageError(
+            f"--offload reads a saved checkpoint block by block; {spec} is a model type "
+            "(random weights, nothing to read).",
+            "give hf:FOLDER written by save_pretrained, or hf:ORG/NAME from the cache.",
+        )
     else:
         config = _config_for_type(tf, rest, overrides)
         check_config(config, spec)
@@ -302,6 +309,11 @@ def load_hf(
         label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
     raw = weights.strip()
     pretrained = not label.startswith("none")
+    if raw.lower() not in ("", "none") and building() == OFFLOAD:
+        raise UsageError(
+            "--offload reads the checkpoint's own weights; --weights would replace them.",
+            "drop --weights, or --offload.",
+        )
     if raw.lower() not in ("", "none"):
         path = user_path(raw, "--weights")
         if not path.is_file():
@@ -419,6 +431,10 @@ def _pretrained(
     naming them. The bare model (--head base) may leave the checkpoint's head out, and says
     so."""
     cls, built = _saved_class(tf, saved, head, notes)
+    if building():  # --meta, --offload: the class, built from the config with no weights
+        return _without_weights(
+            cls, where, saved, spec, overrides=overrides, built=built, notes=notes, found=found
+        )
     load_args = {"trust_remote_code": False, "use_safetensors": True, **found}
     model: nn.Module
     model, info = _build(
@@ -456,6 +472,53 @@ def _pretrained(
     raise UsageError(
         f"{spec}'s weights do not fit {type(model).__name__}: {'; '.join(parts)}.", hint + "."
     )
+
+
+def _without_weights(
+    cls: Any,
+    where: Any,
+    saved: Any,
+    spec: str,
+    *,
+    overrides: dict[str, Any],
+    built: str,
+    notes: list[str],
+    found: dict[str, Any],
+) -> nn.Module:
+    """--meta: the checkpoint's class built from its config on the meta device (no weight
+    read). --offload: the same with real buffers, in the dtype from_pretrained would load
+    (the config's), made to read each block's weights from the checkpoint as it runs."""
+    dtype = saved_dtype(saved)
+    make = cls._from_config if hasattr(cls, "_from_config") else cls.from_config
+    model: nn.Module = _build(lambda: make(saved, dtype=dtype), spec, overrides, built)
+    if building() == META:
+        notes.append("--meta: built on the meta device from config.json; no weight read")
+        return model
+    folder = Path(where) if Path(str(where)).is_dir() else None
+    if folder is None:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(str(where), "config.json", cache_dir=found.get("cache_dir"))
+        folder = Path(hit).parent if isinstance(hit, str) else None
+    if folder is None:
+        raise UsageError(f"{spec}: no checkpoint folder found for --offload.", "give hf:FOLDER.")
+    from hookcli.sources.offload import attach
+
+    off = attach(model, folder, spec)
+    notes.append(
+        f"--offload: weights read from {folder} unit by unit as the model runs "
+        f"({len(off.units)} units: the blocks of the largest layer list, and each other module "
+        "owning weights), then freed"
+    )
+    return model
+
+
+def saved_dtype(config: Any) -> torch.dtype:
+    """The dtype from_pretrained loads a checkpoint in: its config's, else float32."""
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) else torch.float32
 
 
 def _keys(keys: Sequence[str]) -> str:
@@ -516,6 +579,8 @@ def check_folder(tf: Any, spec: str, folder: Path) -> None:
         )
     if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
         return
+    if building() == META:  # config.json is all --meta reads
+        return
     pickled = sorted({p.name for pattern in _PICKLED for p in folder.glob(pattern)})
     if pickled:
         raise UsageError(
@@ -553,6 +618,8 @@ def check_config(config: Any, spec: str) -> None:
                 f"{spec}: config field {name} is {value!r}, not a positive whole number.",
                 "fix config.json or the --model-arg value.",
             )
+    if building():  # --meta, --offload: the weights are never all in memory
+        return
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
     if not isinstance(hidden, int) or not isinstance(layers, int):

@@ -1,0 +1,290 @@
+"""--offload: a Hugging Face checkpoint larger than memory, run with one block's weights in
+memory at a time.
+
+The model is built with its parameters on the meta device (sources/skeleton.py; buffers real).
+Its units are the blocks of its largest `nn.ModuleList` (a decoder's layers) and every other
+module that owns parameters itself (embeddings, the final norm, the head). A forward pre-hook
+reads a unit's weights from the checkpoint's safetensors files, as the in-memory load would
+give them (the same dtype), and a forward hook puts the meta parameters back when the unit
+returns: peak memory is about the largest unit plus the activations. Every computation is
+the in-memory model's, so every number equals the in-memory run's. A parameter shared by two
+modules (an LM's tied embedding and head) is read once for each.
+
+The files are read with plain reads into tensors of their own (no memory map stays open, so
+the pages read do not stay resident), after their headers are checked: a safetensors file is
+data, its header a JSON object of names, dtypes, shapes and offsets inside the file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from hookcli.errors import UsageError
+
+DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+HEADER_MAX = 100 * 2**20  # safetensors' own limit on a header
+ALIGN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int  # absolute offsets in the file
+    end: int
+
+
+class Checkpoint:
+    """A folder's safetensors weights (one file, or shards named by the index), by name."""
+
+    def __init__(self, folder: Path, spec: str) -> None:
+        self.spec = spec
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            files = _shards(index, folder, spec)
+        elif (folder / "model.safetensors").is_file():
+            files = [folder / "model.safetensors"]
+        else:
+            raise UsageError(
+                f"{spec}: --offload reads model.safetensors (or its shards), and {folder} "
+                "has neither.",
+                "give a folder written by save_pretrained with safetensors weights.",
+            )
+        self.entries: dict[str, Entry] = {}
+        for f in files:
+            self.entries.update(_header(f, spec))
+
+    def read(self, name: str) -> torch.Tensor:
+        e = self.entries[name]
+        size = e.end - e.start
+        # placed as a memory map of the file would place it (its offset modulo 64): a matrix
+        # product's kernel may take another path on other alignment, and the last bit differ
+        block = torch.empty(size + ALIGN, dtype=torch.uint8)
+        skip = (e.start - block.data_ptr()) % ALIGN
+        if skip % block[:0].view(e.dtype).element_size():
+            skip = 0  # (an offset the dtype cannot be viewed at)
+        raw = block[skip : skip + size]
+        with e.file.open("rb") as f:
+            f.seek(e.start)
+            got = f.readinto(cast(Any, raw.numpy()))
+        if got != e.end - e.start:
+            raise UsageError(
+                f"{self.spec}: {e.file.name} ends inside tensor {name}.",
+                "the checkpoint is truncated: save it again.",
+            )
+        return raw.view(e.dtype).reshape(e.shape)
+
+
+def _shards(index: Path, folder: Path, spec: str) -> list[Path]:
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+        names = sorted(set(data["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"{spec}: {index.name} is not a safetensors index ({exc}).",
+            "save the model again with save_pretrained.",
+        ) from exc
+    files = []
+    for name in names:
+        if (
+            not isinstance(name, str)
+            or Path(name).name != name
+            or not name.endswith(".safetensors")
+        ):
+            raise UsageError(
+                f"{spec}: {index.name} names {name!r}, not a .safetensors file in the folder.",
+                "save the model again with save_pretrained.",
+            )
+        if not (folder / name).is_file():
+            raise UsageError(
+                f"{spec}: shard {name} named by {index.name} is missing.",
+                "copy every shard into the folder.",
+            )
+        files.append(folder / name)
+    return files
+
+
+def _header(path: Path, spec: str) -> dict[str, Entry]:
+    """The tensors a safetensors file holds, every offset checked against the file's size."""
+    size = path.stat().st_size
+
+    def bad(why: str) -> UsageError:
+        return UsageError(
+            f"{spec}: {path.name} is not a safetensors file ({why}).",
+            "save the model again with save_pretrained.",
+        )
+
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise bad("shorter than its header")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(HEADER_MAX, size - 8):
+            raise bad("its header length runs past the file")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as exc:
+            raise bad("its header is not JSON") from exc
+    if not isinstance(header, dict):
+        raise bad("its header is not an object")
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            start, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"tensor {name!r}: {exc}") from exc
+        numel = 1
+        for d in shape:
+            numel *= d
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if min(shape, default=0) < 0 or not 0 <= start <= end or base + end > size:
+            raise bad(f"tensor {name!r} lies outside the file")
+        if end - start != numel * itemsize:
+            raise bad(f"tensor {name!r}'s bytes do not match its shape")
+        out[name] = Entry(path, dtype, shape, base + start, base + end)
+    return out
+
+
+class Offloaded:
+    """The hooks that bring each unit's weights in from the checkpoint while it runs."""
+
+    def __init__(self, model: nn.Module, checkpoint: Checkpoint) -> None:
+        self.model = model
+        self.checkpoint = checkpoint
+        self.keys: dict[int, str] = {}  # a parameter (by id) -> its checkpoint name
+        self.holders: dict[int, list[tuple[nn.Module, str]]] = {}
+        self.loads = 0  # weights read, over the run
+        self.device = torch.device("cpu")  # where they go (place())
+        self._meta: dict[int, nn.Parameter] = {}  # a read parameter (by id) -> its meta one
+        prefix = str(getattr(model, "base_model_prefix", "") or "")
+        missing = []
+        for name, p in model.named_parameters(remove_duplicate=False):
+            owner, _, attr = name.rpartition(".")
+            self.holders.setdefault(id(p), []).append((model.get_submodule(owner), attr))
+            key = _key(name, prefix, checkpoint.entries)
+            if key is not None:
+                self.keys.setdefault(id(p), key)
+        for name, p in model.named_parameters():
+            if id(p) not in self.keys:
+                missing.append(name)
+        if missing:
+            shown = ", ".join(missing[:4]) + (
+                f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
+            )
+            raise UsageError(
+                f"{checkpoint.spec}: --offload found no weights for {shown} in the checkpoint.",
+                "load it without --offload (transformers maps renamed weights), or save it "
+                "again with this transformers.",
+            )
+        self._persistent_buffers(prefix)
+        self.units = _units(model)
+        for unit, recurse in self.units:
+            unit.register_forward_pre_hook(self._loader(unit, recurse), prepend=True)
+            unit.register_forward_hook(self._freer(unit, recurse), always_call=True)
+
+    def _persistent_buffers(self, prefix: str) -> None:
+        """Buffers the checkpoint holds (BatchNorm's statistics, say) are small: read now."""
+        with torch.no_grad():
+            for name, b in list(self.model.named_buffers()):
+                key = _key(name, prefix, self.checkpoint.entries)
+                if key is not None and b is not None:
+                    b.copy_(self.checkpoint.read(key))
+
+    def _params(self, unit: nn.Module, recurse: bool) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for p in unit.parameters(recurse=recurse):
+            seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def _loader(self, unit: nn.Module, recurse: bool) -> Any:
+        def load(module: nn.Module, args: Any) -> None:
+            for p in self._params(unit, recurse):
+                if p.device.type != "meta":
+                    continue  # (read already: a tied parameter inside this unit twice)
+                read = self.checkpoint.read(self.keys[id(p)])
+                real = read.to(device=self.device, dtype=p.dtype)
+                loaded = nn.Parameter(real, requires_grad=False)
+                self.loads += 1
+                for holder, attr in self.holders[id(p)]:
+                    holder._parameters[attr] = loaded
+                self._meta[id(loaded)] = p
+
+        return load
+
+    def _freer(self, unit: nn.Module, recurse: bool) -> Any:
+        def free(module: nn.Module, args: Any, output: Any) -> None:
+            for p in self._params(unit, recurse):
+                meta = self._meta.pop(id(p), None)
+                if meta is None:
+                    continue
+                for holder, attr in self.holders[id(meta)]:
+                    holder._parameters[attr] = meta
+
+        return free
+
+
+def _key(name: str, prefix: str, entries: dict[str, Entry]) -> str | None:
+    """The checkpoint's name for a model's tensor: the same, or with the base model's prefix
+    added or left out (a head model's checkpoint loaded bare, or the other way)."""
+    if name in entries:
+        return name
+    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in entries:
+        return name[len(prefix) + 1 :]
+    if prefix and f"{prefix}.{name}" in entries:
+        return f"{prefix}.{name}"
+    return None
+
+
+def _units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    """(module, whether its children's parameters are its own): each block of the largest
+    ModuleList, then every other module that owns parameters itself."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    best = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+    blocks = [b for b in (best or []) if any(True for _ in b.parameters())]
+    inside = {id(m) for b in blocks for m in b.modules()}
+    others = [
+        m
+        for m in model.modules()
+        if id(m) not in inside and any(p is not None for p in m._parameters.values())
+    ]
+    return [(b, True) for b in blocks] + [(m, False) for m in others]
+
+
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Offloaded] = weakref.WeakKeyDictionary()
+
+
+def attach(model: nn.Module, folder: Path, spec: str) -> Offloaded:
+    """The model (built by skeleton.empty("offload")) made to read its weights from the
+    folder's checkpoint, block by block."""
+    offloaded = _ATTACHED[model] = Offloaded(model, Checkpoint(folder, spec))
+    return offloaded
+
+
+def place(model: nn.Module, device: torch.device) -> None:
+    """An offloaded model's weights are read onto `device`, and its buffers moved there."""
+    offloaded = _ATTACHED.get(model)
+    if offloaded is not None:
+        offloaded.device = device
+        for m in model.modules():
+            for name, b in m._buffers.items():
+                if b is not None and b.device != device:
+                    m._buffers[name] = b.to(device)

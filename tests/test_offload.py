@@ -1,0 +1,211 @@
+"""--offload and --meta (issue 39): a checkpoint run block by block gives every number the
+in-memory run gives (transformers' own from_pretrained is the in-memory run); a model built on
+the meta device has the real model's parameter counts, shapes and FLOPs, with no weight read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hookcli
+from hookcli.cli import app
+
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+TEXT = ["The cat sat on the mat.", "A dog ran in the park today."]
+
+
+def _save(folder: Path, model: Any, **kw: Any) -> Path:
+    from tests.test_llm import make_tokenizer
+
+    model.save_pretrained(folder, **kw)
+    make_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _llama(**extra: Any) -> Any:
+    from tests.test_llm import llama_config
+
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(llama_config(**extra)).eval()
+
+
+def _gpt2() -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=320, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+CASES = {
+    "llama": lambda f: _save(f, _llama()),
+    "llama-bf16-sharded": lambda f: _save(f, _llama().to(torch.bfloat16), max_shard_size="20KB"),
+    "gpt2-tied": lambda f: _save(f, _gpt2()),
+}
+
+
+def _numbers(report: Any) -> dict[str, Any]:
+    d = report.to_dict()
+    return {k: d[k] for k in ("layers", "outputs", "predictions", "never_called")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_offloaded_numbers_equal_the_in_memory_run(case: str, tmp_path: Path) -> None:
+    folder = CASES[case](tmp_path / case)
+    if "sharded" in case:
+        assert (folder / "model.safetensors.index.json").is_file()
+    spec = f"hf:{folder}"
+    whole = hookcli.inspect(spec, text=TEXT, channels=True)
+    off = hookcli.inspect(spec, text=TEXT, channels=True, offload=True)
+    assert _numbers(off) == _numbers(whole)
+    assert any("--offload" in n for n in off.notes)
+    # and the in-memory run is transformers' own: the logits' statistics are its logits'
+    one = hookcli.inspect(spec, text=TEXT[:1], offload=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        logits = model(**tok(TEXT[:1], return_tensors="pt")).logits.double()
+    out = next(t for t in one.outputs if "logits" in t.path)
+    assert out.max == float(logits.max()) and out.min == float(logits.min())
+    assert out.mean == pytest.approx(float(logits.mean()), rel=1e-6)
+    assert whole.model.params == off.model.params == sum(p.numel() for p in model.parameters())
+
+
+def test_generate_and_check_run_offloaded(tmp_path: Path) -> None:
+    folder = _save(tmp_path / "m", _llama())
+    spec = f"hf:{folder}"
+    whole = hookcli.inspect(spec, text=TEXT[:1], generate=4)
+    off = hookcli.inspect(spec, text=TEXT[:1], generate=4, offload=True)
+    assert off.generated == whole.generated and _numbers(off) == _numbers(whole)
+    r = runner.invoke(
+        app, ["check", spec, "--text", TEXT[0], "--offload", "--fail-on", "nonfinite"]
+    )
+    assert r.exit_code == 0, r.stderr
+
+
+def test_offload_refusals_are_one_line_each(tmp_path: Path) -> None:
+    folder = _save(tmp_path / "m", _llama())
+    cases = [
+        (["grads", f"hf:{folder}", "--text", "hi", "--offload"], 2, "--offload"),
+        (["check", f"hf:{folder}", "--text", "hi", "--offload", "--backward"], 2, "backward"),
+        (["inspect", "resnet18", "--offload"], 2, "Hugging Face checkpoint"),
+        (["inspect", "hf:llama", "--offload"], 2, "model type"),
+        (["inspect", f"hf:{folder}", "--offload", "--weights", str(folder / "w.pt")], 2,
+         "--weights"),
+    ]  # fmt: skip
+    for args, code, needle in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == code, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, r.stderr)
+    # a checkpoint that misses a weight, or is cut short: named, nothing run
+    bad = _save(tmp_path / "bad", _llama())
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(bad / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    r = runner.invoke(app, ["inspect", f"hf:{bad}", "--text", "hi", "--offload"])
+    assert r.exit_code == 2 and "model.layers.1.mlp.up_proj.weight" in r.stderr
+    cut = _save(tmp_path / "cut", _llama())
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    r = runner.invoke(app, ["inspect", f"hf:{cut}", "--text", "hi", "--offload"])
+    assert r.exit_code == 2 and "not a safetensors file" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_a_model_passed_in_cannot_be_offloaded() -> None:
+    with pytest.raises(hookcli.UsageError if hasattr(hookcli, "UsageError") else Exception):
+        hookcli.inspect(_llama(), input_specs=["input_ids=randint:0:320:1x4"], offload=True)
+
+
+# ---------------------------------------------------------------- --meta
+
+
+SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [("resnet50", {}), ("vit_b_16", {}), ("hf:gpt2", {}), ("hf:llama", SMALL), ("hf:t5", {})],
+)
+def test_meta_layers_count_what_the_real_model_holds(name: str, args: dict[str, Any]) -> None:
+    from hookcli.commands.listing import layers_report
+    from hookcli.options import ModelOptions
+
+    meta = layers_report(ModelOptions(name, meta=True, model_args=args))
+    real = layers_report(ModelOptions(name, model_args=args), shapes=True)
+    assert meta.model.params == real.model.params > 0
+    assert [(r.name, r.params, r.tied) for r in meta.modules] == [
+        (r.name, r.params, r.tied) for r in real.modules
+    ]
+    assert [(r.name, r.calls, r.output_shapes) for r in meta.modules] == [
+        (r.name, r.calls, r.output_shapes) for r in real.modules
+    ]
+    assert meta.flops is not None and meta.flops > 0
+    if name == "hf:gpt2":  # tied: counted once
+        assert {r.name: r.tied for r in meta.modules if r.tied} == {
+            "lm_head": ["weight = transformer.wte.weight"]
+        }
+
+
+def test_meta_flops_are_flop_counter_modes_on_the_real_model() -> None:
+    import torchvision
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hookcli.commands.listing import layers_report
+    from hookcli.options import ModelOptions
+
+    meta = layers_report(ModelOptions("resnet18", meta=True))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        torchvision.models.resnet18().eval()(torch.randn(1, 3, 224, 224))
+    assert meta.flops == counter.get_total_flops()
+    by_name = {r.name: r.flops for r in meta.modules}
+    per = counter.get_flop_counts()
+    assert by_name["layer1"] == sum(per["ResNet.layer1"].values())
+
+
+LLAMA_70B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_a_70b_config_is_listed_with_no_weight_allocated(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
+    code = (
+        "import resource, sys\n"
+        "from hookcli.cli import app\n"
+        "from typer.testing import CliRunner\n"
+        f"r = CliRunner().invoke(app, ['layers', 'hf:{tmp_path}', '--meta', '-f', 'json'])\n"
+        "sys.stdout.write(r.stdout)\n"
+        "sys.stderr.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    data = json.loads(done.stdout)
+    # Llama-3-70B: 70,553,706,496 parameters (8192 x 128256 embedding and head, 80 blocks)
+    h, i, v, kv = 8192, 28672, 128256, 8 * 128
+    block = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    assert data["model"]["params"] == 2 * v * h + 80 * block + h == 70_553_706_496
+    assert int(done.stderr.strip().splitlines()[-1]) < 2 * 2**20  # KiB: under 2 GiB
+    assert data["flops"] > 0
