@@ -292,3 +292,43 @@ def test_memory_refuses_a_folder_run(tmp_path: Any) -> None:
 
     r = runner.invoke(app, ["inspect", "resnet18", str(CAT), "--batch-size", "2", "--memory"])
     assert r.exit_code == 2 and "--memory" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_watch_memory_logs_each_steps_saved_bytes_and_optimizer_state(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+        nn.Linear(8 * 16 * 16, 10),
+    )  # fmt: skip
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    log = tmp_path / "run.jsonl"
+    with hookcli.watch(model, optimizer=opt, log=log, memory=True) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            w.loss(loss)
+            loss.backward()
+            opt.step()
+    assert hooks_left(model) == 0
+    names = [str(i) for i in range(5)]
+    model.train()
+    o = oracle_saved(model, lambda: model(x).sum(), names)
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    for record in w.records:
+        mem = record.memory
+        assert mem is not None
+        assert mem.optimizer_bytes == sum(v.numel() * v.element_size() for v in state)
+        assert mem.gradient_bytes == mem.parameter_bytes
+        assert mem.saved_bytes == sum(o.total.values())  # (the loss is outside the forward)
+        assert mem.predicted_peak == (
+            mem.parameter_bytes + mem.buffer_bytes + mem.gradient_bytes
+            + mem.optimizer_bytes + mem.saved_bytes
+        )  # fmt: skip
+        got = {(c.name, c.call): c.memory for c in record.layers}
+        for key, saved in o.calls.items():
+            assert got[key] is not None and got[key].saved_bytes == sum(saved.values()), key
+    line = json.loads(log.read_text().splitlines()[-1])
+    assert line["memory"]["optimizer_bytes"] == w.records[-1].memory.optimizer_bytes  # type: ignore[union-attr]
+    # and the hooks are gone: a forward after the watch saves through no hook of ours
+    assert not torch._C._autograd._top_saved_tensors_default_hooks(False)  # type: ignore[attr-defined]

@@ -119,6 +119,7 @@ def watch(
     check: bool = DEFAULTS.watch.check,
     scaler: Any = None,
     tensorboard: Any = None,
+    memory: bool = False,
 ) -> Any:
     """A training run's flight recorder: `with hookcli.watch(model, optimizer=opt, every=10,
     log="run.jsonl") as w:` around an ordinary loop. Every `every`-th optimizer step (from step
@@ -136,7 +137,10 @@ def watch(
     DIR` runs it again.
     `scaler=`: the GradScaler, whose skipped steps are steps too; `check=False`: no NaN/Inf
     check; `tensorboard=DIR`: each watched step's scalars (the loss, the layers' and the
-    parameters' series of `hookcli report`) into a TensorBoard event file there as it ends."""
+    parameters' series of `hookcli report`) into a TensorBoard event file there as it ends;
+    `memory=True`: each watched step's bytes autograd saved in each layer call and in the
+    model's forwards, and its totals (parameters, gradients, optimizer state, the step's
+    predicted peak; on CUDA the allocator's peak), in the line's `memory`."""
     from hookcli.commands.watch.recorder import Watch
     from hookcli.options import WatchOptions
 
@@ -149,6 +153,7 @@ def watch(
         bundle=bundle,
         check=check,
         tensorboard=tensorboard,
+        memory=memory,
     )
     return Watch(model, options, optimizer=optimizer, scaler=scaler)
 

@@ -437,6 +437,7 @@ class WatchOptions:
     bundle: str | Path | bool | None = None
     check: bool = True
     tensorboard: str | Path | None = None  # a log folder: each watched step's scalars there
+    memory: bool = False  # each watched step's saved-for-backward bytes and memory totals
 
 
 @dataclass(frozen=True, slots=True)

@@ -813,6 +813,7 @@ class LoggedCall:
     grad_outputs: list[TensorStats] | None = None
     grad_inputs: list[TensorStats] | None = None
     error: str | None = None
+    memory: CallMemory | None = None  # watch(memory=True)
 
 
 @dataclass(slots=True)
@@ -845,6 +846,7 @@ class StepLine:
     schema: int = LOG_SCHEMA
     kind: str = "step"
     merged_ranks: int | None = None  # read back: the rank logs merged into it (runmerge)
+    memory: Memory | None = None  # watch(memory=True): the step's totals
 
 
 @dataclass(slots=True)
@@ -879,6 +881,7 @@ _UNLESS = {
     "scale": None,
     "run": None,
     "merged_ranks": None,
+    "memory": None,
 }
 
 
@@ -904,7 +907,7 @@ def _logged_call(c: LoggedCall) -> dict[str, Any]:
         "grad_outputs": many(c.grad_outputs),
         "grad_inputs": many(c.grad_inputs),
         "error": c.error,
-    }
+    } | ({} if c.memory is None else {"memory": dataclasses.asdict(c.memory)})
 
 
 def log_line(line: StepLine | NonfiniteLine) -> dict[str, Any]:
@@ -934,6 +937,8 @@ def log_line(line: StepLine | NonfiniteLine) -> dict[str, Any]:
             ]
         elif f.name in ("nonfinite_origins", "origins"):
             value = [dataclasses.asdict(o) for o in value]
+        elif f.name == "memory":
+            value = dataclasses.asdict(value)
         elif isinstance(value, list):
             value = list(value)
         data[f.name] = value

@@ -42,6 +42,7 @@ from torch import nn
 
 from hookcli._version import __version__
 from hookcli.commands.measured import finished_calls, statistics
+from hookcli.commands.memory import gradient_bytes, optimizer_bytes, totals
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -54,6 +55,7 @@ from hookcli.commands.watch.bundle import (
 from hookcli.commands.watch.compiled import EagerSwitch, RootCall, inner_module
 from hookcli.commands.watch.logfile import LogWriter
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
+from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
@@ -172,6 +174,9 @@ class Watch:
         self._root_call: RootCall | None = None
         self._file: LogWriter | None = None
         self._board: Any = None  # tensorboard=DIR: trackers.TensorBoardWriter
+        # memory=True: a watched step's meter, and the saved-tensor hooks its forwards pushed
+        self._meter: MemoryMeter | None = None
+        self._saving: list[Any] = []
 
     def _bundle_path(self, bundle: str | Path | bool | None) -> Path | None:
         if bundle is False:
@@ -377,6 +382,10 @@ class Watch:
                 self._session.remove()
                 self._evaluating = True
             return
+        if self._meter is not None:  # what autograd saves in this forward, counted
+            ctx = self._meter.saving()
+            ctx.__enter__()
+            self._saving.append(ctx)
         if not self.options.check or self.nonfinite:
             return  # nothing more to bundle: no capture, no copy of the buffers
         if len(self._step.forwards) >= MAX_FORWARDS:
@@ -390,6 +399,8 @@ class Watch:
         if self._evaluating:
             self._end_evaluation()
             return
+        if self._saving and not self._busy and not self._paused:
+            self._saving.pop().__exit__(None, None, None)
         if self._busy or self._paused or not self._step.forwards or not torch.is_grad_enabled():
             return
         if self._step.forwards[-1].output is not None or self._step.dropped:
@@ -408,12 +419,17 @@ class Watch:
         if not self._open or self.step_index % self.options.every:
             return
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
-        self._session = HookSession(self.targets, self._collector, grads=True)
+        if self.options.memory:
+            self._meter = MemoryMeter(self.module, _device_of(self.module))
+        self._session = HookSession(self.targets, self._collector, grads=True, memory=self._meter)
         self._session.__enter__()
         self._eager.on()  # a compiled model runs its eager module on a watched step
 
     def _disarm(self) -> None:
         self._evaluating = False
+        while self._saving:  # a forward that raised left its hooks pushed
+            self._saving.pop().__exit__(None, None, None)
+        self._meter = None
         self._eager.off()
         session = self._session
         if session is not None:
@@ -721,6 +737,17 @@ class Watch:
             # "loss": null alone would read as "not given"
             loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
         )
+        if self._meter is not None:
+            self._meter.finish()
+            opt = self.optimizer
+            record.memory = totals(
+                self.module,
+                _device_of(self.module),
+                self._meter,
+                backward=True,
+                gradients=gradient_bytes(self.module),
+                optimizer=optimizer_bytes(opt) if opt is not None else None,
+            )
         if self.scaler is not None:
             record.skipped = self._step.skipped
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
@@ -787,6 +814,7 @@ def _logged(c: LayerCall) -> LoggedCall:
         many(c.grad_outputs),
         many(c.grad_inputs),
         c.error,
+        c.memory,
     )
 
 
