@@ -32,7 +32,7 @@ from hookcli.commands.memory import gradient_bytes, memory_report
 from hookcli.commands.profile import profile_calls
 from hookcli.engine.experts import counting_routes
 from hookcli.engine.layout import image_of, reader
-from hookcli.engine.memory import MemoryMeter
+from hookcli.engine.memory import MemoryMeter, distinct_bytes
 from hookcli.engine.passes import (
     Prepared,
     deterministic_algorithms,
@@ -139,6 +139,7 @@ def _report_of_run(
     params: dict[str, list[PendingParam]] = {}
     meter = MemoryMeter(loaded.module, prepared.device) if run.memory else None
     gradients = None
+    output_bytes = 0
     try:
         with (
             counting_routes(loaded.module, model_input.token_mask) as routing,
@@ -159,6 +160,8 @@ def _report_of_run(
                 params = measure_params(claimed_params(prepared.targets), collector)
                 if meter is not None:
                     gradients = gradient_bytes(loaded.module)
+            if meter is not None:
+                output_bytes = distinct_bytes(t for _, t in iter_tensors(result.output, "out"))[0]
             input_grads = [
                 collector.add(t.grad, path)
                 for path, t in prepared.input_leaves
@@ -197,7 +200,14 @@ def _report_of_run(
             call.profile = by_call.get((call.name, call.call))
     memory = None
     if meter is not None:
-        memory = memory_report(prepared, meter, layers, gradients=gradients, train=run.train)
+        memory = memory_report(
+            prepared,
+            meter,
+            session.calls,
+            gradients=gradients,
+            output_bytes=output_bytes,
+            train=run.train,
+        )
     notes = isa.notes() + prepared.notes + result.notes
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])

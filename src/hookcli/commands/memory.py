@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from hookcli.engine.hooks import PendingCall
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
 from hookcli.engine.passes import Prepared
 from hookcli.inputs import ModelInput
@@ -35,6 +36,16 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )[0]
 
 
+def backward_ranks(calls: Iterable[PendingCall]) -> dict[int, int]:
+    """Each measured call's place in the backward (its output gradient's arrival), by its
+    CallBytes: what MemoryMeter.step_peak walks."""
+    return {
+        id(p.bytes): p.call.backward_order
+        for p in calls
+        if p.bytes is not None and p.call.backward_order is not None
+    }
+
+
 def totals(
     module: nn.Module,
     device: torch.device,
@@ -43,9 +54,11 @@ def totals(
     backward: bool,
     gradients: int | None = None,
     optimizer: int | None = None,
+    order: dict[int, int] | None = None,
+    output_bytes: int = 0,
 ) -> Memory:
     """The model's totals; with a backward, what the pass saved and the step's predicted
-    peak."""
+    peak (MemoryMeter.step_peak, from the backward's order of calls)."""
     params = list(module.parameters())  # a shared (tied) parameter once
     param_bytes, _ = distinct_bytes(params)
     buffer_bytes, _ = distinct_bytes(module.buffers())
@@ -65,9 +78,8 @@ def totals(
         return memory
     memory.saved_bytes = meter.saved_bytes
     memory.saved_tensors = len(meter.saved)
-    memory.predicted_peak = (
-        param_bytes + buffer_bytes + (gradients or 0) + (optimizer or 0) + meter.saved_bytes
-    )
+    held = param_bytes + buffer_bytes + (optimizer or 0) + output_bytes
+    memory.predicted_peak = meter.step_peak(order or {}, held)
     return memory
 
 
@@ -92,17 +104,25 @@ def rank_candidates(
 def memory_report(
     prepared: Prepared,
     meter: MemoryMeter,
-    layers: Sequence[LayerCall],
+    calls: Sequence[PendingCall],
     *,
     gradients: int | None,
+    output_bytes: int,
     train: bool,
     model_input: ModelInput | None = None,
 ) -> Memory:
-    """--memory's totals for a finished pass; with a backward, the candidates ranked by the
-    FLOPs of a pass of their own (engine/flops.py)."""
+    """--memory's totals for a finished pass (its calls complete); with a backward, the
+    candidates ranked by the FLOPs of a pass of their own (engine/flops.py)."""
     backward = prepared.backward is not None
+    layers = [p.call for p in calls]
     memory = totals(
-        prepared.loaded.module, prepared.device, meter, backward=backward, gradients=gradients
+        prepared.loaded.module,
+        prepared.device,
+        meter,
+        backward=backward,
+        gradients=gradients,
+        order=backward_ranks(calls),
+        output_bytes=output_bytes,
     )
     if backward and any(c.memory is not None and c.memory.freed_bytes for c in layers):
         from hookcli.engine.flops import count_flops

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookcli.engine.memory import CallBytes, MemoryMeter
+from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
 from hookcli.engine.stats import StatsCollector, dtype_name
 from hookcli.records import CallMemory, LayerCall, TensorStats
 from hookcli.runtime import beacon
@@ -388,6 +388,10 @@ class HookSession:
                 ):
                     marks.append(time.perf_counter_ns())
                 self._grad_events += 1
+                if pending.bytes is not None:  # --memory: the gradient's own storage
+                    key = storage_key(grad)
+                    if key is not None:
+                        pending.bytes.grad_storages.setdefault(*key)
                 if root == "in" and pending.grad_input_seen is None:
                     pending.grad_input_seen = self._grad_events
                     pending.grad_input_key = grad_key(grad)
@@ -474,7 +478,7 @@ class HookSession:
             except Exception as exc:  # never break the user's forward (docs/traps.md §4)
                 call.error = call.error or f"could not measure inputs: {exc}"
             if self.memory is not None:
-                pending.bytes = self.memory.enter(args, kwargs)
+                pending.bytes = self.memory.enter(args, kwargs, module)
             if self.profile:
                 self._mark_start(pending, args, entered)
             return replaced

@@ -61,6 +61,12 @@ class CallBytes:
     saved: dict[int, int] = field(default_factory=dict)  # storage -> bytes, saved in the call
     saves: dict[int, int] = field(default_factory=dict)  # storage -> times saved in the call
     inputs: frozenset[int] = frozenset()  # its input tensors' storages
+    input_bytes: int = 0
+    grads: dict[int, int] = field(default_factory=dict)  # its parameters' storages (trained)
+    leaf: bool = True  # no other hooked call ran inside it
+    # the gradients its backward saw, in and out (an expanded scalar holds 4 bytes): None
+    # until one arrives
+    grad_storages: dict[int, int] = field(default_factory=dict)
     output_bytes: int = 0
     peak: int | None = None  # CUDA: the allocator's peak while it ran
     freed: int = 0  # what checkpointing it would free (MemoryMeter.finish)
@@ -81,6 +87,11 @@ class MemoryMeter:
         self.saved: dict[int, int] = {}  # the pass's: storage -> bytes
         self.saves: dict[int, int] = {}  # the pass's: storage -> times saved
         self.calls: list[CallBytes] = []
+        # where each saved storage's backward frees it: the leaf call it was saved in, else
+        # the leaf that returned last before it was saved (an op between two leaves runs its
+        # backward just before that leaf's); None: before any leaf, freed last
+        self.freed_by: dict[int, list[CallBytes | None]] = {}
+        self._last_leaf: CallBytes | None = None
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
         self.device = device
         self.peak: int | None = None  # CUDA: the whole pass's
@@ -96,6 +107,10 @@ class MemoryMeter:
             for call in self.open:
                 call.saved.setdefault(storage, n)
                 call.saves[storage] = call.saves.get(storage, 0) + 1
+            inner = self.open[-1] if self.open else None
+            self.freed_by.setdefault(storage, []).append(
+                inner if inner is not None and inner.leaf else self._last_leaf
+            )
         return t
 
     @contextmanager
@@ -114,10 +129,24 @@ class MemoryMeter:
         self.peak = peak if self.peak is None else max(self.peak, peak)
         torch.cuda.reset_peak_memory_stats(self.device)
 
-    def enter(self, args: Any = (), kwargs: Any = None) -> CallBytes:
+    def enter(
+        self, args: Any = (), kwargs: Any = None, module: nn.Module | None = None
+    ) -> CallBytes:
         self._fold_peak()
-        keys = [storage_key(t) for _, t in iter_tensors((args, kwargs or {}), "in")]
-        call = CallBytes(inputs=frozenset(k[0] for k in keys if k is not None))
+        keys = {
+            k[0]: k[1]
+            for _, t in iter_tensors((args, kwargs or {}), "in")
+            if (k := storage_key(t)) is not None
+        }
+        call = CallBytes(inputs=frozenset(keys), input_bytes=sum(keys.values()))
+        if module is not None:
+            call.grads = {
+                k[0]: k[1]
+                for p in module.parameters()
+                if p.requires_grad and (k := storage_key(p)) is not None
+            }
+        if self.open:
+            self.open[-1].leaf = False
         self.calls.append(call)
         if self.cuda:
             call.peak = int(torch.cuda.memory_allocated(self.device))
@@ -128,6 +157,8 @@ class MemoryMeter:
         self._fold_peak()
         if call in self.open:  # (and any call left open inside it: it raised)
             del self.open[self.open.index(call) :]
+        if call.leaf:
+            self._last_leaf = call
         call.output_bytes = distinct_bytes(t for _, t in iter_tensors(output, "out"))[0]
 
     def finish(self) -> int | None:
@@ -142,6 +173,38 @@ class MemoryMeter:
             )
         self._fold_peak()
         return self.peak
+
+    def step_peak(self, order: dict[int, int], held: int) -> int:
+        """The most one training step holds at once, walking its backward leaf call by leaf
+        call in the order their output gradients arrived (`order`: id(CallBytes) -> rank):
+        `held` (parameters, buffers, optimizer state, the model's output, alive throughout)
+        + what is still saved (a storage is freed once the last backward that needs it has
+        run) + the parameters' gradients made so far + the call's own gradients in and out
+        (their storages as its backward saw them; else its output's and input's sizes).
+        Gradients are taken to start absent (zero_grad(set_to_none=True)). A leaf no
+        gradient reached frees nothing."""
+        leaves = sorted(
+            (c for c in self.calls if c.leaf and id(c) in order), key=lambda c: order[id(c)]
+        )
+        rank = {id(c): i for i, c in enumerate(leaves)}
+        last = len(leaves)  # freed after every leaf's backward
+        free_at: dict[int, int] = {}
+        for storage, owners in self.freed_by.items():
+            free_at[storage] = max(last if o is None else rank.get(id(o), last) for o in owners)
+        by_rank: dict[int, int] = {}
+        for storage, at in free_at.items():
+            by_rank[at] = by_rank.get(at, 0) + self.saved[storage]
+        live = self.saved_bytes
+        grads: dict[int, int] = {}
+        peak = held + live
+        for i, c in enumerate(leaves):
+            grads.update(c.grads)
+            seen = c.grad_storages  # the gradients its backward held, else their sizes
+            flowing = sum(seen.values()) if seen else c.output_bytes + c.input_bytes
+            now = held + live + sum(grads.values()) + flowing
+            peak = max(peak, now)
+            live -= by_rank.get(i, 0)
+        return max(peak, held + live + sum(grads.values()))
 
     @property
     def saved_bytes(self) -> int:

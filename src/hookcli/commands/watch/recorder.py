@@ -42,7 +42,7 @@ from torch import nn
 
 from hookcli._version import __version__
 from hookcli.commands.measured import finished_calls, statistics
-from hookcli.commands.memory import gradient_bytes, optimizer_bytes, totals
+from hookcli.commands.memory import backward_ranks, gradient_bytes, optimizer_bytes, totals
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -747,6 +747,7 @@ class Watch:
                 backward=True,
                 gradients=gradient_bytes(self.module),
                 optimizer=optimizer_bytes(opt) if opt is not None else None,
+                order=backward_ranks(session.calls),
             )
         if self.scaler is not None:
             record.skipped = self._step.skipped
