@@ -83,6 +83,13 @@ def _cuda_peak(model: Any, x: torch.Tensor) -> int:
     return int(peak)
 
 
+def _top(report: Any) -> list[tuple[str, float]]:
+    """The three calls that saved most, in MiB."""
+    sizes = [(c.name, c.memory.saved_bytes or 0) for c in report.layers if c.memory is not None]
+    sizes.sort(key=lambda s: -s[1])
+    return [(name, n / MIB) for name, n in sizes[:3]]
+
+
 def step_memory(batch: int, device: str) -> list[dict[str, Any]]:
     import torchinfo
 
@@ -107,14 +114,7 @@ def step_memory(batch: int, device: str) -> list[dict[str, Any]]:
             "torchinfo_fwd_bwd_mib": fwd_bwd / MIB,
             "torchinfo_total_mib": estimated / MIB,
             "memtracker_peak_mib": _memtracker_peak(model, x) / MIB,
-            "top": [
-                (c.name, (c.memory.saved_bytes or 0) / MIB)
-                for c in sorted(
-                    (c for c in report.layers if c.memory and c.memory.saved_bytes),
-                    key=lambda c: -(c.memory.saved_bytes if c.memory else 0) or 0,
-                )
-                if "." in c.name or c.name.startswith(("conv", "fc", "lm_head"))
-            ][:3],
+            "top": _top(report),
         }
         if device == "cuda":
             row["cuda_peak_mib"] = _cuda_peak(model, x) / MIB
@@ -158,13 +158,14 @@ print(json.dumps({"rss_mib": hwm() / 1024,
 
 
 def offload(tmp: Path) -> dict[str, Any]:
+    import importlib
     import os
     import subprocess
 
     import transformers
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.test_llm import make_tokenizer
+    # the tests' tokenizer (imported by name: mypy checks benchmarks, not tests)
+    make_tokenizer = importlib.import_module("tests.test_llm").make_tokenizer
 
     config = transformers.LlamaConfig(
         vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=20,
