@@ -6,6 +6,8 @@
 #   3. runs benchmarks/gpu_figures.py: the sync-debug check over hooked passes of resnet50, a
 #      ViT and a tiny Llama, and inspect/grads/diff/torchinfo ÷ plain passes by CUDA events,
 #      float32 and bfloat16,
+#   4. runs benchmarks/memory.py --device cuda: --memory's predicted step peak of resnet50,
+#      vit_b_16 and GPT-2 small against torch.cuda.max_memory_allocated (goal: within 5%),
 # and writes everything to $OUT/gpu_check.txt (the device tool brings $OUT back).
 # On a machine without CUDA it says so and exits 0.
 #
@@ -40,5 +42,9 @@ timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py >> 
 echo "## figures" >> "$report"
 timeout 240 "$PY" benchmarks/gpu_figures.py --rounds 7 --profile-out "$OUT/gpu_profile.txt" \
   >> "$report" 2>&1 || status=1
+echo "## memory (issue 39): a training step's predicted peak against max_memory_allocated" \
+  >> "$report"
+timeout 240 "$PY" benchmarks/memory.py --device cuda --batch 8 --skip-offload >> "$report" 2>&1 \
+  || status=1
 cat "$report"
 exit $status

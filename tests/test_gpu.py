@@ -208,3 +208,24 @@ def test_a_language_models_text_run_on_the_device_equals_the_cpus(tmp_path: Path
         for ra, rb in zip(ta.per_token, tb.per_token, strict=True):
             assert (rb.sequence, rb.position, rb.id) == (ra.sequence, ra.position, ra.id)
             assert rb.norm == pytest.approx(ra.norm, rel=1e-3, abs=1e-4)
+
+
+# ---------------------------------------------------------------- issue 39: --memory on a GPU
+
+
+@needs_cuda
+def test_memory_on_cuda_reads_allocator_peaks_without_synchronising() -> None:
+    from benchmarks.gpu_figures import NoSync
+
+    torch.manual_seed(0)
+    model = NoSync(torchvision.models.resnet18().eval().cuda())
+    x = torch.randn(4, 3, 112, 112, device="cuda")
+    report = hookcli.grads(model, x, device="cuda", memory=True, target="sum", topk=0)
+    assert [c.error for c in report.layers if c.error] == []  # a hook that synchronised
+    mem = report.memory
+    assert mem is not None and mem.measured_peak is not None and mem.saved_bytes
+    assert mem.measured_peak >= mem.parameter_bytes + mem.saved_bytes
+    calls = [c.memory for c in report.layers if c.memory is not None]
+    assert calls and all(m.peak_bytes is not None and m.peak_bytes > 0 for m in calls)
+    assert max(m.peak_bytes or 0 for m in calls) <= mem.measured_peak
+    assert sum(1 for m in calls if m.saved_bytes) > len(calls) // 2
