@@ -127,6 +127,30 @@ def test_a_model_passed_in_cannot_be_offloaded() -> None:
         hookcli.inspect(_llama(), input_specs=["input_ids=randint:0:320:1x4"], offload=True)
 
 
+def test_a_model_accelerate_offloaded_itself_is_hooked_as_it_is() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    whole = hookcli.inspect(model, x, stats_backend="kernel")
+    trained = hookcli.grads(model, x, stats_backend="kernel", memory=True)
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert next(model.parameters()).device.type == "meta"  # weights come in per module
+    off = hookcli.inspect(model, x, stats_backend="kernel")
+    assert next(model.parameters()).device.type == "meta"  # left as found
+    assert off.to_dict()["layers"] == whole.to_dict()["layers"]
+    # a backward runs too; the parameters' own gradients are accelerate's copies': said so
+    back = hookcli.grads(model, x, stats_backend="kernel", memory=True)
+    assert back.memory is not None and trained.memory is not None
+    # the weights' copies accelerate loads are what autograd saves; the meta ones hold nothing
+    assert back.memory.saved_bytes > trained.memory.saved_bytes
+    assert back.memory.parameter_bytes == 0 < trained.memory.parameter_bytes
+    assert [c.grad_outputs for c in back.layers] == [c.grad_outputs for c in trained.layers]
+    assert any("meta device" in n for n in back.notes)
+
+
 # ---------------------------------------------------------------- --meta
 
 

@@ -209,6 +209,11 @@ def _report_of_run(
             train=run.train,
         )
     notes = isa.notes() + prepared.notes + result.notes
+    if backward and any(p.is_meta for p in loaded.module.parameters()):
+        notes.append(
+            "parameters on the meta device (offloaded, e.g. by accelerate, and loaded only "
+            "while their module runs): their weights and gradients cannot be read here"
+        )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")

@@ -60,8 +60,10 @@ def totals(
     """The model's totals; with a backward, what the pass saved and the step's predicted
     peak (MemoryMeter.step_peak, from the backward's order of calls)."""
     params = list(module.parameters())  # a shared (tied) parameter once
-    param_bytes, _ = distinct_bytes(params)
-    buffer_bytes, _ = distinct_bytes(module.buffers())
+    # offloaded parameters (on the meta device) hold no memory: their copies, loaded while
+    # their module runs, are what autograd saves
+    param_bytes, _ = distinct_bytes(p for p in params if not p.is_meta)
+    buffer_bytes, _ = distinct_bytes(b for b in module.buffers() if not b.is_meta)
     memory = Memory(
         str(device),
         sum(p.numel() for p in params),
