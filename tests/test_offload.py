@@ -78,6 +78,50 @@ def test_offloaded_numbers_equal_the_in_memory_run(case: str, tmp_path: Path) ->
     assert whole.model.params == off.model.params == sum(p.numel() for p in model.parameters())
 
 
+def _no_dtype(folder: Path) -> Path:
+    """A config.json that names no dtype (from_pretrained then takes the weights')."""
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _t5_fp16(folder: Path) -> Path:
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=320, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    return _save(folder, transformers.T5ForConditionalGeneration(config).half().eval())
+
+
+@pytest.mark.parametrize("case", ["bf16-no-dtype", "t5-fp16"])
+def test_offloaded_parameters_take_the_dtype_from_pretrained_gives_them(
+    case: str, tmp_path: Path
+) -> None:
+    if case == "t5-fp16":
+        folder = _t5_fp16(tmp_path / case)
+    else:
+        folder = _no_dtype(_save(tmp_path / case, _llama().to(torch.bfloat16)))
+    from hookcli.engine.passes import prepare
+    from hookcli.options import ModelOptions
+
+    loaded = (
+        transformers.AutoModelForCausalLM
+        if case != "t5-fp16"
+        else (transformers.AutoModelForSeq2SeqLM)
+    )
+    truth = {n: p.dtype for n, p in loaded.from_pretrained(folder).named_parameters()}
+    skeleton = prepare(ModelOptions(f"hf:{folder}", offload=True)).loaded.module
+    assert {n: p.dtype for n, p in skeleton.named_parameters()} == truth
+    assert len(set(truth.values())) == (2 if case == "t5-fp16" else 1)  # (kept in float32)
+    spec = f"hf:{folder}"
+    whole = hookcli.inspect(spec, text=TEXT[:1])
+    off = hookcli.inspect(spec, text=TEXT[:1], offload=True)
+    assert _numbers(off) == _numbers(whole)
+
+
 def test_generate_and_check_run_offloaded(tmp_path: Path) -> None:
     folder = _save(tmp_path / "m", _llama())
     spec = f"hf:{folder}"
@@ -114,12 +158,52 @@ def test_offload_refusals_are_one_line_each(tmp_path: Path) -> None:
     save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
     r = runner.invoke(app, ["inspect", f"hf:{bad}", "--text", "hi", "--offload"])
     assert r.exit_code == 2 and "model.layers.1.mlp.up_proj.weight" in r.stderr
+    # a checkpoint whose shapes do not fit the config the model is built from
+    r = runner.invoke(
+        app, ["inspect", f"hf:{folder}", "--text", "hi", "--offload", "--model-arg",
+              "intermediate_size=48"],
+    )  # fmt: skip
+    assert r.exit_code == 2 and "do not fit" in r.stderr and "gate_proj" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
     cut = _save(tmp_path / "cut", _llama())
     data = (cut / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
     r = runner.invoke(app, ["inspect", f"hf:{cut}", "--text", "hi", "--offload"])
     assert r.exit_code == 2 and "not a safetensors file" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1
+
+
+def _header_bytes(header: Any, data: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+@pytest.mark.parametrize(
+    ("header", "needle"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        ({"w": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}}, "whole numbers"),
+        ({"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}}, "whole numbers"),
+        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, "whole numbers"),
+        ({"w": {"dtype": "U32", "shape": [1], "data_offsets": [0, 4]}}, "dtype 'U32'"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}}, "outside the file"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "overlap"),
+        ({"w": [1, 2]}, "not described by an object"),
+        (b'{"w":', "not JSON"),
+    ],
+)  # fmt: skip
+def test_a_malformed_safetensors_header_is_refused_in_one_line(
+    header: Any, needle: str, tmp_path: Path
+) -> None:
+    from hookcli.errors import UsageError
+    from hookcli.sources.offload import _header
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(_header_bytes(header, bytes(16)))
+    with pytest.raises(UsageError) as caught:
+        _header(path, "hf:x")
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_a_model_passed_in_cannot_be_offloaded() -> None:
@@ -198,16 +282,9 @@ def test_meta_flops_are_flop_counter_modes_on_the_real_model() -> None:
     assert by_name["layer1"] == sum(per["ResNet.layer1"].values())
 
 
-LLAMA_70B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}  # fmt: skip
-
-
 def test_a_70b_config_is_listed_with_no_weight_allocated(tmp_path: Path) -> None:
+    from benchmarks.memory import LLAMA_70B
+
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
     code = (
         "import sys\n"

@@ -105,7 +105,7 @@ def report(inv: Invocation, command: str) -> Report:
     with deterministic_algorithms(run.deterministic):
         clean = _one_run(prepared, run, command)
         if specs:  # the same model and input once more, those layers' outputs changed
-            quiet = dataclasses.replace(run, save=None, profile=False)
+            quiet = dataclasses.replace(run, save=None, profile=False, memory=False)
             changed = _one_run(prepared, quiet, command, specs)
             clean.ablation = ablation.compare(clean, changed, specs)
     return clean

@@ -36,16 +36,6 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )[0]
 
 
-def backward_ranks(calls: Iterable[PendingCall]) -> dict[int, int]:
-    """Each measured call's place in the backward (its output gradient's arrival), by its
-    CallBytes: what MemoryMeter.step_peak walks."""
-    return {
-        id(p.bytes): p.call.backward_order
-        for p in calls
-        if p.bytes is not None and p.call.backward_order is not None
-    }
-
-
 def totals(
     module: nn.Module,
     device: torch.device,
@@ -54,7 +44,6 @@ def totals(
     backward: bool,
     gradients: int | None = None,
     optimizer: int | None = None,
-    order: dict[int, int] | None = None,
     output_bytes: int = 0,
 ) -> Memory:
     """The model's totals; with a backward, what the pass saved and the step's predicted
@@ -72,6 +61,12 @@ def totals(
         gradient_bytes=gradients,
         optimizer_bytes=optimizer,
     )
+    offloaded = sum(1 for p in params if p.is_meta)
+    if offloaded:
+        memory.notes.append(
+            f"{offloaded} parameters are on the meta device (offloaded): they hold no memory "
+            "here, and count 0 bytes"
+        )
     if meter is None:
         return memory
     memory.measured_peak = meter.peak
@@ -81,7 +76,7 @@ def totals(
     memory.saved_bytes = meter.saved_bytes
     memory.saved_tensors = len(meter.saved)
     held = param_bytes + buffer_bytes + (optimizer or 0) + output_bytes
-    memory.predicted_peak = meter.step_peak(order or {}, held)
+    memory.predicted_peak = meter.step_peak(held)
     return memory
 
 
@@ -123,9 +118,17 @@ def memory_report(
         meter,
         backward=backward,
         gradients=gradients,
-        order=backward_ranks(calls),
         output_bytes=output_bytes,
     )
+    if backward:
+        selected = {t.name for t in prepared.targets}
+        unseen = [e.name for e in prepared.entries if e.leaf and e.name not in selected]
+        if unseen:
+            memory.notes.append(
+                f"{len(unseen)} leaf modules not selected ({', '.join(unseen[:3])}…): the "
+                "step's peak takes what they save as alive until the selected call before them "
+                "runs its backward; select every leaf (the default) for the closest figure"
+            )
     if backward and any(c.memory is not None and c.memory.freed_bytes for c in layers):
         from hookcli.engine.flops import count_flops
 

@@ -53,7 +53,7 @@ def run_command(
         )
     if folder is not None and inv.run.memory:
         raise UsageError(
-            "--memory sizes one batch's pass; a folder run is many.",
+            "--memory (and --max-saved-mb) size one batch's pass; a folder run is many.",
             "give one image (or --input randn:BxCxHxW for the batch size you train with).",
         )
     context = running(folder is not None) if running is not None else contextlib.nullcontext()

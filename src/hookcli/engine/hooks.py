@@ -388,10 +388,12 @@ class HookSession:
                 ):
                     marks.append(time.perf_counter_ns())
                 self._grad_events += 1
-                if pending.bytes is not None:  # --memory: the gradient's own storage
-                    key = storage_key(grad)
+                if pending.bytes is not None and self.memory is not None:
+                    key = storage_key(grad)  # --memory: the gradient's own storage
                     if key is not None:
                         pending.bytes.grad_storages.setdefault(*key)
+                    if root == "out":
+                        self.memory.output_grad(pending.bytes)
                 if root == "in" and pending.grad_input_seen is None:
                     pending.grad_input_seen = self._grad_events
                     pending.grad_input_key = grad_key(grad)

@@ -324,7 +324,7 @@ def hooked_pass(
                     _restore_grads(params)
                     torch.manual_seed(prepared.seed)
                     if session.memory is not None:
-                        session.memory.saved.clear()
+                        session.memory.reset()
                     with torch.enable_grad(), _saving(session):
                         beacon.at("in forward (again, with gradients), before any hooked layer")
                         t0 = _clock(timed)
@@ -338,6 +338,8 @@ def hooked_pass(
                         value = _scalar(loaded, prepared.backward, output, prepared.seed)
                     if session.readers:
                         session.count_readers(value)  # whose input others read too (origins)
+                    if session.memory is not None:
+                        session.memory.arm()  # (disarmed in `finally`)
                     beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
                     run_backward(loaded, value)
@@ -346,6 +348,8 @@ def hooked_pass(
                     session.memory.finish()
         finally:
             session.remove_tensor_hooks()
+            if session.memory is not None:
+                session.memory.disarm()
         yield PassResult(output, value, forward_ms, backward_ms, notes)
 
 

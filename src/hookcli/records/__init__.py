@@ -137,10 +137,11 @@ class Candidate:
 class Memory:
     """--memory's totals, in bytes. Parameters and buffers count each storage once (tied
     weights once). `saved_bytes`: everything autograd saved in the pass (each storage once,
-    inside layers or not; None without backward). `predicted_peak`: parameters + buffers +
-    gradients + optimizer state + saved, the memory one training step holds at the start of
-    its backward. `measured_peak` (CUDA): the allocator's peak over the pass, hookcli's own
-    statistics included."""
+    inside layers or not; None without backward). `predicted_peak`: the most one training
+    step holds at once, its backward walked on its own clock (engine.memory's step_peak:
+    parameters, buffers, optimizer state and the output throughout, what is still saved, the
+    gradients made so far and those in flight). `measured_peak` (CUDA): the allocator's peak
+    over the pass, hookcli's own statistics included."""
 
     device: str
     parameters: int

@@ -36,9 +36,10 @@ def total_lines(m: Memory) -> list[str]:
             f"saved for backward {size(m.saved_bytes)} ({m.saved_tensors} storages, each once)"
         )
     if m.predicted_peak is not None:
-        parts = "parameters + buffers + gradients"
-        parts += " + optimizer state" if m.optimizer_bytes is not None else ""
-        lines.append(f"a training step holds {size(m.predicted_peak)} ({parts} + saved)")
+        lines.append(
+            f"a training step holds {size(m.predicted_peak)} at its peak (its backward walked "
+            "call by call: what is still saved, the gradients made so far and in flight)"
+        )
     if m.measured_peak is not None:
         lines.append(f"allocator peak over the pass {size(m.measured_peak)} ({m.device})")
     lines += [f"note: {n}" for n in m.notes]

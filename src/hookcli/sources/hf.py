@@ -486,12 +486,13 @@ def _without_weights(
     found: dict[str, Any],
 ) -> nn.Module:
     """--meta: the checkpoint's class built from its config on the meta device (no weight
-    read). --offload: the same with real buffers, in the dtype from_pretrained would load
-    (the config's), made to read each block's weights from the checkpoint as it runs."""
-    dtype = saved_dtype(saved)
+    read). --offload: the same with real buffers, each parameter in the dtype from_pretrained
+    would load it in, made to read each block's weights from the checkpoint as it runs."""
     make = cls._from_config if hasattr(cls, "_from_config") else cls.from_config
-    model: nn.Module = _build(lambda: make(saved, dtype=dtype), spec, overrides, built)
     if building() == META:
+        model: nn.Module = _build(
+            lambda: make(saved, dtype=saved_dtype(saved)), spec, overrides, built
+        )
         notes.append("--meta: built on the meta device from config.json; no weight read")
         return model
     folder = Path(where) if Path(str(where)).is_dir() else None
@@ -502,9 +503,13 @@ def _without_weights(
         folder = Path(hit).parent if isinstance(hit, str) else None
     if folder is None:
         raise UsageError(f"{spec}: no checkpoint folder found for --offload.", "give hf:FOLDER.")
-    from hookcli.sources.offload import attach
+    from hookcli.sources.offload import Checkpoint, attach
 
-    off = attach(model, folder, spec)
+    checkpoint = Checkpoint(folder, spec)
+    dtype = _load_dtype(saved, checkpoint)
+    model = _build(lambda: make(saved, dtype=dtype), spec, overrides, built)
+    _keep_in_float32(model, dtype)
+    off = attach(model, checkpoint)
     notes.append(
         f"--offload: weights read from {folder} unit by unit as the model runs "
         f"({len(off.units)} units: the blocks of the largest layer list, and each other module "
@@ -513,8 +518,50 @@ def _without_weights(
     return model
 
 
+def _load_dtype(config: Any, checkpoint: Any) -> torch.dtype:
+    """The dtype from_pretrained gives a checkpoint by default. transformers 5 ("auto"): the
+    config's, else the index's metadata's, else the first floating-point tensor's (in name
+    order); before 5: torch's default (float32)."""
+    tf = transformers_module()
+    if int(str(tf.__version__).split(".")[0]) < 5:
+        return torch.get_default_dtype()
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    value = value or checkpoint.metadata_dtype
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    if isinstance(value, torch.dtype):
+        return value
+    kinds = [checkpoint.entries[k].dtype for k in sorted(checkpoint.first_file_keys)]
+    floats = [d for d in kinds if d.is_floating_point and "float8" not in str(d)]
+    return floats[0] if floats else (kinds[0] if kinds else torch.float32)
+
+
+def _keep_in_float32(model: nn.Module, dtype: torch.dtype) -> None:
+    """The parameters from_pretrained keeps in float32 whatever the dtype (the model's
+    `_keep_in_fp32_modules`, matched as transformers matches them), made float32 here too."""
+    plan_of = getattr(model, "_get_dtype_plan", None)
+    plan = plan_of(dtype) if callable(plan_of) else {}
+    if not plan:
+        return
+    try:
+        from transformers.core_model_loading import build_glob_alternation
+
+        pattern = build_glob_alternation(list(plan))[0]
+    except (ImportError, AttributeError, TypeError):
+        import re
+
+        pattern = re.compile("|".join(str(k).replace("*", ".*") for k in plan))
+    for module_name, module in model.named_modules():
+        for name, p in list(module._parameters.items()):
+            full = f"{module_name}.{name}" if module_name else name
+            if p is not None and pattern.search(full) and p.dtype != torch.float32:
+                module._parameters[name] = nn.Parameter(
+                    p.to(torch.float32), requires_grad=p.requires_grad
+                )
+
+
 def saved_dtype(config: Any) -> torch.dtype:
-    """The dtype from_pretrained loads a checkpoint in: its config's, else float32."""
+    """The dtype a config names (a model built from it for --meta), else float32."""
     value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(value, str):
         value = getattr(torch, value, None)

@@ -17,6 +17,7 @@ data, its header a JSON object of names, dtypes, shapes and offsets inside the f
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import weakref
@@ -27,7 +28,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -54,8 +55,9 @@ class Checkpoint:
     def __init__(self, folder: Path, spec: str) -> None:
         self.spec = spec
         index = folder / "model.safetensors.index.json"
+        self.metadata_dtype: str | None = None  # an index's metadata may name the dtype
         if index.is_file():
-            files = _shards(index, folder, spec)
+            files, self.metadata_dtype = _shards(index, folder, spec)
         elif (folder / "model.safetensors").is_file():
             files = [folder / "model.safetensors"]
         else:
@@ -67,6 +69,7 @@ class Checkpoint:
         self.entries: dict[str, Entry] = {}
         for f in files:
             self.entries.update(_header(f, spec))
+        self.first_file_keys = [k for k, e in self.entries.items() if e.file == files[0]]
 
     def read(self, name: str) -> torch.Tensor:
         e = self.entries[name]
@@ -89,13 +92,15 @@ class Checkpoint:
         return raw.view(e.dtype).reshape(e.shape)
 
 
-def _shards(index: Path, folder: Path, spec: str) -> list[Path]:
+def _shards(index: Path, folder: Path, spec: str) -> tuple[list[Path], str | None]:
     try:
         data = json.loads(index.read_text(encoding="utf-8"))
         names = sorted(set(data["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        meta = data.get("metadata")
+        dtype = meta.get("dtype") if isinstance(meta, dict) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise UsageError(
-            f"{spec}: {index.name} is not a safetensors index ({exc}).",
+            f"{spec}: {index.name} is not a safetensors index ({one_line(exc)}).",
             "save the model again with save_pretrained.",
         ) from exc
     files = []
@@ -115,7 +120,7 @@ def _shards(index: Path, folder: Path, spec: str) -> list[Path]:
                 "copy every shard into the folder.",
             )
         files.append(folder / name)
-    return files
+    return files, dtype if isinstance(dtype, str) else None
 
 
 def _header(path: Path, spec: str) -> dict[str, Entry]:
@@ -137,30 +142,50 @@ def _header(path: Path, spec: str) -> dict[str, Entry]:
             raise bad("its header length runs past the file")
         try:
             header = json.loads(f.read(n))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise bad("its header is not JSON") from exc
     if not isinstance(header, dict):
         raise bad("its header is not an object")
     base = 8 + n
     out = {}
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = DTYPES[info["dtype"]]
-            shape = tuple(int(d) for d in info["shape"])
-            start, end = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"tensor {name!r}: {exc}") from exc
+        if not isinstance(info, dict):
+            raise bad(f"tensor {name!r} is not described by an object")
+        kind = info.get("dtype")
+        if kind not in DTYPES:
+            raise UsageError(
+                f"{spec}: {path.name} holds tensor {name!r} of dtype {kind!r}, which --offload "
+                "does not read.",
+                "load the model without --offload.",
+            )
+        dtype = DTYPES[kind]
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (
+            isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        ):
+            raise bad(f"tensor {name!r}: its shape or offsets are not whole numbers")
+        start, end = offsets
         numel = 1
         for d in shape:
             numel *= d
         itemsize = torch.empty((), dtype=dtype).element_size()
-        if min(shape, default=0) < 0 or not 0 <= start <= end or base + end > size:
+        if not 0 <= start <= end or base + end > size:
             raise bad(f"tensor {name!r} lies outside the file")
         if end - start != numel * itemsize:
             raise bad(f"tensor {name!r}'s bytes do not match its shape")
-        out[name] = Entry(path, dtype, shape, base + start, base + end)
+        spans.append((start, end, name))
+        out[name] = Entry(path, dtype, tuple(shape), base + start, base + end)
+    spans.sort()
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise bad(f"tensors {first!r} and {second!r} overlap")
     return out
 
 
@@ -183,9 +208,12 @@ class Offloaded:
             key = _key(name, prefix, checkpoint.entries)
             if key is not None:
                 self.keys.setdefault(id(p), key)
+        wrong = []
         for name, p in model.named_parameters():
             if id(p) not in self.keys:
                 missing.append(name)
+            elif checkpoint.entries[self.keys[id(p)]].shape != tuple(p.shape):
+                wrong.append(f"{name} {_shape(checkpoint.entries[self.keys[id(p)]].shape)}")
         if missing:
             shown = ", ".join(missing[:4]) + (
                 f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
@@ -194,6 +222,17 @@ class Offloaded:
                 f"{checkpoint.spec}: --offload found no weights for {shown} in the checkpoint.",
                 "load it without --offload (transformers maps renamed weights), or save it "
                 "again with this transformers.",
+            )
+        for name, b in model.named_buffers():
+            key = _key(name, prefix, checkpoint.entries)
+            if key is not None and checkpoint.entries[key].shape != tuple(b.shape):
+                wrong.append(f"{name} {_shape(checkpoint.entries[key].shape)}")
+        if wrong:
+            more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
+            raise UsageError(
+                f"{checkpoint.spec}: the checkpoint's weights do not fit the model built from its "
+                f"config: {', '.join(wrong[:3])}{more} in the checkpoint.",
+                "check config.json and the --model-arg values against the checkpoint.",
             )
         self._persistent_buffers(prefix)
         self.units = _units(model)
@@ -242,6 +281,10 @@ class Offloaded:
         return free
 
 
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
 def _key(name: str, prefix: str, entries: dict[str, Entry]) -> str | None:
     """The checkpoint's name for a model's tensor: the same, or with the base model's prefix
     added or left out (a head model's checkpoint loaded bare, or the other way)."""
@@ -272,10 +315,10 @@ def _units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
 _ATTACHED: weakref.WeakKeyDictionary[nn.Module, Offloaded] = weakref.WeakKeyDictionary()
 
 
-def attach(model: nn.Module, folder: Path, spec: str) -> Offloaded:
+def attach(model: nn.Module, checkpoint: Checkpoint) -> Offloaded:
     """The model (built by skeleton.empty("offload")) made to read its weights from the
-    folder's checkpoint, block by block."""
-    offloaded = _ATTACHED[model] = Offloaded(model, Checkpoint(folder, spec))
+    checkpoint, block by block."""
+    offloaded = _ATTACHED[model] = Offloaded(model, checkpoint)
     return offloaded
 
 

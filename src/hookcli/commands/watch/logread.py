@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
-from hookcli.io.recordjson import from_json, json_type
+from hookcli.io.recordjson import RecordError, from_json, json_type
 from hookcli.records import (
     READABLE_LOG_SCHEMAS,
+    CallMemory,
     LoggedCall,
     LoggedParam,
+    Memory,
     NonfiniteLine,
     Origin,
     StepLine,
@@ -246,7 +248,19 @@ def _step_record(data: dict[str, Any]) -> StepLine:
         scale=g("scale"),
         run=g("run"),
         schema=data["schema"],
+        memory=_memory_record(Memory, g("memory")),
     )
+
+
+def _memory_record(cls: type[Any], data: Any) -> Any:
+    """watch(memory=True)'s numbers as their record; None when absent or not well formed
+    (they are never checked as rules)."""
+    if data is None:
+        return None
+    try:
+        return from_json(cls, data)
+    except RecordError:
+        return None
 
 
 def _event_record(data: dict[str, Any]) -> NonfiniteLine:
@@ -278,6 +292,7 @@ def _call_record(c: dict[str, Any]) -> LoggedCall:
         grad_outputs=None if grad_outputs is None else [_stats_record(t) for t in grad_outputs],
         grad_inputs=None if grad_inputs is None else [_stats_record(t) for t in grad_inputs],
         error=c.get("error"),
+        memory=_memory_record(CallMemory, c.get("memory")),
     )
 
 

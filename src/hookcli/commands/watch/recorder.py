@@ -42,7 +42,7 @@ from torch import nn
 
 from hookcli._version import __version__
 from hookcli.commands.measured import finished_calls, statistics
-from hookcli.commands.memory import backward_ranks, gradient_bytes, optimizer_bytes, totals
+from hookcli.commands.memory import gradient_bytes, optimizer_bytes, totals
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
@@ -383,9 +383,7 @@ class Watch:
                 self._evaluating = True
             return
         if self._meter is not None:  # what autograd saves in this forward, counted
-            ctx = self._meter.saving()
-            ctx.__enter__()
-            self._saving.append(ctx)
+            self._count_saved()
         if not self.options.check or self.nonfinite:
             return  # nothing more to bundle: no capture, no copy of the buffers
         if len(self._step.forwards) >= MAX_FORWARDS:
@@ -394,6 +392,24 @@ class Watch:
         if self._step.buffers is None:  # the step's first forward: its buffers as it begins
             self._step.buffers = BufferSnapshot(self._modules)
         self._step.forwards.append(capture_forward(args, kwargs, self._modules))
+
+    def _count_saved(self) -> None:
+        """memory=True: the forward's saved tensors counted — unless saved-tensor hooks of
+        the training's own are on (torch.utils.checkpoint around the model, save_on_cpu,
+        torch.func), which ours would override: then this step is not counted, and says so."""
+        assert self._meter is not None
+        top: Any = torch._C._autograd._top_saved_tensors_default_hooks
+        outer = top(False)
+        if outer is not None:
+            self._meter.skipped = "the forward ran under saved-tensor hooks of its own"
+            return
+        ctx = self._meter.saving()
+        try:
+            ctx.__enter__()
+        except RuntimeError as exc:  # (torch.func refuses saved-tensor hooks)
+            self._meter.skipped = f"saved-tensor hooks refused: {exc}"
+            return
+        self._saving.append(ctx)
 
     def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._evaluating:
@@ -421,6 +437,7 @@ class Watch:
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         if self.options.memory:
             self._meter = MemoryMeter(self.module, _device_of(self.module))
+            self._meter.arm()
         self._session = HookSession(self.targets, self._collector, grads=True, memory=self._meter)
         self._session.__enter__()
         self._eager.on()  # a compiled model runs its eager module on a watched step
@@ -429,6 +446,8 @@ class Watch:
         self._evaluating = False
         while self._saving:  # a forward that raised left its hooks pushed
             self._saving.pop().__exit__(None, None, None)
+        if self._meter is not None:
+            self._meter.disarm()
         self._meter = None
         self._eager.off()
         session = self._session
@@ -711,6 +730,8 @@ class Watch:
                 (name, grad, w_norm, delta)
                 for (name, grad, _, _), (w_norm, delta) in zip(self._params, both, strict=True)
             ]
+        if self._meter is not None:
+            self._meter.finish()  # (before the calls are completed: their freed bytes)
         calls = finished_calls(session, backward=True)
         origins = find_origins(session.calls, self._types, partial=self._partial)
         loss = self._step.loss
@@ -738,7 +759,6 @@ class Watch:
             loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
         )
         if self._meter is not None:
-            self._meter.finish()
             opt = self.optimizer
             record.memory = totals(
                 self.module,
@@ -747,8 +767,15 @@ class Watch:
                 backward=True,
                 gradients=gradient_bytes(self.module),
                 optimizer=optimizer_bytes(opt) if opt is not None else None,
-                order=backward_ranks(session.calls),
             )
+            if self._meter.skipped:
+                record.memory.notes.append(f"saved bytes not counted: {self._meter.skipped}")
+            if self._meter.forwards > 1:
+                record.memory.notes.append(
+                    f"{self._meter.forwards} forwards in this step (gradient accumulation?): "
+                    "saved bytes add them all up, and the predicted peak takes them as alive "
+                    "at once"
+                )
         if self.scaler is not None:
             record.skipped = self._step.skipped
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None

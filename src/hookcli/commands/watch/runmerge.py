@@ -175,7 +175,10 @@ def merge_step(records: Sequence[StepLine]) -> tuple[StepLine, list[str]]:
         loss_nonfinite=True if any(r.loss_nonfinite for r in records) else first.loss_nonfinite,
         skipped=True if any(r.skipped for r in records) else first.skipped,
         merged_ranks=w,
+        memory=None,  # each rank's own: read them in the rank logs
     )
+    if any(r.memory is not None for r in records):
+        notes.append(f"step {step}: memory is each rank's own and not merged (see the rank logs)")
     return merged, notes
 
 
