@@ -311,3 +311,47 @@ def test_a_70b_config_is_listed_with_no_weight_allocated(tmp_path: Path) -> None
     assert data["model"]["params"] == 2 * v * h + 80 * block + h == 70_553_706_496
     assert int(done.stderr.strip().splitlines()[-1]) < 2 * 2**20  # KiB: under 2 GiB
     assert data["flops"] > 0
+
+
+PEAK_CHILD = """
+import json, sys
+import hookcli
+r = hookcli.inspect("hf:" + sys.argv[1], text=["The cat sat on the mat."],
+                    offload=sys.argv[2] == "1")
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+print(json.dumps({"kib": int(hwm), "layers": r.to_dict()["layers"]}))
+"""
+
+
+@pytest.mark.slow
+def test_an_offloaded_run_peaks_lower_than_the_in_memory_one(tmp_path: Path) -> None:
+    """A 235 MB checkpoint (8 blocks of 12.6 MB, an embedding and a head of 65.5 MB), each
+    run in a fresh process: the offloaded one holds one unit at a time."""
+    from tests.test_llm import make_tokenizer
+
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / "llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "MALLOC_MMAP_THRESHOLD_": "65536",  # RSS follows live memory (benchmarks/_common.py)
+        "MALLOC_TRIM_THRESHOLD_": "0",
+    }
+    runs = {}
+    for flag in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_CHILD, str(folder), flag],
+            capture_output=True, text=True, env=env, timeout=600, check=True,
+        )  # fmt: skip
+        runs[flag] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["1"]["layers"] == runs["0"]["layers"]
+    weights_kib = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1024
+    # the in-memory run holds every weight; the offloaded one the largest unit (64 MiB) and
+    # what it read last: measured 105 MB lower of 228 MB of weights (each run ~860 MB itself)
+    assert runs["1"]["kib"] < runs["0"]["kib"] - weights_kib / 3
