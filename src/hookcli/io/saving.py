@@ -20,7 +20,7 @@ import torch
 
 from hookcli.io.output import Destination, write_with
 
-_DTYPES = {
+DTYPE_NAMES = {  # the dtypes a safetensors file names, and their names
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
@@ -46,7 +46,7 @@ class TensorSaver:
     def add(self, key: str, t: torch.Tensor) -> None:
         if t.is_quantized:
             t = t.dequantize()
-        dtype = _DTYPES.get(t.dtype)
+        dtype = DTYPE_NAMES.get(t.dtype)
         if dtype is None or t.layout != torch.strided:
             self.skipped.append(f"{key} ({t.dtype})")
             return

@@ -29,13 +29,12 @@ import torch
 from torch import nn
 
 from hookcli.errors import UsageError, one_line
+from hookcli.io.saving import DTYPE_NAMES
 
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()} | {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 HEADER_MAX = 100 * 2**20  # safetensors' own limit on a header
 ALIGN = 64
 
