@@ -89,8 +89,8 @@ class CallBytes:
     backward_at: int | None = None  # its first output gradient's place on the backward clock
     params: frozenset[int] = frozenset()  # its module's trained parameters' storages
     leaf: bool = True  # no other hooked call ran inside it
-    # the gradients its backward saw, in and out (an expanded scalar holds 4 bytes): None
-    # until one arrives
+    # the gradients its backward saw, in and out, by storage (an expanded scalar holds 4
+    # bytes); empty until one arrives
     grad_storages: dict[int, int] = field(default_factory=dict)
     output_bytes: int = 0
     peak: int | None = None  # CUDA: the allocator's peak while it ran
@@ -104,9 +104,7 @@ class MemoryMeter:
 
     def __init__(self, module: nn.Module, device: torch.device) -> None:
         self.skip = {
-            key[0]
-            for t in (*module.parameters(), *module.buffers())
-            if (key := storage_key(t)) is not None
+            key[0] for t in (*module.parameters(), *module.buffers()) for key in storage_keys(t)
         }
         self.open: list[CallBytes] = []
         self.saved: dict[int, int] = {}  # the pass's: storage -> bytes
