@@ -13,7 +13,6 @@ from torch import nn
 from hookcli.engine.hooks import PendingCall
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
 from hookcli.engine.passes import Prepared
-from hookcli.inputs import ModelInput
 from hookcli.records import Candidate, LayerCall, Memory
 
 CANDIDATES = 10  # checkpointing candidates listed
@@ -106,7 +105,6 @@ def memory_report(
     gradients: int | None,
     output_bytes: int,
     train: bool,
-    model_input: ModelInput | None = None,
 ) -> Memory:
     """--memory's totals for a finished pass (its calls complete); with a backward, the
     candidates ranked by the FLOPs of a pass of their own (engine/flops.py)."""
@@ -132,7 +130,7 @@ def memory_report(
     if backward and any(c.memory is not None and c.memory.freed_bytes for c in layers):
         from hookcli.engine.flops import count_flops
 
-        count = count_flops(prepared, model_input=model_input, train=train, backward=False)
+        count = count_flops(prepared, train=train, backward=False)
         if count.note:
             memory.notes.append(f"{count.note}; candidates ranked by freed bytes alone")
         memory.candidates = rank_candidates(layers, count.by_call or None)
