@@ -480,7 +480,10 @@ class HookSession:
             except Exception as exc:  # never break the user's forward (docs/traps.md §4)
                 call.error = call.error or f"could not measure inputs: {exc}"
             if self.memory is not None:
-                pending.bytes = self.memory.enter(args, kwargs, module)
+                try:
+                    pending.bytes = self.memory.enter(args, kwargs, module)
+                except Exception as exc:  # never break the user's forward (docs/traps.md §4)
+                    call.error = call.error or f"could not size the call: {exc}"
             if self.profile:
                 self._mark_start(pending, args, entered)
             return replaced
@@ -497,7 +500,10 @@ class HookSession:
             if self._beacon is not None:
                 self._beacon.leave()
             if self.memory is not None and pending.bytes is not None:
-                self.memory.leave(pending.bytes, output)
+                try:
+                    self.memory.leave(pending.bytes, output)
+                except Exception as exc:
+                    pending.call.error = f"could not size the output: {exc}"
             entered = 0
             if self.profile:
                 if pending in self._open:

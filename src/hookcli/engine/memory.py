@@ -309,18 +309,21 @@ class MemoryMeter:
         ]
         events.sort(key=lambda e: e[0])
         live = self.saved_bytes
-        grads: dict[int, int] = {}
+        made: set[int] = set()  # parameters whose gradient exists
+        grads = 0
         peak = held + live
         for at, call, storage, n in events:
             if call is None:
-                grads.setdefault(storage, n)
-                peak = max(peak, held + live + sum(grads.values()))
+                if storage not in made:
+                    made.add(storage)
+                    grads += n
+                peak = max(peak, held + live + grads)
                 continue
             seen = call.grad_storages  # the gradients its backward held, else their sizes
             flowing = sum(seen.values()) if seen else call.output_bytes + call.input_bytes
-            peak = max(peak, held + live + sum(grads.values()) + flowing)
+            peak = max(peak, held + live + grads + flowing)
             live -= freed.pop(at, 0)
-        return max(peak, held + live + sum(grads.values()))
+        return max(peak, held + live + grads)
 
     @property
     def saved_bytes(self) -> int:
