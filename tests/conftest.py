@@ -4,8 +4,10 @@ at empty folders, and huggingface_hub is offline."""
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,50 @@ preload.wait()
 ROOT = Path(__file__).resolve().parent.parent
 CAT = ROOT / "sample_images" / "cat.jpeg"
 COFFEE = ROOT / "sample_images" / "coffee.jpeg"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        help="run the collected tests in reverse order (CI: the suite must not depend on it)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse"):
+        items.reverse()
+
+
+@pytest.fixture(autouse=True)
+def _process_state_as_found() -> Iterator[None]:
+    """Each test starts from the process state the suite started with, whatever the tests
+    before it left (issue 48): torch.compile's inductor raises the recursion limit, a test may
+    change the default dtype, the threads, grad mode, the working folder, the environment or
+    the random state. The state is put back after every test, so no test can pass or fail by
+    the order it runs in."""
+    limit = sys.getrecursionlimit()
+    dtype = torch.get_default_dtype()
+    grad = torch.is_grad_enabled()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    threads = torch.get_num_threads()
+    rng = torch.random.get_rng_state()
+    cwd = os.getcwd()
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        torch.use_deterministic_algorithms(deterministic)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        os.chdir(cwd)
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
 
 
 @pytest.fixture(autouse=True)

@@ -302,17 +302,25 @@ def find_massive(
 
 class RowMap:
     """Where a row of a tensor moved to (…, C) sits in the tensor: its index, channel placed
-    back at `axis`; `real` the real positions of a padded batch (flattened batch x tokens)."""
+    back at `axis`; `real` the real positions of a padded batch (flattened batch x tokens);
+    `flat`: the tensor's first dimension is those flattened positions (batch·tokens, C)."""
 
-    def __init__(self, shape: Sequence[int], axis: int, real: Sequence[int] | None) -> None:
+    def __init__(
+        self, shape: Sequence[int], axis: int, real: Sequence[int] | None, *, flat: bool = False
+    ) -> None:
         self.shape = tuple(shape)
         self.axis = axis
         self.real = real
+        self.flat = flat
         self.others = [s for i, s in enumerate(shape) if i != axis]
 
     def __call__(self, row: int, channel: int) -> list[int]:
         others = self.others
-        if self.real is not None:  # (real positions, rest…): the position, then the rest
+        if self.real is not None and self.flat:  # (real rows, rest…): the row, then the rest
+            rest = math.prod(others[1:])
+            pos, within = divmod(row, rest) if rest else (row, 0)
+            idx = [self.real[pos], *_unravel(within, others[1:])]
+        elif self.real is not None:  # (real positions, rest…): the position, then the rest
             rest = math.prod(others[2:])
             pos, within = divmod(row, rest) if rest else (row, 0)
             b, t = divmod(self.real[pos], others[1])

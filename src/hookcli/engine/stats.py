@@ -300,6 +300,10 @@ def _finish(
 _EMPTY_ROW: Row = (0.0, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0, 0.0, math.nan)
 
 
+# how a tensor carries a padded batch's positions (StatsCollector._padded)
+TOKENS, ATTENTION, FLAT = 1, 2, 3
+
+
 class StatsCollector:
     """Collects one row per tensor during a pass; numbers reach the host once, at the end.
 
@@ -359,8 +363,10 @@ class StatsCollector:
 
     def set_token_mask(self, mask: torch.Tensor | None) -> None:
         """Leave a padded batch's padding out of every tensor that has its (batch, tokens)
-        leading dimensions, and of the query rows of (batch, heads, tokens, tokens) attention
-        (None: measure whole tensors). The real positions are found once, here."""
+        leading dimensions, of a (batch·tokens, C) one the model flattened them into (OPT's
+        fc1/fc2, a MoE block's shared expert), and of the query rows of (batch, heads,
+        tokens, tokens) attention (None: measure whole tensors). The real positions are found
+        once, here."""
         self.token_mask = mask
         self._real_tokens = 0 if mask is None else int(mask.sum())
         self._real_index = None if mask is None else mask.reshape(-1).nonzero().squeeze(1)
@@ -377,15 +383,19 @@ class StatsCollector:
         )
 
     def _padded(self, t: torch.Tensor) -> int:
-        """0: t holds no token positions of the mask; 1: (batch, tokens, …); 2: attention,
-        (batch, heads, tokens, tokens), its query rows masked."""
+        """0: t holds no token positions of the mask; TOKENS: (batch, tokens, …); ATTENTION:
+        (batch, heads, tokens, tokens), its query rows masked; FLAT: (batch·tokens, C), the
+        positions flattened into its rows in the mask's order (a 2-D tensor only: a 3-D one
+        whose first dimension is batch x heads could match by its size)."""
         mask = self.token_mask
         if mask is None or t.dim() < 2:
             return 0
         batch, tokens = mask.shape
         if t.dim() == 4 and t.shape[0] == batch and t.shape[2] == t.shape[3] == tokens:
-            return 2
-        return 1 if t.shape[0] == batch and t.shape[1] == tokens else 0
+            return ATTENTION
+        if t.shape[0] == batch and t.shape[1] == tokens:
+            return TOKENS
+        return FLAT if t.dim() == 2 and t.shape[0] == batch * tokens else 0
 
     def add(self, t: torch.Tensor, path: str) -> TensorStats:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in."""
@@ -395,7 +405,12 @@ class StatsCollector:
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
         padded = self._padded(t) if self.token_mask is not None else 0
         if padded:
-            rest = math.prod(t.shape[2:]) if padded == 1 else t.shape[1] * t.shape[3]
+            if padded == TOKENS:
+                rest = math.prod(t.shape[2:])
+            elif padded == FLAT:
+                rest = math.prod(t.shape[1:])
+            else:
+                rest = t.shape[1] * t.shape[3]
             stats.numel = self._real_tokens * rest
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
@@ -417,7 +432,7 @@ class StatsCollector:
         seen = t
         if padded:
             assert self._real_index is not None
-            t = unpadded(t, self._real_index, attention=padded == 2)
+            t = unpadded(t, self._real_index, padded)
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
         if padded:
             note = f"{note}; padding left out" if note else "over real tokens (padding left out)"
@@ -457,23 +472,24 @@ class StatsCollector:
         """--channels: measure `seen` per channel when the command's chooser names its
         channel dimension; whether it did. A padded batch's tensor is measured at its real
         positions (`x`: it without padding, else taken here); its channel dimension must lie
-        past (batch, tokens), which become one."""
+        past (batch, tokens), which become one, or past a flattened (batch·tokens)."""
         assert self.channels is not None
-        if padded == 2 or not seen.is_floating_point() or seen.device.type == "meta":
+        if padded == ATTENTION or not seen.is_floating_point() or seen.device.type == "meta":
             return False
         shape = tuple(seen.shape)
         axis = self.channels(self.context, shape)
-        if axis is None or seen.numel() == 0 or (padded and axis < 2):
+        first = 2 if padded == TOKENS else 1  # the first dimension past the positions
+        if axis is None or seen.numel() == 0 or (padded and axis < first):
             return False
         if padded and x is None:
             assert self._real_index is not None
-            x = unpadded(seen, self._real_index)
+            x = unpadded(seen, self._real_index, padded)
         x = seen if x is None else x
-        inner = axis - 1 if padded else axis  # (batch, tokens) became one dimension
+        inner = axis - 1 if padded == TOKENS else axis  # (batch, tokens) became one dimension
         if x.numel() == 0:
             return False
         packed = measure_channels(x, inner, hist=self.channel_hist, kernels=self._chan_kernels(x))
-        self._chan[idx] = _ChannelRow(packed, axis, shape, shape[axis], padded == 1)
+        self._chan[idx] = _ChannelRow(packed, axis, shape, shape[axis], padded)
         return True
 
     def _chan_kernels(self, x: torch.Tensor) -> Any:
@@ -575,7 +591,9 @@ class StatsCollector:
         for stats, idx in self._wants_chan:
             row = self._chan[idx]
             found, top = unpack(row.packed, row.axis, row.channels, hist=self.channel_hist)
-            rows_at = RowMap(row.shape, row.axis, real if row.padded else None)
+            rows_at = RowMap(
+                row.shape, row.axis, real if row.padded else None, flat=row.padded == FLAT
+            )
             found.massive = find_massive(found, top, row.shape, rows_at)
             stats.channels = found
 
@@ -697,7 +715,7 @@ class _ChannelRow:
     axis: int
     shape: tuple[int, ...]
     channels: int
-    padded: bool
+    padded: int  # 0, TOKENS or FLAT: how the padding was taken out
 
 
 def finite_or_none(v: float) -> float | None:
@@ -742,12 +760,15 @@ def token_rows(t: torch.Tensor) -> torch.Tensor:
     )
 
 
-def unpadded(t: torch.Tensor, real: torch.Tensor, *, attention: bool = False) -> torch.Tensor:
-    """t's real positions (`real`: their indices in the flattened (batch, tokens)) along its
-    first two dimensions, as (real, …); `attention`: (batch, heads, tokens, tokens) by its
-    query rows, as (real, heads, tokens). An index, not a boolean mask: no wait on a GPU."""
-    x = t.detach().transpose(1, 2) if attention else t.detach()
-    return x.flatten(0, 1).index_select(0, real.to(x.device))
+def unpadded(t: torch.Tensor, real: torch.Tensor, how: int = 1) -> torch.Tensor:
+    """t's real positions (`real`: their indices in the flattened (batch, tokens)), as
+    (real, …): TOKENS, along its first two dimensions; ATTENTION, (batch, heads, tokens,
+    tokens) by its query rows, as (real, heads, tokens); FLAT, the rows of a (batch·tokens, …)
+    tensor. An index, not a boolean mask: no wait on a GPU."""
+    x = t.detach().transpose(1, 2) if how == ATTENTION else t.detach()
+    if how != FLAT:
+        x = x.flatten(0, 1)
+    return x.index_select(0, real.to(x.device))
 
 
 def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:

@@ -382,6 +382,8 @@ class Watch:
                 self._session.remove()
                 self._evaluating = True
             return
+        if self._collector is not None:  # a padded batch's padding left out (issue 48)
+            self._collector.set_token_mask(padding_mask(module, args, kwargs))
         if self._meter is not None:  # what autograd saves in this forward, counted
             self._count_saved()
         if not self.options.check or self.nonfinite:
@@ -781,6 +783,29 @@ class Watch:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
             record.scale = None if scale is None else float(scale)
         return record
+
+
+def padding_mask(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """A language model's forward given a padded batch: its real tokens, (batch, tokens),
+    from the `attention_mask` Hugging Face models take (by keyword, or by its place in the
+    forward's signature) when it is a 2-D integer or boolean mask with padding in it; None
+    otherwise (no mask, a 4-D or additive one, or nothing padded)."""
+    mask = kwargs.get("attention_mask")
+    if mask is None and args:
+        import inspect
+
+        try:
+            names = list(inspect.signature(module.forward).parameters)
+        except (TypeError, ValueError):
+            names = []
+        at = names.index("attention_mask") if "attention_mask" in names else -1
+        mask = args[at] if 0 <= at < len(args) else None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.is_floating_point():
+        return None
+    if mask.is_complex() or mask.numel() == 0:
+        return None
+    real = mask != 0
+    return None if bool(real.all()) else real
 
 
 def _params_of(optimizer: Any) -> list[torch.Tensor]:

@@ -1,0 +1,169 @@
+"""A padded batch's padding where the model flattens its tokens (issue 48): OPT reshapes
+(batch, tokens, C) to (batch·tokens, C) before fc1/fc2, a Qwen2-MoE block before its shared
+expert. Their statistics, --channels, calib's scales and watch's records count the real tokens
+only. Oracle: transformers run on each text alone, the layer's tensors kept by a hook of the
+test's own and put together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hookcli
+from hookcli.commands.calib import calib_report
+from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
+from tests.conftest import assert_stats_match
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["Once upon a time there was a model.", "hello", "The cat sat on the mat."]
+VOCAB = 320
+MODELS: dict[str, tuple[Any, list[str]]] = {
+    "opt": (
+        lambda: transformers.OPTForCausalLM(
+            transformers.OPTConfig(
+                vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                pad_token_id=0, bos_token_id=1, eos_token_id=2, dropout=0.0,
+                attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0,
+            )
+        ),
+        ["model.decoder.layers.0.fc1", "model.decoder.layers.1.fc2"],
+    ),
+    "qwen2_moe": (
+        lambda: transformers.Qwen2MoeForCausalLM(
+            transformers.Qwen2MoeConfig(
+                vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            )
+        ),
+        ["model.layers.0.mlp.shared_expert.gate_proj",
+         "model.layers.1.mlp.shared_expert.down_proj"],
+    ),
+}  # fmt: skip
+
+
+def _save(folder: Path, kind: str) -> Path:
+    from tests.test_llm import make_tokenizer
+
+    torch.manual_seed(0)
+    MODELS[kind][0]().eval().save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    kind = request.param
+    return kind, _save(tmp_path_factory.mktemp(kind), kind)
+
+
+def _alone(folder: Path, layers: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Each layer's input and output over the texts run one by one (no padding), their rows
+    put together: what transformers computes at the real tokens."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    seen: dict[str, dict[str, list[torch.Tensor]]] = {n: {"in": [], "out": []} for n in layers}
+
+    def keep(name: str) -> Any:
+        def hook(_m: Any, args: Any, out: Any) -> None:
+            seen[name]["in"].append(args[0].detach().reshape(-1, args[0].shape[-1]))
+            seen[name]["out"].append(out.detach().reshape(-1, out.shape[-1]))
+
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in layers]
+    try:
+        with torch.no_grad():
+            for text in TEXTS:
+                model(**tok(text, return_tensors="pt"))
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: {k: torch.cat(v) for k, v in d.items()} for n, d in seen.items()}
+
+
+def test_a_flattened_tensor_counts_the_real_tokens_only(saved: Any) -> None:
+    kind, folder = saved
+    layers = MODELS[kind][1]
+    report = hookcli.inspect(
+        f"hf:{folder}", text=TEXTS, device="cpu", layers=layers, channels=True, topk=0
+    )
+    truth = _alone(folder, layers)
+    ids = [len(s.ids) for s in report.input.texts or []]
+    assert len(set(ids)) > 1  # a padded batch indeed
+    for name in layers:
+        call = next(c for c in report.layers if c.name == name)
+        pairs = ((call.inputs[0], truth[name]["in"]), (call.outputs[0], truth[name]["out"]))
+        for got, want in pairs:
+            # the tensor itself is (batch·tokens, C), padding rows among them
+            assert got.shape[0] == len(ids) * max(ids) and got.numel == want.numel()
+            assert_stats_match(got, want, rtol=1e-5, same_tensor=False)
+            assert "padding left out" in str(got.note)
+            ch = got.channels
+            assert ch is not None and ch.count == [want.shape[0]] * want.shape[1]
+            absmax = torch.tensor(ch.absmax, dtype=torch.float64)
+            assert torch.allclose(absmax, want.abs().amax(0).double(), rtol=1e-5)
+            for m in ch.massive:  # a massive value's index is the row it sits in
+                assert m.index[0] < got.shape[0]
+
+
+def test_calib_scales_of_a_flattened_layer_are_the_real_tokens_whatever_the_batch_size(
+    saved: Any, tmp_path: Path
+) -> None:
+    kind, folder = saved
+    layers = MODELS[kind][1]
+    text_file = tmp_path / "calib.txt"
+    text_file.write_text("\n".join(TEXTS) + "\n")
+    truth = _alone(folder, layers)
+    for size in (1, 3):
+        report = calib_report(
+            ModelOptions(f"hf:{folder}", device="cpu"),
+            Selection(layers=tuple(layers)),
+            InputOptions(text_file=str(text_file)),
+            CalibOptions(batch_size=size),
+        )
+        for layer in report.layers:
+            want = truth[layer.name]["in"].double()
+            assert layer.channels.count == [want.shape[0]] * want.shape[1]
+            got = torch.tensor(layer.channels.absmax, dtype=torch.float64)
+            assert torch.allclose(got, want.abs().amax(0), rtol=1e-5), (size, layer.name)
+
+
+def test_watch_leaves_a_training_batchs_padding_out(tmp_path: Path) -> None:
+    """A training step on a padded batch (the attention_mask given as Hugging Face models
+    take it): the watched fc1 statistics are those of the real tokens."""
+    from tests.test_llm import make_tokenizer
+
+    folder = _save(tmp_path / "opt", "opt")
+    layer = MODELS["opt"][1][0]
+    truth = _alone(folder, [layer])[layer]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    model.train()
+    tok = make_tokenizer()
+    enc = tok(TEXTS, return_tensors="pt", padding=True)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with hookcli.watch(model, optimizer=opt, layers=[layer], check=False) as w:
+        opt.zero_grad()
+        model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=labels)[
+            "loss"
+        ].backward()
+        opt.step()
+        # and positionally, as a plain call passes it
+        opt.zero_grad()
+        model(enc["input_ids"], enc["attention_mask"], labels=labels)["loss"].backward()
+        opt.step()
+    assert len(w.records) == 2
+    for record in w.records:
+        (call,) = record.layers
+        assert_stats_match(call.inputs[0], truth["in"], rtol=1e-5, same_tensor=False)
+        assert_stats_match(call.outputs[0], truth["out"], rtol=1e-5, same_tensor=False)
+        # the output gradient counts the real rows too (padding's are zero, not counted)
+        assert call.grad_outputs is not None
+        assert call.grad_outputs[0].numel == truth["out"].numel()
