@@ -4,7 +4,9 @@ no re-run — checks cost nothing beyond the hooked pass itself.
 Rules: `nonfinite` (NaN/Inf anywhere), `dead` (a ReLU-family output whose zero fraction is at
 least --dead-frac), `--max-abs X` (activation magnitude), `--min-std X` (collapsed activations),
 `--grad-norm MIN:MAX` (vanishing or exploding gradients), `--expect-shape LAYER=1x64x112x112`,
---channels' rules (`massive` activations, `--max-outlier-ratio R`, `--max-kurtosis K`),
+--channels' rules (`massive` activations, `--max-outlier-ratio R`, `--max-kurtosis K`; a
+position table's calls — rotary cos/sin, learned or sinusoidal position embeddings — are not
+activations and are left out of these, saying so, unless named with -l),
 and `--baseline FILE` (drift of any recorded statistic beyond rtol/atol, or layers that
 appeared or vanished). Each failure is an object (where, the value, the limit, one line); a
 rule that can tell names the first failure in the order the hooks saw the calls.
@@ -57,6 +59,9 @@ class Rules:
     rtol: float = _ASKED.rtol
     atol: float = _ASKED.atol
     backward: bool = False  # check --backward: gradients are measured (and checked) too
+    # the layers the user named (-l NAME, no glob): a position table named is held to the
+    # per-channel rules like any other layer
+    named: tuple[str, ...] = ()
 
     @property
     def needs_backward(self) -> bool:
@@ -275,11 +280,11 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
     if rules.grad_norm is not None:
         results.append(_grad_norm(report, *rules.grad_norm))
     if "massive" in rules.fail_on:
-        results.append(_massive(report))
+        results.append(_massive(report, rules))
     if rules.max_outlier_ratio is not None:
-        results.append(_per_tensor(report, "outlier-ratio", rules.max_outlier_ratio))
+        results.append(_per_tensor(report, rules, "outlier-ratio", rules.max_outlier_ratio))
     if rules.max_kurtosis is not None:
-        results.append(_per_tensor(report, "kurtosis", rules.max_kurtosis))
+        results.append(_per_tensor(report, rules, "kurtosis", rules.max_kurtosis))
     if rules.max_sink is not None:
         results.append(_heads(report, "sink", rules.max_sink))
     if rules.min_entropy is not None:
@@ -301,19 +306,62 @@ def evaluate(report: Report, rules: Rules) -> list[CheckResult]:
     return results
 
 
-def _channel_tensors(report: Report) -> Iterator[tuple[LayerCall, TensorStats]]:
+# Modules whose outputs are tables of positions, not activations (issue 48): rotary cos/sin
+# (transformers' *RotaryEmbedding, its `rotary_emb`), learned and sinusoidal position
+# embeddings, T5's relative position bias. Their per-channel shape is the table's: a rule on
+# outliers or kurtosis would fail first on them.
+POSITION_TYPES = ("RotaryEmbedding", "PositionalEmbedding", "PositionEmbedding",
+                  "PositionEmbeddings", "RotaryEmbedding1D")  # fmt: skip
+POSITION_LEAVES = ("rotary_emb", "rotary_embedding", "rotary_pos_emb", "embed_positions",
+                   "wpe", "position_embeddings", "relative_attention_bias")  # fmt: skip
+
+
+def is_position_table(name: str, type_: str) -> bool:
+    """Whether a module is a position table (its class name or its attribute name says so)."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in POSITION_LEAVES or type_.endswith(POSITION_TYPES)
+
+
+def _channel_tensors(
+    report: Report, rules: Rules | None = None, left_out: list[str] | None = None
+) -> Iterator[tuple[LayerCall, TensorStats]]:
+    """Each selected call's tensors measured per channel; with `rules`, a position table's
+    calls left out (their names put in `left_out`) unless the user named the layer."""
+    named = set(rules.named) if rules is not None else set()
     for c in report.layers:
+        if rules is not None and c.name not in named and is_position_table(c.name, c.type):
+            if (
+                left_out is not None
+                and c.name not in left_out
+                and any(t.channels is not None for t in (*c.inputs, *c.outputs))
+            ):
+                left_out.append(c.name)
+            continue
         for t in (*c.inputs, *c.outputs):
             if t.channels is not None:
                 yield c, t
 
 
-def _massive(report: Report) -> CheckResult:
+def _tables_note(left_out: list[str]) -> str:
+    """The position tables a per-channel rule left out, for its message."""
+    if not left_out:
+        return ""
+    shown = ", ".join(left_out[:3]) + (
+        f" and {len(left_out) - 3} more" if len(left_out) > 3 else ""
+    )
+    return (
+        f"; position tables left out (not activations): {shown} — "
+        "name one with -l to hold it to the rule"
+    )
+
+
+def _massive(report: Report, rules: Rules) -> CheckResult:
     """--fail-on massive: every massive activation of a selected call's inputs and outputs,
     each naming its layer, call, channel and (tokens) position."""
     checked = 0
     bad: list[tuple[LayerCall, Failure]] = []
-    for c, t in _channel_tensors(report):
+    left_out: list[str] = []
+    for c, t in _channel_tensors(report, rules, left_out):
         checked += 1
         ch = t.channels
         assert ch is not None
@@ -328,19 +376,23 @@ def _massive(report: Report) -> CheckResult:
             failure = _failure((c.name, c.call, t.path), text, m.value, None)
             failure.channel, failure.position = m.channel, m.position
             bad.append((c, failure))
+    note = _tables_note(left_out)
     if not bad:
         return CheckResult(
-            "massive", True, f"no massive activation in {checked} tensors measured per channel"
+            "massive",
+            True,
+            f"no massive activation in {checked} tensors measured per channel{note}",
         )
-    return _failed("massive", f"{len(bad)} massive activations in {checked} tensors", bad)
+    return _failed("massive", f"{len(bad)} massive activations in {checked} tensors{note}", bad)
 
 
-def _per_tensor(report: Report, rule: str, limit: float) -> CheckResult:
+def _per_tensor(report: Report, rules: Rules, rule: str, limit: float) -> CheckResult:
     """--max-outlier-ratio / --max-kurtosis: each tensor measured per channel against the
     limit; an outlier-ratio failure names the worst channel."""
     checked = 0
     bad: list[tuple[LayerCall, Failure]] = []
-    for c, t in _channel_tensors(report):
+    left_out: list[str] = []
+    for c, t in _channel_tensors(report, rules, left_out):
         ch = t.channels
         assert ch is not None
         value = ch.outlier_ratio if rule == "outlier-ratio" else ch.kurtosis
@@ -358,9 +410,10 @@ def _per_tensor(report: Report, rule: str, limit: float) -> CheckResult:
                 failure = _failure(where, f"kurtosis {value:.4g}", value, limit)
             bad.append((c, failure))
     what = "outlier ratio" if rule == "outlier-ratio" else "kurtosis"
+    note = _tables_note(left_out)
     if not bad:
-        return CheckResult(rule, True, f"no {what} above {limit:g} ({checked} tensors)")
-    return _failed(rule, f"{len(bad)} of {checked} tensors with {what} above {limit:g}", bad)
+        return CheckResult(rule, True, f"no {what} above {limit:g} ({checked} tensors){note}")
+    return _failed(rule, f"{len(bad)} of {checked} tensors with {what} above {limit:g}{note}", bad)
 
 
 def _experts(report: Report, limit: float | None) -> CheckResult:
@@ -423,6 +476,7 @@ def _heads(report: Report, rule: str, limit: float) -> CheckResult:
     """--max-sink (a dormant head: its queries attend the first token and little else) and
     --min-entropy (a collapsed head: each query attends one key), head by head."""
     heads = report.heads or []
+    several = any(h.sequence for h in heads)  # a batch: each sequence's heads are rows
     bad = []
     checked = 0
     for h in heads:
@@ -432,7 +486,8 @@ def _heads(report: Report, rule: str, limit: float) -> CheckResult:
         checked += 1
         if (value > limit) if rule == "sink" else (value < limit):
             what = "sink" if rule == "sink" else "entropy"
-            text = f"head {h.head}: {what} {value:.4g}"
+            of = f" of sequence {h.sequence}" if several else ""
+            text = f"head {h.head}{of}: {what} {value:.4g}"
             f = Failure(f"{h.layer} call {h.call} {text}", h.layer, h.call, h.module, value, limit)
             f.channel = h.head  # a head is the channel of attention
             bad.append(f)

@@ -63,7 +63,9 @@ def run_command(
         else:
             report = inspection(inv, "grads" if inv.backward is not None else "inspect")
     report.command = command
-    report.checks = evaluate(report, rules)
+    # a position table the user named (-l NAME, no glob) is held to the per-channel rules
+    named = tuple(n for n in inv.selection.layers if not any(ch in n for ch in "*?["))
+    report.checks = evaluate(report, dataclasses.replace(rules, named=named))
     return report
 
 
