@@ -90,7 +90,7 @@ def test_rotary_tables_are_left_out_of_the_rules_unless_named(llama: Path) -> No
 
 
 def test_outlier_ratio_and_massive_leave_the_tables_out_too(llama: Path) -> None:
-    r, data = _check(llama, "--max-outlier-ratio", "1", "--fail-on", "massive")
+    _, data = _check(llama, "--max-outlier-ratio", "1", "--fail-on", "massive")
     for rule in data["checks"]:
         if rule["rule"] in ("outlier-ratio", "massive"):
             assert "model.rotary_emb" in rule["message"], rule
