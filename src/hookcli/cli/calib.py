@@ -3,6 +3,7 @@ text file, a folder or given inputs, written as safetensors for quantization too
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -89,6 +90,13 @@ def calib(
                     "model": report.model.spec,
                     "input": report.input.description,
                     "alpha": f"{report.alpha:g}",
+                    # the selected layers with no numbers, each with why (JSON)
+                    "skipped": json.dumps(
+                        [
+                            {"layer": k.name, "type": k.type, "reason": k.reason}
+                            for k in report.skipped
+                        ]
+                    ),
                 },
             )
             try:
@@ -98,4 +106,5 @@ def calib(
                 saver.discard()  # never a half-written file
                 raise
             saver.close()
-            err(f"wrote {dest.label} ({len(report.layers)} layers)")
+            gone = f"; {len(report.skipped)} not calibrated, listed" if report.skipped else ""
+            err(f"wrote {dest.label} ({len(report.layers)} layers{gone})")

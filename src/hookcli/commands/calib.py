@@ -1,8 +1,10 @@
 """`hookcli calib`: activation calibration for quantization, over a text file, a folder of
 images or given inputs, in passes of `batch_size` sequences (or images).
 
-For every selected layer (default: every Linear, Conv1d/2d/3d and transformers' Conv1D), per
-input channel over all tokens (padding never counted): max|x| — SmoothQuant's `act_scales`,
+For every selected layer (default: every Linear-like layer — nn.Linear and its subclasses,
+Conv1d/2d/3d, transformers' Conv1D — and each routed expert of a fused MoE block, per expert
+over the tokens routed to it: engine.fused_experts), per input channel over all tokens
+(padding never counted): max|x| — SmoothQuant's `act_scales`,
 as its `get_act_scales` computes them — and min and max, as torch.ao's
 `PerChannelMinMaxObserver(ch_axis=-1)` would record them for a Linear (the channel dimension,
 dim 1, of a convolution's NCHW input); a histogram of |x| in log-spaced bins (engine.channels)
@@ -12,7 +14,9 @@ s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (max|W_j| and s_j clamped at 1e-5, as 
 does), X_j / s_j and W_j · s_j.
 
 The numbers of each pass merge exactly (engine.aggregate.merge_channels); memory is O(channels)
-per layer however many sequences pass.
+per layer however many sequences pass. A selected layer that could not be read (it never ran,
+its input is not floating point, an expert no token was routed to) is listed in the report's
+`skipped` and the file's metadata, never dropped in silence.
 """
 
 from __future__ import annotations
@@ -28,15 +32,15 @@ from torch import nn
 from hookcli import bounds
 from hookcli.commands.inspect import input_info, model_info
 from hookcli.commands.measured import measured_pass, statistics
+from hookcli.engine import fused_experts
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
 from hookcli.engine.passes import prepare, with_tokenizer
 from hookcli.errors import UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
-from hookcli.records import CalibLayer, CalibReport, ChannelStats
+from hookcli.records import CalibLayer, CalibReport, CalibSkip, ChannelStats
 from hookcli.sources import load_model
 
-TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D")
 SMOOTH_MIN = 1e-5  # SmoothQuant clamps its weight scales and smoothing scales here
 
 
@@ -58,6 +62,17 @@ def _chunks(inputs: InputOptions, size: int) -> Iterator[InputOptions]:
             yield InputOptions(items=part, strict=inputs.strict)
         return
     yield inputs
+
+
+def linear_like(module: nn.Module) -> bool:
+    """A layer calib reads by default: nn.Linear or a subclass (Falcon's FalconLinear, …), a
+    Conv1d/2d/3d (not a transposed one: its weight is (in, out, …)), transformers' Conv1D."""
+    if isinstance(module, nn.Linear):
+        return True
+    conv = nn.modules.conv
+    if isinstance(module, conv._ConvNd) and not isinstance(module, conv._ConvTransposeNd):
+        return True
+    return any(c.__name__ == "Conv1D" for c in type(module).__mro__)
 
 
 def input_channels(convs: set[str]) -> Callable[[Any, tuple[int, ...]], int | None]:
@@ -97,15 +112,19 @@ def calib_report(
         model_args=model.model_args,
         head=model.head,
     )
+    experts = fused_experts.find_fused_experts(loaded.module)
     if not selection.layers and not selection.types:
-        present = {type(m).__name__ for m in loaded.module.modules()}
-        found = tuple(t for t in TYPES if t in present)
-        if not found:
+        found = tuple(sorted({type(m).__name__ for m in loaded.module.modules() if linear_like(m)}))
+        if not found and not experts:
             raise UsageError(
-                f"{loaded.spec} has no Linear or convolution to calibrate.",
+                f"{loaded.spec} has no Linear, convolution or MoE expert to calibrate.",
                 "select the layers to calibrate with -l or -t.",
             )
-        selection = Selection(types=found)
+        # by type name: every module of a Linear-like class (subclasses included)
+        selection = Selection(types=found) if found else Selection(layers=(experts[0][0],))
+        tapped = experts
+    else:
+        tapped = []  # the experts modules the selection names, read per expert
     # the tokenizer read once: each pass's prepare finds it there (tokenizer None below)
     loaded = with_tokenizer(loaded, model.tokenizer, needed=inputs.has_text)
     base = ModelOptions(
@@ -115,6 +134,8 @@ def calib_report(
     merged: dict[str, ChannelStats] = {}
     types: dict[str, str] = {}
     modules: dict[str, nn.Module] = {}
+    ran: set[str] = set()  # selected layers called at least once
+    unreadable: dict[str, str] = {}  # experts modules whose calls could not be read
     sequences = passes = 0
     first = None
     notes: list[str] = []
@@ -123,26 +144,42 @@ def calib_report(
         model_input = prepared.model_input
         assert model_input is not None
         modules.update({t.name: t.module for t in prepared.targets})
+        if not tapped and (selection.layers or selection.types):
+            chosen = {id(t.module) for t in prepared.targets}
+            tapped = [(n, m) for n, m in experts if id(m) in chosen]
         convs = {n for n, m in modules.items() if isinstance(m, nn.modules.conv._ConvNd)}
         collector = statistics(repays_kernels=True)
         collector.set_token_mask(model_input.token_mask)
         collector.channels = input_channels(convs)
         collector.channel_hist = True
-        with measured_pass(prepared, collector) as measured:
+        with (
+            fused_experts.tapping(tapped, model_input.token_mask) as tap,
+            measured_pass(prepared, collector) as measured,
+        ):
             pass
-        for call in measured.calls:
-            if not call.inputs or call.inputs[0].channels is None:
+        tapped_names = {n for n, _ in tapped}
+        found_calls = [
+            (call.name, call.type, call.inputs[0].channels if call.inputs else None)
+            for call in measured.calls
+            if call.name not in tapped_names  # read per expert instead
+        ]
+        for key, parts in tap.results().items():
+            owner = key.rsplit(".", 2)[0]
+            found_calls += [(key, tap.types.get(owner, "experts"), ch) for ch in parts]
+        for name, type_, ch in found_calls:
+            ran.add(name)
+            if ch is None:
                 continue
-            ch = call.inputs[0].channels
-            have = merged.get(call.name)
+            have = merged.get(name)
             if have is not None and len(have.count) != len(ch.count):
                 raise UsageError(
-                    f"{call.name}'s input has {len(ch.count)} channels in one call and "
+                    f"{name}'s input has {len(ch.count)} channels in one call and "
                     f"{len(have.count)} in another: not one layer to calibrate.",
                     "select layers whose input width is fixed (-l).",
                 )
-            merged[call.name] = merge_channels(have, ch, 0)
-            types[call.name] = call.type
+            merged[name] = merge_channels(have, ch, 0)
+            types[name] = type_
+        unreadable.update(tap.unreadable)
         shapes = model_input.shapes()
         sequences += shapes[0][0] if shapes and shapes[0] else 1
         passes += 1
@@ -157,13 +194,20 @@ def calib_report(
             "select layers that run (-l, -t; `hookcli layers MODEL` lists them).",
         )
     prepared, model_input = first
+    experts_of = dict(tapped)
+    order = {name: i for i, (name, _) in enumerate(loaded.module.named_modules())}
+    ordered = _in_order(list(merged), order)
     layers = [
-        _layer(name, types[name], ch, modules.get(name), alpha) for name, ch in merged.items()
+        _layer(name, types[name], merged[name], _weight_scales(name, modules, experts_of), alpha)
+        for name in ordered
     ]
+    skipped = _skipped(modules, tapped, ran, merged, unreadable)
+    rank = {name: i for i, name in enumerate(_in_order([k.name for k in skipped], order))}
+    skipped.sort(key=lambda k: rank[k.name])
     info = input_info(model_input)
     info.description = (
-        f"{sequences} {'sequences' if inputs.has_text else 'inputs'} in {passes} passes "
-        f"of up to {size}"
+        f"{sequences} {'sequences' if inputs.has_text else 'inputs'} in {passes} "
+        f"{'pass' if passes == 1 else 'passes'} of up to {size}"
     )
     return CalibReport(
         model=model_info(prepared.loaded, False, prepared.seed),
@@ -173,7 +217,86 @@ def calib_report(
         layers=layers,
         hist_bounds=hist_bounds().tolist(),
         notes=notes,
+        skipped=skipped,
     )
+
+
+def _in_order(names: list[str], order: dict[str, int]) -> list[str]:
+    """Layers in the order they first ran, each expert's projections (EXPERTS.E.PROJ, not
+    modules) placed where their experts module sits among them in the model's tree, by expert
+    and projection (up, then down)."""
+    modules = [n for n in names if n in order]
+    experts = [n for n in names if n not in order]
+
+    def key(name: str) -> tuple[int, int, int, int]:
+        owner, e, projection = name.rsplit(".", 2)
+        at = order.get(owner, len(order))
+        anchor = max((i for i, m in enumerate(modules) if order[m] < at), default=-1)
+        return anchor, at, int(e) if e.isdigit() else 0, int(projection == "down_proj")
+
+    out = [n for n in experts if key(n)[0] < 0]
+    placed = sorted((n for n in experts if key(n)[0] >= 0), key=key)
+    out.sort(key=key)
+    for i, name in enumerate(modules):
+        out.append(name)
+        out += [n for n in placed if key(n)[0] == i]
+    return out
+
+
+def _weight_scales(
+    name: str, modules: dict[str, nn.Module], experts: dict[str, nn.Module]
+) -> Callable[[int], torch.Tensor | None]:
+    """How to read a calibrated layer's max|W| per input channel, given its channel count."""
+    if name in modules:
+        module = modules[name]
+        return lambda channels: weight_scales(module, channels)
+    owner, e, projection = name.rsplit(".", 2)
+    experts_module = experts[owner]
+
+    def scales(channels: int) -> torch.Tensor | None:
+        w = fused_experts.weight_scales(experts_module, projection, int(e))
+        return w if w.numel() == channels else None
+
+    return scales
+
+
+def _skipped(
+    modules: dict[str, nn.Module],
+    tapped: list[tuple[str, nn.Module]],
+    ran: set[str],
+    merged: dict[str, ChannelStats],
+    unreadable: dict[str, str],
+) -> list[CalibSkip]:
+    """The selected layers calib has no numbers for, each with why."""
+    tapped_names = {n for n, _ in tapped}
+    out = []
+    for name, module in modules.items():
+        if name in merged or name in tapped_names:
+            continue
+        why = (
+            "it never ran on the calibration data"
+            if name not in ran
+            else "its input is not a floating-point tensor with a channel dimension"
+        )
+        out.append(CalibSkip(name, type(module).__name__, why))
+    for name, module in tapped:
+        type_ = type(module).__name__
+        if name in unreadable:
+            out.append(CalibSkip(name, type_, f"its experts could not be read: {unreadable[name]}"))
+            continue
+        n = int(getattr(module, "num_experts", 0) or 0)
+        for e in range(n):
+            for projection in fused_experts.projections(module):
+                key = fused_experts.expert_layer(name, e, projection)
+                if key in merged:
+                    continue
+                why = (
+                    "it never ran on the calibration data"
+                    if not any(k.startswith(f"{name}.") for k in merged)
+                    else f"no calibration token was routed to expert {e}"
+                )
+                out.append(CalibSkip(key, type_, why))
+    return out
 
 
 def _ratio(values: Sequence[float]) -> float | None:
@@ -206,10 +329,14 @@ def weight_scales(module: nn.Module | None, channels: int) -> torch.Tensor | Non
 
 
 def _layer(
-    name: str, type_: str, ch: ChannelStats, module: nn.Module | None, alpha: float
+    name: str,
+    type_: str,
+    ch: ChannelStats,
+    scales_of: Callable[[int], torch.Tensor | None],
+    alpha: float,
 ) -> CalibLayer:
     act = [a if a is not None else 0.0 for a in ch.absmax]
-    w = weight_scales(module, len(act))
+    w = scales_of(len(act))
     after = w_before = w_after = None
     if w is not None:
         x = torch.tensor(act, dtype=torch.float64)

@@ -757,6 +757,15 @@ class CalibLayer:
 
 
 @dataclass(slots=True)
+class CalibSkip:
+    """calib: a selected layer (or one expert's projection) with no numbers, and why."""
+
+    name: str
+    type: str
+    reason: str
+
+
+@dataclass(slots=True)
 class CalibReport:
     """`hookcli calib`: each selected layer's input channels; `hist_bounds` the inner bounds of
     every layer's |x| histogram (channels.abs_hist): bin 0 holds |x| below the first, bin k
@@ -770,6 +779,9 @@ class CalibReport:
     hist_bounds: list[float]
     notes: list[str] = field(default_factory=list)
     command: str = "calib"
+    # selected layers calib could not read (never ran, no float input, an expert no token
+    # was routed to): listed, never dropped in silence
+    skipped: list[CalibSkip] = field(default_factory=list)
 
 
 @dataclass(slots=True)

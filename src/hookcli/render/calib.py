@@ -49,9 +49,11 @@ def calib_sections(report: CalibReport) -> list[Section]:
         "the median channel's)",
     ]
     table = Table("layers", HEADERS, [Row(_cells(layer)) for layer in report.layers], DROP)
+    skipped = [f"not calibrated: {k.name} ({k.type}): {k.reason}" for k in report.skipped]
     sections = [
         lines_section("header", "run", header, "dim"),
         Section("layers", f"{len(report.layers)} layers", [table]),
+        lines_section("skipped", f"{len(skipped)} layers not calibrated", skipped, "bad"),
         lines_section("notes", "notes", [f"note: {n}" for n in report.notes], "note"),
     ]
     return [s for s in sections if s.parts]
