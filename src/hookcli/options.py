@@ -403,7 +403,7 @@ class DiffOptions:
     (compare.parse_side), whether passes run in processes of their own, the tolerance, and
     the batch size for a folder."""
 
-    a: str = "float32"
+    a: str = ""  # as loaded: the checkpoint's own dtype (a bf16 checkpoint runs in bf16)
     b: str | None = None
     ref: str | None = None
     isolate: bool = False

@@ -37,7 +37,13 @@ def diff(
     inputs: opt.InputsArg = None,
     a: Annotated[
         str,
-        typer.Option("--a", metavar="SIDE", help="Side A, the reference unless --ref is given."),
+        typer.Option(
+            "--a",
+            metavar="SIDE",
+            help="Side A, the reference unless --ref is given. Default: the model as loaded, "
+            "in its checkpoint's dtype (a bfloat16 checkpoint runs in bfloat16).",
+            show_default=False,
+        ),
     ] = DEFAULTS.diff.a,
     b: Annotated[
         str | None,

@@ -38,7 +38,7 @@ from hookcli.engine.passes import (
     deterministic_algorithms,
     prepare,
 )
-from hookcli.engine.selection import count_params
+from hookcli.engine.selection import count_params, dtype_of
 from hookcli.engine.stats import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -361,6 +361,7 @@ def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None
         params,
         "train" if train else "eval",
         seed,
+        dtype_of(loaded.module),
     )
 
 

@@ -63,6 +63,22 @@ def count_params(model: nn.Module) -> int:
     return sum(numel(p) for p in model.parameters())
 
 
+def dtype_of(model: nn.Module) -> str:
+    """The floating-point dtype the model's parameters and buffers hold (by elements), and
+    the others some of them keep (`bfloat16 (float32 in some tensors)`: a checkpoint's
+    keep-in-float32 modules); float32 for a model with none."""
+    counts: dict[str, int] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point() and not is_lazy(t):
+            name = str(t.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + t.numel()
+    if not counts:
+        return "float32"
+    main = max(counts, key=lambda k: counts[k])
+    others = sorted(k for k in counts if k != main)
+    return main + (f" ({', '.join(others)} in some tensors)" if others else "")
+
+
 def has_lazy(model: nn.Module) -> bool:
     """Whether parameters or buffers wait for a first forward to get their shapes."""
     return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))

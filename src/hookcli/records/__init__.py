@@ -398,6 +398,9 @@ class ModelInfo:
     params: int
     mode: str = "eval"
     seed: int | None = None  # --seed: random weights and random inputs come from it
+    # the floating-point dtype its parameters ran in (engine.selection.dtype_of; None in a
+    # report written before it was recorded)
+    dtype: str | None = None
 
 
 @dataclass(slots=True)
@@ -696,6 +699,9 @@ class DiffReport(_Viewed):
     notes: list[str] = field(default_factory=list)
     command: str = "diff"
     schema: int = SCHEMA_VERSION
+    # the dtype each side ran in, by its label (A, B, and ref with --ref): its parameters',
+    # under autocast where it asks (commands.diff.sides.ran_in); empty in a saved-report diff
+    ran: dict[str, str] = field(default_factory=dict)
     hookcli_version: str = ""
 
     @property

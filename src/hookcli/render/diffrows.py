@@ -191,11 +191,18 @@ def diff_header_lines(report: DiffReport) -> list[str]:
         f"weights: {m.weights}",
         f"input: {report.input.description}",
     ]
+    a, b = _side(report.a, report.ran.get("A")), _side(report.b, report.ran.get("B"))
     if report.ref is not None:
-        lines.append(f"A: {report.a}   B: {report.b}   both against --ref {report.ref}")
+        ref = _side(report.ref, report.ran.get("ref"))
+        lines.append(f"A: {a}   B: {b}   both against --ref {ref}")
     else:
-        lines.append(f"A (reference): {report.a}   B: {report.b}")
+        lines.append(f"A (reference): {a}   B: {b}")
     return lines
+
+
+def _side(described: str, ran: str | None) -> str:
+    """A side as given, and the dtype it ran in where that is not what it says."""
+    return described if ran is None or ran == described else f"{described} ({ran})"
 
 
 def diff_footer(report: DiffReport) -> list[str]:

@@ -287,8 +287,11 @@ def params_table(report: Report) -> Table:
 def header_lines(report: Report) -> list[str]:
     m = report.model
     mode = ", train mode" if m.mode == "train" else ""
+    # the dtype it ran in, where it is not torch's default (float32 goes without saying)
+    dtype = f", {m.dtype}" if m.dtype and m.dtype != "float32" else ""
     lines = [
-        f"{report.command}: {m.spec} ({m.task}, {count(m.params)} params{mode}) on {report.device}",
+        f"{report.command}: {m.spec} ({m.task}, {count(m.params)} params{dtype}{mode}) "
+        f"on {report.device}",
         f"weights: {m.weights}",
         f"input: {report.input.description} -> " + ", ".join(shape(s) for s in report.input.shapes),
     ]

@@ -33,7 +33,16 @@ from hookcli.commands.diff import lockstep
 from hookcli.commands.diff.align import align
 from hookcli.commands.diff.measure import SCORES, Compared, ErrorSums, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
-from hookcli.commands.diff.sides import Side, SideRun, parse_side, prepare_side, quantizable_twin
+from hookcli.commands.diff.sides import (
+    DType,
+    Side,
+    SideRun,
+    parse_side,
+    precisions_of,
+    prepare_side,
+    quantizable_twin,
+    ran_in,
+)
 from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.passes import build_input
 from hookcli.engine.selection import count_params
@@ -113,9 +122,7 @@ def diff_report(
     """
     reference = ref or a
     compared = [a, b] if ref is not None else [b]
-    if tol is None:
-        tol, tol_source = default_tol(p for s in (reference, *compared) for p in s.precisions)
-    else:
+    if tol is not None:
         tol, tol_source = bounds.tolerance(tol, "--tol", "--tol 1e-3"), "--tol"
     sort = check_sort(sort)
     if batch_size is not None:
@@ -154,6 +161,8 @@ def diff_report(
         for i, s in enumerate([reference, *compared])
     ]
     names = [f"{lab} ({run.side.describe()})" for lab, run in zip(labels, runs, strict=True)]
+    if tol is None:  # the coarsest precision the sides compute in, as they were loaded
+        tol, tol_source = default_tol(p for run in runs for p in precisions_of(run))
     results = [Compared() for _ in compared]
     owns = [Compared() if own_pass and lab not in blocked else None for lab in labels[1:]]
     # torchrun: global batch k on rank k mod N; a twin is calibrated on batch 0 on every rank,
@@ -511,8 +520,19 @@ def _report(
         if r.agreement is not None
     }
     params = count_params(loaded.module)  # lazy parameters as materialised by the passes
-    info = ModelInfo(loaded.name, loaded.spec, loaded.task, loaded.weights_label, params)
+    info = ModelInfo(
+        loaded.name, loaded.spec, loaded.task, loaded.weights_label, params, dtype=ran_in(runs[0])
+    )
     notes = [*isa.notes(), *notes]
+    ran = [ran_in(run) for run in runs]
+    if len(set(ran)) == 1 and all(
+        all(isinstance(p, DType) for p in run.side.parts) for run in runs
+    ):  # a dtype against itself: nothing differs between the sides but their runs
+        notes.append(
+            f"every side ran in {ran[0]} (the dtype the model was loaded in, or the one each "
+            "side asks for): this diff compares the dtype with itself; give --b another "
+            "dtype to measure one"
+        )
     if tol_source != "--tol":
         notes.append(f"tol {tol:g}: {tol_source}")
     description = input_info.description
@@ -532,6 +552,7 @@ def _report(
         a=runs[1].side.describe() if with_ref else runs[0].side.describe(),
         b=runs[-1].side.describe(),
         ref=runs[0].side.describe() if with_ref else None,
+        ran=dict(zip(["ref", "A", "B"] if with_ref else ["A", "B"], ran, strict=True)),
         isolate=isolate,
         tol=tol,
         tol_source=tol_source,

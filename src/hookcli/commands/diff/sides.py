@@ -447,6 +447,29 @@ class Side:
         return None
 
 
+def ran_in(run: SideRun) -> str:
+    """The dtype a prepared side runs in: its parameters' (engine.selection.dtype_of) — the
+    checkpoint's own for a side that sets none — under autocast where it asks; int8 for the
+    quantized twin."""
+    from hookcli.engine.selection import dtype_of
+
+    side = run.side
+    if side.quantized:
+        return "int8"
+    held = dtype_of(run.prepared.loaded.module)
+    auto = side.autocast
+    return held if auto is None else f"autocast {str(auto).removeprefix('torch.')} over {held}"
+
+
+def precisions_of(run: SideRun) -> list[str]:
+    """The precisions a side computes in, for its default tolerance: those its kinds set, else
+    the dtype it was loaded in (a bfloat16 checkpoint as loaded is bfloat16's)."""
+    own = [p.precision for p in run.side.parts if p.precision is not None]
+    if own:
+        return own
+    return [ran_in(run).split(" ")[0]]
+
+
 def parse_side(raw: str, option: str) -> Side:
     """A side from its spec (`float16,channels_last`), with the registered kinds."""
     parts: dict[object, SideKind] = {}
