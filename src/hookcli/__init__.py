@@ -297,8 +297,11 @@ def lens(
     """`hookcli lens`: the logit lens. Each block's output through the model's own final norm
     and unembedding (`blocks=` a glob, `norm=` a module name or "none", `unembed=` override
     what is found), the top-k tokens of every position of every block: `.lens` is a list of
-    LensCell(layer, sequence, position, top=[LensToken(index, token, prob)]). The last block's
-    lens is the model's own next-token distribution (`.last_vs_logits` is 0.0 then). Options:
+    LensCell(layer, sequence, position, top=[LensToken(index, token, prob)]), each position the
+    token's own in its text. What the model applies around its unembedding (a final soft cap,
+    T5's scale of tied embeddings) is applied to every block and named in `.applied`, so the
+    last block's lens is the model's own next-token distribution (`.last_vs_logits` is 0.0
+    then; a note says why where it is not). Options:
     text, text_file, chat, tokenizer, head, input_specs, weights, seed, device, model_args."""
     from hookcli.commands.lens import lens_report
     from hookcli.options import Invocation, LensOptions

@@ -5,6 +5,7 @@ attention for Hugging Face models; the model is left as found)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import torch
@@ -22,9 +23,9 @@ from hookcli.records import HeadStats
 
 
 def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
-    """Each attention call's heads over the whole input (a padded batch's padding left out),
-    in the order the calls ran, and notes (calls not over the input's sequences, such as
-    windowed attention, are left out and said)."""
+    """Each attention call's heads, each sequence's own (its padding left out, as if it ran
+    alone): in the order the calls ran, then by sequence, then by head; and notes (calls not
+    over the input's sequences, such as windowed attention, are left out and said)."""
     model_input = prepared.model_input
     assert model_input is not None
     sites = find_attention(prepared.loaded.module)
@@ -55,12 +56,13 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
         )
     if not measured:
         return [], notes
-    flat = torch.cat([c.heads.reshape(-1) for c in measured]).cpu().tolist()  # type: ignore[union-attr]
+    flat = torch.cat([c.heads.reshape(-1) for c in measured if c.heads is not None]).cpu().tolist()
     out: list[HeadStats] = []
     at = 0
     for c in measured:
-        heads = c.shape[1]
-        for h in range(heads):
+        assert c.heads is not None
+        sequences, heads = c.heads.shape[0], c.heads.shape[1]
+        for seq, h in itertools.product(range(sequences), range(heads)):
             sink, entropy, top, share, queries = flat[at : at + HEAD_COLUMNS]
             at += HEAD_COLUMNS
             out.append(
@@ -68,6 +70,7 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
                     layer=c.site.block,
                     module=c.site.name,
                     call=c.call,
+                    sequence=seq,
                     head=h,
                     sink=sink if queries else None,
                     entropy=entropy if queries else None,

@@ -284,21 +284,26 @@ def token_grid(model_input: ModelInput) -> tuple[int, int]:
 
 def label_tokens(layers: Sequence[LayerCall], model_input: ModelInput) -> None:
     """--per-token rows: padding positions left out, each row given the id and the token at
-    its position."""
+    its position, and its position counted in its own text (a left-padded sequence's first
+    real token is position 0, as when the text is run alone)."""
     ids = model_input.kwargs["input_ids"].tolist()
     mask = model_input.token_mask
     real = None if mask is None else mask.cpu().tolist()
+    own: dict[tuple[int, int], int] = {}  # (sequence, column) → position in its text
+    for b, row in enumerate(ids):
+        where = [p for p in range(len(row)) if real is None or real[b][p]]
+        own.update({(b, p): i for i, p in enumerate(where)})
     words: dict[tuple[int, int], str] = {}
     for b, text in enumerate(model_input.texts or []):
-        where = [p for p in range(len(ids[b])) if real is None or real[b][p]]
-        words.update({(b, p): tok for p, tok in zip(where, text.tokens, strict=False)})
+        words.update({(b, i): tok for i, tok in enumerate(text.tokens)})
     for call in layers:
         for t in call.outputs:
             if t.per_token is None:
                 continue
-            kept = [r for r in t.per_token if real is None or real[r.sequence][r.position]]
+            kept = [r for r in t.per_token if (r.sequence, r.position) in own]
             for r in kept:
                 r.id = int(ids[r.sequence][r.position])
+                r.position = own[(r.sequence, r.position)]
                 r.token = words.get((r.sequence, r.position))
             t.per_token = kept
 

@@ -1,8 +1,12 @@
 """`hookcli lens`: the logit lens. Each block's output goes through the model's own final norm
 and unembedding (the very modules the model runs, found in its tree; --norm, --unembed
 override), and the top-k tokens of every position of every block are reported. The last
-block's lens is the model's own next-token distribution; where the model changes its logits
-after the unembedding (a soft cap, a scale), the report says by how much they differ.
+block's lens is the model's own next-token distribution: what the model applies around its
+unembedding — a scale of what it reads (T5's d_model**-0.5 of tied embeddings), a bias, a
+soft cap (Gemma's final_logit_softcapping) or a scale of the logits — is found from the model
+(read off the unembedding's own input and output in the pass, named from its config) and applied
+to every block alike, and said; what cannot be told is said, with by how much the last block's
+lens differs from the logits.
 
 The lens is read inside the blocks' forward hooks, under no_grad, as each block returns:
 only the top-k of each position is kept, never a (tokens x vocab) tensor per block.
@@ -11,7 +15,10 @@ only the top-k of each position is kept, never a (tokens x vocab) tensor per blo
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -178,15 +185,25 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
         def hook(_m: nn.Module, _args: Any, output: Any) -> None:
             order.append(name)
             h = _first_tensor(output)
-            if name in candidates or name == UNEMBED or h is None or name in kept:
+            if name in candidates or h is None or name in kept:
                 return
             if h.dim() == 3 and (width is None or h.shape[-1] == width):
                 kept[name] = h.detach()  # (batch, tokens, hidden): what the unembedding reads
 
         return hook
 
-    watched = [*blocks, *candidates.items(), (UNEMBED, unembed)]
+    head_io: list[torch.Tensor | None] = []  # the unembedding's first call: input, output
+
+    def at_head(_m: nn.Module, args: Any, output: Any) -> None:
+        order.append(UNEMBED)
+        if not head_io:
+            x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            y = _first_tensor(output)
+            head_io.extend([None if x is None else x.detach(), None if y is None else y.detach()])
+
+    watched = [*blocks, *candidates.items()]
     handles = [m.register_forward_hook(keep(n)) for n, m in watched]
+    handles.append(unembed.register_forward_hook(at_head))
     session = HookSession([], statistics())
     try:
         with hooked_pass(prepared, session) as result:
@@ -205,7 +222,17 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     else:
         norm_name = final_norm(order, names, candidates)
         norm = candidates.get(norm_name) if norm_name else None
-    tops, last = _read(kept, names, norm, unembed, options.topk)
+    logits = logits.detach() if isinstance(logits, torch.Tensor) else None
+    x, z = head_io if head_io else (None, None)
+    last_h = kept.get(names[-1])
+    with torch.no_grad():
+        normed = None if last_h is None else (norm(last_h) if norm is not None else last_h)
+    around = around_unembedding(
+        module, normed=normed, x=x, z=z, logits=logits, unembed=unembed_name
+    )
+    tops, last = _read(
+        kept, names=names, norm=norm, unembed=unembed, topk=options.topk, around=around
+    )
     notes = list(prepared.notes)
     if norm is None:
         notes.append(
@@ -213,15 +240,23 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
             "as it is (--norm names one)"
         )
     diff = None
-    if last is not None and isinstance(logits, torch.Tensor) and logits.shape == last.shape:
-        diff = float((last.double() - logits.detach().double()).abs().max())
-        scale = float(logits.detach().double().abs().max())
+    if last is not None and logits is not None and logits.shape == last.shape:
+        diff = float((last.double() - logits.double()).abs().max())
+        scale = float(logits.double().abs().max())
         if diff > 1e-5 * max(scale, 1.0):
+            why = around.unknown or [
+                f"--norm/--unembed/--blocks read other modules than the model's path from its "
+                f"last block to its logits ({norm_name or 'no norm'}, {unembed_name})"
+            ]
             notes.append(
-                f"the last block's lens differs from the model's logits by up to {diff:.3g}: the "
-                "model changes its logits after the unembedding (a scale or a soft cap), or "
-                "--norm/--unembed name other modules"
+                f"the last block's lens differs from the model's logits by up to {diff:.3g}: "
+                + "; ".join(why)
             )
+    elif logits is None or last is None:
+        notes.append(
+            "the last block's lens could not be checked against the model's logits (the "
+            "output holds no logits of its shape)"
+        )
     ids = model_input.kwargs.get(loaded.kind.ids_key)
     return LensReport(
         model=model_info(loaded, seed=prepared.seed),
@@ -230,6 +265,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
         blocks=[n for n in names if n in tops],
         norm=norm_name or None,
         unembed=unembed_name,
+        applied=around.said,
         lens=_cells(tops, names, loaded.categories, mask),
         tokens=_position_tokens(ids, mask, loaded.categories),
         last_vs_logits=diff,
@@ -265,15 +301,235 @@ def final_norm(order: Sequence[str], blocks: Sequence[str], candidates: Any) -> 
     return between[-1] if between else ""
 
 
+# ---------------------------------------------------------------- around the unembedding
+
+Apply = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Around:
+    """What the model applies around its unembedding, as found: `pre` scales what the
+    unembedding reads (T5's d_model**-0.5), `post` maps its output to the logits in order (a
+    bias, a soft cap, a scale); `said` names each in words, `unknown` what could not be told."""
+
+    pre: Apply | None = None
+    post: list[Apply] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    def before(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.pre is None else self.pre(h)
+
+    def after(self, z: torch.Tensor) -> torch.Tensor:
+        for f in self.post:
+            z = f(z)
+        return z
+
+
+def around_unembedding(
+    model: nn.Module,
+    *,
+    normed: torch.Tensor | None,
+    x: torch.Tensor | None,
+    z: torch.Tensor | None,
+    logits: torch.Tensor | None,
+    unembed: str = "the unembedding",
+) -> Around:
+    """What the model does between its final norm's output (`normed`, of the last block) and
+    its `logits`, read off the unembedding's own input `x` and output `z` in the same pass:
+    a scale of what it reads, and of its output the bias (BART's final_logits_bias) and soft
+    cap (config.final_logit_softcapping) the model declares, and a scale; each named from the
+    model's config where a number of it is the one found, and kept only where it reproduces
+    the model's own tensor."""
+    configs = _configs(model)
+    out = Around()
+    with torch.no_grad():
+        if normed is not None and x is not None and not _close(normed, x):
+            found = _scale(normed, x, configs) if normed.shape == x.shape else None
+            if found is None:
+                out.unknown.append(
+                    f"{unembed} reads neither the final norm's output of the last block nor "
+                    "a scale of it"
+                )
+            else:
+                out.pre = found[0]
+                out.said.append(f"{found[1]} before {unembed}")
+        declared = _declared(model, configs, z)
+        if z is None or logits is None or z.shape != logits.shape:
+            for f, words in declared:
+                out.post.append(f)
+                out.said.append(f"{words} after {unembed}")
+            if not declared and logits is not None:
+                out.unknown.append(f"the model's logits are not {unembed}'s output as it is")
+            return out
+        chosen = _reproducing(declared, z, logits, configs)
+        if chosen is None:
+            chosen = declared
+            out.unknown.append(
+                f"the model's logits are neither {unembed}'s output nor a bias, soft cap or "
+                "scale of it: hookcli cannot tell what the model applies after it"
+            )
+        for f, words in chosen:
+            out.post.append(f)
+            out.said.append(f"{words} after {unembed}")
+    return out
+
+
+def _reproducing(
+    declared: list[tuple[Apply, str]],
+    z: torch.Tensor,
+    logits: torch.Tensor,
+    configs: Sequence[Any],
+) -> list[tuple[Apply, str]] | None:
+    """The maps from the unembedding's output to the logits that reproduce them: what the
+    model declares (then nothing, should it not apply them), each followed by a scale where
+    one is needed; None when none does."""
+    for chosen in [declared, []] if declared else [[]]:
+        y = z
+        for f, _ in chosen:
+            y = f(y)
+        if _close(y, logits):
+            return chosen
+        scaled = _scale(y, logits, configs)
+        if scaled is not None:
+            return [*chosen, scaled]
+    return None
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """The model's config and, for a multimodal model, its text model's."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return []
+    found = [config]
+    get = getattr(config, "get_text_config", None)
+    try:
+        text = get() if callable(get) else None
+    except Exception:  # a config whose text config needs more than it has
+        text = None
+    if text is not None and text is not config:
+        found.append(text)
+    return found
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def _declared(
+    model: nn.Module, configs: Sequence[Any], z: torch.Tensor | None
+) -> list[tuple[Apply, str]]:
+    """What the model declares it applies to its unembedding's output: a final logits bias
+    (BART, Marian, Pegasus: a buffer of the model; applied when not all zero) and a soft cap
+    (Gemma 2 and 3: config.final_logit_softcapping), in the order the model applies them."""
+    found: list[tuple[Apply, str]] = []
+    bias = getattr(model, "final_logits_bias", None)
+    if (
+        isinstance(bias, torch.Tensor)
+        and bias.dim() >= 1
+        and (z is None or bias.shape[-1] == z.shape[-1])
+        and bool(bias.detach().abs().max() > 0)
+    ):
+        b = bias.detach()
+        found.append((lambda t: t + b.to(t.device), "+ final_logits_bias"))
+    for config in configs:
+        cap = _number(getattr(config, "final_logit_softcapping", None))
+        if cap is not None:
+            c = config.final_logit_softcapping
+            words = f"soft cap {c:g}*tanh(x/{c:g}) (config.final_logit_softcapping)"
+            found.append((_capped(c), words))
+            break
+    return found
+
+
+_SCALE_NAME = re.compile(r"logit|scal|multiplier")
+
+
+def _scale(a: torch.Tensor, b: torch.Tensor, configs: Sequence[Any]) -> tuple[Apply, str] | None:
+    """A scalar s with b = s * a, where there is one: named after the config number it is
+    (x config.logit_scale, / config.logits_scaling, x config.d_model**-0.5) and applied as
+    the model does, else the measured s; None when no scalar reproduces b."""
+    a64, b64 = a.double(), b.to(a.device).double()
+    aa = float((a64 * a64).sum())
+    if not aa > 0:
+        return None
+    s = float((a64 * b64).sum()) / aa
+    if not math.isfinite(s) or s == 0:
+        return None
+    for words, apply in _named_scales(configs, s):
+        if _close(apply(a), b):
+            return apply, words
+    if _close(a * s, b):
+        return _times(s), f"× {s:.6g} (measured: no config number of the model is it)"
+    return None
+
+
+def _named_scales(configs: Sequence[Any], s: float) -> list[tuple[str, Apply]]:
+    """The config numbers that equal the scale s found, as the model would apply them."""
+    out: list[tuple[str, Apply]] = []
+    for config in configs:
+        items = sorted(vars(config).items(), key=lambda kv: "logit" not in kv[0])
+        for name, raw in items:
+            v = _number(raw)
+            if v is None:
+                continue
+            if _SCALE_NAME.search(name):
+                if math.isclose(v, s, rel_tol=1e-3):
+                    out.append((f"× config.{name} ({v:g})", _times(raw)))
+                if math.isclose(1 / v, s, rel_tol=1e-3):
+                    out.append((f"÷ config.{name} ({v:g})", _divided(raw)))
+            if name in ("d_model", "hidden_size") and math.isclose(v**-0.5, s, rel_tol=1e-3):
+                flag = (
+                    "config.scale_decoder_outputs"
+                    if hasattr(config, "scale_decoder_outputs")
+                    else "config.tie_word_embeddings"
+                )
+                out.append(
+                    (
+                        f"× {name}**-0.5 ({v**-0.5:.4g}: T5's scale of its tied embeddings, "
+                        f"{flag})",
+                        _times(raw**-0.5),
+                    )
+                )
+    return out
+
+
+def _times(r: Any) -> Apply:
+    return lambda t: t * r
+
+
+def _divided(r: Any) -> Apply:
+    return lambda t: t / r
+
+
+def _capped(c: Any) -> Apply:
+    return lambda t: torch.tanh(t / c) * c  # as the model: / cap, tanh, * cap
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a reproduces b: equal up to the rounding of b's precision."""
+    if a.shape != b.shape:
+        return False
+    a64, b64 = a.double(), b.to(a.device).double()
+    scale = float(b64.abs().max()) if b64.numel() else 0.0
+    eps = torch.finfo(b.dtype).eps if b.is_floating_point() else 0.0
+    tol = max(1e-5, 4 * eps) * max(scale, 1e-30)
+    return bool((a64 - b64).abs().max() <= tol) if b64.numel() else True
+
+
 def _read(
     kept: dict[str, torch.Tensor],
+    *,
     names: Sequence[str],
     norm: Any,
     unembed: nn.Module,
     topk: int,
+    around: Around,
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
-    """Each kept block output through norm and unembedding: its top-k probabilities and ids;
-    and the last block's logits."""
+    """Each kept block output through norm and unembedding, and what the model applies
+    around the unembedding: its top-k probabilities and ids; and the last block's logits."""
     tops: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     last = None
     with torch.no_grad():
@@ -281,7 +537,7 @@ def _read(
             h = kept.get(name)
             if h is None:
                 continue
-            logits = unembed(norm(h) if norm is not None else h)
+            logits = around.after(unembed(around.before(norm(h) if norm is not None else h)))
             if name == names[-1]:
                 last = logits
             probs = torch.softmax(logits.double(), dim=-1)
@@ -297,8 +553,12 @@ def _position_tokens(
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return None
     real = None if mask is None else mask.cpu().tolist()
-    out = []
+    out: list[list[str | None]] = []
+    sequence = getattr(labels, "sequence", None)  # TokenLabels: a split character shown once
     for b, row in enumerate(ids.cpu().tolist()):
+        if callable(sequence):
+            out.append(list(sequence([i for p, i in enumerate(row) if real is None or real[b][p]])))
+            continue
         out.append(
             [
                 labels[i] if labels is not None and 0 <= i < len(labels) else None
@@ -315,6 +575,8 @@ def _cells(
     labels: Sequence[str] | None,
     mask: torch.Tensor | None,
 ) -> list[LensCell]:
+    """Each block's top tokens at each real position, the position counted in its own text (a
+    left-padded sequence's first real token is position 0)."""
     real = None if mask is None else mask.cpu().tolist()
     cells = []
     for name in names:
@@ -322,6 +584,7 @@ def _cells(
             continue
         values, indices = (t.cpu().tolist() for t in tops[name])
         for b, (vrow, irow) in enumerate(zip(values, indices, strict=True)):
+            own = 0  # the position in the sequence's own text
             for p, (v, i) in enumerate(zip(vrow, irow, strict=True)):
                 if real is not None and not real[b][p]:
                     continue
@@ -329,5 +592,6 @@ def _cells(
                     LensToken(j, labels[j] if labels is not None and j < len(labels) else None, pv)
                     for pv, j in zip(v, i, strict=True)
                 ]
-                cells.append(LensCell(name, b, p, top))
+                cells.append(LensCell(name, b, own, top))
+                own += 1
     return cells

@@ -278,9 +278,20 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def merge_heads(parts: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """--heads of several runs (ranks' reports) as one: sink, entropy and the top key's share
-    are means over queries, so they merge weighted by each part's queries; the top key is
-    kept where every part agrees on it (then it is the merged argmax too), else null."""
+    """--heads of several runs (ranks' reports) as one: each sequence keeps its own numbers,
+    numbered after the previous parts' sequences (as one run over all the data numbers them),
+    each call's rows together. Reports from before heads were per sequence (no `sequence`)
+    merge per head as then: sink, entropy and the top key's share are means over queries,
+    weighted by each part's queries; the top key kept where every part agrees on it."""
+    if all(h.get("sequence") is not None for part in parts for h in part):
+        calls: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        offset = 0
+        for part in parts:
+            for h in part:
+                key = (h["layer"], h["module"], h["call"])
+                calls.setdefault(key, []).append(dict(h, sequence=h["sequence"] + offset))
+            offset += 1 + max((h["sequence"] for h in part), default=-1)
+        return [h for rows in calls.values() for h in rows]
     merged: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for part in parts:
         for h in part:

@@ -14,6 +14,7 @@ import torch
 
 from hookcli.errors import UsageError, one_line
 from hookcli.records import TextInfo
+from hookcli.sources.tokentext import Pieces
 
 if TYPE_CHECKING:
     from hookcli.inputs import ModelInput
@@ -113,15 +114,16 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
     mask = enc.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask.long()
     _check_ids(loaded, ids, mask)
+    pieces = Pieces(tokenizer)  # each token readable: hookcli.sources.tokentext
     infos = [
-        TextInfo(text, real, [_decode(tokenizer, i) for i in real])
+        TextInfo(text, real, pieces.sequence(real))
         for text, row, keep in zip(shown, ids.tolist(), mask.tolist(), strict=True)
         for real in [[i for i, m in zip(row, keep, strict=True) if m]]
     ]
     _, kwargs, note = loaded.kind.spec_inputs([], {"input_ids": ids, "attention_mask": mask})
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
-    lengths = sorted({len(t.ids) for t in infos})
+    lengths = [len(t.ids) for t in infos]  # each sequence's, in order
     size = "x".join(map(str, ids.shape))
     description = (
         f"{len(texts)} text{'s' if len(texts) != 1 else ''} ({size} tokens"
@@ -149,12 +151,6 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
 def _short(text: str) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…"
-
-
-def _decode(tokenizer: Any, i: int) -> str:
-    from hookcli.sources.lm import decode_one
-
-    return decode_one(tokenizer, i)
 
 
 def _chat(tokenizer: Any, text: str) -> str:

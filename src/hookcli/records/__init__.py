@@ -406,7 +406,7 @@ class ModelInfo:
 @dataclass(slots=True)
 class TextInfo:
     """One sequence of a text input: the text as given, and its real tokens (padding left out)
-    as ids and as strings (each id decoded alone, so " cat" keeps its space)."""
+    as ids and as readable labels (hookcli.sources.tokentext: " cat" keeps its space)."""
 
     text: str
     ids: list[int]
@@ -806,6 +806,9 @@ class LensReport:
     tokens: list[list[str | None]] | None = None
     # the last block's lens against the model's own logits: the largest |difference|
     last_vs_logits: float | None = None
+    # what the lens applies around the unembedding as the model does, in words (T5's scale
+    # of what it reads, a final soft cap of the logits, …); empty: nothing
+    applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     command: str = "lens"
     schema: int = 1

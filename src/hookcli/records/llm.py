@@ -103,14 +103,18 @@ class Outliers:
 
 @dataclass(slots=True)
 class HeadStats:
-    """--heads: one head of one attention call (engine.heads): the mean probability its
-    queries put on the first token (`sink`), their mean entropy in nats, the key position
-    (from the first real token) they attend most and that mean probability; `queries` counted
-    (the real queries after the first, over the batch)."""
+    """--heads: one head of one attention call over one sequence of the batch (engine.heads),
+    its own numbers as if it ran alone: the mean probability its queries put on the first
+    token (`sink`), their mean entropy in nats, the key position (from the first real token)
+    they attend most and that mean probability; `queries` counted (the sequence's real
+    queries after its first)."""
 
     layer: str  # the block, as attn -l names it
     module: str  # the attention module
     call: int
+    # the sequence of the batch (its image, for a vision model); None in a report saved
+    # before heads were per sequence, whose numbers pool the batch's sequences
+    sequence: int | None = field(default=None, kw_only=True)
     head: int
     sink: float | None
     entropy: float | None

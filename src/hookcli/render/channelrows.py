@@ -105,7 +105,8 @@ def outliers_section(report: Report) -> Section:
 
 
 def heads_section(report: Report) -> Section:
-    """--heads: one row per head of every attention call, in the order the calls ran."""
+    """--heads: one row per head of every attention call and sequence (each sequence's own
+    numbers), in the order the calls ran."""
     s = Section("heads", "attention heads")
     heads = report.heads
     if heads is None:
@@ -118,6 +119,7 @@ def heads_section(report: Report) -> Section:
             [
                 h.layer,
                 str(h.call),
+                "all" if h.sequence is None else str(h.sequence),
                 str(h.head),
                 num(h.sink),
                 num(h.entropy),
@@ -127,7 +129,7 @@ def heads_section(report: Report) -> Section:
         )
         for h in heads
     ]
-    headers = ["block", "call", "head", "sink", "entropy (nats)", "top key", "its share"]
+    headers = ["block", "call", "seq", "head", "sink", "entropy (nats)", "top key", "its share"]
     s.parts.append(Table("attention heads", headers, rows, ("call", "its share")))
     return s
 

@@ -37,6 +37,8 @@ def lens_header(report: LensReport) -> list[str]:
         f"read: {len(blocks)} blocks ({shown}) through {report.norm or 'no norm'} and "
         f"{report.unembed}"
     )
+    if report.applied:
+        lines.append("as the model does: " + "; ".join(report.applied))
     if report.last_vs_logits is not None:
         same = "equal" if report.last_vs_logits == 0 else f"max |diff| {report.last_vs_logits:.3g}"
         lines.append(f"last block's lens vs the model's logits: {same}")

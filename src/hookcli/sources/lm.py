@@ -21,6 +21,7 @@ from hookcli.errors import UsageError, one_line
 from hookcli.records import Generated, Prediction
 from hookcli.sources.hfbase import HFText, logits_of
 from hookcli.sources.tasks import Forward, Row, Task
+from hookcli.sources.tokentext import Pieces
 
 if TYPE_CHECKING:
     from hookcli.sources.model import LoadedModel
@@ -61,6 +62,8 @@ class CausalLM(HFText):
         super().__init__(vocab_size)
         self.bos = bos
         self.positions: list[int] | None = None  # per sequence: where the next token is read
+        # per sequence: that token's position in its own text (past any left padding)
+        self.own: list[int] | None = None
         self.asked: int | None = None  # --position: the real token read (None: the last)
 
     def at_position(self, position: int | None) -> CausalLM:
@@ -77,14 +80,15 @@ class CausalLM(HFText):
         twin = copy.copy(self)
         mask = model_input.kwargs.get("attention_mask") if self.ids_key == "input_ids" else None
         mask = mask if isinstance(mask, torch.Tensor) else None
-        if self.asked is None:
-            twin.positions = last_real(mask, ids)
-            return twin
         real = (
             [list(range(ids.shape[-1]))] * ids.shape[0]
             if mask is None
             else [[p for p, m in enumerate(row) if m] for row in mask.cpu().tolist()]
         )
+        if self.asked is None:
+            twin.positions = last_real(mask, ids)
+            twin.own = [len(r) - 1 for r in real]
+            return twin
         shortest = min(len(r) for r in real)
         if not -shortest <= self.asked < shortest:
             raise UsageError(
@@ -92,6 +96,7 @@ class CausalLM(HFText):
                 f"give a position from {-shortest} to {shortest - 1} (-1: the last token).",
             )
         twin.positions = [r[self.asked] for r in real]
+        twin.own = [self.asked % len(r) for r in real]
         return twin
 
     def _next(self, output: Any) -> torch.Tensor | None:
@@ -125,7 +130,8 @@ class CausalLM(HFText):
         return preds, f"top-{shown} next tokens {self._where()}, by softmax probability"
 
     def _where(self) -> str:
-        positions = self.positions
+        """Where the next tokens are read, each a position in its own text."""
+        positions = self.own if self.own is not None else self.positions
         if self.asked is not None and positions:
             return f"after real token {self.asked} (position {', '.join(map(str, positions))})"
         if positions and len(set(positions)) == 1:
@@ -217,13 +223,15 @@ def _first_int(value: Any) -> int | None:
 
 
 class TokenLabels(Sequence[str]):
-    """A tokenizer's tokens as class labels: label i is token i decoded alone (" cat"), for
-    the first `size` ids (the model's vocabulary, which may be larger than the tokenizer's:
-    an id the tokenizer lacks is labelled `<id N>`)."""
+    """A tokenizer's tokens as class labels: label i is token i spelled alone, readable
+    (hookcli.sources.tokentext: ' cat', '▁cat', 'é', '<0xF0>'), for the first `size` ids (the
+    model's vocabulary, which may be larger than the tokenizer's: an id the tokenizer lacks
+    is labelled `<id N>`)."""
 
     def __init__(self, tokenizer: Any, size: int) -> None:
         self.tokenizer = tokenizer
         self.size = size
+        self.pieces = Pieces(tokenizer)
         self._all: list[str] | None = None
         try:
             self.known = len(tokenizer)
@@ -233,13 +241,13 @@ class TokenLabels(Sequence[str]):
     def label(self, i: int) -> str:
         if i >= self.known:
             return f"<id {i}>"
-        text = decode_one(self.tokenizer, i)
-        return text if text or i < self.known else f"<id {i}>"
+        text = self.pieces.alone([i])[0]
+        return text or f"<id {i}>"
 
     def find_token(self, text: str) -> int | None:
         """The id of `text` as one token: the one id the tokenizer encodes it to; else the one
         sentencepiece word token spelled as it (▁ read as a space: " cat" is ▁cat); else the
-        one id that decodes to it alone. None when no single token is it, or several are."""
+        one id whose label is it. None when no single token is it, or several are."""
         try:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         except Exception:
@@ -266,7 +274,21 @@ class TokenLabels(Sequence[str]):
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         except Exception:
             return []
-        return [self.label(int(i)) for i in ids]
+        return self.sequence([int(i) for i in ids])
+
+    def sequence(self, ids: Sequence[int]) -> list[str]:
+        """The labels of one sequence's tokens, in order: as each alone, except that a
+        character split over several tokens is shown once (hookcli.sources.tokentext)."""
+        out: list[str] = []
+        run: list[int] = []  # ids the tokenizer has, spelled together
+        for i in ids:
+            if 0 <= i < self.known:
+                run.append(i)
+                continue
+            out += [*self.pieces.sequence(run), f"<id {i}>"]
+            run = []
+        out += self.pieces.sequence(run)
+        return [t or f"<id {i}>" for i, t in zip(ids, out, strict=True)]
 
     def __len__(self) -> int:
         return self.size
@@ -286,16 +308,11 @@ class TokenLabels(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         if self._all is None:
-            self._all = [self.label(i) for i in range(self.size)]
+            known = min(self.known, self.size)
+            spelled = self.pieces.alone(range(known))  # the whole vocabulary in one call
+            self._all = [t or f"<id {i}>" for i, t in enumerate(spelled)]
+            self._all += [f"<id {i}>" for i in range(known, self.size)]
         return iter(self._all)
-
-
-def decode_one(tokenizer: Any, i: int) -> str:
-    """One id as its text ("" for an id the tokenizer does not have)."""
-    try:
-        return str(tokenizer.decode([i], skip_special_tokens=False))
-    except Exception:  # an id past the tokenizer's vocabulary
-        return ""
 
 
 # files a folder holds when it has a tokenizer
@@ -419,11 +436,12 @@ def generated_of(
     new = sequences[:, start:].cpu().tolist()
     tokenizer = loaded.tokenizer
     out = []
+    pieces = None if tokenizer is None else Pieces(tokenizer)
     for i, ids in enumerate(new):
         text = tokens = None
-        if tokenizer is not None:
-            text = str(tokenizer.decode(ids, skip_special_tokens=False))
-            tokens = [decode_one(tokenizer, t) for t in ids]
+        if pieces is not None:
+            text = pieces.text(ids)  # the ids decoded together, never piece by piece
+            tokens = pieces.sequence(ids)
         out.append(Generated(i, ids, text, tokens))
     steps = max((len(ids) for ids in new), default=0)
     said = (
