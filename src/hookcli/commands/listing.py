@@ -3,6 +3,7 @@ what a saved safetensors file holds (`hookcli show`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 from collections.abc import Mapping
@@ -50,7 +51,7 @@ def layers_report(
     if shapes:
         assert prepared.model_input is not None
         try:
-            with hooked_pass(prepared, session):
+            with _meta_kernels(model.meta), hooked_pass(prepared, session):
                 pass
         except ModelError as exc:
             if model.meta and "meta" in str(exc):
@@ -86,7 +87,8 @@ def layers_report(
     if model.meta:
         from hookcli.engine.flops import count_flops
 
-        count = count_flops(prepared)
+        with _meta_kernels(True):
+            count = count_flops(prepared)
         if count.note:
             prepared.notes.append(count.note)
         flops = count.forward
@@ -113,6 +115,16 @@ def layers_report(
         info = input_info(prepared.model_input)
     notes = list(dict.fromkeys(prepared.loaded.notes + prepared.notes))
     return LayersReport(model_info(prepared.loaded), rows, info, flops, notes)
+
+
+def _meta_kernels(meta: bool) -> contextlib.AbstractContextManager[None]:
+    """On the meta device, a mixture-of-experts model's fused experts run in every dtype
+    (engine/flops.py's grouped_mm_on_meta); elsewhere nothing changes."""
+    if not meta:
+        return contextlib.nullcontext()
+    from hookcli.engine.flops import grouped_mm_on_meta
+
+    return grouped_mm_on_meta()
 
 
 def _metric(meta: Mapping[str, Any]) -> str | None:

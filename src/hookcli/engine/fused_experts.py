@@ -39,9 +39,7 @@ def find_fused_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
     `up_proj` (transformers' MixtralExperts, Qwen2MoeExperts, Qwen3MoeExperts, …)."""
     found = []
     for name, m in model.named_modules():
-        if _param3(m, "down_proj") is not None and any(
-            _param3(m, n) is not None for n in UP_NAMES
-        ):
+        if _param3(m, "down_proj") is not None and any(_param3(m, n) is not None for n in UP_NAMES):
             found.append((name, m))
     return found
 
