@@ -43,35 +43,69 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.reverse()
 
 
+class _ProcessState:
+    """What a test can leave behind in the process: the recursion limit (torch.compile's
+    inductor raises it), the default dtype, grad mode, deterministic algorithms, threads,
+    matmul precision, the random states (torch's CPU generator, numpy's, Python's), the
+    working folder and the environment."""
+
+    def __init__(self) -> None:
+        import random
+
+        import numpy as np
+
+        self.limit = sys.getrecursionlimit()
+        self.dtype = torch.get_default_dtype()
+        self.grad = torch.is_grad_enabled()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.threads = torch.get_num_threads()
+        self.matmul = torch.get_float32_matmul_precision()
+        self.rng = torch.random.get_rng_state()
+        self.np_rng = np.random.get_state()
+        self.py_rng = random.getstate()
+        self.cwd = os.getcwd()
+        self.environ = dict(os.environ)
+
+    def restore(self) -> None:
+        import random
+
+        import numpy as np
+
+        sys.setrecursionlimit(self.limit)
+        torch.set_default_dtype(self.dtype)
+        torch.set_grad_enabled(self.grad)
+        torch.use_deterministic_algorithms(self.deterministic)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        torch.set_float32_matmul_precision(self.matmul)
+        torch.random.set_rng_state(self.rng)
+        np.random.set_state(self.np_rng)
+        random.setstate(self.py_rng)
+        os.chdir(self.cwd)
+        # pytest's own variables (PYTEST_CURRENT_TEST) are pytest's to set and unset
+        wanted = {k: v for k, v in self.environ.items() if not k.startswith("PYTEST_")}
+        wanted |= {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}
+        if dict(os.environ) != wanted:
+            os.environ.clear()
+            os.environ.update(wanted)
+
+
+_AT_START: list[_ProcessState] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _AT_START.append(_ProcessState())
+
+
 @pytest.fixture(autouse=True)
 def _process_state_as_found() -> Iterator[None]:
-    """Each test starts from the process state the suite started with, whatever the tests
-    before it left (issue 48): torch.compile's inductor raises the recursion limit, a test may
-    change the default dtype, the threads, grad mode, the working folder, the environment or
-    the random state. The state is put back after every test, so no test can pass or fail by
-    the order it runs in."""
-    limit = sys.getrecursionlimit()
-    dtype = torch.get_default_dtype()
-    grad = torch.is_grad_enabled()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    threads = torch.get_num_threads()
-    rng = torch.random.get_rng_state()
-    cwd = os.getcwd()
-    environ = dict(os.environ)
+    """Every test starts from the process state the suite started with, whatever the tests
+    (and fixtures) before it left (issue 48): it is put back after every test, so no test can
+    pass or fail by the order it runs in. `pytest --reverse` runs the suite backwards."""
     try:
         yield
     finally:
-        sys.setrecursionlimit(limit)
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-        torch.use_deterministic_algorithms(deterministic)
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        torch.random.set_rng_state(rng)
-        os.chdir(cwd)
-        if dict(os.environ) != environ:
-            os.environ.clear()
-            os.environ.update(environ)
+        _AT_START[0].restore()
 
 
 @pytest.fixture(autouse=True)

@@ -198,3 +198,46 @@ def test_a_model_with_no_counted_operator_says_so_rather_than_zero_work() -> Non
     prof = report.profile
     assert prof is not None and prof.flops == 0
     assert prof.flops_note is not None and "counted no FLOPs" in prof.flops_note
+
+
+def test_attention_on_the_cpu_counts_as_the_math_kernels_products() -> None:
+    """F.scaled_dot_product_attention runs a CPU kernel torch's registry has no formula for:
+    its forward FLOPs are those of the same attention computed by the math backend's matmuls
+    (which the registry counts), its backward the registry's formula for the fused kernels'
+    backward (which recomputes QK^T), as on a GPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    class Attend(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+            self.attend = Attend()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(2, 7, 3, 4, 4).permute(2, 0, 3, 1, 4)
+            return self.attend(q, k, v)
+
+    torch.manual_seed(0)
+    report = hookcli.grads(Net(), torch.randn(2, 7, 16), device="cpu", profile=True,
+                           layers=["attend"])  # fmt: skip
+    (call,) = [c for c in report.layers if c.name == "attend"]
+    q, k, v = (torch.randn(2, 4, 7, 4) for _ in range(3))
+    with FlopCounterMode(display=False) as alone:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert alone.get_total_flops() == 0  # torch alone: the CPU kernel counts nothing
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as math:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert call.profile is not None
+    assert call.profile.flops == math.get_total_flops() == 2 * 2 * 4 * 7 * 7 * 4 * 2
+    prof = report.profile
+    assert prof is not None and prof.flops is not None and prof.backward_flops is not None
+    linear = 2 * 2 * 7 * 16 * 48
+    assert prof.flops == linear + call.profile.flops
+    shape = (2, 4, 7, 4)
+    # the Linear's weight gradient (its input needs none), then attention's backward
+    assert prof.backward_flops == linear + sdpa_backward_flop_count(shape, shape, shape, shape)

@@ -240,12 +240,15 @@ def test_profile_counts_each_experts_tokens_routed(name: str) -> None:
 
 
 def eager_flops(name: str, ids: torch.Tensor, drop: bool = False) -> int:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     model = tiny(name, "eager")
     if drop:
         drop_pairs(model)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    # attention by the math kernel, whose matmuls torch's registry counts (the CPU's fused
+    # kernel it has no formula for: hookcli's engine/flops.py gives it the SDPA formula)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(ids)
     return counter.get_total_flops()
 

@@ -167,3 +167,53 @@ def test_watch_leaves_a_training_batchs_padding_out(tmp_path: Path) -> None:
         # the output gradient counts the real rows too (padding's are zero, not counted)
         assert call.grad_outputs is not None
         assert call.grad_outputs[0].numel == truth["out"].numel()
+
+
+def _collector(mask: torch.Tensor) -> Any:
+    from hookcli.engine.stats import StatsCollector
+
+    c = StatsCollector(backend="torch")
+    c.set_token_mask(mask)
+    c.channels = lambda _context, shape: len(shape) - 1
+    return c
+
+
+LEFT = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+
+
+def test_a_parameter_or_an_unnamed_tensor_of_batch_x_tokens_rows_is_measured_whole() -> None:
+    """FLAT is read by size: a weight (or its gradient) of batch·tokens rows, a tensor measured
+    outside a layer call, and a routed expert's input are not positions."""
+    w = torch.randn(10, 16)
+    c = _collector(LEFT)
+    c.context = ("fc1", 0, "in")
+    as_input = c.add(w, "in[0]")
+    as_weight = c.add(w.clone(), "fc1.weight", positions=False)
+    c.context = None
+    outside = c.add(w.clone(), "x")
+    c.context = ("model.layers.0.mlp.experts.3.w1", 0, "in")
+    expert = c.add(w.clone(), "in[0]")
+    c.finalize()
+    real = w[LEFT.reshape(-1)]
+    assert as_input.numel == real.numel()
+    assert as_input.norm == pytest.approx(float(real.double().norm()), rel=1e-9)
+    for whole in (as_weight, outside, expert):
+        assert whole.numel == w.numel()
+        assert whole.norm == pytest.approx(float(w.double().norm()), rel=1e-9)
+        assert "padding" not in str(whole.note)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_a_massive_activation_is_named_by_its_position_in_its_own_text(flat: bool) -> None:
+    """Left padding: sequence 0's column 3 is its second token (position 1)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8) * 0.1
+    x[0, 3, 2] = 5000.0
+    c = _collector(LEFT)
+    c.context = ("fc1", 0, "out")
+    stats = c.add(x.reshape(10, 8) if flat else x, "out")
+    c.finalize()
+    assert stats.channels is not None
+    (m,) = stats.channels.massive
+    assert (m.sequence, m.position, m.channel) == (0, 1, 2)
+    assert m.index == ([3, 2] if flat else [0, 3, 2])  # the tensor's own index

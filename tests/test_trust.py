@@ -794,3 +794,25 @@ def test_an_endless_stop_grace_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     for raw, want in [("inf", 1e6), ("1e20", 1e6), ("nan", 10.0), ("-3", 0.0), ("x", 10.0)]:
         monkeypatch.setenv("HOOKCLI_STOP_GRACE_S", raw)
         assert supervise._grace() == want
+
+
+def test_a_tests_leftovers_are_gone_before_the_next_one_a() -> None:
+    """Tests must not depend on each other's leftovers (issue 48): this one leaves the
+    recursion limit, the default dtype, the random state and the environment changed, as
+    torch.compile, a float64 test or a seeded one would; the next one finds them as found."""
+    sys.setrecursionlimit(54321)
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(12345)
+    os.environ["HOOKCLI_LEFTOVER"] = "1"
+
+
+def test_a_tests_leftovers_are_gone_before_the_next_one_b() -> None:
+    assert sys.getrecursionlimit() != 54321
+    assert torch.get_default_dtype() == torch.float32
+    assert "HOOKCLI_LEFTOVER" not in os.environ
+    torch.manual_seed(12345)
+    seeded = torch.rand(3)
+    from tests.conftest import _AT_START
+
+    torch.random.set_rng_state(_AT_START[0].rng)
+    assert not torch.equal(torch.rand(3), seeded)  # the generator is the suite's, not 12345's

@@ -224,22 +224,36 @@ def calib_report(
 def _in_order(names: list[str], order: dict[str, int]) -> list[str]:
     """Layers in the order they first ran, each expert's projections (EXPERTS.E.PROJ, not
     modules) placed where their experts module sits among them in the model's tree, by expert
-    and projection (up, then down)."""
+    and projection (up, then down): after the last layer that ran whose module comes before
+    the experts module in the tree. One sort and one search per name."""
+    import bisect
+
     modules = [n for n in names if n in order]
     experts = [n for n in names if n not in order]
+    # the modules by their place in the tree, each with the latest run index among those up
+    # to it: the anchor of a place `at` is the latest-run module placed before it
+    by_place = sorted((order[n], i) for i, n in enumerate(modules))
+    places = [p for p, _ in by_place]
+    latest: list[int] = []
+    for _, i in by_place:
+        latest.append(max(i, latest[-1]) if latest else i)
 
     def key(name: str) -> tuple[int, int, int, int]:
         owner, e, projection = name.rsplit(".", 2)
         at = order.get(owner, len(order))
-        anchor = max((i for i, m in enumerate(modules) if order[m] < at), default=-1)
+        before = bisect.bisect_left(places, at)
+        anchor = latest[before - 1] if before else -1
         return anchor, at, int(e) if e.isdigit() else 0, int(projection == "down_proj")
 
-    out = [n for n in experts if key(n)[0] < 0]
-    placed = sorted((n for n in experts if key(n)[0] >= 0), key=key)
-    out.sort(key=key)
+    keyed = sorted((key(n), n) for n in experts)
+    out: list[str] = [n for k, n in keyed if k[0] < 0]
+    at = 0
+    placed = [(k, n) for k, n in keyed if k[0] >= 0]
     for i, name in enumerate(modules):
         out.append(name)
-        out += [n for n in placed if key(n)[0] == i]
+        while at < len(placed) and placed[at][0][0] == i:
+            out.append(placed[at][1])
+            at += 1
     return out
 
 

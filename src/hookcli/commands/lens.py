@@ -241,8 +241,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
         )
     diff = None
     if last is not None and logits is not None and logits.shape == last.shape:
-        diff = float((last.double() - logits.double()).abs().max())
-        scale = float(logits.double().abs().max())
+        diff, scale = _largest_difference(last, logits)
         if diff > 1e-5 * max(scale, 1.0):
             why = around.unknown or [
                 f"--norm/--unembed/--blocks read other modules than the model's path from its "
@@ -445,13 +444,19 @@ def _declared(
 
 
 _SCALE_NAME = re.compile(r"logit|scal|multiplier")
+# numbers of other parts of the model, never the logits' scale (Gemma's query_pre_attn_scalar,
+# attn_logit_softcapping; rope scaling; a router's)
+_NOT_LOGITS = re.compile(r"attn|attention|query|rope|rotary|router|embedding_multiplier")
 
 
 def _scale(a: torch.Tensor, b: torch.Tensor, configs: Sequence[Any]) -> tuple[Apply, str] | None:
     """A scalar s with b = s * a, where there is one: named after the config number it is
     (x config.logit_scale, / config.logits_scaling, x config.d_model**-0.5) and applied as
     the model does, else the measured s; None when no scalar reproduces b."""
-    a64, b64 = a.double(), b.to(a.device).double()
+    if a.shape != b.shape:
+        return None
+    a, b = _sampled(a, b.to(a.device))
+    a64, b64 = a.double(), b.double()
     aa = float((a64 * a64).sum())
     if not aa > 0:
         return None
@@ -475,7 +480,7 @@ def _named_scales(configs: Sequence[Any], s: float) -> list[tuple[str, Apply]]:
             v = _number(raw)
             if v is None:
                 continue
-            if _SCALE_NAME.search(name):
+            if _SCALE_NAME.search(name) and not _NOT_LOGITS.search(name):
                 if math.isclose(v, s, rel_tol=1e-3):
                     out.append((f"× config.{name} ({v:g})", _times(raw)))
                 if math.isclose(1 / v, s, rel_tol=1e-3):
@@ -508,11 +513,38 @@ def _capped(c: Any) -> Apply:
     return lambda t: torch.tanh(t / c) * c  # as the model: / cap, tanh, * cap
 
 
+ROWS_CHUNK = 64  # rows of (…, vocab) logits compared in float64 at once
+SAMPLED_ROWS = 16  # rows a transform around the unembedding is found on
+
+
+def _largest_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """max |a - b| and max |b| over (…, vocab) tensors of one shape, in float64, a chunk of
+    rows at a time (a large vocabulary's logits are never copied whole)."""
+    a2, b2 = a.reshape(-1, a.shape[-1]), b.to(a.device).reshape(-1, b.shape[-1])
+    diff = scale = 0.0
+    for i in range(0, a2.shape[0], ROWS_CHUNK):
+        x, y = a2[i : i + ROWS_CHUNK].double(), b2[i : i + ROWS_CHUNK].double()
+        diff = max(diff, float((x - y).abs().max()))
+        scale = max(scale, float(y.abs().max()))
+    return diff, scale
+
+
+def _sampled(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """The same evenly spaced rows (at most SAMPLED_ROWS) of tensors of one shape (…, vocab):
+    what finding an elementwise transform needs, without float64 copies of whole logits."""
+    rows = ts[0].reshape(-1, ts[0].shape[-1]).shape[0] if ts[0].dim() else 0
+    if ts[0].dim() < 2 or rows <= SAMPLED_ROWS:
+        return list(ts)
+    pick = torch.linspace(0, rows - 1, SAMPLED_ROWS).round().long()
+    return [t.reshape(-1, t.shape[-1]).index_select(0, pick.to(t.device)) for t in ts]
+
+
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """a reproduces b: equal up to the rounding of b's precision."""
+    """a reproduces b: equal up to the rounding of b's precision (on sampled rows)."""
     if a.shape != b.shape:
         return False
-    a64, b64 = a.double(), b.to(a.device).double()
+    a, b = _sampled(a, b.to(a.device))
+    a64, b64 = a.double(), b.double()
     scale = float(b64.abs().max()) if b64.numel() else 0.0
     eps = torch.finfo(b.dtype).eps if b.is_floating_point() else 0.0
     tol = max(1e-5, 4 * eps) * max(scale, 1e-30)

@@ -224,8 +224,10 @@ def measure_params(
         target: [
             (
                 ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                collector.add(p, name),
-                None if (g := grad_of(p)) is None else collector.add(g, f"{name}.grad"),
+                collector.add(p, name, positions=False),
+                None
+                if (g := grad_of(p)) is None
+                else collector.add(g, f"{name}.grad", positions=False),
             )
             for name, p in own
         ]

@@ -9,15 +9,18 @@ container's time is. What counts is FlopCounterMode's registry (matrix products,
 convolutions, attention; elementwise operations, normalisation and pooling count 0), and a
 multiply-add is 2 FLOPs (MACs = FLOPs / 2, torchinfo's "mult-adds").
 
-One formula is hookcli's, added to that registry: `aten._grouped_mm`, which has none there
-and is how transformers 5 runs a mixture-of-experts layer's fused experts (MixtralExperts and
-the like hold every expert in 3-D parameters; their default "grouped_mm" implementation sorts
-the routed (token, expert) pairs by expert and multiplies each expert's rows by its matrices in
-one call). Without it the experts counted 0. The formula counts the rows actually multiplied:
-up to the offsets' last value, the pairs routed (read back from the device, once per call: the
-counting pass is not timed); on the meta device, where offsets have no values, every row, for
-a top-k router tokens x k. `grouped_mm_on_meta` makes that product's output on the meta device
-in every dtype and size (torch's meta kernel holds the CUDA kernel's limits: bfloat16 only).
+Two formulas are added to that registry. Attention on the CPU
+(`aten._scaled_dot_product_flash_attention_for_cpu` and its backward) gets the registry's own
+SDPA formulas, which it lacks (a CPU run counted attention 0). And `aten._grouped_mm`, which
+has none there and is how transformers 5 runs a mixture-of-experts layer's fused experts
+(MixtralExperts and the like hold every expert in 3-D parameters; their default "grouped_mm"
+implementation sorts the routed (token, expert) pairs by expert and multiplies each expert's
+rows by its matrices in one call). Without it the experts counted 0. The formula counts the
+rows actually multiplied: up to the offsets' last value, the pairs routed (read back from the
+device, once per call: the counting pass is not timed); on the meta device, where offsets have
+no values, every row, for a top-k router tokens x k. `grouped_mm_on_meta` makes that product's
+output on the meta device in every dtype and size (torch's meta kernel holds the CUDA kernel's
+limits: bfloat16 only).
 """
 
 from __future__ import annotations
@@ -153,7 +156,32 @@ class _Raw:
         return int(self.formula(*args, **kwargs))
 
 
-_FORMULAS: dict[Any, Any] = {torch.ops.aten._grouped_mm: _Raw(grouped_mm_flops)}
+def _cpu_attention_formulas() -> dict[Any, Any]:
+    """Attention as the CPU runs it: F.scaled_dot_product_attention dispatches there to
+    `aten._scaled_dot_product_flash_attention_for_cpu` (and its backward), which torch's
+    registry has no formula for, so a CPU --profile counted attention 0 while the meta device
+    and the GPU count it. The registry's own SDPA formulas apply: their arguments begin with
+    query, key and value (grad_out first in the backward), as these operators' do. They are
+    already shape-wrapped (register_flop_formula): passed the tensors, they take the shapes."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    found: dict[Any, Any] = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        found[aten._scaled_dot_product_flash_attention_for_cpu] = _Raw(flop_counter.sdpa_flop)
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        found[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _Raw(
+            flop_counter.sdpa_backward_flop
+        )
+    return found
+
+
+# `aten._grouped_mm` came with torch 2.8; before it no model can call it
+_GROUPED_MM: Any = getattr(torch.ops.aten, "_grouped_mm", None)
+_FORMULAS: dict[Any, Any] = {
+    **({_GROUPED_MM: _Raw(grouped_mm_flops)} if _GROUPED_MM is not None else {}),
+    **_cpu_attention_formulas(),
+}
 
 
 class _GroupedMMOnMeta(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -170,7 +198,7 @@ class _GroupedMMOnMeta(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func is torch.ops.aten._grouped_mm.default and _on_meta(args):
+        if _GROUPED_MM is not None and func is _GROUPED_MM.default and _on_meta(args):
             rest = dict(zip(("offs", "bias", "out_dtype"), args[2:], strict=False)) | kwargs
             return _grouped_mm_output(args[0], args[1], rest.get("offs"), rest.get("out_dtype"))
         return func(*args, **kwargs)

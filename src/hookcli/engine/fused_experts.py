@@ -87,7 +87,8 @@ class ExpertTap:
     def _read(self, name: str, module: nn.Module, args: Any, kwargs: Any) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
         index = args[1] if len(args) > 1 else kwargs.get("top_k_index")
-        n = int(getattr(module, "num_experts", 0) or 0)
+        down_proj = _param3(module, "down_proj")
+        n = 0 if down_proj is None else down_proj.shape[0]
         if (
             not isinstance(hidden, torch.Tensor)
             or not isinstance(index, torch.Tensor)
@@ -102,16 +103,28 @@ class ExpertTap:
                 "its forward does not take (hidden_states (tokens, C), top_k_index (tokens, k))",
             )
             return
+        up, down = projections(module)
+        if up == "gate_up_proj" and not callable(getattr(module, "_apply_gate", None)):
+            self.unreadable.setdefault(
+                name,
+                "it has no _apply_gate: how its gate and up halves combine is not known",
+            )
+            return
+        if self.real is not None and self.real.numel() != hidden.shape[0]:
+            self.unreadable.setdefault(
+                name,
+                f"its {hidden.shape[0]} rows are not the padded batch's "
+                f"{self.real.shape[0]}x{self.real.shape[1]} positions: its padding could not "
+                "be left out",
+            )
+            return
         with torch.no_grad():
-            keep = None
-            if self.real is not None and self.real.numel() == hidden.shape[0]:
-                keep = self.real.reshape(-1).to(hidden.device)
+            keep = None if self.real is None else self.real.reshape(-1).to(hidden.device)
             hits = torch.nn.functional.one_hot(index.clamp(0, n).long(), n + 1)[..., :n].sum(1)
             hits = hits > 0  # (tokens, experts): token t is routed to expert e
             if keep is not None:
                 hits &= keep.unsqueeze(1)
             counts = hits.sum(0).tolist()  # one read per call
-            up, down = projections(module)
             for e, count in enumerate(counts):
                 if not count:
                     continue
@@ -145,13 +158,9 @@ def _down_input(module: nn.Module, up: str, e: int, x: torch.Tensor) -> torch.Te
     bias = module._parameters.get(f"{up}_bias")
     if getattr(module, "has_bias", False) and isinstance(bias, torch.Tensor):
         out = out + bias[e]
-    if up == "gate_up_proj":
-        apply_gate = getattr(module, "_apply_gate", None)
-        if callable(apply_gate):
-            result: torch.Tensor = apply_gate(out)
-            return result
-        gate, lin = out.chunk(2, dim=-1)
-        return module.act_fn(gate) * lin  # type: ignore[operator,no-any-return]
+    if up == "gate_up_proj":  # (_read checked it has _apply_gate)
+        result: torch.Tensor = module._apply_gate(out)  # type: ignore[operator]
+        return result
     return module.act_fn(out)  # type: ignore[operator,no-any-return]
 
 

@@ -385,8 +385,11 @@ class StatsCollector:
     def _padded(self, t: torch.Tensor) -> int:
         """0: t holds no token positions of the mask; TOKENS: (batch, tokens, …); ATTENTION:
         (batch, heads, tokens, tokens), its query rows masked; FLAT: (batch·tokens, C), the
-        positions flattened into its rows in the mask's order (a 2-D tensor only: a 3-D one
-        whose first dimension is batch x heads could match by its size)."""
+        positions flattened into its rows in the mask's order. FLAT is read by size, so only
+        where rows can be positions: a layer call's 2-D input or output (a 3-D tensor whose
+        first dimension is batch x heads could match by its size), not a routed expert's
+        (a loop-style MoE hands each expert Linear its tokens in routing order), and never a
+        parameter or a gradient of one (`add(…, positions=False)`)."""
         mask = self.token_mask
         if mask is None or t.dim() < 2:
             return 0
@@ -395,15 +398,22 @@ class StatsCollector:
             return ATTENTION
         if t.shape[0] == batch and t.shape[1] == tokens:
             return TOKENS
-        return FLAT if t.dim() == 2 and t.shape[0] == batch * tokens else 0
+        if t.dim() != 2 or t.shape[0] != batch * tokens:
+            return 0
+        context = self.context
+        if not isinstance(context, tuple) or not context or not isinstance(context[0], str):
+            return 0  # not a layer call's tensor: its rows are not known to be positions
+        return 0 if ".experts." in f".{context[0]}." else FLAT
 
-    def add(self, t: torch.Tensor, path: str) -> TensorStats:
-        """Measure t now; return its TensorStats, whose numbers finalize() fills in."""
+    def add(self, t: torch.Tensor, path: str, *, positions: bool = True) -> TensorStats:
+        """Measure t now; return its TensorStats, whose numbers finalize() fills in.
+        `positions`: t may hold a padded batch's token positions (False: a parameter or its
+        gradient, measured whole whatever its shape)."""
         key = id(t)
         hit = self._seen.get(key)
         version = t._version
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
-        padded = self._padded(t) if self.token_mask is not None else 0
+        padded = self._padded(t) if self.token_mask is not None and positions else 0
         if padded:
             if padded == TOKENS:
                 rest = math.prod(t.shape[2:])
@@ -584,10 +594,13 @@ class StatsCollector:
             for i, part in zip(idxs, parts, strict=True):
                 self._chan[i].packed = joined[at : at + part.numel()]
                 at += part.numel()
-        real = None
+        real = own = None
         if any(self._chan[i].padded for _, i in self._wants_chan):
             assert self._real_index is not None
+            assert self.token_mask is not None
             real = self._real_index.tolist()
+            # each column's position in its own text (a left-padded sequence starts at 0)
+            own = (self.token_mask.cpu().long().cumsum(1) - 1).tolist()
         for stats, idx in self._wants_chan:
             row = self._chan[idx]
             found, top = unpack(row.packed, row.axis, row.channels, hist=self.channel_hist)
@@ -595,6 +608,8 @@ class StatsCollector:
                 row.shape, row.axis, real if row.padded else None, flat=row.padded == FLAT
             )
             found.massive = find_massive(found, top, row.shape, rows_at)
+            if own is not None and row.padded:
+                _own_positions(found.massive, own, row.padded == FLAT)
             stats.channels = found
 
     def _resolve_tokens(self) -> None:
@@ -716,6 +731,19 @@ class _ChannelRow:
     shape: tuple[int, ...]
     channels: int
     padded: int  # 0, TOKENS or FLAT: how the padding was taken out
+
+
+def _own_positions(massive: list[Any], own: list[list[int]], flat: bool) -> None:
+    """A padded batch's massive activations named by the sequence and the position in its own
+    text (`own`: each column's), their `index` left the tensor's own: a (batch, tokens, …)
+    tensor's column, a (batch·tokens, C) one's row, read as (sequence, column)."""
+    tokens = len(own[0]) if own else 0
+    for m in massive:
+        if flat and tokens:
+            b, col = divmod(m.index[0], tokens)
+            m.sequence, m.position = b, own[b][col]
+        elif m.sequence is not None and m.position is not None:
+            m.position = own[m.sequence][m.position]
 
 
 def finite_or_none(v: float) -> float | None:

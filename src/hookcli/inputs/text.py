@@ -124,10 +124,13 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
+    listed = ", ".join(map(str, lengths[:SHOWN_LENGTHS]))
+    if len(lengths) > SHOWN_LENGTHS:  # a long text file: the rest are in input.texts
+        listed += f", … (+{len(lengths) - SHOWN_LENGTHS})"
     size = "x".join(map(str, ids.shape))
     description = (
         f"{len(texts)} text{'s' if len(texts) != 1 else ''} ({size} tokens"
-        + (f", padded on the {side}: {', '.join(map(str, lengths))} real" if padded else "")
+        + (f", padded on the {side}: {listed} real" if padded else "")
         + "): "
         + "; ".join(repr(_short(t)) for t in shown[:3])
         + (f", … (+{len(shown) - 3})" if len(shown) > 3 else "")
@@ -146,6 +149,9 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
         texts=infos,
         token_mask=mask.bool() if padded else None,
     )
+
+
+SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
 
 
 def _short(text: str) -> str:

@@ -511,7 +511,11 @@ class Watch:
                 befores = self._copies(params)
                 for p, before in zip(params, befores, strict=True):
                     name = self._names.get(id(p), f"param{len(self._params)}")
-                    grad = None if p.grad is None else self._collector.add(p.grad, f"{name}.grad")
+                    grad = (
+                        None
+                        if p.grad is None
+                        else self._collector.add(p.grad, f"{name}.grad", positions=False)
+                    )
                     self._params.append((name, grad, p, before))
                 self._before_norms = list(torch._foreach_norm(befores)) if befores else []
         if self.options.check and not self.nonfinite:
