@@ -1,5 +1,6 @@
-"""`hookcli calib`: per input channel activation ranges of every Linear and convolution over a
-text file, a folder or given inputs, written as safetensors for quantization tools."""
+"""`hookcli calib`: per input channel activation ranges of every Linear-like layer and routed
+MoE expert over a text file, a folder or given inputs, written as safetensors for quantization
+tools."""
 
 from __future__ import annotations
 
@@ -58,9 +59,11 @@ def calib(
     config: opt.ConfigOpt = None,
     no_config: opt.NoConfigOpt = False,
 ) -> None:
-    """Calibrate activations for quantization: every Linear's and convolution's input, per
-    channel over all tokens (padding never counted): max|x|, min, max and a histogram of |x|,
-    and each layer's outlier ratio before and after SmoothQuant's smoothing.
+    """Calibrate activations for quantization: the input of every Linear-like layer (Linear
+    and its subclasses, convolutions, Conv1D) and of each routed expert of a fused MoE block,
+    per channel over all tokens (padding never counted): max|x|, min, max and a histogram of
+    |x|, and each layer's outlier ratio before and after SmoothQuant's smoothing. A selected
+    layer with no numbers is listed as not calibrated, with why.
 
     Example: hookcli calib hf:./tiny-llama --text-file calib.txt -o act_scales.safetensors
     """
