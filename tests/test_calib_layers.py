@@ -194,3 +194,39 @@ def test_a_selected_linear_that_never_runs_is_listed(tmp_path: Path) -> None:
     assert [(k.name, k.reason) for k in report.skipped] == [
         ("spare", "it never ran on the calibration data")
     ]
+
+
+def test_inspect_channels_reads_each_expert_over_its_real_tokens(tmp_path: Path) -> None:
+    """--channels on a fused MoE block: a row per expert projection, its input's channels over
+    the real tokens routed to it (a padded batch), as transformers' eager experts see them run
+    on each text alone; the tap's own computation is no call of the model."""
+    import hookcli
+
+    folder = _save(tmp_path / "mixtral", "mixtral")
+    layers = ["model.layers.0.mlp.*"]
+    plain = hookcli.inspect(f"hf:{folder}", text=TEXTS, device="cpu", layers=layers, topk=0)
+    report = hookcli.inspect(
+        f"hf:{folder}", text=TEXTS, device="cpu", layers=layers, topk=0, channels=True
+    )
+    truth = _inputs_alone(folder)
+    import re
+
+    per_expert = re.compile(r"\.experts\.\d+\.(gate_up_proj|down_proj)$")
+    rows = {c.name: c for c in report.layers if per_expert.search(c.name)}
+    want = {k: v for k, v in truth.items() if k.startswith("model.layers.0.mlp.experts.")}
+    assert set(rows) == set(want) and len(rows) == 8
+    for name, x in want.items():
+        ch = rows[name].inputs[0].channels
+        assert ch is not None and ch.count == [x.shape[0]] * x.shape[1], name
+        got = torch.tensor(ch.absmax, dtype=torch.float64)
+        assert torch.allclose(got, x.abs().amax(0), rtol=1e-5, atol=1e-7), name
+        assert rows[name].inputs[0].numel == x.numel()
+
+    # the same calls of the model's own modules as without --channels
+    def calls(r: Any) -> list[tuple[str, int]]:
+        return [(c.name, c.call) for c in r.layers if not per_expert.search(c.name)]
+
+    assert calls(report) == calls(plain)
+    act = [c for c in report.layers if c.name.endswith("experts.act_fn")]
+    assert len(act) == len([c for c in plain.layers if c.name.endswith("experts.act_fn")])
+    assert any("(token, expert) pairs" in n for n in report.notes)

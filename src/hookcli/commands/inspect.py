@@ -30,6 +30,7 @@ from hookcli.commands.measured import (
 )
 from hookcli.commands.memory import gradient_bytes, memory_report
 from hookcli.commands.profile import profile_calls
+from hookcli.engine import fused_experts
 from hookcli.engine.experts import counting_routes
 from hookcli.engine.layout import image_of, reader
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
@@ -133,9 +134,12 @@ def _report_of_run(
     saver = _saver(prepared, run, command) if run.save is not None else None
     timing = profile_calls(prepared, run) if run.profile else None
     layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
+    tapped: list[tuple[str, Any]] = []
     if run.channels:
         types = {n: e.type for e in prepared.entries for n in e.names}
         collector.channels = outliers.chooser(layout_of, types)
+        # a fused MoE block's routed experts, per expert (no Linear runs per expert)
+        tapped = fused_experts.selected_experts(loaded.module, (t.module for t in prepared.targets))
     params: dict[str, list[PendingParam]] = {}
     meter = MemoryMeter(loaded.module, prepared.device) if run.memory else None
     gradients = None
@@ -143,6 +147,9 @@ def _report_of_run(
     try:
         with (
             counting_routes(loaded.module, model_input.token_mask) as routing,
+            fused_experts.tapping(
+                tapped, model_input.token_mask, hist=False, collector=collector
+            ) as tap,
             ablated(prepared.entries, ablations, prepared.seed, layout_of) as ablation_calls,
             measured_pass(
                 prepared,
@@ -183,6 +190,9 @@ def _report_of_run(
                 "ablate a layer that runs (`hookcli layers MODEL --shapes` shows calls).",
             )
     session, layers, outputs = measured.session, measured.calls, measured.outputs
+    if tap.measured:
+        owners = {name: type(m).__name__ for name, m in tapped}
+        layers = outliers.expert_rows(layers, tap.measured, owners)
     by_image = measured.by_image
     if run.per_token:
         label_tokens(layers, model_input)
@@ -218,6 +228,15 @@ def _report_of_run(
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")
     notes += [f"{c.name} call {c.call}: {c.error}" for c in layers if c.error]
+    if tap.measured:
+        notes.append(
+            "--channels: each routed expert's projections of a fused MoE block are rows of "
+            "their own (EXPERTS.E.gate_up_proj, .down_proj), their input over the real tokens "
+            "routed to expert E"
+        )
+    notes += [f"{name}: not read per expert: {why}" for name, why in tap.unreadable.items()]
+    if model_input.token_mask is not None:
+        notes += fused_experts.pair_notes(loaded.module, (t.name for t in prepared.targets))
     if model_input.skipped:
         notes.append(skipped_note(model_input.skipped))
     if saver is not None:

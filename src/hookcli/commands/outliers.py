@@ -10,8 +10,9 @@ from typing import Any
 
 from hookcli.engine.outliers import summary
 from hookcli.errors import UsageError
+from hookcli.records import LayerCall
 
-__all__ = ["channel_axis", "chooser", "summary"]
+__all__ = ["channel_axis", "chooser", "expert_rows", "summary"]
 
 LayoutOf = Callable[[str, tuple[int, ...]], Any]
 
@@ -34,6 +35,40 @@ def channel_axis(shape: Sequence[int], layout: str | None, *, first: bool = Fals
     if len(shape) == 4:
         return {"NCHW": 1, "NHWC": 3}.get(layout or "")
     return None
+
+
+def expert_rows(
+    layers: list[LayerCall], measured: Sequence[tuple[str, str, int, Any]], types: Mapping[str, str]
+) -> list[LayerCall]:
+    """--channels on a fused MoE block: each routed expert's projection inputs (engine.
+    fused_experts: EXPERTS.E.PROJECTION, over the tokens routed to it) as calls of their own,
+    placed after the last call of their experts module's subtree (else at the end)."""
+    if not measured:
+        return layers
+    by_owner: dict[str, list[LayerCall]] = {}
+    for owner, name, call, stats in measured:
+        row = LayerCall(name, types.get(owner, "experts"), call, inputs=[stats])
+        by_owner.setdefault(owner, []).append(row)
+    last: dict[str, int] = {}
+    for i, c in enumerate(layers):
+        for owner in by_owner:
+            if c.name == owner or c.name.startswith(f"{owner}."):
+                last[owner] = i
+    out: list[LayerCall] = []
+    for i, c in enumerate(layers):
+        out.append(c)
+        for owner, rows in by_owner.items():
+            if last.get(owner) == i:
+                out += sorted(rows, key=_expert_order)
+    for owner, rows in by_owner.items():
+        if owner not in last:
+            out += sorted(rows, key=_expert_order)
+    return out
+
+
+def _expert_order(row: LayerCall) -> tuple[int, int, int]:
+    _, e, projection = row.name.rsplit(".", 2)
+    return row.call, int(e) if e.isdigit() else 0, int(projection == "down_proj")
 
 
 def chooser(

@@ -15,7 +15,7 @@ device, and read once at the end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +44,35 @@ def find_fused_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def selected_experts(model: nn.Module, chosen: Iterable[nn.Module]) -> list[tuple[str, nn.Module]]:
+    """The fused experts modules a selection reaches: selected themselves, or a module of
+    theirs selected (the default selection of leaves picks their activation)."""
+    ids = {id(m) for m in chosen}
+    return [
+        (name, m)
+        for name, m in find_fused_experts(model)
+        if any(id(sub) in ids for sub in m.modules())
+    ]
+
+
+def pair_notes(model: nn.Module, selected: Iterable[str]) -> list[str]:
+    """A padded batch: the selected modules inside a fused experts module (its activation)
+    see (token, expert) pairs sorted by expert, the padding's pairs among them, which cannot
+    be told apart by position: said, once per experts module."""
+    names = list(selected)
+    out = []
+    for owner, _ in find_fused_experts(model):
+        inside = [n for n in names if n.startswith(f"{owner}.")]
+        if inside:
+            out.append(
+                f"{inside[0]}{' and others' if len(inside) > 1 else ''} inside {owner}: its "
+                "rows are (token, expert) pairs sorted by expert, the padding's pairs among "
+                "them (not read as positions); --channels reads each expert over its real "
+                "tokens"
+            )
+    return out
+
+
 def projections(module: nn.Module) -> list[str]:
     """The experts' projections in the order they run: up (gate_up_proj or up_proj), down."""
     up = next(n for n in UP_NAMES if _param3(module, n) is not None)
@@ -66,14 +95,21 @@ def weight_scales(module: nn.Module, projection: str, expert: int) -> torch.Tens
 @dataclass
 class ExpertTap:
     """During a pass, the per-channel input of every expert's projections (see the module
-    docstring); `unreadable`: experts modules whose call could not be read, with why."""
+    docstring); `unreadable`: experts modules whose call could not be read, with why.
+
+    Without a collector, each input is packed here (calib: `results`); with one (inspect
+    --channels), each is measured by the collector as the input of a call of its own, named
+    EXPERTS.E.PROJECTION: `measured` holds (owner, name, call, its TensorStats)."""
 
     modules: list[tuple[str, nn.Module]]
     real: torch.Tensor | None = None  # a padded batch's real tokens, (batch, tokens)
     hist: bool = True
+    collector: Any = None  # engine.stats.StatsCollector
     packed: dict[str, list[tuple[torch.Tensor, int]]] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    measured: list[tuple[str, str, int, Any]] = field(default_factory=list)
+    _calls: dict[str, int] = field(default_factory=dict)
 
     def hook(self, name: str) -> Any:
         def after(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
@@ -130,13 +166,26 @@ class ExpertTap:
                     continue
                 rows = hits[:, e].nonzero().squeeze(1)
                 x = hidden.detach().index_select(0, rows)
-                self._add(expert_layer(name, e, up), x)
-                self._add(expert_layer(name, e, down), _down_input(module, up, e, x))
+                self._add(name, expert_layer(name, e, up), x)
+                with _hooks_silenced(module):  # our computation, not a call of the model's
+                    inner = _down_input(module, up, e, x)
+                self._add(name, expert_layer(name, e, down), inner)
         self.types.setdefault(name, type(module).__name__)
 
-    def _add(self, key: str, x: torch.Tensor) -> None:
-        packed = measure_channels(x, 1, hist=self.hist)
-        self.packed.setdefault(key, []).append((packed, x.shape[1]))
+    def _add(self, owner: str, key: str, x: torch.Tensor) -> None:
+        if self.collector is None:
+            packed = measure_channels(x, 1, hist=self.hist)
+            self.packed.setdefault(key, []).append((packed, x.shape[1]))
+            return
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        before = self.collector.context
+        self.collector.context = (key, call, "in")
+        try:
+            stats = self.collector.add(x, "in[0]", positions=False)  # real rows already
+        finally:
+            self.collector.context = before
+        self.measured.append((owner, key, call, stats))
 
     def results(self) -> dict[str, list[ChannelStats]]:
         """Each expert projection's per-channel statistics, one per call, read to the host
@@ -165,11 +214,34 @@ def _down_input(module: nn.Module, up: str, e: int, x: torch.Tensor) -> torch.Te
 
 
 @contextmanager
+def _hooks_silenced(module: nn.Module) -> Iterator[None]:
+    """The hooks of the experts module's own modules (its activation) held back while the
+    tap computes an expert's down-projection input: that computation is hookcli's, and no
+    hook — hookcli's or the user's — may count it as a call of the model."""
+    held = []
+    for m in module.modules():
+        for attr in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
+            hooks = getattr(m, attr, None)
+            if hooks:
+                held.append((m, attr, hooks))
+                setattr(m, attr, type(hooks)())
+    try:
+        yield
+    finally:
+        for m, attr, hooks in held:
+            setattr(m, attr, hooks)
+
+
+@contextmanager
 def tapping(
-    modules: list[tuple[str, nn.Module]], real: torch.Tensor | None, *, hist: bool = True
+    modules: list[tuple[str, nn.Module]],
+    real: torch.Tensor | None,
+    *,
+    hist: bool = True,
+    collector: Any = None,
 ) -> Iterator[ExpertTap]:
     """An ExpertTap on `modules` for the block's duration; its hooks removed after."""
-    tap = ExpertTap(modules, real, hist)
+    tap = ExpertTap(modules, real, hist, collector)
     handles = [m.register_forward_hook(tap.hook(name), with_kwargs=True) for name, m in modules]
     try:
         yield tap
