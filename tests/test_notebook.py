@@ -103,7 +103,7 @@ def test_a_report_is_looked_up_by_layer_name(grads_report: Report) -> None:
 def test_diff_reports_too() -> None:
     torch.manual_seed(0)
     d = hookcli.diff(Small(), torch.randn(2, 6), b="float64")
-    assert repr(d).startswith("<DiffReport Small on cpu: float32 vs float64")
+    assert repr(d).startswith("<DiffReport Small on cpu: as loaded (float32) vs float64")
     assert [c.name for c in d["act"]] == ["act", "act"]
     assert "fc1" in d.table() and d.to_pandas().shape[0] == sum(
         len(c.b) + len(c.a or []) for c in [*d.calls, *d.outputs]

@@ -711,13 +711,20 @@ class DiffReport(_Viewed):
     def _calls(self) -> list[DiffCall]:
         return [*self.calls, *self.outputs]
 
+    def side(self, label: str) -> str:
+        """A side ("A", "B" or "ref") as given, and the dtype it ran in where that is not what
+        it says: `as loaded (bfloat16)`."""
+        described = {"A": self.a, "B": self.b}.get(label, self.ref) or ""
+        ran = self.ran.get(label)
+        return described if ran is None or ran == described else f"{described} ({ran})"
+
     def _summary(self) -> str:
         verdict = (
             f"first past tol {self.tol:g}: {_short(self.first_over)}"
             if self.first_over
             else f"every call within tol {self.tol:g}"
         )
-        sides = f"{_short(self.a, 60)} vs {_short(self.b, 60)}"
+        sides = f"{_short(self.side('A'), 60)} vs {_short(self.side('B'), 60)}"
         body = f"{sides}, {len(self.calls)} layer calls, {verdict}"
         if self.notes:
             body += f"; {_count(len(self.notes), 'note')}"

@@ -191,18 +191,12 @@ def diff_header_lines(report: DiffReport) -> list[str]:
         f"weights: {m.weights}",
         f"input: {report.input.description}",
     ]
-    a, b = _side(report.a, report.ran.get("A")), _side(report.b, report.ran.get("B"))
+    a, b = report.side("A"), report.side("B")
     if report.ref is not None:
-        ref = _side(report.ref, report.ran.get("ref"))
-        lines.append(f"A: {a}   B: {b}   both against --ref {ref}")
+        lines.append(f"A: {a}   B: {b}   both against --ref {report.side('ref')}")
     else:
         lines.append(f"A (reference): {a}   B: {b}")
     return lines
-
-
-def _side(described: str, ran: str | None) -> str:
-    """A side as given, and the dtype it ran in where that is not what it says."""
-    return described if ran is None or ran == described else f"{described} ({ran})"
 
 
 def diff_footer(report: DiffReport) -> list[str]:
