@@ -628,6 +628,9 @@ def reads(params: Mapping[str, Any], used: str | None) -> list[str]:
         files += [model, model.rpartition(":")[0]]
     files += [str(x) for x in (p.get("baseline"), used) if x is not None]
     files.append(p.get("weights") or "")
+    tokenizer = p.get("tokenizer")
+    if tokenizer and os.path.isdir(os.path.expanduser(str(tokenizer))):
+        files.append(f"hf:{tokenizer}")  # a tokenizer folder: every file in it
     if p.get("loss"):  # --loss mse:FILE.pt
         files.append(p["loss"].partition(":")[2])
     for side in (p.get("a"), p.get("b"), p.get("ref")):  # diff's --b weights=FILE

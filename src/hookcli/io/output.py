@@ -70,6 +70,8 @@ class Reads:
     def __init__(self) -> None:
         self.files: dict[str, str] = {}  # real path → the path as named
         self.folders: dict[str, str] = {}
+        # model folders (hf:PATH, a hub snapshot, a tokenizer folder): every file in them
+        self.trees: dict[str, str] = {}
         self.outputs: dict[str, str] = {}  # real path → the option that claimed it
         self.piped: dict[str, bytes] = {}  # images read from pipes and devices, by name
 
@@ -78,6 +80,9 @@ class Reads:
         destroyed by a write); a folder stands for the images in it."""
         text = os.fspath(path)
         if not text or text == STDOUT:
+            return
+        if text.startswith(MODEL_FOLDER):  # hf:PATH — a model folder: all of its files
+            self.add_tree(text.removeprefix(MODEL_FOLDER))
             return
         try:
             real = os.path.realpath(os.path.expanduser(text))
@@ -89,11 +94,26 @@ class Reads:
         elif stat.S_ISDIR(mode):
             self.folders.setdefault(real, text)
 
+    def add_tree(self, path: str | os.PathLike[str]) -> None:
+        """A folder a model (or a tokenizer) is loaded from: weights, shards and their index,
+        configs, tokenizer files, chat templates — no output may replace any file in it."""
+        text = os.fspath(path)
+        try:
+            real = os.path.realpath(os.path.expanduser(text))
+        except (OSError, ValueError, RuntimeError):
+            return
+        if os.path.isdir(real):
+            self.trees.setdefault(real, text)
+
     def source_of(self, real: str | os.PathLike[str]) -> str | None:
         """The input a destination's real path is (as named), or None."""
         target = os.fspath(real)
         if target in self.files:
             return self.files[target]
+        if self.trees and os.path.isfile(target):
+            for folder, named in self.trees.items():
+                if os.path.commonpath([folder, target]) == folder:
+                    return f"a file of the model folder {named} it loads"
         if not self.folders or not os.path.isfile(target):
             return None
         for folder, named in self.folders.items():
@@ -121,6 +141,7 @@ def _image_extensions() -> set[str]:
     return {ext.lower() for ext in Image.registered_extensions()}
 
 
+MODEL_FOLDER = "hf:"  # a read named so is a model folder: every file in it is protected
 _registry = Reads()
 
 

@@ -607,7 +607,11 @@ def check_folder(tf: Any, spec: str, folder: Path) -> None:
     """A saved model folder hookcli can load without running anything from it: config.json a
     JSON object naming a model type this transformers ships (no auto_map: that is remote
     code), preprocessor_config.json (when present) a JSON object, and safetensors weights
-    (pickled .bin weights are never loaded: unpickling can run code)."""
+    (pickled .bin weights are never loaded: unpickling can run code). Every file in it is
+    the run's input: no output may replace one (issue 49)."""
+    from hookcli.io.output import MODEL_FOLDER, note_read
+
+    note_read(f"{MODEL_FOLDER}{folder}")
     config = json_file(spec, folder / "config.json") or {}
     json_file(spec, folder / "preprocessor_config.json")
     model_type = config.get("model_type")

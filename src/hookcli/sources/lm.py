@@ -350,6 +350,9 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
                 "give one with --tokenizer PATH|ORG/NAME (a folder tokenizer.save_pretrained "
                 "wrote).",
             )
+        from hookcli.io.output import MODEL_FOLDER, note_read
+
+        note_read(f"{MODEL_FOLDER}{local}")  # every file of it: no output may replace one
         config = json_file(f"--tokenizer {where}", local / "tokenizer_config.json") or {}
         _refuse_remote(config, where)
         source: str | Path = local

@@ -1,0 +1,101 @@
+"""No output of a run replaces a file of the model folder it loads (issue 49): the weights,
+shards and their index, tokenizer files, chat template, generation config — through -o,
+--save or calib's file, for an hf: folder and a --tokenizer folder. Each refusal is one line
+with exit 2 before any work, and every file of the folder is byte for byte as it was."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
+TEXT = "The cat sat"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_llm import llama_config, make_tokenizer
+
+    where = tmp_path_factory.mktemp("sharded_llama")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config())
+    model.generation_config.max_new_tokens = 4
+    model.save_pretrained(where, max_shard_size="20KB")  # shards and their index
+    make_tokenizer(chat=True).save_pretrained(where)
+    return where
+
+
+def _digests(where: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(where)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(where.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_folder_has_what_the_issue_lists(folder: Path) -> None:
+    names = {p.name for p in folder.iterdir()}
+    assert "model.safetensors.index.json" in names
+    assert any(n.startswith("model-0000") for n in names)
+    assert {"config.json", "tokenizer.json", "generation_config.json"} <= names
+
+
+@pytest.mark.parametrize(
+    ("args", "target"),
+    [
+        (["inspect", "-l", "lm_head", "-f", "json", "-o"], "model.safetensors.index.json"),
+        (["inspect", "-l", "lm_head", "--save"], "SHARD"),
+        (["lens", "-o"], "tokenizer.json"),
+        (["grads", "-l", "lm_head", "-f", "json", "-o"], "generation_config.json"),
+        (["check", "-f", "json", "-o"], "config.json"),
+        (["diff", "--b", "bfloat16", "-l", "lm_head", "-f", "json", "-o"], "tokenizer_config.json"),
+        (["calib", "-o"], "SHARD"),
+        (["layers", "-f", "json", "-o"], "chat_template.jinja"),
+    ],
+)
+def test_an_output_onto_a_file_of_the_model_folder_is_refused(
+    folder: Path, args: list[str], target: str
+) -> None:
+    if target == "SHARD":
+        target = next(p.name for p in folder.iterdir() if p.name.startswith("model-0000"))
+    path = folder / target
+    if not path.exists():
+        pytest.skip(f"this transformers writes no {target}")
+    before = _digests(folder)
+    command, *rest = args
+    text = [] if command == "layers" else ["--text", TEXT]
+    r = runner.invoke(app, [command, f"hf:{folder}", *text, *rest, str(path)])
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "is also an input of this run" in lines[0] and "model folder" in lines[0]
+    assert _digests(folder) == before
+
+
+def test_a_tokenizer_folder_is_protected_too_and_a_new_file_beside_them_is_not(
+    folder: Path, tmp_path: Path
+) -> None:
+    from tests.test_llm import make_tokenizer
+
+    tok = tmp_path / "tok"
+    make_tokenizer().save_pretrained(tok)
+    before = _digests(tok)
+    out = str(tok / "tokenizer.json")
+    r = runner.invoke(app, ["inspect", f"hf:{folder}", "--text", TEXT, "--tokenizer", str(tok),
+                            "-l", "lm_head", "-f", "json", "-o", out])  # fmt: skip
+    assert r.exit_code == 2 and "is also an input of this run" in r.stderr, r.stderr
+    assert _digests(tok) == before
+    # a report of its own beside the model's files is no file of the model's
+    report = folder / "report.json"
+    r = runner.invoke(app, ["inspect", f"hf:{folder}", "--text", TEXT, "-l", "lm_head", "-f",
+                            "json", "-o", str(report)])  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert report.is_file()
+    report.unlink()
