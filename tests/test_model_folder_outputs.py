@@ -99,3 +99,32 @@ def test_a_tokenizer_folder_is_protected_too_and_a_new_file_beside_them_is_not(
     assert r.exit_code == 0, r.stderr
     assert report.is_file()
     report.unlink()
+
+
+def test_calib_past_the_file_size_limit_is_one_line_and_leaves_no_file(
+    folder: Path, tmp_path: Path
+) -> None:
+    """`ulimit -f`: the write fails with EFBIG (Python ignores SIGXFSZ); calib's file is
+    refused in one line, exit 2, as every other writer's, and nothing is left behind."""
+    import resource
+    import subprocess
+    import sys
+
+    text_file = tmp_path / "calib.txt"
+    text_file.write_text("The cat sat on the mat.\nA dog ran in the park.\n")
+    out = tmp_path / "scales.safetensors"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, resource.RLIM_INFINITY))
+
+    r = subprocess.run(
+        [sys.executable, "-m", "hookcli", "calib", f"hf:{folder}", "--text-file",
+         str(text_file), "-o", str(out)],
+        capture_output=True, text=True, preexec_fn=limit, timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: cannot write") and "File too large" in lines[0], r.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["calib.txt"]

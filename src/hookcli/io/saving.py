@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hookcli.errors import UsageError
 from hookcli.io.output import Destination, write_with
 
 DTYPE_NAMES = {  # the dtypes a safetensors file names, and their names
@@ -54,7 +55,13 @@ class TensorSaver:
             return
         flat = t.detach().contiguous().reshape(-1)
         data = flat.view(torch.uint8).cpu().numpy().tobytes() if flat.numel() else b""
-        self._data.write(data)
+        try:
+            self._data.write(data)
+        except OSError as exc:  # the disk full, or a file-size limit (ulimit -f): one line
+            raise UsageError(
+                f"cannot write {self.dest.label}: {exc.strerror or exc}.",
+                "free space, raise the file-size limit or choose another path.",
+            ) from exc
         self.entries[key] = {
             "dtype": dtype,
             "shape": list(t.shape),
