@@ -128,3 +128,30 @@ def test_calib_past_the_file_size_limit_is_one_line_and_leaves_no_file(
     assert lines[0].startswith("error: cannot write") and "File too large" in lines[0], r.stderr
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["calib.txt"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--norm", "lm_head"], ["--norm lm_head (Linear, weight 320x32)", "not a norm"]),
+        (["--unembed", "model.embed_tokens"], ["is an Embedding", "not an unembedding"]),
+        (["--unembed", "model.layers.0.mlp.down_proj"], ["maps to 32 outputs", "has 320"]),
+    ],
+)
+def test_lens_modules_that_do_not_fit_are_refused_before_the_pass(
+    folder: Path, extra: list[str], needles: list[str]
+) -> None:
+    """issue 49: `lens --norm lm_head` or `--unembed model.embed_tokens` was a raw shape error
+    after the whole pass (exit 3; the API's RuntimeError)."""
+    import hookcli
+    from hookcli.errors import UsageError
+
+    r = runner.invoke(app, ["lens", f"hf:{folder}", "--text", TEXT, *extra])
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    option, value = extra
+    with pytest.raises(UsageError):
+        hookcli.lens(f"hf:{folder}", text=TEXT, **{option.removeprefix("--"): value})

@@ -127,6 +127,60 @@ def find_unembed(model: nn.Module, asked: str | None) -> tuple[str, nn.Module]:
     )
 
 
+def _matrix(m: nn.Module) -> torch.Tensor | None:
+    weight = getattr(m, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def check_unembed(model: nn.Module, name: str, unembed: nn.Module) -> None:
+    """--unembed names a module that maps the hidden width to the vocabulary, before any pass:
+    a Linear-like (vocab, hidden) weight, as wide as the model's vocabulary where its config
+    says it; an Embedding (ids to vectors) or anything else is refused in one line."""
+    where = f"--unembed {name}"
+    hint = "name the model's output head with --unembed (lm_head; `hookcli layers MODEL`)."
+    if isinstance(unembed, nn.Embedding):
+        raise UsageError(
+            f"{where} is an Embedding (token ids to vectors), not an unembedding (vectors to "
+            "the vocabulary).",
+            hint,
+        )
+    weight = _matrix(unembed)
+    if weight is None:
+        raise UsageError(
+            f"{where} ({type(unembed).__name__}) has no (vocabulary, hidden) weight.", hint
+        )
+    config = getattr(model, "config", None)
+    get = getattr(config, "get_text_config", None)
+    try:
+        text = get() if callable(get) else config
+    except Exception:  # a config whose text config needs more than it has
+        text = config
+    vocab = getattr(text, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0 and weight.shape[0] != vocab:
+        raise UsageError(
+            f"{where} maps to {weight.shape[0]} outputs; the model's vocabulary has {vocab}.",
+            hint,
+        )
+
+
+def check_norm(name: str, norm: nn.Module, unembed: nn.Module) -> None:
+    """--norm names a module that keeps the hidden width the unembedding reads: not a Linear,
+    an Embedding or another matrix, and a per-channel weight (if any) of that width."""
+    weight = getattr(norm, "weight", None)
+    width = None if (m := _matrix(unembed)) is None else int(m.shape[-1])
+    fits = not isinstance(norm, nn.Linear | nn.Embedding) and (
+        not isinstance(weight, torch.Tensor)
+        or (weight.dim() == 1 and (width is None or weight.shape[0] == width))
+    )
+    if not fits:
+        shape = "x".join(map(str, weight.shape)) if isinstance(weight, torch.Tensor) else "?"
+        raise UsageError(
+            f"--norm {name} ({type(norm).__name__}, weight {shape}) is not a norm of the hidden "
+            f"width{f' {width}' if width else ''} the unembedding reads.",
+            "name the final norm (model.norm; `hookcli layers MODEL`), or --norm none.",
+        )
+
+
 def _module(model: nn.Module, name: str, option: str) -> nn.Module:
     try:
         return model.get_submodule(name)
@@ -168,6 +222,10 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     blocks = find_blocks(module, options.blocks)
     names = [n for n, _ in blocks]
     unembed_name, unembed = find_unembed(module, options.unembed)
+    if options.unembed is not None:  # (the model's own output embeddings are its head)
+        check_unembed(module, unembed_name, unembed)
+    if options.norm is not None and options.norm.strip().lower() != "none":
+        check_norm(options.norm, _module(module, options.norm, "--norm"), unembed)
     model_input = prepared.model_input
     assert model_input is not None
     seq2seq = isinstance(loaded.kind, Seq2SeqLM)
