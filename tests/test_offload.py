@@ -191,6 +191,9 @@ def _header_bytes(header: Any, data: bytes = b"") -> bytes:
           "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "overlap"),
         ({"w": [1, 2]}, "not described by an object"),
         (b'{"w":', "not JSON"),
+        # issue 49: a dtype that is a list or an object was an internal error (unhashable)
+        ({"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, "of dtype ['F32']"),
+        ({"w": {"dtype": {"a": 1}, "shape": [1], "data_offsets": [0, 4]}}, "of dtype {'a': 1}"),
     ],
 )  # fmt: skip
 def test_a_malformed_safetensors_header_is_refused_in_one_line(

@@ -154,7 +154,7 @@ def _header(path: Path, spec: str) -> dict[str, Entry]:
         if not isinstance(info, dict):
             raise bad(f"tensor {name!r} is not described by an object")
         kind = info.get("dtype")
-        if kind not in DTYPES:
+        if not isinstance(kind, str) or kind not in DTYPES:  # (a list or object: unhashable)
             raise UsageError(
                 f"{spec}: {path.name} holds tensor {name!r} of dtype {kind!r}, which --offload "
                 "does not read.",
