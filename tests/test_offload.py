@@ -358,3 +358,24 @@ def test_an_offloaded_run_peaks_lower_than_the_in_memory_one(tmp_path: Path) -> 
     # the in-memory run holds every weight; the offloaded one the largest unit (64 MiB) and
     # what it read last: measured 105 MB lower of 228 MB of weights (each run ~860 MB itself)
     assert runs["1"]["kib"] < runs["0"]["kib"] - weights_kib / 3
+
+
+def test_meta_refuses_an_absurd_depth_in_one_line(tmp_path: Path) -> None:
+    """issue 49: `layers --meta` of a config with 10⁶ layers ran on past 60 s."""
+    r = runner.invoke(
+        app, ["layers", "hf:llama", "--meta", "--model-arg", "num_hidden_layers=1000000"]
+    )
+    assert r.exit_code == 2, (r.exit_code, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has 1000000 layers" in lines[0], r.stderr
+    config = transformers.LlamaConfig(num_hidden_layers=1_000_000, vocab_size=32)
+    config.save_pretrained(tmp_path)
+    r = runner.invoke(app, ["layers", f"hf:{tmp_path}", "--meta"])
+    assert r.exit_code == 2 and "has 1000000 layers" in r.stderr, r.stderr
+    # a deep but real depth still builds
+    r = runner.invoke(app, ["layers", "hf:llama", "--meta", "--model-arg",
+                            "num_hidden_layers=130", "--model-arg", "hidden_size=64",
+                            "--model-arg", "intermediate_size=128",
+                            "--model-arg", "num_attention_heads=4",
+                            "--model-arg", "num_key_value_heads=4"])  # fmt: skip
+    assert r.exit_code == 0, r.stderr

@@ -669,10 +669,18 @@ def check_config(config: Any, spec: str) -> None:
                 f"{spec}: config field {name} is {value!r}, not a positive whole number.",
                 "fix config.json or the --model-arg value.",
             )
-    if building():  # --meta, --offload: the weights are never all in memory
-        return
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
+    if building():  # --meta, --offload: the weights are never all in memory, but each block
+        # is modules built one by one: absurd depths are refused as absurd sizes are (issue 49)
+        if isinstance(layers, int) and layers > MAX_BUILT_LAYERS:
+            raise UsageError(
+                f"{spec} has {layers} layers; building that many blocks would take longer than "
+                f"any model needs (the deepest ones have a few hundred; hookcli stops at "
+                f"{MAX_BUILT_LAYERS}).",
+                "check config.json or the --model-arg values.",
+            )
+        return
     if not isinstance(hidden, int) or not isinstance(layers, int):
         return
     inner = getattr(config, "intermediate_size", None)
@@ -688,6 +696,9 @@ def check_config(config: Any, spec: str) -> None:
             f"{have / 2**30:.0f} GiB.",
             "check config.json or the --model-arg values.",
         )
+
+
+MAX_BUILT_LAYERS = 4096  # --meta/--offload: more blocks than any model has (Llama-405B: 126)
 
 
 def _memory() -> int | None:
