@@ -155,3 +155,30 @@ def test_lens_modules_that_do_not_fit_are_refused_before_the_pass(
     option, value = extra
     with pytest.raises(UsageError):
         hookcli.lens(f"hf:{folder}", text=TEXT, **{option.removeprefix("--"): value})
+
+
+@pytest.mark.parametrize("kind", ["nested 100,000 deep", "a vocabulary id of -5"])
+def test_a_tokenizer_file_the_library_refuses_is_one_line(
+    folder: Path, tmp_path: Path, kind: str
+) -> None:
+    """issue 49: a tokenizer.json transformers does not wrap (RecursionError, the Rust
+    library's own error) was an internal error, exit 3."""
+    import json
+
+    from tests.test_llm import make_tokenizer
+
+    tok = tmp_path / "tok"
+    make_tokenizer().save_pretrained(tok)
+    path = tok / "tokenizer.json"
+    if kind.startswith("nested"):
+        path.write_text('{"version": "1.0", "model": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        data = json.loads(path.read_text())
+        first = next(iter(data["model"]["vocab"]))
+        data["model"]["vocab"][first] = -5
+        path.write_text(json.dumps(data))
+    r = runner.invoke(app, ["inspect", f"hf:{folder}", "--text", TEXT, "--tokenizer", str(tok),
+                            "-l", "lm_head"])  # fmt: skip
+    assert r.exit_code == 2, (r.exit_code, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no tokenizer could be loaded"), lines

@@ -364,7 +364,8 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
     try:
         with quiet_transformers(tf):
             tokenizer = tf.AutoTokenizer.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+    except Exception as exc:  # a data file's fault, whatever the library
+        # raises for it (tokenizers' own errors, a RecursionError on a file nested 10⁵ deep)
         looked = str(local) if is_local else f"{hf_cache_path(where)}/<revision>/"
         raise UsageError(
             f"no tokenizer could be loaded from {looked} ({one_line(exc)}).",
