@@ -136,6 +136,8 @@ def test_calib_past_the_file_size_limit_is_one_line_and_leaves_no_file(
         (["--norm", "lm_head"], ["--norm lm_head (Linear, weight 320x32)", "not a norm"]),
         (["--unembed", "model.embed_tokens"], ["is an Embedding", "not an unembedding"]),
         (["--unembed", "model.layers.0.mlp.down_proj"], ["maps to 32 outputs", "has 320"]),
+        # a module of the wrong kind was accepted, and gave meaningless tokens with exit 0
+        (["--unembed", "model.norm"], ["--unembed model.norm (LlamaRMSNorm)", "no (vocab"]),
     ],
 )
 def test_lens_modules_that_do_not_fit_are_refused_before_the_pass(
