@@ -122,9 +122,9 @@ def calib_report(
             )
         # by type name: every module of a Linear-like class (subclasses included)
         selection = Selection(types=found) if found else Selection(layers=(experts[0][0],))
-        tapped = experts
+        tapped: list[tuple[str, nn.Module]] | None = experts
     else:
-        tapped = []  # the experts modules the selection names, read per expert
+        tapped = None  # the experts modules the selection names: found on the first pass
     # the tokenizer read once: each pass's prepare finds it there (tokenizer None below)
     loaded = with_tokenizer(loaded, model.tokenizer, needed=inputs.has_text)
     base = ModelOptions(
@@ -144,7 +144,7 @@ def calib_report(
         model_input = prepared.model_input
         assert model_input is not None
         modules.update({t.name: t.module for t in prepared.targets})
-        if not tapped and (selection.layers or selection.types):
+        if tapped is None:
             chosen = {id(t.module) for t in prepared.targets}
             tapped = [(n, m) for n, m in experts if id(m) in chosen]
         convs = {n for n, m in modules.items() if isinstance(m, nn.modules.conv._ConvNd)}
@@ -164,7 +164,7 @@ def calib_report(
             if call.name not in tapped_names  # read per expert instead
         ]
         for key, parts in tap.results().items():
-            owner = key.rsplit(".", 2)[0]
+            owner = fused_experts.expert_of(key)[0]
             found_calls += [(key, tap.types.get(owner, "experts"), ch) for ch in parts]
         for name, type_, ch in found_calls:
             ran.add(name)
@@ -194,6 +194,7 @@ def calib_report(
             "select layers that run (-l, -t; `hookcli layers MODEL` lists them).",
         )
     prepared, model_input = first
+    assert tapped is not None  # (set on the first pass)
     experts_of = dict(tapped)
     order = {name: i for i, (name, _) in enumerate(loaded.module.named_modules())}
     ordered = _in_order(list(merged), order)
@@ -239,11 +240,11 @@ def _in_order(names: list[str], order: dict[str, int]) -> list[str]:
         latest.append(max(i, latest[-1]) if latest else i)
 
     def key(name: str) -> tuple[int, int, int, int]:
-        owner, e, projection = name.rsplit(".", 2)
+        owner, e, projection = fused_experts.expert_of(name)
         at = order.get(owner, len(order))
         before = bisect.bisect_left(places, at)
         anchor = latest[before - 1] if before else -1
-        return anchor, at, int(e) if e.isdigit() else 0, int(projection == "down_proj")
+        return anchor, at, e, int(projection == "down_proj")
 
     keyed = sorted((key(n), n) for n in experts)
     out: list[str] = [n for k, n in keyed if k[0] < 0]
@@ -264,11 +265,11 @@ def _weight_scales(
     if name in modules:
         module = modules[name]
         return lambda channels: weight_scales(module, channels)
-    owner, e, projection = name.rsplit(".", 2)
+    owner, e, projection = fused_experts.expert_of(name)
     experts_module = experts[owner]
 
     def scales(channels: int) -> torch.Tensor | None:
-        w = fused_experts.weight_scales(experts_module, projection, int(e))
+        w = fused_experts.weight_scales(experts_module, projection, e)
         return w if w.numel() == channels else None
 
     return scales

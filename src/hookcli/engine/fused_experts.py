@@ -85,6 +85,12 @@ def expert_layer(name: str, expert: int, projection: str) -> str:
     return f"{name}.{expert}.{projection}"
 
 
+def expert_of(layer: str) -> tuple[str, int, str]:
+    """expert_layer read back: (experts module, expert, projection)."""
+    owner, e, projection = layer.rsplit(".", 2)
+    return owner, int(e), projection
+
+
 def weight_scales(module: nn.Module, projection: str, expert: int) -> torch.Tensor:
     """max|W| per input channel of one expert's projection: its (out, in) weight over rows,
     a transposed (in, out) one (`is_transposed`) over columns; float64 on the CPU."""

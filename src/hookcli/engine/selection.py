@@ -63,19 +63,24 @@ def count_params(model: nn.Module) -> int:
     return sum(numel(p) for p in model.parameters())
 
 
-def dtype_of(model: nn.Module) -> str:
-    """The floating-point dtype the model's parameters and buffers hold (by elements), and
-    the others some of them keep (`bfloat16 (float32 in some tensors)`: a checkpoint's
-    keep-in-float32 modules); float32 for a model with none."""
+def dtypes_held(model: nn.Module) -> tuple[str, list[str]]:
+    """The floating-point dtype the model's parameters and buffers hold most of (by elements),
+    and the others some of them keep (a checkpoint's keep-in-float32 modules); float32 for a
+    model with none."""
     counts: dict[str, int] = {}
     for t in (*model.parameters(), *model.buffers()):
         if t.is_floating_point() and not is_lazy(t):
             name = str(t.dtype).removeprefix("torch.")
             counts[name] = counts.get(name, 0) + t.numel()
     if not counts:
-        return "float32"
+        return "float32", []
     main = max(counts, key=lambda k: counts[k])
-    others = sorted(k for k in counts if k != main)
+    return main, sorted(k for k in counts if k != main)
+
+
+def dtype_of(model: nn.Module) -> str:
+    """dtypes_held in words: `bfloat16 (float32 in some tensors)`."""
+    main, others = dtypes_held(model)
     return main + (f" ({', '.join(others)} in some tensors)" if others else "")
 
 

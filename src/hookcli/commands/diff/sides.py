@@ -464,10 +464,10 @@ def ran_in(run: SideRun) -> str:
 def precisions_of(run: SideRun) -> list[str]:
     """The precisions a side computes in, for its default tolerance: those its kinds set, else
     the dtype it was loaded in (a bfloat16 checkpoint as loaded is bfloat16's)."""
+    from hookcli.engine.selection import dtypes_held
+
     own = [p.precision for p in run.side.parts if p.precision is not None]
-    if own:
-        return own
-    return [ran_in(run).split(" ")[0]]
+    return own or [dtypes_held(run.prepared.loaded.module)[0]]
 
 
 def parse_side(raw: str, option: str) -> Side:
