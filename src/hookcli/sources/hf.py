@@ -370,22 +370,39 @@ def _build(make: Any, spec: str, overrides: dict[str, Any], head: str = "") -> A
     try:
         with quiet_transformers(tf):
             return make()
-    except (TypeError, ValueError) as exc:
-        text = one_line(exc)
+    except Exception as exc:
+        if not isinstance(exc, TypeError | ValueError) and not _refused_value(exc):
+            raise ModelError(
+                f"building {spec}({kwargs_text(overrides)}) failed: {one_line(exc)}",
+                "this model cannot be built offline as it is.",
+            ) from exc
+        text = one_line(exc) if not _refused_value(exc) else _whole(exc)
         if "Unrecognized configuration class" in text and head:
             raise UsageError(
                 f"{spec} has no {head} head in transformers {tf.__version__}.",
                 f"choose another with --head ({', '.join(HEADS)}).",
             ) from exc
+        what = f"{spec}({kwargs_text(overrides)})" if overrides else spec
         raise UsageError(
-            f"cannot build {spec}({kwargs_text(overrides)}): {text}",
-            "check --model-arg values against the model's config fields.",
+            f"cannot build {what}: {text}",
+            "check --model-arg values against the model's config fields."
+            if overrides
+            else "fix the value in the model folder's config.json.",
         ) from exc
-    except Exception as exc:
-        raise ModelError(
-            f"building {spec}({kwargs_text(overrides)}) failed: {one_line(exc)}",
-            "this model cannot be built offline as it is.",
-        ) from exc
+
+
+def _refused_value(exc: BaseException) -> bool:
+    """A config value transformers' typed configs refuse (huggingface_hub's strict
+    dataclasses): the user's input, not the model's failure."""
+    return any(c.__name__ == "StrictDataclassError" for c in type(exc).__mro__)
+
+
+def _whole(exc: BaseException) -> str:
+    """Every line of an exception folded into one (a validation error's reason is on its
+    second line), at most ~300 characters."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(exc).__name__}: {text}"
 
 
 def _saved_class(tf: Any, config: Any, head: str | None, notes: list[str]) -> tuple[Any, str]:
@@ -596,7 +613,8 @@ def _from_saved(
     )
     check_config(config, f"hf:{rest}")
     model = _pretrained(tf, path, config, f"hf:{rest}", overrides, head=head, notes=notes)
-    return model, _saved_processor(tf, path, config), f"saved model {path}"
+    processor = _saved_processor(tf, path, config, f"hf:{rest}", path)
+    return model, processor, f"saved model {path}"
 
 
 # weights transformers would unpickle (or that need another framework): never loaded here
@@ -709,12 +727,62 @@ def _memory() -> int | None:
         return None
 
 
-def _saved_processor(tf: Any, where: Any, config: Any, **kw: Any) -> Any | None:
+def _saved_processor(
+    tf: Any, where: Any, config: Any, spec: str, folder: Path | None, **kw: Any
+) -> Any | None:
+    """The checkpoint's own image processor (its preprocessor_config.json); without that
+    file, the type's default. A file that is there but cannot make a processor, or makes one
+    that cannot preprocess an image (a size of -32, a mean of "x"), is refused in one line:
+    never replaced by the default without a word."""
+    saved = folder is not None and (folder / "preprocessor_config.json").is_file()
     try:
         with quiet_warnings():
-            return tf.AutoImageProcessor.from_pretrained(where, trust_remote_code=False, **kw)
-    except Exception:  # no preprocessor_config.json: the type's default processor
+            processor = tf.AutoImageProcessor.from_pretrained(where, trust_remote_code=False, **kw)
+    except Exception as exc:
+        if saved:
+            raise UsageError(
+                f"{spec}: preprocessor_config.json cannot make an image processor: "
+                f"{one_line(exc)}.",
+                "fix the file (save_pretrained of the model's image processor writes it), or "
+                "remove it for the model type's default preprocessing.",
+            ) from exc
+        # no preprocessor_config.json: the type's default processor
         return _processor_for_type(tf, str(getattr(config, "model_type", "")), config)
+    problem = processor_problem(processor)
+    if problem is not None:
+        raise UsageError(
+            f"{spec}: preprocessor_config.json {problem}.",
+            "fix the file (save_pretrained of the model's image processor writes it).",
+        )
+    return processor
+
+
+MAX_PROCESSOR_SIDE = 8192  # pixels a saved processor may resize or crop an image's side to
+
+
+def processor_problem(processor: Any) -> str | None:
+    """What in an image processor's settings cannot preprocess an image, or None: sizes that
+    are not whole numbers in 1…8192, a mean or std that is not numbers (one per channel, a
+    std of 0), a rescale factor that is not a number."""
+    for field in ("size", "crop_size"):
+        for key, value in size_fields(getattr(processor, field, None)).items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"gives {field} {key} {value!r}, not a whole number of pixels"
+            if not 1 <= value <= MAX_PROCESSOR_SIDE:
+                return f"gives {field} {key} {value}, outside 1…{MAX_PROCESSOR_SIDE} pixels"
+    for field in ("image_mean", "image_std"):
+        value = getattr(processor, field, None)
+        if value is None:
+            continue
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        if not items or any(isinstance(v, bool) or not isinstance(v, int | float) for v in items):
+            return f"gives {field} {value!r}, not numbers (one per channel)"
+        if field == "image_std" and any(v == 0 for v in items):
+            return f"gives {field} {value!r}: a std of 0 divides by zero"
+    factor = getattr(processor, "rescale_factor", None)
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)):
+        return f"gives rescale_factor {factor!r}, not a number"
+    return None
 
 
 def _from_cache(
@@ -753,7 +821,10 @@ def _from_cache(
         tf, repo, config, f"hf:{repo}", overrides, head=head, notes=notes,
         local_files_only=True, cache_dir=cache,
     )  # fmt: skip
-    processor = _saved_processor(tf, repo, config, local_files_only=True, cache_dir=cache)
+    folder = Path(found).parent if isinstance(found, str) else None
+    processor = _saved_processor(
+        tf, repo, config, f"hf:{repo}", folder, local_files_only=True, cache_dir=cache
+    )
     return model, processor, f"hf:{repo} from the local cache"
 
 

@@ -1,0 +1,102 @@
+"""Round 5 of bad inputs (issue 49): the items not covered by their own modules. Each bad
+input is one line `error: … Hint: …` with its documented exit code, before any work where it
+can be told before; nothing is replaced by a default without a word."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_llm import one_line_error, run
+
+transformers = pytest.importorskip("transformers")
+CAT = str(Path(__file__).resolve().parent.parent / "sample_images" / "cat.jpeg")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_llm import save
+
+    return save(tmp_path_factory.mktemp("r5_llama"), "llama", chat=True)
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("r5_vit")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=8,
+    )  # fmt: skip
+    transformers.ViTForImageClassification(config).save_pretrained(where)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(where)
+    return where
+
+
+# ------------------------------------------------ config values transformers' typed configs refuse
+
+
+@pytest.mark.parametrize(
+    ("arg", "field"),
+    [("num_hidden_layers=abc", "num_hidden_layers"), ("hidden_act=5", "hidden_act")],
+)
+def test_a_model_arg_of_the_wrong_type_is_a_usage_error_with_the_whole_reason(
+    llama: Path, arg: str, field: str
+) -> None:
+    res = run("inspect", f"hf:{llama}", "--text", "The cat", "-l", "lm_head", "--model-arg", arg)
+    line = one_line_error(res, 2, field, "expected", "Hint: check --model-arg")
+    # the reason is on the validation error's second line: it is not cut off
+    assert "got" in line and "internal error" not in line
+
+
+def test_a_config_value_transformers_refuses_names_the_field_and_the_file(
+    llama: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(llama, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["hidden_act"] = 5
+    (bad / "config.json").write_text(json.dumps(config))
+    res = run("inspect", f"hf:{bad}", "--text", "The cat", "-l", "lm_head")
+    one_line_error(res, 2, "hidden_act", "expected str, got int", "config.json")
+
+
+# ---------------------------------------------------- a malformed preprocessor_config.json
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"size": "abc", "image_processor_type": "ViTImageProcessor"}, "size"),
+        ({"image_processor_type": "Nope"}, "cannot make an image processor"),
+        ({"image_processor_type": 5}, "cannot make an image processor"),
+        ({"image_processor_type": "ViTImageProcessor", "image_mean": "x"}, "image_mean"),
+        (
+            {"image_processor_type": "ViTImageProcessor", "size": {"height": -32, "width": 32}},
+            "size height -32",
+        ),
+        (
+            {"image_processor_type": "ViTImageProcessor", "size": {"height": 10**5, "width": 32}},
+            "size height 100000",
+        ),
+        ({"image_processor_type": "ViTImageProcessor", "image_std": [0, 1, 1]}, "std of 0"),
+    ],
+)
+def test_a_malformed_preprocessor_config_is_refused_not_replaced_by_the_default(
+    vit: Path, tmp_path: Path, settings: dict[str, object], needle: str
+) -> None:
+    bad = tmp_path / "vit"
+    shutil.copytree(vit, bad)
+    (bad / "preprocessor_config.json").write_text(json.dumps(settings))
+    res = run("inspect", f"hf:{bad}", CAT, "-l", "classifier")
+    one_line_error(res, 2, "preprocessor_config.json", needle)
+
+
+def test_a_sound_preprocessor_config_still_preprocesses(vit: Path) -> None:
+    res = run("inspect", f"hf:{vit}", CAT, "-l", "classifier", "-f", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["layers"][0]["inputs"][0]["shape"] == [1, 32]
