@@ -100,3 +100,59 @@ def test_a_sound_preprocessor_config_still_preprocesses(vit: Path) -> None:
     res = run("inspect", f"hf:{vit}", CAT, "-l", "classifier", "-f", "json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["layers"][0]["inputs"][0]["shape"] == [1, 32]
+
+
+# ---------------------------------------------------- replay of a step whose forward raises
+
+RAISING = '''
+import torch
+from torch import nn
+
+
+class Fault(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class Counter(Fault):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+
+class Bad(nn.Module):
+    """FaultNet's modules and state, a forward that raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.act1 = nn.ReLU()
+        self.fault_a = Fault()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.act2 = nn.ReLU()
+        self.counter = Counter()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc1 = nn.Linear(32, 16)
+        self.fault_b = Fault()
+        self.fc2 = nn.Linear(16, 5)
+
+    def forward(self, x):
+        raise RuntimeError("boom in forward")
+'''
+
+
+def test_replay_of_a_model_whose_forward_raises_is_the_models_failure_exit_3(
+    tmp_path: Path,
+) -> None:
+    from tests.test_watch_faults import SCENARIOS, _train
+
+    s = next(x for x in SCENARIOS if x.name == "nan-weight")
+    _train(s, tmp_path / "run.jsonl")
+    script = tmp_path / "raising.py"
+    script.write_text(RAISING)
+    res = run("replay", str(tmp_path / "run.bundle"), "--model", f"{script}:Bad")
+    one_line_error(res, 3, "the replayed step failed", "boom in forward")
+    # a state that does not fit names the keys (the reason after load_state_dict's heading)
+    script.write_text(RAISING.replace('self.register_buffer("calls"', 'self.register_buffer("n"'))
+    res = run("replay", str(tmp_path / "run.bundle"), "--model", f"{script}:Bad")
+    one_line_error(res, 2, "does not fit", "counter.calls")

@@ -39,10 +39,13 @@ class CheckFailed(HookcliError):
     exit_code = 1
 
 
-def one_line(exc: BaseException, *, with_type: bool = True) -> str:
+def one_line(exc: BaseException, *, with_type: bool = True, whole: bool = False) -> str:
     """An exception as one line of at most ~300 characters — `Type: first line`, whitespace
-    folded — since a model's or torch's message may run to pages (a C++ stack after it)."""
-    first = " ".join(str(exc).strip().split("\n", 1)[0].split())
+    folded — since a model's or torch's message may run to pages (a C++ stack after it).
+    `whole`: every line folded into one, for messages whose reason follows a heading line
+    (load_state_dict's, a validation error's)."""
+    text = str(exc).strip()
+    first = " ".join((text if whole else text.split("\n", 1)[0]).split())
     first = first if len(first) <= 300 else first[:297] + "..."
     if not with_type:
         return first or type(exc).__name__

@@ -376,7 +376,7 @@ def _build(make: Any, spec: str, overrides: dict[str, Any], head: str = "") -> A
                 f"building {spec}({kwargs_text(overrides)}) failed: {one_line(exc)}",
                 "this model cannot be built offline as it is.",
             ) from exc
-        text = one_line(exc) if not _refused_value(exc) else _whole(exc)
+        text = one_line(exc, whole=_refused_value(exc))
         if "Unrecognized configuration class" in text and head:
             raise UsageError(
                 f"{spec} has no {head} head in transformers {tf.__version__}.",
@@ -395,14 +395,6 @@ def _refused_value(exc: BaseException) -> bool:
     """A config value transformers' typed configs refuse (huggingface_hub's strict
     dataclasses): the user's input, not the model's failure."""
     return any(c.__name__ == "StrictDataclassError" for c in type(exc).__mro__)
-
-
-def _whole(exc: BaseException) -> str:
-    """Every line of an exception folded into one (a validation error's reason is on its
-    second line), at most ~300 characters."""
-    text = " ".join(str(exc).split())
-    text = text if len(text) <= 300 else text[:297] + "..."
-    return f"{type(exc).__name__}: {text}"
 
 
 def _saved_class(tf: Any, config: Any, head: str | None, notes: list[str]) -> tuple[Any, str]:

@@ -82,6 +82,13 @@ def replay(
             again = rerun(module, forwards, targets, kinds, partial=partial)
     except Exception as exc:
         raise ModelError(f"the replayed step raised: {one_line(exc)}") from exc
+    if again.errors:  # the model failed on the step's batch: its failure, not a finding
+        more = f" (and {len(again.errors) - 1} more)" if len(again.errors) > 1 else ""
+        raise ModelError(
+            f"the replayed step failed: {again.errors[0]}{more}",
+            "the model built here does not run the step's batch: give the --model the run "
+            "trained (with its --model-arg).",
+        )
     found = ", ".join(bundle.info.get("found") or [])
     step, rank = bundle.info.get("step"), bundle.info.get("rank", 0)
     notes = [f"bundle {bundle.path}: step {step} of rank {rank}, NaN/Inf seen in the {found}"]
@@ -183,7 +190,7 @@ def _module(
         module.load_state_dict(bundle.state["model"])
     except RuntimeError as exc:
         raise UsageError(
-            f"the bundle's state does not fit {spec}: {one_line(exc)}.",
+            f"the bundle's state does not fit {spec}: {one_line(exc, whole=True).rstrip('.')}.",
             "give the --model (and --model-arg) the run trained.",
         ) from exc
     flags = bundle.state.get("training") or {}
