@@ -72,8 +72,8 @@ def lens(
             "--output",
             "-o",
             metavar="FILE",
-            help="Write to FILE (lens.png: a blocks x positions grid of top-1 tokens; .json, "
-            ".csv, .html, .md by suffix); - is stdout.",
+            help="Write to FILE (lens.png: a blocks x positions grid of top-1 tokens per "
+            "sequence, with a colour bar; .json, .csv, .html, .md by suffix); - is stdout.",
         ),
     ] = None,
     force: opt.ForceOpt = False,
@@ -122,3 +122,5 @@ def _write_png(report: LensReport, dest: Destination | None) -> None:
     write_with(dest, lambda tmp: image.save(tmp, format="PNG", optimize=True, pnginfo=info))
     if dest.path is not None:
         err(f"wrote {dest.label} ({image.width}x{image.height})")
+    for note in meta["notes"]:
+        err(f"note: {note}")

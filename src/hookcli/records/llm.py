@@ -1,10 +1,14 @@
 """What --channels, --heads and a MoE model's routing add to a report: per-channel statistics,
 massive activations, outlier features, attention heads, expert routing. Plain dataclasses,
-re-exported by hookcli.records."""
+re-exported by hookcli.records. And the logit lens report's views (LensViewed)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from hookcli.records import LensReport, Rendered
 
 
 @dataclass(slots=True)
@@ -138,3 +142,36 @@ class ExpertStats:
     imbalance: float | None
     entropy: float | None
     max_entropy: float
+
+
+class LensViewed:
+    """What a lens report does in a notebook or at a prompt: a one-line repr, the CLI's table
+    (`table()`, and `print(report)`) and an HTML view (`_repr_html_`: a grid per sequence of
+    blocks by positions, each cell the top-1 token and its probability, shaded by it). Mixed
+    into the LensReport the lens returns (commands.lens.LensResult); the renderers are imported
+    when asked for (records imports none)."""
+
+    __slots__ = ()
+
+    def _report(self) -> LensReport:
+        return cast("LensReport", self)
+
+    def __repr__(self) -> str:
+        from hookcli.render.lens import lens_summary
+
+        return lens_summary(self._report())[:2000]
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def table(self, *, color: bool = False, width: int | None = None) -> Rendered:
+        """The table the CLI prints (`width`: characters; None: 200)."""
+        from hookcli.records import Rendered
+        from hookcli.render.formats import render
+
+        return Rendered(render(self._report(), "table", color=color, width=width))
+
+    def _repr_html_(self) -> str:
+        from hookcli.render.lens import lens_html
+
+        return lens_html(self._report())
