@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from tests.test_llm import one_line_error, run
 
@@ -156,3 +157,29 @@ def test_replay_of_a_model_whose_forward_raises_is_the_models_failure_exit_3(
     script.write_text(RAISING.replace('self.register_buffer("calls"', 'self.register_buffer("n"'))
     res = run("replay", str(tmp_path / "run.bundle"), "--model", f"{script}:Bad")
     one_line_error(res, 2, "does not fit", "counter.calls")
+
+
+# ---------------------------------------------------- rank logs whose shapes disagree
+
+
+def test_rank_logs_whose_shapes_disagree_are_merged_with_a_word(tmp_path: Path) -> None:
+    from hookcli.cli import app
+    from hookcli.commands.watch import runmerge
+    from tests.test_watch_logs import _call, _log, _step, _t
+
+    a = _step(0, [_call("fc", out={**_t(numel=8), "shape": [2, 4]})], world_size=2)
+    b = _step(0, [_call("fc", out={**_t(numel=63), "shape": [7, 3, 3]})], rank=1, world_size=2)
+    logs = [_log(tmp_path, [a], "r.rank0.jsonl"), _log(tmp_path, [b], "r.rank1.jsonl")]
+    merged = runmerge.load_run(logs)
+    (note,) = [n for n in merged.notes if "disagree on the shape" in n]
+    assert "fc call 0 output out (rank 0 2x4, rank 1 7x3x3)" in note
+    (out,) = merged.steps[0].layers[0].outputs
+    assert out.numel == 71 and out.note is not None and "(4 and 3x3)" in out.note
+    # ranks of one model (a shorter last shard) merge without a word
+    c = _step(0, [_call("fc", out={**_t(numel=4), "shape": [1, 4]})], rank=1, world_size=2)
+    logs[1] = _log(tmp_path, [c], "r.rank1.jsonl")
+    same = runmerge.load_run(logs)
+    assert not [n for n in same.notes if "shape" in n]
+    assert same.steps[0].layers[0].outputs[0].note is None
+    res = CliRunner().invoke(app, ["report", str(logs[0]), str(logs[1])])
+    assert res.exit_code == 0, res.output

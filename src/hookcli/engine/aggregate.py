@@ -50,6 +50,9 @@ class Accumulator:
     layout: str | None = None  # the same in every batch: the layer's, not the data's
     channels: ChannelStats | None = None  # --channels: merged channel by channel
     channels_lost: bool = False  # a part without them, or of another width: none reported
+    # shapes after the batch dimension that differ from the first part's (ranks of another
+    # model, texts padded to other lengths): said in the merged statistics' note
+    other_shapes: set[tuple[int, ...]] = field(default_factory=set)
 
     def add(self, t: TensorStats) -> None:
         n = t.numel - t.nan - t.inf
@@ -96,6 +99,10 @@ class Accumulator:
                 self.channels = merge_channels(mine, theirs, self.rows)
         if first:
             self.layout = o.layout
+            self.sample_shape = o.sample_shape if o.rows else self.sample_shape
+        elif o.rows and o.sample_shape != self.sample_shape:
+            self.other_shapes.add(o.sample_shape)
+        self.other_shapes |= {x for x in o.other_shapes if x != self.sample_shape}
         self.rows += o.rows
         self.notes |= o.notes
         if first:
@@ -104,6 +111,18 @@ class Accumulator:
             self.hist_counts = [a + b for a, b in zip(self.hist_counts, o.hist_counts, strict=True)]
         else:  # edges differ: counts cannot be added exactly, so none are reported
             self.hist_counts = self.hist_edges = None
+
+    def _shapes_note(self) -> list[str]:
+        """The merged parts' shapes after the batch dimension, when they differ."""
+        if not self.other_shapes:
+            return []
+        others = sorted(self.other_shapes)
+        listed = ", ".join(map(_shape_text, others[:4])) + (", …" if len(others) > 4 else "")
+        return [
+            "the parts merged differ in shape after the batch dimension "
+            f"({_shape_text(self.sample_shape)} and {listed}): statistics over all their "
+            "elements, the shape shown is the first's"
+        ]
 
     def stats(self) -> TensorStats:
         has = self.count > 0
@@ -120,7 +139,7 @@ class Accumulator:
             nan=self.nan,
             inf=self.inf,
             norm=math.sqrt(self.sumsq) if has else None,
-            note="; ".join(sorted(self.notes)) or None,
+            note="; ".join(sorted(self.notes) + self._shapes_note()) or None,
             layout=self.layout,
             channels=self.channels,
             hist=(
@@ -129,6 +148,10 @@ class Accumulator:
                 else None
             ),
         )
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "one value"
 
 
 def merge_channels(a: ChannelStats | None, b: ChannelStats, offset: int) -> ChannelStats:

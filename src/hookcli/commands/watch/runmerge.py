@@ -160,6 +160,7 @@ def merge_step(records: Sequence[StepLine]) -> tuple[StepLine, list[str]]:
                 error=next((c.error for c in parts if c.error), None),
             )
         )
+    notes += _shapes_agree(records)
     notes += _params_agree(records)
     merged = dataclasses.replace(
         first,
@@ -246,6 +247,28 @@ def _params_agree(records: Sequence[StepLine]) -> list[str]:
                         f"{_g(a)}, rank {r.rank} {_g(b)}): not one DistributedDataParallel "
                         "model? parameters are rank 0's"
                     ]
+    return []
+
+
+def _shapes_agree(records: Sequence[StepLine]) -> list[str]:
+    """Ranks of one DDP run see each tensor with the same shape after the batch dimension;
+    the first that differs is a note for the step (its statistics are merged regardless)."""
+    seen: dict[tuple[str, int, str, str], list[tuple[int, tuple[int, ...]]]] = {}
+    for r in records:
+        for c in r.layers:
+            for kind in ("inputs", "outputs", "grad_outputs", "grad_inputs"):
+                for t in getattr(c, kind) or []:
+                    seen.setdefault((c.name, c.call, kind, t.path), []).append(
+                        (r.rank, tuple(t.shape))
+                    )
+    for (name, call, kind, path), shapes in seen.items():
+        if len({x[1:] for _, x in shapes}) > 1:
+            listed = ", ".join(f"rank {r} {'x'.join(map(str, x))}" for r, x in shapes[:4])
+            return [
+                f"step {records[0].step}: the ranks disagree on the shape of {name} call {call} "
+                f"{kind[:-1].replace('_', ' ')} {path} ({listed}): statistics merged over all "
+                "their elements; not the ranks of one model?"
+            ]
     return []
 
 
