@@ -3,8 +3,9 @@ models` (a registry) and `hookcli show` (a saved file), built from rows.py's par
 
 from __future__ import annotations
 
-from hookcli.records import LayersReport, ModelEntry, SavedFile
+from hookcli.records import KVCache, LayersReport, ModelEntry, SavedFile, WeightBytes
 from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape
+from hookcli.render.memrows import size
 from hookcli.render.rows import (
     SAVED_HEADERS,
     Line,
@@ -54,11 +55,51 @@ def layers_sections(report: LayersReport) -> list[Section]:
         "select with -l NAME (exact or glob, e.g. -l 'layer1.*'), -t TYPE, --depth N;"
         " default: every leaf module"
     )
-    return [
-        lines_section("header", "model", head),
-        Section("modules", "modules", [t]),
-        lines_section("hint", "selecting", [hint]),
-    ]
+    sections = [lines_section("header", "model", head), Section("modules", "modules", [t])]
+    memory = memory_lines(report)
+    if memory:
+        sections.append(Section("memory", "memory", memory))
+    return [*sections, lines_section("hint", "selecting", [hint])]
+
+
+def memory_lines(report: LayersReport) -> list[Part]:
+    """Under the module table: the weights' bytes (as held, and in each dtype they are also
+    given in) and a causal LM's KV cache a token."""
+    out: list[Part] = []
+    if report.weights is not None:
+        out += weight_lines(report.weights)
+    if report.kv_cache is not None:
+        out += kv_lines(report.kv_cache)
+    return out
+
+
+def weight_lines(w: WeightBytes) -> list[Line]:
+    held = ", ".join(f"{dtype} {size(n)}" for dtype, n in w.held.items()) or "no parameters"
+    if len(w.held) > 1:
+        held = f"{size(w.bytes)}: {held}"
+    buffers = f"; buffers {size(w.buffer_bytes)}" if w.buffer_bytes else ""
+    first = f"weights {held} ({count(w.params)} parameters, tied ones once){buffers}"
+    each = ", ".join(f"{dtype} {size(n)}" for dtype, n in w.as_dtype.items())
+    return [Line(first), Line(f"  as {each} ({w.assumes})", "dim")]
+
+
+def kv_lines(kv: KVCache) -> list[Line]:
+    if kv.bytes_per_token is None:
+        return [Line(f"KV cache {kv.note or 'unknown'}", "note")]
+    formula = f": {kv.formula}" if kv.formula else ""
+    line = f"KV cache {size(kv.bytes_per_token)} a token ({kv.dtype}{formula})"
+    if kv.sliding_layers and kv.full_bytes is not None:
+        window = f"{kv.window} tokens" if kv.window is not None else "their windows"
+        line += (
+            f"; past {window}, {size(kv.full_bytes)} a token: the {kv.sliding_layers} "
+            f"sliding-window layers keep the last {window}"
+        )
+    if kv.bytes_at_context is not None and kv.context is not None:
+        line += f"; {size(kv.bytes_at_context)} a sequence of its {kv.context}-token context"
+    out = [Line(line)]
+    if kv.note:
+        out.append(Line(f"  {kv.note}", "dim"))
+    return out
 
 
 def models_sections(entries: list[ModelEntry]) -> list[Section]:
