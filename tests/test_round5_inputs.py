@@ -183,3 +183,72 @@ def test_rank_logs_whose_shapes_disagree_are_merged_with_a_word(tmp_path: Path) 
     assert same.steps[0].layers[0].outputs[0].note is None
     res = CliRunner().invoke(app, ["report", str(logs[0]), str(logs[1])])
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------------------------- chat templates run with bounds
+
+GOOD_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+def _with_template(llama: Path, tmp_path: Path, template: str) -> Path:
+    folder = tmp_path / "chat"
+    shutil.copytree(llama, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("template", "needle"),
+    [
+        (  # a nested loop that never returns in any useful time
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+            "did not finish rendering within 2 s",
+        ),
+        (  # gigabytes of text, written piece by piece
+            "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+            "more than",
+        ),
+        ("{{ 'x' * 3000000000 }}", "more than"),  # gigabytes at once
+        ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recurses too deep"),
+        ("{{ raise_exception('no system turns') }}", "failed: TemplateError: no system turns"),
+    ],
+)
+def test_a_chat_template_runs_within_time_memory_and_text_bounds(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, needle: str
+) -> None:
+    import resource
+    import time
+
+    from hookcli.inputs import chat
+
+    monkeypatch.setattr(chat, "CHAT_SECONDS", 2.0)
+    monkeypatch.setattr(chat, "CHAT_MEMORY", 256 << 20)
+    folder = _with_template(llama, tmp_path, template)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    res = run("inspect", f"hf:{folder}", "--text", "The cat", "--chat", "-l", "lm_head")
+    one_line_error(res, 2, "--chat: the tokenizer's chat template", needle)
+    assert time.monotonic() - started < 30  # (a bound far above the 2 s, never a timing test)
+    # the rendering ran in a child: this process did not grow by the gigabytes it tried
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown < 512 << 10, grown  # KiB
+
+
+def test_a_bounded_chat_template_renders_as_transformers_does(llama: Path, tmp_path: Path) -> None:
+    from hookcli.inputs.chat import render_chat
+
+    folder = _with_template(llama, tmp_path, GOOD_TEMPLATE)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = ["The cat", "a dog ran 'quoted' \u00e9\u6f22"]
+    want = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+        )
+        for t in texts
+    ]
+    assert render_chat(tok, texts) == want
+    res = run("inspect", f"hf:{folder}", "--text", "The cat", "--chat", "-l", "lm_head")
+    assert res.exit_code == 0, res.output

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -79,8 +79,9 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
     texts = texts_of(inputs)
     shown = texts
     if inputs.chat:
-        shown = texts
-        texts = [_chat(tokenizer, t) for t in texts]
+        from hookcli.inputs.chat import render_chat
+
+        texts = render_chat(tokenizer, texts)
     notes: list[str] = []
     batch = len(texts) > 1  # (one text is never padded: no pad token, no side needed)
     side = inputs.padding_side if batch else None
@@ -157,25 +158,6 @@ SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to
 def _short(text: str) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…"
-
-
-def _chat(tokenizer: Any, text: str) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise UsageError(
-            "--chat: the tokenizer has no chat template (chat_template in "
-            "tokenizer_config.json or chat_template.jinja).",
-            "drop --chat and give the text as the model should see it.",
-        )
-    try:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-    except Exception as exc:
-        raise UsageError(
-            f"--chat: the tokenizer's chat template failed: {one_line(exc)}.",
-            "drop --chat and give the text as the model should see it.",
-        ) from exc
-    return str(rendered)
 
 
 def _check_ids(loaded: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> None:
