@@ -252,3 +252,85 @@ def test_a_bounded_chat_template_renders_as_transformers_does(llama: Path, tmp_p
     assert render_chat(tok, texts) == want
     res = run("inspect", f"hf:{folder}", "--text", "The cat", "--chat", "-l", "lm_head")
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------------ a long --text-file runs in batches and merges
+
+WORDS = [
+    "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "in", "park", "hello", "world", "once",
+    "upon", "time", "there", "was", "model",
+]  # fmt: skip
+
+
+def _lines(path: Path, count: int) -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    lines = [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def test_a_long_text_file_runs_in_batches_and_merges_to_the_whole_files_statistics(
+    llama: Path, tmp_path: Path
+) -> None:
+    lines = _lines(tmp_path / "lines.txt", 70)
+    res = run(
+        "inspect", f"hf:{llama}", "--text-file", str(tmp_path / "lines.txt"),
+        "-l", "model.layers.0", "-l", "lm_head", "--batch-size", "16", "-f", "json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["input"]["description"].startswith("70 texts from ")
+    assert "in 5 batches of up to 16" in data["input"]["description"]
+    # the oracle: transformers over every line at once, real tokens only, in float64
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    enc = tok(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+    real = enc["attention_mask"].bool()
+    for name, tensor in (
+        ("model.layers.0", out.hidden_states[1]),
+        ("lm_head", out.logits),
+    ):
+        (call,) = [c for c in data["layers"] if c["name"] == name]
+        got = call["outputs"][0]
+        want = tensor[real].double()
+        assert got["numel"] == want.numel()
+        assert got["shape"][:2] == [70, enc["input_ids"].shape[1]]
+        assert got["mean"] == pytest.approx(float(want.mean()), rel=1e-4, abs=1e-7)
+        assert got["std"] == pytest.approx(float(want.std(unbiased=False)), rel=1e-4)
+        assert got["min"] == pytest.approx(float(want.min()), rel=1e-5)
+        assert got["max"] == pytest.approx(float(want.max()), rel=1e-5)
+        assert "padding left out" in (got["note"] or "")
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--per-token"], "--per-token works on one batch of text"),
+        (["--topk", "3"], "--topk works on one batch of text"),
+        (["--heads"], "--heads works on one batch of text"),
+        (["--workers", "2"], "--workers decode images"),
+    ],
+)
+def test_what_reads_one_batch_is_refused_on_a_batched_text_run(
+    llama: Path, tmp_path: Path, extra: list[str], needle: str
+) -> None:
+    _lines(tmp_path / "lines.txt", 40)
+    res = run("inspect", f"hf:{llama}", "--text-file", str(tmp_path / "lines.txt"), *extra)
+    one_line_error(res, 2, needle)
+
+
+def test_grads_and_lens_on_more_texts_than_one_batch_are_one_line(
+    llama: Path, tmp_path: Path
+) -> None:
+    from hookcli.inputs.text import ONE_BATCH_TEXTS
+
+    _lines(tmp_path / "lines.txt", 40)
+    res = run("grads", f"hf:{llama}", "--text-file", str(tmp_path / "lines.txt"))
+    one_line_error(res, 2, "next-token loss, a mean over one batch", "40 texts")
+    _lines(tmp_path / "many.txt", ONE_BATCH_TEXTS + 1)
+    res = run("lens", f"hf:{llama}", "--text-file", str(tmp_path / "many.txt"))
+    one_line_error(res, 2, f"{ONE_BATCH_TEXTS + 1} texts in one padded batch", "inspect/check")

@@ -302,7 +302,7 @@ BatchSizeOpt = Annotated[
     int | None,
     typer.Option(
         "--batch-size",
-        help="Images per batch for a folder run [default: 32].",
+        help="Images (or texts) per batch of a folder or long --text-file run [default: 32].",
         show_default=False,
     ),
 ]

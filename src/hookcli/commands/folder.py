@@ -129,6 +129,8 @@ def is_folder_run(items: Sequence[Any], batching: Batching) -> bool:
 
 def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
     """The folder run an inspection makes (None: one batch), its one-batch options refused."""
+    if inv.inputs.has_text:
+        return _text_options(inv, batching)
     if not is_folder_run(inv.inputs.items, batching):
         return None
     run = inv.run
@@ -155,6 +157,45 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
     return batching.folder()
 
 
+def _text_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
+    """A text run in batches: asked for (--batch-size, --limit), or more texts than one batch
+    holds (a long --text-file). What reads one batch is refused, naming the way round."""
+    from hookcli.inputs.text import texts_of
+
+    count = len(texts_of(inv.inputs))
+    if not batching.asked and count <= DEFAULT_BATCH:
+        return None
+    run = inv.run
+    why = f"{count} texts run in batches of {batching.batch_size or DEFAULT_BATCH}"
+    one = f"give at most {DEFAULT_BATCH} texts without --batch-size/--limit"
+    if batching.workers:
+        raise UsageError(
+            "--workers decode images in worker processes; text is tokenized here.",
+            "drop --workers.",
+        )
+    if batching.per_image:
+        raise UsageError(f"--per-image lists each image's predictions; {why}.", "drop --per-image.")
+    if inv.backward is not None:
+        raise UsageError(
+            f"grads starts from the next-token loss, a mean over one batch; {why}, and their "
+            "gradients would not add up to the whole file's.",
+            f"{one} (the gradients of one batch), or inspect/check the statistics of all.",
+        )
+    for flag, value in (
+        ("ablate", run.ablate),
+        ("heads", run.heads),
+        ("save", run.save),
+        ("train", run.train),
+        ("per-token", run.per_token),
+        ("generate", run.generate),
+        ("position", run.position is not None),
+        ("topk", run.topk),
+    ):
+        if value:
+            raise UsageError(f"--{flag} works on one batch of text; {why}.", f"{one}.")
+    return batching.folder()
+
+
 def folder_report(
     inv: Invocation,
     folder: FolderOptions,
@@ -168,6 +209,8 @@ def folder_report(
         raise UsageError(f"--limit must be 1 or more, got {folder.limit}.", "e.g. --limit 1000")
     if folder.workers < 0:
         raise UsageError(f"--workers must be 0 or more, got {folder.workers}.", "e.g. --workers 2")
+    if inv.inputs.has_text:
+        return _text_report(inv, folder, progress)
     paths = [str(p) for p in inv.inputs.items]
     files = image_files(paths)[: folder.limit]
     group = shards.join()  # torchrun: this rank's share of the batches
@@ -175,6 +218,71 @@ def folder_report(
         if group is not None:
             shards.agree(group, settings(inv, folder), [f.name for f in files])
         return _folder_report(inv, folder, files=files, paths=paths, group=group, progress=progress)
+    finally:
+        shards.leave(group)
+
+
+def _text_report(
+    inv: Invocation, folder: FolderOptions, progress: Callable[[int, int], None] | None
+) -> Report:
+    """A text run in batches: every text tokenized and padded to the run's longest (so every
+    batch has one shape; padding is left out of every statistic), each batch's pass merged
+    into the running statistics as a folder's images are."""
+    from hookcli.engine.passes import with_tokenizer
+    from hookcli.inputs.text import from_text, texts_of, token_lengths
+
+    shown = texts_of(inv.inputs)[: folder.limit]
+    group = shards.join()  # torchrun: this rank's share of the batches
+    try:
+        if group is not None:
+            shards.agree(group, settings(inv, folder), [str(len(shown))])
+        prepared = prepare(inv.model, inv.selection, None)
+        loaded = prepared.loaded = with_tokenizer(prepared.loaded, inv.model.tokenizer, needed=True)
+        texts = shown
+        if inv.inputs.chat:
+            from hookcli.inputs.chat import render_chat
+
+            texts = render_chat(loaded.tokenizer, shown)
+        longest = max(token_lengths(loaded, texts, inv.inputs.chat))
+        batch = folder.batch_size
+        total = -(-len(texts) // batch)
+        mine = group.batches(total) if group is not None else list(range(total))
+        run = _FolderRun(prepared, inv.run)
+        part = shards.Part(group.rank if group else 0, run.agg, run.model_out, run.counts, {})
+        edges_shared = group is None or not run.hist
+        started = time.monotonic()
+        try:
+            for k in mine:
+                if not edges_shared and group is not None and group.rank != 0:
+                    shards.share_edges(group, run.edges, prepared.device)  # rank 0's batch 0
+                    edges_shared = True
+                rows = range(k * batch, min((k + 1) * batch, len(texts)))
+                model_input = from_text(
+                    loaded,
+                    inv.inputs,
+                    texts=texts[rows.start : rows.stop],
+                    shown=shown[rows.start : rows.stop],
+                    pad_to=longest,
+                ).to(prepared.device)
+                run.run_batch(model_input, [f"text {i}" for i in rows], k)
+                part.seen[k] = len(rows)
+                if not edges_shared and group is not None and group.rank == 0:
+                    shards.share_edges(group, run.edges, prepared.device)
+                    edges_shared = True
+                if progress is not None:
+                    progress(run.seen, len(texts) if group is None else len(mine) * batch)
+        except KeyboardInterrupt:
+            part.interrupted = True
+        if not edges_shared and group is not None:  # a rank with no batch still takes part
+            shards.share_edges(group, run.edges, prepared.device)
+        where = str(inv.inputs.text_file) if inv.inputs.text_file is not None else "--text"
+        label = f"tokenizer {loaded.tokenizer_label}, padded to {longest} tokens" + (
+            ", each text a user turn of its chat template" if inv.inputs.chat else ""
+        )
+        unit = Unit("texts", len(shown), where)
+        return _merged_report(
+            inv, folder, run, part, group, started=started, unit=unit, preprocessing=label
+        )
     finally:
         shards.leave(group)
 
@@ -252,6 +360,43 @@ def _folder_report(
         part.interrupted = True
     if not edges_shared and group is not None:  # a rank with no batch still takes part
         shards.share_edges(group, run.edges, prepared.device)
+    return _merged_report(
+        inv,
+        folder,
+        run,
+        part,
+        group,
+        started=started,
+        unit=Unit("images", len(files), ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")),
+        preprocessing=loaded.preprocess_label,
+        prediction_note=prediction_note,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unit:
+    """What a batched run reads: `images` or `texts`, how many, and from where."""
+
+    name: str
+    count: int
+    where: str
+
+
+def _merged_report(
+    inv: Invocation,
+    folder: FolderOptions,
+    run: _FolderRun,
+    part: shards.Part,
+    group: shards.Group | None,
+    *,
+    started: float,
+    unit: Unit,
+    preprocessing: str,
+    prediction_note: str | None = None,
+) -> Report:
+    """Every rank's part merged (one part without torchrun) into the run's report."""
+    prepared = run.prepared
+    loaded = prepared.loaded
     part.nonfinite, part.origins = run.nonfinite_images, run.origins_at
     part.notes, part.unhooked, part.timing, part.shape = (
         run.notes,
@@ -281,8 +426,12 @@ def _folder_report(
         k, n, run.origins = earliest
         run.origins_batch = (k, offsets[k], offsets[k] + n - 1)
     notes = [
-        "statistics are over all images"
-        + ("" if folder.per_image else "; add --per-image K for each image's top-K predictions")
+        f"statistics are over all {unit.name}"
+        + (
+            ""
+            if folder.per_image or unit.name != "images"
+            else "; add --per-image K for each image's top-K predictions"
+        )
     ]
     if run.backward:
         notes.append(
@@ -300,14 +449,15 @@ def _folder_report(
     if run.origins_batch is not None:
         k, first, last = run.origins_batch
         notes.append(
-            f"NaN/Inf first appeared in batch {k} (images {first}–{last}); the origin "
+            f"NaN/Inf first appeared in batch {k} ({unit.name} {first}–{last}); the origin "
             "is where they appeared in that batch"
         )
     if interrupted:
-        notes.append(f"interrupted after {run.seen} of {len(files)} images: partial statistics")
+        notes.append(
+            f"interrupted after {run.seen} of {unit.count} {unit.name}: partial statistics"
+        )
     if run.seen == 0 and not interrupted:
-        raise UsageError(f"none of the {len(files)} images could be read.", "check the files.")
-    where = ", ".join(paths[:2]) + ("…" if len(paths) > 2 else "")
+        raise UsageError(f"none of the {unit.count} {unit.name} could be read.", "check the files.")
     layers = run.layer_calls(run.param_stats(group) if run.backward else {})
     shape = run.shape or ()
     size = (shape[-2], shape[-1]) if len(shape) == 3 else None
@@ -315,11 +465,12 @@ def _folder_report(
     report = Report(
         model=model_info(loaded, inv.run.train, prepared.seed),
         input=InputInfo(
-            f"{run.seen} images from {where} in {run.batches} batches of up to {folder.batch_size}"
+            f"{run.seen} {unit.name} from {unit.where} in {run.batches} batches of up to "
+            f"{folder.batch_size}"
             + (f" over {group.world} processes" if group is not None else ""),
             [(run.seen, *run.shape)] if run.shape else [],
             [],
-            loaded.preprocess_label,
+            preprocessing,
         ),
         device=str(prepared.device),
         layers=layers,
@@ -394,10 +545,8 @@ class _FolderRun:
         self.grads: dict[int, torch.Tensor] = {}  # id(parameter) → its summed gradient
 
     def batch(self, tensors: list[torch.Tensor], files: list[ImageFile], k: int) -> Any:
-        """Global batch k: its pass, merged into the running statistics; its images' NaN/Inf
-        rows and origins kept by (k, place in the batch), placed when the run ends."""
-        prepared = self.prepared
-        loaded = prepared.loaded
+        """Global batch k of images: its pass (see `run_batch`)."""
+        loaded = self.prepared.loaded
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) > 1 and loaded.kind.stacks:
             raise UsageError(
@@ -406,7 +555,16 @@ class _FolderRun:
                 "use a model whose preprocessing crops to one size, or --batch-size 1.",
             )
         args: tuple[Any, ...] = (torch.stack(tensors),) if loaded.kind.stacks else (list(tensors),)
-        model_input = ModelInput(args, "batch").to(prepared.device)
+        model_input = ModelInput(args, "batch").to(self.prepared.device)
+        return self.run_batch(model_input, [f.name for f in files], k)
+
+    def run_batch(self, model_input: ModelInput, names: list[str], k: int) -> Any:
+        """Global batch k: its pass, merged into the running statistics (a padded batch of
+        text: its real tokens only); its inputs' NaN/Inf rows and origins kept by (k, place
+        in the batch), placed when the run ends."""
+        prepared = self.prepared
+        loaded = prepared.loaded
+        rows = len(names)
         self.shape = self.shape or tuple(model_input.shapes()[0])[1:]
         # --profile: this batch timed (and its FLOPs counted) before its statistics are taken
         timing = (
@@ -420,6 +578,7 @@ class _FolderRun:
             hist_bins=self.hist,
             hist_edges=self.edges,
         )
+        collector.set_token_mask(model_input.token_mask)
         if self.run.channels:
             layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
             types = {n: e.type for e in prepared.entries for n in e.names}
@@ -429,7 +588,7 @@ class _FolderRun:
             prepared,
             collector,
             model_input=model_input,
-            images=len(tensors),
+            images=rows,
             backward=backward,
             train=self.train,
         ) as measured:
@@ -442,13 +601,13 @@ class _FolderRun:
         session, calls = measured.session, measured.calls
         out_stats, by_image = measured.outputs, measured.by_image
         for b in by_image:  # which image: its file, its place in the batch
-            b.source = files[b.image].name
+            b.source = names[b.image]
         self.nonfinite_images += [(k, b) for b in by_image]
         if not self.origins and (by_image or any(_nonfinite(c) for c in calls)):
             # the first batch that shows NaN/Inf: where they first appeared in it
             self.origins = origins_of(prepared, session, out_stats)
             if self.origins:
-                self.origins_at = (k, len(tensors), self.origins)
+                self.origins_at = (k, rows, self.origins)
         self.unhooked.update(session.unhooked)
         for note in result.notes:
             if note not in self.notes:
@@ -467,7 +626,7 @@ class _FolderRun:
             self.counts[i] += n
         if timing is not None:  # counted with the batch's statistics, never without them
             self.timing.add(*timing)
-        self.seen += len(tensors)
+        self.seen += rows
         self.batches += 1
         return result.output
 

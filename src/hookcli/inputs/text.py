@@ -69,21 +69,35 @@ def _lines(name: str) -> list[str]:
     return lines
 
 
-def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
+def from_text(
+    loaded: LoadedModel,
+    inputs: InputOptions,
+    *,
+    texts: Sequence[str] | None = None,
+    shown: Sequence[str] | None = None,
+    pad_to: int | None = None,
+) -> ModelInput:
     """The texts through the model's tokenizer (loaded.tokenizer) into input_ids and
-    attention_mask (and what the model's task adds: a seq2seq LM's decoder start)."""
+    attention_mask (and what the model's task adds: a seq2seq LM's decoder start). A batched
+    text run (commands/folder.py) gives each batch's `texts` (rendered through the chat
+    template already with --chat; `shown` as the user gave them) padded to `pad_to` tokens,
+    the longest of the whole run; one batch is at most ONE_BATCH_TEXTS texts."""
     from hookcli.inputs import ModelInput
 
     tokenizer = loaded.tokenizer
     assert tokenizer is not None
-    texts = texts_of(inputs)
-    shown = texts
-    if inputs.chat:
-        from hookcli.inputs.chat import render_chat
+    if texts is None:
+        texts = texts_of(inputs)
+        one_batch(len(texts))
+        shown = texts
+        if inputs.chat:
+            from hookcli.inputs.chat import render_chat
 
-        texts = render_chat(tokenizer, texts)
+            texts = render_chat(tokenizer, texts)
+    texts, shown = list(texts), list(shown if shown is not None else texts)
     notes: list[str] = []
-    batch = len(texts) > 1  # (one text is never padded: no pad token, no side needed)
+    # (one text is never padded: no pad token, no side needed)
+    batch = len(texts) > 1 or pad_to is not None
     side = inputs.padding_side if batch else None
     no_pad = batch and getattr(tokenizer, "pad_token_id", None) is None
     if no_pad or (side is not None and side != getattr(tokenizer, "padding_side", side)):
@@ -104,7 +118,8 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
         enc = tokenizer(
             texts,
             return_tensors="pt",
-            padding=len(texts) > 1,
+            padding="max_length" if pad_to is not None else len(texts) > 1,
+            max_length=pad_to,
             add_special_tokens=not inputs.chat,  # a chat template writes its own
         )
     except Exception as exc:
@@ -153,6 +168,32 @@ def from_text(loaded: LoadedModel, inputs: InputOptions) -> ModelInput:
 
 
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
+ONE_BATCH_TEXTS = 1024  # texts one padded batch takes; inspect, grads and check batch more
+
+
+def one_batch(count: int) -> None:
+    """More texts than one padded batch should hold (a --text-file of 600,000 lines would be
+    gigabytes of padding and activations at once), refused where a command reads one batch."""
+    if count > ONE_BATCH_TEXTS:
+        raise UsageError(
+            f"{count} texts in one padded batch: this reads one batch, of at most "
+            f"{ONE_BATCH_TEXTS} texts.",
+            "give fewer lines, or run inspect/check (they run a long --text-file in batches "
+            "and merge the statistics).",
+        )
+
+
+def token_lengths(loaded: LoadedModel, texts: Sequence[str], chat: bool) -> list[int]:
+    """Each text's number of tokens (texts rendered through the chat template already)."""
+    tokenizer = loaded.tokenizer
+    assert tokenizer is not None
+    try:
+        ids = tokenizer(list(texts), add_special_tokens=not chat)["input_ids"]
+    except Exception as exc:
+        raise UsageError(
+            f"the tokenizer could not encode the text: {one_line(exc)}.", "check the text."
+        ) from exc
+    return [len(x) for x in ids]
 
 
 def _short(text: str) -> str:
@@ -205,4 +246,6 @@ def ensure_tokenizer(loaded: LoadedModel, asked: str | None) -> None:
     loaded.tokenizer_label = label
 
 
-__all__: Sequence[str] = ("ensure_tokenizer", "from_text", "needs_text_model", "texts_of")
+__all__: Sequence[str] = (
+    "ensure_tokenizer", "from_text", "needs_text_model", "one_batch", "texts_of", "token_lengths",
+)  # fmt: skip
