@@ -187,13 +187,21 @@ def token_lengths(loaded: LoadedModel, texts: Sequence[str], chat: bool) -> list
     """Each text's number of tokens (texts rendered through the chat template already)."""
     tokenizer = loaded.tokenizer
     assert tokenizer is not None
-    try:
-        ids = tokenizer(list(texts), add_special_tokens=not chat)["input_ids"]
-    except Exception as exc:
-        raise UsageError(
-            f"the tokenizer could not encode the text: {one_line(exc)}.", "check the text."
-        ) from exc
-    return [len(x) for x in ids]
+    lengths: list[int] = []
+    for start in range(0, len(texts), LENGTH_CHUNK):  # (a long file: flat memory)
+        try:
+            ids = tokenizer(list(texts[start : start + LENGTH_CHUNK]), add_special_tokens=not chat)[
+                "input_ids"
+            ]
+        except Exception as exc:
+            raise UsageError(
+                f"the tokenizer could not encode the text: {one_line(exc)}.", "check the text."
+            ) from exc
+        lengths += [len(x) for x in ids]
+    return lengths
+
+
+LENGTH_CHUNK = 4096  # texts tokenized at once to find the longest
 
 
 def _short(text: str) -> str:
