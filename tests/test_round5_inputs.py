@@ -334,3 +334,47 @@ def test_grads_and_lens_on_more_texts_than_one_batch_are_one_line(
     _lines(tmp_path / "many.txt", ONE_BATCH_TEXTS + 1)
     res = run("lens", f"hf:{llama}", "--text-file", str(tmp_path / "many.txt"))
     one_line_error(res, 2, f"{ONE_BATCH_TEXTS + 1} texts in one padded batch", "inspect/check")
+
+
+# ------------------------------------------- --text-file that is not a file, --tokenizer a file
+
+
+def test_a_text_file_that_is_not_a_regular_file_is_named_as_what_it_is(
+    llama: Path, tmp_path: Path
+) -> None:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for name, needle in (
+        (str(fifo), "is a pipe, not a regular file"),
+        (str(tmp_path), "is a folder"),
+        ("/dev/zero", "is a device or special file"),
+        (str(tmp_path / "none.txt"), "not found"),
+    ):
+        res = run("inspect", f"hf:{llama}", "--text-file", name, "-l", "lm_head")
+        one_line_error(res, 2, needle)
+
+
+def test_text_file_dash_reads_standard_input_once(llama: Path) -> None:
+    from hookcli.cli import app
+
+    runner = CliRunner()
+    args = ["inspect", f"hf:{llama}", "--text-file", "-", "-l", "lm_head", "-f", "json"]
+    res = runner.invoke(app, args, input="The cat\nA dog ran\n")
+    assert res.exit_code == 0, res.output
+    assert [t["text"] for t in json.loads(res.stdout)["input"]["texts"]] == ["The cat", "A dog ran"]
+    # more than one batch: read once, though the run looks at its texts twice
+    res = runner.invoke(app, args, input="".join(f"line {i}\n" for i in range(40)))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["input"]["description"].startswith("40 texts from standard")
+
+
+def test_a_tokenizer_file_or_an_empty_name_is_refused_with_the_way_round(
+    llama: Path, tmp_path: Path
+) -> None:
+    res = run("inspect", f"hf:{llama}", "--text", "a", "-l", "lm_head",
+              "--tokenizer", str(llama / "tokenizer.json"))  # fmt: skip
+    one_line_error(res, 2, "is a file; a tokenizer is a folder", f"--tokenizer {llama}")
+    res = run("inspect", f"hf:{llama}", "--text", "a", "-l", "lm_head", "--tokenizer", "")
+    one_line_error(res, 2, "--tokenizer is empty")

@@ -275,7 +275,9 @@ def _text_report(
             part.interrupted = True
         if not edges_shared and group is not None:  # a rank with no batch still takes part
             shards.share_edges(group, run.edges, prepared.device)
-        where = str(inv.inputs.text_file) if inv.inputs.text_file is not None else "--text"
+        where = {None: "--text", "-": "standard input"}.get(
+            inv.inputs.text_file, str(inv.inputs.text_file)
+        )
         label = f"tokenizer {loaded.tokenizer_label}, padded to {longest} tokens" + (
             ", each text a user turn of its chat template" if inv.inputs.chat else ""
         )

@@ -6,8 +6,10 @@ batch carries the mask that keeps padding out of every statistic.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,19 +43,19 @@ def texts_of(inputs: InputOptions) -> list[str]:
 def _lines(name: str) -> list[str]:
     from hookcli.io.output import note_read, user_path
 
-    path = user_path(name, "--text-file")
-    note_read(path)
     try:
-        if not path.is_file():
-            raise UsageError(
-                f"--text-file {name} not found.", "give a text file, one sequence a line."
-            )
-        if path.stat().st_size > TEXT_FILE_MAX:
-            raise UsageError(
-                f"--text-file {name} is over {TEXT_FILE_MAX >> 20} MB.",
-                "give a shorter file, one sequence a line.",
-            )
-        raw = path.read_text(encoding="utf-8")
+        if name == "-":  # standard input, as other command-line tools read it
+            raw = _stdin()
+        else:
+            path = user_path(name, "--text-file")
+            note_read(path)
+            _regular(path, name)
+            if path.stat().st_size > TEXT_FILE_MAX:
+                raise UsageError(
+                    f"--text-file {name} is over {TEXT_FILE_MAX >> 20} MB.",
+                    "give a shorter file, one sequence a line.",
+                )
+            raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(
             f"--text-file {name} is not UTF-8 text ({one_line(exc)}).",
@@ -67,6 +69,51 @@ def _lines(name: str) -> list[str]:
     if not lines:
         raise UsageError(f"--text-file {name} holds no text.", "give one sequence a line.")
     return lines
+
+
+def _regular(path: Path, name: str) -> None:
+    """A --text-file that is not a regular file, named as what it is (not "not found")."""
+    import stat
+
+    if not path.exists():
+        raise UsageError(f"--text-file {name} not found.", "give a text file, one sequence a line.")
+    if path.is_dir():
+        raise UsageError(
+            f"--text-file {name} is a folder.", "give a text file in it, one sequence a line."
+        )
+    if not stat.S_ISREG(path.stat().st_mode):
+        what = "a pipe" if stat.S_ISFIFO(path.stat().st_mode) else "a device or special file"
+        raise UsageError(
+            f"--text-file {name} is {what}, not a regular file.",
+            "give a text file, or pipe the text in with --text-file - (standard input).",
+        )
+
+
+def _stdin() -> str:
+    """Standard input as text, at most TEXT_FILE_MAX bytes; a terminal is refused (nothing
+    would arrive until the user typed the end of input)."""
+    import sys
+
+    stream = sys.stdin
+    kept = getattr(stream, "hookcli_text", None)
+    if isinstance(kept, str):  # read once (a run reads its texts more than once)
+        return kept
+    if stream is None or stream.isatty():
+        raise UsageError(
+            "--text-file - reads standard input, which is a terminal here.",
+            "pipe the text in (cat prompts.txt | hookcli …), or give a file.",
+        )
+    buffer = getattr(stream, "buffer", None)
+    data = buffer.read(TEXT_FILE_MAX + 1) if buffer is not None else stream.read().encode()
+    if len(data) > TEXT_FILE_MAX:
+        raise UsageError(
+            f"--text-file - (standard input) is over {TEXT_FILE_MAX >> 20} MB.",
+            "give a shorter text, one sequence a line.",
+        )
+    text = bytes(data).decode("utf-8")
+    with contextlib.suppress(AttributeError):
+        stream.hookcli_text = text  # type: ignore[union-attr]
+    return text
 
 
 def from_text(

@@ -335,10 +335,20 @@ def load_tokenizer(asked: str | None, found: str | None, spec: str) -> tuple[Any
             "give one with --tokenizer PATH|ORG/NAME, or token ids with --input "
             "input_ids=randint:0:VOCAB:1x16.",
         )
+    if not where.strip():
+        raise UsageError(
+            "--tokenizer is empty.", "give a tokenizer folder (PATH) or ORG/NAME from the cache."
+        )
     tf = transformers_module()
     from hookcli.io.output import user_path
 
     local = user_path(where, "--tokenizer")
+    if local.exists() and not local.is_dir():
+        raise UsageError(
+            f"--tokenizer {where} is a file; a tokenizer is a folder (tokenizer.json with "
+            "tokenizer_config.json and special_tokens_map.json, as save_pretrained writes).",
+            f"give the folder that holds it: --tokenizer {local.parent}",
+        )
     is_local = local.is_dir() or where.startswith((".", "/", "~"))
     kwargs: dict[str, Any] = {"trust_remote_code": False}
     if is_local:
