@@ -378,3 +378,34 @@ def test_a_tokenizer_file_or_an_empty_name_is_refused_with_the_way_round(
     one_line_error(res, 2, "is a file; a tokenizer is a folder", f"--tokenizer {llama}")
     res = run("inspect", f"hf:{llama}", "--text", "a", "-l", "lm_head", "--tokenizer", "")
     one_line_error(res, 2, "--tokenizer is empty")
+
+
+# ---------------------------------------------------------- a malformed generation_config.json
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"max_new_tokens": "abc"}, "max_new_tokens 'abc'"),
+        ({"temperature": -1, "do_sample": True}, "temperature -1"),
+        ({"eos_token_id": "x"}, "eos_token_id 'x'"),
+        ({"num_beams": 0}, "num_beams 0"),
+        ([1, 2], "holds a list, not a JSON object"),
+    ],
+)
+def test_a_malformed_generation_config_is_named_before_the_build(
+    llama: Path, tmp_path: Path, settings: object, needle: str
+) -> None:
+    bad = tmp_path / "gen"
+    shutil.copytree(llama, bad)
+    (bad / "generation_config.json").write_text(json.dumps(settings))
+    for args in (["--generate", "3"], []):
+        res = run("inspect", f"hf:{bad}", "--text", "The cat", "-l", "lm_head", *args)
+        line = one_line_error(res, 2, "generation_config.json", needle)
+        assert "input shape" not in line
+    # unset fields (null) and lists of ids are what save_pretrained writes
+    (bad / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, 3], "temperature": None, "max_new_tokens": 4})
+    )
+    res = run("inspect", f"hf:{bad}", "--text", "The cat", "-l", "lm_head", "--generate", "2")
+    assert res.exit_code == 0, res.output

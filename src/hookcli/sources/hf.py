@@ -22,6 +22,7 @@ checkpoint's tokenizer (sources/lm.py).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -624,6 +625,14 @@ def check_folder(tf: Any, spec: str, folder: Path) -> None:
     note_read(f"{MODEL_FOLDER}{folder}")
     config = json_file(spec, folder / "config.json") or {}
     json_file(spec, folder / "preprocessor_config.json")
+    generation = json_file(spec, folder / "generation_config.json")
+    if generation is not None:
+        problem = generation_problem(generation)
+        if problem is not None:
+            raise UsageError(
+                f"{spec}: generation_config.json {problem}.",
+                "fix the file (save_pretrained writes it), or remove it for the defaults.",
+            )
     model_type = config.get("model_type")
     if config.get("auto_map") or not isinstance(model_type, str) or not model_type:
         raise UsageError(
@@ -654,6 +663,52 @@ def check_folder(tf: Any, spec: str, folder: Path) -> None:
         f"{spec} holds no weights (no model.safetensors in {folder}).",
         "give the folder save_pretrained wrote, or hf:TYPE for a randomly initialised model.",
     )
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# generation_config.json's fields generate() reads, and what each must be
+_GENERATION: dict[str, tuple[Any, str]] = {
+    "max_new_tokens": (lambda v: _whole(v) and v > 0, "a whole number above 0"),
+    "max_length": (lambda v: _whole(v) and v > 0, "a whole number above 0"),
+    "min_new_tokens": (lambda v: _whole(v) and v >= 0, "a whole number, 0 or more"),
+    "min_length": (lambda v: _whole(v) and v >= 0, "a whole number, 0 or more"),
+    "num_beams": (lambda v: _whole(v) and v >= 1, "a whole number, 1 or more"),
+    "num_return_sequences": (lambda v: _whole(v) and v >= 1, "a whole number, 1 or more"),
+    "top_k": (lambda v: _whole(v) and v >= 0, "a whole number, 0 or more"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "temperature": (lambda v: _number(v) and v > 0, "a number above 0"),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number above 0"),
+    "do_sample": (lambda v: isinstance(v, bool), "true or false"),
+    "use_cache": (lambda v: isinstance(v, bool), "true or false"),
+    **{
+        name: (
+            lambda v: (
+                (_whole(v) and v >= 0)
+                or (isinstance(v, list) and all(_whole(x) and x >= 0 for x in v))
+            ),
+            "a token id (a whole number, 0 or more) or a list of them",
+        )
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
+    },
+}
+
+
+def generation_problem(settings: Mapping[str, Any]) -> str | None:
+    """What in generation_config.json generate() could not use (a max_new_tokens of "abc",
+    a temperature of -1, an end-of-sequence id "x"), or None. null is a field left unset."""
+    for name, (fits, what) in _GENERATION.items():
+        value = settings.get(name)
+        if value is not None and not fits(value):
+            return f"gives {name} {value!r}, not {what}"
+    return None
 
 
 # config fields that are sizes: a positive whole number (or a list of them) when present
