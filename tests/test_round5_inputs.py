@@ -409,3 +409,43 @@ def test_a_malformed_generation_config_is_named_before_the_build(
     )
     res = run("inspect", f"hf:{bad}", "--text", "The cat", "-l", "lm_head", "--generate", "2")
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------- --meta blames the meta device only when it is to blame
+
+BOOM = """
+import torch
+from torch import nn
+
+
+class Fails(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.l(x)
+        raise RuntimeError("shape mismatch: expected 5 got 4")
+
+
+class Reads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.l(x)
+        return y if y.sum() > 0 else -y
+"""
+
+
+def test_meta_names_the_meta_device_only_for_a_forward_that_reads_values(tmp_path: Path) -> None:
+    folder = tmp_path / "meta-models"  # "meta" in the path: not a reason to blame the device
+    folder.mkdir()
+    (folder / "meta_boom.py").write_text(BOOM)
+    spec = f"{folder / 'meta_boom.py'}"
+    res = run("layers", f"{spec}:Fails", "--meta", "--input", "randn:2x4")
+    line = one_line_error(res, 3, "shape mismatch: expected 5 got 4")
+    assert "meta device" not in line
+    res = run("layers", f"{spec}:Reads", "--meta", "--input", "randn:2x4")
+    one_line_error(res, 3, "reads a tensor's values, which the meta device does not have")

@@ -67,7 +67,7 @@ def layers_report(
             with _meta_kernels(model.meta), hooked_pass(prepared, session):
                 pass
         except ModelError as exc:
-            if model.meta and "meta" in str(exc):
+            if model.meta and _reads_values(exc.__cause__ or exc):
                 raise ModelError(
                     f"{prepared.loaded.spec}'s forward reads a tensor's values, which the meta "
                     f"device does not have ({one_line(exc.__cause__ or exc)}).",
@@ -137,6 +137,23 @@ def layers_report(
         weights=weight_bytes(module),
         kv_cache=kv_cache(module) if _is_causal_lm(module, prepared.loaded.task) else None,
     )
+
+
+# what torch says when code reads a meta tensor's values (not any failure that names "meta":
+# a model called meta-llama/…, a folder under /tmp/meta, a shape error on the meta device)
+_VALUE_READS = (
+    "cannot be called on meta tensors",
+    "cannot copy out of meta tensor",
+    "meta device type tensor",
+    "correct data-independent implementation does not exist",
+    "data-dependent",
+    "on device meta is not on the expected device",
+)
+
+
+def _reads_values(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(phrase in text for phrase in _VALUE_READS)
 
 
 def _meta_kernels(meta: bool) -> contextlib.AbstractContextManager[None]:
