@@ -34,7 +34,10 @@ def layers_sections(report: LayersReport) -> list[Section]:
         headers += ["calls", "output shape"]
     if report.flops is not None:
         headers.append("FLOPs")
-    t = Table(None, headers)
+    # a column no module fills says nothing, and its width is the names' to fold less
+    hidden = () if any(r.aliases for r in report.modules) else ("also named",)
+    # given up first where the table does not fit (then each module turns vertical)
+    t = Table(None, headers, drop=("leaf", "calls"), hidden=hidden)
     for r in report.modules:
         indent = "  " * max(r.depth - 1, 0)
         cells = [

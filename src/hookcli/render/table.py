@@ -9,6 +9,7 @@ built in render/rows.py, which Markdown reads too; this module decides only how 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Sequence
 
 from rich import box
@@ -80,7 +81,62 @@ def _console(color: bool, width: int | None) -> tuple[Console, io.StringIO]:
     return console, buf
 
 
-_NAME_MIN = 16  # the first column (a layer or file name) may fold down to this width
+_NAME_MIN = 16  # the first column (a layer or file name) may fold down to this width, or
+# to its longest piece between dots where that is wider, up to _PIECE_MAX: other columns give
+# way before a piece is cut inside (a piece wider than that is: the last resort)
+_PIECE_MAX = 32
+_BREAKS = re.compile(r"[^.\s]*[.\s]+|[^.\s]+")  # a name's pieces, each up to a break after it
+
+
+def fold_name(text: str, width: int) -> str:
+    """A name cell in lines of at most `width` cells, each line broken right after a `.` (or
+    at a space): `model.layers.0.self_attn.` then `q_proj`, never `model.layers.0.self_at`
+    then `tn.q_proj`. Only a piece with no `.` in `width` cells is cut inside (the last
+    resort). A line's leading spaces (`layers`' tree indent) start its continuation lines
+    too, as far as they leave room for its longest piece (8 cells at least)."""
+    width = max(width, 1)
+    out: list[str] = []
+    for line in text.split("\n"):
+        if cell_len(line) <= width:
+            out.append(line)
+            continue
+        body = line.lstrip(" ")
+        keep = max(8, _longest_piece(body))  # the indent gives way before a piece is cut
+        indent = " " * min(len(line) - len(body), max(width - keep, 0))
+        room = width - len(indent)
+        current = ""
+        for found in _BREAKS.findall(body):
+            piece = str(found)
+            if current and cell_len((current + piece).rstrip()) > room:
+                out.append(indent + current.rstrip())
+                current = ""
+            while cell_len(piece.rstrip()) > room:
+                head = _cells(piece, room)
+                out.append(indent + head)
+                piece = piece[len(head) :]
+            current += piece
+        if current.strip():
+            out.append(indent + current.rstrip())
+    return "\n".join(out)
+
+
+def _longest_piece(text: str) -> int:
+    """The widest piece of a name that fold_name keeps on one line (its pieces between dots
+    and spaces), leading spaces left out."""
+    return max(
+        (cell_len(str(p).rstrip()) for line in text.split("\n") for p in _BREAKS.findall(line)),
+        default=0,
+    )
+
+
+def _cells(text: str, width: int) -> str:
+    """The longest start of `text` of at most `width` cells (one character at least)."""
+    n = 0
+    for i, ch in enumerate(text):
+        n += cell_len(ch)
+        if n > width:
+            return text[: max(i, 1)]
+    return text
 
 
 class Grid:
@@ -101,6 +157,7 @@ class Grid:
         self.color = color
         self.drop = [h for h in drop if h in self.headers]
         self.rows: list[tuple[list[str], str | None]] = []
+        self._floor = _NAME_MIN  # the width the names fold down to (set as it is drawn)
 
     def add_row(self, *cells: str, style: str | None = None) -> None:
         """A row; each cell escaped (names can hold ESC, newlines, markup)."""
@@ -120,11 +177,13 @@ class Grid:
         return widths
 
     def _fits(self, keep: list[int], widths: list[int], width: int) -> bool:
-        need = sum(min(widths[i], _NAME_MIN) if i == 0 else widths[i] for i in keep)
+        need = sum(min(widths[i], self._floor) if i == 0 else widths[i] for i in keep)
         return need + 3 * (len(keep) - 1) <= width
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
+        pieces = (_longest_piece(cells[0]) for cells, _ in self.rows if cells)
+        self._floor = max(_NAME_MIN, min(max(pieces, default=0), _PIECE_MAX))
         keep = list(range(len(self.headers)))
         widths = self._widths(wrap_headers=False)
         wrap = not self._fits(keep, widths, width)
@@ -140,27 +199,40 @@ class Grid:
             yield from self._vertical(width)
             return
         headers = [self.headers[i] for i in keep]
-        lines = self._laid_out(headers, keep, widths, width, wrap)
-        yield from lines if lines is not None else [self._table(headers, keep, widths, width, wrap)]
+        # names break after their dots, not where Rich's folding would cut them
+        limit = max(self._floor, width - sum(widths[i] for i in keep[1:]) - 3 * (len(keep) - 1))
+        rows = [([fold_name(cells[0], limit), *cells[1:]], style) for cells, style in self.rows]
+        lines = self._laid_out(headers, keep, widths, width, wrap, rows)
+        yield from (
+            lines if lines is not None else [self._table(headers, keep, widths, width, wrap, rows)]
+        )
         if hidden:
             note = f"(columns left out at {width} characters: {', '.join(hidden)}; widen the "
             note += "terminal, set COLUMNS, or use -f json)"
             yield _t(note, style="dim" if self.color else "")
 
-    def _laid_out(
-        self, headers: list[str], keep: list[int], widths: list[int], width: int, wrap: bool
+    def _laid_out(  # noqa: PLR0917 (rows positional: tests stand in a `lambda *a`)
+        self,
+        headers: list[str],
+        keep: list[int],
+        widths: list[int],
+        width: int,
+        wrap: bool,
+        rows: Sequence[tuple[list[str], str | None]] | None = None,
     ) -> list[Text] | None:
         """The table `_table` draws, line by line, where no cell needs folding: the same text
         (tests/test_render_width.py compares them), ten times faster than Rich's Table, which
-        measures and wraps every cell (0.35 s for inspect's 158 rows on resnet50). None: a
-        name or the title that must fold; `_table` draws those."""
+        measures and wraps every cell (0.35 s for inspect's 158 rows on resnet50). `rows`:
+        the rows with their names folded at their dots (fold_name; default: as added). None:
+        a name still too wide, or the title, must fold; `_table` draws those."""
+        rows = self.rows if rows is None else rows
         rest = sum(widths[i] for i in keep[1:]) + 3 * (len(keep) - 1)
         labels = [h.replace(" ", "\n") if wrap else h for h in headers]
-        body = [[cells[i] for i in keep] for cells, _ in self.rows]
+        body = [[cells[i] for i in keep] for cells, _ in rows]
         name_width = max(
             cell_len(line) for c in (labels[0], *(r[0] for r in body)) for line in c.split("\n")
         )
-        if name_width > max(_NAME_MIN, width - rest):
+        if name_width > max(self._floor, width - rest):
             return None  # a name folds: Rich's wrapping decides where
         cols = [name_width, *(widths[i] for i in keep[1:])]
         total = sum(cols) + 3 * (len(cols) - 1)
@@ -191,12 +263,18 @@ class Grid:
             out.append(Text("\u2500" * total))
         else:
             out.append(Text("-+-".join("-" * w for w in cols)))
-        for (_, style), row in zip(self.rows, body, strict=True):
+        for (_, style), row in zip(rows, body, strict=True):
             out += lines_of(row, (style or "") if self.color else "")
         return out
 
-    def _table(
-        self, headers: list[str], keep: list[int], widths: list[int], width: int, wrap: bool
+    def _table(  # noqa: PLR0917
+        self,
+        headers: list[str],
+        keep: list[int],
+        widths: list[int],
+        width: int,
+        wrap: bool,
+        rows: Sequence[tuple[list[str], str | None]] | None = None,
     ) -> Table:
         t = Table(
             title=_t(self.title) if self.title else None,
@@ -211,7 +289,7 @@ class Grid:
             right = h in RIGHT
             label = h.replace(" ", "\n") if wrap else h
             if n == 0:  # the name: folds when it must
-                t.add_column(Text(label), overflow="fold", max_width=max(_NAME_MIN, width - rest))
+                t.add_column(Text(label), overflow="fold", max_width=max(self._floor, width - rest))
             else:
                 t.add_column(
                     Text(label),
@@ -219,7 +297,7 @@ class Grid:
                     no_wrap=True,
                     min_width=widths[i],
                 )
-        for cells, style in self.rows:
+        for cells, style in self.rows if rows is None else rows:
             t.add_row(*(Text(cells[i]) for i in keep), style=style if self.color else None)
         return t
 
@@ -231,7 +309,8 @@ class Grid:
             look = (style or "") if self.color else ""
             pairs = [f"{h} {c}" for h, c in zip(self.headers[1:], cells[1:], strict=True) if c]
             if cells[0]:
-                yield _t(cells[0], style=(style or "bold") if self.color else "")
+                name = fold_name(cells[0], width)
+                yield Text(name, style=(style or "bold") if self.color else "")
             line = ""
             for pair in pairs:
                 if line and cell_len(line) + 2 + cell_len(pair) > width:
