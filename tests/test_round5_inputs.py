@@ -449,3 +449,58 @@ def test_meta_names_the_meta_device_only_for_a_forward_that_reads_values(tmp_pat
     assert "meta device" not in line
     res = run("layers", f"{spec}:Reads", "--meta", "--input", "randn:2x4")
     one_line_error(res, 3, "reads a tensor's values, which the meta device does not have")
+
+
+# --------------------------------------------------------------- calib never writes a NaN scale
+
+NAN_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(4, 4)
+        self.l2 = nn.Linear(4, 4)
+        self.l4 = nn.Linear(4, 4)
+
+    def forward(self, x):
+        b = self.l1(x).clone()
+        b[..., 0] = float("nan")  # channel 0 of l2's input: no finite value
+        d = x.clone()
+        d[0, 0] = float("inf")  # one value of l4's input
+        return self.l2(b).sum() + self.l4(d).sum()
+
+
+class AllNan(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.l(x * float("nan"))
+"""
+
+
+def test_calib_never_writes_a_nan_scale_and_says_where_nan_was(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    script = tmp_path / "nan_net.py"
+    script.write_text(NAN_NET)
+    out = tmp_path / "scales.safetensors"
+    res = run("calib", f"{script}:Net", "--input", "randn:8x4", "-o", str(out), "-f", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [layer["name"] for layer in data["layers"]] == ["l1", "l4"]
+    (skip,) = [s for s in data["skipped"] if s["name"] == "l2"]
+    assert "1 of its 4 input channels held no finite value" in skip["reason"]
+    assert any(n.startswith("l4: 1 NaN/Inf value in its input") for n in data["notes"])
+    tensors = load_file(out)
+    assert "l2" not in tensors and "l1" in tensors
+    assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
+    # nothing finite anywhere: nothing written, the model's failure
+    out.unlink()
+    res = run("calib", f"{script}:AllNan", "--input", "randn:8x4", "-o", str(out))
+    one_line_error(res, 3, "no finite value", "--fail-on nonfinite")
+    assert not out.exists()

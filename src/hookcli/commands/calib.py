@@ -36,7 +36,7 @@ from hookcli.engine import fused_experts
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
 from hookcli.engine.passes import prepare, with_tokenizer
-from hookcli.errors import UsageError
+from hookcli.errors import ModelError, UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
 from hookcli.records import CalibLayer, CalibReport, CalibSkip, ChannelStats
 from hookcli.sources import load_model
@@ -136,6 +136,7 @@ def calib_report(
     modules: dict[str, nn.Module] = {}
     ran: set[str] = set()  # selected layers called at least once
     unreadable: dict[str, str] = {}  # experts modules whose calls could not be read
+    nonfinite: dict[str, int] = {}  # NaN/Inf values in a layer's input, left out of its scales
     sequences = passes = 0
     first = None
     notes: list[str] = []
@@ -158,6 +159,11 @@ def calib_report(
         ):
             pass
         tapped_names = {n for n, _ in tapped}
+        for call in measured.calls:
+            if call.inputs and call.name not in tapped_names:
+                bad = call.inputs[0].nan + call.inputs[0].inf
+                if bad:
+                    nonfinite[call.name] = nonfinite.get(call.name, 0) + bad
         found_calls = [
             (call.name, call.type, call.inputs[0].channels if call.inputs else None)
             for call in measured.calls
@@ -197,12 +203,40 @@ def calib_report(
     assert tapped is not None  # (set on the first pass)
     experts_of = dict(tapped)
     order = {name: i for i, (name, _) in enumerate(loaded.module.named_modules())}
-    ordered = _in_order(list(merged), order)
+    # a channel with no finite value has no scale: the layer is not written (a NaN scale
+    # would poison what reads the file), and one with some NaN/Inf is said
+    empty = {
+        name: sum(a is None for a in ch.absmax)
+        for name, ch in merged.items()
+        if any(a is None for a in ch.absmax)
+    }
+    for name, n in nonfinite.items():
+        if name in merged and name not in empty:
+            notes.append(
+                f"{name}: {n} NaN/Inf value{'s' if n != 1 else ''} in its input over the "
+                "calibration data, left out of its scales"
+            )
+    ordered = _in_order([n for n in merged if n not in empty], order)
+    if not ordered:
+        raise ModelError(
+            f"every calibrated layer's input held a channel with no finite value (NaN/Inf in "
+            f"{', '.join(list(empty)[:3])}{', …' if len(empty) > 3 else ''}): no scale to write.",
+            "find where NaN/Inf begin with hookcli check MODEL … --fail-on nonfinite.",
+        )
     layers = [
         _layer(name, types[name], merged[name], _weight_scales(name, modules, experts_of), alpha)
         for name in ordered
     ]
     skipped = _skipped(modules, tapped, ran, merged, unreadable)
+    skipped += [
+        CalibSkip(
+            name,
+            types[name],
+            f"{n} of its {len(merged[name].absmax)} input channels held no finite value (NaN/Inf "
+            "in the calibration data): no scale to write",
+        )
+        for name, n in empty.items()
+    ]
     rank = {name: i for i, name in enumerate(_in_order([k.name for k in skipped], order))}
     skipped.sort(key=lambda k: rank[k.name])
     info = input_info(model_input)
