@@ -210,11 +210,11 @@ def calib_report(
         for name, ch in merged.items()
         if any(a is None for a in ch.absmax)
     }
-    for name, n in nonfinite.items():
-        if name in merged and name not in empty:
+    for layer, count in nonfinite.items():
+        if layer in merged and layer not in empty:
             notes.append(
-                f"{name}: {n} NaN/Inf value{'s' if n != 1 else ''} in its input over the "
-                "calibration data, left out of its scales"
+                f"{layer}: {count} NaN/Inf value{'s' if count != 1 else ''} in its input over "
+                "the calibration data, left out of its scales"
             )
     ordered = _in_order([n for n in merged if n not in empty], order)
     if not ordered:
