@@ -504,3 +504,57 @@ def test_calib_never_writes_a_nan_scale_and_says_where_nan_was(tmp_path: Path) -
     res = run("calib", f"{script}:AllNan", "--input", "randn:8x4", "-o", str(out))
     one_line_error(res, 3, "no finite value", "--fail-on nonfinite")
     assert not out.exists()
+
+
+# ---------------------------------------- the Python API: text of the wrong type, tokenizer output
+
+
+def test_api_text_of_the_wrong_type_is_a_typeerror_that_says_what_it_takes(llama: Path) -> None:
+    import hookcli
+
+    for kwargs, needle in (
+        ({"text": 5}, "text must be a string or a list of strings"),
+        ({"text": ["a", 5]}, "a list holding int"),
+        ({"text_file": 5}, "text_file must be a path"),
+        ({"text": "a", "tokenizer": 5}, "tokenizer must be a path, ORG/NAME or a transformers"),
+    ):
+        with pytest.raises(TypeError, match=needle):
+            hookcli.inspect(f"hf:{llama}", layers=["lm_head"], **kwargs)
+
+
+def test_api_takes_a_tokenizers_output_and_a_tokenizer_object(llama: Path) -> None:
+    import hookcli
+
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    enc = tok(["The cat sat on", "A"], return_tensors="pt", padding=True)
+    report = hookcli.inspect(model, enc, layers=["lm_head"])
+    (out,) = report["lm_head"][0].outputs
+    with torch.no_grad():
+        logits = model(**enc).logits
+    real = logits[enc["attention_mask"].bool()].double()  # the oracle: real tokens only
+    assert out.numel == real.numel()
+    assert out.mean == pytest.approx(float(real.mean()), rel=1e-5)
+    assert "input_ids 2x" in report.input.description
+    with pytest.raises(TypeError, match="return_tensors='pt'"):
+        hookcli.inspect(model, tok(["a"]), layers=["lm_head"])
+    # a tokenizer object instead of a path
+    given = hookcli.inspect(model, text="The cat", tokenizer=tok, layers=["lm_head"])
+    by_path = hookcli.inspect(f"hf:{llama}", text="The cat", layers=["lm_head"])
+    assert given.input.texts is not None and by_path.input.texts is not None
+    assert given.input.texts[0].ids == by_path.input.texts[0].ids
+    assert "(given)" in (given.input.preprocessing or "")
+
+
+def test_a_script_attribute_that_is_a_built_model_is_used_as_it_is(tmp_path: Path) -> None:
+    script = tmp_path / "built.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(4, 4), nn.ReLU())\n"
+    )
+    res = run("inspect", f"{script}:model", "--input", "randn:2x4", "-f", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [c["name"] for c in data["layers"]] == ["0", "1"]
+    assert "built it" in data["model"]["weights"]
+    res = run("inspect", f"{script}:model", "--input", "randn:2x4", "--model-arg", "n=3")
+    one_line_error(res, 2, "a model already built", "--model-arg n")

@@ -11,6 +11,7 @@ objects (`pick`), and the project config feeds the CLI's parameters (Click's def
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,8 @@ class ModelOptions:
     # hf: models: which head to build (causal-lm, seq2seq-lm, seq-cls, image-cls, base);
     # None: the one the checkpoint was saved with (a bare hf:TYPE: the type's own)
     head: str | None = None
-    tokenizer: str | None = None  # where --text's tokenizer comes from (PATH or ORG/NAME)
+    # where --text's tokenizer comes from (PATH or ORG/NAME); from Python, a tokenizer too
+    tokenizer: Any = None
     meta: bool = False  # built on the meta device: shapes, counts and FLOPs, no weights
     offload: bool = False  # an hf: checkpoint's weights read block by block as it runs
 
@@ -138,6 +140,25 @@ class InputOptions:
         given: Any = self.text
         if isinstance(given, str):  # the API's text="…": one sequence
             object.__setattr__(self, "text", (given,))
+        elif not isinstance(given, tuple | list) or not all(isinstance(t, str) for t in given):
+            wrong = (
+                next((t for t in given if not isinstance(t, str)), given)
+                if isinstance(given, tuple | list)
+                else given
+            )
+            raise TypeError(
+                "text must be a string or a list of strings (one sequence each), not "
+                f"{'a list holding ' if wrong is not given else ''}{type(wrong).__name__}"
+            )
+        else:
+            object.__setattr__(self, "text", tuple(given))
+        path: Any = self.text_file
+        if isinstance(path, os.PathLike):
+            object.__setattr__(self, "text_file", os.fspath(path))
+        elif path is not None and not isinstance(path, str):
+            raise TypeError(
+                f"text_file must be a path (str or os.PathLike), not {type(path).__name__}"
+            )
 
     @property
     def has_text(self) -> bool:
@@ -321,11 +342,14 @@ class Invocation:
 
 
 def _input_items(inputs: Any) -> tuple[Any, ...]:
-    """Paths (str or Path), a tensor, or a sequence of tensors → a tuple of items."""
+    """Paths (str or Path), a tensor, a sequence of tensors, or a mapping of keyword
+    tensors (a tokenizer's output: input_ids, attention_mask, …) → a tuple of items."""
     if isinstance(inputs, str | Path):
         return (str(inputs),)
     if hasattr(inputs, "shape") and hasattr(inputs, "dtype"):  # one tensor
         return (inputs,)
+    if isinstance(inputs, Mapping):  # (transformers' BatchEncoding is one)
+        return (dict(inputs),)
     if isinstance(inputs, Sequence):
         return tuple(str(x) if isinstance(x, Path) else x for x in inputs)
     return tuple(inputs)

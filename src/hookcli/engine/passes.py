@@ -175,7 +175,7 @@ def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
     return [target_of(e) for e in entries if e.unhookable is None]
 
 
-def with_tokenizer(loaded: LoadedModel, asked: str | None, *, needed: bool) -> LoadedModel:
+def with_tokenizer(loaded: LoadedModel, asked: Any, *, needed: bool) -> LoadedModel:
     """A language model with its tokenizer (--tokenizer, else the checkpoint's) and its tokens
     as labels. Needed (text given): a missing tokenizer is an error; else one beside the
     checkpoint only labels the predicted tokens, and none is no loss."""
@@ -235,13 +235,9 @@ def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
         from hookcli.inputs.text import from_text
 
         return from_text(loaded, inputs)
-    if items and all(isinstance(x, torch.Tensor) for x in items):
-        if inputs.specs:
-            raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")
-        if len(items) == 1:
-            t = items[0]
-            return ModelInput((t,), f"tensor {'x'.join(map(str, t.shape))}")
-        return ModelInput(tuple(items), "tensors")
+    given = _given_tensors(loaded, inputs)
+    if given is not None:
+        return given
     if items and inputs.specs:
         raise UsageError(
             "give image files or --input tensor specs, not both.", "use one kind of input per run."
@@ -257,6 +253,58 @@ def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
     if inputs.specs:
         return from_specs(inputs.specs, seed, loaded)
     return default_input(loaded, seed)
+
+
+def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | None:
+    """The Python API's tensors, or its mapping of keyword tensors; None for other inputs."""
+    items = inputs.items
+    if len(items) == 1 and isinstance(items[0], Mapping):
+        if inputs.specs:
+            raise UsageError("give keyword tensors or --input specs, not both.", "use one kind.")
+        return _keyword_input(loaded, items[0])
+    if not items or not all(isinstance(x, torch.Tensor) for x in items):
+        return None
+    if inputs.specs:
+        raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")
+    if len(items) == 1:
+        t = items[0]
+        return ModelInput((t,), f"tensor {'x'.join(map(str, t.shape))}")
+    return ModelInput(tuple(items), "tensors")
+
+
+def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
+    """The Python API's mapping of keyword tensors (a tokenizer's output: input_ids,
+    attention_mask, …) as the forward's keyword arguments; a padded batch's mask keeps its
+    padding out of every statistic, as text given to hookcli does."""
+    named: dict[str, torch.Tensor] = {}
+    for key, value in given.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise TypeError(f"keyword inputs are named by argument names, not {key!r}")
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"keyword input {key!r} is a {type(value).__name__}, not a tensor (a "
+                "tokenizer's output needs return_tensors='pt')"
+            )
+        named[key] = value
+    if not named:
+        raise TypeError("the mapping of keyword inputs is empty")
+    args, kwargs, note = loaded.kind.spec_inputs([], named)
+    shown = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in named.items())
+    mask = named.get("attention_mask")
+    ids = named.get("input_ids")
+    padded = (
+        isinstance(mask, torch.Tensor)
+        and isinstance(ids, torch.Tensor)
+        and mask.shape == ids.shape
+        and mask.dim() == 2
+        and bool((mask == 0).any())
+    )
+    return ModelInput(
+        args,
+        f"keyword tensors {shown}" + note,
+        kwargs=kwargs,
+        token_mask=mask.bool() if padded and mask is not None else None,
+    )
 
 
 def _with_input_grad(

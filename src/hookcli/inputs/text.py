@@ -10,7 +10,7 @@ import contextlib
 import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -290,11 +290,20 @@ def needs_text_model(loaded: LoadedModel, what: str) -> None:
         )
 
 
-def ensure_tokenizer(loaded: LoadedModel, asked: str | None) -> None:
+def ensure_tokenizer(loaded: LoadedModel, asked: Any) -> None:
     """loaded.tokenizer (and its label) from --tokenizer or beside the checkpoint."""
     from hookcli.sources.lm import load_tokenizer
 
     if loaded.tokenizer is not None and asked is None:
+        return
+    if asked is not None and not isinstance(asked, str):  # the Python API's own tokenizer
+        if not callable(asked) or not hasattr(asked, "convert_ids_to_tokens"):
+            raise TypeError(
+                "tokenizer must be a path, ORG/NAME or a transformers tokenizer, not "
+                f"{type(asked).__name__}"
+            )
+        loaded.tokenizer = asked
+        loaded.tokenizer_label = f"{type(asked).__name__} (given)"
         return
     tokenizer, label = load_tokenizer(asked, loaded.tokenizer_from, loaded.spec)
     loaded.tokenizer = tokenizer

@@ -214,12 +214,19 @@ def load_custom(
             f"{source}:{attr} is a {type(obj).__name__}, not a class or factory.",
             "name an nn.Module subclass or a function returning one.",
         )
+    instance = isinstance(obj, nn.Module)  # `model = Net()` in the script: the model itself
+    if instance and kwargs:
+        raise UsageError(
+            f"{source}:{attr} is a model already built (a {type(obj).__name__}), so "
+            f"--model-arg {', '.join(kwargs)} has nothing to construct.",
+            "drop --model-arg, or name the class or factory that builds it.",
+        )
     torch.manual_seed(seed)
     with models_own(
         f"{source}:{attr}({kwargs_text(kwargs)}) raised", "fix the model's constructor."
     ):
         try:
-            model = obj(**kwargs)
+            model = obj if instance else obj(**kwargs)
         except NameError as exc:
             said = skipped_name(skipped, exc, source, attr)
             if said is None:
@@ -259,6 +266,8 @@ def load_custom(
         load_state_dict_file(model, path, spec)
         loaded.weights_label = str(path)
         loaded.pretrained = True
+    elif instance:  # built as the script's import ran, before any seed of hookcli's
+        loaded.weights_label = f"none (as {source} built it)"
     else:
         loaded.weights_label = f"none (as constructed, seed {seed})"
     return loaded
