@@ -558,3 +558,58 @@ def test_a_script_attribute_that_is_a_built_model_is_used_as_it_is(tmp_path: Pat
     assert "built it" in data["model"]["weights"]
     res = run("inspect", f"{script}:model", "--input", "randn:2x4", "--model-arg", "n=3")
     one_line_error(res, 2, "a model already built", "--model-arg n")
+
+
+# ------------------------------------------------- third-party chatter kept off the CLI's stderr
+
+PYTREE = """
+import torch.utils._pytree as pytree
+from torch import nn
+
+
+class Box:
+    pass
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # what torchao does on import: torch warns that this is deprecated (a FutureWarning)
+        pytree._register_pytree_node(Box, lambda b: ([], None), lambda c, x: Box())
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.l(x)
+"""
+
+
+def test_library_warnings_stay_off_the_command_lines_stderr(llama: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    short = tmp_path / "short_max"
+    shutil.copytree(llama, short)
+    config = json.loads((short / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 4  # transformers warns of "indexing errors" past it
+    (short / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "fw.py").write_text(PYTREE)
+    exe = [sys.executable, "-m", "hookcli"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS",)}
+    env.pop("TRANSFORMERS_VERBOSITY", None)
+    for args in (
+        ["inspect", f"hf:{short}", "--text", "the cat sat on the mat and the dog", "-l", "lm_head"],
+        ["inspect", f"{tmp_path / 'fw.py'}:Net", "--input", "randn:2x4"],
+    ):
+        res = subprocess.run(
+            [*exe, *args], capture_output=True, text=True, env=env, check=False, cwd=tmp_path
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == "", res.stderr
+    # a user who asks for warnings gets them
+    env["PYTHONWARNINGS"] = "default"
+    res = subprocess.run(
+        [*exe, "inspect", f"{tmp_path / 'fw.py'}:Net", "--input", "randn:2x4"],
+        capture_output=True, text=True, env=env, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert "FutureWarning" in res.stderr

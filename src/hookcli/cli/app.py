@@ -166,6 +166,20 @@ register(replay.replay, config=False)
 register(runlog.report, config=False)
 
 
+def _quiet_libraries() -> None:
+    """The libraries' chatter kept off the command line's stderr, which carries hookcli's own
+    lines: deprecation notices (torch's _pytree when torchao is installed) and transformers'
+    log (a tokenizer's "sequence length is longer than…": hookcli checks lengths itself).
+    A user's -W/PYTHONWARNINGS or TRANSFORMERS_VERBOSITY wins; the Python API changes
+    nothing (a program keeps its own warnings)."""
+    import warnings
+
+    if not sys.warnoptions:
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def main() -> None:
     """The console script: safe standard streams, then the command in a supervised worker
     (hookcli.runtime.supervise: a native crash becomes exit 3 naming the layer)."""
@@ -173,6 +187,7 @@ def main() -> None:
     from hookcli.runtime.supervise import supervise
 
     stdio.guard()
+    _quiet_libraries()
     if "" not in sys.path and os.getcwd() not in sys.path:
         # docs/usage.md: the current directory is importable (pkg.mod:Name), as with `python -m`;
         # last, so a local torch.py cannot shadow the installed one
