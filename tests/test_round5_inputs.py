@@ -613,3 +613,57 @@ def test_library_warnings_stay_off_the_command_lines_stderr(llama: Path, tmp_pat
         capture_output=True, text=True, env=env, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert "FutureWarning" in res.stderr
+
+
+# -------------------------------------------- --target-text: a seq2seq model's teacher-forced loss
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_llm import make_tokenizer
+
+    where = tmp_path_factory.mktemp("r5_bart")
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=320, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    transformers.BartForConditionalGeneration(config).save_pretrained(where)
+    make_tokenizer().save_pretrained(where)
+    return where
+
+
+def test_target_text_gives_a_seq2seq_model_its_teacher_forced_loss_and_gradients(
+    bart: Path,
+) -> None:
+    texts, targets = ["The cat sat on the mat", "A dog"], ["A dog ran in the park", "hello"]
+    args = ["grads", f"hf:{bart}", "-l", "lm_head", "-f", "json"]
+    for t, g in zip(texts, targets, strict=True):
+        args += ["--text", t, "--target-text", g]
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backward"]["source"].startswith("teacher-forced cross-entropy of the target")
+    # the oracle: transformers' own loss from labels (it shifts them into the decoder itself)
+    model = transformers.BartForConditionalGeneration.from_pretrained(bart).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    enc = tok(texts, return_tensors="pt", padding=True)
+    labels = tok(text_target=targets, return_tensors="pt", padding=True)
+    ids = labels["input_ids"].masked_fill(labels["attention_mask"] == 0, -100)
+    out = model(**enc, labels=ids, decoder_attention_mask=labels["attention_mask"])
+    assert data["backward"]["value"] == pytest.approx(float(out.loss.detach()), rel=1e-5)
+    (weight,) = torch.autograd.grad(out.loss, model.lm_head.weight)
+    (call,) = data["layers"]
+    (param,) = [p for p in call["params"] if p["name"] == "weight"]
+    assert param["grad"]["norm"] == pytest.approx(float(weight.double().norm()), rel=1e-4)
+
+
+def test_target_text_where_it_cannot_be_is_one_line(bart: Path, llama: Path) -> None:
+    res = run("grads", f"hf:{llama}", "--text", "a", "--target-text", "b", "-l", "lm_head")
+    one_line_error(res, 2, "--target-text is a seq2seq model's target", "causal LM")
+    res = run("grads", f"hf:{bart}", "--text", "a", "--text", "b", "--target-text", "c")
+    one_line_error(res, 2, "1 --target-text for 2 texts")
+    res = run("grads", f"hf:{bart}", "--text", "a cat", "--target", "next-token", "-l", "lm_head")
+    one_line_error(res, 2, "needs its target text", "--target-text")

@@ -135,6 +135,9 @@ class InputOptions:
     text_file: str | None = None  # --text-file: one sequence per line
     chat: bool = False  # each text as a user turn through the tokenizer's chat template
     padding_side: str | None = None  # a padded text batch: left or right (None: the tokenizer's)
+    # a seq2seq model's target for each text: the decoder's input (teacher forcing) and the
+    # labels of grads' default loss
+    target_text: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         given: Any = self.text
@@ -152,6 +155,13 @@ class InputOptions:
             )
         else:
             object.__setattr__(self, "text", tuple(given))
+        target: Any = self.target_text
+        if isinstance(target, str):
+            object.__setattr__(self, "target_text", (target,))
+        elif not isinstance(target, tuple | list) or not all(isinstance(t, str) for t in target):
+            raise TypeError("target_text must be a string or a list of strings (one per text)")
+        else:
+            object.__setattr__(self, "target_text", tuple(target))
         path: Any = self.text_file
         if isinstance(path, os.PathLike):
             object.__setattr__(self, "text_file", os.fspath(path))
@@ -277,6 +287,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "text": ("inputs", "text"),
     "text_file": ("inputs", "text_file"),
     "chat": ("inputs", "chat"),
+    "target_text": ("inputs", "target_text"),
     "target": ("backward", "target"),
     "loss": ("backward", "loss"),
     "input_grad": ("backward", "input_grad"),

@@ -72,6 +72,15 @@ TextFileOpt = Annotated[
     str | None,
     typer.Option("--text-file", metavar="FILE", help="Texts, one sequence per line (UTF-8)."),
 ]
+TargetTextOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--target-text",
+        metavar="TEXT",
+        help="A seq2seq model's target, one per --text: the decoder reads its tokens (teacher "
+        "forcing) and grads' default loss is their cross-entropy.",
+    ),
+]
 ChatOpt = Annotated[
     bool,
     typer.Option("--chat", help="Each text as a user turn through the tokenizer's chat template."),

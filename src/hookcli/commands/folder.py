@@ -190,6 +190,7 @@ def _text_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
         ("generate", run.generate),
         ("position", run.position is not None),
         ("topk", run.topk),
+        ("target-text", inv.inputs.target_text),
     ):
         if value:
             raise UsageError(f"--{flag} works on one batch of text; {why}.", f"{one}.")

@@ -125,7 +125,10 @@ def prepare(
         loaded = dataclasses.replace(loaded, kind=at(position))
     spec = None
     if backward is not None:
-        target = backward.target or (None if backward.loss else loaded.kind.default_target)
+        default = loaded.kind.default_target
+        if inputs is not None and inputs.target_text:  # a seq2seq target: its teacher-forced loss
+            default = "next-token"
+        target = backward.target or (None if backward.loss else default)
         spec = parse_target(target, backward.loss, loaded.categories)
         spec.item = loaded.kind.item
     entries = module_entries(loaded.module)
@@ -152,7 +155,16 @@ def prepare(
             del built.kwargs["attention_mask"]
         model_input = built.to(device)
         if spec is not None and spec.kind == "lm":
-            spec.labels = next_token_labels(model_input)
+            if model_input.labels is not None:  # --target-text: aligned with the logits
+                spec.labels, spec.aligned = model_input.labels, True
+            elif getattr(loaded.kind, "ids_key", "input_ids") == "decoder_input_ids":
+                raise UsageError(
+                    f"--target next-token of {loaded.spec} (a seq2seq model) needs its target "
+                    "text: the decoder's tokens are not the input's.",
+                    "give --target-text TEXT (one per --text), or --target top1.",
+                )
+            else:
+                spec.labels = next_token_labels(model_input)
         if backward is not None and backward.input_grad:
             model_input, leaves = _with_input_grad(model_input)
     note = unhookable_note(entries)

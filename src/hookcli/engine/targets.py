@@ -49,12 +49,19 @@ class TargetSpec:
     # next-token: the ids each position predicts (the input's, -100 at padding), set by
     # prepare() from the input
     labels: torch.Tensor | None = None
+    aligned: bool = False  # labels[i] is what logits[i] predicts (a seq2seq target text)
+
+    def _lm(self) -> str:
+        if self.aligned:
+            n = "" if self.labels is None else f" ({int((self.labels != -100).sum())} tokens)"
+            return f"teacher-forced cross-entropy of the target text, mean over its tokens{n}"
+        n = "" if self.labels is None else f" ({int((self.labels[:, 1:] != -100).sum())} "
+        n += "tokens predicted)" if n else ""
+        return f"next-token cross-entropy of the text, mean over its tokens{n}"
 
     def describe(self) -> str:
         if self.kind == "lm":
-            n = "" if self.labels is None else f" ({int((self.labels[:, 1:] != -100).sum())} "
-            n += "tokens predicted)" if n else ""
-            return f"next-token cross-entropy of the text, mean over its tokens{n}"
+            return self._lm()
         fixed = {
             "top1": f"top-1 score (logit) of each {self.item}, summed",
             "sum": "sum of every floating-point output element",
@@ -197,7 +204,11 @@ def scalar(
     """The scalar backward starts from, computed from the model's output (graph kept);
     scores_of reads the class scores (the model's Task says how)."""
     if spec.kind in ("sum", "lm"):
-        return _sum(output) if spec.kind == "sum" else next_token_loss(output, spec.labels)
+        return (
+            _sum(output)
+            if spec.kind == "sum"
+            else next_token_loss(output, spec.labels, aligned=spec.aligned)
+        )
     if spec.kind == "top1":
         scores = scores_of(output)
         _check_class(0, scores, "--target top1")
@@ -238,9 +249,12 @@ def _sum(output: Any) -> torch.Tensor:
     return torch.stack(parts).sum()
 
 
-def next_token_loss(output: Any, labels: torch.Tensor | None) -> torch.Tensor:
+def next_token_loss(
+    output: Any, labels: torch.Tensor | None, *, aligned: bool = False
+) -> torch.Tensor:
     """Mean cross-entropy of each real token given the ones before it (in float32 at least,
-    as transformers computes its causal-LM loss)."""
+    as transformers computes its causal-LM loss). `aligned`: labels[:, i] is what
+    logits[:, i] predicts (a seq2seq decoder fed its target shifted right), no shift."""
     logits = output.get("logits") if isinstance(output, Mapping) else output
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or labels is None:
         raise UsageError(
@@ -254,6 +268,10 @@ def next_token_loss(output: Any, labels: torch.Tensor | None) -> torch.Tensor:
             f"has {labels.shape[1]} tokens.",
             "use --target top1, or give the text as input_ids.",
         )
+    if aligned:
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
+        return F.cross_entropy(flat, labels.to(logits.device).reshape(-1), ignore_index=IGNORE)
     shifted = labels[:, 1:].to(logits.device)
     if not bool((shifted != IGNORE).any()):
         raise UsageError(

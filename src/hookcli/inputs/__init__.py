@@ -81,6 +81,9 @@ class ModelInput:
     token_mask: torch.Tensor | None = None
     # --generate: keyword arguments of model.generate (None: one forward, model(...))
     generate: dict[str, Any] | None = None
+    # --target-text: a seq2seq model's target ids, -100 at padding (the teacher-forced loss's
+    # labels, aligned with the decoder's logits)
+    labels: torch.Tensor | None = None
 
     def replace_args(
         self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None

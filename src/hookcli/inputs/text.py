@@ -183,7 +183,10 @@ def from_text(
         for text, row, keep in zip(shown, ids.tolist(), mask.tolist(), strict=True)
         for real in [[i for i, m in zip(row, keep, strict=True) if m]]
     ]
-    _, kwargs, note = loaded.kind.spec_inputs([], {"input_ids": ids, "attention_mask": mask})
+    named = {"input_ids": ids, "attention_mask": mask}
+    labels, target_note = _targets(loaded, inputs, tokenizer, len(texts), named)
+    _, kwargs, note = loaded.kind.spec_inputs([], named)
+    note += target_note
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
@@ -211,7 +214,79 @@ def from_text(
         kwargs=kwargs,
         texts=infos,
         token_mask=mask.bool() if padded else None,
+        labels=labels,
     )
+
+
+def _targets(
+    loaded: LoadedModel,
+    inputs: InputOptions,
+    tokenizer: Any,
+    count: int,
+    named: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor | None, str]:
+    """--target-text: each text's target through the tokenizer as the decoder's input
+    (shifted right after the decoder's start token, as the model's own
+    prepare_decoder_input_ids_from_labels makes it) and the labels, -100 at padding."""
+    from hookcli.engine.targets import IGNORE
+    from hookcli.sources.lm import Seq2SeqLM
+
+    targets = list(inputs.target_text)
+    if not targets:
+        return None, ""
+    kind = loaded.kind
+    if not isinstance(kind, Seq2SeqLM):
+        raise UsageError(
+            f"--target-text is a seq2seq model's target (its decoder's text); {loaded.spec} is "
+            f"{loaded.task}.",
+            "drop --target-text: a causal LM's loss is the next token of the text itself.",
+        )
+    if len(targets) != count:
+        raise UsageError(
+            f"{len(targets)} --target-text for {count} texts: one target per text.",
+            "give --target-text once for each --text, in order.",
+        )
+    if any(not t.strip() for t in targets):
+        raise UsageError("a --target-text is empty.", "give each target its text.")
+    try:
+        enc = tokenizer(text_target=targets, return_tensors="pt", padding=len(targets) > 1)
+    except Exception as exc:
+        raise UsageError(
+            f"the tokenizer could not encode the target text: {one_line(exc)}.",
+            "check --target-text.",
+        ) from exc
+    ids = enc["input_ids"].long()
+    keep = enc.get("attention_mask")
+    keep = torch.ones_like(ids) if keep is None else keep.long()
+    _check_ids(loaded, ids, keep)
+    labels = ids.masked_fill(keep == 0, IGNORE)
+    prepare = getattr(loaded.module, "prepare_decoder_input_ids_from_labels", None)
+    decoder: Any = None
+    if callable(prepare):
+        try:
+            decoder = prepare(labels=labels)
+        except Exception:  # a model whose own shift needs what its config lacks
+            decoder = None
+    if not isinstance(decoder, torch.Tensor) or tuple(decoder.shape) != tuple(ids.shape):
+        pad = getattr(tokenizer, "pad_token_id", None)
+        decoder = torch.full_like(ids, kind.start)
+        decoder[:, 1:] = ids[:, :-1].masked_fill(keep[:, :-1] == 0, pad if pad is not None else 0)
+    named["decoder_input_ids"] = decoder.long()
+    padded = bool((keep == 0).any())
+    if padded:
+        named["decoder_attention_mask"] = keep
+    tokens = int((labels != IGNORE).sum())
+    note = (
+        f"; decoder_input_ids the target text{'s' if count > 1 else ''} shifted right after the "
+        f"start token ({tokens} target tokens"
+        + (
+            "; statistics of decoder-side tensors count the targets' padding positions"
+            if padded
+            else ""
+        )
+        + ")"
+    )
+    return labels, note
 
 
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
