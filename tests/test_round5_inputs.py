@@ -667,3 +667,27 @@ def test_target_text_where_it_cannot_be_is_one_line(bart: Path, llama: Path) -> 
     one_line_error(res, 2, "1 --target-text for 2 texts")
     res = run("grads", f"hf:{bart}", "--text", "a cat", "--target", "next-token", "-l", "lm_head")
     one_line_error(res, 2, "needs its target text", "--target-text")
+
+
+# ---------------------------------- --per-token rows of every tensor leave the padding out
+
+
+def test_per_token_rows_of_the_models_output_and_a_shared_input_are_real_tokens(
+    llama: Path,
+) -> None:
+    res = run(
+        "inspect", f"hf:{llama}", "--text", "The cat sat on the mat", "--text", "A",
+        "-l", "model.layers.0", "-l", "model.layers.1", "--per-token", "-f", "json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    texts = data["input"]["texts"]
+    real = sum(len(t["ids"]) for t in texts)
+    shared = next(c for c in data["layers"] if c["name"] == "model.layers.1")["inputs"][0]
+    logits = data["outputs"][0]
+    for t in (shared, logits):
+        rows = t["per_token"]
+        assert len(rows) == real, (t["path"], len(rows), real)
+        want = [(s, i, tid) for s, x in enumerate(texts) for i, tid in enumerate(x["ids"])]
+        assert [(r["sequence"], r["position"], r["id"]) for r in rows] == want
+        assert all(r["token"] for r in rows)

@@ -51,6 +51,7 @@ from hookcli.records import (
     ModelInfo,
     Prediction,
     Report,
+    TensorStats,
 )
 from hookcli.runtime import gcpause, isa
 from hookcli.sources import LoadedModel
@@ -195,7 +196,7 @@ def _report_of_run(
         layers = outliers.expert_rows(layers, tap.measured, owners)
     by_image = measured.by_image
     if run.per_token:
-        label_tokens(layers, model_input)
+        label_tokens(layers, model_input, outputs)
     label_layouts(layers, layout_of)
     first_call: dict[str, LayerCall] = {}
     for call in layers:
@@ -301,8 +302,11 @@ def token_grid(model_input: ModelInput) -> tuple[int, int]:
     return int(ids.shape[0]), int(ids.shape[1])
 
 
-def label_tokens(layers: Sequence[LayerCall], model_input: ModelInput) -> None:
-    """--per-token rows: padding positions left out, each row given the id and the token at
+def label_tokens(
+    layers: Sequence[LayerCall], model_input: ModelInput, outputs: Sequence[TensorStats] = ()
+) -> None:
+    """--per-token rows of every tensor that has them (a call's inputs and outputs, the
+    model's own outputs): padding positions left out, each row given the id and the token at
     its position, and its position counted in its own text (a left-padded sequence's first
     real token is position 0, as when the text is run alone)."""
     ids = model_input.kwargs["input_ids"].tolist()
@@ -315,16 +319,19 @@ def label_tokens(layers: Sequence[LayerCall], model_input: ModelInput) -> None:
     words: dict[tuple[int, int], str] = {}
     for b, text in enumerate(model_input.texts or []):
         words.update({(b, i): tok for i, tok in enumerate(text.tokens)})
-    for call in layers:
-        for t in call.outputs:
-            if t.per_token is None:
-                continue
-            kept = [r for r in t.per_token if (r.sequence, r.position) in own]
-            for r in kept:
-                r.id = int(ids[r.sequence][r.position])
-                r.position = own[(r.sequence, r.position)]
-                r.token = words.get((r.sequence, r.position))
-            t.per_token = kept
+    done: set[int] = set()  # a tensor's statistics shared by two places: labelled once
+    tensors = [t for call in layers for t in (*call.inputs, *call.outputs)] + list(outputs)
+    for t in tensors:
+        if t.per_token is None or id(t) in done:
+            continue
+        done.add(id(t))
+        rows = [dataclasses.replace(r) for r in t.per_token]  # (rows may be shared too)
+        kept = [r for r in rows if (r.sequence, r.position) in own]
+        for r in kept:
+            r.id = int(ids[r.sequence][r.position])
+            r.position = own[(r.sequence, r.position)]
+            r.token = words.get((r.sequence, r.position))
+        t.per_token = kept
 
 
 def backward_of(prepared: Prepared, value: float | None) -> Backward | None:
