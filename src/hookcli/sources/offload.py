@@ -5,7 +5,9 @@ The model is built with its parameters on the meta device (sources/skeleton.py; 
 Its units are the blocks of its largest `nn.ModuleList` (a decoder's layers) and every other
 module that owns parameters itself (embeddings, the final norm, the head). A forward pre-hook
 reads a unit's weights from the checkpoint's safetensors files, as the in-memory load would
-give them (the same dtype), and a forward hook puts the meta parameters back when the unit
+give them (the same dtype; names and layouts that transformers' loader converts converted the
+same way, a mixture of experts' per-expert matrices stacked into its fused experts: see
+offload_keys.py), and a forward hook puts the meta parameters back when the unit
 returns: peak memory is about the largest unit plus the activations. Every computation is
 the in-memory model's, so every number equals the in-memory run's. A parameter shared by two
 modules (an LM's tied embedding and head) is read once for each.
@@ -30,6 +32,7 @@ from torch import nn
 
 from hookcli.errors import UsageError, one_line
 from hookcli.io.saving import DTYPE_NAMES
+from hookcli.sources.offload_keys import Fused, patterns, plan
 
 DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()} | {
     "F8_E4M3": torch.float8_e4m3fn,
@@ -194,38 +197,34 @@ class Offloaded:
     def __init__(self, model: nn.Module, checkpoint: Checkpoint) -> None:
         self.model = model
         self.checkpoint = checkpoint
-        self.keys: dict[int, str] = {}  # a parameter (by id) -> its checkpoint name
+        # a parameter (by id) -> (its name, where it comes from: a checkpoint name or a
+        # conversion of several, as from_pretrained takes it: offload_keys.py)
+        self.sources: dict[int, tuple[str, str | Fused]] = {}
         self.holders: dict[int, list[tuple[nn.Module, str]]] = {}
         self.loads = 0  # weights read, over the run
         self.device = torch.device("cpu")  # where they go (place())
         self._meta: dict[int, nn.Parameter] = {}  # a read parameter (by id) -> its meta one
         prefix = str(getattr(model, "base_model_prefix", "") or "")
-        missing = []
+        _refuse_quantized(model, checkpoint)
+        self.plan = plan(model, checkpoint.entries, prefix)
         for name, p in model.named_parameters(remove_duplicate=False):
             owner, _, attr = name.rpartition(".")
             self.holders.setdefault(id(p), []).append((model.get_submodule(owner), attr))
-            key = _key(name, prefix, checkpoint.entries)
-            if key is not None:
-                self.keys.setdefault(id(p), key)
-        wrong = []
+            source = self.plan.sources.get(name)
+            if source is not None:
+                self.sources.setdefault(id(p), (name, source))
+        missing, wrong = [], []
         for name, p in model.named_parameters():
-            if id(p) not in self.keys:
+            if id(p) not in self.sources:
                 missing.append(name)
-            elif checkpoint.entries[self.keys[id(p)]].shape != tuple(p.shape):
-                wrong.append(f"{name} {_shape(checkpoint.entries[self.keys[id(p)]].shape)}")
+            elif (shape := self._shape(*self.sources[id(p)])) != tuple(p.shape):
+                wrong.append(f"{name} {_shape(shape)}")
         if missing:
-            shown = ", ".join(missing[:4]) + (
-                f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
-            )
-            raise UsageError(
-                f"{checkpoint.spec}: --offload found no weights for {shown} in the checkpoint.",
-                "load it without --offload (transformers maps renamed weights), or save it "
-                "again with this transformers.",
-            )
+            raise self._refusal(missing)
         for name, b in model.named_buffers():
-            key = _key(name, prefix, checkpoint.entries)
-            if key is not None and checkpoint.entries[key].shape != tuple(b.shape):
-                wrong.append(f"{name} {_shape(checkpoint.entries[key].shape)}")
+            source = self.plan.sources.get(name)
+            if source is not None and (shape := self._shape(name, source)) != tuple(b.shape):
+                wrong.append(f"{name} {_shape(shape)}")
         if wrong:
             more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
             raise UsageError(
@@ -233,19 +232,68 @@ class Offloaded:
                 f"config: {', '.join(wrong[:3])}{more} in the checkpoint.",
                 "check config.json and the --model-arg values against the checkpoint.",
             )
-        self._persistent_buffers(prefix)
+        self._persistent_buffers()
         self.units = _units(model)
         for unit, recurse in self.units:
             unit.register_forward_pre_hook(self._loader(unit, recurse), prepend=True)
             unit.register_forward_hook(self._freer(unit, recurse), always_call=True)
 
-    def _persistent_buffers(self, prefix: str) -> None:
+    def _shape(self, name: str, source: str | Fused) -> tuple[int, ...]:
+        if isinstance(source, str):
+            return self.checkpoint.entries[source].shape
+        return source.shapes[name]
+
+    def _refusal(self, missing: list[str]) -> UsageError:
+        """Weights the checkpoint gives none for: why, and what helps."""
+        spec = self.checkpoint.spec
+        shown = ", ".join(missing[:4]) + (
+            f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
+        )
+        head = f"{spec}: --offload found no weights for {shown} in the checkpoint"
+        config = getattr(self.model, "config", None)
+        kind = str(getattr(config, "model_type", "") or type(self.model).__name__)
+        how = (
+            f"by name or by transformers' conversions for {kind}"
+            if self.plan.conversions
+            else "by name, or with the base model's prefix"
+        )
+        unmatched = (
+            f"; its {patterns(self.plan.unmatched)} map to no weight of "
+            f"{type(self.model).__name__} {how}"
+            if self.plan.unmatched
+            else ""
+        )
+        failed = [(k, why) for k, why in self.plan.failed.items() if k in missing]
+        if failed or self.plan.failed:
+            first, (held, why) = (failed or list(self.plan.failed.items()))[0]
+            return UsageError(
+                f"{head}: transformers' conversion into {first} fails on the {held} the "
+                f"checkpoint holds for it ({why}){unmatched}.",
+                "check that every shard is there, and that config.json and the --model-arg "
+                "values (the number of experts, the sizes) fit the checkpoint.",
+            )
+        if self.plan.unmatched:
+            return UsageError(
+                f"{head}{unmatched}.",
+                "check that config.json names the architecture the weights were saved from "
+                "(from_pretrained would leave these weights newly initialised too).",
+            )
+        return UsageError(
+            f"{head}, and it holds no other tensor they could be made from.",
+            "the checkpoint is incomplete: copy every shard, or save the model again.",
+        )
+
+    def _persistent_buffers(self) -> None:
         """Buffers the checkpoint holds (BatchNorm's statistics, say) are small: read now."""
         with torch.no_grad():
             for name, b in list(self.model.named_buffers()):
-                key = _key(name, prefix, self.checkpoint.entries)
-                if key is not None and b is not None:
-                    b.copy_(self.checkpoint.read(key))
+                source = self.plan.sources.get(name)
+                if source is None or b is None:
+                    continue
+                if isinstance(source, str):
+                    b.copy_(self.checkpoint.read(source))
+                else:
+                    b.copy_(source.convert(self.checkpoint.read, self.model)[name])
 
     def _params(self, unit: nn.Module, recurse: bool) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -255,10 +303,19 @@ class Offloaded:
 
     def _loader(self, unit: nn.Module, recurse: bool) -> Any:
         def load(module: nn.Module, args: Any) -> None:
+            made: dict[int, dict[str, torch.Tensor]] = {}  # a conversion (by id) -> its output
             for p in self._params(unit, recurse):
                 if p.device.type != "meta":
                     continue  # (read already: a tied parameter inside this unit twice)
-                read = self.checkpoint.read(self.keys[id(p)])
+                name, source = self.sources[id(p)]
+                if isinstance(source, str):
+                    read = self.checkpoint.read(source)
+                else:  # several checkpoint tensors converted: once for all it makes
+                    if id(source) not in made:
+                        made[id(source)] = source.convert(
+                            self.checkpoint.read, self.model, self.device
+                        )
+                    read = made[id(source)].pop(name)
                 real = read.to(device=self.device, dtype=p.dtype)
                 loaded = nn.Parameter(real, requires_grad=False)
                 self.loads += 1
@@ -280,20 +337,29 @@ class Offloaded:
         return free
 
 
+def _refuse_quantized(model: nn.Module, checkpoint: Checkpoint) -> None:
+    """A quantized checkpoint's tensors (float8 or packed integers, with their scales) are not
+    the weights of the model built from its config until transformers' quantizer makes them so:
+    read as they are, every number would be wrong."""
+    quantized = getattr(getattr(model, "config", None), "quantization_config", None)
+    if quantized is None:
+        return
+    method = (
+        quantized.get("quant_method")
+        if isinstance(quantized, dict)
+        else getattr(quantized, "quant_method", None)
+    )
+    method = getattr(method, "value", method) or "a quantization_config"
+    raise UsageError(
+        f"{checkpoint.spec}: the checkpoint is quantized ({method}, in config.json), and "
+        "--offload reads plain weights only: its tensors are not the model's weights until "
+        "transformers' quantizer converts them.",
+        "load it without --offload, or --offload a plain (dequantized) copy of it.",
+    )
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) or "scalar"
-
-
-def _key(name: str, prefix: str, entries: dict[str, Entry]) -> str | None:
-    """The checkpoint's name for a model's tensor: the same, or with the base model's prefix
-    added or left out (a head model's checkpoint loaded bare, or the other way)."""
-    if name in entries:
-        return name
-    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in entries:
-        return name[len(prefix) + 1 :]
-    if prefix and f"{prefix}.{name}" in entries:
-        return f"{prefix}.{name}"
-    return None
 
 
 def _units(model: nn.Module) -> list[tuple[nn.Module, bool]]:
