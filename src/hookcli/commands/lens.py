@@ -29,16 +29,6 @@ from hookcli.commands.measured import statistics
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, LensOptions, ModelOptions
 from hookcli.records import LensCell, LensReport, LensToken
-from hookcli.records.llm import LensViewed
-
-
-class LensResult(LensViewed, LensReport):
-    """What the lens returns: a LensReport with its notebook and prompt views (a one-line repr,
-    `table()`, `_repr_html_`: records.llm.LensViewed). Equal to no plain LensReport (a
-    dataclass compares its own class only); `dataclasses.asdict`, `to_dict` and `replace` are
-    LensReport's."""
-
-    __slots__ = ()
 
 
 def find_blocks(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module]]:
@@ -325,7 +315,7 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
             "output holds no logits of its shape)"
         )
     ids = model_input.kwargs.get(loaded.kind.ids_key)
-    return LensResult(
+    return LensReport(
         model=model_info(loaded, seed=prepared.seed),
         input=input_info(model_input),
         device=str(prepared.device),

@@ -18,10 +18,12 @@ from hookcli._views import views as _views
 from hookcli.records.llm import ChannelStats as ChannelStats
 from hookcli.records.llm import ExpertStats as ExpertStats
 from hookcli.records.llm import HeadStats as HeadStats
+from hookcli.records.llm import LensViewed
 from hookcli.records.llm import Massive as Massive
 from hookcli.records.llm import MassiveAt as MassiveAt
 from hookcli.records.llm import OutlierFeature as OutlierFeature
 from hookcli.records.llm import Outliers as Outliers
+from hookcli.records.llm import Rendered as Rendered
 
 SCHEMA_VERSION = 2
 # the schemas this version reads (1: a check's failures were strings; the rest is the same)
@@ -432,16 +434,6 @@ class InputInfo:
     texts: list[TextInfo] | None = None  # a text input: its sequences, token by token
 
 
-class Rendered(str):
-    """Text a report rendered (`report.table()`): prints as itself, and a prompt or a notebook
-    shows it as itself rather than as a quoted string."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
@@ -841,9 +833,10 @@ class CalibReport:
     skipped: list[CalibSkip] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class LensReport:
-    """`hookcli lens`: each block's top tokens at every real position of every sequence."""
+@dataclass(slots=True, repr=False)
+class LensReport(LensViewed):
+    """`hookcli lens`: each block's top tokens at every real position of every sequence; in a
+    notebook or at a prompt, its views (records.llm.LensViewed)."""
 
     model: ModelInfo
     input: InputInfo

@@ -5,10 +5,9 @@ re-exported by hookcli.records. And the logit lens report's views (LensViewed)."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
-if TYPE_CHECKING:
-    from hookcli.records import LensReport, Rendered
+from hookcli._views import views  # the renderers, installed by hookcli/__init__.py
 
 
 @dataclass(slots=True)
@@ -144,34 +143,37 @@ class ExpertStats:
     max_entropy: float
 
 
-class LensViewed:
-    """What a lens report does in a notebook or at a prompt: a one-line repr, the CLI's table
-    (`table()`, and `print(report)`) and an HTML view (`_repr_html_`: a grid per sequence of
-    blocks by positions, each cell the top-1 token and its probability, shaded by it). Mixed
-    into the LensReport the lens returns (commands.lens.LensResult); the renderers are imported
-    when asked for (records imports none)."""
+class Rendered(str):
+    """Text a report rendered (`report.table()`): prints as itself, and a prompt or a notebook
+    shows it as itself rather than as a quoted string."""
 
     __slots__ = ()
 
-    def _report(self) -> LensReport:
-        return cast("LensReport", self)
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class LensViewed:
+    """What a lens report does in a notebook or at a prompt: a one-line repr, the CLI's table
+    (`table()`, and `print(report)`) and an HTML view (`_repr_html_`: a grid per sequence of
+    blocks by positions, each cell the top-1 token and its probability, shaded by it). The
+    base of records.LensReport; the renderers are imported when asked for (records imports
+    none)."""
+
+    __slots__ = ()
+
+    def _report(self) -> Any:  # (a records.LensReport: records imports this module)
+        return self
 
     def __repr__(self) -> str:
-        from hookcli.render.lens import lens_summary
-
-        return lens_summary(self._report())[:2000]
+        return str(views().lens_summary(self._report()))[:2000]
 
     def __str__(self) -> str:
         return self.table()
 
     def table(self, *, color: bool = False, width: int | None = None) -> Rendered:
         """The table the CLI prints (`width`: characters; None: 200)."""
-        from hookcli.records import Rendered
-        from hookcli.render.formats import render
-
-        return Rendered(render(self._report(), "table", color=color, width=width))
+        return Rendered(views().lens_table(self._report(), color=color, width=width))
 
     def _repr_html_(self) -> str:
-        from hookcli.render.lens import lens_html
-
-        return lens_html(self._report())
+        return str(views().lens_html(self._report()))

@@ -17,6 +17,7 @@ from hookcli.records import DiffReport, Report
 from hookcli.render import Format, diffrows, rows
 from hookcli.render.html import diff_alerts, parts_html, report_alerts
 from hookcli.render.html import escape_html as _e
+from hookcli.render.lens import lens_html, lens_summary
 from hookcli.render.parts import Section, Table
 
 # Rows a table shows in the fragment; the rest are counted in a line under it.
@@ -47,6 +48,13 @@ def table(obj: Report | DiffReport, *, color: bool, width: int | None) -> str:
     from hookcli.render.formats import render
 
     return render(obj, Format.table, color=color, width=width)
+
+
+def lens_table(obj: Any, *, color: bool, width: int | None) -> str:
+    """A lens report's table, as the CLI prints it."""
+    from hookcli.render.formats import render
+
+    return str(render(obj, "table", color=color, width=width))
 
 
 def frame(obj: Report | DiffReport) -> Any:
@@ -96,3 +104,6 @@ def html(obj: Report | DiffReport) -> str:
         out += parts_html(_capped(s))
     out.append("</div>")
     return "\n".join(out)
+
+
+__all__ = ("frame", "html", "lens_html", "lens_summary", "lens_table", "table")
