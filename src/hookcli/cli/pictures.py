@@ -160,7 +160,9 @@ def attn(
             "-l",
             metavar="BLOCK",
             help="The attention block: dotted name or glob (blocks.3, "
-            "encoder.layers.encoder_layer_3) [default: the last block].",
+            "encoder.layers.encoder_layer_3; an encoder-decoder's cross-attention, "
+            "model.decoder.layers.0.encoder_attn) [default: the last block; an "
+            "encoder-decoder's: its encoder's last].",
         ),
     ] = None,
     output: PngOpt = None,

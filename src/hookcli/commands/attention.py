@@ -11,6 +11,7 @@ that lie on no grid of the image), the token x token matrices and the rollout ma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,15 +19,19 @@ import torch
 
 from hookcli.commands.pictures import Picture, check_image_index, input_image
 from hookcli.engine.attention import (
+    DECODER,
+    ENCODER,
     HF,
     HOW,
+    AttentionCall,
+    AttentionPass,
     capture_attention,
     find_attention,
     pick_block,
     rollout,
 )
 from hookcli.engine.layout import Layout, image_of, reader
-from hookcli.engine.passes import prepare
+from hookcli.engine.passes import Prepared, prepare
 from hookcli.errors import UsageError
 from hookcli.options import AttnOptions, InputOptions, ModelOptions
 
@@ -90,7 +95,17 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
         )
     first = calls[0]
     probs = first.probs
-    if probs is None or not first.square:
+    if probs is None:
+        raise UsageError(
+            f"block {block}'s attention ({first.site.name}, {first.site.type}) returned "
+            f"attentions of shape {_shape(first.shape)}, not (batch, heads, queries, keys): "
+            "which dimension is the head cannot be told, and hookcli does not guess one.",
+            "load the model with eager attention (attn_implementation='eager'); flash "
+            "attention returns no probabilities.",
+        )
+    if first.cross:
+        return _cross_maps(prepared, got, first, probs, options)
+    if not first.square:
         raise UsageError(
             f"block {block}'s attention ({first.site.name}, {first.site.type}) gave "
             f"probabilities of shape {_shape(first.shape)}, not (batch, heads, L, L): it is "
@@ -108,11 +123,7 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
         )
     index = options.image_index
     check_image_index(index, probs)
-    usable = [
-        c
-        for c in got.calls
-        if c.mean is not None and c.square and c.shape[0] == b and c.shape[2] == length
-    ]
+    usable = _stack(got.calls, first.site.side, b, length)
     rolled = rollout([c.mean for c in usable if c.mean is not None])
     notes = prepared.notes + got.notes
     if len(calls) > 1:
@@ -128,8 +139,6 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
             layout = reader(loaded.module, size, batch)(block, (b, length, heads))
         except UsageError as exc:
             notes.append(f"{exc.message} Drawn as token x token matrices")
-    kind = first.site.kind
-    how = HOW[kind] + (f"; it was {got.hf_was}" if kind == HF and got.hf_was else "")
     legend = [
         f"block {block}: {first.site.name} ({first.site.type}), {heads} heads; "
         f"probabilities {_shape(first.shape)} (batch x heads x query x key tokens)",
@@ -150,20 +159,24 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
     else:
         rows = query_rows(options.queries, length)
         tiles, heat = _uint8(p[:, rows]), _heat(r[rows])
+        side = "the decoder's " if first.site.side == DECODER else ""
         span = (
-            f"rows are the query tokens {rows.start}-{rows.stop - 1} of {length}"
+            f"rows are {side or 'the '}query tokens {rows.start}-{rows.stop - 1} of {length}"
             if rows != slice(0, length)
-            else f"rows are the {length} query tokens"
+            else f"rows are {side or 'the '}{_tokens(length, 'query')}"
         )
         legend.append(
             f"token x token: {span}, columns the key tokens; each head and the rollout scaled "
             "from their own minimum to maximum"
         )
         shown = f"tokens:{length}x{length}"
-        words = position_tokens(model_input, index, length)
+        if first.site.side == DECODER:
+            words = decoder_tokens(prepared, index, length)
+        else:
+            words = position_tokens(model_input, index, length)
         if words is not None:
             row_tokens, col_tokens = words[rows], words
-    legend += [rolled_how, f"read: {how}"]
+    legend += [rolled_how, f"read: {_how(got, first)}"]
     if not loaded.pretrained:
         notes.append("weights are random (--weights none): the attention shows nothing learned")
     return Picture(
@@ -181,6 +194,109 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
         rollout=rolled.float().cpu().numpy(),
         row_tokens=row_tokens,
         col_tokens=col_tokens,
+    )
+
+
+def _tokens(n: int, what: str) -> str:
+    return f"{n} {what} token{'s' if n != 1 else ''}"
+
+
+def _how(got: AttentionPass, call: AttentionCall) -> str:
+    kind = call.site.kind
+    return HOW[kind] + (f"; it was {got.hf_was}" if kind == HF and got.hf_was else "")
+
+
+def _stack(calls: Sequence[AttentionCall], side: str, b: int, length: int) -> list[AttentionCall]:
+    """The self-attention calls one rollout multiplies through: over sequences of `length`
+    tokens, `b` of them, on the same side of an encoder-decoder as the block drawn (the
+    encoder's blocks for the encoder, the decoder's for the decoder)."""
+    return [
+        c
+        for c in calls
+        if c.mean is not None
+        and c.self_attention
+        and c.shape[0] == b
+        and c.shape[2] == length
+        and c.site.side == side
+    ]
+
+
+def _cross_maps(
+    prepared: Prepared,
+    got: AttentionPass,
+    first: AttentionCall,
+    probs: torch.Tensor,
+    options: AttnOptions,
+) -> Picture:
+    """A cross-attention block: queries are the decoder's tokens, keys the encoder's (the
+    text's), drawn as query x key matrices; the rollout is the encoder's, carried through this
+    cross-attention (its heads averaged): R = Ā_cross · R_encoder, each decoder query's
+    attention traced to the input tokens (the decoder's own self-attention not included)."""
+    loaded, model_input = prepared.loaded, prepared.model_input
+    assert model_input is not None
+    block = first.site.block
+    b, heads, queries, keys = probs.shape
+    index = options.image_index
+    check_image_index(index, probs)
+    encoder = _stack(got.calls, ENCODER if first.site.side else "", b, keys)
+    if not first.site.side:  # no encoder known: the self-attention that ran before this one
+        at = next(i for i, c in enumerate(got.calls) if c is first)
+        before = {id(c) for c in got.calls[:at]}
+        encoder = [c for c in encoder if id(c) in before]
+    assert first.mean is not None
+    if encoder:
+        carried = first.mean.double() @ rollout([c.mean for c in encoder if c.mean is not None])
+        rolled_how = (
+            f"rollout: the encoder's over its {len(encoder)} self-attention calls (Abnar & "
+            "Zuidema: heads averaged, identity added, rows renormalised, multiplied through), "
+            "carried through this cross-attention (heads averaged): each decoder query's "
+            "attention traced to the input tokens; the decoder's self-attention not included"
+        )
+    else:
+        carried = first.mean.double()
+        rolled_how = (
+            "rollout: no encoder self-attention over these keys was read, so this is the "
+            "cross-attention's mean over heads"
+        )
+    calls = [c for c in got.calls if c.site.block == block]
+    notes = prepared.notes + got.notes
+    if len(calls) > 1:
+        notes.append(f"block {block} ran {len(calls)} times: call 0 drawn")
+    rows = query_rows(options.queries, queries)
+    p, r = probs[index].double(), carried[index]
+    span = (
+        f"rows are the decoder's query tokens {rows.start}-{rows.stop - 1} of {queries}"
+        if rows != slice(0, queries)
+        else f"rows are the decoder's {_tokens(queries, 'query')}"
+    )
+    legend = [
+        f"block {block}: {first.site.name} ({first.site.type}), cross-attention, {heads} heads; "
+        f"probabilities {_shape(first.shape)} (batch x heads x decoder query tokens x encoder "
+        "key tokens)",
+        f"query x key: {span}, columns the encoder's {_tokens(keys, 'key')} (the text); each head "
+        "and the rollout scaled from their own minimum to maximum",
+        rolled_how,
+        f"read: {_how(got, first)}",
+    ]
+    decoder = decoder_tokens(prepared, index, queries)
+    words = position_tokens(model_input, index, keys)
+    if not loaded.pretrained:
+        notes.append("weights are random (--weights none): the attention shows nothing learned")
+    return Picture(
+        title=f"cross-attention · {loaded.spec} · {block} · {loaded.kind.item} {index}",
+        image=None,
+        tiles=_uint8(p[:, rows]),
+        labels=[f"head {h}" for h in range(heads)],
+        heat=_heat(r[rows]),
+        raw=probs.cpu().numpy().astype(np.float32),
+        legend=legend,
+        notes=notes,
+        layer=block,
+        call=first.call,
+        layout=f"tokens:{queries}x{keys}",
+        rollout=carried.float().cpu().numpy(),
+        row_tokens=decoder[rows] if decoder is not None else None,
+        col_tokens=words,
     )
 
 
@@ -218,6 +334,25 @@ def position_tokens(model_input: Any, index: int, length: int) -> list[str] | No
     mask = model_input.token_mask
     real = [True] * length if mask is None else mask[index].cpu().tolist()
     words = iter(texts[index].tokens)
+    return [next(words, "?") if keep else "<pad>" for keep in real]
+
+
+def decoder_tokens(prepared: Prepared, index: int, length: int) -> list[str] | None:
+    """The token at each position of the decoder's input of sequence `index`
+    (decoder_input_ids through the model's tokenizer; padding as <pad>), when it has that
+    length; None otherwise."""
+    model_input = prepared.model_input
+    tokenizer = prepared.loaded.tokenizer
+    ids = model_input.kwargs.get("decoder_input_ids") if model_input is not None else None
+    if tokenizer is None or not isinstance(ids, torch.Tensor) or ids.shape[-1] != length:
+        return None
+    from hookcli.sources.tokentext import Pieces
+
+    assert model_input is not None
+    mask = model_input.kwargs.get("decoder_attention_mask")
+    row = ids[index].tolist()
+    real = [True] * length if not isinstance(mask, torch.Tensor) else mask[index].bool().tolist()
+    words = iter(Pieces(tokenizer).sequence([i for i, keep in zip(row, real, strict=True) if keep]))
     return [next(words, "?") if keep else "<pad>" for keep in real]
 
 

@@ -1,6 +1,11 @@
 """--heads: every attention block's heads in numbers — the sink, the mean entropy and the
 most-attended key (engine.heads) — read in one extra forward through engine.attention (eager
-attention for Hugging Face models; the model is left as found)."""
+attention for Hugging Face models; the model is left as found).
+
+Self-attention only: an encoder-decoder's cross-attention (queries of the decoder, keys of
+the text) is left out and said, as is a call whose probabilities are not (batch, heads, L, L).
+A padded batch's real tokens are the encoder's mask on its side (and in any other model), the
+decoder's own mask (`decoder_attention_mask`) on the decoder's side."""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from typing import Any
 import torch
 
 from hookcli.engine.attention import (
+    DECODER,
+    AttentionSite,
     capture_attention,
     find_attention,
     no_attention,
@@ -31,16 +38,19 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
     sites = find_attention(prepared.loaded.module)
     if not sites:
         raise no_attention(prepared.loaded.spec)
-    mask = model_input.token_mask
+    encoder_mask = model_input.token_mask
+    decoder_mask = model_input.kwargs.get("decoder_attention_mask")
     shapes = model_input.shapes()
     batch = shapes[0][0] if shapes and shapes[0] else None
 
-    def per_head(probs: torch.Tensor) -> torch.Tensor | None:
+    def per_head(site: AttentionSite, probs: torch.Tensor) -> torch.Tensor | None:
         if batch is not None and probs.shape[0] != batch:
             return None  # windows, not the input's sequences
+        mask = decoder_mask if site.side == DECODER else encoder_mask
         real = (
             mask
-            if mask is not None and tuple(mask.shape) == (probs.shape[0], probs.shape[2])
+            if isinstance(mask, torch.Tensor)
+            and tuple(mask.shape) == (probs.shape[0], probs.shape[2])
             else None
         )
         return head_numbers(probs, real)
@@ -48,7 +58,21 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
     got = capture_attention(prepared, sites, keep=set(), per_head=per_head)
     measured = [c for c in got.calls if c.heads is not None]
     notes = list(got.notes)
-    skipped = len(got.calls) - len(measured)
+    cross = sum(1 for c in got.calls if c.cross)
+    shapeless = [c for c in got.calls if not c.cross and len(c.shape) != 4]
+    skipped = len(got.calls) - len(measured) - cross - len(shapeless)
+    if cross:
+        notes.append(
+            f"--heads: {cross} cross-attention call(s) (queries of the decoder, keys of the "
+            "encoder's tokens) left out: the numbers are self-attention's"
+        )
+    if shapeless:
+        shape = "x".join(map(str, shapeless[0].shape))
+        notes.append(
+            f"--heads: {len(shapeless)} attention call(s) returned attentions of shape {shape} "
+            f"({shapeless[0].site.name}), not (batch, heads, queries, keys): which dimension "
+            "is the head cannot be told, so they are left out"
+        )
     if skipped:
         notes.append(
             f"--heads: {skipped} attention call(s) not over the input's sequences (windowed, "

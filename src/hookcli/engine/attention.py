@@ -11,11 +11,25 @@ Three kinds of attention module are read, each the way its library allows:
   even on error; the non-fused path computes `attn = attn.softmax(dim=-1)` then
   `attn = self.attn_drop(attn)`, so a forward hook on `attn_drop` reads the probabilities;
 - Hugging Face transformers models: the pass runs with eager attention
-  (`set_attn_implementation("eager")`; every config's implementation put back after) and
-  `output_attentions=True`; the probabilities are `outputs.attentions`, each matched by
-  identity to the module that returned it (a forward hook on the modules the model records
-  attentions from, its `_can_record_outputs`). The output-capturing hooks transformers
-  installs on a model's first `output_attentions=True` are removed after, with its flag.
+  (`set_attn_implementation("eager")`; a model that cannot switch dynamically, such as
+  Falcon, gets `config._attn_implementation = "eager"`, which its own code reads; every
+  config's implementation put back after) and `output_attentions=True`; the probabilities
+  are the output's `*attentions` fields (`attentions`; an encoder-decoder's
+  `encoder_attentions`, `decoder_attentions` and `cross_attentions`), each matched by
+  identity to the module call that returned it. The modules are those transformers records
+  `attentions` / `cross_attentions` from (`_can_record_outputs`, each PreTrainedModel's
+  table over its own submodules, as transformers applies them); a model without such a table
+  (Falcon, Bloom, GPT-Neo … whose own code collects what `output_attentions=True` returns)
+  has as attention modules the innermost modules whose forward takes `output_attentions`.
+  A tensor in `cross_attentions` is cross-attention: queries of the decoder, keys of the
+  encoder. A returned "attention" that is not 4-D (batch, heads, queries, keys) is kept as
+  its shape only: which dimension is the head is never guessed. The output-capturing hooks
+  transformers installs on a model's first `output_attentions=True` are removed after, with
+  its flag.
+
+An encoder-decoder (a transformers config's `is_encoder_decoder`, whose `get_encoder()` is
+a submodule; or a module with `encoder` and `decoder` submodules) gives each site its side:
+`encoder` or `decoder`.
 
 A *block* is what `attn -l` names: the nearest ancestor of an attention module that is one
 element of a ModuleList/Sequential stack (torchvision `encoder.layers.encoder_layer_3`, timm
@@ -30,6 +44,7 @@ here is put back in a `finally`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +92,8 @@ class AttentionSite:
     type: str  # its class name
     module: nn.Module
     path: tuple[str, ...]  # the block, the modules between, the attention module: all name it
+    cross: bool = False  # transformers records it as cross-attention (its cross_attentions)
+    side: str = ""  # an encoder-decoder's ENCODER or DECODER side; "" in any other model
 
 
 @dataclass(slots=True)
@@ -90,11 +107,18 @@ class AttentionCall:
     mean: torch.Tensor | None  # (B, queries, keys); None when the shape is not 4-D
     probs: torch.Tensor | None = None  # (B, heads, queries, keys), for the sites asked for
     heads: torch.Tensor | None = None  # per head (engine.heads), when the pass asked for them
+    cross: bool = False  # cross-attention: queries of one sequence (the decoder's), keys of another
 
     @property
     def square(self) -> bool:
-        """Self-attention over one token sequence: (B, heads, L, L)."""
+        """Attention of (B, heads, L, L): as many queries as keys."""
         return len(self.shape) == 4 and self.shape[2] == self.shape[3]
+
+    @property
+    def self_attention(self) -> bool:
+        """Self-attention over one token sequence: square and not cross-attention (a
+        cross-attention whose two sequences have one length is square too)."""
+        return self.square and not self.cross
 
 
 @dataclass(slots=True)
@@ -110,6 +134,11 @@ class AttentionPass:
 
 # ---------------------------------------------------------------- finding attention modules
 
+ENCODER, DECODER = "encoder", "decoder"
+_SELF_KEY, _CROSS_KEY = "attentions", "cross_attentions"
+# a recorder spec: (its _can_record_outputs key, class, class-name suffix, layer name)
+_Spec = tuple[str, type | None, str | None, str | None]
+
 
 def _is_hf(model: nn.Module) -> bool:
     """A transformers PreTrainedModel (its forward takes output_attentions)."""
@@ -119,26 +148,26 @@ def _is_hf(model: nn.Module) -> bool:
     )
 
 
-def _hf_specs(model: nn.Module) -> list[tuple[type | None, str | None, str | None]]:
-    """(class, class-name suffix, layer name) of the modules each PreTrainedModel in the tree
-    records `attentions` from (`_can_record_outputs`: a class, a name, an OutputRecorder or a
-    list of them)."""
-    specs: list[tuple[type | None, str | None, str | None]] = []
-    for m in model.modules():
-        table = getattr(type(m), "_can_record_outputs", None)
-        if not isinstance(table, Mapping):
-            continue
-        entry = table.get("attentions")
+def _hf_specs(model: nn.Module) -> list[_Spec]:
+    """What this one PreTrainedModel records `attentions` and `cross_attentions` from (its
+    class's `_can_record_outputs`: a class, a name, an OutputRecorder or a list of them)."""
+    table = getattr(type(model), "_can_record_outputs", None)
+    if not isinstance(table, Mapping):
+        return []
+    specs: list[_Spec] = []
+    for key in (_SELF_KEY, _CROSS_KEY):
+        entry = table.get(key)
         for spec in entry if isinstance(entry, list | tuple) else [entry]:
             if spec is None:
                 continue
             if isinstance(spec, type):
-                specs.append((spec, None, None))
+                specs.append((key, spec, None, None))
             elif isinstance(spec, str):
-                specs.append((None, spec, None))
+                specs.append((key, None, spec, None))
             else:  # OutputRecorder
                 specs.append(
                     (
+                        key,
                         getattr(spec, "target_class", None),
                         getattr(spec, "class_name", None),
                         getattr(spec, "layer_name", None),
@@ -147,16 +176,62 @@ def _hf_specs(model: nn.Module) -> list[tuple[type | None, str | None, str | Non
     return specs
 
 
-def _hf_records(
-    name: str, module: nn.Module, specs: Sequence[tuple[type | None, str | None, str | None]]
-) -> bool:
-    """Whether transformers records `attentions` from this module (its own matching rule)."""
-    for cls, suffix, layer in specs:
+def _hf_recorded(name: str, module: nn.Module, specs: Sequence[_Spec]) -> str | None:
+    """The key transformers records this module's output under (its own matching rule), or
+    None."""
+    for key, cls, suffix, layer in specs:
         by_class = cls is not None and isinstance(module, cls)
         by_name = suffix is not None and name.endswith(suffix)
         if (by_class or by_name) and (layer is None or f".{layer.strip('.')}." in f".{name}."):
-            return True
-    return False
+            return key
+    return None
+
+
+_TAKES: dict[type, bool] = {}
+
+
+def _takes_output_attentions(module: nn.Module) -> bool:
+    """Whether the module's forward names an `output_attentions` parameter (not **kwargs)."""
+    cls = type(module)
+    if cls not in _TAKES:
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        _TAKES[cls] = "output_attentions" in params
+    return _TAKES[cls]
+
+
+def _hf_sites(model: nn.Module) -> dict[str, bool]:
+    """Each attention module of a transformers model: its name → whether it is
+    cross-attention. Each PreTrainedModel's table applies to its own submodules up to the next
+    PreTrainedModel, as transformers installs its recorders. Under a PreTrainedModel that
+    records no attention (Falcon, Bloom …: its own code collects what output_attentions
+    returns), the innermost modules whose forward takes `output_attentions`."""
+    recorded: dict[str, bool] = {}
+    untabled: list[str] = []  # modules under a PreTrainedModel recording no attention
+
+    def walk(module: nn.Module, name: str, specs: list[_Spec], pretrained: bool) -> None:
+        key = _hf_recorded(name, module, specs) if specs else None
+        if key is not None:
+            recorded[name] = key == _CROSS_KEY
+        elif not specs and name and not pretrained and _takes_output_attentions(module):
+            untabled.append(name)
+        for child, sub in module.named_children():
+            full = f"{name}.{child}" if name else child
+            own = _is_hf(sub)
+            walk(sub, full, _hf_specs(sub) if own else specs, own)
+
+    walk(model, "", _hf_specs(model), True)
+
+    def holds(outer: str, names: Sequence[str]) -> bool:
+        return any(n.startswith(outer + ".") for n in names)
+
+    found = dict(recorded)
+    for name in untabled:
+        if not holds(name, untabled) and not holds(name, list(recorded)):
+            found[name] = False
+    return found
 
 
 def _is_timm(module: nn.Module) -> bool:
@@ -167,12 +242,31 @@ def _is_timm(module: nn.Module) -> bool:
     )
 
 
+def encoder_of(model: nn.Module) -> str | None:
+    """The encoder's dotted name in an encoder-decoder: a transformers model whose config is
+    `is_encoder_decoder` (its `get_encoder()`), or a module with `encoder` and `decoder`
+    submodules (torch nn.Transformer); None in any other model."""
+    found: Any = None
+    if _is_hf(model) and getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        get = getattr(model, "get_encoder", None)
+        try:
+            found = get() if callable(get) else None
+        except Exception:  # a model whose lookup needs what it lacks: no encoder known
+            found = None
+    elif isinstance(getattr(model, "encoder", None), nn.Module) and isinstance(
+        getattr(model, "decoder", None), nn.Module
+    ):
+        found = model.encoder
+    if not isinstance(found, nn.Module) or found is model:
+        return None
+    return next((n for n, m in model.named_modules() if m is found and n), None)
+
+
 def find_attention(model: nn.Module) -> list[AttentionSite]:
     """The attention modules hookcli can read, in registration order, with their blocks.
     An attention module inside another one is the outer one's business, not a site."""
     modules = dict(model.named_modules())
-    hf = _is_hf(model)
-    specs = _hf_specs(model) if hf else []
+    hf = _hf_sites(model) if _is_hf(model) else {}
     found: list[tuple[str, nn.Module, str]] = []
     for name, module in modules.items():
         if not name or any(name.startswith(f + ".") for f, _, _ in found):
@@ -181,9 +275,10 @@ def find_attention(model: nn.Module) -> list[AttentionSite]:
             found.append((name, module, MHA))
         elif _is_timm(module):
             found.append((name, module, TIMM))
-        elif hf and _hf_records(name, module, specs):
+        elif name in hf:
             found.append((name, module, HF))
     names = [n for n, _, _ in found]
+    encoder = encoder_of(model)
     sites = []
     for name, module, kind in found:
         block = _block_of(name, modules, names)
@@ -191,7 +286,21 @@ def find_attention(model: nn.Module) -> list[AttentionSite]:
         rest = name[len(block) :].lstrip(".").split(".") if name != block else []
         for part in rest:
             path.append(f"{path[-1]}.{part}")
-        sites.append(AttentionSite(name, block, kind, type(module).__name__, module, tuple(path)))
+        side = ""
+        if encoder is not None:
+            side = ENCODER if name.startswith(encoder + ".") else DECODER
+        sites.append(
+            AttentionSite(
+                name,
+                block,
+                kind,
+                type(module).__name__,
+                module,
+                tuple(path),
+                cross=hf.get(name, False),
+                side=side,
+            )
+        )
     return sites
 
 
@@ -232,14 +341,27 @@ def no_attention(label: str) -> UsageError:
     )
 
 
+def default_block(sites: Sequence[AttentionSite]) -> str:
+    """The block attn draws without -l: the last self-attention block, of an encoder-decoder
+    its encoder's (the self-attention over the given text; its decoder's runs over the
+    decoder's own tokens, its cross-attention from those to the text)."""
+    own = [s for s in sites if not s.cross]
+    encoder = [s for s in own if s.side != DECODER]
+    return (encoder or own or list(sites))[-1].block
+
+
+def _cross_word(site: AttentionSite) -> str:
+    return " (cross-attention)" if site.cross else ""
+
+
 def pick_block(prepared: Prepared, sites: Sequence[AttentionSite], pattern: str | None) -> str:
     """The block -l names (a dotted name or a glob, as everywhere; the attention module or a
-    module between it and its block name the block too); default: the last block."""
+    module between it and its block name the block too); default: `default_block`."""
     label = prepared.loaded.spec
     if not sites:
         raise no_attention(label)
     if pattern is None:
-        return sites[-1].block
+        return default_block(sites)
     by_name = {name: site.block for site in sites for name in site.path}
     targets = select(prepared.entries, layers=[pattern], model_label=label)
     blocks = list(
@@ -248,10 +370,22 @@ def pick_block(prepared: Prepared, sites: Sequence[AttentionSite], pattern: str 
     if not blocks:
         shown = ", ".join(t.name for t in targets[:3]) + ("…" if len(targets) > 3 else "")
         what = f"{shown} ({targets[0].type})" if len(targets) == 1 else shown
+        inside = [
+            s for s in sites for t in targets for n in (t.name, *t.aliases)
+            if s.name.startswith(n + ".")
+        ]  # fmt: skip
+        inside = list({s.name: s for s in inside}.values())
+        if inside:
+            listed = ", ".join(s.name + _cross_word(s) for s in inside[:4])
+            raise UsageError(
+                f"-l {pattern!r} matches {what}, which holds {len(inside)} attention "
+                f"blocks ({listed}{'…' if len(inside) > 4 else ''}); attn draws one.",
+                f"name one of them, e.g. -l {inside[0].block}.",
+            )
         raise UsageError(
             f"-l {pattern!r} matches {what}, which is not an attention block; the blocks are "
             f"{describe_blocks(sites)}.",
-            f"name one of them, e.g. -l {sites[-1].block}.",
+            f"name one of them, e.g. -l {default_block(sites)}.",
         )
     if len(blocks) > 1:
         shown = ", ".join(blocks[:4]) + ("…" if len(blocks) > 4 else "")
@@ -265,12 +399,16 @@ def pick_block(prepared: Prepared, sites: Sequence[AttentionSite], pattern: str 
 # ---------------------------------------------------------------- reading them in one pass
 
 
+# a self-attention call's per-head numbers, from its site and probabilities (B, H, L, L)
+PerHead = Callable[[AttentionSite, torch.Tensor], Any]
+
+
 class _Recorder:
     """Where the hooks put what they read: one AttentionCall per call, in order."""
 
-    def __init__(self, keep: set[str], per_head: Callable[[torch.Tensor], Any] | None) -> None:
+    def __init__(self, keep: set[str], per_head: PerHead | None) -> None:
         self.keep = keep  # attention module names whose per-head probabilities are kept
-        self.per_head = per_head  # each square call's per-head numbers, computed as it comes
+        self.per_head = per_head  # each self-attention call's per-head numbers, as it comes
         self.calls: list[AttentionCall] = []
         self.counts: dict[str, int] = {}
         self.problems: list[str] = []
@@ -288,20 +426,26 @@ class _Recorder:
         self.counts[site.name] = call + 1
         return call
 
-    def add(self, site: AttentionSite, weights: torch.Tensor, call: int | None = None) -> None:
+    def add(
+        self,
+        site: AttentionSite,
+        weights: torch.Tensor,
+        call: int | None = None,
+        cross: bool = False,
+    ) -> None:
         w = weights.detach()
         if call is None:
             call = self.next_call(site)
-        if w.dim() != 4:
-            self.calls.append(AttentionCall(site, call, tuple(w.shape), None))
+        if w.dim() != 4:  # which dimension is the head cannot be told: only its shape is kept
+            self.calls.append(AttentionCall(site, call, tuple(w.shape), None, cross=cross))
             return
         probs = w.float()
         mean = probs.mean(dim=1)
         kept = probs.clone() if site.name in self.keep else None
         heads = None
-        if self.per_head is not None and w.shape[2] == w.shape[3]:
-            heads = self.per_head(w)
-        self.calls.append(AttentionCall(site, call, tuple(w.shape), mean, kept, heads))
+        if self.per_head is not None and w.shape[2] == w.shape[3] and not cross:
+            heads = self.per_head(site, w)
+        self.calls.append(AttentionCall(site, call, tuple(w.shape), mean, kept, heads, cross))
 
 
 def _mha_hooks(site: AttentionSite, rec: _Recorder) -> list[RemovableHandle]:
@@ -364,11 +508,18 @@ def _timm_hook(site: AttentionSite, rec: _Recorder) -> RemovableHandle:
 
 
 def _hf_hook(site: AttentionSite, rec: _Recorder) -> RemovableHandle:
-    """Each call's 4-D outputs, kept to match outputs.attentions by identity."""
+    """Each call's returned tensors that may be its attention, kept (alive, so that no later
+    tensor takes an id) to match the output's attentions by identity: every 4-D one, and any
+    after the first of a tuple (the first is the module's output; an "attention" that is not
+    4-D — flash attention's output in its place — is matched, then refused by its shape)."""
 
     def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         items = output if isinstance(output, tuple | list) else (output,)
-        held = [t for t in items if isinstance(t, torch.Tensor) and t.dim() == 4]
+        held = [
+            t
+            for i, t in enumerate(items)
+            if isinstance(t, torch.Tensor) and (t.dim() == 4 or i > 0)
+        ]
         rec.hf_outputs.append((site, rec.next_call(site), held))
 
     return site.module.register_forward_hook(post)
@@ -408,8 +559,11 @@ def _hf_eager(model: nn.Module) -> Iterator[str]:
         try:
             if callable(setter):
                 setter("eager")
-            else:
-                config._attn_implementation = "eager"
+            if getattr(config, "_attn_implementation", None) != "eager":
+                # a model that cannot switch dynamically (Falcon, Bloom …) reads its config's
+                # implementation in its own forward: that is what is set (put back after)
+                for each in configs:
+                    each._attn_implementation = "eager"
         finally:
             quiet.setLevel(level)
         now = getattr(config, "_attn_implementation", None)
@@ -471,23 +625,33 @@ def _reading(
                     vars(module)["fused_attn"] = value
 
 
-def _hf_attentions(output: Any) -> Sequence[Any] | None:
-    found = output.get("attentions") if isinstance(output, Mapping) else None
-    if found is None:
-        found = getattr(output, "attentions", None)
-    return found if isinstance(found, tuple | list) else None
+def _hf_attentions(output: Any) -> dict[int, tuple[torch.Tensor, bool]] | None:
+    """The tensors of the output's `*attentions` fields (`attentions`, `encoder_attentions`,
+    `decoder_attentions`, `cross_attentions` …) by identity, each with whether it is
+    cross-attention; None when the output has no such field (a tuple)."""
+    if not isinstance(output, Mapping):
+        return None
+    fields = [(str(k), v) for k, v in output.items() if str(k).endswith("attentions")]
+    if not fields:
+        return None
+    found: dict[int, tuple[torch.Tensor, bool]] = {}
+    for key, value in fields:
+        for t in value if isinstance(value, tuple | list) else ():
+            if isinstance(t, torch.Tensor):
+                found.setdefault(id(t), (t, key.endswith(_CROSS_KEY)))
+    return found
 
 
 def capture_attention(
     prepared: Prepared,
     sites: Sequence[AttentionSite],
     keep: set[str],
-    per_head: Callable[[torch.Tensor], Any] | None = None,
+    per_head: PerHead | None = None,
 ) -> AttentionPass:
     """One forward with every attention site read: each call's mean over heads, and the
     per-head probabilities of the sites named in `keep`; `per_head` is applied to each
-    square call's probabilities as they come (AttentionCall.heads). The model is left as
-    found."""
+    self-attention call's probabilities as they come (AttentionCall.heads). The model is
+    left as found."""
     rec = _Recorder(keep, per_head)
     x = prepared.model_input
     assert x is not None
@@ -507,25 +671,26 @@ def capture_attention(
 
 
 def _match_hf(rec: _Recorder, output: Any, notes: list[str]) -> None:
-    """outputs.attentions, each to the module call that returned it (by identity); without
-    them (a tuple output), what the modules returned."""
+    """The output's attentions, each to the module call that returned it (by identity), in
+    the order the calls ran; without them (a tuple output), what the modules returned (their
+    first 4-D tensor)."""
     attentions = _hf_attentions(output)
     calls = list(rec.hf_outputs)
     if attentions is None:
         notes.append("the model returned no `attentions`: read from its attention modules")
         for site, call, held in calls:
-            if held:
-                rec.add(site, held[0], call)
+            four = [t for t in held if t.dim() == 4]
+            if four:
+                rec.add(site, four[0], call, site.cross)
         return
-    unmatched = 0
-    for a in attentions:
-        if not isinstance(a, torch.Tensor):
+    used: set[int] = set()
+    for site, call, held in calls:
+        hit = next((t for t in held if id(t) in attentions and id(t) not in used), None)
+        if hit is None:
             continue
-        owner = next(((s, c) for s, c, held in calls if any(t is a for t in held)), None)
-        if owner is None:
-            unmatched += 1
-            continue
-        rec.add(owner[0], a, owner[1])
+        used.add(id(hit))
+        rec.add(site, hit, call, attentions[id(hit)][1] or site.cross)
+    unmatched = len(attentions) - len(used)
     if unmatched:
         notes.append(
             f"{unmatched} of the model's attentions came from modules hookcli does not know: "
