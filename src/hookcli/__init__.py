@@ -267,7 +267,8 @@ def attn(
     **options: Any,
 ) -> Drawing:
     """`hookcli attn`: the attention probabilities of one transformer block (default: the
-    last; `layer=` a dotted name or glob, e.g. "blocks.3"), per head, and the attention rollout
+    last, an encoder-decoder's its encoder's last; `layer=` a dotted name or glob, e.g.
+    "blocks.3", or a decoder's cross-attention module), per head, and the attention rollout
     over every block, over the image (token x token matrices for text models). Works with torch
     nn.MultiheadAttention (torchvision ViT), timm attention modules and Hugging Face models;
     the model is left as found. Returns a Drawing: `.image` (the PIL image the CLI saves),
