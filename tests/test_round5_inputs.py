@@ -691,3 +691,22 @@ def test_per_token_rows_of_the_models_output_and_a_shared_input_are_real_tokens(
         want = [(s, i, tid) for s, x in enumerate(texts) for i, tid in enumerate(x["ids"])]
         assert [(r["sequence"], r["position"], r["id"]) for r in rows] == want
         assert all(r["token"] for r in rows)
+
+
+def test_attn_takes_target_text_as_the_decoders_tokens(bart: Path, tmp_path: Path) -> None:
+    import hookcli
+
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    target = "A dog ran"
+    drawing = hookcli.attn(
+        f"hf:{bart}", text="The cat sat on", target_text=target,
+        layer="model.decoder.layers.0.encoder_attn",
+    )  # fmt: skip
+    decoder = len(tok(text_target=target)["input_ids"])
+    text = len(tok("The cat sat on")["input_ids"])
+    assert tuple(drawing.picture.raw.shape[-2:]) == (decoder, text)
+    res = run(
+        "attn", f"hf:{bart}", "--text", "The cat sat on", "--target-text", target,
+        "-l", "model.decoder.layers.0.encoder_attn", "-o", str(tmp_path / "x.png"),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output

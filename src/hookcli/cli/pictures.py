@@ -180,6 +180,7 @@ def attn(
     text: opt.TextOpt = None,
     text_file: opt.TextFileOpt = None,
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
+    target_text: opt.TargetTextOpt = None,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
     queries: opt.QueriesOpt = None,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 PICTURE_KEYS = (
     "weights", "seed", "device", "model_args", "output_key", "input_specs", "strict", "text",
-    "text_file", "chat", "tokenizer", "head",
+    "text_file", "chat", "target_text", "tokenizer", "head",
 )  # fmt: skip
 
 
