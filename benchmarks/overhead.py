@@ -296,7 +296,7 @@ def flops_case(name: str, batch: int, rounds: int) -> dict[str, float]:
 
     import hookcli
     from hookcli.engine.flops import count_flops
-    from hookcli.engine.passes import prepare
+    from hookcli.engine.prepare import prepare
     from hookcli.options import InputOptions, ModelOptions, Selection
 
     model, x = _build(name, batch)

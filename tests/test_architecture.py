@@ -161,3 +161,16 @@ def test_the_layer_test_sees_an_upward_arrow() -> None:
     )
     assert _layer("hookcli.commands") > _layer("hookcli.engine.x")
     assert "hookcli.commands" in graph["hookcli.engine.x"]
+
+
+MODULE_LINES = 800  # a module past this is doing more than one job (issue 50): split it
+
+
+def test_no_module_is_longer_than_800_lines() -> None:
+    lines = {
+        str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in sorted(SRC.rglob("*.py"))
+    }
+    long = {name: n for name, n in lines.items() if n > MODULE_LINES}
+    assert lines, "the package was read"
+    assert long == {}, f"split these by job: {long}"

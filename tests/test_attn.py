@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.engine.attention import capture_attention, find_attention
-from hookcli.engine.passes import prepare
+from hookcli.engine.prepare import prepare
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import InputOptions, ModelOptions
 from tests.conftest import CAT, hooks_left

@@ -36,7 +36,7 @@ pytest.importorskip("tokenizers")
 from hookcli.commands.attention import attention_maps  # noqa: E402
 from hookcli.commands.heads import attention_heads  # noqa: E402
 from hookcli.engine.attention import find_attention  # noqa: E402
-from hookcli.engine.passes import prepare  # noqa: E402
+from hookcli.engine.prepare import prepare  # noqa: E402
 from hookcli.options import AttnOptions, InputOptions, ModelOptions  # noqa: E402
 from hookcli.sources.tokentext import Pieces  # noqa: E402
 from tests.test_attn import rollout_by_hand  # noqa: E402

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import hookcli
 from hookcli.commands.pictures import _capture, _normalise_tiles, class_activation, feature_maps
-from hookcli.engine.passes import one_target, prepare
+from hookcli.engine.prepare import one_target, prepare
 from hookcli.options import BackwardOptions, CamOptions, InputOptions, MapOptions, ModelOptions
 from hookcli.sources import load_model
 from tests.conftest import CAT

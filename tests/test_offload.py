@@ -104,7 +104,7 @@ def test_offloaded_parameters_take_the_dtype_from_pretrained_gives_them(
         folder = _t5_fp16(tmp_path / case)
     else:
         folder = _no_dtype(_save(tmp_path / case, _llama().to(torch.bfloat16)))
-    from hookcli.engine.passes import prepare
+    from hookcli.engine.prepare import prepare
     from hookcli.options import ModelOptions
 
     loaded = (

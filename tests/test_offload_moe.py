@@ -139,7 +139,7 @@ def test_an_moe_checkpoint_saved_per_expert_is_offloaded_as_from_pretrained_load
 
 
 def _offloaded(folder: Path) -> tuple[Any, Any]:
-    from hookcli.engine.passes import prepare
+    from hookcli.engine.prepare import prepare
     from hookcli.options import ModelOptions
     from hookcli.sources.offload import _ATTACHED
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.engine.layout import image_of, reader
-from hookcli.engine.passes import build_input
+from hookcli.engine.prepare import build_input
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions
 from hookcli.sources import load_model

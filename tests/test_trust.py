@@ -78,7 +78,7 @@ def test_a_baseline_names_the_layer_that_changed_first(tmp_path: Path) -> None:
 
 
 def test_drift_sizes_do_not_explode_near_zero() -> None:
-    from hookcli.commands.checks import _scale, _size_of_change
+    from hookcli.commands.baseline import _scale, _size_of_change
 
     entry = {"mean": 0.0123, "std": 1.0, "norm": 100.0, "numel": 10_000}
     scale = _scale(entry)

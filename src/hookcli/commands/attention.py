@@ -31,7 +31,7 @@ from hookcli.engine.attention import (
     rollout,
 )
 from hookcli.engine.layout import Layout, image_of, reader
-from hookcli.engine.passes import Prepared, prepare
+from hookcli.engine.prepare import Prepared, prepare
 from hookcli.errors import UsageError
 from hookcli.options import AttnOptions, InputOptions, ModelOptions
 

@@ -35,7 +35,7 @@ from hookcli.commands.measured import measured_pass, statistics
 from hookcli.engine import fused_experts
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
-from hookcli.engine.passes import prepare, with_tokenizer
+from hookcli.engine.prepare import prepare, with_tokenizer
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
 from hookcli.records import CalibLayer, CalibReport, CalibSkip, ChannelStats

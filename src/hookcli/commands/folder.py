@@ -41,8 +41,8 @@ from hookcli.commands.measured import (
 from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.aggregate import Aggregate
 from hookcli.engine.layout import image_of, reader
-from hookcli.engine.passes import Prepared, prepare
-from hookcli.engine.stats import accumulate_dtype, dtype_name, finite_or_none
+from hookcli.engine.prepare import Prepared, prepare
+from hookcli.engine.tensorbits import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import (
     ImageFile,
@@ -229,7 +229,7 @@ def _text_report(
     """A text run in batches: every text tokenized and padded to the run's longest (so every
     batch has one shape; padding is left out of every statistic), each batch's pass merged
     into the running statistics as a folder's images are."""
-    from hookcli.engine.passes import with_tokenizer
+    from hookcli.engine.prepare import with_tokenizer
     from hookcli.inputs.text import from_text, texts_of, token_lengths
 
     shown = texts_of(inv.inputs)[: folder.limit]

@@ -24,7 +24,7 @@ from hookcli.engine.attention import (
     pick_block,
 )
 from hookcli.engine.heads import HEAD_COLUMNS, head_numbers
-from hookcli.engine.passes import Prepared, prepare
+from hookcli.engine.prepare import Prepared, prepare
 from hookcli.options import InputOptions, ModelOptions
 from hookcli.records import HeadStats
 

@@ -34,13 +34,10 @@ from hookcli.engine import fused_experts
 from hookcli.engine.experts import counting_routes
 from hookcli.engine.layout import image_of, reader
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
-from hookcli.engine.passes import (
-    Prepared,
-    deterministic_algorithms,
-    prepare,
-)
+from hookcli.engine.passes import deterministic_algorithms
+from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.selection import count_params, dtype_of
-from hookcli.engine.stats import finite_or_none
+from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
 from hookcli.options import Invocation, RunOptions

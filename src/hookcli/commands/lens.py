@@ -205,7 +205,8 @@ def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions)
     (the norm that runs after the last block), then norm, unembedding and top-k per block."""
     from hookcli.commands.inspect import input_info, model_info
     from hookcli.engine.hooks import HookSession
-    from hookcli.engine.passes import hooked_pass, prepare
+    from hookcli.engine.passes import hooked_pass
+    from hookcli.engine.prepare import prepare
     from hookcli.sources.hfbase import logits_of
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 

@@ -19,7 +19,8 @@ from hookcli.commands.inspect import input_info, model_info
 from hookcli.commands.measured import statistics
 from hookcli.commands.memory import tied_names
 from hookcli.engine.hooks import HookSession
-from hookcli.engine.passes import build_input, hooked_pass, prepare
+from hookcli.engine.passes import hooked_pass
+from hookcli.engine.prepare import build_input, prepare
 from hookcli.engine.selection import ROOT_LABEL, dtypes_held, has_lazy, recount
 from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.options import InputOptions, ModelOptions, Selection

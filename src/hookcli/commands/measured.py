@@ -18,7 +18,8 @@ from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.layout import LayoutOf
 from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins, number_backward
-from hookcli.engine.passes import PassResult, Prepared, hooked_pass
+from hookcli.engine.passes import PassResult, hooked_pass
+from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, depth_of
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError

@@ -12,7 +12,7 @@ from torch import nn
 
 from hookcli.engine.hooks import PendingCall
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
-from hookcli.engine.passes import Prepared
+from hookcli.engine.prepare import Prepared
 from hookcli.records import Candidate, LayerCall, Memory
 
 CANDIDATES = 10  # checkpointing candidates listed

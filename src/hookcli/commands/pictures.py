@@ -25,7 +25,8 @@ from torch import nn
 from hookcli.engine.attention import find_attention
 from hookcli.engine.hooks import HookSession, PendingCall, Target
 from hookcli.engine.layout import LayoutOf, image_of, reader
-from hookcli.engine.passes import Prepared, every_target, hooked_pass, one_target, prepare
+from hookcli.engine.passes import hooked_pass
+from hookcli.engine.prepare import Prepared, every_target, one_target, prepare
 from hookcli.engine.targets import TargetSpec
 from hookcli.errors import UsageError
 from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from hookcli.engine.hooks import HookSession, PendingCall
-from hookcli.engine.passes import Prepared, every_target, hooked_pass, unhooked_pass
+from hookcli.engine.passes import hooked_pass, unhooked_pass
+from hookcli.engine.prepare import Prepared, every_target
 from hookcli.inputs import ModelInput
 from hookcli.options import RunOptions
 from hookcli.records import CallProfile, Profile

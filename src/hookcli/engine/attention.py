@@ -55,7 +55,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookcli.engine.hooks import HookSession
-from hookcli.engine.passes import Prepared, hooked_pass
+from hookcli.engine.passes import hooked_pass
+from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import select
 from hookcli.errors import UsageError
 

@@ -35,7 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from hookcli.engine.hooks import HookSession, PendingCall
-from hookcli.engine.passes import Prepared, every_target, hooked_pass
+from hookcli.engine.passes import hooked_pass
+from hookcli.engine.prepare import Prepared, every_target
 from hookcli.errors import one_line
 from hookcli.inputs import ModelInput
 

@@ -31,7 +31,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
-from hookcli.engine.stats import StatsCollector, dtype_name
+from hookcli.engine.stats import StatsCollector
+from hookcli.engine.tensorbits import dtype_name
 from hookcli.records import CallMemory, LayerCall, TensorStats
 from hookcli.runtime import beacon
 from hookcli.tree import iter_tensors

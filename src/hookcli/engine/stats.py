@@ -48,6 +48,16 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
+from hookcli.engine.tensorbits import (
+    ATTENTION,
+    FLAT,
+    TOKENS,
+    accumulate_dtype,
+    dtype_name,
+    finite_or_none,
+    token_rows,
+    unpadded,
+)
 from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
 from hookcli.runtime import preload
@@ -142,11 +152,6 @@ def _kernels_if_they_pay() -> Kernels | None:
     if preload.started() and done >= _WAIT_AFTER:
         return kernels()
     return None
-
-
-def accumulate_dtype(device: torch.device) -> torch.dtype:
-    """float64, or float32 on MPS (which lacks float64)."""
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _prepare(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
@@ -301,7 +306,6 @@ _EMPTY_ROW: Row = (0.0, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0, 0.0, m
 
 
 # how a tensor carries a padded batch's positions (StatsCollector._padded)
-TOKENS, ATTENTION, FLAT = 1, 2, 3
 
 
 class StatsCollector:
@@ -746,11 +750,6 @@ def _own_positions(massive: list[Any], own: list[list[int]], flat: bool) -> None
             m.position = own[m.sequence][m.position]
 
 
-def finite_or_none(v: float) -> float | None:
-    """v as a Python float, or None when it is NaN/Inf (JSON has no NaN)."""
-    return float(v) if math.isfinite(v) else None
-
-
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
     float64 copy that finalize() brings over together with the others."""
@@ -759,44 +758,6 @@ def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     if flat.is_cpu:
         return [finite_or_none(v) for v in flat.tolist()]
     return flat.clone()
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
-
-
-def token_rows(t: torch.Tensor) -> torch.Tensor:
-    """(batch, tokens, C) → (batch, tokens, 5): per position the norm, mean, std and max |x|
-    over the C channels and the channel of that max (computed where t lives, no transfer)."""
-    x = t.detach().to(accumulate_dtype(t.device))
-    top = x.abs().max(dim=-1)
-    return torch.stack(
-        [
-            x.norm(dim=-1),
-            x.mean(dim=-1),
-            x.std(dim=-1, correction=0),
-            top.values,
-            top.indices.to(x.dtype),
-        ],
-        dim=-1,
-    )
-
-
-def unpadded(t: torch.Tensor, real: torch.Tensor, how: int = 1) -> torch.Tensor:
-    """t's real positions (`real`: their indices in the flattened (batch, tokens)), as
-    (real, …): TOKENS, along its first two dimensions; ATTENTION, (batch, heads, tokens,
-    tokens) by its query rows, as (real, heads, tokens); FLAT, the rows of a (batch·tokens, …)
-    tensor. An index, not a boolean mask: no wait on a GPU."""
-    x = t.detach().transpose(1, 2) if how == ATTENTION else t.detach()
-    if how != FLAT:
-        x = x.flatten(0, 1)
-    return x.index_select(0, real.to(x.device))
 
 
 def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:

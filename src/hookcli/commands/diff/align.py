@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from torch import nn
 
 from hookcli.engine.hooks import Target
-from hookcli.engine.passes import Prepared
+from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, ModuleEntry
 
 _QUANTIZED = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized", "torch.nn.quantized")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hookcli.commands.diff.measure import SCORES, Compared, Spill, class_scores, measure
-from hookcli.engine.passes import Prepared
+from hookcli.engine.prepare import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
 from hookcli.tree import iter_tensors

@@ -44,7 +44,7 @@ from hookcli.commands.diff.sides import (
     ran_in,
 )
 from hookcli.commands.diff.tolerance import default_tol
-from hookcli.engine.passes import build_input
+from hookcli.engine.prepare import build_input
 from hookcli.engine.selection import count_params
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, expand_paths

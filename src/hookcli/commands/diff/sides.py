@@ -34,7 +34,7 @@ from hookcli import bounds
 from hookcli.commands.diff.align import fused_into
 from hookcli.commands.diff.measure import Compared, Spill
 from hookcli.commands.diff.onnx import onnx_pass
-from hookcli.engine.passes import Prepared, prepare
+from hookcli.engine.prepare import Prepared, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
 from hookcli.options import InputOptions, ModelOptions, Selection

@@ -2,6 +2,8 @@
 
 recorder.py  the session over optimizer steps: hooks on watched steps, the JSONL log, the
              ring buffer and the cheap non-finite check on every step
+steptools.py what the recorder reads around a step: a padded batch's mask, the optimizer's
+             parameters, the rank and its log's name, a call as a log line carries it
 compiled.py  reaching a wrapped or compiled model: its inner module, eager code on watched steps
 logfile.py   the log file as the recorder writes it (locked, never hurting the training)
 bundle.py    the repro bundle written on the first NaN/Inf, and the hooked re-run of that step

@@ -54,17 +54,27 @@ from hookcli.commands.watch.bundle import (
 )
 from hookcli.commands.watch.compiled import EagerSwitch, RootCall, inner_module
 from hookcli.commands.watch.logfile import LogWriter
+from hookcli.commands.watch.steptools import (
+    all_finite,
+    device_of,
+    logged_call,
+    norm_sum,
+    numbers_only,
+    padding_mask,
+    params_of,
+    process_rank,
+    rank_log_path,
+)
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
 from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.engine.selection import module_entries, select
-from hookcli.engine.stats import StatsCollector, finite_or_none
+from hookcli.engine.stats import StatsCollector
+from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError, one_line
 from hookcli.options import DEFAULTS, WatchOptions
 from hookcli.records import (
-    LayerCall,
-    LoggedCall,
     LoggedParam,
     NonfiniteLine,
     Origin,
@@ -134,7 +144,7 @@ class Watch:
         self._partial = any(e.leaf and id(e.module) not in selected for e in entries)
         self._names = {id(p): n for n, p in self.module.named_parameters()}
         self._modules = list(self.module.modules())
-        self.rank, self.world_size = _rank()
+        self.rank, self.world_size = process_rank()
         log, bundle = options.log, options.bundle
         self.log_path = (
             None if log is None else rank_log_path(Path(log), self.rank, self.world_size)
@@ -438,7 +448,7 @@ class Watch:
             return
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         if self.options.memory:
-            self._meter = MemoryMeter(self.module, _device_of(self.module))
+            self._meter = MemoryMeter(self.module, device_of(self.module))
             self._meter.arm()
         self._session = HookSession(self.targets, self._collector, grads=True, memory=self._meter)
         self._session.__enter__()
@@ -504,7 +514,7 @@ class Watch:
         optimizer (w.step()), the model's parameters are checked, not measured."""
         self._step.grads_seen = True
         self._step.skipped = skipped
-        params = _params_of(optimizer) if optimizer is not None else []
+        params = params_of(optimizer) if optimizer is not None else []
         checked = params if optimizer is not None else list(self.module.parameters())
         if self._session is not None and self._collector is not None and not skipped:
             with torch.no_grad():
@@ -560,7 +570,7 @@ class Watch:
             return []
         home = groups[names[-1]][0].device  # the gradients' device when there are any
         with torch.no_grad():
-            sums = torch.stack([_norm_sum(groups[k]).to(home) for k in names])
+            sums = torch.stack([norm_sum(groups[k]).to(home) for k in names])
             ok = torch.isfinite(sums).tolist()  # the one read on the host
         found = [k for k, good in zip(names, ok, strict=True) if not good]
         # a norm of huge finite values overflows: such a group is looked at element by element
@@ -615,11 +625,11 @@ class Watch:
                 "saved batch is the changed one, and a replay may differ"
             )
         params = list(self.module.parameters())
-        bad_params = [n for n, p in self.module.named_parameters() if not _all_finite(p)]
+        bad_params = [n for n, p in self.module.named_parameters() if not all_finite(p)]
         bad_grads = [
             self._names.get(id(p), f"a parameter outside the model {tuple(p.shape)}")
-            for p in (_params_of(optimizer) if optimizer is not None else params)
-            if p.grad is not None and not _all_finite(p.grad)
+            for p in (params_of(optimizer) if optimizer is not None else params)
+            if p.grad is not None and not all_finite(p.grad)
         ]
         now = BufferSnapshot(self._modules)  # as the step left them
         bundle = self.bundle_path
@@ -698,7 +708,7 @@ class Watch:
             "nonfinite_params": bad_params,
             "origins": [dataclasses.asdict(o) for o in origins],
             "model": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
-            "device": str(_device_of(self.module)),
+            "device": str(device_of(self.module)),
             "layers": list(self.options.layers),
             "types": list(self.options.types),
             "forwards": len(self._step.forwards),
@@ -747,7 +757,7 @@ class Watch:
             LoggedParam(
                 name=name,
                 norm=finite_or_none(w_norm),
-                grad=None if grad is None else _numbers(grad),
+                grad=None if grad is None else numbers_only(grad),
                 update_norm=finite_or_none(delta),
                 update_ratio=finite_or_none(delta / w_norm) if w_norm else None,
             )
@@ -758,7 +768,7 @@ class Watch:
             rank=self.rank,
             world_size=self.world_size,
             loss=finite_or_none(loss) if isinstance(loss, float) else None,
-            layers=[_logged(c) for c in calls],
+            layers=[logged_call(c) for c in calls],
             params=params,
             nonfinite_origins=list(origins),
             # "loss": null alone would read as "not given"
@@ -768,7 +778,7 @@ class Watch:
             opt = self.optimizer
             record.memory = totals(
                 self.module,
-                _device_of(self.module),
+                device_of(self.module),
                 self._meter,
                 backward=True,
                 gradients=gradient_bytes(self.module),
@@ -787,97 +797,3 @@ class Watch:
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
             record.scale = None if scale is None else float(scale)
         return record
-
-
-def padding_mask(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
-    """A language model's forward given a padded batch: its real tokens, (batch, tokens),
-    from the `attention_mask` Hugging Face models take (by keyword, or by its place in the
-    forward's signature) when it is a 2-D integer or boolean mask with padding in it; None
-    otherwise (no mask, a 4-D or additive one, or nothing padded)."""
-    mask = kwargs.get("attention_mask")
-    if mask is None and args:
-        import inspect
-
-        try:
-            names = list(inspect.signature(module.forward).parameters)
-        except (TypeError, ValueError):
-            names = []
-        at = names.index("attention_mask") if "attention_mask" in names else -1
-        mask = args[at] if 0 <= at < len(args) else None
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.is_floating_point():
-        return None
-    if mask.is_complex() or mask.numel() == 0:
-        return None
-    real = mask != 0
-    return None if bool(real.all()) else real
-
-
-def _params_of(optimizer: Any) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _norm_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The sum of the tensors' L2 norms (one foreach kernel per device and dtype), a float32
-    0-d tensor on the first one's device: non-finite when any element is NaN or Inf."""
-    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.device, t.dtype), []).append(t)
-    home = tensors[0].device
-    return torch.stack(
-        [torch.stack(torch._foreach_norm(g)).float().sum().to(home) for g in by_kind.values()]
-    ).sum()
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    return not t.is_floating_point() or bool(torch.isfinite(t).all())
-
-
-def _device_of(module: nn.Module) -> torch.device:
-    first = next(iter(module.parameters()), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
-def _rank() -> tuple[int, int]:
-    """This process's rank and the world size under torch.distributed (0, 1 without it)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def rank_log_path(path: Path, rank: int, world_size: int) -> Path:
-    """Each rank its own log: `{rank}` in the name is replaced, else under a world of several
-    processes `run.jsonl` becomes `run.rank0.jsonl`, `run.rank1.jsonl`, …"""
-    if "{rank}" in path.name:
-        return path.with_name(path.name.replace("{rank}", str(rank)))
-    if world_size > 1:
-        return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-    return path
-
-
-def _logged(c: LayerCall) -> LoggedCall:
-    """A finished layer call as its log line holds it."""
-
-    def many(ts: list[TensorStats] | None) -> list[TensorStats] | None:
-        return None if ts is None else [_numbers(t) for t in ts]
-
-    return LoggedCall(
-        c.name,
-        c.type,
-        c.call,
-        [_numbers(t) for t in c.inputs],
-        [_numbers(t) for t in c.outputs],
-        many(c.grad_outputs),
-        many(c.grad_inputs),
-        c.error,
-        c.memory,
-    )
-
-
-def _numbers(t: TensorStats) -> TensorStats:
-    """t as a log line holds it: its statistics, no element values or histogram (a record in
-    w.records is its line)."""
-    if t.values is None and t.hist is None:
-        return t
-    return dataclasses.replace(t, values=None, hist=None)

@@ -1,0 +1,216 @@
+"""`--baseline FILE`: every statistic a run recorded against a saved report's — drift beyond
+rtol/atol, layers that appeared or vanished, inputs that differ — the first change named in the
+order the hooks saw the calls (where a change began), the rest largest first. Numbers only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hookcli.errors import UsageError
+from hookcli.records import CheckResult, Failure, Report
+
+STATS = ("mean", "std", "min", "max", "zeros", "norm", "nan", "inf")
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """The validated report at path (reportfile.load_report: the one loader of saved reports)."""
+    from hookcli.io.reportfile import load_report
+
+    return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {path}")
+
+
+def _entries(layers: list[dict[str, Any]]) -> dict[tuple[str, int, str, str], dict[str, Any]]:
+    out = {}
+    for c in layers:
+        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+            for t in c.get(kind) or []:
+                out[(c["name"], c["call"], kind, t["path"])] = t
+        for p in c.get("params") or []:
+            if p.get("grad"):
+                out[(c["name"], c["call"], "param_grads", p["name"])] = p["grad"]
+    return out
+
+
+def _drifted(a: float | None, b: float | None, rtol: float, atol: float) -> bool:
+    """Whether a statistic moved from baseline b to a beyond rtol/atol (None on one side only:
+    it appeared or vanished)."""
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    if a == b:
+        return False
+    return not abs(a - b) <= atol + rtol * abs(b)  # a NaN or Inf that moved is a drift
+
+
+def _scale(entry: dict[str, Any]) -> float | None:
+    """A tensor's own size to measure its statistics' changes against: its root mean square
+    (norm / sqrt(numel)), else the larger of |mean| and std. A change of a mean near zero is
+    not large because the mean was small: measured against the tensor's rms it is the same
+    change whatever the mean was (issue 32: a weight scaled by 1.5 lost behind a 354% change of a
+    near-zero mean)."""
+    norm, numel = entry.get("norm"), entry.get("numel")
+    if isinstance(norm, float | int) and isinstance(numel, int) and numel > 0 and norm > 0:
+        return float(norm) / math.sqrt(numel)
+    parts = [abs(v) for v in (entry.get("mean"), entry.get("std")) if isinstance(v, float | int)]
+    return max(parts) if parts and max(parts) > 0 else None
+
+
+def _size_of_change(stat: str, a: float | None, b: float | None, scale: float | None) -> float:
+    """How large a drift is, on a scale that does not explode near zero: NaN/Inf counts that
+    moved and statistics that appeared or vanished are infinite; the zero fraction's change is
+    itself (a fraction); the norm's is relative; every other statistic's is the change in units
+    of the baseline tensor's rms."""
+    if a is None or b is None or stat in ("nan", "inf"):
+        return math.inf
+    if stat == "zeros":
+        return abs(a - b)
+    if stat == "norm":
+        return abs(a - b) / b if b > 0 else math.inf
+    return abs(a - b) / scale if scale else math.inf
+
+
+def compare_baseline(
+    report: Report, baseline: dict[str, Any], rtol: float, atol: float, label: str
+) -> CheckResult:
+    """Every recorded statistic against the baseline's. The first failure (`first`, listed
+    first) is the first call that drifted in the order the hooks saw them (forward, then
+    gradients nearest the loss first): where a change began. The rest follow largest first,
+    measured by _size_of_change."""
+    base_model = baseline.get("model", {}).get("spec")
+    if base_model != report.model.spec:
+        raise UsageError(
+            f"baseline {label} is from model {base_model!r}; this run is {report.model.spec!r}.",
+            "compare runs of the same model, or record a new baseline.",
+        )
+    base_shapes = [list(s) for s in baseline.get("input", {}).get("shapes", [])]
+    run_shapes = [list(s) for s in report.input.shapes]
+    if base_shapes != run_shapes:
+        raise UsageError(
+            f"baseline {label} ran on input {base_shapes}; this run on {run_shapes}.",
+            "use the same input shape, or record a new baseline.",
+        )
+    now = _entries(report.to_dict()["layers"])
+    before = _entries(baseline["layers"])
+    kinds = {k[2] for k in before}
+    now = {k: v for k, v in now.items() if k[2] in kinds}  # compare what the baseline recorded
+    calls_now = {(k[0], k[1]) for k in now}
+    calls_before = {(k[0], k[1]) for k in before}
+    order = _call_order(report)
+    # (size, where the hooks saw it, failure)
+    failures: list[tuple[float, tuple[int, int], Failure]] = []
+    for name, call in sorted(calls_now - calls_before):
+        text = f"{name} call {call}: appeared (not in the baseline)"
+        failures.append(
+            (
+                math.inf,
+                order(name, call, "outputs"),
+                Failure(text, name, call, None, "present", "absent"),
+            )
+        )
+    for name, call in sorted(calls_before - calls_now):
+        text = f"{name} call {call}: vanished (in the baseline, not in this run)"
+        failures.append(
+            (math.inf, (2, 1 << 30), Failure(text, name, call, None, "absent", "present"))
+        )
+    compared = 0
+    for key in sorted(now.keys() & before.keys()):
+        compared += 1
+        a, b = now[key], before[key]
+        scale = _scale(b)
+        worst: tuple[float, str] | None = None
+        for stat in STATS:
+            va, vb = a.get(stat), b.get(stat)
+            if not _drifted(va, vb, rtol, atol):
+                continue
+            size = _size_of_change(stat, va, vb, scale)
+            if worst is None or size > worst[0]:
+                worst = (size, stat)
+        if worst is not None:
+            size, stat = worst
+            name, call, kind, path = key
+            va, vb = a.get(stat), b.get(stat)
+            where = f"{kind[:-1]} {path} {stat}"
+            how = _how_much(stat, va, vb, size)
+            text = f"{name} call {call} {where}: {number_text(vb)} -> {number_text(va)}{how}"
+            failures.append(
+                (size, order(name, call, kind), Failure(text, name, call, where, va, vb))
+            )
+    mismatch = _inputs_differ(report, baseline)
+    if not failures:
+        message = f"{compared} tensors within rtol {rtol:g}, atol {atol:g} of {label}"
+        return CheckResult("baseline", True, message + (f" ({mismatch})" if mismatch else ""))
+    first = min(failures, key=lambda f: f[1])
+    rest = sorted((f for f in failures if f is not first), key=lambda f: -f[0])
+    ranked = [first[2]] + [f for _, _, f in rest]
+    message = (
+        f"{len(failures)} entries differ from {label} (rtol {rtol:g}, atol {atol:g}); "
+        f"first in the order the hooks saw them: {first[2].message}"
+    )
+    if rest and rest[0][0] > first[0]:
+        message += f"; largest: {rest[0][2].message}"
+    if mismatch:
+        message += f" — but {mismatch}: the drift may come from that, not from the model"
+    return CheckResult("baseline", False, message, ranked, first[2])
+
+
+def _call_order(report: Report) -> Callable[[str, int, str], tuple[int, int]]:
+    """(name, call, kind) -> a sort key in the order the hooks saw the calls: forward
+    entries by the order calls returned, then gradients in the order they arrived."""
+    forward = {(c.name, c.call): c.forward_order for c in report.layers}
+    backward = {(c.name, c.call): c.backward_order for c in report.layers}
+
+    def key(name: str, call: int, kind: str) -> tuple[int, int]:
+        if kind in ("inputs", "outputs"):
+            n = forward.get((name, call))
+            return (0, n if n is not None else 1 << 30)
+        n = backward.get((name, call))
+        return (1, n if n is not None else 1 << 30)
+
+    return key
+
+
+def _how_much(stat: str, a: float | None, b: float | None, size: float) -> str:
+    """The change in words: relative to the value (when it is not near zero) and against the
+    tensor's rms, which is what ranks it."""
+    if a is None or b is None or math.isinf(size):
+        return ""
+    if stat == "zeros":
+        return f" ({a - b:+.2%} of the elements)"
+    rel = f"{(a - b) / abs(b):+.2%}, " if b != 0 else ""
+    if stat == "norm":
+        return f" ({rel.rstrip(', ')})" if rel else ""
+    return f" ({rel}{size:.3g}× the tensor's rms)"
+
+
+def _inputs_differ(report: Report, baseline: dict[str, Any]) -> str | None:
+    """What differs between the baseline's run and this one besides the model: the input
+    (its description and files), the seed, the weights. None when nothing does."""
+    said = []
+    base_input = baseline.get("input", {})
+    base_seed = baseline.get("model", {}).get("seed")
+    if base_seed is not None and base_seed != report.model.seed:
+        said.append(
+            f"the baseline ran with --seed {base_seed}, this run with --seed {report.model.seed} "
+            "(random weights and random inputs follow it)"
+        )
+    if base_input.get("description") != report.input.description:
+        said.append(
+            f"the baseline's input was {base_input.get('description')!r}, "
+            f"this run's is {report.input.description!r}"
+        )
+    elif list(base_input.get("sources") or []) != list(report.input.sources):
+        said.append("the baseline read other image files")
+    base_weights = baseline.get("model", {}).get("weights")
+    if base_weights != report.model.weights and not (
+        base_seed is not None and base_seed != report.model.seed
+    ):
+        said.append(
+            f"the baseline's weights were {base_weights!r}, this run's {report.model.weights!r}"
+        )
+    return "; ".join(said) or None
+
+
+def number_text(v: float | None) -> str:
+    return "null" if v is None else f"{v:.4g}"

@@ -1,0 +1,59 @@
+"""Small tensor helpers the statistics and their callers share: the dtype sums are kept in, a
+dtype's name, a finite float or None, a padded batch's real positions, per-position rows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# how a tensor's (batch, tokens) positions are laid out (unpadded's `how`)
+TOKENS, ATTENTION, FLAT = 1, 2, 3
+
+
+def accumulate_dtype(device: torch.device) -> torch.dtype:
+    """float64, or float32 on MPS (which lacks float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def finite_or_none(v: float) -> float | None:
+    """v as a Python float, or None when it is NaN/Inf (JSON has no NaN)."""
+    return float(v) if math.isfinite(v) else None
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def token_rows(t: torch.Tensor) -> torch.Tensor:
+    """(batch, tokens, C) → (batch, tokens, 5): per position the norm, mean, std and max |x|
+    over the C channels and the channel of that max (computed where t lives, no transfer)."""
+    x = t.detach().to(accumulate_dtype(t.device))
+    top = x.abs().max(dim=-1)
+    return torch.stack(
+        [
+            x.norm(dim=-1),
+            x.mean(dim=-1),
+            x.std(dim=-1, correction=0),
+            top.values,
+            top.indices.to(x.dtype),
+        ],
+        dim=-1,
+    )
+
+
+def unpadded(t: torch.Tensor, real: torch.Tensor, how: int = 1) -> torch.Tensor:
+    """t's real positions (`real`: their indices in the flattened (batch, tokens)), as
+    (real, …): TOKENS, along its first two dimensions; ATTENTION, (batch, heads, tokens,
+    tokens) by its query rows, as (real, heads, tokens); FLAT, the rows of a (batch·tokens, …)
+    tensor. An index, not a boolean mask: no wait on a GPU."""
+    x = t.detach().transpose(1, 2) if how == ATTENTION else t.detach()
+    if how != FLAT:
+        x = x.flatten(0, 1)
+    return x.index_select(0, real.to(x.device))
