@@ -105,3 +105,19 @@ def test_every_cited_trap_exists_and_names_tests_that_exist() -> None:
     assert len(named) >= 16
     for file, test in named:
         assert re.search(rf"^def {test}\(", (ROOT / file).read_text(), re.M), (file, test)
+
+
+def test_the_cli_reference_is_the_generated_text_byte_for_byte() -> None:
+    """docs/cli.md is exactly what `python -m hookcli.cli.reference` writes today: a changed
+    help text, default or wording fails here too, not only an option added or gone."""
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    generated = reference.markdown()
+    if page != generated:
+        import difflib
+
+        diff = "".join(
+            difflib.unified_diff(
+                page.splitlines(True), generated.splitlines(True), "docs/cli.md", "generated", n=1
+            )
+        )
+        pytest.fail(f"regenerate: python -m hookcli.cli.reference > docs/cli.md\n{diff[:3000]}")

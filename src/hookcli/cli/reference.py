@@ -2,8 +2,8 @@
 
     python -m hookcli.cli.reference > docs/cli.md
 
-`tests/test_docs.py` fails when the checked-in page lacks an option a command takes or lists one
-it no longer takes, so the page cannot drift from the commands.
+`tests/test_docs.py` fails when the checked-in page is not the generated text byte for byte, and
+names the option a command takes that it lacks or lists one it no longer takes.
 """
 
 from __future__ import annotations

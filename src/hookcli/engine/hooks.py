@@ -215,7 +215,6 @@ class HookSession:
         self._grad_events = 0
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
-        self.hook_errors: list[str] = []
         self.unhooked: list[tuple[str, str]] = []  # targets that refused hooks, and why
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
