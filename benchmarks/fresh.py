@@ -89,10 +89,10 @@ def _child(case: str, kind: str) -> None:
             target(model, x).backward()
 
         # the same target: top-1 logits (a causal LM's default would be the next-token loss)
-        extra = {"target": "top1"} if case == "gpt2" else {}
+        chosen = "top1" if case == "gpt2" else None
 
         def hooked() -> None:
-            hookcli.grads(model, x, device="cpu", topk=0, **extra)
+            hookcli.grads(model, x, device="cpu", topk=0, target=chosen)
 
     else:
         half = copy.deepcopy(model).bfloat16()

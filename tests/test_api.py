@@ -299,3 +299,25 @@ def test_cam_with_a_layer_and_gradcam_pp_equals_the_cli(tmp_path: Path) -> None:
     assert np.array_equal(np.asarray(drawing.image.convert("RGB")), png(out)[0])
     assert drawing.raw is not None
     np.testing.assert_array_equal(drawing.raw, np.load(raw))
+
+
+def test_the_typed_keywords_are_exactly_what_each_command_takes() -> None:
+    """hookcli.inspect/grads/check's **options are typed (apitypes: editors complete them, mypy
+    catches a misspelt one); the TypedDicts hold exactly the keys api_report takes."""
+    from hookcli.apitypes import CheckKeywords, GradsKeywords, InspectKeywords
+    from hookcli.commands.api import BATCH_KEYS, INSPECT_RULE_KEYS, RULE_KEYS
+    from hookcli.options import API_KEYS
+
+    backward = {"target", "loss", "input_grad"}
+    every = {*API_KEYS, *BATCH_KEYS}
+    assert (
+        set(InspectKeywords.__annotations__) | set(InspectKeywords.__optional_keys__)
+        == (every | set(INSPECT_RULE_KEYS)) - backward
+    )
+    assert set(GradsKeywords.__optional_keys__) == every | set(INSPECT_RULE_KEYS)
+    assert set(CheckKeywords.__optional_keys__) == (every | set(RULE_KEYS)) - {
+        "topk",
+        "per_image",
+    }
+    with pytest.raises(TypeError, match="unexpected option 'topk' for check"):
+        hookcli.check(torch.nn.Linear(2, 2), torch.zeros(1, 2), topk=3)  # type: ignore[typeddict-unknown-key]

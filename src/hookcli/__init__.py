@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from hookcli import _views as _view_hook
 from hookcli._version import __version__
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import ModuleType
 
+    from hookcli.apitypes import CheckKeywords, GradsKeywords, InspectKeywords
     from hookcli.commands import Drawing
     from hookcli.records import DiffReport, LensReport, Report
 
@@ -64,7 +65,7 @@ def _new_run() -> None:
     output.begin()
 
 
-def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
+def inspect(model: Any, inputs: Any = (), **options: Unpack[InspectKeywords]) -> Report:
     """One hooked forward pass; its Report, as `hookcli inspect` makes it.
 
     `model`: a registry name, `file.py:Name`, `pkg.mod:Name` or an nn.Module; `inputs`: image
@@ -81,7 +82,7 @@ def inspect(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("inspect", model, inputs, options)
 
 
-def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
+def grads(model: Any, inputs: Any = (), **options: Unpack[GradsKeywords]) -> Report:
     """Forward and backward with gradient hooks; its Report, as `hookcli grads` makes it.
     Options as inspect's (no batching), plus target ("top1", a class index or label, "sum"),
     loss ("ce:IDX", "mse:ones", …) and input_grad."""
@@ -91,7 +92,7 @@ def grads(model: Any, inputs: Any = (), **options: Any) -> Report:
     return api_report("grads", model, inputs, options)
 
 
-def check(model: Any, inputs: Any = (), **options: Any) -> Report:
+def check(model: Any, inputs: Any = (), **options: Unpack[CheckKeywords]) -> Report:
     """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
     evaluate rules into `report.checks`; `hookcli.passed(report)` and
     `hookcli.exit_code(report)` give the CLI's verdict. Rules: fail_on ("nonfinite", "dead"
