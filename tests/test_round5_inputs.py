@@ -710,3 +710,61 @@ def test_attn_takes_target_text_as_the_decoders_tokens(bart: Path, tmp_path: Pat
         "-l", "model.decoder.layers.0.encoder_attn", "-o", str(tmp_path / "x.png"),
     )  # fmt: skip
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------------------------ found by the review before the stop
+
+
+def test_a_seq2seq_tokenizers_text_target_through_the_api_is_its_decoders_input(
+    bart: Path,
+) -> None:
+    import hookcli
+
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    model = transformers.BartForConditionalGeneration.from_pretrained(bart).eval()
+    enc = tok(["The cat sat"], text_target=["A dog ran in"], return_tensors="pt")
+    report = hookcli.grads(model, enc, layers=["lm_head"], target="sum")
+    (out,) = report["lm_head"][0].outputs
+    with torch.no_grad():
+        logits = model(**enc).logits  # transformers shifts the labels into the decoder itself
+    assert tuple(out.shape) == tuple(logits.shape)
+    assert out.mean == pytest.approx(float(logits.double().mean()), rel=1e-5)
+
+
+def test_target_text_is_padded_on_the_right_whatever_the_batchs_side(bart: Path) -> None:
+    from hookcli.engine.prepare import prepare
+    from hookcli.options import InputOptions, ModelOptions
+
+    texts, targets = ("The cat sat on", "A"), ("A dog ran in the park", "hello")
+    built = {
+        side: prepare(
+            ModelOptions(f"hf:{bart}"),
+            None,
+            InputOptions(text=texts, target_text=targets, padding_side=side),
+        ).model_input
+        for side in ("left", "right")
+    }
+    left, right = built["left"], built["right"]
+    assert left is not None and right is not None
+    assert int(left.kwargs["attention_mask"][1, 0]) == 0  # the texts: padded on the left
+    assert left.labels is not None and right.labels is not None
+    assert left.labels.tolist() == right.labels.tolist()
+    assert left.kwargs["decoder_input_ids"].tolist() == right.kwargs["decoder_input_ids"].tolist()
+    assert int(left.kwargs["decoder_attention_mask"][1, 0]) == 1  # the start token is read
+
+
+def test_a_batched_text_run_names_its_longest_line_and_renders_chat_in_chunks(
+    llama: Path, tmp_path: Path
+) -> None:
+    lines = _lines(tmp_path / "lines.txt", 40)
+    long = " ".join(["the cat"] * 80)  # past the tiny model's 64 positions
+    (tmp_path / "long.txt").write_text("\n".join([*lines[:39], long]) + "\n")
+    res = run("inspect", f"hf:{llama}", "--text-file", str(tmp_path / "long.txt"), "-l", "lm_head")
+    line = one_line_error(res, 2, "is longer than", "(64,")
+    assert f"{len(long.split())}" in line or "tokens" in line
+    res = run(
+        "inspect", f"hf:{llama}", "--text-file", str(tmp_path / "lines.txt"), "--chat",
+        "-l", "lm_head", "-f", "json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "chat template" in json.loads(res.stdout)["input"]["preprocessing"]

@@ -223,6 +223,9 @@ def folder_report(
         shards.leave(group)
 
 
+CHAT_CHUNK = 1024  # texts rendered through a chat template in one bounded child
+
+
 def _text_report(
     inv: Invocation, folder: FolderOptions, progress: Callable[[int, int], None] | None
 ) -> Report:
@@ -243,8 +246,26 @@ def _text_report(
         if inv.inputs.chat:
             from hookcli.inputs.chat import render_chat
 
-            texts = render_chat(loaded.tokenizer, shown)
+            # each chunk under the bounds one render has (a 600,000-line file is not one
+            # prompt), the whole under a cap that scales with the file
+            texts, budget = [], 8 * sum(map(len, shown)) + (16 << 20)
+            for start in range(0, len(shown), CHAT_CHUNK):
+                texts += render_chat(loaded.tokenizer, shown[start : start + CHAT_CHUNK])
+                budget -= sum(map(len, texts[-CHAT_CHUNK:]))
+                if budget < 0:
+                    raise UsageError(
+                        "--chat: the chat template renders the text file to more than 8 times "
+                        "its size.",
+                        "drop --chat and give the text as the model should see it.",
+                    )
         longest = max(token_lengths(loaded, texts, inv.inputs.chat))
+        limit = loaded.max_tokens
+        if limit is not None and longest > limit:  # every batch is padded to the longest
+            raise UsageError(
+                f"a sequence of {longest} tokens is longer than {loaded.spec} takes ({limit}, "
+                "its config's maximum positions).",
+                f"shorten the longest lines to at most {limit} tokens.",
+            )
         batch = folder.batch_size
         total = -(-len(texts) // batch)
         mine = group.batches(total) if group is not None else list(range(total))

@@ -269,6 +269,12 @@ def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
         named[key] = value
     if not named:
         raise TypeError("the mapping of keyword inputs is empty")
+    labels = named.get("labels")
+    shift = getattr(loaded.module, "prepare_decoder_input_ids_from_labels", None)
+    if isinstance(labels, torch.Tensor) and "decoder_input_ids" not in named and callable(shift):
+        # a seq2seq tokenizer's text_target: the decoder reads its labels shifted right, as
+        # the model does itself when given labels alone
+        named["decoder_input_ids"] = shift(labels=labels)
     args, kwargs, note = loaded.kind.spec_inputs([], named)
     shown = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in named.items())
     mask = named.get("attention_mask")

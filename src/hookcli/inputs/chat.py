@@ -172,9 +172,10 @@ def _collect(read: int, pid: int) -> tuple[bytes, str | None]:
 
 
 def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    """The child stopped and reaped (already gone, or reaped by someone else: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
         os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+        os.waitpid(pid, 0)
 
 
 __all__: Sequence[str] = ("render_chat",)

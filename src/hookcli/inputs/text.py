@@ -249,7 +249,12 @@ def _targets(
     if any(not t.strip() for t in targets):
         raise UsageError("a --target-text is empty.", "give each target its text.")
     try:
-        enc = tokenizer(text_target=targets, return_tensors="pt", padding=len(targets) > 1)
+        enc = tokenizer(
+            text_target=targets,
+            return_tensors="pt",
+            padding=len(targets) > 1,
+            padding_side="right",  # the decoder starts at position 0, whatever the batch's side
+        )
     except Exception as exc:
         raise UsageError(
             f"the tokenizer could not encode the target text: {one_line(exc)}.",
