@@ -24,10 +24,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from typer.testing import CliRunner
 
 import hookcli
-from hookcli.cli import app
 from tests.conftest import hooks_left
 
 transformers = pytest.importorskip("transformers")
@@ -41,9 +39,9 @@ from hookcli.options import AttnOptions, InputOptions, ModelOptions  # noqa: E40
 from hookcli.sources.tokentext import Pieces  # noqa: E402
 from tests.test_attn import rollout_by_hand  # noqa: E402
 from tests.test_heads import numbers_by_hand  # noqa: E402
-from tests.test_llm import VOCAB, make_tokenizer  # noqa: E402
+from tests.test_llm import VOCAB, make_tokenizer, run  # noqa: E402
+from tests.test_llm import one_line_error as one_line  # noqa: E402
 
-runner = CliRunner()
 TEXT = "The cat sat on the mat."
 WIDE = 0.3  # the initializer's std: peaked attention, so a wrong head or layout shows
 
@@ -53,19 +51,6 @@ FALCONS = {
     "new-decoder": {"new_decoder_architecture": True, "num_kv_heads": 2},
     "alibi": {"multi_query": False, "alibi": True},
 }
-
-
-def run(*args: str) -> Any:
-    return runner.invoke(app, list(args))
-
-
-def one_line(result: Any, code: int, *needles: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return str(lines[0])
 
 
 def _saved(folder: Path, model: Any) -> Path:

@@ -250,8 +250,9 @@ def _text_report(
             # prompt), the whole under a cap that scales with the file
             texts, budget = [], 8 * sum(map(len, shown)) + (16 << 20)
             for start in range(0, len(shown), CHAT_CHUNK):
-                texts += render_chat(loaded.tokenizer, shown[start : start + CHAT_CHUNK])
-                budget -= sum(map(len, texts[-CHAT_CHUNK:]))
+                chunk = render_chat(loaded.tokenizer, shown[start : start + CHAT_CHUNK])
+                texts += chunk
+                budget -= sum(map(len, chunk))  # (this chunk's only: a short last one too)
                 if budget < 0:
                     raise UsageError(
                         "--chat: the chat template renders the text file to more than 8 times "
