@@ -406,7 +406,7 @@ def test_which_image_counts_the_input_before_the_model_changes_it() -> None:
 
 
 def test_which_image_in_a_list_input_is_one_per_element() -> None:
-    from hookcli.commands.measured import nonfinite_by_image
+    from hookcli.engine.measure import nonfinite_by_image
     from hookcli.inputs import ModelInput
 
     a, b = torch.rand(3, 20, 20), torch.rand(3, 20, 20)
@@ -418,7 +418,7 @@ def test_which_image_in_a_list_input_is_one_per_element() -> None:
 def test_which_image_the_quick_finite_check_never_hides_a_nan_or_inf() -> None:
     """nonfinite_rows skips a CPU tensor whose sum is finite; a sum that overflows (large finite
     values) or that Inf and -Inf make NaN still gets the exact per-image count."""
-    from hookcli.commands.measured import _finite, nonfinite_rows
+    from hookcli.engine.measure import _finite, nonfinite_rows
 
     big = torch.full((2, 4), 3e38)  # finite; the float32 sum overflows
     assert not _finite(big), "so the exact count runs"

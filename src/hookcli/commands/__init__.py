@@ -4,7 +4,6 @@ the names the CLI and `hookcli` reach, each computed in its own module.
 run.py       inspect, grads and check as the command asks (run_command): the command rules
 api.py       the Python API's keyword arguments → the same option objects (api_report)
 drawing.py   maps, cam and attn as a Drawing (the PNG, the arrays it was drawn from)
-measured.py  one measured pass; statistics(), every command's statistics collector
 inspect.py, folder.py, checks.py, ablation.py, pictures.py, attention.py, lens.py, profile.py,
 shards.py, listing.py, diff/, watch/: each command's own computation
 

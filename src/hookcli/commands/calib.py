@@ -31,10 +31,10 @@ from torch import nn
 
 from hookcli import bounds
 from hookcli.commands.inspect import input_info, model_info
-from hookcli.commands.measured import measured_pass, statistics
 from hookcli.engine import fused_experts
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
+from hookcli.engine.measure import measured_pass, statistics
 from hookcli.engine.prepare import prepare, with_tokenizer
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection

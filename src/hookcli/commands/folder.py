@@ -29,7 +29,10 @@ from torch.utils.data import DataLoader, Dataset
 from hookcli._version import __version__
 from hookcli.commands import outliers, shards
 from hookcli.commands.inspect import model_info, predict
-from hookcli.commands.measured import (
+from hookcli.commands.profile import ProfileSum, profile_calls
+from hookcli.engine.aggregate import Aggregate
+from hookcli.engine.layout import image_of, reader
+from hookcli.engine.measure import (
     claimed_params,
     finish_param,
     label_layouts,
@@ -38,9 +41,6 @@ from hookcli.commands.measured import (
     origins_of,
     statistics,
 )
-from hookcli.commands.profile import ProfileSum, profile_calls
-from hookcli.engine.aggregate import Aggregate
-from hookcli.engine.layout import image_of, reader
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.tensorbits import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError

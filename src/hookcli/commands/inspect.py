@@ -17,7 +17,12 @@ import torch
 from hookcli._version import __version__
 from hookcli.commands import outliers
 from hookcli.commands.experts import routing_report
-from hookcli.commands.measured import (
+from hookcli.commands.memory import gradient_bytes, memory_report
+from hookcli.commands.profile import profile_calls
+from hookcli.engine import fused_experts
+from hookcli.engine.experts import counting_routes
+from hookcli.engine.layout import image_of, reader
+from hookcli.engine.measure import (
     PendingParam,
     claimed_params,
     finish_param,
@@ -28,11 +33,6 @@ from hookcli.commands.measured import (
     origins_of,
     statistics,
 )
-from hookcli.commands.memory import gradient_bytes, memory_report
-from hookcli.commands.profile import profile_calls
-from hookcli.engine import fused_experts
-from hookcli.engine.experts import counting_routes
-from hookcli.engine.layout import image_of, reader
 from hookcli.engine.memory import MemoryMeter, distinct_bytes
 from hookcli.engine.passes import deterministic_algorithms
 from hookcli.engine.prepare import Prepared, prepare

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
-from hookcli.commands.measured import statistics
+from hookcli.engine.measure import statistics
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, LensOptions, ModelOptions
 from hookcli.records import LensCell, LensReport, LensToken

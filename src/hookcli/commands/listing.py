@@ -16,9 +16,9 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from hookcli.commands.inspect import input_info, model_info
-from hookcli.commands.measured import statistics
 from hookcli.commands.memory import tied_names
 from hookcli.engine.hooks import HookSession
+from hookcli.engine.measure import statistics
 from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import build_input, prepare
 from hookcli.engine.selection import ROOT_LABEL, dtypes_held, has_lazy, recount

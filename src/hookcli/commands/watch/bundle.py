@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.commands.measured import finished_calls, statistics
 from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
+from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.errors import UsageError, one_line
 from hookcli.records import LayerCall, Origin, TensorStats

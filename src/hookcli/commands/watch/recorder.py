@@ -41,7 +41,6 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
-from hookcli.commands.measured import finished_calls, statistics
 from hookcli.commands.memory import gradient_bytes, optimizer_bytes, totals
 from hookcli.commands.watch.bundle import (
     ForwardCapture,
@@ -66,6 +65,7 @@ from hookcli.commands.watch.steptools import (
     rank_log_path,
 )
 from hookcli.engine.hooks import CopySafeHook, HookSession, Target
+from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
