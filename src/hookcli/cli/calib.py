@@ -13,6 +13,7 @@ import typer
 from hookcli.cli import params as opt
 from hookcli.cli.console import claim, emit, err, handled, output_format, rendered, status
 from hookcli.options import DEFAULTS
+from hookcli.render.writers import Kind
 
 
 def calib(
@@ -73,7 +74,7 @@ def calib(
             err(f"config: {used}")
         reads = opt.reads(p, used)
         dest = claim(p.get("output"), "-o", suffix=".safetensors", stdout_ok=False, reads=reads)
-        form = output_format(p["fmt"], None)
+        form = output_format(p["fmt"], None, kind=Kind.calib)
         from hookcli.commands.calib import calib_report, calib_tensors
         from hookcli.options import CalibOptions, pick
 

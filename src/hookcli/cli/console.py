@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hookcli.errors import HookcliError, UsageError
-from hookcli.render import SUFFIX_FORMATS, TRACKERS, Format
+from hookcli.render import Format
+from hookcli.render.writers import Kind, Options, Writer, by_suffix, suffixes_named, writer
 from hookcli.runtime import ranks
 from hookcli.text import escape
 
@@ -197,36 +198,22 @@ def rendered(
     quiet: bool = False,
 ) -> str | bytes:
     """A report in the format asked, through the one door (render.formats): colour and width
-    from this terminal, and a note when an HTML page is over its size budget; Parquet as the
-    file's bytes."""
-    from hookcli.render.formats import budget, parquet, render
+    from this terminal; a binary format's bytes; the writer's note (an HTML page over its size
+    budget) on stderr."""
+    from hookcli.render.formats import noted, written
 
-    if fmt == Format.parquet:
-        return parquet(obj)
-    text = render(
-        obj,
-        fmt,
+    options = Options(
         color=color() and not to_file(dest),
         width=width(),
         pictures=pictures,
         checks_only=checks_only,
         quiet=quiet,
     )
-    if fmt == Format.html:
-        large = budget(obj, pictures)
-        if large is not None:
-            text = budgeted(text, len(pictures), *large)
-    return text
-
-
-def budgeted(page: str, pictures: int, what: str, advice: str) -> str:
-    """An HTML page, with a note on stderr when it is larger than its size budget."""
-    from hookcli.render.html import over_budget
-
-    note = over_budget(page, pictures, what, advice)
+    out = written(obj, fmt, options)
+    note = noted(obj, fmt, out, options)
     if note is not None:
         err(f"note: {note}")
-    return page
+    return out
 
 
 def _suffix(output: Destination | None) -> str:
@@ -234,67 +221,66 @@ def _suffix(output: Destination | None) -> str:
     return "" if output is None else output.suffix
 
 
-_WRITTEN = ".json, .csv, .md, .html, .txt or .parquet"
-
-
-def output_format(
-    fmt: Format | None, output: Destination | None, *, parquet: bool = False
-) -> Format:
-    """--format, else the -o name's suffix, else a table; checked before any work. Without
-    -f, a suffix hookcli does not write is refused (a table in a file named .parquet helps no
-    one); -f writes any name, except that Parquet and a .parquet name go only together.
-    Parquet is refused where the command has no rows for it (`parquet`: it has), where
-    pandas/pyarrow are missing, and for a terminal."""
+def output_format(fmt: Format | None, output: Destination | None, *, kind: Kind) -> Format:
+    """--format, else the -o name's suffix, else a table, for a command writing a `kind` of
+    report; checked before any work, from the writers' table (render.writers). Without -f, a
+    suffix hookcli does not write is refused (a table in a file named .parquet helps no one);
+    -f writes any name, except that a binary format and its own suffix go only together. A
+    format is refused where it does not take the kind (a tracker takes only a run log's
+    series, and `hookcli report` sends it there first), where what it needs is missing, and
+    for a terminal when it is binary."""
     suffix = _suffix(output)
-    named = SUFFIX_FORMATS.get(suffix)
+    named = by_suffix(suffix)
     label = output.label if output is not None else ""
     if fmt is None and suffix and named is None:
         raise UsageError(
             f"-o {label}: hookcli does not write {suffix} files.",
-            f"name the file {_WRITTEN}, or give -f FORMAT.",
+            f"name the file {suffixes_named()}, or give -f FORMAT.",
         )
-    binary = Format.parquet
-    if fmt is not None and named is not None and binary in (fmt, named) and fmt != named:
-        raise UsageError(
-            f"-f {fmt.value} and -o {label}: Parquet and a .parquet name go together.",
-            "drop -f (the suffix picks the format), or rename the file.",
-        )
-    chosen = fmt or named or Format.table
-    if chosen in TRACKERS:
-        raise UsageError(
-            f"-f {chosen.value} writes a training log's series.",
-            f"hookcli report run.jsonl -f {chosen.value} -o runs/NAME",
-        )
-    if chosen == Format.parquet:
-        _parquet_possible(output, parquet)
-    return chosen
+    asked = None if fmt is None else writer(fmt)
+    if asked is not None and named is not None and asked != named:
+        binary = next((w for w in (asked, named) if w.binary), None)
+        if binary is not None:
+            raise UsageError(
+                f"-f {asked.format.value} and -o {label}: {binary.name} and a {binary.suffix} "
+                "name go together.",
+                "drop -f (the suffix picks the format), or rename the file.",
+            )
+    chosen = asked or named or writer(Format.table)
+    _possible(chosen, kind, output)
+    return chosen.format
 
 
-def _parquet_possible(output: Destination | None, parquet: bool) -> None:
-    if not parquet:
+def _possible(w: Writer, kind: Kind, output: Destination | None) -> None:
+    name = w.format.value
+    if w.folder:
         raise UsageError(
-            "this command's output has no Parquet form.", "write -f csv or -f json instead."
+            f"-f {name} writes a training log's series.",
+            f"hookcli report run.jsonl -f {name} -o runs/NAME",
         )
-    from hookcli.render.tabular import available
-
-    if not available():
+    if kind not in w.kinds:
         raise UsageError(
-            "Parquet needs pandas and pyarrow, which are not installed.",
-            "pip install 'hookcli[pandas]'.",
+            f"this command's output has no {w.name} form.", "write -f csv or -f json instead."
+        )
+    if w.needs is not None and not w.needs.here():
+        raise UsageError(
+            f"{w.name} needs {w.needs.packages}, which are not installed.",
+            f"pip install 'hookcli[{w.needs.extra}]'.",
         )
     to_stdout = output is None or output.path is None or output.fd == 1
-    if to_stdout and sys.stdout.isatty():
-        raise UsageError("Parquet is binary; not for a terminal.", "give -o FILE.parquet.")
+    if w.binary and to_stdout and sys.stdout.isatty():
+        raise UsageError(f"{w.name} is binary; not for a terminal.", f"give -o FILE{w.suffix}.")
 
 
 def listing_format(fmt: ListFormat | None, output: Destination | None) -> ListFormat:
     """models, layers and show: a table or JSON, -f's, else the -o name's (FILE.json: JSON);
     without -f, a suffix they do not write is refused before any work."""
     suffix = _suffix(output)
-    if suffix == ".parquet":
+    named = by_suffix(suffix)
+    if named is not None and named.binary:
         raise UsageError(
             f"-o {output.label if output else ''}: this command writes a table or JSON, not "
-            "Parquet.",
+            f"{named.name}.",
             "name the file .txt or .json.",
         )
     if fmt is not None:

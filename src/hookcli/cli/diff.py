@@ -20,6 +20,7 @@ from hookcli.cli.console import (
 from hookcli.errors import UsageError
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
+from hookcli.render.writers import Kind
 
 SORTS = ("order", "error", "own")  # --sort; commands.diff.report checks them
 TOL_HELP = "1e-3 float32, 4e-3 float16, 3e-2 bfloat16, 1e-1 int8"  # commands.diff.tolerance
@@ -131,7 +132,7 @@ def diff(
     with handled():
         p, used = opt.configured(ctx)
         dest = claim(p["output"], reads=opt.reads(p, used))
-        fmt_ = output_format(p["fmt"], dest, parquet=True)
+        fmt_ = output_format(p["fmt"], dest, kind=Kind.diff)
         from hookcli.commands.diff import diff_run, diff_saved
         from hookcli.options import DiffOptions, pick
 

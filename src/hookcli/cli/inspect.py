@@ -27,6 +27,7 @@ from hookcli.cli.console import (
 )
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
+from hookcli.render.writers import Kind
 
 if TYPE_CHECKING:
     from hookcli.commands import Running
@@ -322,7 +323,7 @@ def run_command(ctx: typer.Context, command: str) -> None:
     output = claim(p["output"], reads=reads)
     baseline_out = claim(p["save_baseline"], "--save-baseline", stdout_ok=False, reads=reads)
     save = claim(p.get("save"), "--save", suffix=".safetensors", stdout_ok=False, reads=reads)
-    fmt = output_format(p["fmt"], output, parquet=True)
+    fmt = output_format(p["fmt"], output, kind=Kind.report)
     from hookcli.cli.pictures import parse_pictures
 
     specs = parse_pictures(p.get("picture"), fmt)

@@ -19,6 +19,7 @@ from hookcli.cli.console import (
     to_file,
 )
 from hookcli.options import DEFAULTS
+from hookcli.render.writers import Kind
 
 if TYPE_CHECKING:
     from hookcli.io.output import Destination
@@ -93,7 +94,7 @@ def lens(
         raw = p.get("output")
         png = raw is not None and str(raw).lower().endswith(".png")
         dest = claim(raw, "-o", suffix=".png", reads=reads) if png else claim(raw, reads=reads)
-        form = None if png else output_format(p["fmt"], dest)
+        form = None if png else output_format(p["fmt"], dest, kind=Kind.lens)
         from hookcli.commands.lens import lens_report
         from hookcli.options import LensOptions, pick
 

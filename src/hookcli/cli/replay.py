@@ -10,6 +10,7 @@ import typer
 from hookcli.cli import params as opt
 from hookcli.cli.console import claim, emit, err, handled, output_format, rendered, status, to_file
 from hookcli.render import Format
+from hookcli.render.writers import Kind
 
 
 def replay(
@@ -67,7 +68,7 @@ def replay(
 
         parts = [str(bundle / name) for name in (*BUNDLE_FILES, PICKLED_MODEL)]
         dest = claim(output, reads=[str(bundle), *parts])
-        form = output_format(fmt, dest)
+        form = output_format(fmt, dest, kind=Kind.report)
         from hookcli.commands.checks import exit_code, failures
         from hookcli.commands.watch.replay import replay as run
         from hookcli.sources import parse_model_args

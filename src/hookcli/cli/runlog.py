@@ -7,28 +7,17 @@ and runrules read, merge and judge them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hookcli.cli import params as opt
-from hookcli.cli.console import (
-    budgeted,
-    claim,
-    color,
-    emit,
-    err,
-    handled,
-    output_format,
-    rendered,
-    to_file,
-    width,
-)
+from hookcli.cli.console import claim, emit, err, handled, output_format, rendered, to_file
 from hookcli.errors import UsageError
-from hookcli.render import TRACKERS, Format
+from hookcli.render import Format
+from hookcli.render.writers import Kind, writer
 
 if TYPE_CHECKING:
-    from hookcli.commands.watch.runmerge import Run
     from hookcli.commands.watch.runseries import RunSeries
     from hookcli.io.output import Destination
 
@@ -131,12 +120,14 @@ def check_log(ctx: typer.Context) -> bool:
             )
     from hookcli.commands.watch.logread import expand_logs
     from hookcli.commands.watch.runmerge import load_run
-    from hookcli.commands.watch.runrules import evaluate_run, parse_run_rules
+    from hookcli.commands.watch.runrules import checks_json, evaluate_run, parse_run_rules
+    from hookcli.commands.watch.runseries import run_lines
     from hookcli.options import RuleOptions, pick
+    from hookcli.render.series import ChecksReport
 
     paths = expand_logs(logs)
     dest = claim(p["output"], reads=[*paths, *([used] if used else [])])
-    fmt = output_format(p["fmt"], dest)
+    fmt = output_format(p["fmt"], dest, kind=Kind.checks)
     rules = parse_run_rules(
         pick(RuleOptions, p),
         dead_after=p.get("dead_after"),
@@ -151,7 +142,9 @@ def check_log(ctx: typer.Context) -> bool:
     elsewhere = fmt != Format.table or to_file(dest)
     if used and elsewhere and not quiet:
         err(f"config: {used}")
-    emit(_render_checks(run, results, fmt, dest, quiet=quiet), dest, quiet=quiet)
+    header = [f"check run log {line}" if i == 0 else line for i, line in enumerate(run_lines(run))]
+    report = ChecksReport(header, results, run.events, run.notes, checks_json(run, results))
+    emit(rendered(report, fmt, dest, quiet=quiet), dest, quiet=quiet)
     failed = [c for c in results if not c.passed]
     if elsewhere:
         for c in failed:  # a table on stdout shows them; with any other, stderr says why
@@ -159,41 +152,6 @@ def check_log(ctx: typer.Context) -> bool:
     if failed:
         raise typer.Exit(1)
     return True
-
-
-def _render_checks(
-    run: Run, results: list[Any], fmt: Format, dest: Destination | None, *, quiet: bool
-) -> str:
-    from hookcli.commands.watch.runrules import checks_json
-    from hookcli.commands.watch.runseries import run_lines
-    from hookcli.render import series as render
-
-    if fmt == Format.json:
-        from hookcli.render.json import data_json
-
-        return data_json(checks_json(run, results))
-    if fmt == Format.csv:
-        return render.checks_csv(results)
-    sections = render.run_checks_sections(
-        [f"check run log {line}" if i == 0 else line for i, line in enumerate(run_lines(run))],
-        results,
-        run.events,
-        run.notes,
-        quiet=quiet,
-    )
-    if fmt == Format.html:
-        from hookcli.render.html import sections_html
-
-        return sections_html("hookcli check: run log", sections, checks_json(run, results))
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import sections_markdown
-
-        out = sections_markdown(sections)
-    else:
-        from hookcli.render.table import render_sections
-
-        out = render_sections(sections, color=color() and not to_file(dest), width=width())
-    return "" if out.strip() == "" else out
 
 
 # ------------------------------------------------------------------ report
@@ -232,7 +190,7 @@ def report(
         from hookcli.commands.watch.logread import expand_logs, is_log_path
 
         logs = [f for f in files if is_log_path(f)]
-        if fmt in TRACKERS:
+        if fmt is not None and writer(fmt).folder:
             _report_tracker(fmt, files, logs, output)
             return
         if logs and len(logs) != len(files):
@@ -260,7 +218,8 @@ def report(
                 f"-f {fmt.value} and -o {output}: a .png output is the picture.",
                 "drop -f, or write the text to another file.",
             )
-        form = Format.table if png else output_format(fmt, dest, parquet=not logs)
+        kind = Kind.series if logs else Kind.report
+        form = Format.table if png else output_format(fmt, dest, kind=kind)
         if logs:
             _report_run(paths, form, dest, png=png)
         else:
@@ -318,33 +277,10 @@ def _report_run(paths: list[str], fmt: Format, dest: Destination | None, *, png:
         assert dest is not None
         _write_png(data, header, dest)
         return
-    emit(_render_series(data, header, fmt, dest), dest)
+    from hookcli.render.series import SeriesReport
 
-
-def _render_series(
-    data: RunSeries, header: list[str], fmt: Format, dest: Destination | None
-) -> str:
-    from hookcli.render import series as render
-
-    if fmt == Format.json:
-        from hookcli.render.json import data_json
-
-        return data_json(data.to_dict())
-    if fmt == Format.csv:
-        return render.series_csv(data)
-    sections = render.series_sections(data, [f"report run log {header[0]}", *header[1:]])
-    if fmt == Format.html:
-        from hookcli.render.html import sections_html
-
-        page = sections_html("hookcli report: run log", sections, data.to_dict())
-        return budgeted(page, 0, "a run log's series", "watch fewer layers (layers=)")
-    if fmt == Format.markdown:
-        from hookcli.render.markdown import sections_markdown
-
-        return sections_markdown(sections)
-    from hookcli.render.table import render_sections
-
-    return render_sections(sections, color=color() and not to_file(dest), width=width())
+    report = SeriesReport(data, [f"report run log {header[0]}", *header[1:]])
+    emit(rendered(report, fmt, dest), dest)
 
 
 def _write_png(data: RunSeries, header: list[str], dest: Destination) -> None:

@@ -1,6 +1,7 @@
 """A training run's series (`hookcli report run.jsonl`) and its checks (`hookcli check
 run.jsonl`) in every format: format-neutral sections for the table and Markdown, CSV rows, and
-a PNG grid of tiny line plots (Pillow, as images.py).
+a PNG grid of tiny line plots (Pillow, as images.py). `SeriesReport` and `ChecksReport` are the
+two as reports, for the one door (render.writers: every format's writer takes them).
 
 It reads what commands.watch.runseries computes through the protocols below (numbers and
 strings, and the non-finite events as records.NonfiniteLine), never torch and never a command
@@ -13,6 +14,7 @@ import csv
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hookcli.records import CheckResult, NonfiniteLine
@@ -60,6 +62,43 @@ class RunLike(Protocol):
     def events(self) -> Sequence[NonfiniteLine]: ...
     @property
     def notes(self) -> Sequence[str]: ...
+
+
+class SeriesData(RunLike, Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesReport:
+    """`hookcli report run.jsonl`: a run's series (commands.watch.runseries.RunSeries) and
+    the lines over them; its JSON is the series' own."""
+
+    run: SeriesData
+    header: Sequence[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.run.to_dict()
+
+    def sections(self) -> list[Section]:
+        return series_sections(self.run, self.header)
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksReport:
+    """`hookcli check run.jsonl`: each rule's verdict over a run, the lines over them, the
+    run's non-finite events and notes, and `data`, its JSON (commands.watch.runrules)."""
+
+    header: Sequence[str]
+    checks: Sequence[CheckResult]
+    events: Sequence[NonfiniteLine]
+    notes: Sequence[str]
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def sections(self, *, quiet: bool) -> list[Section]:
+        return run_checks_sections(self.header, self.checks, self.events, self.notes, quiet=quiet)
 
 
 # ---------------------------------------------------------------- sparklines
