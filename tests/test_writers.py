@@ -171,11 +171,16 @@ def test_the_refusals_follow_the_row(files: dict[str, Path], table: Any) -> None
     row = writers.writer(Format.parquet)
     kinds = {**row.kinds, Kind.series: series_bytes}
     table(dataclasses.replace(row, name="Columnar", suffixes=(".col",), kinds=kinds, needs=None))
-    refused(
-        run("report", saved, "-o", f"{out}.parquet"),
-        f"-o {out}.parquet: hookcli does not write .parquet files. Hint: name the file .json, "
-        ".csv, .md, .html, .txt or .col, or give -f FORMAT.",
+    res = run("report", saved, "-o", f"{out}.parquet")
+    assert res.exit_code == 2 and res.stdout == ""
+    listed = re.fullmatch(
+        rf"error: -o {re.escape(str(out))}\.parquet: hookcli does not write \.parquet files\. "
+        r"Hint: name the file (.*), or give -f FORMAT\.\n",
+        res.stderr,
     )
+    assert listed is not None, res.stderr
+    suffixes = re.split(r", | or ", listed.group(1))
+    assert ".col" in suffixes and ".parquet" not in suffixes and ".json" in suffixes
     refused(
         run("report", saved, "-f", "json", "-o", f"{out}.col"),
         f"-f json and -o {out}.col: Columnar and a .col name go together. Hint: drop -f (the "
