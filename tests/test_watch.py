@@ -308,7 +308,7 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
     """Forwards under no_grad (evaluation) and inside w.paused() are not captured, hooked or
     checked — a NaN in them is not the training step's — and a forward-only loop inside a
     watch keeps at most MAX_FORWARDS forwards per step."""
-    from hookcli.commands.watch.recorder import MAX_FORWARDS
+    from hookcli.commands.watch.nonfinite import MAX_FORWARDS
 
     torch.manual_seed(0)
     model = Tiny()

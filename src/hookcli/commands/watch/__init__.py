@@ -1,7 +1,14 @@
 """The training-run recorder (`hookcli.watch`) and what reads its output.
 
-recorder.py  the session over optimizer steps: hooks on watched steps, the JSONL log, the
-             ring buffer and the cheap non-finite check on every step
+recorder.py  `Watch`, the session over optimizer steps: the model's root hooks, the context,
+             the ring buffer; it composes the four below
+clock.py     the step clock: which optimizer step, whether it is watched, when its gradients
+             are complete and when it ends (optimizer step hooks, a GradScaler's update())
+capture.py   what a watched step measures (hooks on the selected layers, the parameters'
+             gradients and updates, memory) and its log line
+nonfinite.py the first NaN/Inf: what every step keeps to run again, the cheap check on every
+             step, the hooked re-run and the bundle
+sinks.py     where the lines go: the JSONL log, TensorBoard
 steptools.py what the recorder reads around a step: a padded batch's mask, the optimizer's
              parameters, the rank and its log's name, a call as a log line carries it
 compiled.py  reaching a wrapped or compiled model: its inner module, eager code on watched steps

@@ -1,6 +1,6 @@
-"""What the training recorder (commands/watch/recorder.py) reads around a step: a padded batch's
-mask, the optimizer's parameters and their finiteness, the process's rank and its log's name,
-and a layer call as a log line carries it."""
+"""What the training recorder (hookcli.watch) reads around a step: a padded batch's mask, the
+optimizer's parameters and their finiteness, the process's rank and its log's name, and a layer
+call as a log line carries it."""
 
 from __future__ import annotations
 
@@ -16,11 +16,6 @@ from hookcli.records import (
     LoggedCall,
     TensorStats,
 )
-
-# forwards with gradients kept per step (micro-batches); a loop that runs more between two
-# optimizer steps (a forward-only loop inside a watch) does not grow memory without bound
-MAX_FORWARDS = 64
-_NONE = object()
 
 
 def padding_mask(module: nn.Module, args: Any, kwargs: Any) -> torch.Tensor | None:
