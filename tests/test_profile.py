@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from hookcli.commands import folder
+from hookcli.commands.probes import profile as profile_probe
 from hookcli.commands.profile import CallTree, profile_calls
 from hookcli.engine.hooks import PendingCall
 from hookcli.records import CallProfile, LayerCall, Profile
@@ -200,7 +200,7 @@ def test_profile_on_a_folder_adds_up_the_batches(
         seen.append((*got, kwargs["warm_up"]))
         return got
 
-    monkeypatch.setattr(folder, "profile_calls", spy)
+    monkeypatch.setattr(profile_probe, "profile_calls", spy)
     images = make_folder(tmp_path / "data", 5)
     layers = ["layer1", "layer1.0.*", "fc"]
     report = hookcli.inspect(

@@ -21,6 +21,7 @@ its input is not floating point, an expert no token was routed to) is listed in 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from statistics import median
@@ -35,7 +36,8 @@ from hookcli.engine import fused_experts
 from hookcli.engine.aggregate import merge_channels
 from hookcli.engine.channels import hist_bounds
 from hookcli.engine.measure import measured_pass, statistics
-from hookcli.engine.prepare import prepare, with_tokenizer
+from hookcli.engine.prepare import prepare
+from hookcli.engine.probes import Armed, Probe
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
 from hookcli.records import CalibLayer, CalibReport, CalibSkip, ChannelStats
@@ -89,6 +91,27 @@ def input_channels(convs: set[str]) -> Callable[[Any, tuple[int, ...]], int | No
     return choose
 
 
+class CalibInputs(Probe):
+    """calib's probe: each selected layer's input channels with their histograms (the
+    collector's channel chooser, `input_channels`); a fused MoE block's routed experts read
+    per expert (engine/fused_experts.py). Merged over the passes by calib_report."""
+
+    batched = True
+
+    def __init__(self, convs: set[str], tapped: list[tuple[str, nn.Module]]) -> None:
+        self.convs = convs
+        self.tapped = tapped
+        self.tap: fused_experts.ExpertTap | None = None
+
+    @contextlib.contextmanager
+    def arm(self, armed: Armed) -> Iterator[None]:
+        armed.collector.channels = input_channels(self.convs)
+        armed.collector.channel_hist = True
+        with fused_experts.tapping(self.tapped, armed.model_input.token_mask) as tap:
+            self.tap = tap
+            yield
+
+
 def calib_report(
     model: ModelOptions,
     selection: Selection,
@@ -105,12 +128,14 @@ def calib_report(
             "calib needs data to calibrate on: a random input's ranges say nothing.",
             "give --text-file FILE (one sequence per line), --text, a folder of images, or inputs.",
         )
-    loaded = load_model(
+    loaded = load_model(  # with its tokenizer, read once: each pass's prepare finds it there
         model.model,
         weights=model.weights,
         seed=model.seed,
         model_args=model.model_args,
         head=model.head,
+        tokenizer=model.tokenizer,
+        text=inputs.has_text,
     )
     experts = fused_experts.find_fused_experts(loaded.module)
     if not selection.layers and not selection.types:
@@ -125,8 +150,6 @@ def calib_report(
         tapped: list[tuple[str, nn.Module]] | None = experts
     else:
         tapped = None  # the experts modules the selection names: found on the first pass
-    # the tokenizer read once: each pass's prepare finds it there (tokenizer None below)
-    loaded = with_tokenizer(loaded, model.tokenizer, needed=inputs.has_text)
     base = ModelOptions(
         loaded, model.weights, model.seed, model.device, model.model_args, model.output_key,
         model.head, None,
@@ -149,15 +172,11 @@ def calib_report(
             chosen = {id(t.module) for t in prepared.targets}
             tapped = [(n, m) for n, m in experts if id(m) in chosen]
         convs = {n for n, m in modules.items() if isinstance(m, nn.modules.conv._ConvNd)}
-        collector = statistics(repays_kernels=True)
-        collector.set_token_mask(model_input.token_mask)
-        collector.channels = input_channels(convs)
-        collector.channel_hist = True
-        with (
-            fused_experts.tapping(tapped, model_input.token_mask) as tap,
-            measured_pass(prepared, collector) as measured,
-        ):
+        probe = CalibInputs(convs, tapped)
+        with measured_pass(prepared, statistics(repays_kernels=True), probes=[probe]) as measured:
             pass
+        tap = probe.tap
+        assert tap is not None
         tapped_names = {n for n, _ in tapped}
         for call in measured.calls:
             if call.inputs and call.name not in tapped_names:

@@ -28,10 +28,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from hookcli._version import __version__
 from hookcli.commands import outliers, shards
+from hookcli.commands import probes as probing
 from hookcli.commands.inspect import model_info, predict
-from hookcli.commands.profile import ProfileSum, profile_calls
+from hookcli.commands.profile import ProfileSum
 from hookcli.engine.aggregate import Aggregate
-from hookcli.engine.layout import image_of, reader
+from hookcli.engine.layout import reader
 from hookcli.engine.measure import (
     claimed_params,
     finish_param,
@@ -42,6 +43,7 @@ from hookcli.engine.measure import (
     statistics,
 )
 from hookcli.engine.prepare import Prepared, prepare
+from hookcli.engine.probes import Probe
 from hookcli.engine.tensorbits import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import (
@@ -127,10 +129,11 @@ def is_folder_run(items: Sequence[Any], batching: Batching) -> bool:
     return len(image_files(items)) > DEFAULT_BATCH
 
 
-def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
-    """The folder run an inspection makes (None: one batch), its one-batch options refused."""
+def folder_options(inv: Invocation, batching: Batching, rules: Any = None) -> FolderOptions | None:
+    """The folder run an inspection makes (None: one batch), its one-batch options (and the
+    probes its rules need that read one batch) refused."""
     if inv.inputs.has_text:
-        return _text_options(inv, batching)
+        return _text_options(inv, batching, rules)
     if not is_folder_run(inv.inputs.items, batching):
         return None
     run = inv.run
@@ -142,22 +145,28 @@ def folder_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
             "use --target (top1, a class, sum: sums over the images) on a folder, or give at "
             f"most {DEFAULT_BATCH} images without --batch-size/--limit/--workers.",
         )
-    for flag, value in (
-        ("ablate", run.ablate),
-        ("heads", run.heads),
-        ("save", run.save),
-        ("train", run.train),
-        ("input-grad", backward is not None and backward.input_grad),
+    one = f"give at most {DEFAULT_BATCH} images without --batch-size/--limit/--workers."
+    for flag in (
+        *_one_batch_probes(run, rules),
+        *(["train"] if run.train else []),
+        *(["input-grad"] if backward is not None and backward.input_grad else []),
     ):
-        if value:
-            raise UsageError(
-                f"--{flag} works on one batch, not on a folder run.",
-                f"give at most {DEFAULT_BATCH} images without --batch-size/--limit/--workers.",
-            )
+        raise UsageError(f"--{flag} works on one batch, not on a folder run.", one)
     return batching.folder()
 
 
-def _text_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
+def _one_batch_probes(run: RunOptions, rules: Any) -> list[str]:
+    """The flags of the probes the run asks for that read one batch (commands/probes): a run
+    in batches refuses them. A probe whose refusal says more is refused in its own words."""
+    flags = []
+    for probe in probing.one_batch_only(run, rules):
+        if probe.refusal is not None:
+            raise UsageError(*probe.refusal)
+        flags.append(probe.flag)
+    return flags
+
+
+def _text_options(inv: Invocation, batching: Batching, rules: Any) -> FolderOptions | None:
     """A text run in batches: asked for (--batch-size, --limit), or more texts than one batch
     holds (a long --text-file). What reads one batch is refused, naming the way round."""
     from hookcli.inputs.text import texts_of
@@ -182,12 +191,8 @@ def _text_options(inv: Invocation, batching: Batching) -> FolderOptions | None:
             f"{one} (the gradients of one batch), or inspect/check the statistics of all.",
         )
     for flag, value in (
-        ("ablate", run.ablate),
-        ("heads", run.heads),
-        ("save", run.save),
+        *((probe, True) for probe in _one_batch_probes(run, rules)),
         ("train", run.train),
-        ("per-token", run.per_token),
-        ("generate", run.generate),
         ("position", run.position is not None),
         ("topk", run.topk),
         ("target-text", inv.inputs.target_text),
@@ -232,8 +237,8 @@ def _text_report(
     """A text run in batches: every text tokenized and padded to the run's longest (so every
     batch has one shape; padding is left out of every statistic), each batch's pass merged
     into the running statistics as a folder's images are."""
-    from hookcli.engine.prepare import with_tokenizer
     from hookcli.inputs.text import from_text, texts_of, token_lengths
+    from hookcli.sources.lm import with_tokenizer
 
     shown = texts_of(inv.inputs)[: folder.limit]
     group = shards.join()  # torchrun: this rank's share of the batches
@@ -548,6 +553,12 @@ class _FolderRun:
         self.train = run.train
         self.hist = run.hist
         self.timing = ProfileSum()  # --profile: each batch's times and FLOPs, added up
+        # what a run in batches measures beside the statistics: probes that merge
+        self.probes: list[Probe] = []
+        if run.channels:
+            self.probes.append(probing.Channels(per_expert=False))
+        if run.profile:
+            self.probes.append(probing.Profiled(into=self.timing))
         self.agg = Aggregate()
         self.model_out = Aggregate()
         self.counts = [0] * len(prepared.targets)
@@ -588,26 +599,14 @@ class _FolderRun:
         text: its real tokens only); its inputs' NaN/Inf rows and origins kept by (k, place
         in the batch), placed when the run ends."""
         prepared = self.prepared
-        loaded = prepared.loaded
         rows = len(names)
         self.shape = self.shape or tuple(model_input.shapes()[0])[1:]
-        # --profile: this batch timed (and its FLOPs counted) before its statistics are taken
-        timing = (
-            profile_calls(prepared, self.run, model_input=model_input, warm_up=not self.batches)
-            if self.run.profile
-            else None
-        )
         collector = statistics(  # a folder repays loading the kernels at once
             self.run.stats_backend,
             repays_kernels=True,
             hist_bins=self.hist,
             hist_edges=self.edges,
         )
-        collector.set_token_mask(model_input.token_mask)
-        if self.run.channels:
-            layout_of = reader(loaded.module, *image_of(model_input.forward_values()))
-            types = {n: e.type for e in prepared.entries for n in e.names}
-            collector.channels = outliers.chooser(layout_of, types)
         backward = self.backward
         with measured_pass(
             prepared,
@@ -616,6 +615,7 @@ class _FolderRun:
             images=rows,
             backward=backward,
             train=self.train,
+            probes=self.probes,
         ) as measured:
             result = measured.result
             assert result is not None
@@ -649,8 +649,6 @@ class _FolderRun:
         self.model_out.add("(model)", "output", 0, "outputs", [s for s in out_stats if s.dtype])
         for i, n in enumerate(session.counts):
             self.counts[i] += n
-        if timing is not None:  # counted with the batch's statistics, never without them
-            self.timing.add(*timing)
         self.seen += rows
         self.batches += 1
         return result.output

@@ -23,7 +23,6 @@ from hookcli.engine.hooks import HookSession, PendingCall
 from hookcli.engine.passes import hooked_pass, unhooked_pass
 from hookcli.engine.prepare import Prepared, every_target
 from hookcli.inputs import ModelInput
-from hookcli.options import RunOptions
 from hookcli.records import CallProfile, Profile
 
 if TYPE_CHECKING:  # engine.flops imports torch's FLOP counter (~0.1 s): only --profile needs it
@@ -34,8 +33,8 @@ _N = TypeVar("_N", int, float)
 
 def profile_calls(
     prepared: Prepared,
-    run: RunOptions,
     *,
+    train: bool = False,
     runs: int = 3,
     model_input: ModelInput | None = None,
     warm_up: bool = True,
@@ -47,23 +46,19 @@ def profile_calls(
     selected calls are reported. Then FLOPs, in a pass of their own."""
     backward = prepared.backward is not None
     reference = [
-        unhooked_pass(
-            prepared, model_input=model_input, train=run.train, backward=backward, timed=True
-        )
+        unhooked_pass(prepared, model_input=model_input, train=train, backward=backward, timed=True)
         for _ in range(runs + int(warm_up))
     ][int(warm_up) :]
     unhooked_ms = statistics.median(r.forward_ms for r in reference)
     unhooked_bwd = statistics.median(r.backward_ms or 0.0 for r in reference) if backward else None
     session = HookSession(every_target(prepared.entries), None, grads=backward, profile=True)
-    with hooked_pass(
-        prepared, session, model_input=model_input, train=run.train, backward=backward
-    ):
+    with hooked_pass(prepared, session, model_input=model_input, train=train, backward=backward):
         pass
     if any(p.events for p in session.calls):
         torch.cuda.synchronize()  # once: every recorded event has completed
     from hookcli.engine.flops import count_flops
 
-    flops = count_flops(prepared, model_input=model_input, train=run.train, backward=backward)
+    flops = count_flops(prepared, model_input=model_input, train=train, backward=backward)
     tree = CallTree(session.calls, {t.name for t in prepared.targets})
     by_call: dict[CallKey, CallProfile] = {}
     for p in tree.selected:

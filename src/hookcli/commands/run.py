@@ -14,7 +14,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from hookcli.commands.checks import Rules, evaluate, for_check
-from hookcli.errors import UsageError
 from hookcli.options import BackwardOptions, Batching, Invocation
 from hookcli.records import Report
 
@@ -45,17 +44,7 @@ def run_command(
     if command == "check":
         rules = for_check(rules)
     inv = command_invocation(command, inv, rules)
-    folder = folder_options(inv, batching)
-    if folder is not None and ("dead-experts" in rules.fail_on or rules.max_expert_imbalance):
-        raise UsageError(
-            "expert routing is read on one batch of text, not over a folder run.",
-            "give the text with --text/--text-file, or drop the expert rules.",
-        )
-    if folder is not None and inv.run.memory:
-        raise UsageError(
-            "--memory (and --max-saved-mb) size one batch's pass; a folder run is many.",
-            "give one image (or --input randn:BxCxHxW for the batch size you train with).",
-        )
+    folder = folder_options(inv, batching, rules)
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
     with context as progress:
         if folder is not None:

@@ -9,22 +9,21 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.layout import LayoutOf
-from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins, number_backward
-from hookcli.engine.passes import PassResult, hooked_pass
+from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import Prepared
+from hookcli.engine.probes import Armed, Measured, Probe, armed_probes
 from hookcli.engine.selection import ROOT_LABEL, depth_of
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
-from hookcli.records import ImageNonfinite, LayerCall, Origin, ParamStats, TensorStats
+from hookcli.records import ImageNonfinite, LayerCall, Origin, ParamStats, Report, TensorStats
 from hookcli.tree import iter_tensors
 
 RowCounts = tuple[torch.Tensor, torch.Tensor]  # NaN and Inf per image (int64, on the CPU)
@@ -47,19 +46,6 @@ def statistics(
     return StatsCollector(backend=backend, hist_bins=hist_bins, hist_edges=hist_edges)
 
 
-@dataclass
-class Measured:
-    """A measured pass: `result` while the pass runs (its output, gradients still readable);
-    `calls` once it has ended, every statistic filled in."""
-
-    session: HookSession
-    collector: StatsCollector
-    result: PassResult | None = None
-    outputs: list[TensorStats] = field(default_factory=list)  # the model's outputs
-    by_image: list[ImageNonfinite] = field(default_factory=list)  # which image held NaN/Inf
-    calls: list[LayerCall] = field(default_factory=list)
-
-
 @contextlib.contextmanager
 def measured_pass(
     prepared: Prepared,
@@ -69,30 +55,51 @@ def measured_pass(
     images: int | None = None,
     backward: bool = False,
     train: bool = False,
-    saver: Any = None,
-    memory: MemoryMeter | None = None,
+    probes: Sequence[Probe] = (),
 ) -> Iterator[Measured]:
-    """One hooked pass of `model_input` (default: the prepared one). Inside the `with`, the
-    pass has run: the model's outputs are measured and, for a batch of `images`, the images
-    holding NaN/Inf are known (the input counted before the pass: a model may change it);
-    what a command reads while gradients live (parameters, predictions) goes there. After it,
-    the statistics are finalized (a few batched transfers per device) and `calls` are complete."""
+    """One hooked pass of `model_input` (default: the prepared one), its padding left out of
+    every statistic, with `probes` armed around it (engine/probes.py: the only place they
+    are). Inside the `with`, the pass has run: the model's outputs are measured, for a batch
+    of `images` the images holding NaN/Inf are known (the input counted before the pass: a
+    model may change it), and every probe has read what it reads while gradients live; what a
+    command reads then (parameters, predictions) goes there too. After it, the statistics are
+    finalized (a few batched transfers per device) and `calls` are complete; the probes'
+    contexts close last (a probe that writes a file discards it if anything failed)."""
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
-    session = HookSession(
-        prepared.targets, collector, grads=backward, saver=saver, readers=backward, memory=memory
-    )
-    rows = None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")
-    measured = Measured(session, collector)
-    with hooked_pass(
-        prepared, session, model_input=model_input, train=train, backward=backward
-    ) as result:
-        measured.result = result
-        collector.context = ("(model)", 0, "out")
-        measure(collector, result.output, "out", measured.outputs)
-        measured.by_image = nonfinite_by_image(model_input, result.output, rows)
-        yield measured
-    measured.calls = finished_calls(session, backward=backward)
+    collector.set_token_mask(model_input.token_mask)
+    armed = Armed(prepared, model_input, collector, backward=backward, train=train)
+    with armed_probes(tuple(probes), armed):
+        session = HookSession(
+            prepared.targets,
+            collector,
+            grads=backward,
+            saver=armed.saver,
+            readers=backward,
+            memory=armed.memory,
+        )
+        rows = (
+            None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")
+        )
+        measured = Measured(session, collector, armed)
+        with hooked_pass(
+            prepared, session, model_input=model_input, train=train, backward=backward
+        ) as result:
+            measured.result = result
+            collector.context = ("(model)", 0, "out")
+            measure(collector, result.output, "out", measured.outputs)
+            measured.by_image = nonfinite_by_image(model_input, result.output, rows)
+            for probe in probes:
+                probe.read(measured)
+            yield measured
+        measured.calls = finished_calls(session, backward=backward)
+
+
+def finish(measured: Measured, report: Report, probes: Sequence[Probe]) -> Report:
+    """The report of a measured pass: each probe's findings folded in, in the list's order."""
+    for probe in probes:
+        probe.finish(measured, report)
+    return report
 
 
 def finished_calls(session: HookSession, *, backward: bool) -> list[LayerCall]:

@@ -73,6 +73,8 @@ def prepare(
             model_args=model.model_args,
             head=model.head,
             building=model.building,
+            tokenizer=model.tokenizer,
+            text=inputs is not None and inputs.has_text,
         )
     if model.output_key:  # a copy: a LoadedModel passed in is left as it was
         loaded = dataclasses.replace(loaded, kind=loaded.kind.keyed(model.output_key))
@@ -82,8 +84,6 @@ def prepare(
         from hookcli.sources.offload import place
 
         place(loaded.module, device)
-    text = inputs is not None and inputs.has_text
-    loaded = with_tokenizer(loaded, model.tokenizer, needed=text)
     if position is not None:  # --position: which real token a language model predicts after
         at = getattr(loaded.kind, "at_position", None)
         if at is None:
@@ -154,34 +154,6 @@ def prepare(
 def every_target(entries: Sequence[ModuleEntry]) -> list[Target]:
     """Every module Python hooks can see, the model itself included (as `(model)`)."""
     return [target_of(e) for e in entries if e.unhookable is None]
-
-
-def with_tokenizer(loaded: LoadedModel, asked: Any, *, needed: bool) -> LoadedModel:
-    """A language model with its tokenizer (--tokenizer, else the checkpoint's) and its tokens
-    as labels. Needed (text given): a missing tokenizer is an error; else one beside the
-    checkpoint only labels the predicted tokens, and none is no loss."""
-    from hookcli.inputs.text import ensure_tokenizer, needs_text_model
-    from hookcli.sources.lm import CausalLM, TokenLabels
-
-    if needed:
-        needs_text_model(loaded, "--text")
-    elif asked is None and not (
-        isinstance(loaded.kind, CausalLM) and loaded.tokenizer_from is not None
-    ):
-        return loaded
-    if asked is not None and not needed:
-        needs_text_model(loaded, "--tokenizer")
-    loaded = dataclasses.replace(loaded)  # a LoadedModel passed in is left as it was
-    try:
-        ensure_tokenizer(loaded, asked)
-    except UsageError:
-        if needed or asked is not None:
-            raise
-        return loaded  # a checkpoint saved without its tokenizer: ids stay unlabelled
-    vocab = getattr(loaded.kind, "vocab_size", None)
-    if isinstance(loaded.kind, CausalLM) and loaded.categories is None and isinstance(vocab, int):
-        loaded.categories = TokenLabels(loaded.tokenizer, vocab)
-    return loaded
 
 
 def next_token_labels(model_input: ModelInput) -> torch.Tensor:

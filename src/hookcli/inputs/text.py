@@ -359,37 +359,6 @@ def _check_ids(loaded: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> No
         )
 
 
-def needs_text_model(loaded: LoadedModel, what: str) -> None:
-    """Text given to a model that does not take token ids: refused in one line."""
-    if loaded.kind.takes_images or getattr(loaded.kind, "vocab_size", None) is None:
-        raise UsageError(
-            f"{loaded.spec} takes {'images' if loaded.kind.takes_images else 'tensors'}, not "
-            f"text ({what}).",
-            "give text to a language model (hf:PATH of a causal LM, hf:gpt2, …); give this "
-            "model images or --input tensors.",
-        )
-
-
-def ensure_tokenizer(loaded: LoadedModel, asked: Any) -> None:
-    """loaded.tokenizer (and its label) from --tokenizer or beside the checkpoint."""
-    from hookcli.sources.lm import load_tokenizer
-
-    if loaded.tokenizer is not None and asked is None:
-        return
-    if asked is not None and not isinstance(asked, str):  # the Python API's own tokenizer
-        if not callable(asked) or not hasattr(asked, "convert_ids_to_tokens"):
-            raise TypeError(
-                "tokenizer must be a path, ORG/NAME or a transformers tokenizer, not "
-                f"{type(asked).__name__}"
-            )
-        loaded.tokenizer = asked
-        loaded.tokenizer_label = f"{type(asked).__name__} (given)"
-        return
-    tokenizer, label = load_tokenizer(asked, loaded.tokenizer_from, loaded.spec)
-    loaded.tokenizer = tokenizer
-    loaded.tokenizer_label = label
-
-
 __all__: Sequence[str] = (
-    "ensure_tokenizer", "from_text", "needs_text_model", "one_batch", "texts_of", "token_lengths",
+    "from_text", "one_batch", "texts_of", "token_lengths",
 )  # fmt: skip

@@ -66,12 +66,37 @@ def load_model(
     model_args: Mapping[str, Any] | None = None,
     head: str | None = None,
     building: str = "",
+    tokenizer: Any = None,
+    text: bool = False,
 ) -> LoadedModel:
     """Build the model named by spec with the given weights, in eval mode, on the CPU.
     A model already loaded (LoadedModel) is returned as it is. `head` (hf: models only):
     which head to build; None: the one the checkpoint was saved with. `building` "meta":
     on the meta device, no weight read; "offload": an hf: checkpoint whose weights are read
-    block by block as it runs (sources/skeleton.py)."""
+    block by block as it runs (sources/skeleton.py). A language model comes back with its
+    tokenizer (`tokenizer`: --tokenizer, else the checkpoint's; `text`: text will be given, so
+    a model that takes none, or a missing tokenizer, is an error) and its tokens as labels."""
+    from hookcli.sources.lm import with_tokenizer
+
+    return with_tokenizer(
+        _built(
+            spec, weights=weights, seed=seed, model_args=model_args, head=head, building=building
+        ),
+        tokenizer,
+        needed=text,
+    )
+
+
+def _built(
+    spec: str | nn.Module | LoadedModel,
+    *,
+    weights: str,
+    seed: int,
+    model_args: Mapping[str, Any] | None,
+    head: str | None,
+    building: str,
+) -> LoadedModel:
+    """The model as its source builds it (see load_model)."""
     if head is not None and not (isinstance(spec, str) and spec.strip().startswith("hf:")):
         raise UsageError(
             f"--head {head} applies to hf: models only.",
@@ -87,12 +112,6 @@ def load_model(
     if isinstance(spec, nn.Module):  # the Python API may pass a module directly
         return wrap_module(spec, weights)
     spec = spec.strip()
-    if building == "offload" and not spec.startswith("hf:"):
-        raise UsageError(
-            f"--offload reads a Hugging Face checkpoint's safetensors block by block; {spec} "
-            "is not one.",
-            "give hf:FOLDER (written by save_pretrained) or hf:ORG/NAME from the cache.",
-        )
     if building == "meta" and weights.strip().lower() not in ("", "none"):
         raise UsageError(
             "--meta builds the model without weights, so --weights would never be read.",
@@ -103,7 +122,15 @@ def load_model(
             "no model given.", "name a torchvision model, e.g. `hookcli inspect resnet18`."
         )
     source = resolve(spec)
-    extra = {"head": head} if head is not None else {}  # a plug-in's load() need not take it
+    if building == "offload" and "offload" not in source.builds:  # as the source declares
+        raise UsageError(
+            f"--offload reads a Hugging Face checkpoint's safetensors block by block; {spec} "
+            "is not one.",
+            "give hf:FOLDER (written by save_pretrained) or hf:ORG/NAME from the cache.",
+        )
+    extra: dict[str, Any] = {"head": head} if head is not None else {}
+    if building in source.builds:  # told only what it declares it handles itself
+        extra["building"] = building
     try:
         with no_progress_bars(), empty(building):
             loaded = source.load(

@@ -28,6 +28,12 @@ class Source:
 
     name = "source"
     prefix: str | None = None  # e.g. "timm" claims "timm:NAME"
+    # the ways of building a model without its weights in memory (sources/skeleton.py) that
+    # this source handles itself: its load() is then told which by `building=` ("meta",
+    # "offload"). Any source's model is built for --meta on the meta device without its
+    # knowing; --offload (each block's weights read from the checkpoint as it runs) only by a
+    # source that declares it.
+    builds: frozenset[str] = frozenset()
 
     def claims(self, spec: str) -> bool:
         """Whether this source loads spec (a stripped, non-empty string)."""

@@ -48,7 +48,7 @@ from hookcli.sources.hfcheck import (
     size_fields,
 )
 from hookcli.sources.model import LoadedModel
-from hookcli.sources.skeleton import META, OFFLOAD, building
+from hookcli.sources.skeleton import META, OFFLOAD
 from hookcli.sources.statedict import load_state_dict_file
 from hookcli.sources.tasks import Task
 
@@ -74,6 +74,7 @@ class HFSource(Source):
 
     name = "hf"
     prefix = "hf"
+    builds = frozenset({"meta", "offload"})
 
     def load(
         self,
@@ -83,6 +84,7 @@ class HFSource(Source):
         seed: int,
         model_args: dict[str, Any],
         head: str | None = None,
+        building: str = "",
     ) -> LoadedModel:
         rest = spec.removeprefix("hf:").strip()
         if not rest:
@@ -90,7 +92,9 @@ class HFSource(Source):
                 "hf: needs a model type, a saved model folder or ORG/NAME.",
                 "for example hf:vit, hf:./my-model or hf:google/vit-base-patch16-224",
             )
-        return load_hf(spec, rest, weights, seed, model_args, head=check_head(head))
+        return load_hf(
+            spec, rest, weights, seed, model_args, head=check_head(head), building=building
+        )
 
 
 class ImageProcessor:
@@ -257,7 +261,10 @@ def load_hf(
     overrides: dict[str, Any],
     *,
     head: str | None = None,
+    building: str = "",
 ) -> LoadedModel:
+    """An hf: model; `building` "meta" or "offload" (sources/skeleton.py) builds it without
+    its weights in memory."""
     tf = transformers_module()
     local = user_path(rest, "hf: model folder")
     torch.manual_seed(seed)
@@ -265,12 +272,16 @@ def load_hf(
     notes: list[str] = []
     tokenizer_from: str | None = None
     if local.is_dir() or rest.startswith((".", "/", "~")) or os.sep + os.sep in rest:
-        model, processor, label = _from_saved(tf, rest, local, overrides, head=head, notes=notes)
+        model, processor, label = _from_saved(
+            tf, rest, local, overrides, head=head, notes=notes, building=building
+        )
         tokenizer_from = str(local)
     elif "/" in rest:
-        model, processor, label = _from_cache(tf, rest, overrides, head=head, notes=notes)
+        model, processor, label = _from_cache(
+            tf, rest, overrides, head=head, notes=notes, building=building
+        )
         tokenizer_from = rest
-    elif building() == OFFLOAD:
+    elif building == OFFLOAD:
         raise UsageError(
             f"--offload reads a saved checkpoint block by block; {spec} is a model type "
             "(random weights, nothing to read).",
@@ -278,7 +289,7 @@ def load_hf(
         )
     else:
         config = _config_for_type(tf, rest, overrides)
-        check_config(config, spec)
+        check_config(config, spec, building)
         built = head or type_head(rest)
         auto = _auto(tf, built)
         if (
@@ -296,7 +307,7 @@ def load_hf(
         label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
     raw = weights.strip()
     pretrained = not label.startswith("none")
-    if raw.lower() not in ("", "none") and building() == OFFLOAD:
+    if raw.lower() not in ("", "none") and building == OFFLOAD:
         raise UsageError(
             "--offload reads the checkpoint's own weights; --weights would replace them.",
             "drop --weights, or --offload.",
@@ -419,6 +430,7 @@ def _pretrained(
     *,
     head: str | None,
     notes: list[str],
+    building: str = "",
     **found: Any,
 ) -> nn.Module:
     """The checkpoint at `where` (a folder, or ORG/NAME with `found`'s cache arguments) built
@@ -427,10 +439,11 @@ def _pretrained(
     naming them. The bare model (--head base) may leave the checkpoint's head out, and says
     so."""
     cls, built = _saved_class(tf, saved, head, notes)
-    if building():  # --meta, --offload: the class, built from the config with no weights
+    if building:  # --meta, --offload: the class, built from the config with no weights
         return _without_weights(
-            cls, where, saved, spec, overrides=overrides, built=built, notes=notes, found=found
-        )
+            cls, where, saved, spec, overrides=overrides, built=built, notes=notes, found=found,
+            meta=building == META,
+        )  # fmt: skip
     load_args = {"trust_remote_code": False, "use_safetensors": True, **found}
     model: nn.Module
     model, info = _build(
@@ -480,12 +493,13 @@ def _without_weights(
     built: str,
     notes: list[str],
     found: dict[str, Any],
+    meta: bool,
 ) -> nn.Module:
     """--meta: the checkpoint's class built from its config on the meta device (no weight
     read). --offload: the same with real buffers, each parameter in the dtype from_pretrained
     would load it in, made to read each block's weights from the checkpoint as it runs."""
     make = cls._from_config if hasattr(cls, "_from_config") else cls.from_config
-    if building() == META:
+    if meta:
         model: nn.Module = _build(
             lambda: make(saved, dtype=saved_dtype(saved)), spec, overrides, built
         )
@@ -577,6 +591,7 @@ def _from_saved(
     *,
     head: str | None = None,
     notes: list[str] | None = None,
+    building: str = "",
 ) -> tuple[nn.Module, Any, str]:
     notes = notes if notes is not None else []
     if not (path / "config.json").is_file():
@@ -584,14 +599,16 @@ def _from_saved(
             f"hf:{rest} is not a saved model folder (no config.json in {path}).",
             "give a folder written by save_pretrained, a model type (hf:vit) or ORG/NAME.",
         )
-    check_folder(tf, f"hf:{rest}", path)
+    check_folder(tf, f"hf:{rest}", path, building)
     config = _build(
         lambda: tf.AutoConfig.from_pretrained(path, trust_remote_code=False, **overrides),
         f"hf:{rest}",
         overrides,
     )
-    check_config(config, f"hf:{rest}")
-    model = _pretrained(tf, path, config, f"hf:{rest}", overrides, head=head, notes=notes)
+    check_config(config, f"hf:{rest}", building)
+    model = _pretrained(
+        tf, path, config, f"hf:{rest}", overrides, head=head, notes=notes, building=building
+    )
     processor = _saved_processor(tf, path, config, f"hf:{rest}", path)
     return model, processor, f"saved model {path}"
 
@@ -633,6 +650,7 @@ def _from_cache(
     *,
     head: str | None = None,
     notes: list[str] | None = None,
+    building: str = "",
 ) -> tuple[nn.Module, Any, str]:
     from hookcli.sources.base import hf_cache_dir
 
@@ -656,10 +674,10 @@ def _from_cache(
 
     found = try_to_load_from_cache(repo, "config.json", cache_dir=cache)
     if isinstance(found, str):  # the snapshot folder: the same checks as a saved folder's
-        check_folder(tf, f"hf:{repo}", Path(found).parent)
-    check_config(config, f"hf:{repo}")
+        check_folder(tf, f"hf:{repo}", Path(found).parent, building)
+    check_config(config, f"hf:{repo}", building)
     model = _pretrained(
-        tf, repo, config, f"hf:{repo}", overrides, head=head, notes=notes,
+        tf, repo, config, f"hf:{repo}", overrides, head=head, notes=notes, building=building,
         local_files_only=True, cache_dir=cache,
     )  # fmt: skip
     folder = Path(found).parent if isinstance(found, str) else None

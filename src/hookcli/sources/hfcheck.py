@@ -15,7 +15,7 @@ from hookcli.errors import UsageError
 from hookcli.sources.hfbase import (
     json_file,
 )
-from hookcli.sources.skeleton import META, building
+from hookcli.sources.skeleton import META
 
 
 def size_fields(size: Any) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def auto_module(name: str) -> Any:
 _PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
 
 
-def check_folder(tf: Any, spec: str, folder: Path) -> None:
+def check_folder(tf: Any, spec: str, folder: Path, building: str = "") -> None:
     """A saved model folder hookcli can load without running anything from it: config.json a
     JSON object naming a model type this transformers ships (no auto_map: that is remote
     code), preprocessor_config.json (when present) a JSON object, and safetensors weights
@@ -76,7 +76,7 @@ def check_folder(tf: Any, spec: str, folder: Path) -> None:
         )
     if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
         return
-    if building() == META:  # config.json is all --meta reads
+    if building == META:  # config.json is all --meta reads
         return
     pickled = sorted({p.name for pattern in _PICKLED for p in folder.glob(pattern)})
     if pickled:
@@ -147,7 +147,7 @@ _SIZES = (
 )  # fmt: skip
 
 
-def check_config(config: Any, spec: str) -> None:
+def check_config(config: Any, spec: str, building: str = "") -> None:
     """Sizes that cannot build a model (a negative image size, zero layers) or would not fit
     this machine (a hidden size of 10^8) are the user's input, refused in one line before
     anything is allocated."""
@@ -163,7 +163,7 @@ def check_config(config: Any, spec: str) -> None:
             )
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
-    if building():  # --meta, --offload: the weights are never all in memory, but each block
+    if building:  # --meta, --offload: the weights are never all in memory, but each block
         # is modules built one by one: absurd depths are refused as absurd sizes are (issue 49)
         if isinstance(layers, int) and layers > MAX_BUILT_LAYERS:
             raise UsageError(

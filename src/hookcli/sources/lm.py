@@ -10,6 +10,7 @@ tokens after the start token (or after the decoder ids given).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -464,3 +465,57 @@ def generated_of(
         "the k-th new token (with the KV cache)"
     )
     return out, said
+
+
+def needs_text_model(loaded: LoadedModel, what: str) -> None:
+    """Text given to a model that does not take token ids: refused in one line."""
+    if loaded.kind.takes_images or getattr(loaded.kind, "vocab_size", None) is None:
+        raise UsageError(
+            f"{loaded.spec} takes {'images' if loaded.kind.takes_images else 'tensors'}, not "
+            f"text ({what}).",
+            "give text to a language model (hf:PATH of a causal LM, hf:gpt2, …); give this "
+            "model images or --input tensors.",
+        )
+
+
+def ensure_tokenizer(loaded: LoadedModel, asked: Any) -> None:
+    """loaded.tokenizer (and its label) from --tokenizer or beside the checkpoint."""
+    if loaded.tokenizer is not None and asked is None:
+        return
+    if asked is not None and not isinstance(asked, str):  # the Python API's own tokenizer
+        if not callable(asked) or not hasattr(asked, "convert_ids_to_tokens"):
+            raise TypeError(
+                "tokenizer must be a path, ORG/NAME or a transformers tokenizer, not "
+                f"{type(asked).__name__}"
+            )
+        loaded.tokenizer = asked
+        loaded.tokenizer_label = f"{type(asked).__name__} (given)"
+        return
+    tokenizer, label = load_tokenizer(asked, loaded.tokenizer_from, loaded.spec)
+    loaded.tokenizer = tokenizer
+    loaded.tokenizer_label = label
+
+
+def with_tokenizer(loaded: LoadedModel, asked: Any, *, needed: bool) -> LoadedModel:
+    """A language model with its tokenizer (--tokenizer, else the checkpoint's) and its tokens
+    as labels. Needed (text given): a missing tokenizer is an error; else one beside the
+    checkpoint only labels the predicted tokens, and none is no loss."""
+    if needed:
+        needs_text_model(loaded, "--text")
+    elif asked is None and not (
+        isinstance(loaded.kind, CausalLM) and loaded.tokenizer_from is not None
+    ):
+        return loaded
+    if asked is not None and not needed:
+        needs_text_model(loaded, "--tokenizer")
+    loaded = dataclasses.replace(loaded)  # a LoadedModel passed in is left as it was
+    try:
+        ensure_tokenizer(loaded, asked)
+    except UsageError:
+        if needed or asked is not None:
+            raise
+        return loaded  # a checkpoint saved without its tokenizer: ids stay unlabelled
+    vocab = getattr(loaded.kind, "vocab_size", None)
+    if isinstance(loaded.kind, CausalLM) and loaded.categories is None and isinstance(vocab, int):
+        loaded.categories = TokenLabels(loaded.tokenizer, vocab)
+    return loaded

@@ -1,26 +1,19 @@
 """Models built without their weights in memory: `--meta` (every parameter and buffer on the meta
 device: shapes, counts and FLOPs with nothing allocated or read) and `--offload` (parameters on
 the meta device, buffers real, each block's weights read from the checkpoint when it runs:
-sources/offload.py). Sources ask `building()` which, while they build."""
+sources/offload.py). A source declares which it can do (`Source.builds`) and is told which by
+its load()'s `building` argument; `empty` makes what is built inside hold no weights."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
 from torch import nn
 
-_BUILDING: ContextVar[str] = ContextVar("hookcli_building", default="")
-
 META = "meta"
 OFFLOAD = "offload"
-
-
-def building() -> str:
-    """ "meta", "offload", or "" (a model with its weights in memory)."""
-    return _BUILDING.get()
 
 
 @contextmanager
@@ -28,18 +21,14 @@ def empty(mode: str) -> Iterator[None]:
     """Models built inside hold no weights: with "meta" every tensor they make is on the meta
     device; with "offload" their parameters are (each made on the CPU uninitialised, then
     replaced, before any initialiser writes it), their buffers are real."""
-    token = _BUILDING.set(mode)
-    try:
-        if mode == META:
-            with torch.device("meta"):
-                yield
-        elif mode == OFFLOAD:
-            with _parameters_on_meta():
-                yield
-        else:
+    if mode == META:
+        with torch.device("meta"):
             yield
-    finally:
-        _BUILDING.reset(token)
+    elif mode == OFFLOAD:
+        with _parameters_on_meta():
+            yield
+    else:
+        yield
 
 
 @contextmanager

@@ -1,0 +1,45 @@
+"""MoE routing as a probe: every router's counts over the real tokens (engine/experts.py), in
+every one-batch run of a model that has routers; a fused MoE block whose expert pairs are not
+known is said. Read on one batch: expert rules refuse a run in batches."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from hookcli.commands.experts import routing_report
+from hookcli.engine import fused_experts
+from hookcli.engine.experts import Routing, counting_routes
+from hookcli.engine.probes import Armed, Measured, Probe
+from hookcli.records import Report
+
+
+class Experts(Probe):
+    refusal = (
+        "expert routing is read on one batch of text, not over a folder run.",
+        "give the text with --text/--text-file, or drop the expert rules.",
+    )
+
+    def __init__(self) -> None:
+        self.routing: Routing | None = None
+
+    @classmethod
+    def ruled(cls, rules: Any) -> bool:
+        return "dead-experts" in rules.fail_on or bool(rules.max_expert_imbalance)
+
+    @contextlib.contextmanager
+    def arm(self, armed: Armed) -> Iterator[None]:
+        module = armed.prepared.loaded.module
+        with counting_routes(module, armed.model_input.token_mask) as routing:
+            self.routing = routing
+            yield
+
+    def finish(self, measured: Measured, report: Report) -> None:
+        prepared = measured.armed.prepared
+        if measured.model_input.token_mask is not None:
+            selected = (t.name for t in prepared.targets)
+            report.notes += fused_experts.pair_notes(prepared.loaded.module, selected)
+        if self.routing is not None and self.routing.routers:
+            report.experts, routed = routing_report(self.routing)
+            report.notes += routed

@@ -1,0 +1,71 @@
+"""--per-token as a probe: statistics per position of every (batch, tokens, C) tensor, each row
+labelled with its token; padding left out. Reads one batch of text."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hookcli.engine.probes import Armed, Measured, Probe
+from hookcli.errors import UsageError
+from hookcli.inputs import ModelInput
+from hookcli.records import LayerCall, Report, TensorStats
+
+
+class PerToken(Probe):
+    option = "per_token"
+    flag = "per-token"
+
+    def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:
+        armed.collector.per_token = token_grid(armed.model_input)
+        return contextlib.nullcontext()
+
+    def finish(self, measured: Measured, report: Report) -> None:
+        label_tokens(report.layers, measured.model_input, report.outputs)
+
+
+def token_grid(model_input: ModelInput) -> tuple[int, int]:
+    """--per-token: the (batch, tokens) of the input's token ids."""
+    ids = model_input.kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise UsageError(
+            "--per-token needs token ids (a text model's input_ids, batch x tokens).",
+            "give --text or --input input_ids=SPEC to a text model, or drop --per-token.",
+        )
+    return int(ids.shape[0]), int(ids.shape[1])
+
+
+def label_tokens(
+    layers: Sequence[LayerCall], model_input: ModelInput, outputs: Sequence[TensorStats] = ()
+) -> None:
+    """--per-token rows of every tensor that has them (a call's inputs and outputs, the
+    model's own outputs): padding positions left out, each row given the id and the token at
+    its position, and its position counted in its own text (a left-padded sequence's first
+    real token is position 0, as when the text is run alone)."""
+    ids = model_input.kwargs["input_ids"].tolist()
+    mask = model_input.token_mask
+    real = None if mask is None else mask.cpu().tolist()
+    own: dict[tuple[int, int], int] = {}  # (sequence, column) → position in its text
+    for b, row in enumerate(ids):
+        where = [p for p in range(len(row)) if real is None or real[b][p]]
+        own.update({(b, p): i for i, p in enumerate(where)})
+    words: dict[tuple[int, int], str] = {}
+    for b, text in enumerate(model_input.texts or []):
+        words.update({(b, i): tok for i, tok in enumerate(text.tokens)})
+    done: set[int] = set()  # a tensor's statistics shared by two places: labelled once
+    tensors = [t for call in layers for t in (*call.inputs, *call.outputs)] + list(outputs)
+    for t in tensors:
+        if t.per_token is None or id(t) in done:
+            continue
+        done.add(id(t))
+        rows = [dataclasses.replace(r) for r in t.per_token]  # (rows may be shared too)
+        kept = [r for r in rows if (r.sequence, r.position) in own]
+        for r in kept:
+            r.id = int(ids[r.sequence][r.position])
+            r.position = own[(r.sequence, r.position)]
+            r.token = words.get((r.sequence, r.position))
+        t.per_token = kept
