@@ -147,23 +147,36 @@ def folder_options(inv: Invocation, batching: Batching, rules: Any = None) -> Fo
         )
     one = f"give at most {DEFAULT_BATCH} images without --batch-size/--limit/--workers."
     for flag in (
-        *_one_batch_probes(run, rules),
+        *_one_batch_probes(run, rules, images=True),
         *(["train"] if run.train else []),
         *(["input-grad"] if backward is not None and backward.input_grad else []),
     ):
         raise UsageError(f"--{flag} works on one batch, not on a folder run.", one)
+    _refuse_own(run, rules)
     return batching.folder()
 
 
-def _one_batch_probes(run: RunOptions, rules: Any) -> list[str]:
-    """The flags of the probes the run asks for that read one batch (commands/probes): a run
-    in batches refuses them. A probe whose refusal says more is refused in its own words."""
+def _one_batch_probes(run: RunOptions, rules: Any, *, images: bool = False) -> list[str]:
+    """The flags of the probes the run or its rules ask for that read one batch (commands/
+    probes): a run in batches refuses them by flag; `_refuse_own` then refuses, in its own words,
+    one whose refusal says more. On a folder of images, one that reads text says so."""
     flags = []
+    for probe in probing.one_batch_only(run, rules):
+        if images and probe.text_only:
+            raise UsageError(
+                f"--{probe.flag} reads a text's tokens; this run is a folder of images.",
+                f"give text (--text, --text-file) to a language model, or drop --{probe.flag}.",
+            )
+        if probe.refusal is None:
+            flags.append(probe.flag)
+    return flags
+
+
+def _refuse_own(run: RunOptions, rules: Any) -> None:
+    """The one-batch probes whose refusal says more than their flag (after every flag's)."""
     for probe in probing.one_batch_only(run, rules):
         if probe.refusal is not None:
             raise UsageError(*probe.refusal)
-        flags.append(probe.flag)
-    return flags
 
 
 def _text_options(inv: Invocation, batching: Batching, rules: Any) -> FolderOptions | None:
@@ -199,6 +212,7 @@ def _text_options(inv: Invocation, batching: Batching, rules: Any) -> FolderOpti
     ):
         if value:
             raise UsageError(f"--{flag} works on one batch of text; {why}.", f"{one}.")
+    _refuse_own(run, rules)
     return batching.folder()
 
 

@@ -90,6 +90,15 @@ def report(inv: Invocation, command: str) -> Report:
     prepared = prepare(
         inv.model, inv.selection, inputs, backward=inv.backward, position=run.position
     )
+    if run.generate:  # part of the input every pass runs (--profile's timed ones too)
+        from hookcli.sources.lm import generation_args
+
+        assert prepared.model_input is not None
+        ids = prepared.model_input.kwargs.get("input_ids")
+        prompt = int(ids.shape[-1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else 0
+        prepared.model_input.generate = generation_args(
+            prepared.loaded, run.generate, run.sample, prompt
+        )
     with deterministic_algorithms(run.deterministic):
         clean = _one_run(prepared, clean_run, command, probes)
         if run.ablate:  # the same model and input once more, those layers' outputs changed

@@ -12,8 +12,9 @@ and folds the probes' findings into its report. A probe is one class in one modu
 - `batched` declares where it may run: True if it merges over a run's batches (a folder of
   images, a long text file, ranks under torchrun); a run in batches refuses the others by their
   flag (`refusal`), in one place (commands/folder.py), before anything runs.
-- `arm(armed)` before the pass: configure the collector, hand the hook session what it needs
-  (a saver, a memory meter), and return a context held around the pass (hooks of its own).
+- `setup(armed)` before the pass and before any probe's hooks (--profile's own timed passes);
+- `arm(armed)` then: configure the collector, hand the hook session what it needs (a saver, a
+  memory meter), and return a context held around the pass (hooks of its own).
 - `read(measured)` inside the pass, while the output and the gradients are alive.
 - `finish(measured, report)` after it: its numbers and notes into the report.
 
@@ -97,6 +98,7 @@ class Probe:
     batched: ClassVar[bool] = False  # merges over a run's batches (folder, text file, ranks)
     # why not in batches, and the way round, where "--FLAG works on one batch" does not say it
     refusal: ClassVar[tuple[str, str] | None] = None
+    text_only: ClassVar[bool] = False  # reads token ids: a folder of images refuses it as such
 
     @classmethod
     def of(cls, run: Any, command: str) -> Probe:
@@ -120,8 +122,13 @@ class Probe:
         """Whether a rule (commands.checks.Rules) reads what this probe measures."""
         return False
 
+    def setup(self, armed: Armed) -> None:
+        """Before the pass and before any probe's context: what must not see another probe's
+        hooks (--profile's own timed passes)."""
+
     def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:
-        """Before the pass: set up, and return a context held around the pass."""
+        """Before the pass, every probe set up: configure, and return a context held around
+        the pass."""
         return contextlib.nullcontext()
 
     def read(self, measured: Measured) -> None:
@@ -133,7 +140,10 @@ class Probe:
 
 @contextlib.contextmanager
 def armed_probes(probes: list[Probe] | tuple[Probe, ...], armed: Armed) -> Iterator[None]:
-    """Every probe armed, their contexts held (in order) around what runs inside."""
+    """Every probe set up, then armed, their contexts held (in order) around what runs
+    inside."""
+    for probe in probes:
+        probe.setup(armed)
     with contextlib.ExitStack() as stack:
         for probe in probes:
             stack.enter_context(probe.arm(armed))

@@ -8,7 +8,7 @@ tokens.py     --per-token
 profile.py    --profile
 memory.py     --memory
 saving.py     --save
-experts.py    MoE routing (always on, where routers are)
+experts.py    MoE routing (always on, where routers are), and a fused block's unpaired experts
 heads.py      --heads
 generation.py --generate
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from hookcli.commands.probes.ablation import Ablate
 from hookcli.commands.probes.channels import Channels
-from hookcli.commands.probes.experts import Experts
+from hookcli.commands.probes.experts import ExpertPairs, Experts
 from hookcli.commands.probes.generation import Generation
 from hookcli.commands.probes.heads import Heads
 from hookcli.commands.probes.memory import Memory
@@ -31,11 +31,12 @@ from hookcli.engine.probes import Probe
 PROBES: tuple[type[Probe], ...] = (
     Ablate,
     Channels,
+    ExpertPairs,
     PerToken,
     Profiled,
-    Memory,
     Save,
     Experts,
+    Memory,
     Heads,
     Generation,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "PROBES",
     "Ablate",
     "Channels",
+    "ExpertPairs",
     "Experts",
     "Generation",
     "Heads",

@@ -36,10 +36,19 @@ class Experts(Probe):
             yield
 
     def finish(self, measured: Measured, report: Report) -> None:
-        prepared = measured.armed.prepared
-        if measured.model_input.token_mask is not None:
-            selected = (t.name for t in prepared.targets)
-            report.notes += fused_experts.pair_notes(prepared.loaded.module, selected)
         if self.routing is not None and self.routing.routers:
             report.experts, routed = routing_report(self.routing)
             report.notes += routed
+
+
+class ExpertPairs(Probe):
+    """A padded batch through a fused MoE block whose experts' projections cannot be paired
+    with their tokens: said (engine/fused_experts.py). Always on, notes only."""
+
+    batched = True
+
+    def finish(self, measured: Measured, report: Report) -> None:
+        if measured.model_input.token_mask is not None:
+            prepared = measured.armed.prepared
+            selected = (t.name for t in prepared.targets)
+            report.notes += fused_experts.pair_notes(prepared.loaded.module, selected)

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
 from hookcli.commands.profile import ProfileSum, profile_calls
 from hookcli.engine.flops import CallKey
 from hookcli.engine.probes import Armed, Measured, Probe
@@ -22,8 +19,10 @@ class Profiled(Probe):
         self.timing: tuple[Profile, dict[CallKey, CallProfile]] | None = None
         self.passes = 0
 
-    def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:
-        # timed before this pass's statistics are taken; a later batch follows a warm model
+    def setup(self, armed: Armed) -> None:
+        # timed before this pass's statistics are taken, and before any probe's hooks are on
+        # (a fused MoE block's expert tap would be timed and read again); a later batch
+        # follows a warm model
         self.timing = profile_calls(
             armed.prepared,
             train=armed.train,
@@ -31,7 +30,6 @@ class Profiled(Probe):
             warm_up=self.passes == 0,
         )
         self.passes += 1
-        return contextlib.nullcontext()
 
     def read(self, measured: Measured) -> None:
         if self.sum is not None and self.timing is not None:

@@ -19,6 +19,7 @@ from hookcli.records import LayerCall, Report, TensorStats
 class PerToken(Probe):
     option = "per_token"
     flag = "per-token"
+    text_only = True
 
     def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:
         armed.collector.per_token = token_grid(armed.model_input)
