@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from hookcli.errors import UsageError
-from hookcli.records import CheckResult, Failure, Report
+from hookcli.records import TENSOR_STATS, CheckResult, Failure, Report, Stat
 
-STATS = ("mean", "std", "min", "max", "zeros", "norm", "nan", "inf")
+# the statistics compared (records.TensorStats declares how), counts last: of equally large
+# drifts in one tensor, the first named is a statistic's
+_COMPARED = sorted((s for s in TENSOR_STATS if s.compare is not None), key=lambda s: s.count)
+STATS = tuple(s.name for s in _COMPARED)
+_HOW: dict[str, Stat] = {s.name: s for s in _COMPARED}
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
@@ -58,15 +62,16 @@ def _scale(entry: dict[str, Any]) -> float | None:
 
 
 def _size_of_change(stat: str, a: float | None, b: float | None, scale: float | None) -> float:
-    """How large a drift is, on a scale that does not explode near zero: NaN/Inf counts that
-    moved and statistics that appeared or vanished are infinite; the zero fraction's change is
-    itself (a fraction); the norm's is relative; every other statistic's is the change in units
-    of the baseline tensor's rms."""
-    if a is None or b is None or stat in ("nan", "inf"):
+    """How large a drift is, on a scale that does not explode near zero, as the statistic
+    declares (`compare`): NaN/Inf counts that moved and statistics that appeared or vanished
+    are infinite; a fraction's change is itself (points); the norm's is relative; every other
+    statistic's is the change in units of the baseline tensor's rms."""
+    how = _HOW[stat].compare
+    if a is None or b is None or how == "count":
         return math.inf
-    if stat == "zeros":
+    if how == "points":
         return abs(a - b)
-    if stat == "norm":
+    if how == "relative":
         return abs(a - b) / b if b > 0 else math.inf
     return abs(a - b) / scale if scale else math.inf
 
@@ -172,14 +177,15 @@ def _call_order(report: Report) -> Callable[[str, int, str], tuple[int, int]]:
 
 
 def _how_much(stat: str, a: float | None, b: float | None, size: float) -> str:
-    """The change in words: relative to the value (when it is not near zero) and against the
-    tensor's rms, which is what ranks it."""
+    """The change in words: a fraction's in points of the elements; others relative to the
+    value (when it is not near zero) and, sized against the tensor's rms, against that."""
     if a is None or b is None or math.isinf(size):
         return ""
-    if stat == "zeros":
+    how = _HOW[stat].compare
+    if how == "points":
         return f" ({a - b:+.2%} of the elements)"
     rel = f"{(a - b) / abs(b):+.2%}, " if b != 0 else ""
-    if stat == "norm":
+    if how == "relative":
         return f" ({rel.rstrip(', ')})" if rel else ""
     return f" ({rel}{size:.3g}× the tensor's rms)"
 

@@ -1,8 +1,10 @@
 """Exact statistics over many batches (or many processes) from per-batch statistics alone.
 
 A TensorStats already holds what an exact merge needs: element count, NaN/Inf counts, mean and
-population std of the finite elements, min, max, zero fraction and L2 norm. Two such summaries
-combine by Chan et al.'s parallel update (count-weighted means, M2 = M2a + M2b + δ²·na·nb/n),
+population std of the finite elements, min, max, zero fraction and L2 norm; each statistic
+declares how it merges (records/statfields.py), and the accumulator keeps one running number for
+each. Two such summaries combine by Chan et al.'s parallel update (count-weighted means,
+M2 = M2a + M2b + δ²·na·nb/n),
 so activations are never kept — memory stays flat however many images pass — and JSON reports
 written by different processes (e.g. the ranks of a torchrun job, each on its own shard of the
 data) merge into the report one process would have written: see `merge_reports`.
@@ -12,18 +14,67 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hookcli.engine.outliers import summary
 from hookcli.engine.routing import merge_experts
 from hookcli.io.recordjson import from_json
-from hookcli.records import ChannelStats, ExpertStats, LayerCall, Massive, TensorStats
+from hookcli.records import (
+    TENSOR_STATS,
+    ChannelStats,
+    ExpertStats,
+    LayerCall,
+    Massive,
+    Stat,
+    TensorStats,
+)
 
 MASSIVE_KEPT = 16  # massive activations kept per tensor over a folder run (largest |x|)
 
 Key = tuple[str, int, str, str]  # layer, call, kind (inputs/outputs/…), path
+
+# the statistics merged from the moments (count, mean, M2) …
+_MOMENTS = ("mean", "std")
+# … and the others, each by its own running number: a least, a greatest, a sum of squares (a
+# norm), a count of elements (a fraction's, times numel; a count's)
+_RUNNING = tuple(s for s in TENSOR_STATS if s.merge not in _MOMENTS)
+_START: dict[str, float] = {"min": math.inf, "max": -math.inf, "norm": 0.0, "fraction": 0.0}
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
+_COMBINE: dict[str, Callable[[float, float], float]] = {"min": min, "max": max}
+_COMBINERS = tuple(_COMBINE.get(s.merge, _add) for s in _RUNNING)  # each of _RUNNING's
+
+
+def _running(s: Stat, t: TensorStats) -> float:
+    """A part's running number for statistic s (what merging adds up, or keeps the least or
+    greatest of)."""
+    v: float | None = getattr(t, s.name)
+    if s.merge == "min":
+        return v if v is not None else math.inf
+    if s.merge == "max":
+        return v if v is not None else -math.inf
+    if s.merge == "norm":
+        return (v or 0.0) ** 2
+    if s.fraction:
+        return (v or 0.0) * t.numel
+    return v or 0  # a count
+
+
+def _merged(s: Stat, running: float, acc: Accumulator) -> float | int | None:
+    """Statistic s of the merged parts from its running number."""
+    if s.count:
+        return running
+    if s.fraction:
+        return running / acc.numel if acc.numel else None
+    if acc.count <= 0:
+        return None
+    return math.sqrt(running) if s.merge == "norm" else running
 
 
 @dataclass(slots=True)
@@ -37,12 +88,8 @@ class Accumulator:
     count: int = 0  # finite elements
     mean: float = 0.0
     m2: float = 0.0  # sum of squared deviations from the mean (finite elements)
-    sumsq: float = 0.0
-    min: float = math.inf
-    max: float = -math.inf
-    zeros: float = 0.0  # count
-    nan: int = 0
-    inf: int = 0
+    # each of _RUNNING's running number (_running: a least, a greatest, a sum)
+    running: list[float] = field(default_factory=lambda: [_START.get(s.merge, 0) for s in _RUNNING])
     rows: int = 0  # batch rows (images) seen
     notes: set[str] = field(default_factory=set)
     hist_counts: list[float] | None = None  # merged when every part used the same edges
@@ -57,10 +104,8 @@ class Accumulator:
     def add(self, t: TensorStats) -> None:
         n = t.numel - t.nan - t.inf
         other = Accumulator(
-            t.path, t.dtype, t.shape[1:], t.numel, n,
-            t.mean or 0.0, (t.std or 0.0) ** 2 * n, (t.norm or 0.0) ** 2,
-            t.min if t.min is not None else math.inf, t.max if t.max is not None else -math.inf,
-            (t.zeros or 0.0) * t.numel, t.nan, t.inf, t.shape[0] if t.shape else 1,
+            t.path, t.dtype, t.shape[1:], t.numel, n, t.mean or 0.0, (t.std or 0.0) ** 2 * n,
+            [_running(s, t) for s in _RUNNING], t.shape[0] if t.shape else 1,
         )  # fmt: skip
         if t.note:
             self.notes.add(t.note)
@@ -82,12 +127,9 @@ class Accumulator:
             self.m2 += o.m2 + delta * delta * self.count * o.count / n
         self.count = n
         self.numel += o.numel
-        self.sumsq += o.sumsq
-        self.min = min(self.min, o.min)
-        self.max = max(self.max, o.max)
-        self.zeros += o.zeros
-        self.nan += o.nan
-        self.inf += o.inf
+        self.running = [
+            f(a, b) for f, a, b in zip(_COMBINERS, self.running, o.running, strict=True)
+        ]
         first = self.rows == 0
         if first:
             self.channels, self.channels_lost = o.channels, o.channels_lost
@@ -126,6 +168,9 @@ class Accumulator:
 
     def stats(self) -> TensorStats:
         has = self.count > 0
+        merged: dict[str, Any] = {
+            s.name: _merged(s, v, self) for s, v in zip(_RUNNING, self.running, strict=True)
+        }
         return TensorStats(
             path=self.path,
             shape=(self.rows, *self.sample_shape),
@@ -133,12 +178,7 @@ class Accumulator:
             numel=self.numel,
             mean=self.mean if has else None,
             std=math.sqrt(max(self.m2 / self.count, 0.0)) if has else None,
-            min=self.min if has else None,
-            max=self.max if has else None,
-            zeros=self.zeros / self.numel if self.numel else None,
-            nan=self.nan,
-            inf=self.inf,
-            norm=math.sqrt(self.sumsq) if has else None,
+            **merged,
             note="; ".join(sorted(self.notes) + self._shapes_note()) or None,
             layout=self.layout,
             channels=self.channels,
@@ -338,19 +378,20 @@ def merge_heads(parts: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any
     return out
 
 
-_NOT_READ = ("shape", "nan", "inf", "values", "hist", "channels")  # given below, or not merged
+# given below (counts absent from older reports are 0), or not merged
+_NOT_READ = ("shape", "values", "hist", "channels", *(s.name for s in TENSOR_STATS if s.count))
 
 
 def _stats(d: dict[str, Any]) -> TensorStats:
     fields = {
         f.name: d.get(f.name) for f in dataclasses.fields(TensorStats) if f.name not in _NOT_READ
     }
+    counts = {s.name: d.get(s.name, 0) for s in TENSOR_STATS if s.count}
     channels = d.get("channels")
     return TensorStats(
         shape=tuple(d["shape"]),
-        nan=d.get("nan", 0),
-        inf=d.get("inf", 0),
         channels=None if channels is None else from_json(ChannelStats, channels),
+        **counts,
         **fields,  # type: ignore[arg-type]
     )
 

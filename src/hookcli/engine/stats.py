@@ -1,8 +1,10 @@
 """Statistics of one tensor, computed where the tensor lives, with no host sync per tensor.
 
-Every tensor a hook sees becomes one *row* of nine numbers:
+Every tensor a hook sees becomes one *row* (engine/statrow.py) of nine numbers
 
     count (finite elements), mean, var (population), min, max, zeros, nan, inf, norm
+
+and then statrow.AFTER_PASS's, statistics TensorStats declares past those nine.
 
 `StatsCollector.add` returns an empty TensorStats at once; `finalize` brings all rows to the
 host with a single device-to-host transfer per device (docs/traps.md §8) and fills in every
@@ -48,6 +50,15 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
+from hookcli.engine.statrow import (
+    AFTER_PASS,
+    EMPTY_ROW,
+    MAX,
+    MIN,
+    Row,
+    after_pass,
+    fill,
+)
 from hookcli.engine.tensorbits import (
     ATTENTION,
     FLAT,
@@ -61,9 +72,6 @@ from hookcli.engine.tensorbits import (
 from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
 from hookcli.runtime import preload
-
-ROW = 9
-COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
 
 # Below this many elements the parallel kernel's thread start-up costs more than it saves.
 _PARALLEL_MIN = 1 << 15
@@ -210,9 +218,6 @@ def _dense_flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-Row = tuple[float, float, float, float, float, float, float, float, float]
-
-
 def _sums(flat: torch.Tensor, shift: float = 0.0) -> tuple[float, float]:
     """Σ(v-shift) and Σ(v-shift)² of a 1-D CPU tensor in float64, a bounded chunk at a time."""
     s = q = 0.0
@@ -300,9 +305,6 @@ def _finish(
         var = max(dq / count - ds * ds, 0.0)
         mean += ds
     return (count, mean, var, mn, mx, zeros, nan, inf, norm)
-
-
-_EMPTY_ROW: Row = (0.0, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0, 0.0, math.nan)
 
 
 # how a tensor carries a padded batch's positions (StatsCollector._padded)
@@ -533,15 +535,15 @@ class StatsCollector:
             and t.layout is torch.strided
             and t.numel() > 0
         ):  # the common case, without _prepare's checks
-            return self._cpu(t.detach() if t.requires_grad else t), None
+            x = t.detach() if t.requires_grad else t
+            return (after_pass(self._cpu(x), x) if AFTER_PASS else self._cpu(x)), None
         if t.device.type == "meta":
-            return _EMPTY_ROW, "meta tensor: shape only"
+            return EMPTY_ROW, "meta tensor: shape only"
         x, note = _prepare(t)
         if x.numel() == 0:
-            return _EMPTY_ROW, note
-        if x.is_cpu and x.dtype in _CPU_DTYPES:
-            return self._cpu(x), note
-        return _torch_row(x), note
+            return EMPTY_ROW, note
+        row = self._cpu(x) if x.is_cpu and x.dtype in _CPU_DTYPES else _torch_row(x)
+        return (after_pass(row, x) if AFTER_PASS else row), note
 
     def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
@@ -558,7 +560,7 @@ class StatsCollector:
         for i, row in enumerate(self._rows):
             if isinstance(row, torch.Tensor):
                 by_device.setdefault(row.device, []).append(i)
-                out.append(_EMPTY_ROW)  # replaced below
+                out.append(EMPTY_ROW)  # replaced below
             else:
                 out.append(row)
         for idxs in by_device.values():
@@ -570,7 +572,7 @@ class StatsCollector:
         self._resolve_tokens()
         self._resolve_channels()
         for stats, idx in self._handed_out:
-            _fill(stats, out[idx])
+            fill(stats, out[idx])
         for kept in (
             self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
             self._wants_chan,
@@ -758,21 +760,6 @@ def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     if flat.is_cpu:
         return [finite_or_none(v) for v in flat.tolist()]
     return flat.clone()
-
-
-def _fill(stats: TensorStats, row: Sequence[float]) -> TensorStats:
-    """Complete a TensorStats from its finalized row."""
-    count = row[COUNT]
-    stats.nan = int(row[NAN])
-    stats.inf = int(row[INF])
-    stats.zeros = float(row[ZEROS] / stats.numel) if stats.numel else None
-    if count > 0:
-        stats.mean = finite_or_none(row[MEAN])
-        stats.std = finite_or_none(math.sqrt(max(row[VAR], 0.0)))
-        stats.min = finite_or_none(row[MIN])
-        stats.max = finite_or_none(row[MAX])
-        stats.norm = finite_or_none(row[NORM])
-    return stats
 
 
 def tensor_stats(t: torch.Tensor, path: str = "tensor") -> TensorStats:

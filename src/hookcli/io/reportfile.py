@@ -21,13 +21,14 @@ from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
 from hookcli.io.recordjson import RecordError, from_json, json_type
-from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION, Report
+from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION, TENSOR_STATS, Report
 from hookcli.text import escape
 
 MAX_BYTES = 256 * 2**20  # a resnet50 report is ~1 MB; a 10k-call one ~30 MB
 _HEAD = 4096  # bytes read to find the first non-blank character
-_STATS = ("mean", "std", "min", "max", "zeros", "norm")
-_COUNTS = ("nan", "inf")
+# a tensor's declared statistics (records.TensorStats): numbers or null, and counts
+_STATS = tuple(s.name for s in TENSOR_STATS if not s.count)
+_COUNTS = tuple(s.name for s in TENSOR_STATS if s.count)
 _TENSOR_LISTS = ("inputs", "outputs", "grad_inputs", "grad_outputs")
 
 

@@ -15,6 +15,7 @@ from hookcli.records.core import LOG_SCHEMA as LOG_SCHEMA
 from hookcli.records.core import READABLE_LOG_SCHEMAS as READABLE_LOG_SCHEMAS
 from hookcli.records.core import READABLE_SCHEMAS as READABLE_SCHEMAS
 from hookcli.records.core import SCHEMA_VERSION as SCHEMA_VERSION
+from hookcli.records.core import TENSOR_STATS as TENSOR_STATS
 from hookcli.records.core import Ablation as Ablation
 from hookcli.records.core import Backward as Backward
 from hookcli.records.core import CallMemory as CallMemory
@@ -64,3 +65,4 @@ from hookcli.records.runlog import LoggedParam as LoggedParam
 from hookcli.records.runlog import NonfiniteLine as NonfiniteLine
 from hookcli.records.runlog import StepLine as StepLine
 from hookcli.records.runlog import log_line as log_line
+from hookcli.records.statfields import Stat as Stat

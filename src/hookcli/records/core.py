@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hookcli.records.llm import ChannelStats
+from hookcli.records.statfields import Stat, stat, stats_of
 
 SCHEMA_VERSION = 2
 # the schemas this version reads (1: a check's failures were strings; the rest is the same)
@@ -39,20 +40,23 @@ class TensorStats:
     `mean`, `std` (population, correction 0), `min`, `max` and `norm` are over the finite
     elements; `zeros` is the fraction of elements equal to zero; `nan`/`inf` are counts.
     A statistic that does not exist (empty tensor, no finite value) is None.
+
+    Each statistic is declared here once, with how it merges, compares and shows
+    (records/statfields.py); everything that handles them as a set iterates TENSOR_STATS.
     """
 
     path: str
     shape: tuple[int, ...]
     dtype: str
     numel: int
-    mean: float | None = None
-    std: float | None = None
-    min: float | None = None
-    max: float | None = None
-    zeros: float | None = None
-    nan: int = 0
-    inf: int = 0
-    norm: float | None = None
+    mean: float | None = stat("mean", "rms", header="mean")
+    std: float | None = stat("std", "rms", header="std")
+    min: float | None = stat("min", "rms", header="min", drop=1)
+    max: float | None = stat("max", "rms", header="max", drop=2)
+    zeros: float | None = stat("fraction", "points", header="zeros", format="pct", drop=3)
+    nan: int = stat("count", "count", label="NaN")
+    inf: int = stat("count", "count", label="Inf")
+    norm: float | None = stat("norm", "relative")
     note: str | None = None
     values: list[float | None] | None = None  # the elements (non-finite: None), numel <= 16
     hist: dict[str, list[float]] | None = None  # --hist: "counts" per bin, "edges" (bins + 1)
@@ -65,6 +69,11 @@ class TensorStats:
     @property
     def nonfinite(self) -> bool:
         return self.nan > 0 or self.inf > 0
+
+
+# TensorStats' statistics, in field order (the order of its JSON keys' statistics, CSV columns,
+# and the engine's row after its count)
+TENSOR_STATS: tuple[Stat, ...] = stats_of(TensorStats)
 
 
 @dataclass(slots=True)

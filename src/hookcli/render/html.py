@@ -26,9 +26,18 @@ from importlib import resources
 from typing import Any
 
 from hookcli._version import __version__
-from hookcli.records import DiffCall, DiffReport, LayerCall, Report, TensorDiff, TensorStats
+from hookcli.records import (
+    TENSOR_STATS,
+    DiffCall,
+    DiffReport,
+    LayerCall,
+    Report,
+    Stat,
+    TensorDiff,
+    TensorStats,
+)
 from hookcli.render import diffrows, rows
-from hookcli.render.fmt import DASH, num, pct, shape, tensor_label
+from hookcli.render.fmt import DASH, num, shape, tensor_label
 from hookcli.render.rows import RIGHT, Line, Part, Section, Table
 from hookcli.text import escape
 
@@ -324,8 +333,25 @@ def _nonfinite(c: LayerCall) -> list[str]:
     return [rows.nonfinite_cell(*tensors, call=c)]
 
 
-def _stat(attr: str, fmt: Callable[[float | None], str] = num) -> Column:
-    return Column(attr, f"out.{attr}", lambda c: _outs(c, lambda t: fmt(getattr(t, attr))))
+_DECLARED = {s.name: s for s in TENSOR_STATS}
+
+
+def app_element() -> str:
+    """The element report.js builds a layers page's views in, carrying the declared statistics
+    as it shows a tensor's details (`data-stats`: each statistic's JSON key, label and format,
+    counts last)."""
+    shown = sorted(TENSOR_STATS, key=lambda s: s.count)
+    stats = json.dumps(
+        [[s.name, s.label or s.name, s.format] for s in shown], separators=(",", ":")
+    )
+    return f'<div id="app" data-stats="{_e(stats)}"></div>'
+
+
+def _stat(s: Stat) -> Column:
+    """A declared statistic's column (rows.SHOWN_STATS): its header, sorted by its JSON key."""
+    fmt = rows.FORMATS[s.format]
+    header = s.header or s.name
+    return Column(header, f"out.{s.name}", lambda c: _outs(c, lambda t: fmt(getattr(t, s.name))))
 
 
 def _layer_columns(report: Report) -> list[Column]:
@@ -347,8 +373,8 @@ def _layer_columns(report: Report) -> list[Column]:
         cols = [
             *head,
             output,
-            _stat("mean"),
-            _stat("std"),
+            _stat(_DECLARED["mean"]),
+            _stat(_DECLARED["std"]),
             Column("grad_out norm", "gout.norm", _grad_num("norm")),
             Column("grad_out mean", "gout.mean", _grad_num("mean")),
             Column("grad_out std", "gout.std", _grad_num("std")),
@@ -360,11 +386,7 @@ def _layer_columns(report: Report) -> list[Column]:
             *head,
             Column("input", "in.numel", lambda c: [rows.input_label(c)]),
             output,
-            _stat("mean"),
-            _stat("std"),
-            _stat("min"),
-            _stat("max"),
-            _stat("zeros", pct),
+            *[_stat(s) for s in rows.SHOWN_STATS],
             flags,
         ]
     if any(c.profile is not None for c in report.layers):
@@ -427,7 +449,7 @@ def report_html(report: Report, pictures: Sequence[EmbeddedPicture] = ()) -> str
     out = [
         _header(title, rows.header_lines(report)),
         _banner(report_alerts(report)),
-        '<div id="app"></div>',
+        app_element(),
     ]
     for s in sections:
         if s.name == "header":

@@ -4,7 +4,7 @@ models` (a registry) and `hookcli show` (a saved file), built from rows.py's par
 from __future__ import annotations
 
 from hookcli.records import KVCache, LayersReport, ModelEntry, SavedFile, WeightBytes
-from hookcli.render.fmt import DASH, count, nonfinite, num, pct, shape
+from hookcli.render.fmt import DASH, count, nonfinite, shape
 from hookcli.render.memrows import size
 from hookcli.render.rows import (
     SAVED_HEADERS,
@@ -15,6 +15,7 @@ from hookcli.render.rows import (
     Table,
     flops_label,
     lines_section,
+    stat_cells,
 )
 
 
@@ -143,11 +144,7 @@ def saved_sections(saved: SavedFile) -> list[Section]:
             s.path,
             shape(s.shape),
             s.dtype,
-            num(s.mean),
-            num(s.std),
-            num(s.min),
-            num(s.max),
-            pct(s.zeros),
+            *stat_cells(s),
             nonfinite(s) or DASH,
         ]
         t.rows.append(Row(cells, s.nonfinite))

@@ -12,9 +12,10 @@ are meanings ("dim", "bad"), never colours; widths and column dropping are the t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hookcli.records import (
+    TENSOR_STATS,
     CheckResult,
     LayerCall,
     Prediction,
@@ -34,19 +35,17 @@ from hookcli.render.parts import Line, Part, Row, Section, Style, Table
 
 __all__ = ["Line", "Part", "Row", "Section", "Style", "Table"]
 
-HEADERS = [
-    "layer",
-    "type",
-    "call",
-    "input",
-    "output",
-    "mean",
-    "std",
-    "min",
-    "max",
-    "zeros",
-    "nan/inf",
-]
+# the statistics a layers table shows (those TensorStats declares with a header), and how
+FORMATS: dict[str, Callable[[float | None], str]] = {
+    "num": num,
+    "pct": pct,
+    "int": lambda v: DASH if v is None else str(v),
+}
+SHOWN_STATS = [s for s in TENSOR_STATS if s.header is not None]
+STAT_HEADERS = [s.header or s.name for s in SHOWN_STATS]
+# their columns a narrow layers table gives up, in that order
+_DROPPED = sorted((s for s in SHOWN_STATS if s.drop is not None), key=lambda s: s.drop or 0)
+HEADERS = ["layer", "type", "call", "input", "output", *STAT_HEADERS, "nan/inf"]
 GRAD_HEADERS = [
     "layer",
     "type",
@@ -75,7 +74,7 @@ PROFILE_TITLE = (
     "profile (total: from entering the module to its return; self: less the modules it "
     "calls; hookcli's hook work excluded; FLOPs: the modules it calls included)"
 )
-SAVED_HEADERS = ["key", "shape", "dtype", "mean", "std", "min", "max", "zeros", "nan/inf"]
+SAVED_HEADERS = ["key", "shape", "dtype", *STAT_HEADERS, "nan/inf"]
 # Numeric columns: aligned right where a format aligns.
 RIGHT = {
     "#",
@@ -84,6 +83,7 @@ RIGHT = {
     "params",
     "calls",
     "call",
+    *STAT_HEADERS,
     "mean",
     "std",
     "min",
@@ -124,7 +124,12 @@ RIGHT = {
 
 # Columns each table gives up first when the terminal is too narrow, in that order.
 DROP: dict[str, tuple[str, ...]] = {
-    "layers": ("hist", "input", "type", "min", "max", "zeros"),
+    "layers": (
+        "hist",
+        "input",
+        "type",
+        *(s.header or s.name for s in _DROPPED),
+    ),
     "grads": ("type", "grad_out mean", "grad_out std", "std", "mean", "output"),
     "params": ("grad mean", "grad max|abs|", "shape", "norm"),
     "profile": ("output MB", "backward ms", "FLOPs", "% of pass"),
@@ -239,17 +244,21 @@ def layer_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]
         yield ([*cells, spark(t.hist if t else None)] if with_hist else cells), t
 
 
+def stat_cells(t: TensorStats) -> list[str]:
+    """A tensor's cells under STAT_HEADERS, each as its statistic says it is shown."""
+    return [FORMATS[s.format](getattr(t, s.name)) for s in SHOWN_STATS]
+
+
 def _stat_rows(report: Report) -> Iterable[tuple[list[str], TensorStats | None]]:
     for c in report.layers:
         head = [c.name, c.type, str(c.call), input_label(c)]
         if not c.outputs:
-            yield [*head, c.error or DASH, *[DASH] * 6], None
+            yield [*head, c.error or DASH, *[DASH] * (len(SHOWN_STATS) + 1)], None
             continue
         for i, t in enumerate(c.outputs):
             cells = head if i == 0 else ["", "", "", ""]
-            stats = [num(t.mean), num(t.std), num(t.min), num(t.max), pct(t.zeros)]
             flags = nonfinite_cell(("out", t), call=c if i == 0 else None)
-            yield [*cells, tensor_label(t, "out"), *stats, flags], t
+            yield [*cells, tensor_label(t, "out"), *stat_cells(t), flags], t
 
 
 def calls_title(report: Report) -> str:

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hookcli.records import (
+    TENSOR_STATS,
     CallProfile,
     ChannelStats,
     DiffReport,
@@ -56,7 +57,7 @@ from hookcli.records import (
 
 Value = str | int | float | bool | None | tuple[int, ...] | list[float | None]
 
-STATS = ["mean", "std", "min", "max", "zeros", "nan", "inf", "norm"]
+STATS = [s.name for s in TENSOR_STATS]  # records.TensorStats declares them (statfields.py)
 # what the families (token, channel, massive, outlier_feature, head, expert) add: every report
 # has these columns, null where it measured none
 FAMILY_FIELDS = [
@@ -77,9 +78,9 @@ DIFF_FIELDS = [
 # are float statistics and `values` (floats)
 TEXT = {"layer", "type", "kind", "side", "path", "dtype", "note", "type_b", "fused_into", "token"}
 COUNTS = {
-    "call", "numel", "nan", "inf", "nonfinite", "flops", "sequence", "position", "token_id",
+    "call", "numel", "nonfinite", "flops", "sequence", "position", "token_id",
     "channel", "axis", "width", "head", "expert", "count", "total", "top_k", "large", "masked",
-    "top_key",
+    "top_key", *(s.name for s in TENSOR_STATS if s.count),
 }  # fmt: skip
 FLAGS = {"over"}
 INT_LISTS = {"shape", "index"}
@@ -95,10 +96,7 @@ def _row(**cells: Value) -> list[Value]:
 
 
 def _tensor(t: TensorStats) -> list[Value]:
-    return [
-        t.path, tuple(t.shape), t.dtype, t.numel,
-        t.mean, t.std, t.min, t.max, t.zeros, t.nan, t.inf, t.norm,
-    ]  # fmt: skip
+    return [t.path, tuple(t.shape), t.dtype, t.numel, *[getattr(t, name) for name in STATS]]
 
 
 def _measured(ch: ChannelStats | None) -> list[Value]:
@@ -127,8 +125,8 @@ def _param(p: ParamStats) -> tuple[list[Value], str | None]:
     """A parameter gradient's cells from `path` to `norm`, and a note when it has none."""
     if p.grad is not None:
         return [p.name, *_tensor(p.grad)[1:]], p.grad.note
-    cells: list[Value] = [p.name, tuple(p.shape), None, p.numel, *([None] * len(STATS))]
-    cells[4 + STATS.index("nan")] = cells[4 + STATS.index("inf")] = 0
+    none = [0 if s.count else None for s in TENSOR_STATS]  # no gradient: no NaN/Inf in it
+    cells: list[Value] = [p.name, tuple(p.shape), None, p.numel, *none]
     return cells, "no gradient reached it" if p.requires_grad else "frozen (requires_grad=False)"
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,6 +24,7 @@ from hookcli.errors import UsageError
 from hookcli.io.recordjson import RecordError, from_json, json_type
 from hookcli.records import (
     READABLE_LOG_SCHEMAS,
+    TENSOR_STATS,
     CallMemory,
     LoggedCall,
     LoggedParam,
@@ -39,7 +40,9 @@ from hookcli.text import escape
 RUN_SCHEMA = 1  # the JSON `check`/`report` write about a run
 KINDS = ("inputs", "outputs", "grad_inputs", "grad_outputs")
 GRAD_KINDS = ("grad_inputs", "grad_outputs")
-STATS = ("mean", "std", "min", "max", "zeros", "norm")
+# a tensor's declared statistics (records.TensorStats): numbers or null, and counts
+STATS = tuple(s.name for s in TENSOR_STATS if not s.count)
+COUNTS = tuple(s.name for s in TENSOR_STATS if s.count)
 _WRITE_HINT = "hookcli.watch(model, optimizer=opt, log='run.jsonl') writes one"
 
 
@@ -308,31 +311,31 @@ def _param_record(p: dict[str, Any]) -> LoggedParam:
     )
 
 
-def _stats_record(t: dict[str, Any]) -> TensorStats:
-    """A tensor's logged statistics (no element values, histograms or channels: never logged).
-    The statistics go by position: a log holds tens of thousands, and keywords cost a quarter
-    more (read_log's records equal step_line's: tests/test_watch_logs.py checks it)."""
-    g = t.get
-    stats = TensorStats(
-        t["path"],
-        tuple(t["shape"]),
-        g("dtype") or "",
-        t["numel"],
-        g("mean"),
-        g("std"),
-        g("min"),
-        g("max"),
-        g("zeros"),
-        g("nan") or 0,
-        g("inf") or 0,
-        g("norm"),
-        note=g("note"),
-        layout=g("layout"),
+def _compile_stats_record() -> Callable[[dict[str, Any]], TensorStats]:
+    """`_stats_record`: a tensor's logged statistics (no element values, histograms or
+    channels: never logged), its declared statistics (TENSOR_STATS) read as absent ones are
+    (None, a count 0). Written out once from TensorStats' fields, every argument by position:
+    a log holds tens of thousands, and keywords cost a quarter more (read_log's records equal
+    step_line's: tests/test_watch_logs.py checks it)."""
+    read = {"path": 't["path"]', "shape": 'tuple(t["shape"])', "dtype": 'g("dtype") or ""'}
+    read |= {"numel": 't["numel"]', "note": 'g("note")', "layout": 'g("layout")'}
+    read |= {s.name: f'g("{s.name}")' + (" or 0" if s.count else "") for s in TENSOR_STATS}
+    names = [f.name for f in fields(TensorStats)]
+    last = max(names.index(n) for n in read)
+    args = ", ".join(read.get(n, "None") for n in names[: last + 1])
+    code = (
+        "def _stats_record(t):\n"
+        "    g = t.get\n"
+        f"    stats = TensorStats({args})\n"
+        '    rows = g("per_token")\n'
+        "    if rows is not None:\n"
+        "        stats.per_token = _token_rows(rows)\n"
+        "    return stats\n"
     )
-    rows = g("per_token")
-    if rows is not None:
-        stats.per_token = _token_rows(rows)
-    return stats
+    scope: dict[str, Any] = {"TensorStats": TensorStats, "_token_rows": _token_rows}
+    exec(code, scope)  # names: TensorStats' own fields
+    built: Callable[[dict[str, Any]], TensorStats] = scope["_stats_record"]
+    return built
 
 
 _TOKEN_FIELDS = tuple(TokenRow.__dataclass_fields__)
@@ -344,6 +347,9 @@ def _token_rows(rows: Any) -> list[TokenRow] | None:
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return None
     return [TokenRow(**{k: r.get(k) for k in _TOKEN_FIELDS}) for r in rows]
+
+
+_stats_record = _compile_stats_record()
 
 
 def _origin_record(o: dict[str, Any]) -> Origin:
@@ -449,7 +455,7 @@ def _tensor(value: Any, where: str) -> None:
     _count(t, "numel", where)
     for key in STATS:
         _number(t, key, where)
-    for key in ("nan", "inf"):
+    for key in COUNTS:
         if key in t:
             _count(t, key, where)
 

@@ -121,6 +121,9 @@
   }
 
   window.hookcliFormat = { fmt: fmt, pct: pct, db: db, signed: signed, fixed: pyF };
+  // a tensor's statistics as records.TensorStats declares them: [JSON key, label, format]
+  var STATS = JSON.parse(app.getAttribute("data-stats") || "[]");
+  var SHOWN = { num: fmt, pct: pct, int: String };
 
   // ------------------------------------------------------------ values by column key
   var PICK = {
@@ -309,9 +312,9 @@
            ["SQNR dB", db(t.sqnr_db, t.rel_l2)], ["norm \u0394", signed(t.norm_rel)],
            ["not finite", String(t.nonfinite)],
            ["over tol", t.over ? "yes" : "no"]]
-        : [["shape", shape(t.shape)], ["dtype", t.dtype], ["mean", fmt(t.mean)], ["std", fmt(t.std)],
-           ["min", fmt(t.min)], ["max", fmt(t.max)], ["zeros", pct(t.zeros)], ["norm", fmt(t.norm)],
-           ["NaN", String(t.nan)], ["Inf", String(t.inf)]];
+        : [["shape", shape(t.shape)], ["dtype", t.dtype]].concat(STATS.map(function (s) {
+            return [s[1], SHOWN[s[2]](t[s[0]])];  // the declared statistics (#app's data-stats)
+          }));
       if (t.layout) pairs.push(["layout", t.layout]);
       if (t.note) pairs.push(["note", t.note]);
       return el("div", { className: "tensor" }, [
