@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, nargs="+", default=[1000, 10000])
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    tiny = importlib.import_module("tests.test_llm")  # the tests' tiny Llama and its lines
+    tiny = importlib.import_module("tests.support.llm")  # the tests' tiny Llama and its lines
     LINES, save = tiny.LINES, tiny.save
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 # hookcli's GPU path, checked in one go on a lent GPU machine (issue 33): under 8 minutes, it
 #   1. installs hookcli and what the machine lacks from .gpu_wheels/ (benchmarks/gpu_wheels.sh
 #      prepares them where PyPI is; never from the network),
-#   2. runs every CUDA test (tests/test_gpu.py),
+#   2. runs every CUDA test (tests/engine/test_gpu.py),
 #   3. runs benchmarks/gpu_figures.py: the sync-debug check over hooked passes of resnet50, a
 #      ViT and a tiny Llama, and inspect/grads/diff/torchinfo ÷ plain passes by CUDA events,
 #      float32 and bfloat16,
@@ -37,7 +37,7 @@ else
   status=1
 fi
 echo "## CUDA tests" >> "$report"
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py >> "$report" 2>&1 \
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/engine/test_gpu.py >> "$report" 2>&1 \
   || status=1
 echo "## figures" >> "$report"
 timeout 240 "$PY" benchmarks/gpu_figures.py --rounds 7 --profile-out "$OUT/gpu_profile.txt" \

@@ -165,7 +165,7 @@ def offload(tmp: Path) -> dict[str, Any]:
     import transformers
 
     # the tests' tokenizer (imported by name: mypy checks benchmarks, not tests)
-    make_tokenizer = importlib.import_module("tests.test_llm").make_tokenizer
+    make_tokenizer = importlib.import_module("tests.support.llm").make_tokenizer
 
     config = transformers.LlamaConfig(
         vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=20,

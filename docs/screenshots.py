@@ -38,7 +38,7 @@ SHOTS: dict[str, tuple[list[str], str]] = {
         "tree",
     ),
     "report_nan": (
-        ["check", "tests/models.py:InlineNet", "--input", "randn:16x8", "--backward"],
+        ["check", "tests/support/models.py:InlineNet", "--input", "randn:16x8", "--backward"],
         "banner",
     ),
 }

@@ -22,12 +22,12 @@ from hookcli.errors import UsageError
 from hookcli.options import HIST_BINS
 from hookcli.records import Report
 from hookcli.render.json import report_json
-from tests.conftest import CAT, COFFEE
+from tests.support.paths import CAT, COFFEE
 
 runner = CliRunner()
-HEALTHY = "tests/models.py:Healthy"
-NAN_FORWARD = "tests/models.py:NanForward"
-TWO_BRANCHES = "tests/models.py:TwoBranches"
+HEALTHY = "tests/support/models.py:Healthy"
+NAN_FORWARD = "tests/support/models.py:NanForward"
+TWO_BRANCHES = "tests/support/models.py:TwoBranches"
 
 
 def cli(*args: str) -> tuple[int, str, str]:

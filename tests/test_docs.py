@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hookcli.cli import reference
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 

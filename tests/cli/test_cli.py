@@ -15,29 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from hookcli.cli import app
-from tests.conftest import CAT, COFFEE, ROOT
+from tests.support.cli import assert_one_line_error, run
+from tests.support.paths import CAT, COFFEE, ROOT
 
-runner = CliRunner()
 ANSI = re.compile(r"\x1b\[")
-
-
-def run(*args: str) -> object:
-    return runner.invoke(app, list(args))
-
-
-def assert_one_line_error(result: object, code: int, *needles: str) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)  # type: ignore[attr-defined]
-    err = result.stderr.strip()  # type: ignore[attr-defined]
-    assert result.stdout == "", result.stdout  # type: ignore[attr-defined]
-    lines = [ln for ln in err.splitlines() if not ln.startswith("Downloading:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and "Hint: " in lines[0], err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def test_inspect_table_on_the_cat() -> None:
@@ -132,7 +114,7 @@ def test_output_file_is_written_atomically_with_format_from_suffix(tmp_path: Pat
 
 def test_failed_run_leaves_no_partial_output(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    r = run("inspect", "tests/models.py:Fails", "--input", "randn:1x2", "-o", str(out))
+    r = run("inspect", "tests/support/models.py:Fails", "--input", "randn:1x2", "-o", str(out))
     assert_one_line_error(r, 3, "in layer bad", "boom inside the model")
     assert list(tmp_path.iterdir()) == []
 
@@ -267,7 +249,7 @@ def test_models_and_layers() -> None:
     assert "fasterrcnn_resnet50_fpn" in names and all(
         m["task"] == "detection" for m in json.loads(r.stdout)
     )
-    r = run("layers", "tests/models.py:Aliased")
+    r = run("layers", "tests/support/models.py:Aliased")
     assert r.exit_code == 0, r.stderr
     assert re.search(r"^a\s*\|\s*Linear\s*\|\s*12\s*\|\s*yes\s*\|\s*b", r.stdout, re.M)
     r = run("layers", "resnet18", "--shapes", "--depth", "2", "-f", "json")

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.cli.params import config_keys, registered
 from hookcli.options import DEFAULTS, RuleOptions, pick
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 runner = CliRunner()
 NET = ROOT / "examples" / "tiny" / "net.py"

@@ -26,8 +26,10 @@ from hookcli.engine.attention import capture_attention, find_attention
 from hookcli.engine.prepare import prepare
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import InputOptions, ModelOptions
-from tests.conftest import CAT, hooks_left
-from tests.test_cli import assert_one_line_error
+from tests.support.attention import rollout_by_hand
+from tests.support.cli import assert_one_line_error
+from tests.support.oracles import hooks_left
+from tests.support.paths import CAT
 
 runner = CliRunner()
 HF_ARGS = {
@@ -84,18 +86,6 @@ def hf_by_hand(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     k = F.linear(x, attn.k_proj.weight.double(), attn.k_proj.bias.double())
     h = attn.num_attention_heads
     return _softmax(_heads(q, h), _heads(k, h), attn.head_dim**-0.5)
-
-
-def rollout_by_hand(probs: list[torch.Tensor]) -> torch.Tensor:
-    """Abnar & Zuidema: mean over heads, + I, rows renormalised, multiplied through."""
-    n = probs[0].shape[-1]
-    eye = torch.eye(n, dtype=torch.float64)
-    result = eye.expand(probs[0].shape[0], n, n)
-    for p in probs:
-        a = p.double().mean(dim=1) + eye
-        a = a / a.sum(dim=-1, keepdim=True)
-        result = a @ result
-    return result
 
 
 def inputs_of(model: nn.Module, modules: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ Oracles: softmax(QK^T/sqrt(d) + causal mask) by hand from each Falcon attention 
 fused query_key_value projection, split as each layout lays it out; transformers' own eager
 `output_attentions=True` outputs (`attentions`, `encoder_attentions`, `cross_attentions`) of
 the same saved tiny model; the rollout by hand. Tiny random models are saved beside the
-tokenizer tests/test_llm.py trains (nothing is downloaded), their weights drawn wide enough
+tokenizer tests/support/llm.py trains (nothing is downloaded), their weights drawn wide enough
 (initializer 0.3) that no head is near uniform."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 import hookcli
-from tests.conftest import hooks_left
+from tests.support.oracles import hooks_left
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -37,10 +37,10 @@ from hookcli.engine.attention import find_attention  # noqa: E402
 from hookcli.engine.prepare import prepare  # noqa: E402
 from hookcli.options import AttnOptions, InputOptions, ModelOptions  # noqa: E402
 from hookcli.sources.tokentext import Pieces  # noqa: E402
-from tests.test_attn import rollout_by_hand  # noqa: E402
-from tests.test_heads import numbers_by_hand  # noqa: E402
-from tests.test_llm import VOCAB, make_tokenizer, run  # noqa: E402
-from tests.test_llm import one_line_error as one_line  # noqa: E402
+from tests.support.attention import numbers_by_hand, rollout_by_hand  # noqa: E402
+from tests.support.cli import one_line_error as one_line  # noqa: E402
+from tests.support.cli import run  # noqa: E402
+from tests.support.llm import VOCAB, make_tokenizer  # noqa: E402
 
 TEXT = "The cat sat on the mat."
 WIDE = 0.3  # the initializer's std: peaked attention, so a wrong head or layout shows

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.commands.calib import calib_report, weight_scales
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
-from tests.test_channels import _act_scales_by_hand
+from tests.support.oracles import act_scales_by_hand
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -31,7 +31,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("calib_llama"), "llama")
 
@@ -74,7 +74,7 @@ def test_scales_min_max_and_histogram_are_the_oracles_over_passes(
     assert report.input.description == "5 sequences in 3 passes of up to 2"
     model, seen = _inputs_by_hand(llama)
     tok = transformers.AutoTokenizer.from_pretrained(llama)
-    truth = _act_scales_by_hand(model, [tok(t, return_tensors="pt")["input_ids"] for t in TEXTS])
+    truth = act_scales_by_hand(model, [tok(t, return_tensors="pt")["input_ids"] for t in TEXTS])
     assert [layer.name for layer in report.layers] == list(seen)
     bounds = np.array(report.hist_bounds)
     for layer in report.layers:

@@ -56,7 +56,7 @@ MODELS: dict[str, Any] = {
 
 
 def _save(folder: Path, kind: str) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     torch.manual_seed(0)
     MODELS[kind]().eval().save_pretrained(folder)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.errors import UsageError
-from tests import models
+from tests.support import models
 
 runner = CliRunner()
 
@@ -56,12 +56,12 @@ def test_inline_nan_origin_names_the_gap() -> None:
 
 
 def test_inline_nan_in_the_table_and_check(tmp_path: Path) -> None:
-    r = run("inspect", "tests/models.py:InlineNet", "--input", "randn:4x8", "--topk", "0")
+    r = run("inspect", "tests/support/models.py:InlineNet", "--input", "randn:4x8", "--topk", "0")
     assert r.exit_code == 0, r.output
     fc2 = next(line for line in r.stdout.splitlines() if line.startswith("fc2 "))
     assert "in: " in fc2  # the table marks the input's NaN, not only the output's
     assert "entered between bn1 call 0 (finite output) and fc2 (Linear) call 0" in r.stdout
-    r = run("check", "tests/models.py:InlineNet", "--input", "randn:4x8", "-f", "json")
+    r = run("check", "tests/support/models.py:InlineNet", "--input", "randn:4x8", "-f", "json")
     assert r.exit_code == 1
     data = json.loads(r.stdout)
     origin = data["nonfinite_origins"][0]
@@ -95,7 +95,10 @@ def test_inline_code_inside_a_block_forward_and_backward() -> None:
 def test_a_layers_own_backward_is_still_the_layer() -> None:
     """The gap is not reported when a module made the gradient: NanBackward's sqrt module."""
     report = hookcli.grads(
-        "tests/models.py:NanBackward", input_specs=["randn:16x4"], target="sum", device="cpu"
+        "tests/support/models.py:NanBackward",
+        input_specs=["randn:16x4"],
+        target="sum",
+        device="cpu",
     )
     back = next(o for o in report.nonfinite_origins if o.direction == "backward")
     assert (back.where, back.layer) == ("layer", "sqrt")
@@ -120,7 +123,7 @@ def test_nan_in_the_models_input_and_which_image(tmp_path: Path) -> None:
         if x[i].isnan().any() or y[i].isnan().any()
     }
     assert got == want == {(1, 0, 3), (3, 4, 3)}
-    r = run("inspect", "tests/models.py:RowNet", "--input", str(spec), "--topk", "0")
+    r = run("inspect", "tests/support/models.py:RowNet", "--input", str(spec), "--topk", "0")
     assert "NaN/Inf by image (2 of 5): image 1: output 3 NaN; image 3: input 4 NaN" in r.stdout
 
 
@@ -128,12 +131,14 @@ def test_nan_in_the_models_input_and_which_image(tmp_path: Path) -> None:
 
 
 def test_failures_are_objects_and_stderr_says_why(tmp_path: Path) -> None:
-    args = ["check", "tests/models.py:Collapse", "--input", "randn:4x8", "--max-abs", "0.5"]
+    args = ["check", "tests/support/models.py:Collapse", "--input", "randn:4x8", "--max-abs", "0.5"]
     r = run(*args, "-f", "json")
     assert r.exit_code == 1
     (check,) = json.loads(r.stdout)["checks"]
     assert check["rule"] == "max-abs" and not check["passed"]
-    report = hookcli.inspect("tests/models.py:Collapse", input_specs=["randn:4x8"], device="cpu")
+    report = hookcli.inspect(
+        "tests/support/models.py:Collapse", input_specs=["randn:4x8"], device="cpu"
+    )
     want = {  # the oracle: max |x| of every output in the run's own statistics
         (c.name, c.call): max(abs(t.min or 0), abs(t.max or 0))
         for c in report.layers
@@ -218,7 +223,7 @@ def test_first_vanishing_gradient_is_nearest_the_loss() -> None:
 
 def test_baseline_notes_another_input(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
-    model = "tests/models.py:Healthy"
+    model = "tests/support/models.py:Healthy"
     r = run("inspect", model, "--input", "randn:4x4", "-f", "json", "-o", str(base))
     assert r.exit_code == 0 and json.loads(base.read_text())["model"]["seed"] == 0
     r = run("check", model, "--input", "rand:4x4", "--baseline", str(base), "-f", "json")
@@ -235,14 +240,23 @@ def test_baseline_notes_another_input(tmp_path: Path) -> None:
 def test_schema_1_baselines_still_read(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     r = run(
-        "inspect", "tests/models.py:Healthy", "--input", "randn:4x4", "-f", "json", "-o", str(base)
+        "inspect",
+        "tests/support/models.py:Healthy",
+        "--input",
+        "randn:4x4",
+        "-f",
+        "json",
+        "-o",
+        str(base),
     )
     assert r.exit_code == 0
     data = json.loads(base.read_text())
     assert data["schema"] == 2
     data["schema"] = 1
     base.write_text(json.dumps(data))
-    r = run("check", "tests/models.py:Healthy", "--input", "randn:4x4", "--baseline", str(base))
+    r = run(
+        "check", "tests/support/models.py:Healthy", "--input", "randn:4x4", "--baseline", str(base)
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -281,7 +295,7 @@ def test_hint_follows_a_full_stop() -> None:
 
 def test_quiet_says_nothing_but_failures(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    args = ["check", "tests/models.py:Healthy", "--input", "randn:4x4", "-o", str(out)]
+    args = ["check", "tests/support/models.py:Healthy", "--input", "randn:4x4", "-o", str(out)]
     r = run(*args, "-q")
     assert r.exit_code == 0 and r.output == "" and json.loads(out.read_text())["schema"] == 2
     r = run(*args)
@@ -300,7 +314,7 @@ def test_folder_names_the_images_and_the_batch(tmp_path: Path) -> None:
     for i, v in enumerate(shades):
         Image.new("RGB", (40, 40), (v, v, v)).save(folder / f"{i:02d}.png")
     report = hookcli.inspect(
-        "tests/models.py:DarkNan", [str(folder)], batch_size=2, device="cpu", topk=0
+        "tests/support/models.py:DarkNan", [str(folder)], batch_size=2, device="cpu", topk=0
     )
     got = [(b.image, b.source, b.input_nan, b.output_nan) for b in report.nonfinite_images]
     assert got == [(1, "01.png", 0, 4), (4, "04.png", 0, 4)]
@@ -308,7 +322,15 @@ def test_folder_names_the_images_and_the_batch(tmp_path: Path) -> None:
     assert (origin.where, origin.after, origin.layer) == ("between", "pool call 0", "fc")
     assert origin.nan == 3  # image 1's three channels, in batch 0 (images 0-1)
     assert any("first appeared in batch 0 (images 0–1)" in n for n in report.notes)
-    r = run("inspect", "tests/models.py:DarkNan", str(folder), "--batch-size", "2", "--topk", "0")
+    r = run(
+        "inspect",
+        "tests/support/models.py:DarkNan",
+        str(folder),
+        "--batch-size",
+        "2",
+        "--topk",
+        "0",
+    )
     assert r.exit_code == 0, r.output
     assert "NaN/Inf by image (2 of 5): image 1 (01.png): output 4 NaN" in r.stdout
 
@@ -341,7 +363,10 @@ def test_a_gradient_summed_from_several_readers_is_not_one_layers(module: bool) 
     assert "which was read outside it too" in back.describe()
     # a reader inside the call does not make it shared: sqrt's own input is its own
     report = hookcli.grads(
-        "tests/models.py:NanBackward", input_specs=["randn:16x4"], target="sum", device="cpu"
+        "tests/support/models.py:NanBackward",
+        input_specs=["randn:16x4"],
+        target="sum",
+        device="cpu",
     )
     assert [o.where for o in report.nonfinite_origins if o.direction == "backward"] == ["layer"]
 
@@ -349,7 +374,7 @@ def test_a_gradient_summed_from_several_readers_is_not_one_layers(module: bool) 
 def test_inf_fails_max_abs_and_grad_norm_and_nan_is_not_vanishing() -> None:
     r = run(
         "check",
-        "tests/models.py:Overflow",
+        "tests/support/models.py:Overflow",
         "--input",
         "randn:4x8",
         "--max-abs",
@@ -362,7 +387,7 @@ def test_inf_fails_max_abs_and_grad_norm_and_nan_is_not_vanishing() -> None:
     # big's output is Inf; out's is NaN (Inf - Inf): a magnitude rule flags the Inf only
     assert {(f["layer"], f["value"]) for f in check["failures"]} == {("big", "Inf")}
     report = hookcli.check(
-        "tests/models.py:InlineBlock",
+        "tests/support/models.py:InlineBlock",
         input_specs=["randn:6x8"],
         grad_norm=":1e3",
         target="sum",
@@ -378,7 +403,7 @@ def test_inf_fails_max_abs_and_grad_norm_and_nan_is_not_vanishing() -> None:
 
 def test_root_selected_keeps_the_parameters_of_its_selected_children() -> None:
     report = hookcli.grads(
-        "tests/models.py:InlineDeep",
+        "tests/support/models.py:InlineDeep",
         input_specs=["rand:3x4"],
         target="sum",
         device="cpu",
@@ -391,7 +416,9 @@ def test_root_selected_keeps_the_parameters_of_its_selected_children() -> None:
 
 
 def test_nan_made_after_the_last_call() -> None:
-    report = hookcli.inspect("tests/models.py:LogAfter", input_specs=["randn:4x8"], device="cpu")
+    report = hookcli.inspect(
+        "tests/support/models.py:LogAfter", input_specs=["randn:4x8"], device="cpu"
+    )
     (origin,) = report.nonfinite_origins
     assert (origin.where, origin.layer, origin.after) == ("after", "(model)", "fc call 0")
     assert origin.code == ["LogAfter.forward"]

@@ -21,25 +21,14 @@ from hookcli.engine.aggregate import merge_reports
 from hookcli.errors import UsageError
 from hookcli.inputs import read_image
 from hookcli.sources import load_model
-from tests.conftest import CAT, COFFEE, assert_stats_match
-from tests.test_cli import assert_one_line_error
-from tests.test_run import retained_outputs
+from tests.support.cli import assert_one_line_error
+from tests.support.images import make_folder
+from tests.support.oracles import assert_stats_match, retained_outputs
+from tests.support.paths import CAT, COFFEE
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
 runner = CliRunner()
-
-
-def make_folder(root: Path, n: int, size: int = 240) -> Path:
-    """n crops of the sample photos, in two class subfolders (an ImageFolder tree)."""
-    cat, coffee = Image.open(CAT).convert("RGB"), Image.open(COFFEE).convert("RGB")
-    for i in range(n):
-        src = cat if i % 2 else coffee
-        x, y = (i * 7) % 100, (i * 5) % 50
-        sub = root / ("cats" if i % 2 else "cups")
-        sub.mkdir(parents=True, exist_ok=True)
-        src.crop((x, y, x + size, y + size)).save(sub / f"{i:04d}.png")
-    return root
 
 
 def test_aggregated_statistics_equal_one_concatenated_batch(tmp_path: Path) -> None:
@@ -85,7 +74,9 @@ def test_memory_stays_flat_as_images_grow(tmp_path: Path) -> None:
 
     def peak(folder: Path) -> int:
         tracemalloc.start()
-        hookcli.inspect("tests/models.py:TwoBranches", [str(folder)], batch_size=16, device="cpu")
+        hookcli.inspect(
+            "tests/support/models.py:TwoBranches", [str(folder)], batch_size=16, device="cpu"
+        )
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         return top

@@ -4,8 +4,6 @@ every in-place op disabled, and .grad after a plain backward."""
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
-from typing import Any
 
 import pytest
 import torch
@@ -14,51 +12,7 @@ from torch import nn
 
 import hookcli
 from hookcli.errors import UsageError
-from hookcli.tree import iter_tensors
-from tests.conftest import assert_stats_match, hooks_left
-
-
-def _without_inplace(model: nn.Module) -> nn.Module:
-    twin = copy.deepcopy(model)
-    for m in twin.modules():
-        if hasattr(m, "inplace"):
-            m.inplace = False
-    return twin
-
-
-def oracle_grads(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, int, str], torch.Tensor]:
-    """∂(sum of top-1 logits)/∂(each leaf call's output), by torch.autograd.grad.
-
-    In-place ops are disabled twice over: module `inplace` flags off, and each recorded
-    output handed on as a clone, so functional in-place ops in forward code (DenseNet's
-    `F.relu(features, inplace=True)`, ResNet's `out += identity`) modify the clone and the
-    recorded tensor keeps the value the layer produced."""
-    twin = _without_inplace(model)
-    outs: dict[tuple[str, int, str], torch.Tensor] = {}
-    counts: dict[str, int] = defaultdict(int)
-    handles = []
-    for name, m in twin.named_modules():
-        if next(m.children(), None) is not None:
-            continue
-
-        def hook(mod: nn.Module, a: Any, out: Any, name: str = name) -> Any:
-            call = counts[name]
-            counts[name] += 1
-            for path, t in iter_tensors(out, "out"):
-                if t.requires_grad:
-                    outs[(name, call, path)] = t
-            return out.clone() if isinstance(out, torch.Tensor) else None
-
-        handles.append(m.register_forward_hook(hook))
-    try:
-        logits = twin(x)
-    finally:
-        for h in handles:
-            h.remove()
-    target = logits.max(dim=1).values.sum()
-    keys = list(outs)
-    grads = torch.autograd.grad(target, [outs[k] for k in keys], allow_unused=True)
-    return {k: g for k, g in zip(keys, grads, strict=True) if g is not None}
+from tests.support.oracles import assert_stats_match, hooks_left, oracle_grads
 
 
 def plain_param_grads(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:

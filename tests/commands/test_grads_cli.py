@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from tests.conftest import ROOT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import ROOT
 
 runner = CliRunner()
 
@@ -26,7 +26,7 @@ def test_the_seed_example_through_the_cli(tmp_path: Path) -> None:
     torch.save(torch.tensor([[1.0], [1.0]]), tmp_path / "t.pt")
     r = run(
         "grads",
-        "tests/models.py:SeedLinear",
+        "tests/support/models.py:SeedLinear",
         "--input",
         str(tmp_path / "x.pt"),
         "--loss",
@@ -127,10 +127,14 @@ def model_files(tmp_path: Path) -> dict[str, str]:
     [
         (["grads", "nowhere/model.py:Net"], 2, ["model file nowhere/model.py not found"]),
         (["grads", "{syntax}:Net"], 2, ["line 2", "syntax error"]),
-        (["grads", "tests/models.py:Missing"], 2, ["has no 'Missing'", "It defines: Kinds"]),
-        (["grads", "tests/models.py:NOT_A_MODEL"], 2, ["not a class or factory"]),
-        (["grads", "tests/models.py:not_a_module"], 2, ["gave a int, not an nn.Module"]),
-        (["grads", "tests/models.py:broken_factory"], 3, ["factory exploded"]),
+        (
+            ["grads", "tests/support/models.py:Missing"],
+            2,
+            ["has no 'Missing'", "It defines: Kinds"],
+        ),
+        (["grads", "tests/support/models.py:NOT_A_MODEL"], 2, ["not a class or factory"]),
+        (["grads", "tests/support/models.py:not_a_module"], 2, ["gave a int, not an nn.Module"]),
+        (["grads", "tests/support/models.py:broken_factory"], 3, ["factory exploded"]),
         (["grads", "resnet18", "--target", "taby cat"], 2, ["not a class of this model", "tabby"]),
         (["grads", "resnet18", "--target", "1000"], 2, ["out of range", "0 to 999"]),
         (["grads", "resnet18", "--loss", "mse:ones:5"], 2, ["shape 5", "1x1000"]),

@@ -22,7 +22,7 @@ from hookcli.commands.pictures import _capture, _normalise_tiles, class_activati
 from hookcli.engine.prepare import one_target, prepare
 from hookcli.options import BackwardOptions, CamOptions, InputOptions, MapOptions, ModelOptions
 from hookcli.sources import load_model
-from tests.conftest import CAT
+from tests.support.paths import CAT
 
 
 def _cat() -> torch.Tensor:

@@ -26,8 +26,8 @@ from hookcli.cli import app
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from tests.test_heads import numbers_by_hand  # noqa: E402
-from tests.test_llm import LINES, VOCAB, llama_config, make_tokenizer, save  # noqa: E402
+from tests.support.attention import numbers_by_hand  # noqa: E402
+from tests.support.llm import LINES, VOCAB, llama_config, make_tokenizer, save  # noqa: E402
 
 runner = CliRunner()
 CAP = 0.3  # small beside the tiny model's logits (|x| ~ 0.4): the cap changes them by ~20%

@@ -23,7 +23,7 @@ from hookcli.cli import app
 from hookcli.commands.listing import kv_cache, layers_report
 from hookcli.options import ModelOptions
 from hookcli.records import KVCache, LayersReport
-from tests.test_llm import VOCAB, llama_config
+from tests.support.llm import VOCAB, llama_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.sources import load_model
-from tests.conftest import CAT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import CAT
 
 runner = CliRunner()
 
@@ -160,7 +160,7 @@ def test_cam_names_the_class(tmp_path: Path) -> None:
         (
             [
                 "cam",
-                "tests/models.py:TwoBranches",
+                "tests/support/models.py:TwoBranches",
                 "--input",
                 "randn:1x3x16x16",
                 "-l",

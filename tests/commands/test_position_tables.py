@@ -24,7 +24,7 @@ TEXT = "Once upon a time there was a model."
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("tables_llama"), "llama")
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from PIL import Image, ImageOps
 
-from tests.conftest import CAT, COFFEE
-from tests.test_watch_ddp import TIMEOUT, _env, _free_port, _run
+from tests.support.launch import TIMEOUT, free_port, launch_env, run_python
+from tests.support.paths import CAT, COFFEE
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -53,12 +53,12 @@ def _close(a: Any, b: Any, path: str = "") -> None:
 def _single_and_merged(tmp_path: Path, args: list[str]) -> tuple[dict[str, Any], ...]:
     """The command run by one process and by torchrun with two (gloo): both reports, with
     what must differ checked and taken out (the torchrun note, the description's suffix)."""
-    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    run_python(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
     torchrun = [
         "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
     ]  # fmt: skip
-    _run([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
+    run_python([*torchrun, "-m", "hookcli", *args, "-o", str(tmp_path / "merged.json")], tmp_path)
     single = json.loads((tmp_path / "single.json").read_text())
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert not list(tmp_path.glob(".hookcli-*"))  # rank 1 wrote nothing, not even a temp file
@@ -136,7 +136,7 @@ def test_api_inside_a_process_group_merges_on_every_rank(tmp_path: Path) -> None
         pytest.skip("torch.distributed with gloo is not available here")
     folder = _folder(tmp_path)
     for world in (2, 1):
-        args = (str(folder), _free_port(), str(tmp_path), world)
+        args = (str(folder), free_port(), str(tmp_path), world)
         mp.start_processes(_api_rank, args, nprocs=world, start_method="spawn")
     ranks = [json.loads((tmp_path / f"w2rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1]  # every rank holds the merged report
@@ -207,8 +207,8 @@ def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path: Path) -> None:
         "inspect", "resnet18", str(folder), "-l", "layer4.1.*", "--batch-size", "2", "--hist",
         "-f", "json",
     ]  # fmt: skip
-    _run(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
-    port = str(_free_port())
+    run_python(["-m", "hookcli", *args, "-o", str(tmp_path / "single.json")], tmp_path)
+    port = str(free_port())
     launcher = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
         "--master-addr", "127.0.0.1", "--master-port", port,
@@ -218,7 +218,7 @@ def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path: Path) -> None:
         subprocess.Popen(
             [*launcher, "--node-rank", str(rank), *hookcli],
             cwd=tmp_path,
-            env=_env(),
+            env=launch_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 FILTER = ("error: ",)
 
@@ -36,12 +36,12 @@ def _images(tmp_path: Path, n: int = 4) -> Path:
 def _torchrun(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> tuple[int, list[str], float]:
-    """torchrun over tests/rank_models.py's launcher: its exit code, the error lines every
+    """torchrun over tests/support/rank_models.py's launcher: its exit code, the error lines every
     rank printed, and how long it took."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(_port()),
-        str(ROOT / "tests" / "rank_models.py"), *args,
+        str(ROOT / "tests" / "support" / "rank_models.py"), *args,
     ]  # fmt: skip
     full_env = {
         **os.environ,
@@ -58,7 +58,7 @@ def _torchrun(
     return done.returncode, lines, time.monotonic() - t0
 
 
-MODEL = "tests.rank_models:Net"
+MODEL = "tests.support.rank_models:Net"
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import hookcli
 from hookcli.cli import app
 from hookcli.engine import flops as flops_module
 from hookcli.records import SCHEMA_VERSION
-from tests.conftest import hooks_left
+from tests.support.oracles import hooks_left
 
 runner = CliRunner()
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.records import Report
-from tests.conftest import CAT, assert_stats_match
+from tests.support.oracles import assert_stats_match
+from tests.support.paths import CAT
 
 # HOOKCLI_TEST_DEVICE=cpu runs the device-generic tests below on the CPU (a check of the tests
 # where no GPU is); benchmarks/gpu_check.sh runs them all on "cuda"
@@ -182,7 +183,7 @@ def test_a_language_models_text_run_on_the_device_equals_the_cpus(tmp_path: Path
     """A saved tiny Llama and its tokenizer, a padded batch of two texts with --per-token: the
     device's statistics, next tokens and per-token rows are the CPU's within float tolerance."""
     pytest.importorskip("transformers")
-    from tests.test_llm import LINES, save
+    from tests.support.llm import LINES, save
 
     torch.backends.cuda.matmul.allow_tf32 = False
     folder = save(tmp_path / "tiny", "llama")

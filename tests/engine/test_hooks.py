@@ -13,7 +13,7 @@ from torch import nn
 
 from hookcli.engine.hooks import HookSession, PendingCall, Target
 from hookcli.engine.stats import StatsCollector
-from tests.conftest import hooks_left
+from tests.support.oracles import hooks_left
 
 
 class Hostile(Mapping[str, torch.Tensor]):

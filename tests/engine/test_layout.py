@@ -23,7 +23,8 @@ from hookcli.engine.layout import (
     resolve,
 )
 from hookcli.errors import UsageError
-from tests.conftest import ROOT, captured_outputs
+from tests.support.oracles import captured_outputs
+from tests.support.paths import ROOT
 
 NONE = ModelHints()
 

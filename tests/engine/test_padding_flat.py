@@ -15,7 +15,7 @@ import torch
 import hookcli
 from hookcli.commands.calib import calib_report
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
-from tests.conftest import assert_stats_match
+from tests.support.oracles import assert_stats_match
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,7 +49,7 @@ MODELS: dict[str, tuple[Any, list[str]]] = {
 
 
 def _save(folder: Path, kind: str) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     torch.manual_seed(0)
     MODELS[kind][0]().eval().save_pretrained(folder)
@@ -138,7 +138,7 @@ def test_calib_scales_of_a_flattened_layer_are_the_real_tokens_whatever_the_batc
 def test_watch_leaves_a_training_batchs_padding_out(tmp_path: Path) -> None:
     """A training step on a padded batch (the attention_mask given as Hugging Face models
     take it): the watched fc1 statistics are those of the real tokens."""
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     folder = _save(tmp_path / "opt", "opt")
     layer = MODELS["opt"][1][0]

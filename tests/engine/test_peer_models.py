@@ -3,7 +3,7 @@ each against an independent oracle: lazy parameters, a scripted child, an LSTM w
 sequence output gets no gradient, layers that rewrite their own buffers, autograd inside
 forward, a constant tensor, BaseException in forward, a raising train(), a module cycle.
 
-The models are defined here and loaded by the CLI as tests/test_peer_models.py:Name."""
+The models are defined here and loaded by the CLI as tests/engine/test_peer_models.py:Name."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import hookcli
 from hookcli.cli import app
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import ModelError
-from tests.conftest import assert_stats_match, captured_outputs, hooks_left
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.oracles import assert_stats_match, captured_outputs, hooks_left
 
 runner = CliRunner()
-HERE = "tests/test_peer_models.py"
+HERE = "tests/engine/test_peer_models.py"
 
 
 def run(*args: str) -> Any:
@@ -483,7 +483,7 @@ def captured_outputs_with_grad(model: nn.Module, x: torch.Tensor, name: str) -> 
 def test_a_folder_run_says_once_how_its_passes_ran_and_leaves_the_model_as_found(
     tmp_path: Path,
 ) -> None:
-    from tests.conftest import CAT, COFFEE
+    from tests.support.paths import CAT, COFFEE
 
     for src in (CAT, COFFEE):
         (tmp_path / src.name).write_bytes(src.read_bytes())

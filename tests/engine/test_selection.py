@@ -7,7 +7,7 @@ import torchvision
 
 from hookcli.engine.selection import module_entries, select
 from hookcli.errors import UsageError
-from tests.models import Aliased
+from tests.support.models import Aliased
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from PIL import Image
 
 from hookcli.errors import UsageError
 from hookcli.inputs import expand_paths, parse_spec, read_image
-from tests.conftest import CAT
+from tests.support.paths import CAT
 
 
 @pytest.mark.parametrize("mode", ["L", "P", "RGBA", "LA", "CMYK", "1", "I;16", "I", "F", "YCbCr"])

@@ -12,15 +12,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.test_llm import one_line_error, run
+from tests.support import paths
+from tests.support.cli import one_line_error, run
 
 transformers = pytest.importorskip("transformers")
-CAT = str(Path(__file__).resolve().parent.parent / "sample_images" / "cat.jpeg")
+CAT = str(paths.CAT)
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("r5_llama"), "llama", chat=True)
 
@@ -145,10 +146,10 @@ class Bad(nn.Module):
 def test_replay_of_a_model_whose_forward_raises_is_the_models_failure_exit_3(
     tmp_path: Path,
 ) -> None:
-    from tests.test_watch_faults import SCENARIOS, _train
+    from tests.support.faults import SCENARIOS, train
 
     s = next(x for x in SCENARIOS if x.name == "nan-weight")
-    _train(s, tmp_path / "run.jsonl")
+    train(s, tmp_path / "run.jsonl")
     script = tmp_path / "raising.py"
     script.write_text(RAISING)
     res = run("replay", str(tmp_path / "run.bundle"), "--model", f"{script}:Bad")
@@ -165,19 +166,26 @@ def test_replay_of_a_model_whose_forward_raises_is_the_models_failure_exit_3(
 def test_rank_logs_whose_shapes_disagree_are_merged_with_a_word(tmp_path: Path) -> None:
     from hookcli.cli import app
     from hookcli.commands.watch import runmerge
-    from tests.test_watch_logs import _call, _log, _step, _t
+    from tests.support.watchlogs import call_dict, step_dict, tensor_dict, write_log
 
-    a = _step(0, [_call("fc", out={**_t(numel=8), "shape": [2, 4]})], world_size=2)
-    b = _step(0, [_call("fc", out={**_t(numel=63), "shape": [7, 3, 3]})], rank=1, world_size=2)
-    logs = [_log(tmp_path, [a], "r.rank0.jsonl"), _log(tmp_path, [b], "r.rank1.jsonl")]
+    a = step_dict(0, [call_dict("fc", out={**tensor_dict(numel=8), "shape": [2, 4]})], world_size=2)
+    b = step_dict(
+        0,
+        [call_dict("fc", out={**tensor_dict(numel=63), "shape": [7, 3, 3]})],
+        rank=1,
+        world_size=2,
+    )
+    logs = [write_log(tmp_path, [a], "r.rank0.jsonl"), write_log(tmp_path, [b], "r.rank1.jsonl")]
     merged = runmerge.load_run(logs)
     (note,) = [n for n in merged.notes if "disagree on the shape" in n]
     assert "fc call 0 output out (rank 0 2x4, rank 1 7x3x3)" in note
     (out,) = merged.steps[0].layers[0].outputs
     assert out.numel == 71 and out.note is not None and "(4 and 3x3)" in out.note
     # ranks of one model (a shorter last shard) merge without a word
-    c = _step(0, [_call("fc", out={**_t(numel=4), "shape": [1, 4]})], rank=1, world_size=2)
-    logs[1] = _log(tmp_path, [c], "r.rank1.jsonl")
+    c = step_dict(
+        0, [call_dict("fc", out={**tensor_dict(numel=4), "shape": [1, 4]})], rank=1, world_size=2
+    )
+    logs[1] = write_log(tmp_path, [c], "r.rank1.jsonl")
     same = runmerge.load_run(logs)
     assert not [n for n in same.notes if "shape" in n]
     assert same.steps[0].layers[0].outputs[0].note is None
@@ -620,7 +628,7 @@ def test_library_warnings_stay_off_the_command_lines_stderr(llama: Path, tmp_pat
 
 @pytest.fixture(scope="module")
 def bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     where = tmp_path_factory.mktemp("r5_bart")
     torch.manual_seed(0)

@@ -22,8 +22,8 @@ from hookcli.cli import app
 from hookcli.errors import UsageError
 from hookcli.io import config, output
 from hookcli.runtime import beacon
-from tests.conftest import CAT, ROOT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import CAT, ROOT
 
 runner = CliRunner()
 NET = ROOT / "examples" / "tiny" / "net.py"
@@ -568,8 +568,8 @@ def test_a_folder_run_of_a_custom_model_skips_a_strip_too(tmp_path: Path) -> Non
     folder.mkdir()
     Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
     Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
-    r = invoke("inspect", f"{ROOT}/tests/models.py:TwoBranches", folder, "--batch-size", "1",
-               "--no-config")  # fmt: skip
+    r = invoke("inspect", f"{ROOT}/tests/support/models.py:TwoBranches", folder,
+               "--batch-size", "1", "--no-config")  # fmt: skip
     assert r.exit_code == 0, r.stderr
     assert "strip.png (1x5000" in r.stdout and "256x1280000" in r.stdout
 

@@ -21,7 +21,7 @@ TEXT = "The cat sat"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import llama_config, make_tokenizer
+    from tests.support.llm import llama_config, make_tokenizer
 
     where = tmp_path_factory.mktemp("sharded_llama")
     torch.manual_seed(0)
@@ -82,7 +82,7 @@ def test_an_output_onto_a_file_of_the_model_folder_is_refused(
 def test_a_tokenizer_folder_is_protected_too_and_a_new_file_beside_them_is_not(
     folder: Path, tmp_path: Path
 ) -> None:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     tok = tmp_path / "tok"
     make_tokenizer().save_pretrained(tok)
@@ -167,7 +167,7 @@ def test_a_tokenizer_file_the_library_refuses_is_one_line(
     library's own error) was an internal error, exit 3."""
     import json
 
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     tok = tmp_path / "tok"
     make_tokenizer().save_pretrained(tok)

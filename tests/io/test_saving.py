@@ -14,9 +14,8 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from tests.test_cli import assert_one_line_error
-from tests.test_grads import oracle_grads
-from tests.test_run import retained_outputs
+from tests.support.cli import assert_one_line_error
+from tests.support.oracles import oracle_grads, retained_outputs
 
 runner = CliRunner()
 
@@ -84,7 +83,8 @@ def test_save_bad_input(tmp_path: Path) -> None:
     kept = tmp_path / "kept.safetensors"
     kept.write_bytes(b"precious")
     r = runner.invoke(
-        app, ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--save", str(kept)]
+        app,
+        ["inspect", "tests/support/models.py:Fails", "--input", "randn:1x2", "--save", str(kept)],
     )
     assert r.exit_code == 3
     assert kept.read_bytes() == b"precious", "a failed run leaves the old file as it was"
@@ -97,7 +97,8 @@ def test_save_bad_input(tmp_path: Path) -> None:
     kept.unlink()
     out = tmp_path / "fail.safetensors"
     r = runner.invoke(
-        app, ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--save", str(out)]
+        app,
+        ["inspect", "tests/support/models.py:Fails", "--input", "randn:1x2", "--save", str(out)],
     )
     assert r.exit_code == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.safetensors"], (

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.records import Report
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 pd = pytest.importorskip("pandas", reason="pip install 'hookcli[pandas]'")
 pq = pytest.importorskip("pyarrow.parquet", reason="pip install 'hookcli[pandas]'")
@@ -325,7 +325,7 @@ class _Parsed(html.parser.HTMLParser):
 
 
 def test_the_html_fragment_is_self_contained_and_scoped() -> None:
-    from tests.models import NanForward
+    from tests.support.models import NanForward
 
     torch.manual_seed(0)
     r = hookcli.inspect(NanForward(), torch.randn(2, 4))

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from tests.conftest import CAT, ROOT
+from tests.support.paths import CAT, ROOT
 
 sync_api = pytest.importorskip(
     "playwright.sync_api",
@@ -39,7 +39,7 @@ if CHROMIUM is None:
     )
 
 runner = CliRunner()
-NAN_FORWARD = f"{ROOT}/tests/models.py:NanForward"
+NAN_FORWARD = f"{ROOT}/tests/support/models.py:NanForward"
 LAYER1 = ["resnet18", str(CAT), "-l", "layer1.*"]
 NUMBER = r"^-?\d+(\.\d+)?(e[+-]\d+)?%?$"
 
@@ -604,7 +604,8 @@ def test_names_the_text_escaper_rewrites_still_link(browser: Any, tmp_path: Path
 def test_an_origin_after_the_last_call_has_no_dead_link(browser: Any, tmp_path: Path) -> None:
     path = tmp_path / "after.html"
     r = CliRunner().invoke(
-        app, ["inspect", "tests/models.py:LogAfter", "--input", "randn:4x8", "-o", str(path)]
+        app,
+        ["inspect", "tests/support/models.py:LogAfter", "--input", "randn:4x8", "-o", str(path)],
     )
     assert r.exit_code == 0, r.stderr
     with opened(browser, path) as page:
@@ -647,7 +648,7 @@ def test_a_language_models_report_shows_its_tokens_per_token_rows_and_lens(
 ) -> None:
     """An LLM's HTML report in the browser: the tokens in the header, the per-token table
     with a row per real position (padding left out), the next tokens; and the lens page."""
-    from tests.test_llm import LINES, save
+    from tests.support.llm import LINES, save
 
     folder = save(tmp_path / "tiny", "llama")
     texts = ["--text", LINES[0], "--text", "hello"]
@@ -690,7 +691,7 @@ def test_a_reports_notebook_view_styles_only_itself(browser: Any, tmp_path: Path
     import torch
 
     import hookcli
-    from tests.models import NanForward
+    from tests.support.models import NanForward
 
     torch.manual_seed(0)
     report = hookcli.inspect(NanForward(), torch.randn(2, 4))

@@ -40,7 +40,7 @@ def run(*args: str) -> Any:
 
 
 def _save(folder: Path, vocab: int) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(

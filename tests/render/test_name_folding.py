@@ -16,8 +16,8 @@ import hookcli
 from hookcli.commands.listing import layers_report
 from hookcli.options import ModelOptions
 from hookcli.render.table import Grid, fold_name, layers_table
-from tests.conftest import CAT
-from tests.test_render_width import _grid_text
+from tests.support.paths import CAT
+from tests.support.render import grid_text
 
 pytest.importorskip("transformers")
 
@@ -26,7 +26,7 @@ WIDTHS = [100, 120, 140, 160]
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
@@ -156,8 +156,8 @@ def test_richs_table_and_the_fast_layout_fold_names_alike(width: int) -> None:
                 "LlamaRotaryEmbedding", "0.5", "1", "-1", "1", "1x128x64x64x64",
             )  # fmt: skip
         grids.append(g)
-    fast = _grid_text(grids[0], False, width, rich_only=False)
-    slow = _grid_text(grids[1], False, width, rich_only=True)
+    fast = grid_text(grids[0], False, width, rich_only=False)
+    slow = grid_text(grids[1], False, width, rich_only=True)
     assert fast == slow, f"\n{fast}\n---\n{slow}"
     pieces = [p for t in _name_pieces(fast) for p in t]
     assert _rebuild([name.format(i) for i in range(3)], pieces) == 3

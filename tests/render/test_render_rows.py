@@ -383,7 +383,7 @@ def test_a_real_run_has_every_section_in_both_formats() -> None:
     NaN origin from check, put in one report."""
     torch = pytest.importorskip("torch")
     import hookcli
-    from tests.models import NanForward
+    from tests.support.models import NanForward
 
     ran = hookcli.inspect(
         "examples/tiny/net.py:Net", [torch.ones(2, 2)], profile=True, ablate=["l1=zero"], topk=2

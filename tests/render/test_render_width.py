@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.render.fmt import num
-from tests.conftest import CAT
+from tests.support.paths import CAT
+from tests.support.render import grid_text
 
 runner = CliRunner()
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?(?![\w.])")
@@ -83,22 +84,6 @@ def test_profile_table_fits(width: int) -> None:
     assert "self" in section
 
 
-def _grid_text(grid: object, color: bool, width: int, rich_only: bool) -> str:
-    from rich.console import Console
-
-    buf = io.StringIO()
-    console = Console(
-        file=buf, width=width, force_terminal=color, no_color=not color,
-        color_system="standard" if color else None, highlight=False, soft_wrap=False,
-    )  # fmt: skip
-    if rich_only:
-        grid._laid_out = lambda *a: None  # type: ignore[attr-defined]
-    console.print(grid)
-    text = buf.getvalue()
-    return "\n".join(line.rstrip() for line in ANSI.sub("", text).splitlines())
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 WORDS = [
     "conv1",
     "x y",
@@ -141,8 +126,8 @@ def test_the_fast_layout_draws_what_richs_table_draws(seed: int) -> None:
             g.add_row(*(cell() for _ in headers), style=rng.choice([None, "red"]))
         grids.append(g)
     grids[1].rows = list(grids[0].rows)
-    fast = _grid_text(grids[0], color, width, rich_only=False)
-    slow = _grid_text(grids[1], color, width, rich_only=True)
+    fast = grid_text(grids[0], color, width, rich_only=False)
+    slow = grid_text(grids[1], color, width, rich_only=True)
     assert fast == slow, f"\n{fast}\n---\n{slow}"
 
 

@@ -64,7 +64,7 @@ class Llm:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("families_llama"), "llama")
 
@@ -112,7 +112,7 @@ def llm(folder: Path) -> Llm:
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Report:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     mixtral = save(tmp_path_factory.mktemp("families_mixtral"), "mixtral")
     return hookcli.inspect(f"hf:{mixtral}", text=TEXTS, device="cpu", topk=0)

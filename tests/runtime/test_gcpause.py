@@ -13,9 +13,8 @@ import torch
 import hookcli
 from hookcli.runtime import gcpause
 from hookcli.sources import load_model
-from tests.conftest import CAT
-from tests.test_supervise import calling_main
-from tests.test_supervise import hookcli as run_hookcli
+from tests.support.entry import calling_main, run_hookcli
+from tests.support.paths import CAT
 
 
 @pytest.fixture

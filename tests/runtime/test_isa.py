@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hookcli.runtime import isa
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 # a stand-in for a CPU whose AMX bfloat16 kernels die: SIGILL unless oneDNN is held at or below
 # AVX512_CORE_BF16
@@ -133,7 +133,7 @@ def _run_under(limit: str, cache_dir: Path, *args: str) -> subprocess.CompletedP
 
 
 def test_the_cli_runs_the_model_under_the_limit_and_says_so(tmp_path: Path) -> None:
-    sees = ("tests.crash_models:SeesIsa", "--model-arg", "expect=AVX512_CORE_BF16")
+    sees = ("tests.support.crash_models:SeesIsa", "--model-arg", "expect=AVX512_CORE_BF16")
     r = _run_under("AVX512_CORE_BF16", tmp_path, "inspect", *sees, "-i", "randn:2x4", "-f", "json")
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["notes"]

@@ -3,7 +3,7 @@ the signal and the layer call that was running; Ctrl-C and SIGTERM still stop it
 
 These run the real console entry (`python -m hookcli`) in a subprocess: CliRunner runs commands
 in-process, where nothing survives a signal. The models kill themselves with os.kill, as a
-segfaulting op or the OOM killer would (tests/crash_models.py).
+segfaulting op or the OOM killer would (tests/support/crash_models.py).
 """
 
 from __future__ import annotations
@@ -20,47 +20,11 @@ import pytest
 
 from hookcli.runtime import beacon
 from hookcli.runtime.supervise import death_message, is_light
-from tests.conftest import ROOT
+from tests.support.entry import argv, calling_main, child_env, run_hookcli
+from tests.support.paths import ROOT
 
-MODEL = "tests.crash_models:Net"
+MODEL = "tests.support.crash_models:Net"
 QUIET = ("inspect", MODEL, "-i", "randn:2x4", "--model-arg", "when=never")  # a run that lives
-
-
-def child_env() -> dict[str, str]:
-    """The test's environment (its TORCH_HOME included), with the tests importable."""
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hookcli", *args]
-
-
-def hookcli(
-    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv(*args),
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=cwd,
-        env={**child_env(), "PYTHONFAULTHANDLER": "1", **(env or {})},
-        timeout=300,
-    )
-
-
-def calling_main(code: str) -> subprocess.CompletedProcess[str]:
-    """`code` run by a fresh Python as a program of its own that calls hookcli.cli.main()
-    (unsupervised, in-process), from the project's root."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={**child_env(), "HOOKCLI_NO_SUPERVISOR": "1"},
-        timeout=300,
-    )
 
 
 def one_line(stderr: str) -> str:
@@ -83,7 +47,9 @@ def test_a_layer_dying_of_a_signal_is_exit_3_naming_the_layer(
     how: str, words: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "report.json"
-    r = hookcli("inspect", MODEL, "-i", "randn:2x4", "--model-arg", f"how={how}", "-o", str(out))
+    r = run_hookcli(
+        "inspect", MODEL, "-i", "randn:2x4", "--model-arg", f"how={how}", "-o", str(out)
+    )
     assert r.returncode == 3, (r.returncode, r.stderr)
     line = one_line(r.stderr)
     assert line.startswith(f"error: the run died of {how}"), line
@@ -93,7 +59,7 @@ def test_a_layer_dying_of_a_signal_is_exit_3_naming_the_layer(
 
 
 def test_a_death_in_backward_names_the_layer_whose_backward_ran(tmp_path: Path) -> None:
-    r = hookcli(
+    r = run_hookcli(
         "grads", MODEL, "-i", "randn:2x4", "--model-arg", "when=backward", "--target", "sum"
     )
     assert r.returncode == 3, r.stderr
@@ -102,17 +68,19 @@ def test_a_death_in_backward_names_the_layer_whose_backward_ran(tmp_path: Path) 
 
 
 def test_a_death_while_the_model_is_built_says_so() -> None:
-    r = hookcli("inspect", "tests.crash_models:dies_while_built", "-i", "randn:2x4")
+    r = run_hookcli("inspect", "tests.support.crash_models:dies_while_built", "-i", "randn:2x4")
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr)
-    assert "SIGSEGV" in line and "while building tests.crash_models:dies_while_built" in line
+    assert (
+        "SIGSEGV" in line and "while building tests.support.crash_models:dies_while_built" in line
+    )
 
 
 def test_a_normal_run_is_unchanged_by_the_supervisor(tmp_path: Path) -> None:
     """Same exit code and the same JSON with and without the supervising parent."""
     reports = []
     for env in ({}, {"HOOKCLI_NO_SUPERVISOR": "1"}):
-        r = hookcli(*QUIET, "-f", "json", env=env)
+        r = run_hookcli(*QUIET, "-f", "json", env=env)
         assert r.returncode == 0, r.stderr
         reports.append(json.loads(r.stdout)["layers"])
     assert reports[0] == reports[1]
@@ -195,7 +163,9 @@ def test_an_ignored_sigchld_from_the_launcher_changes_nothing() -> None:
 
 def test_a_death_after_the_run_finished_keeps_its_results(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    r = hookcli("inspect", "tests.crash_models:dies_at_exit", "-i", "randn:2x4", "-o", str(out))
+    r = run_hookcli(
+        "inspect", "tests.support.crash_models:dies_at_exit", "-i", "randn:2x4", "-o", str(out)
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["layers"]
     assert "warning: the worker died of SIGSEGV while exiting" in r.stderr
@@ -267,7 +237,7 @@ def test_closed_stdout_and_stderr() -> None:
 
 
 def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
-    r = hookcli(*QUIET, env={"PYTHONIOENCODING": "ascii"})
+    r = run_hookcli(*QUIET, env={"PYTHONIOENCODING": "ascii"})
     assert r.returncode == 0, r.stderr
     assert "boom" in r.stdout and "internal error" not in r.stderr
 
@@ -282,7 +252,7 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash() -> None:
 def test_a_death_on_one_diff_side_names_the_side(sides: list[str], named: str) -> None:
     """The sides run side by side, two greenlets (or threads) taking turns: the side named is
     the one whose call was running, the reference's (A) or the compared one's (B)."""
-    r = hookcli("diff", "tests.crash_models:DiesInBfloat16", "-i", "randn:2x4", *sides)
+    r = run_hookcli("diff", "tests.support.crash_models:DiesInBfloat16", "-i", "randn:2x4", *sides)
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr)
     assert "SIGILL" in line and f"in layer boom call 0 (forward), diff side {named}" in line
@@ -298,7 +268,7 @@ def _overcommits() -> bool:
 
 @pytest.mark.skipif(_overcommits(), reason="the kernel grants any allocation (overcommit 1)")
 def test_a_building_model_out_of_memory_is_one_line() -> None:
-    r = hookcli("inspect", "resnet18", "--model-arg", "num_classes=2000000000", "-l", "fc")
+    r = run_hookcli("inspect", "resnet18", "--model-arg", "num_classes=2000000000", "-l", "fc")
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr)
     assert "building resnet18(num_classes=2000000000) failed" in line
@@ -306,7 +276,7 @@ def test_a_building_model_out_of_memory_is_one_line() -> None:
 
 
 def test_seeds_near_the_top_wrap_for_each_input_spec() -> None:
-    r = hookcli("inspect", "tests/models.py:Divide", "-i", "randn:4", "-i", "randn:4",
+    r = run_hookcli("inspect", "tests/support/models.py:Divide", "-i", "randn:4", "-i", "randn:4",
                 "--seed", str(2**64 - 1), "-f", "json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layers"]
@@ -314,7 +284,7 @@ def test_seeds_near_the_top_wrap_for_each_input_spec() -> None:
 
 def test_user_text_on_stderr_is_escaped(tmp_path: Path) -> None:
     bad = tmp_path / "cat\x1b[31m\n.jpeg"
-    r = hookcli("inspect", "resnet18", str(bad))
+    r = run_hookcli("inspect", "resnet18", str(bad))
     assert r.returncode == 2
     line = one_line(r.stderr)
     assert "\x1b" not in r.stderr and "\\x1b[31m\\n.jpeg" in line
@@ -324,8 +294,8 @@ def test_the_working_directory_is_importable_from_the_console_script() -> None:
     """docs/usage.md: pkg.mod:Name from the current directory, as with `python -m`."""
     script = Path(sys.executable).with_name("hookcli")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([str(script), "layers", "tests.crash_models:Net"], capture_output=True,
-                       text=True, cwd=ROOT, env=env, check=False)  # fmt: skip
+    r = subprocess.run([str(script), "layers", "tests.support.crash_models:Net"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "boom" in r.stdout
 
@@ -356,13 +326,13 @@ def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path: Path, supervised
     env = {"HOOKCLI_TEST_MARK": str(mark)}
     if not supervised:
         env["HOOKCLI_NO_SUPERVISOR"] = "1"
-    r = hookcli("inspect", "atexit_model:Deep", "-i", "randn:2x4", "-f", "json", cwd=tmp_path,
+    r = run_hookcli("inspect", "atexit_model:Deep", "-i", "randn:2x4", "-f", "json", cwd=tmp_path,
                 env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert len(r.stdout) > 1 << 17
     assert len(json.loads(r.stdout)["layers"]) == 300
     assert mark.read_text() == "ran"
-    failing = hookcli("check", "atexit_model:Deep", "-i", "randn:2x4", "--max-abs", "1e-9",
+    failing = run_hookcli("check", "atexit_model:Deep", "-i", "randn:2x4", "--max-abs", "1e-9",
                       cwd=tmp_path, env=env)  # fmt: skip
     assert failing.returncode == 1, failing.stderr
 
@@ -373,7 +343,7 @@ def test_a_program_calling_main_itself_gets_control_back(tmp_path: Path) -> None
     code = (
         "import sys, torch\n"
         "from hookcli.cli import main\n"
-        "sys.argv = ['hookcli', 'inspect', 'tests.crash_models:Net', '-i', 'randn:2x4',\n"
+        "sys.argv = ['hookcli', 'inspect', 'tests.support.crash_models:Net', '-i', 'randn:2x4',\n"
         "            '--model-arg', 'when=never', '-f', 'json']\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    print('caught', exc.code)\n"
     )
@@ -389,8 +359,8 @@ def test_a_program_calling_main_itself_gets_control_back(tmp_path: Path) -> None
 def test_a_model_that_ends_or_replaces_the_process_fails_the_gate(how: str) -> None:
     """A model that exec()s a program exiting 0, or leaves with os._exit(0): the run never
     finished, so check is not a pass on nothing."""
-    r = hookcli(
-        "check", "tests.crash_models:Ends", "--model-arg", f"how={how}", "-i", "randn:2x4",
+    r = run_hookcli(
+        "check", "tests.support.crash_models:Ends", "--model-arg", f"how={how}", "-i", "randn:2x4",
         "--fail-on", "nonfinite", "--no-config",
     )  # fmt: skip
     assert r.returncode == 3, (r.stdout, r.stderr)
@@ -400,8 +370,8 @@ def test_a_model_that_ends_or_replaces_the_process_fails_the_gate(how: str) -> N
 
 
 def test_a_model_whose_forked_child_comes_back_gives_one_report() -> None:
-    r = hookcli(
-        "inspect", "tests.crash_models:Ends", "--model-arg", "how=fork", "-i", "randn:2x4",
+    r = run_hookcli(
+        "inspect", "tests.support.crash_models:Ends", "--model-arg", "how=fork", "-i", "randn:2x4",
         "-f", "json", "--no-config",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -414,7 +384,7 @@ def test_a_model_ignoring_sigterm_is_still_stopped(
 ) -> None:
     marker = tmp_path / "started"
     proc = subprocess.Popen(
-        argv("check", "tests.crash_models:Ends", "--model-arg", "how=term",
+        argv("check", "tests.support.crash_models:Ends", "--model-arg", "how=term",
              "--model-arg", f"marker={marker}", "-i", "randn:2x4", "--fail-on", "nonfinite"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**child_env(), "HOOKCLI_STOP_GRACE_S": "2"}, start_new_session=True,

@@ -13,73 +13,15 @@ from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import hookcli
-from hookcli.cli import app
-from tests.conftest import CAT, assert_stats_match, hooks_left
+from tests.support.cli import one_line_error, run
+from tests.support.llm import LINES, VOCAB, llama_config, make_tokenizer, save
+from tests.support.oracles import assert_stats_match, hooks_left
+from tests.support.paths import CAT
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-
-runner = CliRunner()
-LINES = [
-    "The cat sat on the mat.",
-    "A dog ran in the park.",
-    "hello world, the cat and the dog",
-    "Once upon a time there was a model.",
-]
-VOCAB = 320
-
-
-def run(*args: str) -> Any:
-    return runner.invoke(app, list(args))
-
-
-def one_line_error(result: Any, code: int, *needles: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return str(lines[0])
-
-
-def make_tokenizer(chat: bool = False) -> Any:
-    """The tokenizer examples/tiny_llm.py trains, on this file's lines."""
-    from examples.tiny_llm import train_tokenizer
-
-    return train_tokenizer(LINES, VOCAB, chat=chat)
-
-
-def llama_config(**extra: Any) -> Any:
-    return transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra,
-    )  # fmt: skip
-
-
-MOE = {
-    "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
-    "num_experts_per_tok": 2, "max_position_embeddings": 64,
-}  # fmt: skip
-CONFIGS = {
-    "llama": lambda: transformers.LlamaForCausalLM(llama_config()),
-    "gpt2": lambda: transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-    ),
-    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(**MOE)),
-}
-
-
-def save(folder: Path, name: str, chat: bool = False) -> Path:
-    torch.manual_seed(0)
-    model = CONFIGS[name]().eval()
-    model.save_pretrained(folder)
-    make_tokenizer(chat).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +123,9 @@ def test_predictions_are_the_next_tokens_at_the_last_real_position(llama: Path) 
         got = [p for p in report.predictions if p.image == seq]
         assert [p.index for p in got] == want.indices.tolist()
         assert [p.prob for p in got] == pytest.approx(want.values.tolist(), rel=1e-5)
-        for p in got:  # a cut character's byte is `<0x80>`, not '�' (tests/test_token_labels.py)
+        for p in (
+            got
+        ):  # a cut character's byte is `<0x80>`, not '�' (tests/sources/test_token_labels.py)
             alone = tok.decode([p.index])
             assert p.label == alone if "\ufffd" not in alone else p.label.startswith("<0x")
     assert "next tokens" in str(report.prediction_note)

@@ -145,7 +145,7 @@ def test_a_model_built_for_a_fixed_size_gets_that_size() -> None:
     """vit_h_14 without weights is built for 224 px while its DEFAULT weights' transforms
     make 518: the model's own image_size wins (here vit_b_16 built for 160)."""
     from hookcli.inputs import default_input, from_images
-    from tests.conftest import CAT
+    from tests.support.paths import CAT
 
     loaded = load_model("vit_b_16", model_args={"image_size": 160})
     assert loaded.input_size == (160, 160)

@@ -24,7 +24,7 @@ TEXT = ["The cat sat on the mat.", "A dog ran in the park today."]
 
 
 def _save(folder: Path, model: Any, **kw: Any) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     model.save_pretrained(folder, **kw)
     make_tokenizer().save_pretrained(folder)
@@ -32,7 +32,7 @@ def _save(folder: Path, model: Any, **kw: Any) -> Path:
 
 
 def _llama(**extra: Any) -> Any:
-    from tests.test_llm import llama_config
+    from tests.support.llm import llama_config
 
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(llama_config(**extra)).eval()
@@ -330,7 +330,7 @@ print(json.dumps({"kib": int(hwm), "layers": r.to_dict()["layers"]}))
 def test_an_offloaded_run_peaks_lower_than_the_in_memory_one(tmp_path: Path) -> None:
     """A 235 MB checkpoint (8 blocks of 12.6 MB, an embedding and a head of 65.5 MB), each
     run in a fresh process: the offloaded one holds one unit at a time."""
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     config = transformers.LlamaConfig(
         vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,

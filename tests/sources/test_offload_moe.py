@@ -25,7 +25,7 @@ TEXT = ["The cat sat on the mat.", "A dog ran in the park today."]
 
 
 def _common() -> dict[str, Any]:
-    from tests.test_llm import VOCAB
+    from tests.support.llm import VOCAB
 
     return {
         "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
@@ -35,7 +35,7 @@ def _common() -> dict[str, Any]:
 
 
 def _mixtral() -> Any:
-    from tests.test_llm import CONFIGS
+    from tests.support.llm import CONFIGS
 
     return CONFIGS["mixtral"]()
 
@@ -83,7 +83,7 @@ FAMILIES = {
 
 
 def _save(folder: Path, family: str, **kw: Any) -> Path:
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
@@ -194,7 +194,7 @@ def test_a_sharded_bf16_moe_checkpoint_and_a_fused_one_are_read_too(tmp_path: Pa
     torch.manual_seed(0)
     model = _qwen3_moe().to(torch.bfloat16).eval()
     model.save_pretrained(sharded, max_shard_size="8KB")
-    from tests.test_llm import make_tokenizer
+    from tests.support.llm import make_tokenizer
 
     make_tokenizer().save_pretrained(sharded)
     index = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]

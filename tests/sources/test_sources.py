@@ -20,7 +20,7 @@ from hookcli.sources import LoadedModel, Source, Task, load_model, register, res
 from hookcli.sources.custom import FileSource, ModuleSource
 from hookcli.sources.tasks import Row
 from hookcli.sources.torchvision import TorchvisionSource
-from tests.conftest import CAT
+from tests.support.paths import CAT
 
 FRUIT = ["apple", "banana", "cherry", "date"]
 
@@ -133,7 +133,7 @@ def test_without_the_plugin_the_prefix_is_a_module_spec() -> None:
 def test_each_built_in_source_resolves_its_spec_kinds() -> None:
     assert isinstance(resolve("resnet18"), TorchvisionSource)
     assert isinstance(resolve("examples/tiny/net.py:Net"), FileSource)
-    assert isinstance(resolve("tests.models:Kinds"), ModuleSource)
+    assert isinstance(resolve("tests.support.models:Kinds"), ModuleSource)
     loaded = load_model("resnet18")
     assert loaded.task == "classification" and loaded.kind.default_topk == 5
     assert load_model("examples/tiny/net.py:Net").kind.name == "custom"

@@ -22,7 +22,8 @@ from hookcli.engine.prepare import build_input
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions
 from hookcli.sources import load_model
-from tests.conftest import CAT, captured_outputs
+from tests.support.oracles import captured_outputs
+from tests.support.paths import CAT
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")

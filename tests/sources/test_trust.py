@@ -24,8 +24,8 @@ from typer.testing import CliRunner, Result
 
 import hookcli
 from hookcli.cli import app
-from tests.conftest import ROOT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import ROOT
 
 runner = CliRunner()
 
@@ -812,7 +812,7 @@ def test_a_tests_leftovers_are_gone_before_the_next_one_b() -> None:
     assert "HOOKCLI_LEFTOVER" not in os.environ
     torch.manual_seed(12345)
     seeded = torch.rand(3)
-    from tests.conftest import _AT_START
+    from tests.support.process_state import AT_START
 
-    torch.random.set_rng_state(_AT_START[0].rng)
+    torch.random.set_rng_state(AT_START[0].rng)
     assert not torch.equal(torch.rand(3), seeded)  # the generator is the suite's, not 12345's

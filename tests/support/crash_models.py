@@ -1,4 +1,4 @@
-"""Models that kill their own process, for the supervisor's tests (tests/test_supervise.py).
+"""Models that kill their own process, for the supervisor's tests (tests/runtime/test_supervise.py).
 
 Each dies of a real signal sent to itself (os.kill), the way a segfaulting custom op, an
 illegal instruction in a kernel or the OOM killer ends a process: no `except` can see it.

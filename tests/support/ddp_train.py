@@ -1,9 +1,9 @@
-"""A tiny training run for tests/test_watch_ddp.py, watched by hookcli.watch.
+"""A tiny training run for tests/commands/watch/test_watch_ddp.py, watched by hookcli.watch.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_train.py OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/support/ddp_train.py OUT_DIR
         DistributedDataParallel (gloo, CPU): each rank trains on its half of every batch and
         logs to OUT_DIR/run.rank{r}.jsonl (--nan-step K: a NaN in rank 1's shard at step K)
-    python tests/ddp_train.py OUT_DIR --single
+    python tests/support/ddp_train.py OUT_DIR --single
         the same training in one process over the whole batches, logged to OUT_DIR/single.jsonl
 
 Both start from the same weights (seeded), see the same batches and take the same SGD steps,
@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import hookcli  # noqa: E402
-from tests.test_watch import Tiny  # noqa: E402
+from tests.support.watch import Tiny  # noqa: E402
 
 STEPS = 4
 EVERY = 1

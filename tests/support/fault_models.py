@@ -1,4 +1,5 @@
-"""Models with faults that can be switched on at one training step (tests/test_watch_faults.py).
+"""Models with faults that can be switched on at one training step
+(tests/commands/watch/test_watch_faults.py).
 
 Module-level classes, so a repro bundle's pickled model can be rebuilt by `hookcli replay`.
 """

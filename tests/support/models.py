@@ -1,4 +1,4 @@
-"""Tiny custom models for tests (also loadable as tests/models.py:Name from the CLI)."""
+"""Tiny custom models for tests (also loadable as tests/support/models.py:Name from the CLI)."""
 
 from __future__ import annotations
 
@@ -410,7 +410,8 @@ class Spike(nn.Linear):
 
 
 class MassiveAt(nn.Module):
-    """A massive activation at a known place: `spike`'s output (tests/test_channels.py)."""
+    """A massive activation at a known place: `spike`'s output
+    (tests/commands/probes/test_channels.py)."""
 
     def __init__(self) -> None:
         super().__init__()

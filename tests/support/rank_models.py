@@ -1,4 +1,4 @@
-"""Models and a launcher for torchrun's fault tests (tests/test_torchrun_faults.py)."""
+"""Models and a launcher for torchrun's fault tests (tests/commands/test_torchrun_faults.py)."""
 
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ class Grid:
         rows: Sequence[tuple[list[str], str | None]] | None = None,
     ) -> list[Text] | None:
         """The table `_table` draws, line by line, where no cell needs folding: the same text
-        (tests/test_render_width.py compares them), ten times faster than Rich's Table, which
+        (tests/render/test_render_width.py compares them), ten times faster than Rich's Table, which
         measures and wraps every cell (0.35 s for inspect's 158 rows on resnet50). `rows`:
         the rows with their names folded at their dots (fold_name; default: as added). None:
         a name still too wide, or the title, must fold; `_table` draws those."""

@@ -12,96 +12,29 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.commands.diff import diff_report, parse_side
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
-from hookcli.records import DiffReport, TensorDiff
-from tests.conftest import CAT, quantized_twins
-from tests.models import Chain
-from tests.test_cli import assert_one_line_error
-from tests.test_dataset import make_folder
+from hookcli.records import DiffReport
+from tests.support.cli import assert_one_line_error
+from tests.support.diff import (
+    CHAIN,
+    assert_differences,
+    chain_model,
+    differences_by_hand,
+    leaf_inputs,
+    leaf_outputs,
+    quantized_twins,
+)
+from tests.support.images import make_folder
+from tests.support.paths import CAT
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
 runner = CliRunner()
-CHAIN = "tests/models.py:Chain"
-
-
-def _captured(
-    model: nn.Module, x: torch.Tensor, feed: dict[str, torch.Tensor] | None = None
-) -> dict[str, torch.Tensor]:
-    """Each leaf's first output (with feed: each leaf run on the given input instead).
-    The hooks return None: a forward hook that returns a value replaces the output."""
-    out: dict[str, torch.Tensor] = {}
-
-    def keep(name: str) -> Any:
-        def hook(mod: nn.Module, args: Any, o: torch.Tensor) -> None:
-            out.setdefault(name, o.detach().clone())
-
-        return hook
-
-    def give(name: str) -> Any:
-        def hook(mod: nn.Module, args: Any) -> Any:
-            return (feed[name],) if feed is not None and name in feed else None
-
-        return hook
-
-    handles = []
-    for name, m in model.named_modules():
-        if name and not list(m.children()):
-            handles.append(m.register_forward_pre_hook(give(name)))
-            handles.append(m.register_forward_hook(keep(name)))
-    try:
-        with torch.no_grad():
-            out["(model)"] = model(x).detach()
-    finally:
-        for h in handles:
-            h.remove()
-    return out
-
-
-def _inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each leaf's first input."""
-    got: dict[str, torch.Tensor] = {}
-
-    def keep(name: str) -> Any:
-        def hook(mod: nn.Module, args: Any) -> None:
-            got.setdefault(name, args[0].detach().clone())
-
-        return hook
-
-    handles = [
-        m.register_forward_pre_hook(keep(name))
-        for name, m in model.named_modules()
-        if name and not list(m.children())
-    ]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return got
-
-
-def _oracle(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
-    a64, b64 = a.double().reshape(-1), b.double().reshape(-1)
-    d = b64 - a64
-    return {
-        "max_abs": float(d.abs().max()),
-        "rel_l2": float(d.norm() / a64.norm()),
-        "cosine": float(a64 @ b64 / (a64.norm() * b64.norm())),
-        "sqnr_db": float(10 * torch.log10(a64.square().sum() / d.square().sum())),
-    }
-
-
-def _check(d: TensorDiff, want: dict[str, float]) -> None:
-    for key, value in want.items():
-        assert getattr(d, key) == pytest.approx(value, rel=1e-9, abs=1e-15), key
 
 
 def _chain_report(**kw: Any) -> DiffReport:
@@ -115,38 +48,33 @@ def _chain_report(**kw: Any) -> DiffReport:
     )
 
 
-def _chain_model(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:
-    torch.manual_seed(0)  # as hookcli builds a custom model: seed, then construct
-    model = Chain().eval().to(dtype)
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
-    return model, x
-
-
 def test_accumulated_differences_equal_a_hand_computation() -> None:
     report = _chain_report()
-    a_model, xa = _chain_model(torch.float32)
-    b_model, xb = _chain_model(torch.bfloat16)
-    ref, got = _captured(a_model, xa), _captured(b_model, xb)
+    a_model, xa = chain_model(torch.float32)
+    b_model, xb = chain_model(torch.bfloat16)
+    ref, got = leaf_outputs(a_model, xa), leaf_outputs(b_model, xb)
     rows = {c.name: c.b[0] for c in report.calls}
     assert [(c.name, c.call) for c in report.calls] == [
         ("l1", 0), ("act", 0), ("l2", 0), ("act", 1), ("l3", 0), ("act", 2), ("l4", 0)
     ]  # fmt: skip
     for name in ("l1", "l2", "l3", "l4"):
-        _check(rows[name], _oracle(ref[name], got[name].float()))
-    _check(report.outputs[0].b[0], _oracle(ref["(model)"], got["(model)"].float()))
+        assert_differences(rows[name], differences_by_hand(ref[name], got[name].float()))
+    assert_differences(
+        report.outputs[0].b[0], differences_by_hand(ref["(model)"], got["(model)"].float())
+    )
 
 
 def test_isolated_differences_equal_each_layer_fed_the_reference_input() -> None:
     report = _chain_report(isolate=True)
-    a_model, xa = _chain_model(torch.float32)
-    b_model, _ = _chain_model(torch.bfloat16)
-    ins = _inputs(a_model, xa)
-    ref = _captured(a_model, xa)
+    a_model, xa = chain_model(torch.float32)
+    b_model, _ = chain_model(torch.bfloat16)
+    ins = leaf_inputs(a_model, xa)
+    ref = leaf_outputs(a_model, xa)
     fed = {n: t.to(torch.bfloat16) for n, t in ins.items()}
-    got = _captured(b_model, xa.to(torch.bfloat16), feed=fed)
+    got = leaf_outputs(b_model, xa.to(torch.bfloat16), feed=fed)
     for c in report.calls:
         if c.name.startswith("l"):
-            _check(c.b[0], _oracle(ref[c.name], got[c.name].float()))
+            assert_differences(c.b[0], differences_by_hand(ref[c.name], got[c.name].float()))
 
 
 def test_isolate_separates_own_error_from_accumulated_error() -> None:
@@ -163,7 +91,7 @@ def test_isolate_separates_own_error_from_accumulated_error() -> None:
 
 def test_one_lossy_layer_is_named_as_the_first_divergence(tmp_path: Path) -> None:
     """Side B's weights differ from A's in layer l3 only (a fine-tuned or corrupted layer)."""
-    model, _ = _chain_model(torch.float32)
+    model, _ = chain_model(torch.float32)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["l3.weight"] += 0.05 * torch.randn_like(state["l3.weight"])
     path = tmp_path / "b.pt"
@@ -327,8 +255,8 @@ def test_quantized_twin_equals_a_hand_built_int8_model() -> None:
     assert all(0.001 < (d.rel_l2 or 0) < 0.2 for d in rows.values())  # int8: ~1-3 %
     twin, int8 = quantized_twins(x)
     with torch.no_grad():
-        want = _oracle(twin(x), int8(x))
-    _check(report.outputs[0].b[0], want)
+        want = differences_by_hand(twin(x), int8(x))
+    assert_differences(report.outputs[0].b[0], want)
 
 
 def test_compiled_layers_are_measured_outside_the_compiled_code() -> None:
@@ -350,7 +278,7 @@ def test_compiled_layers_are_measured_outside_the_compiled_code() -> None:
 def test_python_api_leaves_the_users_module_as_it_was() -> None:
     import hookcli
 
-    model, x = _chain_model(torch.float32)
+    model, x = chain_model(torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     d = hookcli.diff(model, x, b="bfloat16", isolate=True, layers=["l*"])
     assert [c.name for c in d.calls] == ["l1", "l2", "l3", "l4"]
@@ -369,7 +297,7 @@ def test_onnx_side_equals_onnx_runtime_run_by_hand() -> None:
         ("l1", 0), ("act", 0), ("l2", 0), ("act", 1), ("l3", 0), ("act", 2), ("l4", 0)
     ]  # fmt: skip
     assert all(c.b[0].rel_l2 is not None and c.b[0].rel_l2 < 1e-5 for c in report.calls)
-    model, x = _chain_model(torch.float32)
+    model, x = chain_model(torch.float32)
     program = torch.onnx.export(model, (x,), dynamo=True, optimize=False)
     assert program is not None
     session = onnxruntime.InferenceSession(
@@ -378,7 +306,7 @@ def test_onnx_side_equals_onnx_runtime_run_by_hand() -> None:
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         want = model(x)
-    _check(report.outputs[0].b[0], _oracle(want, torch.from_numpy(got)))
+    assert_differences(report.outputs[0].b[0], differences_by_hand(want, torch.from_numpy(got)))
 
 
 def test_onnx_graph_calls_of_a_module_called_twice() -> None:
@@ -411,11 +339,11 @@ def test_onnx_side_refuses_isolate_and_the_reference_role() -> None:
 def test_autocast_side_runs_linear_layers_in_bfloat16() -> None:
     report = _chain_report(b="autocast")
     rows = {(c.name, c.call): c.b[0] for c in report.calls}
-    model, x = _chain_model(torch.float32)
+    model, x = chain_model(torch.float32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        got = _captured(model, x)
-    ref = _captured(_chain_model(torch.float32)[0], x)
-    _check(rows[("l1", 0)], _oracle(ref["l1"], got["l1"].float()))
+        got = leaf_outputs(model, x)
+    ref = leaf_outputs(chain_model(torch.float32)[0], x)
+    assert_differences(rows[("l1", 0)], differences_by_hand(ref["l1"], got["l1"].float()))
     assert rows[("l1", 0)].rel_l2 is not None and rows[("l1", 0)].rel_l2 > 1e-4
 
 
@@ -449,7 +377,7 @@ def test_each_side_gets_the_original_input_not_the_references_cast() -> None:
         parse_side("bfloat16", "--a"),
         parse_side("float32", "--b"),
     )
-    a_model, xa = _chain_model(torch.bfloat16)
-    b_model, xb = _chain_model(torch.float32)
-    ref, got = _captured(a_model, xa), _captured(b_model, xb)
-    _check(report.calls[0].b[0], _oracle(ref["l1"].float(), got["l1"]))
+    a_model, xa = chain_model(torch.bfloat16)
+    b_model, xb = chain_model(torch.float32)
+    ref, got = leaf_outputs(a_model, xa), leaf_outputs(b_model, xb)
+    assert_differences(report.calls[0].b[0], differences_by_hand(ref["l1"].float(), got["l1"]))

@@ -21,7 +21,7 @@ TEXT = "The cat sat on the mat."
 
 
 def _save(folder: Path, dtype: torch.dtype) -> Path:
-    from tests.test_llm import llama_config, make_tokenizer
+    from tests.support.llm import llama_config, make_tokenizer
 
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(llama_config()).to(dtype).save_pretrained(folder)

@@ -18,12 +18,12 @@ from hookcli.commands.diff.sides import prepare_side
 from hookcli.errors import ModelError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffReport
-from tests.models import Chain
-from tests.test_dataset import make_folder
+from tests.support.images import make_folder
+from tests.support.models import Chain
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
-CHAIN = "tests/models.py:Chain"
+CHAIN = "tests/support/models.py:Chain"
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["greenlets", "threads"])

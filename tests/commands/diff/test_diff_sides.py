@@ -26,8 +26,14 @@ from hookcli.commands.diff.sides import (
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import DiffReport
-from tests.models import Chain
-from tests.test_diff import CHAIN, _captured, _chain_model, _check, _oracle
+from tests.support.diff import (
+    CHAIN,
+    assert_differences,
+    chain_model,
+    differences_by_hand,
+    leaf_outputs,
+)
+from tests.support.models import Chain
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
@@ -72,11 +78,11 @@ def test_a_new_side_kind_is_one_class_and_register(scaled: None) -> None:
     assert side.parts == (DType(torch.float64), Scaled(2.0))  # in registration order
     assert side_help().endswith("weights=W, seed=N, device=D, scale=K; joined with commas")
     report = _report(parse_side("scale=2", "--b"))
-    model, x = _chain_model(torch.float32)
-    ref, got = _captured(model, x), _captured(model, 2 * x)
+    model, x = chain_model(torch.float32)
+    ref, got = leaf_outputs(model, x), leaf_outputs(model, 2 * x)
     rows = {c.name: c.b[0] for c in report.calls}
-    _check(rows["l1"], _oracle(ref["l1"], got["l1"]))
-    _check(report.outputs[0].b[0], _oracle(ref["(model)"], got["(model)"]))
+    assert_differences(rows["l1"], differences_by_hand(ref["l1"], got["l1"]))
+    assert_differences(report.outputs[0].b[0], differences_by_hand(ref["(model)"], got["(model)"]))
     assert report.b == "scale=2" and report.first_over is not None
 
 
@@ -104,21 +110,23 @@ def test_dtype(dtype: torch.dtype) -> None:
     name = str(dtype).removeprefix("torch.")
 
     def check(report: DiffReport) -> None:
-        ref = _captured(*_chain_model(torch.float32))
-        got = _captured(*_chain_model(dtype))
+        ref = leaf_outputs(*chain_model(torch.float32))
+        got = leaf_outputs(*chain_model(dtype))
         for layer in ("l1", "l4"):
-            _check(_rows(report)[layer], _oracle(ref[layer], got[layer].double()))
+            assert_differences(
+                _rows(report)[layer], differences_by_hand(ref[layer], got[layer].double())
+            )
 
     _as_parsed(name, DType(dtype), check)
 
 
 def test_autocast() -> None:
     def check(report: DiffReport) -> None:
-        model, x = _chain_model(torch.float32)
-        ref = _captured(model, x)
+        model, x = chain_model(torch.float32)
+        ref = leaf_outputs(model, x)
         with torch.autocast("cpu", dtype=torch.float16):
-            got = _captured(model, x)
-        _check(_rows(report)["l1"], _oracle(ref["l1"], got["l1"].float()))
+            got = leaf_outputs(model, x)
+        assert_differences(_rows(report)["l1"], differences_by_hand(ref["l1"], got["l1"].float()))
         assert got["l1"].dtype == torch.float16
 
     _as_parsed("autocast:float16", Autocast(torch.float16), check)
@@ -179,10 +187,10 @@ def test_seed_device_and_weights(tmp_path: Path) -> None:
     def other_seed(report: DiffReport) -> None:
         torch.manual_seed(1)  # as hookcli builds a custom model: seed, then construct
         model1 = Chain().eval()
-        model0, x = _chain_model(torch.float32)
+        model0, x = chain_model(torch.float32)
         with torch.no_grad():
-            want = _oracle(_captured(model0, x)["(model)"], model1(x))
-        _check(report.outputs[0].b[0], want)
+            want = differences_by_hand(leaf_outputs(model0, x)["(model)"], model1(x))
+        assert_differences(report.outputs[0].b[0], want)
 
     _as_parsed("seed=1", Setting("seed", 1), other_seed)
 
@@ -191,7 +199,7 @@ def test_seed_device_and_weights(tmp_path: Path) -> None:
 
     _as_parsed("device=cpu", Setting("device", "cpu"), same)
 
-    model, _ = _chain_model(torch.float32)
+    model, _ = chain_model(torch.float32)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["l3.weight"] += 0.05 * torch.randn_like(state["l3.weight"])
     path = tmp_path / "b.pt"

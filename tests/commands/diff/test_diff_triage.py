@@ -21,9 +21,18 @@ from hookcli.cli import app
 from hookcli.commands.diff import diff_report, parse_side
 from hookcli.commands.diff.tolerance import PRECISIONS, default_tol
 from hookcli.options import InputOptions, ModelOptions, Selection
-from tests.conftest import CAT, captured_outputs, quantized_twins
-from tests.test_cli import assert_one_line_error
-from tests.test_diff import CHAIN, _captured, _chain_model, _check, _inputs, _oracle
+from tests.support.cli import assert_one_line_error
+from tests.support.diff import (
+    CHAIN,
+    assert_differences,
+    chain_model,
+    differences_by_hand,
+    leaf_inputs,
+    leaf_outputs,
+    quantized_twins,
+)
+from tests.support.oracles import captured_outputs
+from tests.support.paths import CAT
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
@@ -44,7 +53,7 @@ def _rows(data: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
 def _weights(tmp_path: Path, **scale: float) -> str:
     """Chain's weights (seed 0) with the named layers' weights and biases multiplied: their
     outputs multiplied by k."""
-    model, _ = _chain_model(torch.float32)
+    model, _ = chain_model(torch.float32)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for layer, k in scale.items():
         state[f"{layer}.weight"] *= k
@@ -77,7 +86,7 @@ def test_quantized_resnet18_compares_every_conv_as_the_fused_unit(tmp_path: Path
     a, b = captured_outputs(twin, x, names), captured_outputs(int8, x, names)
     for name in names:
         got = rows[(name, 0)]["b"][0]
-        for key, want in _oracle(a[name], b[name]).items():
+        for key, want in differences_by_hand(a[name], b[name]).items():
             assert got[key] == pytest.approx(want, rel=1e-6), (name, key)
     # the type column: A's type, and B's when it differs
     assert (rows[("conv1", 0)]["type"], rows[("conv1", 0)]["type_b"]) == (
@@ -217,10 +226,10 @@ def test_norm_change_keeps_its_sign(tmp_path: Path) -> None:
     path = _weights(tmp_path, l1=1.5, l3=0.25)
     args = ["diff", CHAIN, "--input", "randn:8x16", "--b", f"weights={path}", "--tol", "1"]
     data = json.loads(runner.invoke(app, [*args, "-f", "json"]).stdout)
-    model_a, x = _chain_model(torch.float32)
-    model_b, _ = _chain_model(torch.float32)
+    model_a, x = chain_model(torch.float32)
+    model_b, _ = chain_model(torch.float32)
     model_b.load_state_dict(torch.load(path, weights_only=True))
-    a, b = _captured(model_a, x), _captured(model_b, x)
+    a, b = leaf_outputs(model_a, x), leaf_outputs(model_b, x)
     rows = {c["name"]: c["b"][0] for c in data["calls"] if c["call"] == 0}
     for name in ("l1", "l2", "l3", "l4"):
         na, nb = a[name].double().norm(), b[name].double().norm()
@@ -249,16 +258,18 @@ def test_own_error_equals_each_layer_fed_the_reference_input() -> None:
         parse_side("float32", "--a"),
         parse_side("bfloat16", "--b"),
     )
-    a_model, xa = _chain_model(torch.float32)
-    b_model, xb = _chain_model(torch.bfloat16)
-    ref = _captured(a_model, xa)
-    acc = _captured(b_model, xb)
-    fed = {n: t.to(torch.bfloat16) for n, t in _inputs(a_model, xa).items()}
-    own = _captured(b_model, xb, feed=fed)
+    a_model, xa = chain_model(torch.float32)
+    b_model, xb = chain_model(torch.bfloat16)
+    ref = leaf_outputs(a_model, xa)
+    acc = leaf_outputs(b_model, xb)
+    fed = {n: t.to(torch.bfloat16) for n, t in leaf_inputs(a_model, xa).items()}
+    own = leaf_outputs(b_model, xb, feed=fed)
     for c in report.calls:
         if c.call == 0 and c.name.startswith("l"):
-            _check(c.b[0], _oracle(ref[c.name], acc[c.name].float()))  # accumulated rows
-            want = _oracle(ref[c.name], own[c.name].float())["rel_l2"]
+            assert_differences(
+                c.b[0], differences_by_hand(ref[c.name], acc[c.name].float())
+            )  # accumulated rows
+            want = differences_by_hand(ref[c.name], own[c.name].float())["rel_l2"]
             assert c.b[0].own_rel_l2 == pytest.approx(want, rel=1e-9), c.name
     l4 = next(c.b[0] for c in report.calls if c.name == "l4")
     assert l4.own_rel_l2 is not None and l4.rel_l2 is not None and l4.own_rel_l2 < l4.rel_l2

@@ -14,8 +14,9 @@ import hookcli
 from hookcli.cli import app
 from hookcli.errors import UsageError
 from hookcli.sources import load_model
-from tests.conftest import CAT, assert_stats_match, hooks_left
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.oracles import assert_stats_match, hooks_left
+from tests.support.paths import CAT
 
 runner = CliRunner()
 

@@ -20,7 +20,7 @@ import hookcli
 from hookcli.cli import app
 from hookcli.engine.aggregate import Accumulator
 from hookcli.engine.stats import StatsCollector
-from tests.conftest import captured_outputs, hooks_left
+from tests.support.oracles import act_scales_by_hand, captured_outputs, hooks_left
 
 runner = CliRunner()
 
@@ -253,41 +253,6 @@ def test_outlier_features_are_llm_int8s() -> None:
     assert report.outliers.features[0].share == pytest.approx(0.1)
 
 
-def _act_scales_by_hand(model: nn.Module, sequences: list[torch.Tensor]) -> dict[str, Any]:
-    """SmoothQuant's get_act_scales, written out: a forward hook on every nn.Linear keeps
-    max over sequences of x.abs().view(-1, C).max(dim=0); plus PerChannelMinMaxObserver."""
-    from torch.ao.quantization.observer import PerChannelMinMaxObserver
-
-    scales: dict[str, torch.Tensor] = {}
-    observers: dict[str, Any] = {}
-
-    def hook(name: str) -> Any:
-        def keep(m: nn.Module, args: Any, out: Any) -> None:
-            x = args[0].detach()
-            c = x.shape[-1]
-            now = x.abs().view(-1, c).float().max(dim=0)[0]
-            scales[name] = torch.max(scales[name], now) if name in scales else now
-            if name not in observers:
-                observers[name] = PerChannelMinMaxObserver(ch_axis=-1, dtype=torch.qint8)
-            observers[name](x.reshape(-1, c))
-
-        return keep
-
-    handles = [
-        m.register_forward_hook(hook(n))
-        for n, m in model.named_modules()
-        if isinstance(m, nn.Linear)
-    ]
-    try:
-        with torch.no_grad():
-            for ids in sequences:
-                model(input_ids=ids)
-    finally:
-        for h in handles:
-            h.remove()
-    return {"scales": scales, "observers": observers}
-
-
 @pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_linear_inputs_give_smoothquants_act_scales_and_the_observers_min_max(
     tmp_path: Path,
@@ -296,7 +261,7 @@ def test_linear_inputs_give_smoothquants_act_scales_and_the_observers_min_max(
     max|x| is SmoothQuant's act scale (sequence by sequence, no padding), its min/max the
     PerChannelMinMaxObserver's."""
     transformers = pytest.importorskip("transformers")
-    from tests.test_llm import LINES, save
+    from tests.support.llm import LINES, save
 
     folder = save(tmp_path / "llama", "llama")
     texts = [LINES[3], "hello", LINES[0]]
@@ -306,7 +271,7 @@ def test_linear_inputs_give_smoothquants_act_scales_and_the_observers_min_max(
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     sequences = [tok(t, return_tensors="pt")["input_ids"] for t in texts]
-    truth = _act_scales_by_hand(model, sequences)
+    truth = act_scales_by_hand(model, sequences)
     assert len(report.layers) == len(truth["scales"]) > 10
     for call in report.layers:
         ch = call.inputs[0].channels
@@ -327,8 +292,8 @@ def _run(*args: str) -> Any:
 def test_check_fails_on_a_massive_activation_naming_where(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     r = _run(
-        "check", "tests/models.py:MassiveAt", "--input", "randn:1x6x16", "--fail-on", "massive",
-        "-f", "json", "-o", str(out),
+        "check", "tests/support/models.py:MassiveAt", "--input", "randn:1x6x16",
+        "--fail-on", "massive", "-f", "json", "-o", str(out),
     )  # fmt: skip
     assert r.exit_code == 1, (r.stdout, r.stderr)
     data = json.loads(out.read_text())
@@ -339,20 +304,22 @@ def test_check_fails_on_a_massive_activation_naming_where(tmp_path: Path) -> Non
     )  # fmt: skip
     assert first["value"] == 4000.0
     assert data["outliers"]["massive"][0]["index"] == [0, 2, 3]
-    ok = _run("check", "tests/models.py:MassiveAt", "--input", "randn:1x6x16",
+    ok = _run("check", "tests/support/models.py:MassiveAt", "--input", "randn:1x6x16",
               "--max-kurtosis", "1e9", "--max-outlier-ratio", "1e9")  # fmt: skip
     assert ok.exit_code == 0, (ok.stdout, ok.stderr)
-    bad = _run("check", "tests/models.py:MassiveAt", "--input", "randn:1x6x16",
+    bad = _run("check", "tests/support/models.py:MassiveAt", "--input", "randn:1x6x16",
                "--max-outlier-ratio", "5")  # fmt: skip
     assert bad.exit_code == 1 and "outlier-ratio" in bad.stdout
     assert "channel 3's max|x|" in bad.stdout
-    wrong = _run("check", "tests/models.py:MassiveAt", "--input", "randn:1x6x16",
+    wrong = _run("check", "tests/support/models.py:MassiveAt", "--input", "randn:1x6x16",
                  "--max-kurtosis", "-1")  # fmt: skip
     assert wrong.exit_code == 2 and "--max-kurtosis" in wrong.stderr
 
 
 def test_inspect_channels_shows_the_tables(tmp_path: Path) -> None:
-    r = _run("inspect", "tests/models.py:MassiveAt", "--input", "randn:1x6x16", "--channels")
+    r = _run(
+        "inspect", "tests/support/models.py:MassiveAt", "--input", "randn:1x6x16", "--channels"
+    )
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "outlier ratio" in r.stdout and "kurtosis" in r.stdout
     assert "massive activations (largest first)" in r.stdout
@@ -445,7 +412,7 @@ def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
         assert got == want, seed
         assert all(m.channel == m.index[1] and m.position is None for m in report.outliers.massive)
     transformers = pytest.importorskip("transformers")
-    from tests.test_llm import llama_config
+    from tests.support.llm import llama_config
 
     for seed in range(12):
         rng = random.Random(seed)
@@ -476,7 +443,7 @@ def test_planted_massive_activations_in_cnns_and_tiny_lms_are_found_exactly(
 @pytest.mark.kernels  # auto: the kernels, loaded by then (conftest)
 def test_a_folder_runs_channels_are_one_batchs() -> None:
     """Two images in batches of one (a folder run) = the same two in one batch."""
-    from tests.conftest import CAT, COFFEE
+    from tests.support.paths import CAT, COFFEE
 
     files = [str(CAT), str(COFFEE)]
     layers = ["conv1", "layer1.0.relu"]

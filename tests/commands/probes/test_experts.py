@@ -17,7 +17,7 @@ from hookcli.cli import app
 from hookcli.commands.checks import evaluate, parse_rules
 from hookcli.commands.experts import expert_stats, merge_experts
 from hookcli.options import RuleOptions
-from tests.conftest import hooks_left
+from tests.support.oracles import hooks_left
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -26,7 +26,7 @@ TEXTS = ["The cat sat on the mat.", "hello", "A dog ran in the park."]
 
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("mixtral"), "mixtral")
 
@@ -138,7 +138,7 @@ def test_a_router_with_dropped_tokens_is_counted_without_breaking_the_forward() 
 
 
 def test_expert_rules_are_refused_over_a_folder_run() -> None:
-    from tests.conftest import CAT, COFFEE
+    from tests.support.paths import CAT, COFFEE
 
     r = runner.invoke(app, ["check", "resnet18", str(CAT), str(COFFEE), "--batch-size", "1",
                             "--fail-on", "dead-experts"])  # fmt: skip

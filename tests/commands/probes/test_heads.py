@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -17,32 +16,10 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from tests.conftest import hooks_left
+from tests.support.attention import numbers_by_hand
+from tests.support.oracles import hooks_left
 
 runner = CliRunner()
-
-
-def numbers_by_hand(probs: list[Any]) -> list[tuple[float, float, int, float, int]]:
-    """Per head: (sink, entropy, top key, its share, queries) over sequences given one by one
-    as (heads, L, L) probabilities of their real tokens only: queries 1…L-1."""
-    heads = probs[0].shape[0]
-    out = []
-    for h in range(heads):
-        sink = entropy = 0.0
-        n = 0
-        keys: dict[int, float] = {}
-        for p in probs:
-            length = p.shape[1]
-            for q in range(1, length):
-                row = p[h, q].tolist()
-                sink += row[0]
-                entropy -= sum(v * math.log(v) for v in row if v > 0)
-                for k, v in enumerate(row):
-                    keys[k] = keys.get(k, 0.0) + v
-                n += 1
-        top = max(keys, key=lambda k: (keys[k], -k))
-        out.append((sink / n, entropy / n, top, keys[top] / n, n))
-    return out
 
 
 class Block(nn.Module):
@@ -94,13 +71,13 @@ def test_heads_are_softmax_qk_by_hand_for_multihead_attention() -> None:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers")
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     return save(tmp_path_factory.mktemp("heads_llama"), "llama")
 
 
 # a padded batch, either side, each sequence's own heads as if run alone:
-# tests/test_lens_positions_heads.py::test_heads_of_a_batch_are_each_sequences_own
+# tests/commands/test_lens_positions_heads.py::test_heads_of_a_batch_are_each_sequences_own
 
 
 def test_check_names_dormant_and_collapsed_heads(llama: Path) -> None:
@@ -115,7 +92,7 @@ def test_check_names_dormant_and_collapsed_heads(llama: Path) -> None:
     assert ok.exit_code == 0, (ok.stdout, ok.stderr)
     bad = runner.invoke(app, ["check", f"hf:{llama}", "--text", "x", "--max-sink", "2"])
     assert bad.exit_code == 2 and "--max-sink" in bad.stderr
-    none = runner.invoke(app, ["inspect", "tests/models.py:MassiveAt", "--input",
+    none = runner.invoke(app, ["inspect", "tests/support/models.py:MassiveAt", "--input",
                                "randn:1x6x16", "--heads"])  # fmt: skip
     assert none.exit_code == 2 and "no attention module" in none.stderr
 

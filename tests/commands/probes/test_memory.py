@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from tests.conftest import hooks_left
+from tests.support.oracles import hooks_left
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -167,7 +167,7 @@ def test_saved_bytes_of_every_call_are_what_autograd_saved_in_it(case: str) -> N
 def test_a_saved_tiny_lms_calls_save_what_autograd_saves_under_the_next_token_loss(
     tmp_path: Any,
 ) -> None:
-    from tests.test_llm import save
+    from tests.support.llm import save
 
     folder = save(tmp_path / "lm", "llama")
     text = "The cat sat on the mat."
@@ -295,7 +295,7 @@ def test_cli_memory_table_json_and_check_rule(tmp_path: Any) -> None:
 
 
 def test_memory_refuses_a_folder_run(tmp_path: Any) -> None:
-    from tests.conftest import CAT
+    from tests.support.paths import CAT
 
     r = runner.invoke(app, ["inspect", "resnet18", str(CAT), "--batch-size", "2", "--memory"])
     assert r.exit_code == 2 and "--memory" in r.stderr and r.stderr.count("\n") == 1

@@ -24,8 +24,7 @@ from hookcli.engine.probes import Armed, Measured, Probe
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, RunOptions, Selection
 from hookcli.records import Report
-
-CAT = Path(__file__).resolve().parents[1] / "sample_images" / "cat.jpeg"
+from tests.support.paths import CAT
 
 
 class _GradPeak(Probe):

@@ -20,7 +20,7 @@ from hookcli.commands.profile import CallTree, profile_calls
 from hookcli.engine.hooks import PendingCall
 from hookcli.records import CallProfile, LayerCall, Profile
 from hookcli.render.rows import profile_section
-from tests.test_dataset import make_folder
+from tests.support.images import make_folder
 
 runner = CliRunner()
 

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import hookcli
 from hookcli.cli import app
 from hookcli.errors import UsageError
-from tests.test_cli import assert_one_line_error
-from tests.test_watch import Tiny, _batches
+from tests.support.cli import assert_one_line_error
+from tests.support.watch import Tiny, tiny_batches
 
 accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
@@ -35,7 +35,7 @@ def _train(tmp: Path, every: int = 2, **watch: Any) -> Any:
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with hookcli.watch(model, optimizer=opt, every=every, log=tmp / "run.jsonl", **watch) as w:
-        for x, y in _batches(STEPS):
+        for x, y in tiny_batches(STEPS):
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             w.loss(loss)

@@ -18,27 +18,9 @@ import hookcli
 from hookcli.commands.watch.logread import step_line
 from hookcli.errors import UsageError
 from hookcli.records import log_line
+from tests.support.watch import Tiny, tiny_batches
 
 LEAVES = ["conv", "act", "fc"]
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.act = nn.ReLU()
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.act(self.conv(x)).flatten(1))
-
-
-def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    return [
-        (torch.randn(6, 3, 8, 8, generator=g), torch.randint(0, 5, (6,), generator=g))
-        for _ in range(n)
-    ]
 
 
 def _oracle(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -80,7 +62,7 @@ def test_a_watched_step_equals_torch_on_the_same_batch_and_weights(tmp_path: Pat
     before: dict[int, nn.Module] = {}
     weights: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
     with hookcli.watch(model, optimizer=opt, every=2, log=log) as w:
-        for step, (x, y) in enumerate(_batches(4)):
+        for step, (x, y) in enumerate(tiny_batches(4)):
             before[step] = copy.deepcopy(model)
             w_before = {n: p.detach().clone() for n, p in model.named_parameters()}
             loss = F.cross_entropy(model(x), y)
@@ -94,7 +76,7 @@ def test_a_watched_step_equals_torch_on_the_same_batch_and_weights(tmp_path: Pat
     # each record is its line: the same data, read back as the same record
     assert lines == [log_line(r) for r in w.records]
     assert [step_line(d) for d in lines] == list(w.records)
-    batches = _batches(4)
+    batches = tiny_batches(4)
     for record in lines:
         step = record["step"]
         want = _oracle(before[step], *batches[step])
@@ -120,7 +102,7 @@ def test_unwatched_steps_carry_no_hook_and_everything_is_removed_after() -> None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
     with hookcli.watch(model, optimizer=opt, every=3) as w:
-        for x, y in _batches(5):
+        for x, y in tiny_batches(5):
             below = [m for m in model.modules() if m is not model]
             hooked = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in below)
             # the model itself: the two root hooks that keep the step's batch, every step
@@ -143,7 +125,7 @@ def test_gradient_accumulation_is_one_step_with_every_forward() -> None:
     torch.manual_seed(0)
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    batches = _batches(4)
+    batches = tiny_batches(4)
     with hookcli.watch(model, optimizer=opt, layers=["fc"]) as w:
         for i in range(0, 4, 2):  # two micro-batches per optimizer step
             opt.zero_grad()
@@ -159,7 +141,7 @@ def test_without_an_optimizer_step_marks_the_steps() -> None:
     torch.manual_seed(0)
     model = Tiny()
     with hookcli.watch(model, every=2, layers="fc") as w:
-        for x, y in _batches(3):
+        for x, y in tiny_batches(3):
             F.cross_entropy(model(x), y).backward()
             w.step()
     assert [r.step for r in w.records] == [0, 2]
@@ -191,7 +173,7 @@ def test_a_watched_step_equals_hookcli_grads_on_the_same_batch_and_weights() -> 
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.3)
     before = {}
-    data = _batches(3)
+    data = tiny_batches(3)
     with hookcli.watch(model, optimizer=opt, every=2) as w:
         for step, (x, _) in enumerate(data):
             before[step] = copy.deepcopy(model)
@@ -231,7 +213,7 @@ def test_a_compiled_model_watched_steps_run_eager_and_nothing_recompiles(how: st
         elif compiled:
             model.compile(backend=counter)
         with hookcli.watch(run, optimizer=opt, every=3) as w:
-            for x, y in _batches(7):
+            for x, y in tiny_batches(7):
                 opt.zero_grad()
                 loss = F.cross_entropy(run(x), y)
                 w.loss(loss)
@@ -262,7 +244,7 @@ def test_gradscaler_skipped_steps_are_steps_and_not_faults() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10)
     original_update = scaler.update
     with hookcli.watch(model, optimizer=opt, scaler=scaler) as w:
-        for x, y in _batches(5):
+        for x, y in tiny_batches(5):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = F.cross_entropy(model(x).float(), y)
@@ -285,7 +267,7 @@ def test_a_copy_of_a_watched_model_is_not_watched() -> None:
     torch.manual_seed(0)
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _batches(1)[0]
+    x, y = tiny_batches(1)[0]
     with hookcli.watch(model, optimizer=opt) as w:
         ema = copy.deepcopy(model)  # the EMA idiom
         ema(x)
@@ -313,7 +295,7 @@ def test_evaluation_between_steps_is_not_the_steps() -> None:
     torch.manual_seed(0)
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    (x, y), (bad, _) = _batches(2)
+    (x, y), (bad, _) = tiny_batches(2)
     bad = bad.clone()
     bad[0, 0, 0, 0] = float("nan")
     with hookcli.watch(model, optimizer=opt) as w:
@@ -386,7 +368,7 @@ def test_bundle_replaces_only_a_bundle_and_a_failed_write_does_not_stop_training
     # goes on
     blocked = tmp_path / "blocked"
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _batches(1)[0]
+    x, y = tiny_batches(1)[0]
     with hookcli.watch(model, optimizer=opt, bundle=blocked / "run.bundle") as w:
         blocked.write_text("a file now")
         opt.zero_grad()
@@ -408,7 +390,7 @@ def test_rerun_stops_at_the_models_inputs_and_leaves_their_grad(tmp_path: Path) 
     backbone = nn.Linear(3 * 8 * 8, 3 * 8 * 8)
     model = Tiny()
     opt = torch.optim.SGD([*model.parameters(), *backbone.parameters()], lr=0.1)
-    x, y = _batches(1)[0]
+    x, y = tiny_batches(1)[0]
     leaf = x.clone().requires_grad_(True)
     with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
         opt.zero_grad()
@@ -438,7 +420,7 @@ def test_a_model_returning_a_parameter_keeps_no_hook_on_it() -> None:
     model = WithVar()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with hookcli.watch(model, optimizer=opt, every=2):
-        for x, y in _batches(4):
+        for x, y in tiny_batches(4):
             opt.zero_grad()
             out, log_var = model(x)
             (F.cross_entropy(out, y) + log_var).backward()
@@ -447,7 +429,7 @@ def test_a_model_returning_a_parameter_keeps_no_hook_on_it() -> None:
 
 
 def test_without_an_optimizer_a_backward_only_nan_is_caught() -> None:
-    from tests.fault_models import Fault
+    from tests.support.fault_models import Fault
 
     model = nn.Sequential(nn.Linear(4, 4), Fault(), nn.Linear(4, 2))
     with hookcli.watch(model, every=10) as w:
@@ -471,7 +453,7 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
 
     model = Hooked()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _batches(1)[0]
+    x, y = tiny_batches(1)[0]
     with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
         opt.zero_grad()
         F.cross_entropy(model(x * float("nan"), hook=lambda t: t), y).backward()
@@ -490,7 +472,7 @@ def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Pa
 def _loop(model: nn.Module, log: str | Path, steps: int = 3) -> object:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with hookcli.watch(model, optimizer=opt, log=log) as w:
-        for x, y in _batches(steps):
+        for x, y in tiny_batches(steps):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
             opt.step()
@@ -538,7 +520,7 @@ def test_a_log_on_dev_stdout_keeps_the_jobs_earlier_output(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     out = tmp_path / "job.out"
     code = (

@@ -6,10 +6,6 @@ of the same training in one process over the whole batches — layer statistics,
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,48 +13,15 @@ from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.commands.watch import runmerge
-from tests.conftest import ROOT
-from tests.test_watch_logs import assert_same_run, read_steps
+from tests.support.launch import free_port, run_python
+from tests.support.paths import ROOT
+from tests.support.watchlogs import assert_same_run, read_steps
 
-SCRIPT = ROOT / "tests" / "ddp_train.py"
-TIMEOUT = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        # src for hookcli, the checkout for the tests' own models (tests.test_watch.Tiny)
-        "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
-
-
-def _run(args: list[str], tmp_path: Path) -> None:
-    try:
-        res = subprocess.run(
-            [sys.executable, *args],
-            cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{args[:3]} did not finish in {TIMEOUT} s: {exc.stderr!r}")
-    assert res.returncode == 0, res.stderr[-3000:]
+SCRIPT = ROOT / "tests" / "support" / "ddp_train.py"
 
 
 def _torchrun(tmp_path: Path, *extra: str) -> None:
-    """tests/ddp_train.py in two processes (gloo, CPU), its logs in tmp_path."""
+    """tests/support/ddp_train.py in two processes (gloo, CPU), its logs in tmp_path."""
     pytest.importorskip("torch.distributed")
     import torch.distributed as dist
 
@@ -66,14 +29,14 @@ def _torchrun(tmp_path: Path, *extra: str) -> None:
         pytest.skip("torch.distributed with gloo is not available here")
     torchrun = [
         "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
     ]  # fmt: skip
-    _run([*torchrun, str(SCRIPT), str(tmp_path), *extra], tmp_path)
+    run_python([*torchrun, str(SCRIPT), str(tmp_path), *extra], tmp_path)
 
 
 def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
     _torchrun(tmp_path)
-    _run([str(SCRIPT), str(tmp_path), "--single"], tmp_path)
+    run_python([str(SCRIPT), str(tmp_path), "--single"], tmp_path)
     logs = [tmp_path / "run.rank0.jsonl", tmp_path / "run.rank1.jsonl"]
     for r, log in enumerate(logs):
         first = json.loads(log.read_text().splitlines()[0])

@@ -1,0 +1,49 @@
+"""Python processes launched as torchrun would: a free port, the environment that finds
+hookcli and the tests' own modules, and a run that fails the test with its stderr."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import ROOT
+
+TIMEOUT = 180  # seconds a launched process may take
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        # src for hookcli, the checkout for the tests' own models (tests.support.watch.Tiny)
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+
+
+def run_python(args: list[str], tmp_path: Path) -> None:
+    try:
+        res = subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env=launch_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{args[:3]} did not finish in {TIMEOUT} s: {exc.stderr!r}")
+    assert res.returncode == 0, res.stderr[-3000:]
