@@ -1,14 +1,17 @@
 """Imports flow one way: the CLI entry and the renderers never import torch, no module imports
-another that imports it back, and none imports another module's private names."""
+another that imports it back, and none imports another module's private names. The tests mirror
+the package: each package has its tests' folder, and no test imports another test module (what
+tests share is in tests/support)."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.support.paths import ROOT
 
 
 @pytest.mark.parametrize(
@@ -36,7 +39,7 @@ def test_module_does_not_import_torch(module: str) -> None:
 
 # ---------------------------------------------------------------- the import graph
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = ROOT / "src"
 
 
 def _sources() -> dict[str, str]:
@@ -174,3 +177,140 @@ def test_no_module_is_longer_than_800_lines() -> None:
     long = {name: n for name, n in lines.items() if n > MODULE_LINES}
     assert lines, "the package was read"
     assert long == {}, f"split these by job: {long}"
+
+
+# ---------------------------------------------------------------- the tests mirror the package
+
+TESTS = ROOT / "tests"
+# Temporary (issue 50): tests still at tests/ root, still importing tests.conftest and other
+# test modules; each goes from this list when it moves to its package's folder.
+NOT_YET_MOVED = {
+    "test_stat_fields.py",
+    "test_stats.py",
+    "test_golden.py",
+    "test_bad_reports.py",
+    "test_watch_logs.py",
+    "test_html.py",
+    "test_check.py",
+    "test_output.py",
+    "test_run.py",
+}
+# packages whose tests live elsewhere, each with the reason (none today)
+NO_TEST_FOLDER: dict[str, str] = {}
+
+
+def _imported(source_text: str) -> list[tuple[int, str]]:
+    """Every module a source imports (with `from a import b`, also a.b: b may be a module),
+    and every importlib.import_module("name") of a constant name, with its line."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source_text)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _test_module_imports(sources: dict[str, str]) -> list[str]:
+    """Each import of a test module (tests.….test_*) or of tests.conftest (its fixtures reach
+    the tests by name, never by import), by the file making it."""
+    bad = []
+    for name, source_text in sorted(sources.items()):
+        for line, module in _imported(source_text):
+            parts = module.split(".")
+            if parts[0] == "tests" and any(
+                p.startswith("test_") or p == "conftest" for p in parts[1:]
+            ):
+                bad.append(f"{name}:{line} imports {module}")
+    return bad
+
+
+def test_no_test_imports_another_test_module() -> None:
+    """What tests share is in tests/support: a test module imports none of the others (nor
+    does support, or a benchmark), so each can move, split or go on its own."""
+    sources = {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+        for folder in (TESTS, ROOT / "benchmarks")
+        for path in sorted(folder.rglob("*.py"))
+        if path.relative_to(TESTS if folder == TESTS else ROOT).as_posix() not in NOT_YET_MOVED
+    }
+    assert "tests/support/llm.py" in sources and "benchmarks/memory.py" in sources
+    assert _test_module_imports(sources) == []
+
+
+def test_the_import_rule_sees_every_way_of_importing_a_test_module() -> None:
+    sources = {
+        "a.py": "from tests.commands.test_dataset import make_folder\n",
+        "b.py": "import tests.test_llm\n",
+        "c.py": "from tests.engine import test_hooks\n",
+        "d.py": "def f():\n    from tests.conftest import ROOT\n",
+        "e.py": "import importlib\nllm = importlib.import_module('tests.sources.test_llm')\n",
+        "ok.py": "from tests.support.llm import save\nfrom tests.support import models\n"
+        "from test_x import y\n",
+    }
+    assert _test_module_imports(sources) == [
+        "a.py:1 imports tests.commands.test_dataset",
+        "a.py:1 imports tests.commands.test_dataset.make_folder",
+        "b.py:1 imports tests.test_llm",
+        "c.py:1 imports tests.engine.test_hooks",
+        "d.py:2 imports tests.conftest",
+        "d.py:2 imports tests.conftest.ROOT",
+        "e.py:2 imports tests.sources.test_llm",
+    ]
+
+
+def _mirror_faults(packages: set[str], test_folders: dict[str, bool]) -> list[str]:
+    """Packages (paths under src/hookcli, "" for hookcli itself) without their tests' folder,
+    and test folders (paths under tests/ holding test modules: whether it is a package) that
+    mirror no package or are no package themselves."""
+    faults = [
+        f"{package or 'hookcli'}: no tests/{package}"
+        for package in sorted(packages)
+        if package not in test_folders and package not in NO_TEST_FOLDER
+    ]
+    for folder, is_package in sorted(test_folders.items()):
+        if folder not in packages:
+            faults.append(f"tests/{folder}: mirrors no package of src/hookcli")
+        elif not is_package:
+            faults.append(f"tests/{folder}: no __init__.py")
+    return faults
+
+
+def test_every_package_has_its_tests_folder() -> None:
+    """tests/ mirrors src/hookcli: the tests of engine/ are in tests/engine/, of
+    commands/diff/ in tests/commands/diff/, and so on; no other folder holds tests."""
+    package = SRC / "hookcli"
+    packages = {
+        init.parent.relative_to(package).as_posix().removeprefix(".")
+        for init in package.rglob("__init__.py")
+    }
+    test_folders = {
+        test.parent.relative_to(TESTS).as_posix().removeprefix("."): (
+            test.parent / "__init__.py"
+        ).exists()
+        for test in TESTS.rglob("test_*.py")
+    }
+    assert {"", "engine", "commands/watch"} <= packages, packages
+    assert NO_TEST_FOLDER.keys() <= packages, "an exemption for a package that is gone"
+    assert _mirror_faults(packages, test_folders) == []
+
+
+def test_the_mirror_rule_sees_a_missing_folder_and_a_stray_one() -> None:
+    faults = _mirror_faults(
+        {"", "engine", "commands", "commands/diff"},
+        {"": True, "engine": True, "commands": False, "enigne": True},
+    )
+    assert faults == [
+        "commands/diff: no tests/commands/diff",
+        "tests/commands: no __init__.py",
+        "tests/enigne: mirrors no package of src/hookcli",
+    ]
