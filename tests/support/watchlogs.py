@@ -26,7 +26,10 @@ STATS = ("mean", "std", "min", "max", "norm")
 # ---------------------------------------------------------------- building logs
 
 
-def _train(model: torch.nn.Module, batches: Sequence[Any], log: Path, every: int = 1) -> None:
+def train_watched(
+    model: torch.nn.Module, batches: Sequence[Any], log: Path, every: int = 1
+) -> None:
+    """SGD with momentum over the batches, watched into `log` (every `every` steps)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with hookcli.watch(model, optimizer=opt, every=every, log=log) as w:
         for x, y in batches:
@@ -56,7 +59,7 @@ def emulated_ddp(
     base = Tiny()
     batches = tiny_batches(steps)
     single = tmp_path / "single.jsonl"
-    _train(copy.deepcopy(base), batches, single)
+    train_watched(copy.deepcopy(base), batches, single)
     models = [copy.deepcopy(base) for _ in range(world)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     logs = [tmp_path / f"run.rank{r}.jsonl" for r in range(world)]
@@ -134,13 +137,14 @@ def assert_same_run(
             _tensors_match([mp.grad], [sp.grad], where, rtol)
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """A log's lines, as JSON."""
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
 def read_steps(path: Path) -> list[StepLine]:
     """A log's step lines as records, each read by step_line (every field's type checked)."""
-    return [logread.step_line(d) for d in _read(path) if d["kind"] == "step"]
+    return [logread.step_line(d) for d in read_lines(path) if d["kind"] == "step"]
 
 
 # ---------------------------------------------------------------- hand-made lines
