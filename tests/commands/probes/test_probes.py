@@ -24,6 +24,7 @@ from hookcli.engine.probes import Armed, Measured, Probe
 from hookcli.errors import ModelError, UsageError
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, RunOptions, Selection
 from hookcli.records import Report
+from tests.support.llm import save
 from tests.support.paths import CAT
 
 
@@ -135,16 +136,19 @@ def test_a_run_in_batches_refuses_every_one_batch_probe_by_its_declaration(
     assert probe.wanted(RunOptions(**{probe.option: next(iter(asked.values()))}))
     with pytest.raises(UsageError) as caught:
         hookcli.inspect("resnet18", [str(folder)], batch_size=2, layers=["conv1"], **asked)
-    if probe.refusal is not None:
-        assert caught.value.message == probe.refusal[0]
+    if probe.text_only:  # the way round is text, not fewer images
+        said = f"--{probe.flag} reads a text's tokens; this run is a folder of images."
+    elif probe.refusal is not None:
+        said = probe.refusal[0]
     else:
-        assert caught.value.message == f"--{probe.flag} works on one batch, not on a folder run."
+        said = f"--{probe.flag} works on one batch, not on a folder run."
+    assert caught.value.message == said
     assert not (tmp_path / "out.safetensors").exists()
 
 
 def test_what_merges_over_batches_is_declared_so_and_runs_on_a_folder(tmp_path: Path) -> None:
     """channels and profile merge; a folder run with both gives the folder's numbers."""
-    assert {p.flag for p in probing.PROBES if p.batched} == {"channels", "profile"}
+    assert {p.flag for p in probing.PROBES if p.batched and p.flag} == {"channels", "profile"}
     folder = _images(tmp_path / "images", 3)
     report = hookcli.inspect(
         "resnet18", [str(folder)], batch_size=2, layers=["conv1"], channels=True, profile=True
@@ -162,3 +166,50 @@ def test_a_rule_needing_a_one_batch_probe_is_refused_on_a_folder(tmp_path: Path)
         hookcli.check("resnet18", [str(folder)], batch_size=2, fail_on="dead-experts")
     assert probing.Experts.refusal is not None
     assert caught.value.message == probing.Experts.refusal[0]
+
+
+def test_a_batched_text_run_refuses_one_batch_flags_before_the_probes_own_refusals(
+    tmp_path: Path,
+) -> None:
+    """Two one-batch options on a run in batches: the flag's refusal comes first, the
+    probes' own (--memory, the expert rules) after, as before the seam."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(f"line {i}" for i in range(40)))
+    folder = save(tmp_path / "llama", "llama")
+    with pytest.raises(UsageError) as caught:
+        hookcli.inspect(f"hf:{folder}", text_file=texts, heads=True, memory=True)
+    assert caught.value.message.startswith("--heads works on one batch of text")
+    with pytest.raises(UsageError) as caught:
+        hookcli.check(f"hf:{folder}", text_file=texts, memory=True, fail_on="dead-experts")
+    assert caught.value.message == probing.Experts.refusal[0]  # type: ignore[index]
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(tmp_path_factory.mktemp("moe") / "mixtral", "mixtral")
+
+
+def test_profile_times_before_any_probe_hooks_so_expert_rows_are_one_pass(mixtral: Path) -> None:
+    """--channels reads a fused MoE block's experts through hooks of its own; --profile's
+    timed passes run before them, so the rows are the measured pass's alone."""
+    texts = ["Once upon a time there was a model.", "hello", "a dog"]
+    kw: dict[str, Any] = {"text": texts, "layers": ["model.layers.0.mlp.*"], "topk": 0}
+    plain = hookcli.inspect(f"hf:{mixtral}", channels=True, **kw)
+    timed = hookcli.inspect(f"hf:{mixtral}", channels=True, profile=True, **kw)
+
+    def experts(report: Report) -> list[tuple[str, int, int]]:
+        return [(c.name, c.call, c.inputs[0].numel) for c in report.layers if ".experts." in c.name]
+
+    assert experts(plain) and experts(timed) == experts(plain)
+    assert {call for _, call, _ in experts(timed)} == {0}
+    assert timed.notes == plain.notes
+
+
+def test_profile_with_generate_times_every_generated_step(mixtral: Path) -> None:
+    report = hookcli.inspect(
+        f"hf:{mixtral}", text=["hello there"], layers=["lm_head"], generate=3, profile=True
+    )
+    calls = [c for c in report.layers if c.name == "lm_head"]
+    assert [c.call for c in calls] == [0, 1, 2]
+    assert all(c.profile is not None for c in calls)  # generate's every step, not one forward
+    assert report.generated is not None
