@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from hookcli import _views as _view_hook
 from hookcli._version import __version__
 from hookcli.engine import kernelwarm
-from hookcli.options import DEFAULTS
+from hookcli.options import DEFAULTS, stats_backend_default
 from hookcli.runtime import preload
 
 if TYPE_CHECKING:
@@ -358,5 +358,7 @@ def _views() -> ModuleType:
 _view_hook.LOADERS.append(_views)
 
 
-if not _the_command():
+if stats_backend_default() == "torch":  # HOOKCLI_STATS=torch: read here, at the edge, once
+    preload.keep_off()
+elif not _the_command():
     preload.start(kernelwarm.load)

@@ -190,6 +190,13 @@ class BackwardOptions:
 STATS_BACKENDS = ("auto", "kernel", "torch")
 
 
+def stats_backend_default() -> str:
+    """The process's statistics backend, from the environment, read once by the package's
+    edge (hookcli's __init__): HOOKCLI_STATS=torch puts every command's statistics on torch
+    ops (no numba kernels loaded, here or in the background); else "auto"."""
+    return "torch" if os.environ.get("HOOKCLI_STATS", "auto").strip() == "torch" else "auto"
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """Everything else one inspection does."""

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +162,26 @@ print(json.dumps({"status": status}))
 """
     )
     assert got == {"status": 0}
+
+
+def test_hookcli_stats_torch_is_read_at_the_edge_and_no_command_loads_the_kernels() -> None:
+    """HOOKCLI_STATS=torch, read once by the package's edge (options.stats_backend_default),
+    keeps the kernels off in the whole process: a diff and an inspect (which measure with
+    `statistics()` and `kernels()` underneath) run with numba never imported; the engine
+    itself reads no environment for it."""
+    got = _fresh(
+        """
+import json, torch
+import hookcli
+from hookcli.engine import stats
+from hookcli.runtime import preload
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+report = hookcli.inspect(model, torch.randn(64, 8), device="cpu", stats_backend="auto")
+print(json.dumps({"off": preload.kept_off(), "kernels": stats.kernels() is not None,
+                  "numba": "numba" in sys.modules, "layers": len(report.layers)}))
+""",
+        env={"HOOKCLI_STATS": "torch"},
+    )
+    assert got == {"off": True, "kernels": False, "numba": False, "layers": 2}
+    engine = Path(__file__).resolve().parents[2] / "src" / "hookcli" / "engine"
+    assert not [p.name for p in engine.glob("*.py") if "environ" in p.read_text()]

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -106,7 +105,7 @@ class Kernels:
 
 def _load_kernels() -> Kernels | None:
     """The numba kernels, or None when numba is missing or unusable here."""
-    if os.environ.get("HOOKCLI_STATS", "auto") == "torch":
+    if preload.kept_off():  # HOOKCLI_STATS=torch, as the package's edge read it
         return None
     try:
         import numba

@@ -17,7 +17,7 @@ opposite order deadlock (Python raises _DeadlockError in one of them). The kerne
 hookcli.engine, is imported before the thread starts, so the thread never imports a package.
 It never imports torch, leaves nothing running when it ends (serial kernels only: numba's
 thread pool starts on the caller's first parallel call) and is a daemon: a process may end
-while it loads. HOOKCLI_STATS=torch, or a missing numba, leaves the
+while it loads. Kept off (HOOKCLI_STATS=torch), or a missing numba, leaves the
 statistics on torch ops, as before. What it loaded is used through engine.stats.kernels().
 """
 
@@ -32,10 +32,23 @@ _thread: list[threading.Thread] = []
 _done = threading.Event()
 
 
+_off = [False]  # the statistics on torch ops in this process: no kernels loaded, ever
+
+
+def keep_off() -> None:
+    """No kernels in this process (HOOKCLI_STATS=torch, read by the package's edge: hookcli's
+    __init__ through options.stats_backend_default): nothing loads them, here or later."""
+    _off[0] = True
+
+
+def kept_off() -> bool:
+    return _off[0]
+
+
 def start(load: Callable[[], None]) -> None:
-    """Start the thread, once per process (a no-op after the first call, or with
-    HOOKCLI_STATS=torch): `load` (numba and the kernels: engine.kernelwarm.load)."""
-    if _thread or os.environ.get("HOOKCLI_STATS", "auto") == "torch":
+    """Start the thread, once per process (a no-op after the first call, or when kept off):
+    `load` (numba and the kernels: engine.kernelwarm.load)."""
+    if _thread or _off[0]:
         return
     thread = threading.Thread(target=_run, args=(load,), name="hookcli-kernels", daemon=True)
     _thread.append(thread)
