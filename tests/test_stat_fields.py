@@ -33,7 +33,7 @@ from hookcli.engine import statrow
 from hookcli.engine.aggregate import Accumulator
 from hookcli.engine.stats import StatsCollector, tensor_stats
 from hookcli.errors import UsageError
-from hookcli.io.recordjson import from_json
+from hookcli.io.recordjson import RecordError, from_json
 from hookcli.io.reportfile import load_report
 from hookcli.records import (
     TENSOR_STATS,
@@ -344,3 +344,92 @@ def test_a_log_line_with_a_statistic_of_the_wrong_type_is_refused_naming_it(
             logread.read_log(log)
         said = str(bad.value)
         assert re.search(rf"line 1 has {name}\b.* in layers\[0\]\.outputs\[0\], not ", said), said
+
+
+# ---------------------------------------------------------------- the typed reader, compiled
+
+
+@pytest.fixture(scope="module")
+def rich() -> Report:
+    """A report with histograms and per-channel numbers too: every kind of field a report
+    holds (records, optional records, lists, tuples, dicts, optional values)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return hookcli.inspect(model, torch.randn(3, 8), hist=8, channels=True)
+
+
+def _leaves(data: Any, path: str = "") -> list[tuple[str, Any]]:
+    """Every (path, value) of a parsed JSON document's leaves, paths as the reader names them."""
+    if isinstance(data, dict):
+        return [x for k, v in data.items() for x in _leaves(v, f"{path}.{k}".lstrip("."))]
+    if isinstance(data, list):
+        return [x for i, v in enumerate(data) for x in _leaves(v, f"{path}[{i}]")]
+    return [(path, data)]
+
+
+def _set(data: Any, path: str, value: Any) -> None:
+    parts = [int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", path)]
+    for p in parts[:-1]:
+        data = data[p]
+    data[parts[-1]] = value
+
+
+def test_a_report_reads_back_as_the_record_it_was_written_from(rich: Report) -> None:
+    data = json.loads(json.dumps(rich.to_dict()))
+    again = from_json(Report, data)
+    assert again == rich
+    assert any(t.channels is not None for c in rich.layers for t in c.outputs)
+    assert any(t.hist is not None for c in rich.layers for t in c.outputs)
+    line = _line([tensor_stats(_planted(9))])
+    assert from_json(StepLine, json.loads(json.dumps(line))) == logread.step_line(line)
+
+
+def test_every_misplaced_value_is_named_where_it_is(rich: Report) -> None:
+    """Each number of the report replaced by a string, and each string by a number: the
+    reader names that very place (the path computed here, not by the reader)."""
+    data = rich.to_dict()
+    numbers = strings = 0
+    for path, value in _leaves(data):
+        if isinstance(value, bool) or value is None:
+            continue
+        wrong = "x" if isinstance(value, int | float) else 5
+        bad = json.loads(json.dumps(data))
+        _set(bad, path, wrong)
+        with pytest.raises(RecordError) as e:
+            from_json(Report, bad)
+        kind = "a string" if wrong == "x" else "a number"
+        assert str(e.value).startswith(f"{path} is {kind}, not "), (path, str(e.value))
+        numbers += wrong == "x"
+        strings += wrong == 5
+    assert numbers > 100 and strings > 20
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda d: d["layers"][0].pop("name"), "layers[0] has no 'name'"),
+        (lambda d: d.pop("model"), "the report has no 'model'"),
+        (lambda d: _set(d, "layers[1].call", 1.5), "layers[1].call is a number, not a whole"),
+        (lambda d: _set(d, "layers[0].outputs[0].channels.count", {}), "channels.count is an"),
+        (lambda d: _set(d, "layers[0].outputs[0].shape[1]", None), "shape[1] is null, not a"),
+        (lambda d: _set(d, "layers[0].outputs", None), "layers[0].outputs is null, not a list"),
+        (lambda d: _set(d, "layers[0].outputs[0].hist", 3), "hist is a number, not an object"),
+    ],
+)
+def test_a_bad_field_is_one_line_naming_its_place(
+    rich: Report, change: Callable[[dict[str, Any]], Any], said: str
+) -> None:
+    bad = json.loads(json.dumps(rich.to_dict()))
+    change(bad)
+    with pytest.raises(RecordError, match=re.escape(said)):
+        from_json(Report, bad)
+    with pytest.raises(RecordError, match="the top level is a list, not an object"):
+        from_json(Report, [])
+
+
+def test_each_record_class_is_compiled_once() -> None:
+    from hookcli.io import recordjson
+
+    first = recordjson.reader(Report)
+    assert recordjson.reader(Report) is first
+    assert first.__qualname__ == "read_Report"
