@@ -12,11 +12,6 @@ from pathlib import Path
 import pytest
 
 from hookcli.runtime import isa, preload
-
-# temporary (issue 50): the oracles' and paths' names that test modules still at tests/ root
-# import from here, until they import them from tests.support
-from tests.support.oracles import assert_stats_match, hooks_left  # noqa: F401
-from tests.support.paths import CAT, COFFEE, ROOT  # noqa: F401
 from tests.support.process_state import AT_START, ProcessState
 
 # Before torch runs any kernel: on a CPU that advertises AMX but dies in its bfloat16 kernels,

@@ -184,17 +184,6 @@ def test_no_module_is_longer_than_800_lines() -> None:
 TESTS = ROOT / "tests"
 # Temporary (issue 50): tests still at tests/ root, still importing tests.conftest and other
 # test modules; each goes from this list when it moves to its package's folder.
-NOT_YET_MOVED = {
-    "test_stat_fields.py",
-    "test_stats.py",
-    "test_golden.py",
-    "test_bad_reports.py",
-    "test_watch_logs.py",
-    "test_html.py",
-    "test_check.py",
-    "test_output.py",
-    "test_run.py",
-}
 # packages whose tests live elsewhere, each with the reason (none today)
 NO_TEST_FOLDER: dict[str, str] = {}
 
@@ -241,7 +230,6 @@ def test_no_test_imports_another_test_module() -> None:
         str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
         for folder in (TESTS, ROOT / "benchmarks")
         for path in sorted(folder.rglob("*.py"))
-        if path.relative_to(TESTS if folder == TESTS else ROOT).as_posix() not in NOT_YET_MOVED
     }
     assert "tests/support/llm.py" in sources and "benchmarks/memory.py" in sources
     assert _test_module_imports(sources) == []

@@ -319,7 +319,7 @@ def _compile_stats_record() -> Callable[[dict[str, Any]], TensorStats]:
     channels: never logged), its declared statistics (TENSOR_STATS) read as absent ones are
     (None, a count 0). Written out once from TensorStats' fields, every argument by position:
     a log holds tens of thousands, and keywords cost a quarter more (read_log's records equal
-    step_line's: tests/test_watch_logs.py checks it)."""
+    step_line's: tests/commands/watch/test_watch_logs.py checks it)."""
     read = {"path": 't["path"]', "shape": 'tuple(t["shape"])', "dtype": 'g("dtype") or ""'}
     read |= {"numel": 't["numel"]', "note": 'g("note")', "layout": 'g("layout")'}
     read |= {s.name: f'g("{s.name}")' + (" or 0" if s.count else "") for s in TENSOR_STATS}

@@ -4,8 +4,6 @@ fails and one that passes), `hookcli check run.jsonl`, `hookcli report` and its 
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import csv
 import dataclasses
 import io
@@ -13,28 +11,36 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from PIL import Image
-from torch.nn import functional as F
 from typer.testing import CliRunner
 
-import hookcli
 from hookcli.cli import app
 from hookcli.commands.watch import logread, runmerge, runrules, runseries
 from hookcli.errors import UsageError
 from hookcli.io.recordjson import RecordError
-from hookcli.records import StepLine, TensorStats, log_line
-from tests.conftest import ROOT
-from tests.test_cli import assert_one_line_error
-from tests.test_watch import Tiny, _batches
+from hookcli.records import StepLine, log_line
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import ROOT
+from tests.support.watch import Tiny, tiny_batches
+from tests.support.watchlogs import (
+    assert_same_run,
+    call_dict,
+    emulated_ddp,
+    param_dict,
+    read_lines,
+    read_steps,
+    step_dict,
+    tensor_dict,
+    train_watched,
+    write_log,
+)
 
 runner = CliRunner()
-STATS = ("mean", "std", "min", "max", "norm")
 
 
 def run(*args: str) -> Any:
@@ -44,196 +50,10 @@ def run(*args: str) -> Any:
 # ---------------------------------------------------------------- building logs
 
 
-def _train(model: torch.nn.Module, batches: Sequence[Any], log: Path, every: int = 1) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with hookcli.watch(model, optimizer=opt, every=every, log=log) as w:
-        for x, y in batches:
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            w.loss(loss)
-            loss.backward()
-            opt.step()
-
-
-def _as_rank(log: Path, rank: int, world: int) -> None:
-    """A log written in one process, marked as rank `rank` of `world` (as torchrun's are)."""
-    lines = [json.loads(x) for x in log.read_text().splitlines()]
-    for d in lines:
-        d.update(rank=rank, world_size=world)
-    log.write_text("".join(json.dumps(d) + "\n" for d in lines))
-
-
-def emulated_ddp(
-    tmp_path: Path, steps: int = 3, world: int = 2, *, all_reduce: bool = True
-) -> tuple[list[Path], Path]:
-    """The same training twice from the same weights: one process over whole batches, and
-    `world` models each on its shard of every batch with their parameter gradients averaged
-    before the step, as DistributedDataParallel does (all_reduce=False: left local).
-    Returns the rank logs and the single process's log."""
-    torch.manual_seed(0)
-    base = Tiny()
-    batches = _batches(steps)
-    single = tmp_path / "single.jsonl"
-    _train(copy.deepcopy(base), batches, single)
-    models = [copy.deepcopy(base) for _ in range(world)]
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
-    logs = [tmp_path / f"run.rank{r}.jsonl" for r in range(world)]
-    with contextlib.ExitStack() as stack:
-        watches = [
-            stack.enter_context(hookcli.watch(m, optimizer=o, log=p))
-            for m, o, p in zip(models, opts, logs, strict=True)
-        ]
-        for x, y in batches:
-            for m, o, w, xs, ys in zip(
-                models, opts, watches, x.chunk(world), y.chunk(world), strict=True
-            ):
-                o.zero_grad()
-                loss = F.cross_entropy(m(xs), ys)
-                w.loss(loss)
-                loss.backward()
-            if all_reduce:
-                for ps in zip(*(m.parameters() for m in models), strict=True):
-                    mean = torch.stack([p.grad for p in ps]).mean(0)
-                    for p in ps:
-                        p.grad.copy_(mean)
-            for o in opts:
-                o.step()
-    for r, log in enumerate(logs):
-        _as_rank(log, r, world)
-    return logs, single
-
-
-def _close(a: float | None, b: float | None, scale: float, rtol: float) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return abs(a - b) <= rtol * (abs(b) + scale) + 1e-12
-
-
-def _tensors_match(
-    got: Iterable[TensorStats], want: Iterable[TensorStats], where: str, rtol: float
-) -> None:
-    got, want = list(got), list(want)
-    assert [t.path for t in got] == [t.path for t in want], where
-    for g, w in zip(got, want, strict=True):
-        here = f"{where} {w.path}"
-        assert (g.shape, g.numel, g.nan, g.inf) == (w.shape, w.numel, w.nan, w.inf), here
-        assert _close(g.zeros, w.zeros, 0.0, 1e-9), (here, g.zeros, w.zeros)
-        # a mean near 0 is judged against the spread (as tests/conftest.py judges statistics)
-        scale = abs(w.std or 0.0)
-        for k in STATS:
-            a, b = getattr(g, k), getattr(w, k)
-            assert _close(a, b, scale if k == "mean" else 0.0, rtol), (here, k, a, b)
-
-
-def assert_same_run(
-    merged: Sequence[StepLine], single: Sequence[StepLine], rtol: float = 1e-5
-) -> None:
-    """Step by step, the merged rank logs equal one process's log: every layer call's input,
-    output and gradient statistics, every parameter's norms and update ratio, the loss."""
-    assert [s.step for s in merged] == [s.step for s in single]
-    for m, s in zip(merged, single, strict=True):
-        step = f"step {s.step}"
-        assert _close(m.loss, s.loss, 0.0, rtol), (step, m.loss, s.loss)
-        assert [(c.name, c.call) for c in m.layers] == [(c.name, c.call) for c in s.layers]
-        for mc, sc in zip(m.layers, s.layers, strict=True):
-            for kind in logread.KINDS:
-                got, want = getattr(mc, kind), getattr(sc, kind)
-                if want is None:
-                    assert got is None, (step, sc.name, kind)
-                    continue
-                _tensors_match(got, want, f"{step} {sc.name} {kind}", rtol)
-        assert [p.name for p in m.params] == [p.name for p in s.params]
-        for mp, sp in zip(m.params, s.params, strict=True):
-            where = f"{step} {sp.name}"
-            for k in ("norm", "update_norm", "update_ratio"):
-                a, b = getattr(mp, k), getattr(sp, k)
-                assert _close(a, b, 0.0, rtol), (where, k, a, b)
-            assert mp.grad is not None and sp.grad is not None, where
-            _tensors_match([mp.grad], [sp.grad], where, rtol)
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
-
-
-def read_steps(path: Path) -> list[StepLine]:
-    """A log's step lines as records, each read by step_line (every field's type checked)."""
-    return [logread.step_line(d) for d in _read(path) if d["kind"] == "step"]
-
-
-# ---------------------------------------------------------------- hand-made lines
-
-
-def _t(
-    path: str = "out",
-    *,
-    mean: float = 0.0,
-    std: float = 1.0,
-    zeros: float = 0.0,
-    norm: float = 8.0,
-    nan: int = 0,
-    inf: int = 0,
-    numel: int = 64,
-) -> dict[str, Any]:
-    return {
-        "path": path, "shape": [1, numel], "dtype": "float32", "numel": numel, "mean": mean,
-        "std": std, "min": -1.0, "max": 1.0, "zeros": zeros, "nan": nan, "inf": inf,
-        "norm": norm, "note": None, "layout": None,
-    }  # fmt: skip
-
-
-def _call(
-    name: str,
-    type_: str = "Linear",
-    *,
-    out: dict[str, Any] | None = None,
-    grad: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "name": name, "type": type_, "call": 0, "inputs": [_t("in[0]")],
-        "outputs": [out or _t()], "grad_outputs": [grad or _t(norm=1.0)], "grad_inputs": None,
-        "error": None,
-    }  # fmt: skip
-
-
-def _param(
-    name: str = "fc.weight",
-    *,
-    grad_norm: float = 1.0,
-    ratio: float | None = 1e-3,
-    grad: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "name": name, "norm": 10.0, "grad": grad or _t(f"{name}.grad", norm=grad_norm),
-        "update_norm": None if ratio is None else ratio * 10.0, "update_ratio": ratio,
-    }  # fmt: skip
-
-
-def _step(
-    step: int,
-    layers: list[dict[str, Any]] | None = None,
-    params: list[dict[str, Any]] | None = None,
-    loss: float | None = 1.0,
-    **extra: Any,
-) -> dict[str, Any]:
-    return {
-        "schema": 1, "kind": "step", "step": step, "rank": 0, "world_size": 1, "loss": loss,
-        "layers": layers if layers is not None else [_call("fc"), _call("act", "ReLU")],
-        "params": params if params is not None else [_param()], "nonfinite_origins": [],
-        **extra,
-    }  # fmt: skip
-
-
 ORIGIN = {
     "direction": "forward", "layer": "log", "type": "Log", "call": 0, "path": "out", "nan": 3,
     "inf": 0, "where": "layer", "after": None, "after_finite": None, "code": [],
 }  # fmt: skip
-
-
-def _log(tmp_path: Path, lines: Iterable[dict[str, Any]], name: str = "run.jsonl") -> Path:
-    path = tmp_path / name
-    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
-    return path
 
 
 def _checks(path: Path, **rules: Any) -> dict[str, Any]:
@@ -247,7 +67,7 @@ def _checks(path: Path, **rules: Any) -> dict[str, Any]:
 
 def test_a_real_log_reads_back_with_its_steps(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    _train(Tiny(), _batches(5), log, every=2)
+    train_watched(Tiny(), tiny_batches(5), log, every=2)
     r = runmerge.load_run([log])
     assert r.step_numbers == [0, 2, 4] and r.ranks == 1 and r.notes == []
     assert [c.name for c in r.steps[0].layers] == ["conv", "act", "fc"]
@@ -259,14 +79,14 @@ def test_a_real_log_reads_back_with_its_steps(tmp_path: Path) -> None:
 def test_a_line_with_only_the_checked_fields_reads_as_a_record(tmp_path: Path) -> None:
     """What the checks leave optional reads as the readers always took it: no loss, no dtype,
     no statistics, no norms, no error, no origins."""
-    sparse = _step(0, params=[{"name": "w", "grad": None}])
+    sparse = step_dict(0, params=[{"name": "w", "grad": None}])
     del sparse["loss"], sparse["nonfinite_origins"]
     out = sparse["layers"][0]["outputs"][0]
     for key in ("dtype", "mean", "nan", "inf", "note", "layout"):
         del out[key]
     del sparse["layers"][0]["error"]
     event = {"schema": 1, "kind": "nonfinite", "step": 0, "rank": 0, "world_size": 1, "found": []}
-    log = logread.read_log(_log(tmp_path, [sparse, event]))
+    log = logread.read_log(write_log(tmp_path, [sparse, event]))
     step = log.steps[0]
     assert step.loss is None and step.nonfinite_origins == [] and step.layers[0].error is None
     t = step.layers[0].outputs[0]
@@ -306,12 +126,12 @@ def test_a_file_that_is_not_a_log_is_a_one_line_error(
 
 
 def test_a_bad_line_is_named_and_a_last_line_cut_short_is_a_note(tmp_path: Path) -> None:
-    good = [json.dumps(_step(s)) for s in range(3)]
+    good = [json.dumps(step_dict(s)) for s in range(3)]
     path = tmp_path / "run.jsonl"
     path.write_text(good[0] + "\n" + good[1][:-5] + "\n" + good[2] + "\n")
     with pytest.raises(UsageError, match="line 2 is not a JSON object"):
         runmerge.load_run([path])
-    bad = _step(1)
+    bad = step_dict(1)
     bad["layers"][0]["outputs"][0]["numel"] = -1
     path.write_text(good[0] + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(UsageError, match=r"line 2 has numel = -1 in layers\[0\]\.outputs\[0\]"):
@@ -353,7 +173,7 @@ def test_a_log_written_before_the_record_types_reads_back_as_records_unchanged()
 
 
 def test_a_field_of_the_wrong_type_in_a_line_read_as_a_record_is_named() -> None:
-    bad = _step(0)
+    bad = step_dict(0)
     bad["layers"][0]["error"] = 5
     with pytest.raises(RecordError, match=r"layers\[0\]\.error is a number"):
         logread.step_line(bad)
@@ -370,14 +190,14 @@ def test_a_disabled_grad_scaler_still_writes_its_null_scale() -> None:
 
 
 def test_two_runs_appended_to_one_log_are_an_error(tmp_path: Path) -> None:
-    path = _log(tmp_path, [_step(0), _step(1), _step(0)])
+    path = write_log(tmp_path, [step_dict(0), step_dict(1), step_dict(0)])
     with pytest.raises(UsageError, match=r"holds step 0 twice \(lines 1 and 3\)"):
         runmerge.load_run([path])
 
 
 def test_unknown_kinds_and_extra_keys_are_tolerated(tmp_path: Path) -> None:
-    lines = [{"schema": 1, "kind": "start", "anything": 1}, _step(0, extra_key=[1, 2])]
-    r = runmerge.load_run([_log(tmp_path, lines)])
+    lines = [{"schema": 1, "kind": "start", "anything": 1}, step_dict(0, extra_key=[1, 2])]
+    r = runmerge.load_run([write_log(tmp_path, lines)])
     assert r.step_numbers == [0]
 
 
@@ -434,7 +254,7 @@ def test_rank_logs_must_be_one_whole_run(tmp_path: Path) -> None:
     gone = r"run\.rank1\.jsonl \(rank 1\) has no step 1, which run\.rank0\.jsonl has"
     with pytest.raises(UsageError, match=gone):
         runmerge.load_run(logs)
-    third = _log(tmp_path, [_step(0)], "other.jsonl")
+    third = write_log(tmp_path, [step_dict(0)], "other.jsonl")
     with pytest.raises(
         UsageError, match=r"3 logs given for a run of 2 processes \(.*other.jsonl rank 0 of 1"
     ):
@@ -455,14 +275,14 @@ def test_a_missing_log_name_finds_its_rank_logs(tmp_path: Path) -> None:
 
 
 def test_nonfinite_passes_on_a_finite_run_and_is_the_default(tmp_path: Path) -> None:
-    checks = _checks(_log(tmp_path, [_step(0), _step(1)]))
+    checks = _checks(write_log(tmp_path, [step_dict(0), step_dict(1)]))
     assert list(checks) == ["nonfinite"] and checks["nonfinite"].passed
 
 
 def test_nonfinite_fails_on_a_nan_statistic_naming_step_layer_and_origin(tmp_path: Path) -> None:
-    bad = _step(2, [_call("log", "Log", out=_t(nan=3)), _call("act", "ReLU")])
+    bad = step_dict(2, [call_dict("log", "Log", out=tensor_dict(nan=3)), call_dict("act", "ReLU")])
     bad["nonfinite_origins"] = [ORIGIN]
-    c = _checks(_log(tmp_path, [_step(0), _step(1), bad]))["nonfinite"]
+    c = _checks(write_log(tmp_path, [step_dict(0), step_dict(1), bad]))["nonfinite"]
     assert not c.passed
     assert c.first is not None and (c.first.layer, c.first.call, c.first.step) == ("log", 0, 2)
     assert (
@@ -477,30 +297,37 @@ def test_nonfinite_fails_on_an_event_line_and_on_a_loss_gone_null(tmp_path: Path
         "found": ["loss", "grad"], "origins": [{**ORIGIN, "direction": "backward"}],
         "nonfinite_params": ["fc.weight"], "bundle": "nan-step7.pt",
     }  # fmt: skip
-    c = _checks(_log(tmp_path, [_step(0), event]))["nonfinite"]
+    c = _checks(write_log(tmp_path, [step_dict(0), event]))["nonfinite"]
     assert not c.passed and c.first is not None and c.first.step == 7
     assert "step 7 (not watched)" in c.message and "backward: first at log (Log)" in c.message
-    c = _checks(_log(tmp_path, [_step(0), _step(1, loss=None)], "loss.jsonl"))["nonfinite"]
+    c = _checks(write_log(tmp_path, [step_dict(0), step_dict(1, loss=None)], "loss.jsonl"))[
+        "nonfinite"
+    ]
     assert not c.passed and "step 1" in c.message and "loss" in c.message
     # a run that never logged a loss is not non-finite for it
-    assert _checks(_log(tmp_path, [_step(0, loss=None)], "noloss.jsonl"))["nonfinite"].passed
+    assert _checks(write_log(tmp_path, [step_dict(0, loss=None)], "noloss.jsonl"))[
+        "nonfinite"
+    ].passed
 
 
 def test_a_gradscaler_skipped_step_excuses_its_gradient_overflow_only(tmp_path: Path) -> None:
-    overflow = _step(1, [_call("fc", grad=_t(inf=4))], skipped=True, scale=32768.0)
-    c = _checks(_log(tmp_path, [_step(0), overflow]))["nonfinite"]
+    overflow = step_dict(1, [call_dict("fc", grad=tensor_dict(inf=4))], skipped=True, scale=32768.0)
+    c = _checks(write_log(tmp_path, [step_dict(0), overflow]))["nonfinite"]
     assert c.passed and "GradScaler skipped step 1" in c.message
-    forward = _step(1, [_call("fc", out=_t(nan=1))], skipped=True)
-    assert not _checks(_log(tmp_path, [_step(0), forward], "f.jsonl"))["nonfinite"].passed
+    forward = step_dict(1, [call_dict("fc", out=tensor_dict(nan=1))], skipped=True)
+    assert not _checks(write_log(tmp_path, [step_dict(0), forward], "f.jsonl"))["nonfinite"].passed
 
 
 # ---------------------------------------------------------------- rules: dead, collapse
 
 
 def _relu_run(tmp_path: Path, zeros: Sequence[float], name: str = "run.jsonl") -> Path:
-    return _log(
+    return write_log(
         tmp_path,
-        [_step(s, [_call("act", "ReLU", out=_t(zeros=z))]) for s, z in enumerate(zeros)],
+        [
+            step_dict(s, [call_dict("act", "ReLU", out=tensor_dict(zeros=z))])
+            for s, z in enumerate(zeros)
+        ],
         name,
     )
 
@@ -515,8 +342,10 @@ def test_dead_after_k_fails_only_when_dead_at_every_step_from_k(tmp_path: Path) 
     # --dead-frac lowers what counts as dead
     assert not _checks(path, dead_after=1, options=_rules(dead_frac=0.6))["dead"].passed
     # not a ReLU-family layer: never "dead"
-    linear = _log(
-        tmp_path, [_step(s, [_call("fc", out=_t(zeros=1.0))]) for s in range(2)], "l.jsonl"
+    linear = write_log(
+        tmp_path,
+        [step_dict(s, [call_dict("fc", out=tensor_dict(zeros=1.0))]) for s in range(2)],
+        "l.jsonl",
     )
     assert _checks(linear, dead_after=0)["dead"].passed
     with pytest.raises(UsageError, match="--dead-after 9: the log's last watched step is 3"):
@@ -531,12 +360,12 @@ def _rules(**kw: Any) -> Any:
 
 def test_collapse_fails_when_std_stays_below_min_std_to_the_end(tmp_path: Path) -> None:
     def steps(stds: Sequence[float]) -> list[dict[str, Any]]:
-        return [_step(s, [_call("fc", out=_t(std=v))]) for s, v in enumerate(stds)]
+        return [step_dict(s, [call_dict("fc", out=tensor_dict(std=v))]) for s, v in enumerate(stds)]
 
-    collapsed = _log(tmp_path, steps([1.0, 0.5, 1e-9, 1e-10]))
+    collapsed = write_log(tmp_path, steps([1.0, 0.5, 1e-9, 1e-10]))
     c = _checks(collapsed, options=_rules(min_std=1e-6))["min-std"]
     assert not c.passed and c.first is not None and c.first.step == 2
-    recovered = _log(tmp_path, steps([1.0, 1e-9, 1.0]), "r.jsonl")
+    recovered = write_log(tmp_path, steps([1.0, 1e-9, 1.0]), "r.jsonl")
     assert _checks(recovered, options=_rules(min_std=1e-6))["min-std"].passed
 
 
@@ -544,9 +373,9 @@ def test_collapse_fails_when_std_stays_below_min_std_to_the_end(tmp_path: Path) 
 
 
 def test_grad_norm_bounds_fire_on_parameters_and_layer_gradients(tmp_path: Path) -> None:
-    huge = _step(1, params=[_param(grad_norm=5e3)])
-    tiny = _step(2, [_call("fc", grad=_t(norm=1e-12))])
-    path = _log(tmp_path, [_step(0), huge, tiny])
+    huge = step_dict(1, params=[param_dict(grad_norm=5e3)])
+    tiny = step_dict(2, [call_dict("fc", grad=tensor_dict(norm=1e-12))])
+    path = write_log(tmp_path, [step_dict(0), huge, tiny])
     c = _checks(path, max_grad_norm=1e3)["grad-norm"]
     assert not c.passed and c.first is not None
     assert (c.first.path, c.first.step, c.first.value) == ("fc.weight.grad", 1, 5e3)
@@ -556,14 +385,22 @@ def test_grad_norm_bounds_fire_on_parameters_and_layer_gradients(tmp_path: Path)
     assert "vanishing" in c.first.message
     assert _checks(path, min_grad_norm=1e-13, max_grad_norm=1e4)["grad-norm"].passed
     assert not _checks(path, options=_rules(grad_norm="1e-8:"))["grad-norm"].passed
-    inf = _log(tmp_path, [_step(0, params=[_param(grad=_t("fc.weight.grad", inf=2))])], "i.jsonl")
+    inf = write_log(
+        tmp_path,
+        [step_dict(0, params=[param_dict(grad=tensor_dict("fc.weight.grad", inf=2))])],
+        "i.jsonl",
+    )
     c = _checks(inf, max_grad_norm=1e3)["grad-norm"]
     assert not c.passed and c.first is not None and c.first.value == "Inf"
 
 
 def test_update_ratio_bounds(tmp_path: Path) -> None:
-    path = _log(
-        tmp_path, [_step(0, params=[_param(ratio=1e-3)]), _step(1, params=[_param(ratio=0.5)])]
+    path = write_log(
+        tmp_path,
+        [
+            step_dict(0, params=[param_dict(ratio=1e-3)]),
+            step_dict(1, params=[param_dict(ratio=0.5)]),
+        ],
     )
     c = _checks(path, max_update_ratio=1e-2)["update-ratio"]
     assert not c.passed and c.first is not None and (c.first.step, c.first.value) == (1, 0.5)
@@ -571,7 +408,9 @@ def test_update_ratio_bounds(tmp_path: Path) -> None:
     c = _checks(path, min_update_ratio=1e-2)["update-ratio"]
     assert not c.passed and c.first is not None and c.first.step == 0
     assert _checks(path, min_update_ratio=1e-6)["update-ratio"].passed
-    frozen = _log(tmp_path, [_step(0, params=[{**_param(ratio=0.0), "grad": None}])], "f.jsonl")
+    frozen = write_log(
+        tmp_path, [step_dict(0, params=[{**param_dict(ratio=0.0), "grad": None}])], "f.jsonl"
+    )
     assert _checks(frozen, min_update_ratio=1e-6)["update-ratio"].passed  # no gradient: not updated
 
 
@@ -591,7 +430,7 @@ def test_bad_rule_values_are_usage_errors() -> None:
 
 def test_check_cli_on_a_log_exit_codes_and_streams(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    _train(Tiny(), _batches(4), log)
+    train_watched(Tiny(), tiny_batches(4), log)
     r = run("check", str(log))
     assert r.exit_code == 0, r.stderr
     assert "PASS nonfinite" in r.stdout and "4 watched steps" in r.stdout and r.stderr == ""
@@ -619,7 +458,7 @@ def test_check_cli_on_a_log_exit_codes_and_streams(tmp_path: Path) -> None:
 def test_check_cli_refuses_model_flags_with_a_log_and_log_flags_with_a_model(
     tmp_path: Path,
 ) -> None:
-    log = _log(tmp_path, [_step(0)])
+    log = write_log(tmp_path, [step_dict(0)])
     for flags in (["--baseline", "base.json"], ["--input", "randn:1x3"], ["--backward"]):
         r = run("check", str(log), *flags)
         assert_one_line_error(r, 2, flags[0], "training log")
@@ -632,7 +471,7 @@ def test_check_cli_refuses_model_flags_with_a_log_and_log_flags_with_a_model(
 
 
 def test_check_cli_still_checks_a_model() -> None:
-    r = run("check", "tests/models.py:NanForward", "--input", "randn:16x4")
+    r = run("check", "tests/support/models.py:NanForward", "--input", "randn:16x4")
     assert r.exit_code == 1, r.stderr
     assert "FAIL nonfinite" in r.stdout
 
@@ -641,8 +480,10 @@ def test_check_cli_still_checks_a_model() -> None:
 
 
 def _nan_run(tmp_path: Path) -> Path:
-    bad = _step(2, [_call("fc", out=_t(nan=5)), _call("act", "ReLU")], loss=None)
-    return _log(tmp_path, [_step(0), _step(1, loss=2.0), bad, _step(3, loss=0.5)])
+    bad = step_dict(
+        2, [call_dict("fc", out=tensor_dict(nan=5)), call_dict("act", "ReLU")], loss=None
+    )
+    return write_log(tmp_path, [step_dict(0), step_dict(1, loss=2.0), bad, step_dict(3, loss=0.5)])
 
 
 def test_report_table_shows_series_with_sparklines_and_nonfinite_marks(tmp_path: Path) -> None:
@@ -667,7 +508,7 @@ def test_sparkline_scales_and_marks() -> None:
 
 def test_report_json_csv_markdown(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    _train(Tiny(), _batches(3), log)
+    train_watched(Tiny(), tiny_batches(3), log)
     r = run("report", str(log), "-f", "json")
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
@@ -680,12 +521,14 @@ def test_report_json_csv_markdown(tmp_path: Path) -> None:
         "fc.weight",
         "fc.bias",
     ]
-    assert data["loss"]["series"]["loss"][0] == pytest.approx(_read(log)[0]["loss"])
+    assert data["loss"]["series"]["loss"][0] == pytest.approx(read_lines(log)[0]["loss"])
     r = run("report", str(log), "-f", "csv")
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 3 * (3 * 5 + 4 * 2 + 1)
     row = next(x for x in rows if (x["step"], x["name"], x["metric"]) == ("1", "act", "zeros"))
-    assert float(row["value"]) == pytest.approx(_read(log)[1]["layers"][1]["outputs"][0]["zeros"])
+    assert float(row["value"]) == pytest.approx(
+        read_lines(log)[1]["layers"][1]["outputs"][0]["zeros"]
+    )
     r = run("report", str(log), "-f", "markdown")
     assert r.exit_code == 0 and "| layer | type | call |" in r.stdout
 
@@ -744,7 +587,7 @@ def test_report_renders_a_saved_json_report(tmp_path: Path) -> None:
 
 
 def test_report_bad_usage(tmp_path: Path) -> None:
-    log = _log(tmp_path, [_step(0)])
+    log = write_log(tmp_path, [step_dict(0)])
     saved = str(ROOT / "tests" / "golden" / "net.json")
     assert run("report", str(log), "-f", "yaml").exit_code == 2  # not a format
     assert_one_line_error(run("report", saved, saved), 2, "one saved report")
@@ -768,7 +611,7 @@ def test_help_lists_report_and_reading_logs_imports_no_torch(tmp_path: Path) -> 
     assert "report" in r.stdout
     h = run("report", "--help")
     assert h.exit_code == 0 and "Example: hookcli report" in h.stdout
-    log = _log(tmp_path, [_step(0)])
+    log = write_log(tmp_path, [step_dict(0)])
     code = (
         "import sys\n"
         "from hookcli.commands.watch import runmerge, runrules, runseries\n"
@@ -785,7 +628,7 @@ def test_help_lists_report_and_reading_logs_imports_no_torch(tmp_path: Path) -> 
 
 
 def test_merged_loss_is_the_ranks_mean() -> None:
-    a, b = _step(0, loss=1.0), _step(0, loss=3.0)
+    a, b = step_dict(0, loss=1.0), step_dict(0, loss=3.0)
     b.update(rank=1)
     merged, _ = runmerge.merge_step([logread.step_line(a), logread.step_line(b)])
     assert merged.loss == 2.0 and merged.merged_ranks == 2 and merged.world_size == 1
@@ -796,10 +639,10 @@ def test_merged_loss_is_the_ranks_mean() -> None:
 
 
 def test_a_merged_steps_origins_name_the_rank_that_found_them(tmp_path: Path) -> None:
-    a = _step(0, world_size=2)
-    b = _step(0, [_call("log", "Log", out=_t(nan=3))], rank=1, world_size=2)
+    a = step_dict(0, world_size=2)
+    b = step_dict(0, [call_dict("log", "Log", out=tensor_dict(nan=3))], rank=1, world_size=2)
     b["nonfinite_origins"] = [ORIGIN]
-    logs = [_log(tmp_path, [a], "r.rank0.jsonl"), _log(tmp_path, [b], "r.rank1.jsonl")]
+    logs = [write_log(tmp_path, [a], "r.rank0.jsonl"), write_log(tmp_path, [b], "r.rank1.jsonl")]
     run = runmerge.load_run(logs)
     (origin,) = run.steps[0].nonfinite_origins
     assert isinstance(origin, runmerge.RankOrigin) and origin.rank == 1
@@ -810,19 +653,21 @@ def test_a_merged_steps_origins_name_the_rank_that_found_them(tmp_path: Path) ->
 
 def test_a_log_with_nothing_to_check_is_refused_not_passed(tmp_path: Path) -> None:
     """Steps with no layer and no parameter: every rule would pass on nothing (issue 32)."""
-    empty = _log(tmp_path, [_step(0, layers=[], params=[]), _step(1, layers=[], params=[])])
+    empty = write_log(
+        tmp_path, [step_dict(0, layers=[], params=[]), step_dict(1, layers=[], params=[])]
+    )
     r = run("check", str(empty))
     assert r.exit_code == 2, r.stdout
     assert "2 watched steps, but none holds" in r.stderr and "nothing to check" in r.stderr
     assert r.stdout == ""
     # one step with one parameter is something to check
-    some = _log(tmp_path, [_step(0, layers=[], params=[_param()])], "some.jsonl")
+    some = write_log(tmp_path, [step_dict(0, layers=[], params=[param_dict()])], "some.jsonl")
     assert run("check", str(some)).exit_code == 0
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "x", {"a": 1}])
 def test_origins_of_the_wrong_type_are_one_line(tmp_path: Path, value: object) -> None:
-    log = _log(tmp_path, [_step(0, nonfinite_origins=value)])
+    log = write_log(tmp_path, [step_dict(0, nonfinite_origins=value)])
     for command in ("check", "report"):
         r = run(command, str(log))
         assert r.exit_code == 2, (command, r.stderr)

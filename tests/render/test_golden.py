@@ -1,5 +1,6 @@
 """Golden outputs: the table and JSON of a tiny deterministic model, at a fixed width with no
-colour. Rewrite after an intended change with: HOOKCLI_UPDATE_GOLDEN=1 pytest tests/test_golden.py
+colour. Rewrite after an intended change with:
+HOOKCLI_UPDATE_GOLDEN=1 pytest tests/render/test_golden.py
 
 Structure is compared exactly, numbers within a stated tolerance: reductions round differently
 on another CPU (another SIMD width, another BLAS), so the 8th digit of a float64 statistic is
@@ -14,16 +15,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from hookcli.cli import app
+from tests.support.paths import TESTS
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = TESTS / "golden"
 runner = CliRunner()
 
 

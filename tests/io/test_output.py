@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from tests.test_cli import CAT, assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import CAT
 
 runner = CliRunner()
 TINY = ["inspect", "examples/tiny/net.py:Net", "--input", "ones:2x2", "--no-config"]
@@ -109,7 +110,7 @@ def test_every_output_kind_replaces_a_regular_file(tmp_path: Path) -> None:
 
 def test_ci_recipe_writes_the_report_and_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    args = ["inspect", "tests/models.py:NanForward", "--input", "randn:2x4", "--topk", "3"]
+    args = ["inspect", "tests/support/models.py:NanForward", "--input", "randn:2x4", "--topk", "3"]
     r = runner.invoke(app, [*args, "--fail-on", "nonfinite", "-f", "json", "-o", str(out)])
     assert r.exit_code == 1, r.stderr
     data = _json_ok(out.read_text())
@@ -118,7 +119,7 @@ def test_ci_recipe_writes_the_report_and_exits_1(tmp_path: Path) -> None:
 
 
 def test_nan_predictions_are_null_and_flagged() -> None:
-    args = ["inspect", "tests/models.py:NanForward", "--input", "randn:2x4", "--topk", "2"]
+    args = ["inspect", "tests/support/models.py:NanForward", "--input", "randn:2x4", "--topk", "2"]
     r = runner.invoke(app, [*args, "-f", "json"])
     assert r.exit_code == 0, r.stderr
     preds = _json_ok(r.stdout)["predictions"]
@@ -139,7 +140,15 @@ def test_nan_predictions_are_null_and_flagged() -> None:
 )
 def test_nan_anywhere_is_json_null_never_an_internal_error(extra: list[str]) -> None:
     command, *rest = extra
-    args = [command, "tests/models.py:NanForward", "--input", "randn:2x4", *rest, "-f", "json"]
+    args = [
+        command,
+        "tests/support/models.py:NanForward",
+        "--input",
+        "randn:2x4",
+        *rest,
+        "-f",
+        "json",
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.stderr
     data = _json_ok(r.stdout)
@@ -151,7 +160,7 @@ def test_nan_anywhere_is_json_null_never_an_internal_error(extra: list[str]) -> 
 
 def test_cam_of_non_finite_activations_draws_and_says_so(tmp_path: Path) -> None:
     out, raw = tmp_path / "c.png", tmp_path / "c.npy"
-    args = ["cam", "tests/models.py:NanConv", "--input", "randn:1x3x8x8", "-l", "log"]
+    args = ["cam", "tests/support/models.py:NanConv", "--input", "randn:1x3x8x8", "-l", "log"]
     r = runner.invoke(app, [*args, "-o", str(out), "--save-raw", str(raw)])
     assert r.exit_code == 0, r.stderr
     assert "64 of 64 map values are NaN/Inf" in r.stderr
@@ -159,32 +168,43 @@ def test_cam_of_non_finite_activations_draws_and_says_so(tmp_path: Path) -> None
 
 
 def test_model_prints_go_to_stderr_not_into_json() -> None:
-    args = ["inspect", "tests/models.py:Talks", "--input", "randn:1x4", "-f", "json"]
+    args = ["inspect", "tests/support/models.py:Talks", "--input", "randn:1x4", "-f", "json"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.stderr
     _json_ok(r.stdout)
     assert "building Talks" in r.stderr and "forward of Talks" in r.stderr
-    for command in (["layers", "tests/models.py:Talks", "--shapes", "-f", "json"],):
+    for command in (["layers", "tests/support/models.py:Talks", "--shapes", "-f", "json"],):
         r = runner.invoke(app, [*command, "--input", "randn:1x4"])
         assert r.exit_code == 0, r.stderr
         _json_ok(r.stdout)
 
 
 def test_a_model_calling_sys_exit_is_exit_3() -> None:
-    r = runner.invoke(app, ["inspect", "tests/models.py:Exits", "--input", "randn:1x4"])
+    r = runner.invoke(app, ["inspect", "tests/support/models.py:Exits", "--input", "randn:1x4"])
     assert_one_line_error(r, 3, "called sys.exit(0)", "remove the sys.exit call")
-    r = runner.invoke(app, ["inspect", "tests/models.py:exits_on_build", "--input", "randn:1x4"])
+    r = runner.invoke(
+        app, ["inspect", "tests/support/models.py:exits_on_build", "--input", "randn:1x4"]
+    )
     assert_one_line_error(r, 3, "exits_on_build()", "SystemExit")
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ["cam", "tests/models.py:Fails", "--input", "randn:1x2", "-o", "{tmp}/c.png"],
-        ["inspect", "tests/models.py:Fails", "--input", "randn:1x2", "--profile"],
-        ["grads", "tests/models.py:Fails", "--input", "randn:1x2", "--profile"],
-        ["layers", "tests/models.py:Fails", "--input", "randn:1x2", "--shapes"],
-        ["maps", "tests/models.py:Fails", "--input", "randn:1x2", "-l", "ok", "-o", "{tmp}/m.png"],
+        ["cam", "tests/support/models.py:Fails", "--input", "randn:1x2", "-o", "{tmp}/c.png"],
+        ["inspect", "tests/support/models.py:Fails", "--input", "randn:1x2", "--profile"],
+        ["grads", "tests/support/models.py:Fails", "--input", "randn:1x2", "--profile"],
+        ["layers", "tests/support/models.py:Fails", "--input", "randn:1x2", "--shapes"],
+        [
+            "maps",
+            "tests/support/models.py:Fails",
+            "--input",
+            "randn:1x2",
+            "-l",
+            "ok",
+            "-o",
+            "{tmp}/m.png",
+        ],
     ],
     ids=["cam default-layer search", "inspect --profile", "grads --profile", "layers", "maps"],
 )

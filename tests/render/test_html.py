@@ -1,7 +1,7 @@
 """The HTML report without a browser: the embedded JSON equals `-f json` for every command
 that writes one, the static table holds the records' numbers, hostile names stay inert, no
 reference leaves the file, pictures are embedded within their budget, and --picture's misuse
-is a one-line error. tests/test_html_browser.py drives the same pages in Chromium."""
+is a one-line error. tests/render/test_html_browser.py drives the same pages in Chromium."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from hookcli.cli import app
 from hookcli.records import InputInfo, LayerCall, ModelInfo, Report, TensorStats
 from hookcli.render import html as report_html
 from hookcli.render.fmt import num, pct
-from tests.conftest import CAT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import CAT
 
 runner = CliRunner()
 SMALL = ["resnet18", str(CAT), "-l", "layer1.0.*"]
@@ -166,7 +166,7 @@ def test_saved_report_renders_the_same_page(tmp_path: Path) -> None:
 
 def test_nan_report_marks_the_origin(tmp_path: Path) -> None:
     page, data, r = html_and_json(
-        tmp_path, "check", "tests/models.py:NanForward", "--input", "randn:16x4"
+        tmp_path, "check", "tests/support/models.py:NanForward", "--input", "randn:16x4"
     )
     assert r.exit_code == 1  # --fail-on nonfinite by default, and the page is written
     origin = data["nonfinite_origins"][0]
@@ -187,7 +187,7 @@ def test_diff_marks_the_first_divergence(tmp_path: Path) -> None:
 
 
 def test_run_log_page_embeds_its_series(tmp_path: Path) -> None:
-    from tests.test_watch_logs import emulated_ddp
+    from tests.support.watchlogs import emulated_ddp
 
     _, single = emulated_ddp(tmp_path, steps=2)
     r = cli("report", str(single), "-f", "html")
@@ -210,7 +210,7 @@ def _report(names: list[str]) -> Report:
         )
         for name in names
     ]
-    model = ModelInfo("m", "tests/models.py:M", "custom", "none", 10)
+    model = ModelInfo("m", "tests/support/models.py:M", "custom", "none", 10)
     return Report(model, InputInfo("randn", [(1, 4)]), "cpu", calls)
 
 
@@ -432,7 +432,8 @@ def test_picture_errors_point_somewhere_useful(tmp_path: Path) -> None:
             "-f", "html")  # fmt: skip
     # not class scores, and inspect has no --target to follow the usual hint with
     assert_one_line_error(r, 2, "--picture cam", "grads or check")
-    from tests.test_watch_logs import _log, _step
+    from tests.support.watchlogs import step_dict as _step
+    from tests.support.watchlogs import write_log as _log
 
     log = _log(tmp_path, [_step(0)])
     assert_one_line_error(cli("check", str(log), "--picture", "cam"), 2, "--picture")

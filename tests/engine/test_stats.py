@@ -14,7 +14,7 @@ import torch
 from hookcli.engine import stats as stats_mod
 from hookcli.engine.stats import StatsCollector, tensor_stats
 from hookcli.runtime import preload
-from tests.conftest import assert_stats_match
+from tests.support.oracles import assert_stats_match
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 

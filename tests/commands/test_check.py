@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import hookcli
 from hookcli.cli import app
-from tests.conftest import ROOT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import ROOT
 
 runner = CliRunner()
 
@@ -25,7 +25,9 @@ def run(*args: str) -> object:
 
 
 def test_forward_origin_log_of_a_negative() -> None:
-    report = hookcli.inspect("tests/models.py:NanForward", input_specs=["randn:16x4"], device="cpu")
+    report = hookcli.inspect(
+        "tests/support/models.py:NanForward", input_specs=["randn:16x4"], device="cpu"
+    )
     (origin,) = report.nonfinite_origins
     assert (origin.direction, origin.layer, origin.path) == ("forward", "log", "out")
     assert origin.nan > 0
@@ -36,7 +38,7 @@ def test_forward_origin_log_of_a_negative() -> None:
 
 def test_forward_origin_division_by_a_zeroed_activation() -> None:
     report = hookcli.inspect(
-        "tests/models.py:DivideByDead", input_specs=["randn:2x4"], device="cpu"
+        "tests/support/models.py:DivideByDead", input_specs=["randn:2x4"], device="cpu"
     )
     (origin,) = report.nonfinite_origins
     assert origin.layer == "div" and origin.inf + origin.nan == 8
@@ -44,7 +46,10 @@ def test_forward_origin_division_by_a_zeroed_activation() -> None:
 
 def test_backward_origin_sqrt_at_zero() -> None:
     report = hookcli.grads(
-        "tests/models.py:NanBackward", input_specs=["randn:16x4"], device="cpu", target="sum"
+        "tests/support/models.py:NanBackward",
+        input_specs=["randn:16x4"],
+        device="cpu",
+        target="sum",
     )
     assert all(not t.nonfinite for c in report.layers for t in c.outputs), "forward is finite"
     (origin,) = report.nonfinite_origins
@@ -53,12 +58,12 @@ def test_backward_origin_sqrt_at_zero() -> None:
 
 
 def test_check_exit_codes_and_messages() -> None:
-    r = run("check", "tests/models.py:NanForward", "--input", "randn:16x4")
+    r = run("check", "tests/support/models.py:NanForward", "--input", "randn:16x4")
     assert r.exit_code == 1, r.stderr
     assert "FAIL nonfinite" in r.stdout and "forward: first at log (Log) call 0" in r.stdout
     r = run(
         "check",
-        "tests/models.py:NanBackward",
+        "tests/support/models.py:NanBackward",
         "--input",
         "randn:16x4",
         "--backward",
@@ -71,7 +76,7 @@ def test_check_exit_codes_and_messages() -> None:
     assert "backward: first at sqrt (Sqrt) call 0, gradient w.r.t. input in[0]" in r.stdout
     r = run(
         "check",
-        "tests/models.py:Healthy",
+        "tests/support/models.py:Healthy",
         "--input",
         "randn:16x4",
         "--fail-on",
@@ -87,9 +92,9 @@ def test_check_exit_codes_and_messages() -> None:
 
 
 def test_quiet_prints_only_failures() -> None:
-    r = run("check", "tests/models.py:Healthy", "--input", "randn:4x4", "--quiet")
+    r = run("check", "tests/support/models.py:Healthy", "--input", "randn:4x4", "--quiet")
     assert r.exit_code == 0 and r.stdout == ""
-    r = run("check", "tests/models.py:NanForward", "--input", "randn:16x4", "-q")
+    r = run("check", "tests/support/models.py:NanForward", "--input", "randn:16x4", "-q")
     assert r.exit_code == 1
     assert r.stdout.startswith("FAIL nonfinite") and "PASS" not in r.stdout
 
@@ -97,7 +102,7 @@ def test_quiet_prints_only_failures() -> None:
 def test_dead_max_abs_expect_shape_rules() -> None:
     r = run(
         "check",
-        "tests/models.py:DivideByDead",
+        "tests/support/models.py:DivideByDead",
         "--input",
         "randn:2x4",
         "--fail-on",
@@ -122,12 +127,17 @@ def test_dead_max_abs_expect_shape_rules() -> None:
 
 def test_fail_on_works_on_inspect_and_grads(tmp_path: Path) -> None:
     r = run(
-        "inspect", "tests/models.py:NanForward", "--input", "randn:16x4", "--fail-on", "nonfinite"
+        "inspect",
+        "tests/support/models.py:NanForward",
+        "--input",
+        "randn:16x4",
+        "--fail-on",
+        "nonfinite",
     )
     assert r.exit_code == 1 and "FAIL nonfinite" in r.stdout
     r = run(
         "grads",
-        "tests/models.py:NanBackward",
+        "tests/support/models.py:NanBackward",
         "--input",
         "randn:16x4",
         "--target",
@@ -142,7 +152,14 @@ def test_fail_on_works_on_inspect_and_grads(tmp_path: Path) -> None:
     assert data["checks"][0]["rule"] == "nonfinite" and not data["checks"][0]["passed"]
     assert data["nonfinite_origins"][0]["layer"] == "sqrt"
     assert "check failed: nonfinite" in r.stderr
-    r = run("inspect", "tests/models.py:Healthy", "--input", "randn:4x4", "--fail-on", "nonfinite")
+    r = run(
+        "inspect",
+        "tests/support/models.py:Healthy",
+        "--input",
+        "randn:4x4",
+        "--fail-on",
+        "nonfinite",
+    )
     assert r.exit_code == 0
 
 
@@ -193,7 +210,7 @@ def baselines(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
     r = run(
         "inspect",
-        "tests/models.py:Healthy",
+        "tests/support/models.py:Healthy",
         "--input",
         "randn:4x4",
         "-f",
@@ -230,7 +247,7 @@ def baselines(tmp_path: Path) -> dict[str, str]:
         (["--baseline", "{corrupt}"], ["not readable JSON"]),
         (["--baseline", "{other}"], ["not a hookcli JSON report"]),
         (["--baseline", "{schema}"], ["schema 99"]),
-        (["--baseline", "{healthy}"], ["from model 'tests/models.py:Healthy'"]),
+        (["--baseline", "{healthy}"], ["from model 'tests/support/models.py:Healthy'"]),
         (["--baseline", "{r64}", "--input", "randn:1x3x32x32"], ["ran on input [[1, 3, 64, 64]]"]),
         (["--baseline", "{r64}", "--rtol", "-1"], ["--rtol and --atol must be 0 or more"]),
         (["--dead-frac", "0"], ["--dead-frac must be in (0, 1]"]),
@@ -249,7 +266,7 @@ def test_ci_example_script(tmp_path: Path) -> None:
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "BASELINE": str(tmp_path / "baseline.json"),
-        "MODEL": "tests/models.py:Healthy",
+        "MODEL": "tests/support/models.py:Healthy",
         "INPUT": "randn:8x4",
     }
 
@@ -273,7 +290,9 @@ def test_ci_example_script(tmp_path: Path) -> None:
     assert drifted.returncode == 1
     assert "FAIL baseline" in drifted.stdout and "FAILED" in drifted.stderr
     broken = step(
-        MODEL="tests/models.py:NanForward", INPUT="randn:16x4", BASELINE=str(tmp_path / "nan.json")
+        MODEL="tests/support/models.py:NanForward",
+        INPUT="randn:16x4",
+        BASELINE=str(tmp_path / "nan.json"),
     )
     assert broken.returncode == 1 and "FAIL nonfinite" in broken.stdout
     missing = step(MODEL="no_such_model")

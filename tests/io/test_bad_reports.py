@@ -26,11 +26,11 @@ from hookcli.cli import app
 from hookcli.errors import UsageError
 from hookcli.io import reportfile
 from hookcli.text import csv_cell, escape, markdown
-from tests.conftest import CAT, ROOT
-from tests.test_cli import assert_one_line_error
+from tests.support.cli import assert_one_line_error
+from tests.support.paths import CAT, ROOT
 
 runner = CliRunner()
-HEALTHY = "tests/models.py:Healthy"
+HEALTHY = "tests/support/models.py:Healthy"
 TINY = ["-i", "randn:4x4"]
 SAMPLES = str(ROOT / "sample_images")
 

@@ -4,50 +4,17 @@ bitwise-identical outputs, hooks removed and modes restored whatever happens."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any
-
 import pytest
 import torch
 import torchvision
-from torch import nn
 
 import hookcli
 from hookcli.errors import ModelError, UsageError
 from hookcli.records import Report
 from hookcli.tree import iter_tensors
-from tests.conftest import CAT, assert_stats_match, hooks_left
-from tests.models import Aliased, Fails, Kinds, KwargOnly
-
-
-def retained_outputs(
-    model: nn.Module, args: tuple[Any, ...]
-) -> dict[tuple[str, int], dict[str, torch.Tensor]]:
-    """An independent oracle: clones of every leaf's inputs and outputs per (name, call)."""
-    store: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-    counts: dict[str, int] = defaultdict(int)
-    handles = []
-    for name, m in model.named_modules():
-        if next(m.children(), None) is not None:
-            continue
-
-        def pre(mod: nn.Module, a: tuple[Any, ...], name: str = name) -> None:
-            key = (name, counts[name])
-            counts[name] += 1
-            store[key] = {p: t.detach().clone() for p, t in iter_tensors(a, "in")}
-
-        def post(mod: nn.Module, a: tuple[Any, ...], out: Any, name: str = name) -> None:
-            key = (name, counts[name] - 1)
-            store[key].update({p: t.detach().clone() for p, t in iter_tensors(out, "out")})
-
-        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-    try:
-        with torch.no_grad():
-            model(*args)
-    finally:
-        for h in handles:
-            h.remove()
-    return store
+from tests.support.models import Aliased, Fails, Kinds, KwargOnly
+from tests.support.oracles import assert_stats_match, hooks_left, retained_outputs
+from tests.support.paths import CAT
 
 
 def check_against_oracle(
@@ -223,7 +190,7 @@ def test_video_model_on_a_still_image_repeated_as_a_clip() -> None:
 
 
 def test_optical_flow_takes_two_images_and_reports_every_iteration() -> None:
-    from tests.conftest import COFFEE
+    from tests.support.paths import COFFEE
 
     report = hookcli.inspect(
         "raft_small", [str(CAT), str(COFFEE)], device="cpu", layers=["update_block"], topk=0
