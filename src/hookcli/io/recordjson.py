@@ -21,20 +21,37 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hookcli.records import Failure
+from hookcli.records.core import ABSENT, LEAST, LENIENT, NULL_IS_ABSENT
+from hookcli.records.statfields import STAT
 
 
 class RecordError(Exception):
-    """What is wrong with the data, and where (`layers[3].outputs[0].mean is a string, …`)."""
+    """What is wrong with the data, and where (`layers[3].outputs[0].mean is a string, …`).
+    The parts too, for a reader that words its own messages (logread): `path` (field names and
+    list indices, outermost first), the `value` found, what was `expected` ("a number", "a
+    whole number >= 0", …; "" when a field is `missing`, its name then) and whether null would
+    have done (`nullable`)."""
+
+    def __init__(self, message: str, bad: _Mismatch | None = None) -> None:
+        super().__init__(message)
+        self.path: tuple[str | int, ...] = () if bad is None else tuple(bad.path)
+        self.value: Any = None if bad is None else bad.value
+        self.expected = "" if bad is None else bad.expected
+        self.missing = None if bad is None else bad.missing
+        self.nullable = False if bad is None else bad.nullable
 
 
 class _Mismatch(Exception):
     """A value that is not what its hint says, where it is (`path`: field names and list
     indices, innermost last, filled in on the way out) and how to say so."""
 
-    def __init__(self, value: Any, expected: str, *, missing: str | None = None) -> None:
+    def __init__(
+        self, value: Any, expected: str, *, missing: str | None = None, nullable: bool = False
+    ) -> None:
         self.value = value
         self.expected = expected  # "a number", "an object", … ("" with `missing`)
         self.missing = missing  # the name of a field that is absent
+        self.nullable = nullable  # null would have done
         self.path: list[str | int] = []
 
     def message(self, where: str) -> str:
@@ -71,7 +88,7 @@ def from_json(cls: type[Any], data: Any, where: str = "") -> Any:
     try:
         return reader(cls)(data)
     except _Mismatch as bad:
-        raise RecordError(bad.message(where)) from None
+        raise RecordError(bad.message(where), bad) from None
 
 
 # ---------------------------------------------------------------- compiled once per hint
@@ -142,16 +159,20 @@ def _scalar(hint: Any) -> Callable[[Any], Any]:
     )
 
 
-def _scalars(hint: Any, kind: type[Any]) -> Callable[[Any], Any]:
-    """A list (a tuple, for `kind` tuple) of plain values, each tested inline."""
+def _scalars(hint: Any, kind: type[Any], least: int | None = None) -> Callable[[Any], Any]:
+    """A list (a tuple, for `kind` tuple) of plain values, each tested inline (whole numbers
+    held to `least` when given)."""
     test = _TESTS[hint].replace("v", "x")
+    want = _names([hint])
+    if least is not None:
+        test, want = f"({test}) and x >= {least}", f"{want} >= {least}"
     return _function(
         "def read(v):\n"
         "    if not isinstance(v, list):\n"
         '        raise _Mismatch(v, "a list")\n'
         "    for x in v:\n"
         f"        if not ({test}):\n"
-        f"            bad = _Mismatch(x, {_names([hint])!r})\n"
+        f"            bad = _Mismatch(x, {want!r})\n"
         "            bad.path.append(next(i for i, y in enumerate(v) if y is x))\n"
         "            raise bad\n"
         f"    return {kind.__name__}(v)\n"
@@ -227,7 +248,11 @@ def _mapping(item: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def _record(cls: type[Any]) -> Callable[[Any], Any]:
     """The reader of one record class, written out: each field read in turn (absent: its
-    default, or a _Mismatch when it has none), the record built by position."""
+    default, or what its metadata says an absent one reads as (ABSENT), or a _Mismatch; null
+    as if absent where it says NULL_IS_ABSENT), the
+    record built by position. A whole number (or a list of them) whose metadata gives its
+    least value (LEAST; a count statistic: 0) is held to it; a field marked LENIENT that is not
+    of its type reads as its default."""
     hints = typing.get_type_hints(cls)
     scope: dict[str, Any] = {"_Mismatch": _Mismatch, "_NUMBER": _NUMBER, "_MISSING": _MISSING}
     scope["cls"] = cls
@@ -243,44 +268,56 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
     for i, f in enumerate(dataclasses.fields(cls)):
         if not f.init:
             continue
-        name, local = f.name, f"f{i}"
+        name, local, meta = f.name, f"f{i}", f.metadata
         names.append(local)
         lines.append(f"    v = get({name!r}, _MISSING)")
-        lines.append("    if v is _MISSING:")
-        if f.default is not dataclasses.MISSING:
-            scope[f"d{i}"] = f.default
-            lines.append(f"        {local} = d{i}")
+        null = " or v is None" if meta.get(NULL_IS_ABSENT) else ""
+        lines.append(f"    if v is _MISSING{null}:")
+        if f.default is not dataclasses.MISSING or ABSENT in meta:
+            scope[f"d{i}"] = meta.get(ABSENT, f.default)
+            absent = f"{local} = d{i}"
         elif f.default_factory is not dataclasses.MISSING:
             scope[f"d{i}"] = f.default_factory
-            lines.append(f"        {local} = d{i}()")
+            absent = f"{local} = d{i}()"
         else:
-            lines.append(f'        raise _Mismatch(None, "", missing={name!r})')
-        lines.append("    else:")
-        lines += [f"        {line}" for line in _field(hints[name], name, local, scope)]
+            absent = f'raise _Mismatch(None, "", missing={name!r})'
+        lines += [f"        {absent}", "    else:"]
+        least = meta.get(LEAST, 0 if STAT in meta and meta[STAT].count else None)
+        present = _field(hints[name], name, local, scope, least)
+        if meta.get(LENIENT):  # not of its type: as if absent
+            present = ["try:", *[f"    {x}" for x in present], "except _Mismatch:", f"    {absent}"]
+        lines += [f"        {line}" for line in present]
     lines.append(f"    return cls({', '.join(names)})")
     read = _function("\n".join(lines) + "\n", scope)
     read.__qualname__ = f"read_{cls.__name__}"
     return read
 
 
-def _field(hint: Any, name: str, local: str, scope: dict[str, Any]) -> list[str]:
+def _field(hint: Any, name: str, local: str, scope: dict[str, Any], least: int | None) -> list[str]:
     """The lines reading `v` (field `name`'s value, present) into `local`, the field's name
-    added to a mismatch's place; the commonest hints inlined."""
+    added to a mismatch's place; the commonest hints inlined. `least`: a whole number's (or
+    each in a list of them) least value."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     nullable = origin in (types.UnionType, typing.Union) and type(None) in args
     options = [a for a in args if a is not type(None)] if nullable else [hint]
     if len(options) == 1 and options[0] in _TESTS:  # a plain value, or an optional one
-        test = _TESTS[options[0]]
+        test, want = _TESTS[options[0]], _names(options)
+        if least is not None:
+            test, want = f"({test}) and v >= {least}", f"{want} >= {least}"
         ok = f"v is None or ({test})" if nullable else test
-        want = _names(options)
         return [
             f"if not ({ok}):",
-            f"    _bad = _Mismatch(v, {want!r})",
+            f"    _bad = _Mismatch(v, {want!r}, nullable={nullable})",
             f"    _bad.path.append({name!r})",
             "    raise _bad",
             f"{local} = v",
         ]
-    scope[f"r_{local}"] = reader(options[0] if nullable and len(options) == 1 else hint)
+    one = options[0] if nullable and len(options) == 1 else hint
+    if least is not None and typing.get_origin(one) in (list, tuple):  # sizes, counts
+        kind = tuple if typing.get_origin(one) is tuple else list
+        scope[f"r_{local}"] = _scalars(typing.get_args(one)[0], kind, least)
+    else:
+        scope[f"r_{local}"] = reader(one)
     read = [
         "try:",
         f"    {local} = r_{local}(v)",

@@ -15,6 +15,16 @@ READABLE_SCHEMAS = (1, 2)
 LOG_SCHEMA = 1  # a hookcli.watch log line's version (StepLine, NonfiniteLine)
 READABLE_LOG_SCHEMAS = (1,)  # the log line versions this version reads
 
+# Field metadata the JSON reader (io/recordjson.py) compiles in: a whole number's least value
+# (a list of them: each one's; a count statistic's is 0 without it), what an absent field with
+# no default reads as, a field whose null reads as if absent (older log lines), and a field
+# that reads as its default when it is not of its type (an extra nothing checks: a hand-edited
+# file still reads).
+LEAST = "hookcli.least"
+ABSENT = "hookcli.absent"
+NULL_IS_ABSENT = "hookcli.null_is_absent"
+LENIENT = "hookcli.lenient"
+
 
 @dataclass(slots=True)
 class TokenRow:
@@ -46,9 +56,9 @@ class TensorStats:
     """
 
     path: str
-    shape: tuple[int, ...]
-    dtype: str
-    numel: int
+    shape: tuple[int, ...] = field(metadata={LEAST: 0})
+    dtype: str = field(metadata={ABSENT: ""})
+    numel: int = field(metadata={LEAST: 0})
     mean: float | None = stat("mean", "rms", header="mean")
     std: float | None = stat("std", "rms", header="std")
     min: float | None = stat("min", "rms", header="min", drop=1)
@@ -63,7 +73,8 @@ class TensorStats:
     # a layer's 3-D/4-D output: NCHW, NHWC or tokens:K+HxW (engine.layout), unknown when it
     # cannot be told; None for other tensors
     layout: str | None = None
-    per_token: list[TokenRow] | None = None  # --per-token: each real position's statistics
+    # --per-token: each real position's statistics
+    per_token: list[TokenRow] | None = field(default=None, metadata={LENIENT: True})
     channels: ChannelStats | None = None  # --channels: per channel, kurtosis, massive values
 
     @property
@@ -227,14 +238,15 @@ class Origin:
     direction: str  # forward | backward
     layer: str
     type: str
-    call: int
+    call: int = field(metadata={LEAST: 0})
     path: str
-    nan: int
-    inf: int
-    where: str = "layer"
-    after: str | None = None
-    after_finite: str | None = None  # "output" | "input" (forward), "input" | "output" gradient
-    code: list[str] = field(default_factory=list)
+    nan: int = field(metadata={LEAST: 0})
+    inf: int = field(metadata={LEAST: 0})
+    where: str = field(default="layer", metadata={LENIENT: True})
+    after: str | None = field(default=None, metadata={LENIENT: True})
+    # "output" | "input" (forward), "input" | "output" gradient
+    after_finite: str | None = field(default=None, metadata={LENIENT: True})
+    code: list[str] = field(default_factory=list, metadata={LENIENT: True})
 
     def describe(self) -> str:  # noqa: PLR0911 (one sentence per kind of place)
         counts = ", ".join(f"{n} {k}" for n, k in ((self.nan, "NaN"), (self.inf, "Inf")) if n)

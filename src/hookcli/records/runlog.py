@@ -6,7 +6,22 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookcli.records.core import LOG_SCHEMA, CallMemory, Memory, Origin, TensorStats
+from hookcli.records.core import (
+    ABSENT,
+    LEAST,
+    LENIENT,
+    LOG_SCHEMA,
+    NULL_IS_ABSENT,
+    CallMemory,
+    Memory,
+    Origin,
+    TensorStats,
+)
+
+# Read back by io/recordjson.py: a count or step is >= 0 (LEAST), what a line may leave out
+# reads as null (ABSENT), a null list as none (NULL_IS_ABSENT: older lines), watch(memory=True)'s
+# numbers as null when not well formed (LENIENT: no rule checks them).
+_NONE_IF_NULL: dict[str, Any] = {NULL_IS_ABSENT: True}
 
 
 @dataclass(slots=True)
@@ -16,13 +31,13 @@ class LoggedCall:
 
     name: str
     type: str
-    call: int
+    call: int = field(metadata={LEAST: 0})
     inputs: list[TensorStats]
     outputs: list[TensorStats]
     grad_outputs: list[TensorStats] | None = None
     grad_inputs: list[TensorStats] | None = None
     error: str | None = None
-    memory: CallMemory | None = None  # watch(memory=True)
+    memory: CallMemory | None = field(default=None, metadata={LENIENT: True})  # watch(memory=True)
 
 
 @dataclass(slots=True)
@@ -31,23 +46,23 @@ class LoggedParam:
     and the update the optimizer made (its norm, and that ÷ the parameter's norm)."""
 
     name: str
-    norm: float | None
-    grad: TensorStats | None
-    update_norm: float | None
-    update_ratio: float | None
+    norm: float | None = field(metadata={ABSENT: None})
+    grad: TensorStats | None = field(metadata={ABSENT: None})
+    update_norm: float | None = field(metadata={ABSENT: None})
+    update_ratio: float | None = field(metadata={ABSENT: None})
 
 
 @dataclass(slots=True)
 class StepLine:
     """A watched optimizer step: one line of a hookcli.watch log, and one of `w.records`."""
 
-    step: int
-    rank: int
-    world_size: int
-    loss: float | None
+    step: int = field(metadata={LEAST: 0})
+    rank: int = field(metadata={LEAST: 0})
+    world_size: int = field(metadata={LEAST: 1})
+    loss: float | None = field(metadata={ABSENT: None})
     layers: list[LoggedCall]
     params: list[LoggedParam]
-    nonfinite_origins: list[Origin] = field(default_factory=list)
+    nonfinite_origins: list[Origin] = field(default_factory=list, metadata=_NONE_IF_NULL)
     loss_nonfinite: bool = False  # the loss was NaN/Inf (`loss` is null then)
     skipped: bool | None = None  # with a GradScaler: it skipped this step (inf gradients)
     scale: float | None = None  # with a GradScaler: its loss scale
@@ -55,7 +70,7 @@ class StepLine:
     schema: int = LOG_SCHEMA
     kind: str = "step"
     merged_ranks: int | None = None  # read back: the rank logs merged into it (runmerge)
-    memory: Memory | None = None  # watch(memory=True): the step's totals
+    memory: Memory | None = field(default=None, metadata={LENIENT: True})  # watch(memory=True)
 
 
 @dataclass(slots=True)
@@ -63,12 +78,12 @@ class NonfiniteLine:
     """The first NaN/Inf of a watched run (`w.nonfinite`): what held it, where the hooked
     re-run found it began, and the repro bundle written for `hookcli replay`."""
 
-    step: int
-    rank: int
-    world_size: int
+    step: int = field(metadata={LEAST: 0})
+    rank: int = field(metadata={LEAST: 0})
+    world_size: int = field(metadata={LEAST: 1})
     found: list[str]
-    origins: list[Origin] = field(default_factory=list)
-    nonfinite_params: list[str] = field(default_factory=list)
+    origins: list[Origin] = field(default_factory=list, metadata=_NONE_IF_NULL)
+    nonfinite_params: list[str] = field(default_factory=list, metadata=_NONE_IF_NULL)
     nonfinite_grads: list[str] = field(default_factory=list)
     bundle: str | None = None
     notes: list[str] = field(default_factory=list)
