@@ -269,7 +269,7 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         if not f.init:
             continue
         name, local, meta = f.name, f"f{i}", f.metadata
-        names.append(local)
+        names.append(f"{name}={local}" if f.kw_only else local)  # (kw_only: by name)
         lines.append(f"    v = get({name!r}, _MISSING)")
         null = " or v is None" if meta.get(NULL_IS_ABSENT) else ""
         lines.append(f"    if v is _MISSING{null}:")
