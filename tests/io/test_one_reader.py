@@ -6,6 +6,7 @@ one-line messages are that reader's RecordError in the log's own words."""
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,28 @@ def test_the_reader_compiles_each_fields_metadata_in() -> None:
         "a whole number >= 0",
         None,
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        (("loss",), "has loss a number, not a finite number or null"),
+        (("scale",), "has scale a number, not a finite number or null"),
+        (("layers", 0, "outputs", 0, "max"),
+         "has max a number in layers[0].outputs[0], not a finite number or null"),
+        (("params", 0, "update_ratio"),
+         "has update_ratio a number in params[0], not a finite number or null"),
+    ],
+)  # fmt: skip
+def test_a_number_beyond_a_float_is_refused(
+    tmp_path: Path, path: tuple[str | int, ...], said: str
+) -> None:
+    """JSON's 1e999 parses as inf: what hookcli writes as null when not finite."""
+    path_ = write_log(tmp_path, [step_dict(0)])
+    text = path_.read_text()
+    line = _with(_set(*path, value=12345.5))
+    bad = json.dumps(line).replace("12345.5", "1e999")
+    path_.write_text(text + bad + "\n")
+    with pytest.raises(UsageError) as e:
+        logread.read_log(path_)
+    assert f"line 2 {said}." in str(e.value), str(e.value)

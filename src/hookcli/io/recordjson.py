@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hookcli.records import Failure
-from hookcli.records.core import ABSENT, LEAST, LENIENT, NULL_IS_ABSENT
+from hookcli.records.core import ABSENT, FINITE, LEAST, LENIENT, NULL_IS_ABSENT
 from hookcli.records.statfields import STAT
 
 
@@ -251,7 +251,8 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
     default, or what its metadata says an absent one reads as (ABSENT), or a _Mismatch; null
     as if absent where it says NULL_IS_ABSENT), the
     record built by position. A whole number (or a list of them) whose metadata gives its
-    least value (LEAST; a count statistic: 0) is held to it; a field marked LENIENT that is not
+    least value (LEAST; a count statistic: 0) is held to it, a number marked FINITE (any other
+    statistic) to a finite one; a field marked LENIENT that is not
     of its type reads as its default."""
     hints = typing.get_type_hints(cls)
     scope: dict[str, Any] = {"_Mismatch": _Mismatch, "_NUMBER": _NUMBER, "_MISSING": _MISSING}
@@ -282,8 +283,16 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         else:
             absent = f'raise _Mismatch(None, "", missing={name!r})'
         lines += [f"        {absent}", "    else:"]
-        least = meta.get(LEAST, 0 if STAT in meta and meta[STAT].count else None)
+        stat = meta.get(STAT)
+        least = meta.get(LEAST, 0 if stat is not None and stat.count else None)
+        finite = meta.get(FINITE, stat is not None and not stat.count)
+        finite = finite and float in (hints[name], *typing.get_args(hints[name]))
         present = _field(hints[name], name, local, scope, least)
+        if finite:  # inf - inf is nan, true; a finite number less itself 0.0, false
+            present.append(f"if {local} is not None and {local} - {local}:")
+            present.append('    _bad = _Mismatch(v, "a finite number", nullable=True)')
+            present.append(f"    _bad.path.append({name!r})")
+            present.append("    raise _bad")
         if meta.get(LENIENT):  # not of its type: as if absent
             present = ["try:", *[f"    {x}" for x in present], "except _Mismatch:", f"    {absent}"]
         lines += [f"        {line}" for line in present]

@@ -16,11 +16,13 @@ LOG_SCHEMA = 1  # a hookcli.watch log line's version (StepLine, NonfiniteLine)
 READABLE_LOG_SCHEMAS = (1,)  # the log line versions this version reads
 
 # Field metadata the JSON reader (io/recordjson.py) compiles in: a whole number's least value
-# (a list of them: each one's; a count statistic's is 0 without it), what an absent field with
+# (a list of them: each one's; a count statistic's is 0 without it), a number that must be
+# finite (JSON's 1e999 reads as inf; a statistic's must be without it), what an absent field with
 # no default reads as, a field whose null reads as if absent (older log lines), and a field
 # that reads as its default when it is not of its type (an extra nothing checks: a hand-edited
 # file still reads).
 LEAST = "hookcli.least"
+FINITE = "hookcli.finite"
 ABSENT = "hookcli.absent"
 NULL_IS_ABSENT = "hookcli.null_is_absent"
 LENIENT = "hookcli.lenient"

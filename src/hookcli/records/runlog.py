@@ -8,6 +8,7 @@ from typing import Any
 
 from hookcli.records.core import (
     ABSENT,
+    FINITE,
     LEAST,
     LENIENT,
     LOG_SCHEMA,
@@ -18,7 +19,8 @@ from hookcli.records.core import (
     TensorStats,
 )
 
-# Read back by io/recordjson.py: a count or step is >= 0 (LEAST), what a line may leave out
+# Read back by io/recordjson.py: a count or step is >= 0 (LEAST), a number finite (FINITE),
+# what a line may leave out
 # reads as null (ABSENT), a null list as none (NULL_IS_ABSENT: older lines), watch(memory=True)'s
 # numbers as null when not well formed (LENIENT: no rule checks them).
 _NONE_IF_NULL: dict[str, Any] = {NULL_IS_ABSENT: True}
@@ -46,10 +48,10 @@ class LoggedParam:
     and the update the optimizer made (its norm, and that ÷ the parameter's norm)."""
 
     name: str
-    norm: float | None = field(metadata={ABSENT: None})
+    norm: float | None = field(metadata={ABSENT: None, FINITE: True})
     grad: TensorStats | None = field(metadata={ABSENT: None})
-    update_norm: float | None = field(metadata={ABSENT: None})
-    update_ratio: float | None = field(metadata={ABSENT: None})
+    update_norm: float | None = field(metadata={ABSENT: None, FINITE: True})
+    update_ratio: float | None = field(metadata={ABSENT: None, FINITE: True})
 
 
 @dataclass(slots=True)
@@ -59,13 +61,13 @@ class StepLine:
     step: int = field(metadata={LEAST: 0})
     rank: int = field(metadata={LEAST: 0})
     world_size: int = field(metadata={LEAST: 1})
-    loss: float | None = field(metadata={ABSENT: None})
+    loss: float | None = field(metadata={ABSENT: None, FINITE: True})
     layers: list[LoggedCall]
     params: list[LoggedParam]
     nonfinite_origins: list[Origin] = field(default_factory=list, metadata=_NONE_IF_NULL)
     loss_nonfinite: bool = False  # the loss was NaN/Inf (`loss` is null then)
     skipped: bool | None = None  # with a GradScaler: it skipped this step (inf gradients)
-    scale: float | None = None  # with a GradScaler: its loss scale
+    scale: float | None = field(default=None, metadata={FINITE: True})  # a GradScaler's scale
     run: str | None = None  # the run's id, as the log writer marks each line
     schema: int = LOG_SCHEMA
     kind: str = "step"
