@@ -265,12 +265,13 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         '        raise _Mismatch(data, "an object")',
         "    get = data.get",
     ]
-    names = []
+    names: list[str] = []
+    by_name: list[str] = []  # kw_only fields, passed by name after the others
     for i, f in enumerate(dataclasses.fields(cls)):
         if not f.init:
             continue
         name, local, meta = f.name, f"f{i}", f.metadata
-        names.append(f"{name}={local}" if f.kw_only else local)  # (kw_only: by name)
+        (by_name if f.kw_only else names).append(f"{name}={local}" if f.kw_only else local)
         lines.append(f"    v = get({name!r}, _MISSING)")
         null = " or v is None" if meta.get(NULL_IS_ABSENT) else ""
         lines.append(f"    if v is _MISSING{null}:")
@@ -296,7 +297,7 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         if meta.get(LENIENT):  # not of its type: as if absent
             present = ["try:", *[f"    {x}" for x in present], "except _Mismatch:", f"    {absent}"]
         lines += [f"        {line}" for line in present]
-    lines.append(f"    return cls({', '.join(names)})")
+    lines.append(f"    return cls({', '.join(names + by_name)})")
     read = _function("\n".join(lines) + "\n", scope)
     read.__qualname__ = f"read_{cls.__name__}"
     return read
