@@ -107,9 +107,9 @@ class Probe:
 
     @classmethod
     def wanted(cls, run: Any, rules: Any = None) -> bool:
-        """Whether `run` (RunOptions) asks for it, or a rule of `rules` reads what it measures."""
-        asked = bool(getattr(run, cls.option)) if cls.option else True
-        return asked or (rules is not None and cls.ruled(rules))
+        """Whether `run` (RunOptions) asks for it, or a rule of `rules` reads what it measures
+        (a probe with no option is always on)."""
+        return not cls.option or cls.asked(run, rules)
 
     @classmethod
     def asked(cls, run: Any, rules: Any = None) -> bool:

@@ -27,8 +27,8 @@ class Save(Probe):
         return cls(run.save, command)
 
     @classmethod
-    def wanted(cls, run: Any, rules: Any = None) -> bool:
-        return run.save is not None
+    def asked(cls, run: Any, rules: Any = None) -> bool:
+        return run.save is not None  # (a destination, whatever its truth value)
 
     @contextlib.contextmanager
     def arm(self, armed: Armed) -> Iterator[None]:
