@@ -88,6 +88,34 @@ def _huge_int(d: dict[str, Any]) -> None:
     d["layers"][0]["outputs"][0]["norm"] = 10**400
 
 
+def _infinite_number(d: dict[str, Any]) -> None:
+    d["layers"][0]["outputs"][0]["std"] = float("inf")  # written out as 1e999 below
+
+
+def _negative_call(d: dict[str, Any]) -> None:
+    d["layers"][0]["call"] = -1
+
+
+def _negative_size(d: dict[str, Any]) -> None:
+    d["layers"][0]["outputs"][0]["shape"] = [4, -4]
+
+
+def _negative_input_size(d: dict[str, Any]) -> None:
+    d["input"]["shapes"] = [[4, -4]]
+
+
+def _negative_params(d: dict[str, Any]) -> None:
+    d["model"]["params"] = -3
+
+
+def _no_outputs(d: dict[str, Any]) -> None:
+    del d["layers"][0]["outputs"]
+
+
+def _string_count(d: dict[str, Any]) -> None:
+    d["layers"][0]["outputs"][0]["nan"] = "0"
+
+
 @pytest.mark.parametrize(
     ("mutate", "what"),
     [
@@ -100,6 +128,13 @@ def _huge_int(d: dict[str, Any]) -> None:
         (_no_tensors, "no layer call records a tensor"),
         (_string_call, "layers[1].call is a string, not a count"),
         (_huge_int, "layers[0].outputs[0].norm is beyond the range of a float"),
+        (_infinite_number, "layers[0].outputs[0].std is infinite, not a finite number or null"),
+        (_negative_call, "layers[0].call is -1, not a count"),
+        (_negative_size, "layers[0].outputs[0].shape is not a list of sizes"),
+        (_negative_input_size, "input.shapes[0] is not a list of sizes"),
+        (_negative_params, "model.params is -3, not a count"),
+        (_no_outputs, "layers[0] has no 'outputs'"),
+        (_string_count, "layers[0].outputs[0].nan is a string, not a count"),
     ],
 )
 def test_a_malformed_report_is_refused_by_check_and_diff(
@@ -111,7 +146,7 @@ def test_a_malformed_report_is_refused_by_check_and_diff(
     bad = copy.deepcopy(good_report)
     mutate(bad)
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps(bad))
+    path.write_text(json.dumps(bad).replace("Infinity", "1e999"))  # JSON's own infinity
     good = tmp_path / "good.json"
     good.write_text(json.dumps(good_report))
     r = run("check", HEALTHY, *TINY, "--baseline", str(path))
@@ -189,6 +224,28 @@ def test_a_valid_report_still_loads_and_compares(
     assert "PASS baseline: 6 tensors" in r.stdout
     r = run("check", HEALTHY, *TINY, "--baseline", str(path), "--seed", "1")
     assert r.exit_code == 1 and "FAIL baseline" in r.stdout
+    r = run("diff", str(path), str(path))
+    assert r.exit_code == 0, r.stderr
+
+
+def test_what_older_reports_leave_out_still_reads(
+    good_report: dict[str, Any], tmp_path: Path
+) -> None:
+    """A report without `device` and with null NaN/Inf counts (both allowed before the typed
+    reader) still reads, compares and renders; the counts read as 0."""
+    old = copy.deepcopy(good_report)
+    del old["device"]
+    for c in old["layers"]:
+        for t in c["outputs"]:
+            t["nan"] = t["inf"] = None
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    report = reportfile.load_report(path, "baseline", "record one")
+    assert report.device == "unknown"
+    assert all(t.nan == 0 == t.inf for c in report.layers for t in c.outputs)
+    r = run("check", HEALTHY, *TINY, "--baseline", str(path))
+    assert r.exit_code == 0, r.stderr
+    assert "PASS baseline: 6 tensors" in r.stdout
     r = run("diff", str(path), str(path))
     assert r.exit_code == 0, r.stderr
 

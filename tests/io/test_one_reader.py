@@ -16,7 +16,7 @@ import pytest
 from hookcli.commands.watch import logread
 from hookcli.errors import UsageError
 from hookcli.io.recordjson import RecordError, from_json
-from hookcli.records.core import ABSENT, LEAST, LENIENT, NULL_IS_ABSENT
+from hookcli.records.meta import ABSENT, LEAST, LENIENT, NULL_IS_ABSENT
 from tests.support.watchlogs import call_dict, step_dict, write_log
 
 ORIGIN = {

@@ -79,8 +79,9 @@ def test_a_baseline_names_the_layer_that_changed_first(tmp_path: Path) -> None:
 
 def test_drift_sizes_do_not_explode_near_zero() -> None:
     from hookcli.commands.baseline import _scale, _size_of_change
+    from hookcli.records import TensorStats
 
-    entry = {"mean": 0.0123, "std": 1.0, "norm": 100.0, "numel": 10_000}
+    entry = TensorStats("x", (100, 100), "float32", 10_000, mean=0.0123, std=1.0, norm=100.0)
     scale = _scale(entry)
     assert scale == pytest.approx(1.0)
     # a near-zero mean moving by 0.04 is a small change against a tensor of rms 1 …
@@ -370,9 +371,12 @@ def test_replay_output_into_the_bundle_is_refused(trained: Path, name: str) -> N
     [
         (lambda b: (b / "state.pt").write_bytes((b / "state.pt").read_bytes()[:100]), "state.pt"),
         (lambda b: (b / "batch.pt").write_bytes(b""), "batch.pt"),
-        (lambda b: _edit(b, layers=5), "'layers' is int"),
-        (lambda b: _edit(b, origins=[{"layer": 1}]), "not an origin"),
-        (lambda b: _edit(b, step="two"), "'step' is str"),
+        (lambda b: _edit(b, layers=5), "bundle.json's layers is a number, not a list"),
+        (lambda b: _edit(b, layers=["a", 1]), "bundle.json's layers[1] is a number, not a string"),
+        (lambda b: _edit(b, origins=[{"layer": 1}]), "bundle.json's origins[0] has no 'direction'"),
+        (lambda b: _edit(b, step="two"), "bundle.json's step is a string, not a whole number"),
+        (lambda b: _edit(b, rank=-1), "bundle.json's rank is a number, not a whole number >= 0"),
+        (lambda b: _edit(b, schema=2), "ValueError: schema 2"),
         (lambda b: (b / "records.jsonl").write_text("[1, 2]\n"), "not an object"),
         (
             lambda b: torch.save({"model": {"fc1.weight": "x"}}, b / "state.pt"),

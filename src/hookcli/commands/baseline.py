@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hookcli.errors import UsageError
-from hookcli.records import TENSOR_STATS, CheckResult, Failure, Report, Stat
+from hookcli.records import TENSOR_STATS, CheckResult, Failure, LayerCall, Report, Stat, TensorStats
 
 # the statistics compared (records.TensorStats declares how), counts last: of equally large
 # drifts in one tensor, the first named is a statistic's
@@ -19,22 +18,22 @@ STATS = tuple(s.name for s in _COMPARED)
 _HOW: dict[str, Stat] = {s.name: s for s in _COMPARED}
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
-    """The validated report at path (reportfile.load_report: the one loader of saved reports)."""
+def load_baseline(path: Path) -> Report:
+    """The saved report at path (reportfile.load_report: the one loader of saved reports)."""
     from hookcli.io.reportfile import load_report
 
     return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {path}")
 
 
-def _entries(layers: list[dict[str, Any]]) -> dict[tuple[str, int, str, str], dict[str, Any]]:
+def _entries(layers: list[LayerCall]) -> dict[tuple[str, int, str, str], TensorStats]:
     out = {}
     for c in layers:
         for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
-            for t in c.get(kind) or []:
-                out[(c["name"], c["call"], kind, t["path"])] = t
-        for p in c.get("params") or []:
-            if p.get("grad"):
-                out[(c["name"], c["call"], "param_grads", p["name"])] = p["grad"]
+            for t in getattr(c, kind) or []:
+                out[(c.name, c.call, kind, t.path)] = t
+        for p in c.params or []:
+            if p.grad is not None:
+                out[(c.name, c.call, "param_grads", p.name)] = p.grad
     return out
 
 
@@ -48,16 +47,16 @@ def _drifted(a: float | None, b: float | None, rtol: float, atol: float) -> bool
     return not abs(a - b) <= atol + rtol * abs(b)  # a NaN or Inf that moved is a drift
 
 
-def _scale(entry: dict[str, Any]) -> float | None:
+def _scale(entry: TensorStats) -> float | None:
     """A tensor's own size to measure its statistics' changes against: its root mean square
     (norm / sqrt(numel)), else the larger of |mean| and std. A change of a mean near zero is
     not large because the mean was small: measured against the tensor's rms it is the same
     change whatever the mean was (issue 32: a weight scaled by 1.5 lost behind a 354% change of a
     near-zero mean)."""
-    norm, numel = entry.get("norm"), entry.get("numel")
-    if isinstance(norm, float | int) and isinstance(numel, int) and numel > 0 and norm > 0:
+    norm, numel = entry.norm, entry.numel
+    if norm is not None and numel > 0 and norm > 0:
         return float(norm) / math.sqrt(numel)
-    parts = [abs(v) for v in (entry.get("mean"), entry.get("std")) if isinstance(v, float | int)]
+    parts = [abs(v) for v in (entry.mean, entry.std) if v is not None]
     return max(parts) if parts and max(parts) > 0 else None
 
 
@@ -77,27 +76,27 @@ def _size_of_change(stat: str, a: float | None, b: float | None, scale: float | 
 
 
 def compare_baseline(
-    report: Report, baseline: dict[str, Any], rtol: float, atol: float, label: str
+    report: Report, baseline: Report, rtol: float, atol: float, label: str
 ) -> CheckResult:
     """Every recorded statistic against the baseline's. The first failure (`first`, listed
     first) is the first call that drifted in the order the hooks saw them (forward, then
     gradients nearest the loss first): where a change began. The rest follow largest first,
     measured by _size_of_change."""
-    base_model = baseline.get("model", {}).get("spec")
+    base_model = baseline.model.spec
     if base_model != report.model.spec:
         raise UsageError(
             f"baseline {label} is from model {base_model!r}; this run is {report.model.spec!r}.",
             "compare runs of the same model, or record a new baseline.",
         )
-    base_shapes = [list(s) for s in baseline.get("input", {}).get("shapes", [])]
+    base_shapes = [list(s) for s in baseline.input.shapes]
     run_shapes = [list(s) for s in report.input.shapes]
     if base_shapes != run_shapes:
         raise UsageError(
             f"baseline {label} ran on input {base_shapes}; this run on {run_shapes}.",
             "use the same input shape, or record a new baseline.",
         )
-    now = _entries(report.to_dict()["layers"])
-    before = _entries(baseline["layers"])
+    now = _entries(report.layers)
+    before = _entries(baseline.layers)
     kinds = {k[2] for k in before}
     now = {k: v for k, v in now.items() if k[2] in kinds}  # compare what the baseline recorded
     calls_now = {(k[0], k[1]) for k in now}
@@ -126,7 +125,7 @@ def compare_baseline(
         scale = _scale(b)
         worst: tuple[float, str] | None = None
         for stat in STATS:
-            va, vb = a.get(stat), b.get(stat)
+            va, vb = getattr(a, stat), getattr(b, stat)
             if not _drifted(va, vb, rtol, atol):
                 continue
             size = _size_of_change(stat, va, vb, scale)
@@ -135,7 +134,7 @@ def compare_baseline(
         if worst is not None:
             size, stat = worst
             name, call, kind, path = key
-            va, vb = a.get(stat), b.get(stat)
+            va, vb = getattr(a, stat), getattr(b, stat)
             where = f"{kind[:-1]} {path} {stat}"
             how = _how_much(stat, va, vb, size)
             text = f"{name} call {call} {where}: {number_text(vb)} -> {number_text(va)}{how}"
@@ -190,25 +189,25 @@ def _how_much(stat: str, a: float | None, b: float | None, size: float) -> str:
     return f" ({rel}{size:.3g}× the tensor's rms)"
 
 
-def _inputs_differ(report: Report, baseline: dict[str, Any]) -> str | None:
+def _inputs_differ(report: Report, baseline: Report) -> str | None:
     """What differs between the baseline's run and this one besides the model: the input
     (its description and files), the seed, the weights. None when nothing does."""
     said = []
-    base_input = baseline.get("input", {})
-    base_seed = baseline.get("model", {}).get("seed")
+    base_input = baseline.input
+    base_seed = baseline.model.seed
     if base_seed is not None and base_seed != report.model.seed:
         said.append(
             f"the baseline ran with --seed {base_seed}, this run with --seed {report.model.seed} "
             "(random weights and random inputs follow it)"
         )
-    if base_input.get("description") != report.input.description:
+    if base_input.description != report.input.description:
         said.append(
-            f"the baseline's input was {base_input.get('description')!r}, "
+            f"the baseline's input was {base_input.description!r}, "
             f"this run's is {report.input.description!r}"
         )
-    elif list(base_input.get("sources") or []) != list(report.input.sources):
+    elif list(base_input.sources) != list(report.input.sources):
         said.append("the baseline read other image files")
-    base_weights = baseline.get("model", {}).get("weights")
+    base_weights = baseline.model.weights
     if base_weights != report.model.weights and not (
         base_seed is not None and base_seed != report.model.seed
     ):

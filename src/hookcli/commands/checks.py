@@ -20,7 +20,6 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from hookcli import bounds
 from hookcli.commands.baseline import compare_baseline, load_baseline, number_text
@@ -54,7 +53,7 @@ class Rules:
     max_expert_imbalance: float | None = None
     max_saved_mb: float | None = None
     expect_shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    baseline: dict[str, Any] | None = None
+    baseline: Report | None = None
     baseline_path: str | None = None
     rtol: float = _ASKED.rtol
     atol: float = _ASKED.atol

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hookcli.records import Failure
-from hookcli.records.core import ABSENT, FINITE, LEAST, LENIENT, NULL_IS_ABSENT
+from hookcli.records.meta import ABSENT, FINITE, LEAST, LENIENT, NULL_IS_ABSENT, REQUIRED
 from hookcli.records.statfields import STAT
 
 
@@ -179,6 +180,16 @@ def _scalars(hint: Any, kind: type[Any], least: int | None = None) -> Callable[[
     )
 
 
+def _held(hint: Any, least: int) -> Callable[[Any], Any]:
+    """A list or tuple of whole numbers (or of lists of them: a list of shapes) each held to
+    `least`."""
+    kind = tuple if typing.get_origin(hint) is tuple else list
+    item = typing.get_args(hint)[0]
+    if item in _TESTS:
+        return _scalars(item, kind, least)
+    return _sequence(_held(item, least), kind if kind is tuple else None)
+
+
 def _same(v: Any) -> Any:
     return v
 
@@ -256,6 +267,7 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
     of its type reads as its default."""
     hints = typing.get_type_hints(cls)
     scope: dict[str, Any] = {"_Mismatch": _Mismatch, "_NUMBER": _NUMBER, "_MISSING": _MISSING}
+    scope["_FLOAT_MAX"] = sys.float_info.max
     scope["cls"] = cls
     lines = ["def read(data):"]
     if cls is Failure:  # schema 1: a failure was its line
@@ -275,7 +287,9 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         lines.append(f"    v = get({name!r}, _MISSING)")
         null = " or v is None" if meta.get(NULL_IS_ABSENT) else ""
         lines.append(f"    if v is _MISSING{null}:")
-        if f.default is not dataclasses.MISSING or ABSENT in meta:
+        if meta.get(REQUIRED):
+            absent = f'raise _Mismatch(None, "", missing={name!r})'
+        elif f.default is not dataclasses.MISSING or ABSENT in meta:
             scope[f"d{i}"] = meta.get(ABSENT, f.default)
             absent = f"{local} = d{i}"
         elif f.default_factory is not dataclasses.MISSING:
@@ -289,8 +303,11 @@ def _record(cls: type[Any]) -> Callable[[Any], Any]:
         finite = meta.get(FINITE, stat is not None and not stat.count)
         finite = finite and float in (hints[name], *typing.get_args(hints[name]))
         present = _field(hints[name], name, local, scope, least)
-        if finite:  # inf - inf is nan, true; a finite number less itself 0.0, false
-            present.append(f"if {local} is not None and {local} - {local}:")
+        if finite:  # inf - inf is nan, true; a finite number less itself 0.0, false; a whole
+            # number beyond a float's range (JSON's 1e400 written out) fails the second test
+            present.append(
+                f"if {local} is not None and ({local} - {local} or abs({local}) > _FLOAT_MAX):"
+            )
             present.append('    _bad = _Mismatch(v, "a finite number", nullable=True)')
             present.append(f"    _bad.path.append({name!r})")
             present.append("    raise _bad")
@@ -324,8 +341,7 @@ def _field(hint: Any, name: str, local: str, scope: dict[str, Any], least: int |
         ]
     one = options[0] if nullable and len(options) == 1 else hint
     if least is not None and typing.get_origin(one) in (list, tuple):  # sizes, counts
-        kind = tuple if typing.get_origin(one) is tuple else list
-        scope[f"r_{local}"] = _scalars(typing.get_args(one)[0], kind, least)
+        scope[f"r_{local}"] = _held(one, least)
     else:
         scope[f"r_{local}"] = reader(one)
     read = [

@@ -60,6 +60,7 @@ from hookcli.records.llm import Outliers as Outliers
 from hookcli.records.llm import Rendered as Rendered
 from hookcli.records.report import Report as Report
 from hookcli.records.report import Viewed as Viewed
+from hookcli.records.runlog import BundleInfo as BundleInfo
 from hookcli.records.runlog import LoggedCall as LoggedCall
 from hookcli.records.runlog import LoggedParam as LoggedParam
 from hookcli.records.runlog import NonfiniteLine as NonfiniteLine

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hookcli.records.llm import ChannelStats
+from hookcli.records.meta import ABSENT, LEAST, LENIENT, REQUIRED
 from hookcli.records.statfields import Stat, stat, stats_of
 
 SCHEMA_VERSION = 2
@@ -14,18 +15,6 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 LOG_SCHEMA = 1  # a hookcli.watch log line's version (StepLine, NonfiniteLine)
 READABLE_LOG_SCHEMAS = (1,)  # the log line versions this version reads
-
-# Field metadata the JSON reader (io/recordjson.py) compiles in: a whole number's least value
-# (a list of them: each one's; a count statistic's is 0 without it), a number that must be
-# finite (JSON's 1e999 reads as inf; a statistic's must be without it), what an absent field with
-# no default reads as, a field whose null reads as if absent (older log lines), and a field
-# that reads as its default when it is not of its type (an extra nothing checks: a hand-edited
-# file still reads).
-LEAST = "hookcli.least"
-FINITE = "hookcli.finite"
-ABSENT = "hookcli.absent"
-NULL_IS_ABSENT = "hookcli.null_is_absent"
-LENIENT = "hookcli.lenient"
 
 
 @dataclass(slots=True)
@@ -95,10 +84,10 @@ class LayerCall:
 
     name: str
     type: str
-    call: int
+    call: int = field(metadata={LEAST: 0})
     aliases: list[str] = field(default_factory=list)
-    inputs: list[TensorStats] = field(default_factory=list)
-    outputs: list[TensorStats] = field(default_factory=list)
+    inputs: list[TensorStats] = field(default_factory=list, metadata={REQUIRED: True})
+    outputs: list[TensorStats] = field(default_factory=list, metadata={REQUIRED: True})
     grad_inputs: list[TensorStats] | None = None
     grad_outputs: list[TensorStats] | None = None
     params: list[ParamStats] | None = None
@@ -403,7 +392,7 @@ class ModelInfo:
     spec: str
     task: str
     weights: str
-    params: int
+    params: int = field(metadata={LEAST: 0})
     mode: str = "eval"
     seed: int | None = None  # --seed: random weights and random inputs come from it
     # the floating-point dtype its parameters ran in (engine.selection.dtype_of; None in a
@@ -434,7 +423,7 @@ class Generated:
 @dataclass(slots=True)
 class InputInfo:
     description: str
-    shapes: list[tuple[int, ...]]
+    shapes: list[tuple[int, ...]] = field(metadata={LEAST: 0})
     sources: list[str] = field(default_factory=list)
     preprocessing: str | None = None
     texts: list[TextInfo] | None = None  # a text input: its sequences, token by token

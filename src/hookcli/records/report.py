@@ -25,6 +25,7 @@ from hookcli.records.core import (
     TensorStats,
 )
 from hookcli.records.llm import ExpertStats, HeadStats, Outliers, Rendered
+from hookcli.records.meta import ABSENT
 
 
 def plural(n: int, what: str) -> str:
@@ -95,7 +96,7 @@ class Viewed:
 class Report(Viewed):
     model: ModelInfo
     input: InputInfo
-    device: str
+    device: str = field(metadata={ABSENT: "unknown"})  # a saved report may leave it out
     layers: list[LayerCall]
     never_called: list[str] = field(default_factory=list)
     outputs: list[TensorStats] = field(default_factory=list)

@@ -6,18 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookcli.records.core import (
-    ABSENT,
-    FINITE,
-    LEAST,
-    LENIENT,
-    LOG_SCHEMA,
-    NULL_IS_ABSENT,
-    CallMemory,
-    Memory,
-    Origin,
-    TensorStats,
-)
+from hookcli.records.core import LOG_SCHEMA, CallMemory, Memory, Origin, TensorStats
+from hookcli.records.meta import ABSENT, FINITE, LEAST, LENIENT, NULL_IS_ABSENT
 
 # Read back by io/recordjson.py: a count or step is >= 0 (LEAST), a number finite (FINITE),
 # what a line may leave out
@@ -169,3 +159,32 @@ def log_line(line: StepLine | NonfiniteLine) -> dict[str, Any]:
             value = list(value)
         data[f.name] = value
     return data
+
+
+_OR_NULL = {NULL_IS_ABSENT: True}  # bundle.json: null, as absent, reads as the default
+
+
+@dataclass(slots=True)
+class BundleInfo:
+    """A repro bundle's bundle.json: the step and rank that made NaN/Inf, what held it, the
+    origins the recorder's re-run found, the model and device it ran on, the selection it
+    watched, and whether the model was pickled and the batch saved. Read back by the one typed
+    reader (io/recordjson.py); a field left out or null reads as its default."""
+
+    schema: int
+    step: int | None = field(default=None, metadata={LEAST: 0, **_OR_NULL})
+    rank: int = field(default=0, metadata={LEAST: 0, **_OR_NULL})
+    world_size: int = field(default=1, metadata={LEAST: 1, **_OR_NULL})
+    found: list[str] = field(default_factory=list, metadata=_OR_NULL)
+    nonfinite_params: list[str] = field(default_factory=list, metadata=_OR_NULL)
+    origins: list[Origin] = field(default_factory=list, metadata=_OR_NULL)
+    model: str | None = None  # the module's class, module.qualname
+    device: str = field(default="cpu", metadata=_OR_NULL)
+    layers: list[str] = field(default_factory=list, metadata=_OR_NULL)  # --layer patterns
+    types: list[str] = field(default_factory=list, metadata=_OR_NULL)  # --type names
+    forwards: int = field(default=0, metadata={LEAST: 0, **_OR_NULL})
+    hookcli_version: str = field(default="", metadata=_OR_NULL)
+    torch_version: str = field(default="", metadata=_OR_NULL)
+    notes: list[str] = field(default_factory=list, metadata=_OR_NULL)
+    pickled: bool = field(default=False, metadata=_OR_NULL)  # model.pt holds the module
+    replayable: bool = field(default=True, metadata=_OR_NULL)  # batch.pt holds the step's batch

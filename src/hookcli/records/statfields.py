@@ -37,6 +37,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hookcli.records.meta import NULL_IS_ABSENT
+
 Merge = Literal["mean", "std", "min", "max", "norm", "fraction", "count"]
 Compare = Literal["rms", "relative", "points", "count"]
 Format = Literal["num", "pct", "int"]
@@ -89,7 +91,9 @@ def stat(
     count shown as a whole number unless `format` says otherwise)."""
     shown = format or ("int" if merge == "count" else "num")
     declared = Stat("", merge, compare, header, shown, drop, label)
-    return dataclasses.field(default=0 if merge == "count" else None, metadata={STAT: declared})
+    if merge == "count":  # null as if absent: 0 (older files wrote it)
+        return dataclasses.field(default=0, metadata={STAT: declared, NULL_IS_ABSENT: True})
+    return dataclasses.field(default=None, metadata={STAT: declared})
 
 
 def stats_of(cls: type[Any]) -> tuple[Stat, ...]:

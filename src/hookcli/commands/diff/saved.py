@@ -15,7 +15,16 @@ from hookcli.commands.diff.measure import TOPK, describe_over, shape_label
 from hookcli.commands.diff.report import check_sort
 from hookcli.commands.diff.tolerance import DTYPE_PRECISION, default_tol
 from hookcli.errors import UsageError
-from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
+from hookcli.records import (
+    DiffCall,
+    DiffReport,
+    InputInfo,
+    ModelInfo,
+    Prediction,
+    Report,
+    TensorDiff,
+    TensorStats,
+)
 
 # the tasks whose saved predictions are classes (top-k by softmax)
 CLASSIFIERS = frozenset({"classification", "quantized", "video", "text-classification"})
@@ -44,40 +53,39 @@ def diff_saved(
     a, b = reports
     if tol is None:
         tol, tol_source = default_tol(
-            DTYPE_PRECISION.get(str(t.get("dtype")), "float32")
+            DTYPE_PRECISION.get(t.dtype, "float32")
             for r in reports
-            for c in r["layers"]
-            for t in c["outputs"]
+            for c in r.layers
+            for t in c.outputs
         )
-    if a["model"].get("spec") != b["model"].get("spec"):
+    if a.model.spec != b.model.spec:
         raise UsageError(
-            f"the reports are of different models ({a['model'].get('spec')} vs "
-            f"{b['model'].get('spec')}).",
+            f"the reports are of different models ({a.model.spec} vs {b.model.spec}).",
             "compare two reports of one model.",
         )
-    before = {(c["name"], c["call"]): c for c in a["layers"]}
+    before = {(c.name, c.call): c for c in a.layers}
     calls: list[DiffCall] = []
     first = None
-    for c in b["layers"]:
-        old = before.pop((c["name"], c["call"]), None)
+    for c in b.layers:
+        old = before.pop((c.name, c.call), None)
         if old is None:
             continue
-        by_path = {t["path"]: t for t in old["outputs"]}
-        diffs = [_stat_diff(by_path.get(t["path"]), t, tol) for t in c["outputs"]]
-        calls.append(DiffCall(c["name"], c["type"], c["call"], diffs))
+        by_path = {t.path: t for t in old.outputs}
+        diffs = [_stat_diff(by_path.get(t.path), t, tol) for t in c.outputs]
+        calls.append(DiffCall(c.name, c.type, c.call, diffs))
         over = next((d for d in diffs if d.over), None)
         if over is not None and first is None:
             first = describe_over(calls[-1], over, tol)
     matched = {(c.name, c.call) for c in calls}
     missing = [f"{n} call {k}: only in {path_a}" for n, k in before]
     missing += [
-        f"{c['name']} call {c['call']}: only in {path_b}"
-        for c in b["layers"]
-        if (c["name"], c["call"]) not in matched
+        f"{c.name} call {c.call}: only in {path_b}"
+        for c in b.layers
+        if (c.name, c.call) not in matched
     ]
     if sort == "error":
         calls.sort(key=_sort_key)
-    m = b["model"]
+    m = b.model
     notes = [
         "two saved reports: only statistics are known, so tensors are compared by the "
         "relative change of their norm (norm Δ, signed: (|B|-|A|)/|A|); run "
@@ -85,11 +93,11 @@ def diff_saved(
     ]
     if tol_source != "--tol":
         notes.append(f"tol {tol:g}: {tol_source}")
-    agreement = _agreement(a, b) if m.get("task") in CLASSIFIERS else None
+    agreement = _agreement(a, b) if m.task in CLASSIFIERS else None
     return DiffReport(
-        model=ModelInfo(m["name"], m["spec"], m["task"], m["weights"], m["params"]),
-        input=InputInfo(f"{a['input']['description']} | {b['input']['description']}", []),
-        device=f"{a.get('device')} | {b.get('device')}",
+        model=ModelInfo(m.name, m.spec, m.task, m.weights, m.params),
+        input=InputInfo(f"{a.input.description} | {b.input.description}", []),
+        device=f"{a.device} | {b.device}",
         a=path_a,
         b=path_b,
         ref=None,
@@ -114,15 +122,16 @@ def _sort_key(call: DiffCall) -> tuple[int, float]:
     return (1, -max(values)) if values else (2, 0.0)
 
 
-def _agreement(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+def _agreement(a: Report, b: Report) -> dict[str, dict[str, Any]] | None:
     """Top-1 flips and top-k overlap of the two reports' saved predictions, per image (each
     report's top-k, k as many as both hold, at most 5); None without predictions in both."""
 
-    def tops(r: dict[str, Any]) -> dict[int, tuple[str | None, list[tuple[int, str | None]]]]:
+    def tops(r: Report) -> dict[int, tuple[str | None, list[tuple[int, str | None]]]]:
         found: dict[int, tuple[str | None, list[tuple[int, int, str | None]]]] = {}
-        for p in r.get("predictions") or []:
-            _, ranked = found.setdefault(int(p.get("image") or 0), (p.get("source"), []))
-            ranked.append((int(p["rank"]), int(p["index"]), p.get("label")))
+        p: Prediction
+        for p in r.predictions or []:
+            _, ranked = found.setdefault(p.image, (p.source, []))
+            ranked.append((p.rank, p.index, p.label))
         return {i: (s, [(k, lab) for _, k, lab in sorted(ps)]) for i, (s, ps) in found.items()}
 
     ta, tb = tops(a), tops(b)
@@ -159,25 +168,23 @@ def _agreement(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]
     }
 
 
-def _stat_diff(old: dict[str, Any] | None, new: dict[str, Any], tol: float) -> TensorDiff:
-    d = TensorDiff(new["path"], tuple(new["shape"]), new["numel"])
+def _stat_diff(old: TensorStats | None, new: TensorStats, tol: float) -> TensorDiff:
+    d = TensorDiff(new.path, tuple(new.shape), new.numel)
     if old is None:
         d.note, d.over = "only in the second report", True
         return d
-    if old["shape"] != new["shape"]:
-        d.note, d.over = (
-            f"shapes differ: {shape_label(old['shape'])} vs {shape_label(new['shape'])}",
-            True,
-        )
+    if old.shape != new.shape:
+        d.note = f"shapes differ: {shape_label(old.shape)} vs {shape_label(new.shape)}"
+        d.over = True
         return d
-    d.nonfinite = int((new.get("nan") or 0) + (new.get("inf") or 0))
-    na, nb = old.get("norm"), new.get("norm")
+    d.nonfinite = new.nan + new.inf
+    na, nb = old.norm, new.norm
     if na is not None and nb is not None:
         d.norm_rel = (nb - na) / na if na else (0.0 if nb == 0 else None)
     changes = [
-        f"{k} {old[k]:.4g} -> {new[k]:.4g}"
-        for k in ("mean", "std")
-        if old.get(k) is not None and new.get(k) is not None and old[k] != new[k]
+        f"{k} {x:.4g} -> {y:.4g}"
+        for k, x, y in (("mean", old.mean, new.mean), ("std", old.std, new.std))
+        if x is not None and y is not None and x != y
     ]
     d.note = "; ".join(changes) or None
     d.over = d.nonfinite > 0 or d.norm_rel is None or abs(d.norm_rel) > tol

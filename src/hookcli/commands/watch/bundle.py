@@ -24,6 +24,7 @@ of the module, which runs code when loaded: `hookcli replay` reads it only with 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -42,7 +43,8 @@ from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.errors import UsageError, one_line
-from hookcli.records import LayerCall, Origin, TensorStats
+from hookcli.io.recordjson import RecordError, from_json
+from hookcli.records import BundleInfo, LayerCall, Origin, TensorStats
 from hookcli.tree import iter_tensors, map_tensors
 
 BUNDLE_SCHEMA = 1
@@ -276,7 +278,7 @@ def _autocast(spec: tuple[str, str] | None) -> contextlib.AbstractContextManager
 def write_bundle(
     dest: Path,
     *,
-    info: dict[str, Any],
+    info: BundleInfo,
     module: nn.Module,
     optimizer: Any,
     forwards: Sequence[ForwardCapture],
@@ -313,9 +315,11 @@ def write_bundle(
             with (tmp / "records.jsonl").open("w", encoding="utf-8") as fh:
                 for r in records:
                     fh.write(json.dumps(r, allow_nan=False) + "\n")
-            meta = dict(info, schema=BUNDLE_SCHEMA, pickled=pickled, replayable=replayable)
-            meta["notes"] = [*info.get("notes", []), *notes]
-            (tmp / "bundle.json").write_text(json.dumps(meta, indent=1, allow_nan=False) + "\n")
+            meta = dataclasses.replace(
+                info, pickled=pickled, replayable=replayable, notes=[*info.notes, *notes]
+            )
+            text = json.dumps(dataclasses.asdict(meta), indent=1, allow_nan=False)
+            (tmp / "bundle.json").write_text(text + "\n")
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)
@@ -361,7 +365,7 @@ def check_bundle_dest(dest: Path) -> None:
 @dataclass(slots=True)
 class Bundle:
     path: Path
-    info: dict[str, Any]
+    info: BundleInfo
     state: dict[str, Any]
     forwards: list[ForwardCapture]
     records: list[dict[str, Any]]
@@ -389,10 +393,13 @@ def read_bundle(path: Path, *, unpickle: bool = False) -> Bundle:
         note_read(path / name)  # no output of this run may replace a part of the bundle
     damaged = f"it was written by another hookcli version or damaged (schema {BUNDLE_SCHEMA})."
     try:
-        info = json.loads((path / "bundle.json").read_text(encoding="utf-8"))
-        if not isinstance(info, dict) or info.get("schema") != BUNDLE_SCHEMA:
-            raise ValueError(f"schema {info.get('schema') if isinstance(info, dict) else '?'}")
-        _check_info(info)
+        meta = json.loads((path / "bundle.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or meta.get("schema") != BUNDLE_SCHEMA:
+            raise ValueError(f"schema {meta.get('schema') if isinstance(meta, dict) else '?'}")
+        try:
+            info = from_json(BundleInfo, meta)
+        except RecordError as exc:  # bundle.json's origins[0] has no 'direction', …
+            raise ValueError(f"bundle.json's {exc}") from None
         records = [
             json.loads(line)
             for line in (path / "records.jsonl").read_text(encoding="utf-8").splitlines()
@@ -421,45 +428,6 @@ def read_bundle(path: Path, *, unpickle: bool = False) -> Bundle:
             f"cannot read the repro bundle {path}: {type(exc).__name__}: {one_line(exc)}.", damaged
         ) from exc
     return Bundle(path, info, state, forwards, records)
-
-
-# bundle.json's fields and the types replay relies on (absent is allowed for each)
-_INFO_TYPES: dict[str, type] = {
-    "model": str,
-    "device": str,
-    "step": int,
-    "rank": int,
-    "pickled": bool,
-    "replayable": bool,
-    "layers": list,
-    "types": list,
-    "notes": list,
-    "found": list,
-    "origins": list,
-}
-
-
-def _check_info(info: dict[str, Any]) -> None:
-    """bundle.json's fields of the types replay reads them as (ValueError naming the field)."""
-    for key, kind in _INFO_TYPES.items():
-        value = info.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(
-                f"bundle.json's {key!r} is {type(value).__name__}, not {kind.__name__}"
-            )
-        if (
-            isinstance(value, list)
-            and key != "origins"
-            and not all(isinstance(v, str) for v in value)
-        ):
-            raise ValueError(f"bundle.json's {key!r} holds something other than text")
-    for o in info.get("origins") or []:
-        if not isinstance(o, dict) or not all(
-            k in o for k in ("direction", "where", "layer", "call", "path")
-        ):
-            raise ValueError("bundle.json's 'origins' holds an entry that is not an origin")
 
 
 def _load(path: Path, unpickle: bool, damaged: str) -> Any:

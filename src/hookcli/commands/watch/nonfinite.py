@@ -12,7 +12,6 @@ of any rank whose re-run found the origin), and a "nonfinite" line is made (Firs
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from torch import nn
 
 from hookcli._version import __version__
 from hookcli.commands.watch.bundle import (
+    BUNDLE_SCHEMA,
     ForwardCapture,
     capture_forward,
     rerun,
@@ -41,7 +41,7 @@ from hookcli.commands.watch.steptools import (
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
 from hookcli.errors import UsageError, one_line
 from hookcli.options import WatchOptions
-from hookcli.records import NonfiniteLine, Origin, StepLine, log_line
+from hookcli.records import BundleInfo, NonfiniteLine, Origin, StepLine, log_line
 from hookcli.tree import iter_tensors
 
 # forwards with gradients kept per step (micro-batches); a loop that runs more between two
@@ -254,24 +254,25 @@ class FirstNonfinite:
         bad_params: list[str],
         origins: list[Origin],
         notes: list[str],
-    ) -> dict[str, Any]:
+    ) -> BundleInfo:
         module = self.watched.module
-        return {
-            "step": index,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "found": found,
-            "nonfinite_params": bad_params,
-            "origins": [dataclasses.asdict(o) for o in origins],
-            "model": f"{type(module).__module__}.{type(module).__qualname__}",
-            "device": str(device_of(module)),
-            "layers": list(self.options.layers),
-            "types": list(self.options.types),
-            "forwards": len(step.forwards),
-            "hookcli_version": __version__,
-            "torch_version": torch.__version__,
-            "notes": list(notes),
-        }
+        return BundleInfo(
+            schema=BUNDLE_SCHEMA,
+            step=index,
+            rank=self.rank,
+            world_size=self.world_size,
+            found=list(found),
+            nonfinite_params=list(bad_params),
+            origins=list(origins),
+            model=f"{type(module).__module__}.{type(module).__qualname__}",
+            device=str(device_of(module)),
+            layers=list(self.options.layers),
+            types=list(self.options.types),
+            forwards=len(step.forwards),
+            hookcli_version=__version__,
+            torch_version=torch.__version__,
+            notes=list(notes),
+        )
 
 
 def stderr_line(line: NonfiniteLine) -> str:

@@ -57,10 +57,10 @@ def replay(
             "--unpickle only if you wrote this bundle yourself.",
         )
     bundle = read_bundle(Path(path), unpickle=unpickle)
-    if bundle.info.get("replayable") is False:
+    if not bundle.info.replayable:
         raise UsageError(
             f"the bundle {bundle.path} holds no batch: it could not be saved "
-            f"({'; '.join(bundle.info.get('notes') or [])}).",
+            f"({'; '.join(bundle.info.notes)}).",
             "its bundle.json still names the origin the recorder found.",
         )
     module, loading = _module(bundle, model, model_args)
@@ -69,8 +69,8 @@ def replay(
     entries = module_entries(module)
     targets = select(
         entries,
-        layers=tuple(layers) or tuple(bundle.info.get("layers") or ()),
-        types=tuple(types) or tuple(bundle.info.get("types") or ()),
+        layers=tuple(layers) or tuple(bundle.info.layers),
+        types=tuple(types) or tuple(bundle.info.types),
         model_label="the bundle's model",
     )
     kinds = {n: e.type for e in entries for n in e.names}
@@ -89,18 +89,18 @@ def replay(
             "the model built here does not run the step's batch: give the --model the run "
             "trained (with its --model-arg).",
         )
-    found = ", ".join(bundle.info.get("found") or [])
-    step, rank = bundle.info.get("step"), bundle.info.get("rank", 0)
+    found = ", ".join(bundle.info.found)
+    step, rank = bundle.info.step, bundle.info.rank
     notes = [f"bundle {bundle.path}: step {step} of rank {rank}, NaN/Inf seen in the {found}"]
-    notes += list(bundle.info.get("notes") or [])
+    notes += list(bundle.info.notes)
     notes += loading
     if model is not None:
         notes.append(
             f"model built from {model if isinstance(model, str) else type(model).__name__} with "
             "the bundle's state dict: attributes outside it are the constructor's"
         )
-    if str(where) != str(bundle.info.get("device")):
-        notes.append(f"recorded on {bundle.info.get('device')}, replayed on {where}")
+    if str(where) != bundle.info.device:
+        notes.append(f"recorded on {bundle.info.device}, replayed on {where}")
     notes += [f"{c.name} call {c.call}: {c.error}" for c in again.calls if c.error]
     shapes = [tuple(t.shape) for f in forwards for _, t in iter_tensors((f.args, f.kwargs), "in")][
         :8
@@ -108,15 +108,13 @@ def replay(
     return Report(
         model=ModelInfo(
             name=type(module).__name__,
-            spec=str(bundle.info.get("model", type(module).__name__)),
+            spec=bundle.info.model or type(module).__name__,
             task="training step",
             weights=f"bundle {bundle.path.name}",
             params=sum(p.numel() for p in module.parameters()),
             mode="train" if module.training else "eval",
         ),
-        input=InputInfo(
-            f"step {bundle.info.get('step')}'s batch: {len(forwards)} forward(s)", shapes
-        ),
+        input=InputInfo(f"step {bundle.info.step}'s batch: {len(forwards)} forward(s)", shapes),
         device=str(where),
         layers=again.calls,
         never_called=again.never_called,
@@ -130,16 +128,15 @@ def replay(
     )
 
 
-def origin_key(o: Origin | dict[str, Any]) -> tuple[Any, ...]:
+def origin_key(o: Origin) -> tuple[str, str, str, int, str]:
     """What makes two origins the same: direction, where, layer call and tensor path."""
-    d = o if isinstance(o, dict) else {k: getattr(o, k) for k in Origin.__dataclass_fields__}
-    return (d["direction"], d["where"], d["layer"], d["call"], d["path"])
+    return (o.direction, o.where, o.layer, o.call, o.path)
 
 
 def _reproduced(bundle: Bundle, found: list[Origin]) -> CheckResult:
     # the loss is not run again (backward restarts from its gradients): an origin in it is not
     # there to be found
-    recorded = [origin_key(o) for o in bundle.info.get("origins") or [] if o.get("where") != "loss"]
+    recorded = [origin_key(o) for o in bundle.info.origins if o.where != "loss"]
     now = [origin_key(o) for o in found]
     text = "; ".join(o.describe() for o in found) or "every value finite"
     if recorded == now:
@@ -158,7 +155,7 @@ def _module(
 ) -> tuple[nn.Module, list[str]]:
     """The model to replay, and what its loading has to say (a script read, not run)."""
     if spec is None:
-        if not bundle.info.get("pickled") or not (bundle.path / "model.pt").is_file():
+        if not bundle.info.pickled or not (bundle.path / "model.pt").is_file():
             raise UsageError(
                 f"the bundle {bundle.path} holds no pickled model.",
                 "give --model SPEC (e.g. train.py:Net): its state comes from the bundle.",
@@ -167,7 +164,7 @@ def _module(
             module = torch.load(bundle.path / "model.pt", map_location="cpu", weights_only=False)
         except (ImportError, AttributeError) as exc:
             raise UsageError(
-                f"cannot rebuild {bundle.info.get('model')} from the bundle: {one_line(exc)}.",
+                f"cannot rebuild {bundle.info.model} from the bundle: {one_line(exc)}.",
                 "run replay where the training code imports (its directory), or give --model "
                 "train.py:Net (a class defined in the training script itself needs --model).",
             ) from exc
@@ -205,7 +202,7 @@ def _device(bundle: Bundle, spec: str | None) -> torch.device:
 
     if spec is not None:
         return resolve_device(spec)
-    recorded = torch.device(str(bundle.info.get("device", "cpu")))
+    recorded = torch.device(bundle.info.device)
     if recorded.type == "cuda" and torch.cuda.is_available():
         return (
             recorded if (recorded.index or 0) < torch.cuda.device_count() else torch.device("cuda")
