@@ -19,6 +19,10 @@ and folds the probes' findings into its report. A probe is one class in one modu
 - `finish(measured, report)` after it: its numbers and notes into the report.
 
 Adding a capability is one probe module and its line in the command's list.
+
+A watched training step (hookcli.watch) is the user's code, not a pass hookcli runs: its
+capabilities are StepProbes, which follow the step (armed when it begins, told of each forward,
+folded into the step's line); the recorder holds their list (commands/watch/capture.py).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
     from hookcli.engine.memory import MemoryMeter
     from hookcli.engine.prepare import Prepared
     from hookcli.inputs import ModelInput
-    from hookcli.records import Report
+    from hookcli.records import Report, StepLine
 
 
 @dataclass
@@ -148,3 +152,40 @@ def armed_probes(probes: list[Probe] | tuple[Probe, ...], armed: Armed) -> Itera
         for probe in probes:
             stack.enter_context(probe.arm(armed))
         yield
+
+
+@dataclass
+class StepArmed:
+    """What a probe of a watched training step arms when the step begins: the module (its
+    device) and what the step's hook session is to be given."""
+
+    module: Any  # torch.nn.Module
+    device: Any  # torch.device: where its parameters are
+    memory: MemoryMeter | None = None  # what autograd saves, per call
+
+
+class StepProbe:
+    """One capability of a watched training step (hookcli.watch). The step is the user's own
+    code, not a pass hookcli runs, so its probes follow the step: armed when a watched step
+    begins (before its hook session is made), told when each forward of the model begins and
+    ends, closed with `ended` once the step's weights have changed (before its calls are
+    completed), folded into the step's line with `finish`, and disarmed when the step is over
+    or the watch closes. The recorder (commands/watch/capture.py) holds the list."""
+
+    def arm(self, armed: StepArmed) -> None:
+        """The step begins: configure, and hand the hook session what it needs."""
+
+    def forward_began(self) -> None:
+        """A forward of the model with autograd begins."""
+
+    def forward_ended(self) -> None:
+        """That forward returned."""
+
+    def ended(self) -> None:
+        """The step's weights have changed; its calls are not yet completed."""
+
+    def finish(self, record: StepLine, optimizer: Any) -> None:
+        """Its findings into the step's line."""
+
+    def disarm(self) -> None:
+        """The step is over (or the watch closes, or a forward raised): let go of everything."""

@@ -1,7 +1,8 @@
 """hookcli.watch split by job (issue 50, item 6): the step clock on its own — which step, when
 its gradients are complete and when it ends, told by a real optimizer's step hooks, a closure
 optimizer and a scaler's update() — and the first NaN/Inf's pieces that need no training run
-(where the bundle goes, the stderr line)."""
+(where the bundle goes, the stderr line); and the step probes the recorder hands each watched
+step to."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 import torch
 from torch import nn
 
+import hookcli
 from hookcli.commands.watch.clock import StepClock
 from hookcli.commands.watch.nonfinite import bundle_dir, stderr_line
+from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.errors import UsageError
-from hookcli.records import NonfiniteLine, Origin
+from hookcli.records import NonfiniteLine, Origin, StepLine
 
 
 class _Events:
@@ -166,3 +169,50 @@ def test_the_stderr_line_of_the_first_nonfinite() -> None:
     assert stderr_line(line) == (
         "hookcli.watch: NaN/Inf in the output at step 0: no layer call held it on the re-run."
     )
+
+
+class _Noted(StepProbe):
+    """A step probe that notes when the recorder tells it what (and the line it is given)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def arm(self, armed: StepArmed) -> None:
+        self.seen.append(f"arm {armed.device}")
+
+    def forward_began(self) -> None:
+        self.seen.append("forward")
+
+    def forward_ended(self) -> None:
+        self.seen.append("returned")
+
+    def ended(self) -> None:
+        self.seen.append("ended")
+
+    def finish(self, record: StepLine, optimizer: Any) -> None:
+        self.seen.append(f"finish {record.step} {optimizer is not None}")
+
+    def disarm(self) -> None:
+        self.seen.append("disarm")
+
+
+def test_the_recorder_hands_each_watched_step_to_its_step_probes() -> None:
+    """A step probe (engine/probes.StepProbe, as watch(memory=True)'s StepMemory) is armed
+    when a watched step begins, told of each forward (two here: gradient accumulation),
+    closed before the step's calls complete, given the step's line and disarmed; the steps
+    between watched ones never reach it, and the watch closing lets go of it again."""
+    model, x = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    noted = _Noted()
+    w = hookcli.watch(model, optimizer=opt, every=2)
+    w._capture.probes = (noted,)
+    with w:
+        for _ in range(3):
+            opt.zero_grad()
+            for half in x.chunk(2):
+                model(half).sum().backward()
+            opt.step()
+    step = ["arm cpu", "forward", "returned", "forward", "returned", "ended"]
+    watched = [*step, "finish 0 True", "disarm", *step, "finish 2 True", "disarm"]
+    assert noted.seen == [*watched, "disarm"]  # the watch closing disarms once more
+    assert [r.step for r in w.records] == [0, 2]

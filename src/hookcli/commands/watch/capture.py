@@ -3,26 +3,28 @@
 The selected modules carry hookcli's hooks — every call's input and output statistics and its
 output gradients, with one transfer to the host when the step ends — and, when the step's
 gradients are complete, each parameter's gradient is measured and its value kept, so the
-step's end gives the update/weight ratio ‖w_after - w_before‖ / ‖w_before‖. With memory=True,
-the bytes autograd saved in each layer call and in the model's forwards are counted, and the
-step's memory totals. On other steps no module hook is installed below the model itself.
+step's end gives the update/weight ratio ‖w_after - w_before‖ / ‖w_before‖. What the watch
+asks for beyond that comes as step probes (engine/probes.StepProbe), each told of the step's
+forwards and folding its findings into the line: memory=True's (commands/probes/memory.py)
+counts the bytes autograd saved in each layer call and the step's memory totals. On other steps
+no module hook is installed below the model itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookcli.commands.memory import gradient_bytes, optimizer_bytes, totals
 from hookcli.commands.watch.steptools import device_of, logged_call, numbers_only, padding_mask
 from hookcli.engine.hooks import HookSession, Target
 from hookcli.engine.measure import finished_calls, statistics
-from hookcli.engine.memory import MemoryMeter
 from hookcli.engine.origins import find_origins
+from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.engine.selection import module_entries, select
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import finite_or_none
@@ -59,9 +61,9 @@ class StepCapture:
     """A watched step's hooks and what they measure: armed when a watched step begins,
     disarmed when it ends (its `line()` made first) or when the watch closes."""
 
-    def __init__(self, watched: WatchedModel, *, memory: bool) -> None:
+    def __init__(self, watched: WatchedModel, *, probes: Sequence[StepProbe] = ()) -> None:
         self.watched = watched
-        self.memory = memory
+        self.probes = tuple(probes)  # what the watch asked for beyond the statistics
         self._session: HookSession | None = None
         self._collector: StatsCollector | None = None
         # a watched step's parameters: name, gradient statistics, the parameter, its value
@@ -69,9 +71,6 @@ class StepCapture:
         self._params: list[tuple[str, TensorStats | None, torch.Tensor, torch.Tensor]] = []
         self._before_norms: list[torch.Tensor] = []
         self._buffers_for_copies: list[torch.Tensor] = []
-        # memory=True: a watched step's meter, and the saved-tensor hooks its forwards pushed
-        self._meter: MemoryMeter | None = None
-        self._saving: list[Any] = []
 
     @property
     def armed(self) -> bool:
@@ -81,20 +80,17 @@ class StepCapture:
     def arm(self) -> None:
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         module = self.watched.module
-        if self.memory:
-            self._meter = MemoryMeter(module, device_of(module))
-            self._meter.arm()
+        armed = StepArmed(module, device_of(module))
+        for probe in self.probes:
+            probe.arm(armed)
         self._session = HookSession(
-            self.watched.targets, self._collector, grads=True, memory=self._meter
+            self.watched.targets, self._collector, grads=True, memory=armed.memory
         )
         self._session.__enter__()
 
     def disarm(self) -> None:
-        while self._saving:  # a forward that raised left its hooks pushed
-            self._saving.pop().__exit__(None, None, None)
-        if self._meter is not None:
-            self._meter.disarm()
-        self._meter = None
+        for probe in self.probes:
+            probe.disarm()
         session = self._session
         if session is not None:
             session.remove()
@@ -123,30 +119,14 @@ class StepCapture:
         """A forward of the model with autograd begins."""
         if self._collector is not None:  # a padded batch's padding left out (issue 48)
             self._collector.set_token_mask(padding_mask(module, args, kwargs))
-        if self._meter is not None:  # what autograd saves in this forward, counted
-            self._count_saved()
+        if self._session is not None:
+            for probe in self.probes:
+                probe.forward_began()
 
     def forward_ended(self) -> None:
-        if self._saving:
-            self._saving.pop().__exit__(None, None, None)
-
-    def _count_saved(self) -> None:
-        """memory=True: the forward's saved tensors counted — unless saved-tensor hooks of
-        the training's own are on (torch.utils.checkpoint around the model, save_on_cpu,
-        torch.func), which ours would override: then this step is not counted, and says so."""
-        assert self._meter is not None
-        top: Any = torch._C._autograd._top_saved_tensors_default_hooks
-        outer = top(False)
-        if outer is not None:
-            self._meter.skipped = "the forward ran under saved-tensor hooks of its own"
-            return
-        ctx = self._meter.saving()
-        try:
-            ctx.__enter__()
-        except RuntimeError as exc:  # (torch.func refuses saved-tensor hooks)
-            self._meter.skipped = f"saved-tensor hooks refused: {exc}"
-            return
-        self._saving.append(ctx)
+        if self._session is not None:  # (disarm lets go of what a forward left behind)
+            for probe in self.probes:
+                probe.forward_ended()
 
     def grads(self, params: list[torch.Tensor]) -> None:
         """The step's gradients are complete and the weights not yet changed: each
@@ -211,8 +191,8 @@ class StepCapture:
                 (name, grad, w_norm, delta)
                 for (name, grad, _, _), (w_norm, delta) in zip(self._params, both, strict=True)
             ]
-        if self._meter is not None:
-            self._meter.finish()  # (before the calls are completed: their freed bytes)
+        for probe in self.probes:
+            probe.ended()
         calls = finished_calls(session, backward=True)
         watched = self.watched
         origins = find_origins(session.calls, watched.types, partial=watched.partial)
@@ -239,26 +219,6 @@ class StepCapture:
             # "loss": null alone would read as "not given"
             loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
         )
-        if self._meter is not None:
-            self._memory(record, optimizer)
+        for probe in self.probes:
+            probe.finish(record, optimizer)
         return record
-
-    def _memory(self, record: StepLine, optimizer: Any) -> None:
-        assert self._meter is not None
-        module = self.watched.module
-        record.memory = totals(
-            module,
-            device_of(module),
-            self._meter,
-            backward=True,
-            gradients=gradient_bytes(module),
-            optimizer=optimizer_bytes(optimizer) if optimizer is not None else None,
-        )
-        if self._meter.skipped:
-            record.memory.notes.append(f"saved bytes not counted: {self._meter.skipped}")
-        if self._meter.forwards > 1:
-            record.memory.notes.append(
-                f"{self._meter.forwards} forwards in this step (gradient accumulation?): "
-                "saved bytes add them all up, and the predicted peak takes them as alive "
-                "at once"
-            )

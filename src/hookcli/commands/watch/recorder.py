@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookcli.commands.probes.memory import StepMemory
 from hookcli.commands.watch.bundle import check_bundle_dest
 from hookcli.commands.watch.capture import StepCapture, WatchedModel
 from hookcli.commands.watch.clock import StepClock
@@ -89,7 +90,7 @@ class Watch:
         self._clock = StepClock(
             every, optimizer=optimizer, scaler=scaler, grads=self._grads_ready, ended=self._finish
         )
-        self._capture = StepCapture(watched, memory=options.memory)
+        self._capture = StepCapture(watched, probes=[StepMemory()] if options.memory else [])
         self._first = FirstNonfinite(
             watched,
             options,
