@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -68,6 +68,9 @@ from hookcli.records import (
     Prediction,
     Report,
 )
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
 
 Item = tuple[torch.Tensor | None, int, str | None]  # tensor, index, why it is unreadable
 
@@ -129,7 +132,9 @@ def is_folder_run(items: Sequence[Any], batching: Batching) -> bool:
     return len(image_files(items)) > DEFAULT_BATCH
 
 
-def folder_options(inv: Invocation, batching: Batching, rules: Any = None) -> FolderOptions | None:
+def folder_options(
+    inv: Invocation, batching: Batching, rules: Rules | None = None
+) -> FolderOptions | None:
     """The folder run an inspection makes (None: one batch), its one-batch options (and the
     probes its rules need that read one batch) refused."""
     if inv.inputs.has_text:
@@ -156,7 +161,7 @@ def folder_options(inv: Invocation, batching: Batching, rules: Any = None) -> Fo
     return batching.folder()
 
 
-def _one_batch_probes(run: RunOptions, rules: Any, *, images: bool = False) -> list[str]:
+def _one_batch_probes(run: RunOptions, rules: Rules | None, *, images: bool = False) -> list[str]:
     """The flags of the probes the run or its rules ask for that read one batch (commands/
     probes): a run in batches refuses them by flag; `_refuse_own` then refuses, in its own words,
     one whose refusal says more. On a folder of images, one that reads text says so."""
@@ -172,14 +177,14 @@ def _one_batch_probes(run: RunOptions, rules: Any, *, images: bool = False) -> l
     return flags
 
 
-def _refuse_own(run: RunOptions, rules: Any) -> None:
+def _refuse_own(run: RunOptions, rules: Rules | None) -> None:
     """The one-batch probes whose refusal says more than their flag (after every flag's)."""
     for probe in probing.one_batch_only(run, rules):
         if probe.refusal is not None:
             raise UsageError(*probe.refusal)
 
 
-def _text_options(inv: Invocation, batching: Batching, rules: Any) -> FolderOptions | None:
+def _text_options(inv: Invocation, batching: Batching, rules: Rules | None) -> FolderOptions | None:
     """A text run in batches: asked for (--batch-size, --limit), or more texts than one batch
     holds (a long --text-file). What reads one batch is refused, naming the way round."""
     from hookcli.inputs.text import texts_of

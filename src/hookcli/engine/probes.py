@@ -28,6 +28,7 @@ folded into the step's line); the recorder holds their list (commands/watch/capt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from hookcli.engine.memory import MemoryMeter
     from hookcli.engine.prepare import Prepared
     from hookcli.inputs import ModelInput
+    from hookcli.options import RunOptions
     from hookcli.records import Report, StepLine
 
 
@@ -104,26 +106,37 @@ class Probe:
     refusal: ClassVar[tuple[str, str] | None] = None
     text_only: ClassVar[bool] = False  # reads token ids: a folder of images refuses it as such
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A probe's `option` is read by name: one that names no RunOptions field is refused
+        when the probe's class is made (at import), never read as false."""
+        super().__init_subclass__(**kwargs)
+        if cls.option:
+            from hookcli.options import RunOptions
+
+            if cls.option not in {f.name for f in dataclasses.fields(RunOptions)}:
+                raise TypeError(f"{cls.__name__}.option {cls.option!r} is not a RunOptions field")
+
     @classmethod
-    def of(cls, run: Any, command: str) -> Probe:
+    def of(cls, run: RunOptions, command: str) -> Probe:
         """The probe a run (RunOptions) of `command` arms."""
         return cls()
 
     @classmethod
-    def wanted(cls, run: Any, rules: Any = None) -> bool:
+    def wanted(cls, run: RunOptions, rules: Any = None) -> bool:
         """Whether `run` (RunOptions) asks for it, or a rule of `rules` reads what it measures
         (a probe with no option is always on)."""
         return not cls.option or cls.asked(run, rules)
 
     @classmethod
-    def asked(cls, run: Any, rules: Any = None) -> bool:
+    def asked(cls, run: RunOptions, rules: Any = None) -> bool:
         """Whether an option or a rule names it (a probe that is always on is asked by none)."""
         named = bool(getattr(run, cls.option)) if cls.option else False
         return named or (rules is not None and cls.ruled(rules))
 
     @classmethod
     def ruled(cls, rules: Any) -> bool:
-        """Whether a rule (commands.checks.Rules) reads what this probe measures."""
+        """Whether a rule reads what this probe measures. `rules` is commands.checks.Rules,
+        which the engine below it does not know: a probe annotates it as that."""
         return False
 
     def setup(self, armed: Armed) -> None:

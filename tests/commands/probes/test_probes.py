@@ -124,6 +124,19 @@ ASKED: dict[str, dict[str, Any]] = {
 }
 
 
+def test_a_probe_whose_option_names_no_run_option_is_refused_when_made() -> None:
+    """`option` is read by name: a misspelt one would read as never asked; it fails at once."""
+    with pytest.raises(TypeError, match="'per_tokens' is not a RunOptions field"):
+
+        class Misspelt(Probe):
+            option = "per_tokens"
+
+    class Spelt(Probe):
+        option = "per_token"
+
+    assert Spelt.wanted(RunOptions(per_token=True)) and not Spelt.wanted(RunOptions())
+
+
 @pytest.mark.parametrize(
     "probe", [p for p in probing.PROBES if not p.batched and p.flag], ids=lambda p: p.flag
 )

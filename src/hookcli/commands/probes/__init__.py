@@ -15,7 +15,7 @@ generation.py --generate
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hookcli.commands.probes.ablation import Ablate
 from hookcli.commands.probes.channels import Channels
@@ -27,6 +27,10 @@ from hookcli.commands.probes.profile import Profiled
 from hookcli.commands.probes.saving import Save
 from hookcli.commands.probes.tokens import PerToken, label_tokens, token_grid
 from hookcli.engine.probes import Probe
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
+    from hookcli.options import RunOptions
 
 PROBES: tuple[type[Probe], ...] = (
     Ablate,
@@ -61,12 +65,12 @@ __all__ = [
 ]
 
 
-def inspection(run: Any, command: str) -> list[Probe]:
+def inspection(run: RunOptions, command: str) -> list[Probe]:
     """The probes a run (RunOptions) of inspect, grads or check arms, in PROBES' order."""
     return [cls.of(run, command) for cls in PROBES if cls.wanted(run)]
 
 
-def one_batch_only(run: Any, rules: Any = None) -> list[type[Probe]]:
+def one_batch_only(run: RunOptions, rules: Rules | None = None) -> list[type[Probe]]:
     """The probes the run or its rules ask for that read one batch (not merged over batches):
     a run in batches refuses them."""
     return [cls for cls in PROBES if not cls.batched and cls.asked(run, rules)]

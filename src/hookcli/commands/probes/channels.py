@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookcli.commands import outliers
 from hookcli.engine import fused_experts
 from hookcli.engine.measure import label_layouts
 from hookcli.engine.probes import Armed, Measured, Probe
 from hookcli.records import Report
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
 
 EXPERTS_NOTE = (
     "--channels: each routed expert's projections of a fused MoE block are rows of their own "
@@ -32,7 +35,7 @@ class Channels(Probe):
         self.armed: Armed | None = None
 
     @classmethod
-    def ruled(cls, rules: Any) -> bool:
+    def ruled(cls, rules: Rules) -> bool:
         return bool(rules.needs_channels)
 
     @contextlib.contextmanager

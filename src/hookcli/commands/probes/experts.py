@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hookcli.commands.experts import routing_report
 from hookcli.engine import fused_experts
 from hookcli.engine.experts import Routing, counting_routes
 from hookcli.engine.probes import Armed, Measured, Probe
 from hookcli.records import Report
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
 
 
 class Experts(Probe):
@@ -25,7 +28,7 @@ class Experts(Probe):
         self.routing: Routing | None = None
 
     @classmethod
-    def ruled(cls, rules: Any) -> bool:
+    def ruled(cls, rules: Rules) -> bool:
         return "dead-experts" in rules.fail_on or bool(rules.max_expert_imbalance)
 
     @contextlib.contextmanager

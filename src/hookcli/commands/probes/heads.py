@@ -3,10 +3,13 @@ one extra forward of the batch after the measured pass. One batch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hookcli.engine.probes import Measured, Probe
 from hookcli.records import Report
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
 
 
 class Heads(Probe):
@@ -14,7 +17,7 @@ class Heads(Probe):
     flag = "heads"
 
     @classmethod
-    def ruled(cls, rules: Any) -> bool:
+    def ruled(cls, rules: Rules) -> bool:
         return bool(rules.needs_heads)
 
     def finish(self, measured: Measured, report: Report) -> None:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,9 @@ from hookcli.engine.memory import MemoryMeter, distinct_bytes
 from hookcli.engine.probes import Armed, Measured, Probe, StepArmed, StepProbe
 from hookcli.records import Report, StepLine
 from hookcli.tree import iter_tensors
+
+if TYPE_CHECKING:
+    from hookcli.commands.checks import Rules
 
 
 class Memory(Probe):
@@ -30,7 +33,7 @@ class Memory(Probe):
         self.output_bytes = 0
 
     @classmethod
-    def ruled(cls, rules: Any) -> bool:
+    def ruled(cls, rules: Rules) -> bool:
         return rules.max_saved_mb is not None
 
     def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:

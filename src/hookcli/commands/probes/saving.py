@@ -27,7 +27,7 @@ class Save(Probe):
         return cls(run.save, command)
 
     @classmethod
-    def asked(cls, run: Any, rules: Any = None) -> bool:
+    def asked(cls, run: RunOptions, rules: Any = None) -> bool:
         return run.save is not None  # (a destination, whatever its truth value)
 
     @contextlib.contextmanager
