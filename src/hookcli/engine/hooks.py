@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
+from hookcli.engine.sharded import is_sharded
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import dtype_name
 from hookcli.records import CallMemory, LayerCall, TensorStats
@@ -255,7 +256,10 @@ class HookSession:
             self.unhooked.append((target.name, str(exc)))
             return
         try:
-            post = module.register_forward_hook(CopySafeHook(self._post_hook(i)))
+            # a tensor-parallel module (DTensor parameters): its output read before the style's
+            # own hook hands it on as a local shard (use_local_output), as the DTensor it is
+            parallel = any(is_sharded(p) for p in module.parameters(recurse=False))
+            post = module.register_forward_hook(CopySafeHook(self._post_hook(i)), prepend=parallel)
         except RuntimeError as exc:
             pre.remove()
             self.unhooked.append((target.name, str(exc)))

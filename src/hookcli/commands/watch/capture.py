@@ -26,6 +26,7 @@ from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.engine.selection import module_entries, select
+from hookcli.engine.sharded import groups_of, local_of, whole_norms
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.records import LoggedParam, StepLine, TensorStats
@@ -70,6 +71,7 @@ class StepCapture:
         # before the step; and the norms of those values (one foreach kernel per device)
         self._params: list[tuple[str, TensorStats | None, torch.Tensor, torch.Tensor]] = []
         self._before_norms: list[torch.Tensor] = []
+        self._groups: list[tuple[Any, ...]] = []  # each parameter's shards' process groups
         self._buffers_for_copies: list[torch.Tensor] = []
 
     @property
@@ -133,15 +135,19 @@ class StepCapture:
         parameter's gradient measured and its value kept."""
         assert self._collector is not None
         with torch.no_grad():
-            befores = self._copies(params)
-            for p, before in zip(params, befores, strict=True):
+            # a sharded parameter (FSDP2, tensor parallel): its local part here, the norms of
+            # the whole from the parts' (engine/sharded.whole_norms)
+            values = [local_of(p.detach()) for p in params]
+            self._groups = [groups_of(p) for p in params]
+            befores = self._copies(values)
+            for p, value, before in zip(params, values, befores, strict=True):
                 name = self.watched.names.get(id(p), f"param{len(self._params)}")
                 grad = (
                     None
                     if p.grad is None
                     else self._collector.add(p.grad, f"{name}.grad", positions=False)
                 )
-                self._params.append((name, grad, p, before))
+                self._params.append((name, grad, value, before))
             self._before_norms = list(torch._foreach_norm(befores)) if befores else []
 
     def _copies(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -184,6 +190,8 @@ class StepCapture:
                     flat = torch.stack(norms).double().cpu().tolist()
                 except RuntimeError:  # spread over devices: one each
                     flat = [float(n) for n in norms]
+                if any(self._groups):
+                    flat = whole_norms(flat, self._groups * 2)
                 both = list(zip(flat[: len(deltas)], flat[len(deltas) :], strict=True))
             else:
                 both = []

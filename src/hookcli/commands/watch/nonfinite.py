@@ -39,6 +39,7 @@ from hookcli.commands.watch.steptools import (
     rank_log_path,
 )
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
+from hookcli.engine.sharded import local_of
 from hookcli.errors import UsageError, one_line
 from hookcli.options import WatchOptions
 from hookcli.records import BundleInfo, NonfiniteLine, Origin, StepLine, log_line
@@ -84,14 +85,16 @@ class StepState:
             groups["loss"].append(self.loss)
         elif isinstance(self.loss, float):
             groups["loss"].append(torch.tensor(self.loss))  # a number: on the CPU
-        for f in self.forwards:
+        for f in self.forwards:  # (a DTensor: this rank's part; each rank checks its own)
             groups["output"] += [
-                t.detach()
+                local_of(t.detach())
                 for _, t in iter_tensors(f.output, "out")
                 if t.is_floating_point() and t.numel()
             ]
         if not skipped:
-            groups["grad"] = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+            groups["grad"] = [
+                local_of(p.grad) for p in params if p.grad is not None and p.grad.numel()
+            ]
         names = [k for k, v in groups.items() if v]
         if not names:
             return []

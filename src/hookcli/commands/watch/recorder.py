@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,7 +33,7 @@ from hookcli.commands.watch.nonfinite import FirstNonfinite, StepState, bundle_d
 from hookcli.commands.watch.sinks import LineSinks
 from hookcli.commands.watch.steptools import params_of, process_rank, rank_log_path
 from hookcli.engine.hooks import CopySafeHook, Target
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.options import DEFAULTS, WatchOptions
 from hookcli.records import NonfiniteLine, StepLine
 
@@ -87,9 +87,8 @@ class Watch:
         # the NaN/Inf events (their log lines): the first one, once seen (the watch stops
         # checking after it, so there is at most one); a list, so `len()` and `[0]` mean that
         self.nonfinite: list[NonfiniteLine] = []
-        self._clock = StepClock(
-            every, optimizer=optimizer, scaler=scaler, grads=self._grads_ready, ended=self._finish
-        )
+        grads, ended = self._guarded(self._grads_ready), self._guarded(self._finish)
+        self._clock = StepClock(every, optimizer=optimizer, scaler=scaler, grads=grads, ended=ended)
         self._capture = StepCapture(watched, probes=[StepMemory()] if options.memory else [])
         self._first = FirstNonfinite(
             watched,
@@ -114,6 +113,9 @@ class Watch:
         self._evaluating = False
         self._handles: list[Any] = []
         self._root_call: RootCall | None = None
+        # what failed inside the watch (None: nothing); from then on it records nothing and
+        # its hooks stand aside, the training going on
+        self.failed: str | None = None
 
     def __repr__(self) -> str:
         """One line: what is watched, how far the run is, where it logs, NaN/Inf."""
@@ -149,14 +151,13 @@ class Watch:
             check_bundle_dest(self.bundle_path)  # a bundle replaces only an earlier bundle
         try:
             self._sinks.open()
+            pre, post = self._guarded(self._root_pre), self._guarded(self._root_post)
             if getattr(self.model, "_compiled_call_impl", None) is not None:
-                self._root_call = RootCall(self.model, self._root_pre, self._root_post)
+                self._root_call = RootCall(self.model, pre, post)
             else:
                 self._handles += [
-                    self.model.register_forward_pre_hook(
-                        CopySafeHook(self._root_pre), with_kwargs=True
-                    ),
-                    self.model.register_forward_hook(CopySafeHook(self._root_post)),
+                    self.model.register_forward_pre_hook(CopySafeHook(pre), with_kwargs=True),
+                    self.model.register_forward_hook(CopySafeHook(post)),
                 ]
             self._clock.attach()
         except BaseException:
@@ -237,6 +238,35 @@ class Watch:
             yield
         finally:
             self.resume()
+
+    # ------------------------------------------------------------ never the training's failure
+
+    def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
+        """`hook` (a root hook, the clock's), which never raises into the training loop: a
+        failure inside the watch is one line on stderr, and the watch records nothing more
+        (its hooks stand aside; they come off when it closes), the step going on."""
+
+        def guarded(*args: Any) -> None:
+            if self.failed is not None:
+                return
+            try:
+                hook(*args)
+            except Exception as exc:
+                self._fail(exc)
+
+        return guarded
+
+    def _fail(self, exc: Exception) -> None:
+        self.failed = one_line(exc)
+        step = self.step_index
+        print(
+            f"hookcli.watch: stopped recording at step {step} on rank {self.rank}: the watch "
+            f"failed ({self.failed}); the training goes on.",
+            file=sys.stderr,
+        )
+        self._busy = False
+        with contextlib.suppress(Exception):
+            self._disarm()  # the layers' hooks off now; the root's and the clock's at exit
 
     # ------------------------------------------------------------ the model's root hooks
 

@@ -1,0 +1,267 @@
+"""Tensors sharded by torch's distributed engine (DTensor: FSDP2's parameters and gradients, a
+tensor-parallel module's weights, inputs and outputs), measured as the global tensor each
+stands for, without gathering it.
+
+Each rank measures its own shard (its local tensor) into a row, as any tensor. When the pass
+ends (`StatsCollector.finalize`), the rows of every sharded tensor are exchanged over the
+process group of each mesh dimension the tensor is sharded on — every row of the pass packed
+into one buffer, one `all_gather` per group — and merged into the row of the whole tensor:
+counts and sums added, means and variances by Chan et al.'s parallel update (the merge folder
+runs and torchrun use, engine/aggregate.py), least and greatest kept, norms by their squares.
+A placement `Replicate` is counted once (every rank holds the same values); `Partial` is
+reduced first (its values are a sum not yet taken), which moves one shard's worth of data.
+
+Every rank of the group must measure the same sharded tensors in the same order (one program
+on every rank, as torch's distributed engine assumes); the shapes recorded are the global
+shapes. Nothing here imports torch.distributed unless a DTensor exists.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hookcli.engine.statrow import COUNT, INF, MAX, MEAN, MIN, NAN, NORM, ROW, VAR, ZEROS
+from hookcli.records import TENSOR_STATS, TensorStats
+
+# the row's counts of elements, added: the one pass's, and each AFTER_PASS statistic's that
+# is a count or a fraction (another kind of value does not merge from the parts: NaN, unknown)
+_SUMMED = (ZEROS, NAN, INF)
+_AFTER = tuple(s.count or s.fraction for s in TENSOR_STATS[ROW - 1 :])
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether t is a DTensor (cheap: torch.distributed.tensor is imported once one exists)."""
+    if type(t) is torch.Tensor:
+        return False
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def local_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local part (this rank's values, as they are), any other tensor itself."""
+    return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined]
+
+
+def groups_of(t: torch.Tensor) -> tuple[Any, ...]:
+    """The process groups over which a DTensor's other parts lie, one per mesh dimension it
+    is sharded on (a plain tensor, or a replicated one: none)."""
+    if not is_sharded(t):
+        return ()
+    placements, mesh = t.placements, t.device_mesh  # type: ignore[attr-defined]
+    return tuple(mesh.get_group(d) for d, p in enumerate(placements) if p.is_shard())
+
+
+def whole_norms(norms: Sequence[float], groups: Sequence[tuple[Any, ...]]) -> list[float]:
+    """The L2 norms of whole tensors from their local parts' (`norms`, each tensor's shards
+    lying over `groups`): the squares added over each group, one all_reduce per group."""
+    import torch.distributed as dist
+
+    squares = [n * n for n in norms]
+    order: list[Any] = []
+    for gs in groups:
+        order += [g for g in gs if g not in order]
+    for group in order:
+        mine = [i for i, gs in enumerate(groups) if group in gs]
+        packed = torch.tensor([squares[i] for i in mine], dtype=torch.float64)
+        packed = packed.to(_device_of(group))
+        dist.all_reduce(packed, group=group)
+        for i, v in zip(mine, packed.cpu().tolist(), strict=True):
+            squares[i] = v
+    return [math.sqrt(v) for v in squares]
+
+
+@dataclass(slots=True)
+class Shards:
+    """A measured row that stands for one shard: its place among the collector's rows and the
+    process groups its shards lie over (one per mesh dimension it is sharded on)."""
+
+    row: int
+    groups: tuple[Any, ...]
+
+
+def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
+    """A DTensor's local values to measure, and the process groups over which the other
+    parts lie (none: every rank holds the whole tensor). A Partial placement is reduced first
+    (to Replicate): its local values are not yet the tensor's."""
+    from torch.distributed.tensor import Replicate
+
+    placements = tuple(t.placements)
+    if any(p.is_partial() for p in placements):
+        t = t.redistribute(
+            t.device_mesh, [Replicate() if p.is_partial() else p for p in placements]
+        )
+        placements = tuple(t.placements)
+    mesh = t.device_mesh
+    groups = tuple(mesh.get_group(d) for d, p in enumerate(placements) if p.is_shard())
+    return t.to_local(), groups
+
+
+Key = tuple[int, int, tuple[int, ...]]  # where a tensor's values lie: storage, offset, shape
+
+
+class ShardBook:
+    """One pass's sharded tensors: each shard's row (`shards`), and what a tensor-parallel
+    style hands on as a plain local tensor (use_local_output). Such a tensor is found by where
+    its values lie (the DTensor's own local tensor still alive: never a reused address), so
+    the next module's input is measured as the global tensor too. A module fed one and not
+    itself parallel (an activation between two parallel Linears) makes new tensors from this
+    rank's part: their rows say so (`suspect`), never a shard shown as the tensor without a
+    word — unless a parallel style later in the pass declares their values a DTensor's shard
+    (the next module's input), which makes them the whole tensor's after all (`merge`)."""
+
+    def __init__(self) -> None:
+        self.shards: list[Shards] = []
+        # each sharded local's place: its DTensor's local tensor (weakly), groups, global shape
+        self._locals: dict[Key, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], Any]] = {}
+        self._fed: dict[Any, str] = {}  # (module, call) fed a local shard: the whole it is of
+        # rows of a fed module's tensors, by where their values lie: (the tensor, weakly; its
+        # row; the note), and those a parallel style declared a shard: row → (groups, shape)
+        self._suspects: dict[Key, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        self._declared: dict[int, tuple[tuple[Any, ...], Any, str]] = {}
+
+    @property
+    def has_locals(self) -> bool:
+        """Whether this pass met a sharded DTensor (its local tensors may follow)."""
+        return bool(self._locals)
+
+    def part(
+        self, t: torch.Tensor, context: Any = None
+    ) -> tuple[torch.Tensor, tuple[Any, ...], Any] | None:
+        """(the values to measure, the groups of the other parts, the global shape) of a
+        DTensor or of a known DTensor's local tensor (`context`: whose tensor it is, noted as
+        fed a shard); None for any other tensor."""
+        if is_sharded(t):
+            local, groups = local_part(t)
+            own: torch.Tensor | None = getattr(t, "_local_tensor", None)
+            key = None if own is None or own.device.type == "meta" else _key(own)
+            if groups and own is not None and key is not None:
+                self._locals[key] = (weakref.ref(own), groups, t.shape)
+                was = self._suspects.pop(key, None)  # both alive: the same values
+                if was is not None and was[0]() is not None:
+                    self._declared[was[1]] = (groups, t.shape, was[2])
+            return local, groups, t.shape
+        if self._locals and t.device.type != "meta":
+            found = self._known(t)
+            if found is not None:
+                if isinstance(context, tuple) and len(context) >= 2:
+                    n = math.prod(g.size() for g in found[0])
+                    self._fed[context[:2]] = f"{'x'.join(map(str, found[1]))} over {n} ranks"
+                return t, found[0], found[1]
+        return None
+
+    def _known(self, t: torch.Tensor) -> tuple[tuple[Any, ...], Any] | None:
+        key = _key(t)
+        found = None if key is None else self._locals.get(key)
+        if found is None or found[0]() is None:  # its DTensor's values gone: not that tensor
+            return None
+        return found[1], found[2]
+
+    def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
+        """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
+        itself one: this rank's part only, its layout not known. None for any other."""
+        whole = self._fed.get(context[:2]) if isinstance(context, tuple) else None
+        key = None if whole is None else _key(t)
+        if whole is None or key is None:
+            return None
+        said = (
+            f"this rank's part only: made from its shard of a tensor-parallel tensor "
+            f"({whole}), and how it lies over the ranks cannot be told here"
+        )
+        self._suspects[key] = (weakref.ref(t), row, said)
+        return said
+
+    def merge(self, rows: list[Sequence[float]], handed: Sequence[tuple[TensorStats, int]]) -> None:
+        """Every shard's row replaced by its whole tensor's (`rows`), and the statistics of
+        a suspect that turned out a known shard made the whole tensor's (`handed`)."""
+        found = self._declared
+        self.shards += [Shards(row, groups) for row, (groups, _, _) in found.items()]
+        if self.shards:
+            merge_shards(self.shards, rows)
+        for stats, row in handed if found else ():
+            if row in found:
+                _, shape, said = found[row]
+                stats.shape, stats.numel = tuple(shape), math.prod(shape)
+                left = [n for n in (stats.note or "").split("; ") if n and n != said]
+                stats.note = "; ".join(left) or None
+
+    def clear(self) -> None:
+        self.shards.clear()
+        self._locals.clear()
+        self._fed.clear()
+        self._suspects.clear()
+        self._declared.clear()
+
+
+def _key(t: torch.Tensor) -> Key | None:
+    """Where t's values lie (None: a tensor with no storage of its own, a wrapper subclass)."""
+    try:
+        return (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape))
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def merge_shards(shards: Sequence[Shards], rows: list[Sequence[float]]) -> None:
+    """Replace each sharded row in `rows` (host numbers, every rank's pass in one order) by
+    the row of the whole tensor: one all_gather per process group, the group's rows packed."""
+    import torch.distributed as dist
+
+    order: list[Any] = []  # the groups in the order the pass met them (the same on every rank)
+    for s in shards:
+        for g in s.groups:
+            if g not in order:
+                order.append(g)
+    for group in order:
+        mine = [s.row for s in shards if group in s.groups]
+        width = len(rows[mine[0]])
+        device = _device_of(group)
+        packed = torch.tensor([list(rows[i]) for i in mine], dtype=torch.float64, device=device)
+        parts = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, packed, group=group)
+        every = torch.stack(parts).to("cpu").tolist()  # (ranks, rows, width)
+        for k, i in enumerate(mine):
+            rows[i] = merged_row([rank[k] for rank in every], width)
+
+
+def _device_of(group: Any) -> torch.device:
+    """Where a collective over `group` takes its buffers: the CPU for gloo, this process's
+    CUDA device for NCCL."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group))
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def merged_row(parts: Sequence[Sequence[float]], width: int) -> tuple[float, ...]:
+    """The row of the union of disjoint parts' elements from the parts' rows (count, mean,
+    population variance, min, max, zeros, NaN, Inf, norm, then counted AFTER_PASS
+    statistics): Chan et al.'s update for the moments, the rest added or compared."""
+    count = sum(p[COUNT] for p in parts)
+    out = [0.0] * width
+    out[COUNT] = count
+    for i in _SUMMED:
+        out[i] = sum(p[i] for p in parts)
+    for i, summed in enumerate(_AFTER[: width - ROW], ROW):
+        out[i] = sum(p[i] for p in parts) if summed else math.nan
+    live = [p for p in parts if p[COUNT] > 0]
+    if not live:
+        out[MEAN] = out[VAR] = out[MIN] = out[MAX] = out[NORM] = math.nan
+        return tuple(out)
+    mean = sum(p[COUNT] * p[MEAN] for p in live) / count
+    m2 = sum(p[COUNT] * p[VAR] + p[COUNT] * (p[MEAN] - mean) ** 2 for p in live)
+    out[MIN] = min(p[MIN] for p in live)
+    out[MAX] = max(p[MAX] for p in live)
+    if out[MIN] == out[MAX]:  # a constant, exactly (as one tensor's row says it)
+        mean, m2 = out[MIN], 0.0
+    out[MEAN] = mean
+    out[VAR] = max(m2 / count, 0.0)
+    out[NORM] = math.sqrt(sum(p[NORM] ** 2 for p in live))
+    return tuple(out)

@@ -1,0 +1,188 @@
+"""Models sharded by torch's distributed engine, measured as the tensors they stand for (issue
+51): tensor parallel (ColwiseParallel then RowwiseParallel, on 2 and 4 processes) and FSDP2,
+under a real torchrun (gloo, CPU). The oracle is the same model unsharded in one process on the
+same input: every layer call's input, output and gradient statistics and every parameter's
+norm and gradient equal within float rounding, in `grads` and in a `watch`ed run's log; a shard
+no parallel style declares says it is one rank's part. Also: the merge of parts' rows against
+float64 torch, and a failure inside `watch` that leaves the training running."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookcli
+from hookcli.engine.sharded import merged_row
+from hookcli.engine.stats import StatsCollector
+from tests.support.launch import free_port, run_python
+from tests.support.paths import ROOT
+from tests.support.watchlogs import assert_same_run, read_steps
+
+SCRIPT = ROOT / "tests" / "support" / "sharded_run.py"
+STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
+
+
+def _run(tmp_path: Path, kind: str, procs: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sharded run (torchrun, `procs` processes) and the single one: their reports."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(procs),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    ]  # fmt: skip
+    run_python([*torchrun, str(SCRIPT), str(tmp_path), kind], tmp_path)
+    run_python([str(SCRIPT), str(tmp_path), kind, "--single"], tmp_path)
+    read = lambda name: json.loads((tmp_path / name).read_text())  # noqa: E731
+    return read(f"{kind}.sharded.json"), read(f"{kind}.single.json")
+
+
+def _entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
+    out = {}
+    for c in report["layers"]:
+        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+            for t in c.get(kind) or []:
+                out[(c["name"], kind, t["path"])] = t
+        for p in c.get("params") or []:
+            out[(c["name"], "param", p["name"])] = {"norm": p["norm"], "shape": p["shape"]}
+            out[(c["name"], "param grad", p["name"])] = p["grad"]
+    return out
+
+
+def _assert_same(
+    sharded: dict[str, Any], single: dict[str, Any], *, but: tuple[str, ...] = ()
+) -> None:
+    a, b = _entries(sharded), _entries(single)
+    assert a.keys() == b.keys()
+    for key in a:
+        if key[0] in but:
+            continue
+        x, y = a[key], b[key]
+        assert x["shape"] == y["shape"], key
+        assert not x.get("note"), (key, x.get("note"))
+        for s in STATS:
+            u, v = x.get(s), y.get(s)
+            assert (u is None) == (v is None), (key, s)
+            if u is not None:
+                assert u == pytest.approx(v, rel=1e-5, abs=1e-6), (key, s, u, v)
+
+
+@pytest.mark.parametrize("procs", [2, 4])
+def test_tensor_parallel_layers_are_measured_as_the_whole_tensors(
+    tmp_path: Path, procs: int
+) -> None:
+    """Colwise then Rowwise: the first Linear's output (sharded on its last dimension, handed on
+    as a local shard), the ReLU between (a plain module fed that shard), the Rowwise output
+    (a partial sum), the weights (Shard(0), Shard(1)) and every gradient: the global numbers,
+    on every rank, with the global shapes; and the same in a watched training run's log."""
+    sharded, single = _run(tmp_path, "tp", procs)
+    _assert_same(sharded, single)
+    assert _entries(sharded)[("1", "outputs", "out")]["shape"] == [6, 32]
+    assert_same_run(
+        read_steps(tmp_path / "tp.sharded.rank0.jsonl"), read_steps(tmp_path / "tp.single.jsonl")
+    )
+    for r in range(1, procs):  # every rank logs the whole tensors' numbers
+        assert_same_run(
+            read_steps(tmp_path / f"tp.sharded.rank{r}.jsonl"),
+            read_steps(tmp_path / "tp.single.jsonl"),
+        )
+
+
+def test_fsdp2_parameters_and_gradients_are_the_whole_tensors(tmp_path: Path) -> None:
+    """FSDP2 shards every parameter on dimension 0: each parameter's and gradient's numbers
+    (reduce-scattered, averaged over the ranks that all ran the same input) are the unsharded
+    model's, in grads and in the watched run's log (its update norms too)."""
+    sharded, single = _run(tmp_path, "fsdp", 2)
+    _assert_same(sharded, single)
+    assert_same_run(
+        read_steps(tmp_path / "fsdp.sharded.rank0.jsonl"),
+        read_steps(tmp_path / "fsdp.single.jsonl"),
+    )
+
+
+def test_a_shard_no_style_declares_says_it_is_one_ranks_part(tmp_path: Path) -> None:
+    """The ReLU after a ColwiseParallel Linear, as the model's last module: its output is this
+    rank's columns, which nothing later declares. Its row keeps the local shape and says so
+    — never the shard shown as the tensor without a word; the Linear's are whole."""
+    sharded, single = _run(tmp_path, "tp-open", 2)
+    _assert_same(sharded, single, but=("1",))
+    out = _entries(sharded)[("1", "outputs", "out")]
+    assert out["shape"] == [6, 16]
+    assert "this rank's part only" in out["note"] and "(6x32 over 2 ranks)" in out["note"]
+    assert _entries(sharded)[("1", "inputs", "in[0]")].get("note") is None  # the Linear's output
+
+
+def test_parts_rows_merge_into_the_whole_tensors_row() -> None:
+    """merged_row (Chan's update) against float64 torch on the whole: parts of other sizes,
+    one empty, one all NaN/Inf, one constant."""
+    torch.manual_seed(0)
+    parts = [
+        torch.randn(7) * 3 + 1,
+        torch.empty(0),
+        torch.tensor([float("nan"), float("inf")]),
+        torch.full((5,), 2.5),
+        torch.tensor([0.0, -4.0, 0.0, 1e-3]),
+    ]
+    collector = StatsCollector(backend="torch")
+    handed = [collector.add(p, f"p{i}") for i, p in enumerate(parts)]
+    collector.finalize()
+    rows = [
+        (
+            t.numel - t.nan - t.inf, t.mean or math.nan, (t.std or 0.0) ** 2,
+            t.min if t.min is not None else math.nan, t.max if t.max is not None else math.nan,
+            (t.zeros or 0.0) * t.numel, t.nan, t.inf, t.norm or 0.0,
+        )
+        for t in handed
+    ]  # fmt: skip
+    row = merged_row(rows, 9)
+    whole = torch.cat(parts).double()
+    finite = whole[torch.isfinite(whole)]
+    assert row[0] == finite.numel()
+    assert row[1] == pytest.approx(float(finite.mean()), rel=1e-12)
+    assert row[2] == pytest.approx(float(finite.var(correction=0)), rel=1e-12)
+    assert (row[3], row[4]) == (float(finite.min()), float(finite.max()))
+    assert (row[5], row[6], row[7]) == (2, 1, 1)  # zeros, NaN, Inf
+    assert row[8] == pytest.approx(float(finite.norm()), rel=1e-12)
+    nothing = merged_row([rows[1], rows[2]], 9)
+    assert nothing[0] == 0 and math.isnan(nothing[1]) and nothing[6:8] == (1, 1)
+
+
+def test_a_failure_inside_watch_is_one_line_and_the_training_goes_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception inside the recorder (its step's line, here) never reaches the training
+    loop: one stderr line names it, the watch records nothing more, its hooks stand aside and
+    come off at exit, and every step of the loop runs."""
+    from hookcli.commands.watch.capture import StepCapture
+
+    def broken(self: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(".numpy() is not supported for tensor subclasses")
+
+    monkeypatch.setattr(StepCapture, "line", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model[0].weight.detach().clone()
+    steps = 0
+    with hookcli.watch(model, optimizer=opt) as w:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            steps += 1
+    assert steps == 4 and not torch.equal(before, model[0].weight)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "hookcli.watch: stopped recording at step 0 on rank 0: the watch failed (RuntimeError: "
+        ".numpy() is not supported for tensor subclasses); the training goes on."
+    ]
+    assert w.failed is not None and list(w.records) == []
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert all(not m._forward_hooks for m in model.modules())

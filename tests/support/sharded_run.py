@@ -1,0 +1,86 @@
+"""A model sharded by torch's distributed engine, inspected by hookcli: run under torchrun (gloo,
+CPU), or with --single as the oracle — the same model unsharded in one process on the global
+input. Each writes its report's JSON (rank 0 alone, sharded) to OUT/<kind>.<sharded|single>.json.
+
+    python -m torch.distributed.run --nproc_per_node 2 sharded_run.py OUT KIND
+    python sharded_run.py OUT KIND --single
+
+KIND: `tp` (an MLP: ColwiseParallel then RowwiseParallel), `tp-open` (its first Linear and the
+ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSDP2's
+fully_shard on each Linear and the root, every rank on the same input so the averaged gradients
+equal one process's). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD
+under `hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import hookcli
+
+IN, HIDDEN, OUT = 8, 32, 8
+
+
+def model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+
+
+def batch() -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randn(6, IN)
+
+
+def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    if kind.startswith("tp"):
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        parallelize_module(m, mesh, {k: v for k, v in plan.items() if int(k) < len(m)})
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(m[0], mesh=mesh)
+        fully_shard(m[2], mesh=mesh)
+        fully_shard(m, mesh=mesh)
+    return m
+
+
+def main() -> None:
+    out, kind = Path(sys.argv[1]), sys.argv[2]
+    single = "--single" in sys.argv
+    m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
+    if not single:
+        torch.distributed.init_process_group("gloo")
+        m = sharded(kind, m)
+    rank = torch.distributed.get_rank() if not single else 0
+    name = f"{kind}.{'single' if single else 'sharded'}"
+    layers = [str(i) for i in range(len(m))]
+    report = hookcli.grads(m, batch(), layers=layers, target="sum", topk=0)
+    if rank == 0:
+        (out / f"{name}.json").write_text(json.dumps(report.to_dict()))
+    # three steps of SGD, each watched; rank 0's log
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with hookcli.watch(m, optimizer=opt, layers=layers, log=out / f"{name}.jsonl"):
+        for step in range(3):
+            opt.zero_grad()
+            m(batch() * (step + 1)).sum().backward()
+            opt.step()
+    if not single:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
