@@ -1,6 +1,7 @@
 """Models sharded by torch's distributed engine, measured as the tensors they stand for (issue
-51): tensor parallel (ColwiseParallel then RowwiseParallel, on 2 and 4 processes) and FSDP2,
-under a real torchrun (gloo, CPU). The oracle is the same model unsharded in one process on the
+51): tensor parallel (ColwiseParallel then RowwiseParallel, on 2 and 4 processes) and FSDP2
+(every rank on one input; and each on its own rows, merged into the global batch), under a real
+torchrun (gloo, CPU). The oracle is the same model unsharded in one process on the
 same input: every layer call's input, output and gradient statistics and every parameter's
 norm and gradient equal within float rounding, in `grads` and in a `watch`ed run's log; a shard
 no parallel style declares says it is one rank's part. Also: the merge of parts' rows against
@@ -186,3 +187,28 @@ def test_a_failure_inside_watch_is_one_line_and_the_training_goes_on(
     assert w.failed is not None and list(w.records) == []
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_fsdp2_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None:
+    """FSDP2 with each rank on its own rows (data parallel): every activation and activation
+    gradient is the global batch's (shape and statistics: the merge over the data-parallel
+    group), each parameter whole; its gradient is the average FSDP's reduce-scatter makes (the
+    single process's over 2 ranks' summed losses, halved). The watched run's rank logs, merged
+    as `hookcli report` merges them, equal the single process's log."""
+    from hookcli.commands.watch import runmerge
+
+    sharded, single = _run(tmp_path, "fsdp-dp", 2)
+    a, b = _entries(sharded), _entries(single)
+    halved = {k: {**v, **{s: v[s] / 2 for s in ("mean", "std", "min", "max", "norm")}}
+              for k, v in b.items() if k[1] == "param grad"}  # fmt: skip
+    for key in a:
+        x, y = a[key], halved.get(key, b[key])
+        assert x["shape"] == y["shape"], key
+        for s in STATS:
+            if y.get(s) is not None:
+                assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
+    assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]  # each rank held 3 rows
+    logs = [tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl" for r in (0, 1)]
+    merged = runmerge.load_run(logs)
+    assert merged.ranks == 2 and merged.notes == [], merged.notes
+    assert_same_run(merged.steps, read_steps(tmp_path / "fsdp-dp.single.jsonl"))

@@ -8,7 +8,8 @@ input. Each writes its report's JSON (rank 0 alone, sharded) to OUT/<kind>.<shar
 KIND: `tp` (an MLP: ColwiseParallel then RowwiseParallel), `tp-open` (its first Linear and the
 ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSDP2's
 fully_shard on each Linear and the root, every rank on the same input so the averaged gradients
-equal one process's). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD
+equal one process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data
+parallel). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD
 under `hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
 """
 
@@ -66,9 +67,14 @@ def main() -> None:
         torch.distributed.init_process_group("gloo")
         m = sharded(kind, m)
     rank = torch.distributed.get_rank() if not single else 0
+    world = torch.distributed.get_world_size() if not single else 1
     name = f"{kind}.{'single' if single else 'sharded'}"
     layers = [str(i) for i in range(len(m))]
-    report = hookcli.grads(m, batch(), layers=layers, target="sum", topk=0)
+
+    def mine(x: torch.Tensor) -> torch.Tensor:  # fsdp-dp: each rank its rows of the batch
+        return x[rank::world] if kind == "fsdp-dp" else x
+
+    report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0)
     if rank == 0:
         (out / f"{name}.json").write_text(json.dumps(report.to_dict()))
     # three steps of SGD, each watched; rank 0's log
@@ -76,7 +82,8 @@ def main() -> None:
     with hookcli.watch(m, optimizer=opt, layers=layers, log=out / f"{name}.jsonl"):
         for step in range(3):
             opt.zero_grad()
-            m(batch() * (step + 1)).sum().backward()
+            x = mine(batch() * (step + 1))
+            (m(x).sum() / len(x)).backward()  # a mean over the rank's rows: FSDP averages
             opt.step()
     if not single:
         torch.distributed.destroy_process_group()

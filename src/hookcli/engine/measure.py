@@ -20,6 +20,7 @@ from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import Prepared
 from hookcli.engine.probes import Armed, Measured, Probe, armed_probes
 from hookcli.engine.selection import ROOT_LABEL, depth_of
+from hookcli.engine.sharded import data_parallel_groups
 from hookcli.engine.stats import StatsCollector
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
@@ -68,6 +69,8 @@ def measured_pass(
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
     collector.set_token_mask(model_input.token_mask)
+    # a data-parallel model (FSDP2, DDP): each rank's batch merged into the global batch
+    collector.book.batch_groups = data_parallel_groups(prepared.loaded.module)
     armed = Armed(prepared, model_input, collector, backward=backward, train=train)
     with armed_probes(tuple(probes), armed):
         session = HookSession(

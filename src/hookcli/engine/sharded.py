@@ -84,6 +84,8 @@ class Shards:
 
     row: int
     groups: tuple[Any, ...]
+    # a data-parallel rank's batch: its size (dimension 0) and element count, each added
+    batch: tuple[int, int] | None = None
 
 
 def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
@@ -118,6 +120,9 @@ class ShardBook:
 
     def __init__(self) -> None:
         self.shards: list[Shards] = []
+        # a data-parallel model's groups (engine/sharded.data_parallel_groups): each rank's
+        # batch of activations and their gradients merged into the global batch
+        self.batch_groups: tuple[Any, ...] = ()
         # each sharded local's place: its DTensor's local tensor (weakly), groups, global shape
         self._locals: dict[Key, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], Any]] = {}
         self._fed: dict[Any, str] = {}  # (module, call) fed a local shard: the whole it is of
@@ -163,6 +168,16 @@ class ShardBook:
             return None
         return found[1], found[2]
 
+    def plain(self, t: torch.Tensor, stats: TensorStats, row: int, context: Any) -> str | None:
+        """A plain tensor's row (an activation or its gradient, measured as `stats`): a
+        data-parallel rank's batch merged into the global batch; else `suspect`'s note."""
+        if not self.batch_groups and not self._fed:
+            return None
+        if self.batch_groups and t.dim() >= 1:
+            self.shards.append(Shards(row, self.batch_groups, (t.shape[0], stats.numel)))
+            return None
+        return self.suspect(t, row, context) if self._fed else None
+
     def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
         """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
         itself one: this rank's part only, its layout not known. None for any other."""
@@ -182,14 +197,16 @@ class ShardBook:
         a suspect that turned out a known shard made the whole tensor's (`handed`)."""
         found = self._declared
         self.shards += [Shards(row, groups) for row, (groups, _, _) in found.items()]
-        if self.shards:
-            merge_shards(self.shards, rows)
-        for stats, row in handed if found else ():
+        batches = merge_shards(self.shards, rows) if self.shards else {}
+        for stats, row in handed if found or batches else ():
             if row in found:
                 _, shape, said = found[row]
                 stats.shape, stats.numel = tuple(shape), math.prod(shape)
                 left = [n for n in (stats.note or "").split("; ") if n and n != said]
                 stats.note = "; ".join(left) or None
+            elif row in batches:  # the global batch: every rank's, in rank order
+                stats.shape = (batches[row][0], *stats.shape[1:])
+                stats.numel = batches[row][1]
 
     def clear(self) -> None:
         self.shards.clear()
@@ -197,6 +214,41 @@ class ShardBook:
         self._fed.clear()
         self._suspects.clear()
         self._declared.clear()
+
+
+def not_merged(note: str | None, *, channels: bool, hist: bool) -> str | None:
+    """A sharded tensor's note, saying which asked-for numbers its shards do not give."""
+    wants = [w for w, on in (("per-channel", channels), ("histogram", hist)) if on]
+    if not wants:
+        return note
+    lost = f"sharded: no {' or '.join(wants)} numbers (they do not merge from its shards)"
+    return f"{note}; {lost}" if note else lost
+
+
+def data_parallel_groups(module: Any) -> tuple[Any, ...]:
+    """The process groups over which a model's ranks each run their own batch: FSDP2's (a
+    fully_shard root on a 1-D mesh: its mesh's group), DistributedDataParallel's; none for
+    any other model, or one not in a process group of more than one rank."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return ()
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        return (module.process_group,)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return ()
+    if not isinstance(module, FSDPModule):
+        return ()
+    params: list[Any] = list(torch.nn.Module.parameters(module))  # type: ignore[arg-type]
+    meshes = {id(p.device_mesh): p.device_mesh for p in params if is_sharded(p)}
+    if len(meshes) != 1:
+        return ()
+    (mesh,) = meshes.values()
+    return (mesh.get_group(0),) if mesh.ndim == 1 else ()
 
 
 def _key(t: torch.Tensor) -> Key | None:
@@ -207,10 +259,16 @@ def _key(t: torch.Tensor) -> Key | None:
         return None
 
 
-def merge_shards(shards: Sequence[Shards], rows: list[Sequence[float]]) -> None:
+def merge_shards(
+    shards: Sequence[Shards], rows: list[Sequence[float]]
+) -> dict[int, tuple[int, int]]:
     """Replace each sharded row in `rows` (host numbers, every rank's pass in one order) by
-    the row of the whole tensor: one all_gather per process group, the group's rows packed."""
+    the row of the whole tensor: one all_gather per process group, the group's rows packed
+    (each with its batch size, summed for a data-parallel batch's rows: returned by row)."""
     import torch.distributed as dist
+
+    sizes = {s.row: s.batch for s in shards if s.batch is not None}
+    none = (0, 0)
 
     order: list[Any] = []  # the groups in the order the pass met them (the same on every rank)
     for s in shards:
@@ -221,12 +279,20 @@ def merge_shards(shards: Sequence[Shards], rows: list[Sequence[float]]) -> None:
         mine = [s.row for s in shards if group in s.groups]
         width = len(rows[mine[0]])
         device = _device_of(group)
-        packed = torch.tensor([list(rows[i]) for i in mine], dtype=torch.float64, device=device)
+        packed = torch.tensor(
+            [[*rows[i], *sizes.get(i, none)] for i in mine], dtype=torch.float64, device=device
+        )
         parts = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, packed, group=group)
-        every = torch.stack(parts).to("cpu").tolist()  # (ranks, rows, width)
+        every = torch.stack(parts).to("cpu").tolist()  # (ranks, rows, width + 2)
         for k, i in enumerate(mine):
             rows[i] = merged_row([rank[k] for rank in every], width)
+            if i in sizes:
+                sizes[i] = (
+                    int(sum(rank[k][width] for rank in every)),
+                    int(sum(rank[k][width + 1] for rank in every)),
+                )
+    return sizes
 
 
 def _device_of(group: Any) -> torch.device:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
-from hookcli.engine.sharded import ShardBook, Shards
+from hookcli.engine.sharded import ShardBook, Shards, not_merged
 from hookcli.engine.statrow import (
     AFTER_PASS,
     EMPTY_ROW,
@@ -363,7 +363,7 @@ class StatsCollector:
         self._wants_values: list[tuple[TensorStats, int]] = []
         self._handed_out: list[tuple[TensorStats, int]] = []  # filled by finalize()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
-        self._book = ShardBook()  # the pass's DTensors and their shards (engine/sharded.py)
+        self.book = ShardBook()  # the pass's DTensors and their shards (engine/sharded.py)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -416,8 +416,8 @@ class StatsCollector:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in.
         `positions`: t may hold a padded batch's token positions (False: a parameter or its
         gradient, measured whole whatever its shape)."""
-        if type(t) is not torch.Tensor or self._book.has_locals:
-            part = self._book.part(t, self.context)
+        if type(t) is not torch.Tensor or self.book.has_locals:
+            part = self.book.part(t, self.context)
             if part is not None:
                 t, groups, shape = part
                 if groups:
@@ -457,7 +457,8 @@ class StatsCollector:
             assert self._real_index is not None
             t = unpadded(t, self._real_index, padded)
         row, note = self._measure(t)  # reads detached data only: no autograd graph is made
-        if self._book.has_locals and (said := self._book.suspect(seen, len(self), self.context)):
+        said = self.book.plain(seen, stats, len(self), self.context) if positions else None
+        if said:
             note = f"{note}; {said}" if note else said
         if padded:
             note = f"{note}; padding left out" if note else "over real tokens (padding left out)"
@@ -498,16 +499,13 @@ class StatsCollector:
         (engine/sharded.py): its shard's row now, the other ranks' merged in at finalize."""
         stats = TensorStats(path, tuple(shape), dtype_name(local.dtype), math.prod(shape))
         row, note = self._measure(local)
-        wants = [w for w, on in (("per-channel", self.channels), ("histogram", self._bins)) if on]
-        if wants:
-            lost = f"sharded: no {' or '.join(wants)} numbers (they do not merge from its shards)"
-            note = f"{note}; {lost}" if note else lost
+        note = not_merged(note, channels=self.channels is not None, hist=bool(self._bins))
         idx = len(self._rows)
         self._rows.append(row)
         self._notes.append(note)
         self._handed_out.append((stats, idx))
         stats.note = note
-        self._book.shards.append(Shards(idx, groups))
+        self.book.shards.append(Shards(idx, groups))
         return stats
 
     def _channel_row(
@@ -595,8 +593,8 @@ class StatsCollector:
             stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
             for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
                 out[i] = values
-        self._book.merge(out, self._handed_out)  # each DTensor's shards: the whole tensor's row
-        self._book.clear()
+        self.book.merge(out, self._handed_out)  # each DTensor's shards: the whole tensor's row
+        self.book.clear()
         self._resolve_values()
         self._resolve_hists()
         self._resolve_tokens()
