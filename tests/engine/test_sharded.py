@@ -1,11 +1,11 @@
-"""Models sharded by torch's distributed engine, measured as the tensors they stand for (issue
-51): tensor parallel (ColwiseParallel then RowwiseParallel, on 2 and 4 processes) and FSDP2
-(every rank on one input; and each on its own rows, merged into the global batch), under a real
-torchrun (gloo, CPU). The oracle is the same model unsharded in one process on the
-same input: every layer call's input, output and gradient statistics and every parameter's
-norm and gradient equal within float rounding, in `grads` and in a `watch`ed run's log; a shard
-no parallel style declares says it is one rank's part. Also: the merge of parts' rows against
-float64 torch, and a failure inside `watch` that leaves the training running."""
+"""Models sharded by torch's distributed engine, measured as the tensors they stand for (issue 51):
+tensor parallel (ColwiseParallel then RowwiseParallel, on 2 and 4 processes) and FSDP2 (every
+rank on one input; and each on its own rows, merged into the global batch), and both on a (dp,
+tp) mesh of 4, under a real torchrun (gloo, CPU). The oracle is the same model unsharded in one
+process on the same input: every layer call's input, output and gradient statistics and every
+parameter's norm and gradient equal within float rounding, in `grads` and in a `watch`ed run's
+log; a shard no parallel style declares says it is one rank's part. Also: the merge of parts'
+rows against float64 torch, and a failure inside `watch` that leaves the training running."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import hookcli
+from hookcli.commands.watch import runmerge
 from hookcli.engine.sharded import merged_row
 from hookcli.engine.stats import StatsCollector
 from tests.support.launch import free_port, run_python
@@ -94,14 +95,24 @@ def test_tensor_parallel_layers_are_measured_as_the_whole_tensors(
             read_steps(tmp_path / f"tp.sharded.rank{r}.jsonl"),
             read_steps(tmp_path / "tp.single.jsonl"),
         )
+    # merged as `hookcli report` merges rank logs: the ranks share one batch, counted once
+    merged = runmerge.load_run([tmp_path / f"tp.sharded.rank{r}.jsonl" for r in range(procs)])
+    assert merged.ranks == 1 and "ranks share their data" in merged.notes[0]
+    assert_same_run(merged.steps, read_steps(tmp_path / "tp.single.jsonl"))
 
 
 def test_fsdp2_parameters_and_gradients_are_the_whole_tensors(tmp_path: Path) -> None:
     """FSDP2 shards every parameter on dimension 0: each parameter's and gradient's numbers
     (reduce-scattered, averaged over the ranks that all ran the same input) are the unsharded
-    model's, in grads and in the watched run's log (its update norms too)."""
+    model's, in grads and in rank 0's log of the watched run (its update norms too)."""
     sharded, single = _run(tmp_path, "fsdp", 2)
-    _assert_same(sharded, single)
+    a, b = _entries(sharded), _entries(single)
+    params = [k for k in b if k[1].startswith("param")]
+    assert len(params) == 8
+    for key in params:  # (the activations: two ranks' copies of one batch, merged as two)
+        for s in STATS:
+            if b[key].get(s) is not None:
+                assert a[key][s] == pytest.approx(b[key][s], rel=1e-5, abs=1e-6), (key, s)
     assert_same_run(
         read_steps(tmp_path / "fsdp.sharded.rank0.jsonl"),
         read_steps(tmp_path / "fsdp.single.jsonl"),
@@ -195,20 +206,37 @@ def test_fsdp2_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None
     group), each parameter whole; its gradient is the average FSDP's reduce-scatter makes (the
     single process's over 2 ranks' summed losses, halved). The watched run's rank logs, merged
     as `hookcli report` merges them, equal the single process's log."""
-    from hookcli.commands.watch import runmerge
+    _assert_global_batch(tmp_path, "fsdp-dp", 2)
+    merged = runmerge.load_run([tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl" for r in (0, 1)])
+    assert merged.ranks == 2 and merged.notes == [], merged.notes
+    assert_same_run(merged.steps, read_steps(tmp_path / "fsdp-dp.single.jsonl"))
 
-    sharded, single = _run(tmp_path, "fsdp-dp", 2)
+
+def test_a_2d_mesh_merges_along_each_dimension(tmp_path: Path) -> None:
+    """FSDP2 over `dp` and the tensor-parallel MLP over `tp` of a (2, 2) mesh, each
+    data-parallel index on its own rows: parameters (_StridedShard over dp, Shard over tp)
+    whole, activations whole along tp and merged into the global batch along dp, gradients
+    averaged over dp. Merged as `hookcli report` merges them, the four rank logs count one
+    rank per data-parallel index, and equal one process's."""
+    _assert_global_batch(tmp_path, "2d", 4)
+    merged = runmerge.load_run([tmp_path / f"2d.sharded.rank{r}.jsonl" for r in range(4)])
+    assert merged.ranks == 2 and "(ranks 0, 2)" in merged.notes[0], merged.notes
+    assert_same_run(merged.steps, read_steps(tmp_path / "2d.single.jsonl"))
+
+
+def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> None:
+    """The sharded report equals the single one, activations over the global batch (each of
+    2 data-parallel indices held 3 of its 6 rows), parameter gradients averaged over them."""
+    sharded, single = _run(tmp_path, kind, procs)
     a, b = _entries(sharded), _entries(single)
     halved = {k: {**v, **{s: v[s] / 2 for s in ("mean", "std", "min", "max", "norm")}}
               for k, v in b.items() if k[1] == "param grad"}  # fmt: skip
+    assert a.keys() == b.keys()
     for key in a:
         x, y = a[key], halved.get(key, b[key])
         assert x["shape"] == y["shape"], key
+        assert not x.get("note"), (key, x.get("note"))
         for s in STATS:
             if y.get(s) is not None:
                 assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
-    assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]  # each rank held 3 rows
-    logs = [tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl" for r in (0, 1)]
-    merged = runmerge.load_run(logs)
-    assert merged.ranks == 2 and merged.notes == [], merged.notes
-    assert_same_run(merged.steps, read_steps(tmp_path / "fsdp-dp.single.jsonl"))
+    assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]

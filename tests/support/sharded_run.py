@@ -1,16 +1,19 @@
 """A model sharded by torch's distributed engine, inspected by hookcli: run under torchrun (gloo,
 CPU), or with --single as the oracle — the same model unsharded in one process on the global
-input. Each writes its report's JSON (rank 0 alone, sharded) to OUT/<kind>.<sharded|single>.json.
+input. Each writes its report's JSON (rank 0 alone, sharded) to
+OUT/<kind>.<sharded|single>.json.
 
     python -m torch.distributed.run --nproc_per_node 2 sharded_run.py OUT KIND
     python sharded_run.py OUT KIND --single
 
 KIND: `tp` (an MLP: ColwiseParallel then RowwiseParallel), `tp-open` (its first Linear and the
-ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSDP2's
-fully_shard on each Linear and the root, every rank on the same input so the averaged gradients
-equal one process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data
-parallel). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD
-under `hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
+ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSDP2's fully_shard
+on each Linear and the root, every rank on the same input so the averaged gradients equal one
+process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data parallel), `2d`
+(FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its `tp`
+dimension; each data-parallel index on its own rows). Each: `grads` of the summed output
+(OUT/NAME.json), then three steps of SGD under `hookcli.watch` (OUT/NAME.jsonl; sharded, each
+rank its own log).
 """
 
 from __future__ import annotations
@@ -40,7 +43,20 @@ def batch() -> torch.Tensor:
 def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    world = torch.distributed.get_world_size()
+    if kind == "2d":  # data parallel (FSDP2) over tensor parallel: a (dp, tp) mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        grid = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(m, grid["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(m, mesh=grid["dp"])
+        return m
+    mesh = init_device_mesh("cpu", (world,))
     if kind.startswith("tp"):
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -71,7 +87,9 @@ def main() -> None:
     name = f"{kind}.{'single' if single else 'sharded'}"
     layers = [str(i) for i in range(len(m))]
 
-    def mine(x: torch.Tensor) -> torch.Tensor:  # fsdp-dp: each rank its rows of the batch
+    def mine(x: torch.Tensor) -> torch.Tensor:  # data parallel: each rank its rows
+        if kind == "2d" and not single:  # each data-parallel index (rank // tp) its rows
+            return x[rank // (world // 2) :: 2]
         return x[rank::world] if kind == "fsdp-dp" else x
 
     report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0)

@@ -55,7 +55,7 @@ def groups_of(t: torch.Tensor) -> tuple[Any, ...]:
     if not is_sharded(t):
         return ()
     placements, mesh = t.placements, t.device_mesh  # type: ignore[attr-defined]
-    return tuple(mesh.get_group(d) for d, p in enumerate(placements) if p.is_shard())
+    return tuple(mesh.get_group(d) for d, p in enumerate(placements) if _split(p))
 
 
 def whole_norms(norms: Sequence[float], groups: Sequence[tuple[Any, ...]]) -> list[float]:
@@ -84,8 +84,10 @@ class Shards:
 
     row: int
     groups: tuple[Any, ...]
-    # a data-parallel rank's batch: its size (dimension 0) and element count, each added
+    # a data-parallel rank's batch: its size (dimension 0) and element count, each added over
+    # `over` (the data-parallel groups among `groups`; the others hold the same rows)
     batch: tuple[int, int] | None = None
+    over: tuple[Any, ...] = ()
 
 
 def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
@@ -101,8 +103,14 @@ def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
         )
         placements = tuple(t.placements)
     mesh = t.device_mesh
-    groups = tuple(mesh.get_group(d) for d, p in enumerate(placements) if p.is_shard())
+    groups = tuple(mesh.get_group(d) for d, p in enumerate(placements) if _split(p))
     return t.to_local(), groups
+
+
+def _split(placement: Any) -> bool:
+    """Whether a placement splits the tensor over its mesh dimension (Shard, and FSDP2's
+    _StridedShard over tensor parallel): neither Replicate nor Partial."""
+    return not placement.is_replicate() and not placement.is_partial()
 
 
 Key = tuple[int, int, tuple[int, ...]]  # where a tensor's values lie: storage, offset, shape
@@ -171,12 +179,20 @@ class ShardBook:
     def plain(self, t: torch.Tensor, stats: TensorStats, row: int, context: Any) -> str | None:
         """A plain tensor's row (an activation or its gradient, measured as `stats`): a
         data-parallel rank's batch merged into the global batch; else `suspect`'s note."""
-        if not self.batch_groups and not self._fed:
-            return None
+        said = self.suspect(t, row, context) if self._fed else None
         if self.batch_groups and t.dim() >= 1:
-            self.shards.append(Shards(row, self.batch_groups, (t.shape[0], stats.numel)))
-            return None
-        return self.suspect(t, row, context) if self._fed else None
+            self.sharded(row, (), stats)
+        return said
+
+    def sharded(self, row: int, groups: tuple[Any, ...], stats: TensorStats | None) -> None:
+        """Row `row` merged over `groups` (a DTensor's shards) and, for an activation or its
+        gradient (`stats` given) of a data-parallel model, over the batch's groups too."""
+        if stats is None or not self.batch_groups or not stats.shape:
+            self.shards.append(Shards(row, groups))
+            return
+        batch = (stats.shape[0], stats.numel)
+        over = self.batch_groups
+        self.shards.append(Shards(row, groups + over, batch, over))
 
     def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
         """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
@@ -196,7 +212,15 @@ class ShardBook:
         """Every shard's row replaced by its whole tensor's (`rows`), and the statistics of
         a suspect that turned out a known shard made the whole tensor's (`handed`)."""
         found = self._declared
-        self.shards += [Shards(row, groups) for row, (groups, _, _) in found.items()]
+        by_row = {s.row: s for s in self.shards}
+        for row, (groups, shape, _) in found.items():
+            known = by_row.get(row)
+            if known is None:
+                self.shards.append(Shards(row, groups))
+                continue
+            known.groups = groups + known.groups  # a rank's batch of a declared shard
+            if known.batch is not None:
+                known.batch = (shape[0], math.prod(shape))
         batches = merge_shards(self.shards, rows) if self.shards else {}
         for stats, row in handed if found or batches else ():
             if row in found:
@@ -204,7 +228,7 @@ class ShardBook:
                 stats.shape, stats.numel = tuple(shape), math.prod(shape)
                 left = [n for n in (stats.note or "").split("; ") if n and n != said]
                 stats.note = "; ".join(left) or None
-            elif row in batches:  # the global batch: every rank's, in rank order
+            if row in batches:  # the global batch: every data-parallel rank's, in rank order
                 stats.shape = (batches[row][0], *stats.shape[1:])
                 stats.numel = batches[row][1]
 
@@ -243,12 +267,40 @@ def data_parallel_groups(module: Any) -> tuple[Any, ...]:
         return ()
     if not isinstance(module, FSDPModule):
         return ()
-    params: list[Any] = list(torch.nn.Module.parameters(module))  # type: ignore[arg-type]
-    meshes = {id(p.device_mesh): p.device_mesh for p in params if is_sharded(p)}
-    if len(meshes) != 1:
-        return ()
-    (mesh,) = meshes.values()
-    return (mesh.get_group(0),) if mesh.ndim == 1 else ()
+    try:  # FSDP2's own mesh: every dimension data parallel (HSDP: replicate and shard)
+        mesh = module._get_fsdp_state()._fsdp_param_group.mesh_info.mesh  # type: ignore[union-attr]
+    except AttributeError:  # another torch: the parameters' mesh, when it is FSDP's alone
+        params: list[Any] = list(torch.nn.Module.parameters(module))  # type: ignore[arg-type]
+        meshes = {id(p.device_mesh): p.device_mesh for p in params if is_sharded(p)}
+        if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
+            return ()
+        (mesh,) = meshes.values()
+    return tuple(mesh.get_group(d) for d in range(mesh.ndim))
+
+
+def data_parallel_position(model: Any) -> list[int] | None:
+    """Where this rank's data lies when ranks share it (tensor parallel, alone or under FSDP2
+    or DDP): [its data-parallel index, how many indices]; None when every rank runs its own
+    data (DDP, FSDP2 alone) or there is one process. A log's ranks of one index hold the
+    same activations (runmerge counts one of them)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    dp = data_parallel_groups(model)
+    shared = {
+        g
+        for p in torch.nn.Module.parameters(model)
+        for g in groups_of(p)
+        if g not in dp
+    }  # fmt: skip
+    if not shared:
+        return None
+    index, count = 0, 1
+    for g in dp:
+        index = index * g.size() + dist.get_group_rank(g, dist.get_rank())
+        count *= g.size()
+    return [index, count]
 
 
 def _key(t: torch.Tensor) -> Key | None:
@@ -268,6 +320,7 @@ def merge_shards(
     import torch.distributed as dist
 
     sizes = {s.row: s.batch for s in shards if s.batch is not None}
+    over = {s.row: s.over for s in shards}
     none = (0, 0)
 
     order: list[Any] = []  # the groups in the order the pass met them (the same on every rank)
@@ -287,7 +340,7 @@ def merge_shards(
         every = torch.stack(parts).to("cpu").tolist()  # (ranks, rows, width + 2)
         for k, i in enumerate(mine):
             rows[i] = merged_row([rank[k] for rank in every], width)
-            if i in sizes:
+            if i in sizes and group in over[i]:
                 sizes[i] = (
                     int(sum(rank[k][width] for rank in every)),
                     int(sum(rank[k][width + 1] for rank in every)),

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
-from hookcli.engine.sharded import ShardBook, Shards, not_merged
+from hookcli.engine.sharded import ShardBook, not_merged
 from hookcli.engine.statrow import (
     AFTER_PASS,
     EMPTY_ROW,
@@ -421,7 +421,7 @@ class StatsCollector:
             if part is not None:
                 t, groups, shape = part
                 if groups:
-                    return self._add_sharded(t, groups, shape, path)
+                    return self._add_sharded(t, groups, shape, path, positions)
         key = id(t)
         hit = self._seen.get(key)
         version = t._version
@@ -493,7 +493,7 @@ class StatsCollector:
         return stats
 
     def _add_sharded(
-        self, local: torch.Tensor, groups: tuple[Any, ...], shape: Any, path: str
+        self, local: torch.Tensor, groups: tuple[Any, ...], shape: Any, path: str, batch: bool
     ) -> TensorStats:
         """A DTensor (or its local tensor) measured as the global tensor it stands for
         (engine/sharded.py): its shard's row now, the other ranks' merged in at finalize."""
@@ -505,7 +505,7 @@ class StatsCollector:
         self._notes.append(note)
         self._handed_out.append((stats, idx))
         stats.note = note
-        self.book.shards.append(Shards(idx, groups))
+        self.book.sharded(idx, groups, stats if batch else None)
         return stats
 
     def _channel_row(

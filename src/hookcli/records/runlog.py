@@ -63,6 +63,9 @@ class StepLine:
     kind: str = "step"
     merged_ranks: int | None = None  # read back: the rank logs merged into it (runmerge)
     memory: Memory | None = field(default=None, metadata={LENIENT: True})  # watch(memory=True)
+    # a rank that shares its data with others (tensor parallel): [its data-parallel index,
+    # how many indices]; runmerge counts one rank per index. None: every rank its own data
+    data_parallel: list[int] | None = field(default=None, metadata={LEAST: 0})
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ _UNLESS = {
     "run": None,
     "merged_ranks": None,
     "memory": None,
+    "data_parallel": None,
 }
 
 

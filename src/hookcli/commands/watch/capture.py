@@ -65,6 +65,9 @@ class StepCapture:
     def __init__(self, watched: WatchedModel, *, probes: Sequence[StepProbe] = ()) -> None:
         self.watched = watched
         self.probes = tuple(probes)  # what the watch asked for beyond the statistics
+        # ranks sharing their data (tensor parallel): this rank's [index, count] among the
+        # data-parallel ones, written on each line (engine/sharded.data_parallel_position)
+        self.data_parallel: list[int] | None = None
         self._session: HookSession | None = None
         self._collector: StatsCollector | None = None
         # a watched step's parameters: name, gradient statistics, the parameter, its value
@@ -226,6 +229,7 @@ class StepCapture:
             nonfinite_origins=list(origins),
             # "loss": null alone would read as "not given"
             loss_nonfinite=isinstance(loss, float) and not math.isfinite(loss),
+            data_parallel=self.data_parallel,
         )
         for probe in self.probes:
             probe.finish(record, optimizer)

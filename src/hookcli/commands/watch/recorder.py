@@ -33,6 +33,7 @@ from hookcli.commands.watch.nonfinite import FirstNonfinite, StepState, bundle_d
 from hookcli.commands.watch.sinks import LineSinks
 from hookcli.commands.watch.steptools import params_of, process_rank, rank_log_path
 from hookcli.engine.hooks import CopySafeHook, Target
+from hookcli.engine.sharded import data_parallel_position
 from hookcli.errors import UsageError, one_line
 from hookcli.options import DEFAULTS, WatchOptions
 from hookcli.records import NonfiniteLine, StepLine
@@ -90,6 +91,7 @@ class Watch:
         grads, ended = self._guarded(self._grads_ready), self._guarded(self._finish)
         self._clock = StepClock(every, optimizer=optimizer, scaler=scaler, grads=grads, ended=ended)
         self._capture = StepCapture(watched, probes=[StepMemory()] if options.memory else [])
+        self._capture.data_parallel = data_parallel_position(model)
         self._first = FirstNonfinite(
             watched,
             options,

@@ -68,7 +68,8 @@ def load_run(paths: Sequence[str | Path]) -> Run:
     notes = [n for log in logs for n in log.notes]
     if len(logs) == 1:
         (log,) = logs
-        if log.world_size > 1:
+        shared = _data_parallel(log)
+        if log.world_size > 1 and (shared is None or shared[1] > 1):
             notes.append(
                 f"{Path(log.path).name} is rank {log.rank} of {log.world_size}: statistics over "
                 "its shard of each batch only (give every rank's log to merge them)"
@@ -120,13 +121,38 @@ def merge_logs(logs: Sequence[LogFile], notes: list[str] | None = None) -> Run:
                 "give the logs of one run, whole (a rank that stopped early ends its log "
                 "early: read the ranks one at a time).",
             )
+    ordered = _one_per_data(ordered, notes)
     steps = []
     for s in every:
         merged, disagree = merge_step([log.steps[s] for log in ordered])
         steps.append(merged)
         notes += disagree
     events = sorted((e for log in ordered for e in log.events), key=lambda e: e.step)
-    return Run([log.path for log in ordered], world, world, steps, events, notes)
+    return Run([log.path for log in ordered], len(ordered), world, steps, events, notes)
+
+
+def _data_parallel(log: LogFile) -> list[int] | None:
+    """A log's [data-parallel index, count] when its ranks share data (tensor parallel)."""
+    first = next(iter(log.steps.values()), None)
+    return None if first is None else first.data_parallel
+
+
+def _one_per_data(ordered: list[LogFile], notes: list[str]) -> list[LogFile]:
+    """The logs to merge: every rank's, or where ranks share their data (tensor parallel:
+    each logs the same, whole activations) the first rank of each data-parallel index."""
+    if all(_data_parallel(log) is None for log in ordered):
+        return ordered
+    first: dict[int, LogFile] = {}
+    for log in ordered:
+        shared = _data_parallel(log)
+        index = log.rank if shared is None else shared[0]
+        first.setdefault(index, log)
+    picked = [first[i] for i in sorted(first)]
+    notes.append(
+        f"ranks share their data (tensor parallel): {len(picked)} of {len(ordered)} rank logs "
+        f"merged, one per data-parallel index (ranks {', '.join(str(g.rank) for g in picked)})"
+    )
+    return picked
 
 
 def merge_step(records: Sequence[StepLine]) -> tuple[StepLine, list[str]]:
