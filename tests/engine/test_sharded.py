@@ -206,7 +206,11 @@ def test_fsdp2_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None
     group), each parameter whole; its gradient is the average FSDP's reduce-scatter makes (the
     single process's over 2 ranks' summed losses, halved). The watched run's rank logs, merged
     as `hookcli report` merges them, equal the single process's log."""
-    _assert_global_batch(tmp_path, "fsdp-dp", 2)
+    sharded = _assert_global_batch(tmp_path, "fsdp-dp", 2)
+    # the per-parameter gradient norms' squares add up to clip_grad_norm_'s total
+    norms = [p["grad_norm"] for c in sharded["layers"] for p in c.get("params") or []]
+    assert len(norms) == 4
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(sharded["clip_grad_norm"])
     merged = runmerge.load_run([tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl" for r in (0, 1)])
     assert merged.ranks == 2 and merged.notes == [], merged.notes
     assert_same_run(merged.steps, read_steps(tmp_path / "fsdp-dp.single.jsonl"))
@@ -218,13 +222,15 @@ def test_a_2d_mesh_merges_along_each_dimension(tmp_path: Path) -> None:
     whole, activations whole along tp and merged into the global batch along dp, gradients
     averaged over dp. Merged as `hookcli report` merges them, the four rank logs count one
     rank per data-parallel index, and equal one process's."""
-    _assert_global_batch(tmp_path, "2d", 4)
+    sharded = _assert_global_batch(tmp_path, "2d", 4)
+    norms = [p["grad_norm"] for c in sharded["layers"] for p in c.get("params") or []]
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(sharded["clip_grad_norm"])
     merged = runmerge.load_run([tmp_path / f"2d.sharded.rank{r}.jsonl" for r in range(4)])
     assert merged.ranks == 2 and "(ranks 0, 2)" in merged.notes[0], merged.notes
     assert_same_run(merged.steps, read_steps(tmp_path / "2d.single.jsonl"))
 
 
-def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> None:
+def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any]:
     """The sharded report equals the single one, activations over the global batch (each of
     2 data-parallel indices held 3 of its 6 rows), parameter gradients averaged over them."""
     sharded, single = _run(tmp_path, kind, procs)
@@ -240,3 +246,4 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> None:
             if y.get(s) is not None:
                 assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
     assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]
+    return sharded

@@ -93,8 +93,14 @@ def main() -> None:
         return x[rank::world] if kind == "fsdp-dp" else x
 
     report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0)
+    # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
+    m(mine(batch())).sum().backward()
+    total = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e9)
+    total = total.full_tensor() if hasattr(total, "full_tensor") else total
+    m.zero_grad(set_to_none=True)
     if rank == 0:
-        (out / f"{name}.json").write_text(json.dumps(report.to_dict()))
+        data = report.to_dict() | {"clip_grad_norm": float(total)}
+        (out / f"{name}.json").write_text(json.dumps(data))
     # three steps of SGD, each watched; rank 0's log
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with hookcli.watch(m, optimizer=opt, layers=layers, log=out / f"{name}.jsonl"):
