@@ -49,12 +49,13 @@ def _run(tmp_path: Path, kind: str, procs: int) -> tuple[dict[str, Any], dict[st
 def _entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
     out = {}
     for c in report["layers"]:
+        name = c["name"].removeprefix("module.")  # (DDP's wrapper names them so)
         for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
             for t in c.get(kind) or []:
-                out[(c["name"], kind, t["path"])] = t
+                out[(name, kind, t["path"])] = t
         for p in c.get("params") or []:
-            out[(c["name"], "param", p["name"])] = {"norm": p["norm"], "shape": p["shape"]}
-            out[(c["name"], "param grad", p["name"])] = p["grad"]
+            out[(name, "param", p["name"])] = {"norm": p["norm"], "shape": p["shape"]}
+            out[(name, "param grad", p["name"])] = p["grad"]
     return out
 
 
@@ -247,3 +248,11 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any
                 assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
     assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]
     return sharded
+
+
+def test_ddp_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None:
+    """The DDP wrapper given to grads: each rank's rows merged into the global batch over its
+    process group, the replicated weights whole once, the gradients DDP's average."""
+    sharded = _assert_global_batch(tmp_path, "ddp", 2)
+    norms = [p["grad_norm"] for c in sharded["layers"] for p in c.get("params") or []]
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(sharded["clip_grad_norm"])

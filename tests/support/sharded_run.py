@@ -11,7 +11,8 @@ ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSD
 on each Linear and the root, every rank on the same input so the averaged gradients equal one
 process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data parallel), `2d`
 (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its `tp`
-dimension; each data-parallel index on its own rows). Each: `grads` of the summed output
+dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each rank
+on its own rows). Each: `grads` of the summed output
 (OUT/NAME.json), then three steps of SGD under `hookcli.watch` (OUT/NAME.jsonl; sharded, each
 rank its own log).
 """
@@ -56,6 +57,8 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
         parallelize_module(m, grid["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         fully_shard(m, mesh=grid["dp"])
         return m
+    if kind == "ddp":  # DistributedDataParallel: replicated weights, averaged gradients
+        return nn.parallel.DistributedDataParallel(m)  # type: ignore[return-value]
     mesh = init_device_mesh("cpu", (world,))
     if kind.startswith("tp"):
         from torch.distributed.tensor.parallel import (
@@ -85,12 +88,14 @@ def main() -> None:
     rank = torch.distributed.get_rank() if not single else 0
     world = torch.distributed.get_world_size() if not single else 1
     name = f"{kind}.{'single' if single else 'sharded'}"
-    layers = [str(i) for i in range(len(m))]
+    names = [str(i) for i in range(3 if kind != "tp-open" else 2)]
+    # (inspect and grads hook the DDP wrapper's module as it names it; watch unwraps it)
+    layers = [f"module.{n}" for n in names] if kind == "ddp" and not single else names
 
     def mine(x: torch.Tensor) -> torch.Tensor:  # data parallel: each rank its rows
         if kind == "2d" and not single:  # each data-parallel index (rank // tp) its rows
             return x[rank // (world // 2) :: 2]
-        return x[rank::world] if kind == "fsdp-dp" else x
+        return x[rank::world] if kind in ("fsdp-dp", "ddp") else x
 
     report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0)
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
@@ -103,7 +108,7 @@ def main() -> None:
         (out / f"{name}.json").write_text(json.dumps(data))
     # three steps of SGD, each watched; rank 0's log
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    with hookcli.watch(m, optimizer=opt, layers=layers, log=out / f"{name}.jsonl"):
+    with hookcli.watch(m, optimizer=opt, layers=names, log=out / f"{name}.jsonl"):
         for step in range(3):
             opt.zero_grad()
             x = mine(batch() * (step + 1))

@@ -250,9 +250,9 @@ def not_merged(note: str | None, *, channels: bool, hist: bool) -> str | None:
 
 
 def data_parallel_groups(module: Any) -> tuple[Any, ...]:
-    """The process groups over which a model's ranks each run their own batch: FSDP2's (a
-    fully_shard root on a 1-D mesh: its mesh's group), DistributedDataParallel's; none for
-    any other model, or one not in a process group of more than one rank."""
+    """The process groups over which a model's ranks each run their own batch: FSDP2's (its
+    own mesh's, every dimension: HSDP's replicate and shard both), DistributedDataParallel's;
+    none for any other model, or one not in a process group of more than one rank."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
@@ -265,12 +265,14 @@ def data_parallel_groups(module: Any) -> tuple[Any, ...]:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return ()
-    if not isinstance(module, FSDPModule):
+    shards = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not shards:
         return ()
-    try:  # FSDP2's own mesh: every dimension data parallel (HSDP: replicate and shard)
-        mesh = module._get_fsdp_state()._fsdp_param_group.mesh_info.mesh  # type: ignore[union-attr]
-    except AttributeError:  # another torch: the parameters' mesh, when it is FSDP's alone
-        params: list[Any] = list(torch.nn.Module.parameters(module))  # type: ignore[arg-type]
+    try:  # FSDP2's own mesh (of a module holding parameters): every dimension data parallel
+        groups = (m._get_fsdp_state()._fsdp_param_group for m in shards)
+        mesh = next(g for g in groups if g is not None).mesh_info.mesh
+    except (AttributeError, StopIteration):  # another torch: the parameters' mesh, if 1-D
+        params: list[Any] = list(module.parameters())
         meshes = {id(p.device_mesh): p.device_mesh for p in params if is_sharded(p)}
         if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
             return ()
