@@ -256,3 +256,15 @@ def test_ddp_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None:
     sharded = _assert_global_batch(tmp_path, "ddp", 2)
     norms = [p["grad_norm"] for c in sharded["layers"] for p in c.get("params") or []]
     assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(sharded["clip_grad_norm"])
+
+
+def test_a_nan_in_a_sharded_run_is_logged_and_nothing_waits(tmp_path: Path) -> None:
+    """FSDP2, a NaN in rank 1's rows at step 1: it reaches both ranks' gradients through the
+    reduce-scatter; each rank logs it from its own part, and neither runs the hooked re-run,
+    whose collectives the other rank would never join (the run ends: nothing hangs)."""
+    _run(tmp_path, "fsdp-nan", 2)
+    for r in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"fsdp-nan.sharded.rank{r}.jsonl").open()]
+        (event,) = [x for x in lines if x["kind"] == "nonfinite"]
+        assert event["step"] == 1 and "grad" in event["found"], event
+        assert any("the hooked re-run, which would need every rank" in n for n in event["notes"])

@@ -12,9 +12,9 @@ on each Linear and the root, every rank on the same input so the averaged gradie
 process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data parallel), `2d`
 (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its `tp`
 dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each rank
-on its own rows). Each: `grads` of the summed output
-(OUT/NAME.json), then three steps of SGD under `hookcli.watch` (OUT/NAME.jsonl; sharded, each
-rank its own log).
+on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
+1). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD under
+`hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> None:
     def mine(x: torch.Tensor) -> torch.Tensor:  # data parallel: each rank its rows
         if kind == "2d" and not single:  # each data-parallel index (rank // tp) its rows
             return x[rank // (world // 2) :: 2]
-        return x[rank::world] if kind in ("fsdp-dp", "ddp") else x
+        return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan") else x
 
     report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0)
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
@@ -112,6 +112,8 @@ def main() -> None:
         for step in range(3):
             opt.zero_grad()
             x = mine(batch() * (step + 1))
+            if kind == "fsdp-nan" and step == 1 and rank == 1:
+                x[0, 0] = float("nan")  # rank 1's rows only
             (m(x).sum() / len(x)).backward()  # a mean over the rank's rows: FSDP averages
             opt.step()
     if not single:

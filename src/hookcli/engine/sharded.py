@@ -113,7 +113,7 @@ def _split(placement: Any) -> bool:
     return not placement.is_replicate() and not placement.is_partial()
 
 
-Key = tuple[int, int, tuple[int, ...]]  # where a tensor's values lie: storage, offset, shape
+Key = tuple[int, int, tuple[int, ...]]  # where a tensor's values lie: storage, offset, layout
 
 
 class ShardBook:
@@ -191,7 +191,7 @@ class ShardBook:
             self.shards.append(Shards(row, groups))
             return
         batch = (stats.shape[0], stats.numel)
-        over = self.batch_groups
+        over = tuple(g for g in self.batch_groups if g not in groups)  # (dim 0 split over dp)
         self.shards.append(Shards(row, groups + over, batch, over))
 
     def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
@@ -306,9 +306,14 @@ def data_parallel_position(model: Any) -> list[int] | None:
 
 
 def _key(t: torch.Tensor) -> Key | None:
-    """Where t's values lie (None: a tensor with no storage of its own, a wrapper subclass)."""
+    """Where t's values lie, and how (None: an empty tensor, whose address says nothing, or a
+    tensor with no storage of its own, a wrapper subclass). The strides are part of it: a
+    transpose of a square shard lies in the same place and is not that shard."""
+    if t.numel() == 0:
+        return None
     try:
-        return (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape))
+        where = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
+        return (*where, (*t.shape, -1, *t.stride()))
     except (RuntimeError, NotImplementedError):
         return None
 

@@ -39,7 +39,7 @@ from hookcli.commands.watch.steptools import (
     rank_log_path,
 )
 from hookcli.engine.passes import BufferSnapshot, grads_left_as_found
-from hookcli.engine.sharded import local_of
+from hookcli.engine.sharded import is_sharded, local_of
 from hookcli.errors import UsageError, one_line
 from hookcli.options import WatchOptions
 from hookcli.records import BundleInfo, NonfiniteLine, Origin, StepLine, log_line
@@ -183,12 +183,21 @@ class FirstNonfinite:
                 "saved batch is the changed one, and a replay may differ"
             )
         params = list(module.parameters())
-        bad_params = [n for n, p in module.named_parameters() if not all_finite(p)]
+        # (a sharded parameter: this rank's part, read without a collective)
+        bad_params = [n for n, p in module.named_parameters() if not all_finite(local_of(p))]
         bad_grads = [
             watched.names.get(id(p), f"a parameter outside the model {tuple(p.shape)}")
             for p in (params_of(optimizer) if optimizer is not None else params)
-            if p.grad is not None and not all_finite(p.grad)
+            if p.grad is not None and not all_finite(local_of(p.grad))
         ]
+        # the hooked re-run of a sharded model would run its collectives on this rank alone
+        # (only the rank holding the NaN/Inf comes here): the other ranks would never answer
+        sharded = any(is_sharded(p) for p in params)
+        if sharded:
+            notes.append(
+                "the model is sharded (DTensor parameters): the hooked re-run, which would need "
+                "every rank, was not run; the bundle holds this rank's part"
+            )
         now = BufferSnapshot(watched.modules)  # as the step left them
         bundle = self.bundle
         origins: list[Origin] = []
@@ -198,12 +207,13 @@ class FirstNonfinite:
                     step.buffers.restore()  # as the step began
                 with torch.enable_grad():
                     try:
-                        again = rerun(
+                        again = None if sharded else rerun(
                             module, step.forwards, watched.targets, watched.types,
                             partial=watched.partial,
                         )  # fmt: skip
-                        origins = again.origins
-                        notes += again.errors
+                        if again is not None:
+                            origins = again.origins
+                            notes += again.errors
                     except Exception as exc:  # the step itself raised on the re-run
                         notes.append(f"the hooked re-run failed: {one_line(exc)}")
                 if "loss" in found and not any(o.direction == "forward" for o in origins):

@@ -267,8 +267,10 @@ class Watch:
             file=sys.stderr,
         )
         self._busy = False
+        self._step = StepState()  # the kept batch let go
         with contextlib.suppress(Exception):
             self._disarm()  # the layers' hooks off now; the root's and the clock's at exit
+            self._capture.release()  # and the copy of the weights
 
     # ------------------------------------------------------------ the model's root hooks
 

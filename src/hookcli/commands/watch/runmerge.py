@@ -121,13 +121,14 @@ def merge_logs(logs: Sequence[LogFile], notes: list[str] | None = None) -> Run:
                 "give the logs of one run, whole (a rank that stopped early ends its log "
                 "early: read the ranks one at a time).",
             )
+    # every rank's NaN/Inf events (a tensor-parallel rank's own part may be the one holding it)
+    events = sorted((e for log in ordered for e in log.events), key=lambda e: e.step)
     ordered = _one_per_data(ordered, notes)
     steps = []
     for s in every:
         merged, disagree = merge_step([log.steps[s] for log in ordered])
         steps.append(merged)
         notes += disagree
-    events = sorted((e for log in ordered for e in log.events), key=lambda e: e.step)
     return Run([log.path for log in ordered], len(ordered), world, steps, events, notes)
 
 
