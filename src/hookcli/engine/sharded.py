@@ -208,9 +208,13 @@ class ShardBook:
         self._suspects[key] = (weakref.ref(t), row, said)
         return said
 
-    def merge(self, rows: list[Sequence[float]], handed: Sequence[tuple[TensorStats, int]]) -> None:
+    def merge(
+        self, rows: list[Sequence[float]], handed: Sequence[tuple[TensorStats, int]]
+    ) -> set[int]:
         """Every shard's row replaced by its whole tensor's (`rows`), and the statistics of
-        a suspect that turned out a known shard made the whole tensor's (`handed`)."""
+        a suspect that turned out a known shard made the whole tensor's (`handed`); the book
+        emptied for the next pass. Returns the rows a plain tensor's statistics were made the
+        whole tensor's from (a rank's batch, a declared shard)."""
         found = self._declared
         by_row = {s.row: s for s in self.shards}
         for row, (groups, shape, _) in found.items():
@@ -231,6 +235,32 @@ class ShardBook:
             if row in batches:  # the global batch: every data-parallel rank's, in rank order
                 stats.shape = (batches[row][0], *stats.shape[1:])
                 stats.numel = batches[row][1]
+        made = set(found) | set(batches)
+        self.clear()
+        return made
+
+    @staticmethod
+    def tidy(handed: Sequence[tuple[TensorStats, int]], made: set[int]) -> None:
+        """A row made the whole tensor's from this rank's part keeps none of the part's own
+        extras (its element values, histogram, per-token rows, per-channel numbers), which
+        do not merge over the ranks: they are left out, and the note says so."""
+        for stats, row in handed if made else ():
+            if row not in made:
+                continue
+            extras = [
+                name
+                for name, value in (
+                    ("element values", stats.values),
+                    ("histogram", stats.hist),
+                    ("per-token rows", stats.per_token),
+                    ("per-channel numbers", stats.channels),
+                )
+                if value is not None
+            ]
+            if extras:
+                stats.values = stats.hist = stats.per_token = stats.channels = None
+                said = f"merged over ranks: no {', '.join(extras)} (only this rank's part had them)"
+                stats.note = f"{stats.note}; {said}" if stats.note else said
 
     def clear(self) -> None:
         self.shards.clear()

@@ -593,14 +593,14 @@ class StatsCollector:
             stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
             for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
                 out[i] = values
-        self.book.merge(out, self._handed_out)  # each DTensor's shards: the whole tensor's row
-        self.book.clear()
+        merged = self.book.merge(out, self._handed_out)  # each DTensor's: the whole's row
         self._resolve_values()
         self._resolve_hists()
         self._resolve_tokens()
         self._resolve_channels()
         for stats, idx in self._handed_out:
             fill(stats, out[idx])
+        ShardBook.tidy(self._handed_out, merged)  # no rank's own extras on a merged row
         for kept in (
             self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
             self._wants_chan,
