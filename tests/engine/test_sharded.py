@@ -273,3 +273,22 @@ def test_a_nan_in_a_sharded_run_is_logged_and_nothing_waits(tmp_path: Path) -> N
         (event,) = [x for x in lines if x["kind"] == "nonfinite"]
         assert event["step"] == 1 and "grad" in event["found"], event
         assert any("the hooked re-run, which would need every rank" in n for n in event["notes"])
+
+
+def test_ranks_that_measured_other_tensors_merge_nothing_and_say_so(tmp_path: Path) -> None:
+    """DDP over a model whose last Linear runs on rank 1 only: the ranks' rows differ, which
+    one small exchange finds before any merge. Nothing is merged (nothing waits, no rows are
+    paired wrongly), and every row says it is this rank's part."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    ]  # fmt: skip
+    run_python([*torchrun, str(SCRIPT), str(tmp_path), "uneven"], tmp_path)
+    report = json.loads((tmp_path / "uneven.sharded.json").read_text())
+    rows = [t for c in report["layers"] for t in c["outputs"]]
+    assert rows and all("not merged over the ranks" in t["note"] for t in rows)
+    assert rows[0]["shape"][0] == 3  # rank 0's own rows

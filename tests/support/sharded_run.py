@@ -13,7 +13,8 @@ process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data pa
 (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its `tp`
 dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each rank
 on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
-1). Each: `grads` of the summed output (OUT/NAME.json), then three steps of SGD under
+1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone). Each:
+`grads` of the summed output (OUT/NAME.json), then three steps of SGD under
 `hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
 """
 
@@ -78,9 +79,31 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
     return m
 
 
+class Uneven(nn.Module):
+    """The MLP, then a Linear that runs on rank 1 only: the ranks measure other tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp, self.extra = model(), nn.Linear(OUT, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(x)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return self.extra(y) if rank == 1 else y
+
+
 def main() -> None:
     out, kind = Path(sys.argv[1]), sys.argv[2]
     single = "--single" in sys.argv
+    if kind == "uneven":  # DDP; grads only, rank 0's report
+        torch.distributed.init_process_group("gloo")
+        ddp = nn.parallel.DistributedDataParallel(Uneven(), find_unused_parameters=True)
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        report = hookcli.grads(ddp, batch()[rank::world], target="sum", topk=0)
+        if rank == 0:
+            (out / "uneven.sharded.json").write_text(json.dumps(report.to_dict()))
+        torch.distributed.destroy_process_group()
+        return
     m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
     if not single:
         torch.distributed.init_process_group("gloo")

@@ -225,6 +225,13 @@ class ShardBook:
             known.groups = groups + known.groups  # a rank's batch of a declared shard
             if known.batch is not None:
                 known.batch = (shape[0], math.prod(shape))
+        labels: dict[int, str] = {}
+        for stats, row in handed:
+            labels.setdefault(row, stats.path)
+        if self.shards and not agreed(self.shards, labels):
+            _unmerged(self.shards, handed)
+            self.clear()
+            return set()
         batches = merge_shards(self.shards, rows) if self.shards else {}
         for stats, row in handed if found or batches else ():
             if row in found:
@@ -348,6 +355,35 @@ def _key(t: torch.Tensor) -> Key | None:
         return None
 
 
+def agreed(shards: Sequence[Shards], labels: dict[int, str]) -> bool:
+    """Whether every rank measured the same sharded tensors in the same order this pass (their
+    count, and a checksum of each one's path, groups and kind), found by one small all_gather
+    over the world: rows are merged by their order, so ranks that differ (a module run on one
+    rank only, a hook that failed on one) must not exchange them."""
+    import zlib
+
+    import torch.distributed as dist
+
+    said = repr([(labels.get(s.row), len(s.groups), s.batch is not None) for s in shards])
+    head = torch.tensor([len(shards), zlib.crc32(said.encode())], dtype=torch.float64)
+    head = head.to(_device_of(None))
+    heads = [torch.empty_like(head) for _ in range(dist.get_world_size())]
+    dist.all_gather(heads, head)
+    return all(bool(torch.equal(h, head)) for h in heads)
+
+
+def _unmerged(shards: Sequence[Shards], handed: Sequence[tuple[TensorStats, int]]) -> None:
+    """The ranks measured other tensors: no row is merged, and each says so."""
+    rows = {s.row for s in shards}
+    said = (
+        "not merged over the ranks, which measured other tensors in this pass (a module run "
+        "on some ranks only?): this rank's part only"
+    )
+    for stats, row in handed:
+        if row in rows:
+            stats.note = f"{stats.note}; {said}" if stats.note else said
+
+
 def merge_shards(
     shards: Sequence[Shards], rows: list[Sequence[float]]
 ) -> dict[int, tuple[int, int]]:
@@ -390,7 +426,7 @@ def _device_of(group: Any) -> torch.device:
     CUDA device for NCCL."""
     import torch.distributed as dist
 
-    backend = str(dist.get_backend(group))
+    backend = str(dist.get_backend(group) if group is not None else dist.get_backend())
     if backend == "nccl" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
