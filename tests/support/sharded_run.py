@@ -7,15 +7,14 @@ OUT/<kind>.<sharded|single>.json.
     python sharded_run.py OUT KIND --single
 
 KIND: `tp` (an MLP: ColwiseParallel then RowwiseParallel), `tp-open` (its first Linear and the
-ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp` (FSDP2's fully_shard
-on each Linear and the root, every rank on the same input so the averaged gradients equal one
-process's), `fsdp-dp` (the same, each rank on its own rows of the batch: data parallel), `2d`
-(FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its `tp`
-dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each rank
-on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
+ReLU only: the ReLU's output is a shard no parallel style declares), `fsdp-dp` (FSDP2's
+fully_shard on each Linear and the root, each rank on its own rows of the batch: data parallel),
+`2d` (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its
+`tp` dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each
+rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
 1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone). Each:
-`grads` of the summed output (OUT/NAME.json), then three steps of SGD under
-`hookcli.watch` (OUT/NAME.jsonl; sharded, each rank its own log).
+`grads` of the summed output (OUT/NAME.json), then three steps of SGD under `hookcli.watch`
+(OUT/NAME.jsonl; sharded, each rank its own log).
 """
 
 from __future__ import annotations
