@@ -51,11 +51,12 @@ def _sharded(kind: str) -> Any:
     if kind == "tp":
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
+            ParallelStyle,
             RowwiseParallel,
             parallelize_module,
         )
 
-        plan = {}
+        plan: dict[str, ParallelStyle] = {}
         for i in range(BLOCKS):
             plan[f"{i}.0"], plan[f"{i}.2"] = ColwiseParallel(), RowwiseParallel()
         parallelize_module(model, mesh, plan)
@@ -101,7 +102,7 @@ class Counted:
     def __exit__(self, *exc: object) -> None:
         import torch.distributed as dist
 
-        dist.all_gather, dist.all_reduce = self._saved  # type: ignore[assignment]
+        dist.all_gather, dist.all_reduce = self._saved
 
 
 def child(rounds: int) -> None:
