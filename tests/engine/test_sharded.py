@@ -22,7 +22,7 @@ import hookcli
 from hookcli.commands.watch import runmerge
 from hookcli.engine.sharded import merged_row
 from hookcli.engine.stats import StatsCollector
-from tests.support.launch import free_port, run_python
+from tests.support.launch import run_python, run_torchrun
 from tests.support.paths import ROOT
 from tests.support.watchlogs import assert_same_run, read_steps
 
@@ -32,15 +32,7 @@ STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
 
 def _run(tmp_path: Path, kind: str, procs: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sharded run (torchrun, `procs` processes) and the single one: their reports."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available here")
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(procs),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-    ]  # fmt: skip
-    run_python([*torchrun, str(SCRIPT), str(tmp_path), kind], tmp_path)
+    run_torchrun(SCRIPT, [str(tmp_path), kind], tmp_path, procs)
     run_python([str(SCRIPT), str(tmp_path), kind, "--single"], tmp_path)
     read = lambda name: json.loads((tmp_path / name).read_text())  # noqa: E731
     return read(f"{kind}.sharded.json"), read(f"{kind}.single.json")
@@ -261,15 +253,7 @@ def test_ranks_that_measured_other_tensors_merge_nothing_and_say_so(tmp_path: Pa
     """DDP over a model whose last Linear runs on rank 1 only: the ranks' rows differ, which
     one small exchange finds before any merge. Nothing is merged (nothing waits, no rows are
     paired wrongly), and every row says it is this rank's part."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available here")
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-    ]  # fmt: skip
-    run_python([*torchrun, str(SCRIPT), str(tmp_path), "uneven"], tmp_path)
+    run_torchrun(SCRIPT, [str(tmp_path), "uneven"], tmp_path)
     report = json.loads((tmp_path / "uneven.sharded.json").read_text())
     rows = [t for c in report["layers"] for t in c["outputs"]]
     assert rows and all("not merged over the ranks" in t["note"] for t in rows)

@@ -47,3 +47,17 @@ def run_python(args: list[str], tmp_path: Path) -> None:
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{args[:3]} did not finish in {TIMEOUT} s: {exc.stderr!r}")
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def run_torchrun(script: Path, args: list[str], tmp_path: Path, procs: int = 2) -> None:
+    """`script` with `args` in `procs` processes under torchrun (gloo, CPU); skipped where
+    torch.distributed with gloo is not there."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available here")
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(procs),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+    ]  # fmt: skip
+    run_python([*torchrun, str(script), *args], tmp_path)

@@ -56,7 +56,7 @@ class _Mismatch(Exception):
         self.path: list[str | int] = []
 
     def message(self, where: str) -> str:
-        here = _where(where, self.path)
+        here = place(where, self.path)
         if self.missing is not None:
             return f"{here or 'the report'} has no {self.missing!r}"
         if self.expected == "an object":
@@ -64,7 +64,8 @@ class _Mismatch(Exception):
         return f"{here} is {json_type(self.value)}, not {self.expected}"
 
 
-def _where(where: str, path: Sequence[str | int]) -> str:
+def place(where: str, path: Sequence[str | int]) -> str:
+    """A field's place as messages name it: `where` then the path (`layers[3].outputs[0]`)."""
     text = where
     for part in path:
         text = f"{text}[{part}]" if isinstance(part, int) else f"{text}.{part}"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hookcli.errors import UsageError
-from hookcli.io.recordjson import RecordError, from_json, json_type
+from hookcli.io.recordjson import RecordError, from_json, json_type, place
 from hookcli.records import READABLE_SCHEMAS, SCHEMA_VERSION, Report
 from hookcli.text import escape
 
@@ -159,7 +159,4 @@ def _phrase(exc: RecordError) -> str:
 
 
 def _place(path: tuple[str | int, ...]) -> str:
-    text = ""
-    for part in path:
-        text = f"{text}[{part}]" if isinstance(part, int) else f"{text}.{part}"
-    return text.lstrip(".") or "the report"
+    return place("", path) or "the report"

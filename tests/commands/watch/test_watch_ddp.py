@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from hookcli.cli import app
 from hookcli.commands.watch import runmerge
-from tests.support.launch import free_port, run_python
+from tests.support.launch import run_python, run_torchrun
 from tests.support.paths import ROOT
 from tests.support.watchlogs import assert_same_run, read_steps
 
@@ -23,15 +23,7 @@ SCRIPT = ROOT / "tests" / "support" / "ddp_train.py"
 def _torchrun(tmp_path: Path, *extra: str) -> None:
     """tests/support/ddp_train.py in two processes (gloo, CPU), its logs in tmp_path."""
     pytest.importorskip("torch.distributed")
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available here")
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-    ]  # fmt: skip
-    run_python([*torchrun, str(SCRIPT), str(tmp_path), *extra], tmp_path)
+    run_torchrun(SCRIPT, [str(tmp_path), *extra], tmp_path)
 
 
 def test_merged_ddp_rank_logs_equal_one_process(tmp_path: Path) -> None:
