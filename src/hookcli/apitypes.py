@@ -24,6 +24,7 @@ class _Shared(TypedDict, total=False):
     head: str | None
     tokenizer: Any  # a folder, ORG/NAME, or a transformers tokenizer
     offload: bool
+    tp: bool
     # which layers
     layers: str | Sequence[str]
     types: str | Sequence[str]

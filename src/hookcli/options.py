@@ -95,19 +95,23 @@ class ModelOptions:
     tokenizer: Any = None
     meta: bool = False  # built on the meta device: shapes, counts and FLOPs, no weights
     offload: bool = False  # an hf: checkpoint's weights read block by block as it runs
+    # an hf: checkpoint spread over torchrun's processes by its tensor-parallel plan
+    tp: bool = False
 
     def __post_init__(self) -> None:
         bounds.integer(self.seed, "--seed", low=0, high=bounds.SEED_MAX, example="--seed 0")
-        if self.meta and self.offload:
+        chosen = [f"--{n}" for n in ("meta", "offload", "tp") if getattr(self, n)]
+        if len(chosen) > 1:
             raise UsageError(
-                "--meta builds the model without weights; --offload reads them as it runs.",
+                f"{' and '.join(chosen)} each build the model their own way (--meta without "
+                "weights, --offload reading them as it runs, --tp spread over processes).",
                 "choose one.",
             )
 
     @property
     def building(self) -> str:
-        """How the model is built (sources/skeleton.py): "meta", "offload" or ""."""
-        return "meta" if self.meta else "offload" if self.offload else ""
+        """How the model is built (sources/skeleton.py): "meta", "offload", "tp" or ""."""
+        return "meta" if self.meta else "offload" if self.offload else "tp" if self.tp else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +289,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "head": ("model", "head"),
     "tokenizer": ("model", "tokenizer"),
     "offload": ("model", "offload"),
+    "tp": ("model", "tp"),
     "layers": ("selection", "layers"),
     "types": ("selection", "types"),
     "depth": ("selection", "depth"),

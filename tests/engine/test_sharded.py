@@ -24,10 +24,10 @@ from hookcli.engine.sharded import merged_row
 from hookcli.engine.stats import StatsCollector
 from tests.support.launch import run_python, run_torchrun
 from tests.support.paths import ROOT
+from tests.support.shardcmp import STATS, assert_same, entries
 from tests.support.watchlogs import assert_same_run, read_steps
 
 SCRIPT = ROOT / "tests" / "support" / "sharded_run.py"
-STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
 
 
 def _run(tmp_path: Path, kind: str, procs: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -36,37 +36,6 @@ def _run(tmp_path: Path, kind: str, procs: int) -> tuple[dict[str, Any], dict[st
     run_python([str(SCRIPT), str(tmp_path), kind, "--single"], tmp_path)
     read = lambda name: json.loads((tmp_path / name).read_text())  # noqa: E731
     return read(f"{kind}.sharded.json"), read(f"{kind}.single.json")
-
-
-def _entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
-    out = {}
-    for c in report["layers"]:
-        name = c["name"].removeprefix("module.")  # (DDP's wrapper names them so)
-        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
-            for t in c.get(kind) or []:
-                out[(name, kind, t["path"])] = t
-        for p in c.get("params") or []:
-            out[(name, "param", p["name"])] = {"norm": p["norm"], "shape": p["shape"]}
-            out[(name, "param grad", p["name"])] = p["grad"]
-    return out
-
-
-def _assert_same(
-    sharded: dict[str, Any], single: dict[str, Any], *, but: tuple[str, ...] = ()
-) -> None:
-    a, b = _entries(sharded), _entries(single)
-    assert a.keys() == b.keys()
-    for key in a:
-        if key[0] in but:
-            continue
-        x, y = a[key], b[key]
-        assert x["shape"] == y["shape"], key
-        assert not x.get("note"), (key, x.get("note"))
-        for s in STATS:
-            u, v = x.get(s), y.get(s)
-            assert (u is None) == (v is None), (key, s)
-            if u is not None:
-                assert u == pytest.approx(v, rel=1e-5, abs=1e-6), (key, s, u, v)
 
 
 @pytest.mark.parametrize("procs", [2, 4])
@@ -78,8 +47,8 @@ def test_tensor_parallel_layers_are_measured_as_the_whole_tensors(
     (a partial sum), the weights (Shard(0), Shard(1)) and every gradient: the global numbers,
     on every rank, with the global shapes; and the same in a watched training run's log."""
     sharded, single = _run(tmp_path, "tp", procs)
-    _assert_same(sharded, single)
-    assert _entries(sharded)[("1", "outputs", "out")]["shape"] == [6, 32]
+    assert_same(sharded, single)
+    assert entries(sharded)[("1", "outputs", "out")]["shape"] == [6, 32]
     assert_same_run(
         read_steps(tmp_path / "tp.sharded.rank0.jsonl"), read_steps(tmp_path / "tp.single.jsonl")
     )
@@ -99,11 +68,11 @@ def test_a_shard_no_style_declares_says_it_is_one_ranks_part(tmp_path: Path) -> 
     rank's columns, which nothing later declares. Its row keeps the local shape and says so
     — never the shard shown as the tensor without a word; the Linear's are whole."""
     sharded, single = _run(tmp_path, "tp-open", 2)
-    _assert_same(sharded, single, but=("1",))
-    out = _entries(sharded)[("1", "outputs", "out")]
+    assert_same(sharded, single, but=("1",))
+    out = entries(sharded)[("1", "outputs", "out")]
     assert out["shape"] == [6, 16]
     assert "this rank's part only" in out["note"] and "(6x32 over 2 ranks)" in out["note"]
-    assert _entries(sharded)[("1", "inputs", "in[0]")].get("note") is None  # the Linear's output
+    assert entries(sharded)[("1", "inputs", "in[0]")].get("note") is None  # the Linear's output
 
 
 def test_parts_rows_merge_into_the_whole_tensors_row() -> None:
@@ -209,7 +178,7 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any
     """The sharded report equals the single one, activations over the global batch (each of
     2 data-parallel indices held 3 of its 6 rows), parameter gradients averaged over them."""
     sharded, single = _run(tmp_path, kind, procs)
-    a, b = _entries(sharded), _entries(single)
+    a, b = entries(sharded), entries(single)
     halved = {k: {**v, **{s: v[s] / 2 for s in ("mean", "std", "min", "max", "norm")}}
               for k, v in b.items() if k[1] == "param grad"}  # fmt: skip
     assert a.keys() == b.keys()

@@ -66,6 +66,7 @@ def lens(
     seed: opt.SeedOpt = DEFAULTS.model.seed,
     device: opt.DeviceOpt = DEFAULTS.model.device,
     model_arg: opt.ModelArgOpt = None,
+    tp: opt.TpOpt = False,
     fmt: opt.FormatOpt = None,
     output: Annotated[
         Path | None,

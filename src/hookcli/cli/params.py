@@ -287,6 +287,15 @@ OffloadOpt = Annotated[
         "(forward only).",
     ),
 ]
+TpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tp",
+        help="hf: checkpoints larger than one device: under torchrun, load the model with its "
+        'tensor-parallel plan over every process (transformers\' tp_plan="auto"); every number '
+        "is the unsharded model's, rank 0 writes.",
+    ),
+]
 MemoryOpt = Annotated[
     bool,
     typer.Option(

@@ -238,7 +238,8 @@ def folder_report(
         return _text_report(inv, folder, progress)
     paths = [str(p) for p in inv.inputs.items]
     files = image_files(paths)[: folder.limit]
-    group = shards.join()  # torchrun: this rank's share of the batches
+    # torchrun: this rank's share of the batches (--tp: every batch, the model spread)
+    group = None if inv.model.tp else shards.join()
     try:
         if group is not None:
             shards.agree(group, settings(inv, folder), [f.name for f in files])
@@ -260,7 +261,8 @@ def _text_report(
     from hookcli.sources.lm import with_tokenizer
 
     shown = texts_of(inv.inputs)[: folder.limit]
-    group = shards.join()  # torchrun: this rank's share of the batches
+    # torchrun: this rank's share of the batches (--tp: every batch, the model spread)
+    group = None if inv.model.tp else shards.join()
     try:
         if group is not None:
             shards.agree(group, settings(inv, folder), [str(len(shown))])

@@ -202,7 +202,15 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
 def lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions) -> LensReport:
     """The logit lens of every block over the input's tokens: the blocks' outputs kept during
     the pass (batch x tokens x hidden each), the final norm told by the order of the calls
-    (the norm that runs after the last block), then norm, unembedding and top-k per block."""
+    (the norm that runs after the last block), then norm, unembedding and top-k per block.
+    (--tp: every rank runs it on the model spread over them.)"""
+    from hookcli.commands import shards
+
+    with shards.spread_model(model):
+        return _lens_report(model, inputs, options)
+
+
+def _lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions) -> LensReport:
     from hookcli.commands.inspect import input_info, model_info
     from hookcli.engine.hooks import HookSession
     from hookcli.engine.passes import hooked_pass

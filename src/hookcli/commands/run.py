@@ -35,6 +35,7 @@ def run_command(
     """inspect, grads or check as the command asks: the run (one batch, or a folder run in
     batches), then its rules evaluated into `report.checks`. `checks.exit_code(report)` is the
     exit decision."""
+    from hookcli.commands import shards
     from hookcli.commands.folder import folder_options, folder_report
     from hookcli.commands.inspect import report as inspection
 
@@ -46,7 +47,7 @@ def run_command(
     inv = command_invocation(command, inv, rules)
     folder = folder_options(inv, batching, rules)
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
-    with context as progress:
+    with shards.spread_model(inv.model), context as progress:
         if folder is not None:
             report = folder_report(inv, folder, progress)
         else:

@@ -15,19 +15,21 @@ With no process group and no torchrun environment (WORLD_SIZE unset or 1) nothin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import hashlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
 from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.options import ModelOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,25 @@ def join() -> Group | None:
             "check MASTER_ADDR/MASTER_PORT, or run without torchrun.",
         ) from exc
     return Group(dist.get_rank(), world, backend, True, _side_group(backend))
+
+
+@contextlib.contextmanager
+def spread_model(model: ModelOptions) -> Iterator[None]:
+    """--tp: torchrun's process group joined for the run, which loads the model spread over it
+    (sources/hf.py) and runs every batch on every rank; left after it."""
+    if not model.tp:
+        yield
+        return
+    group = join()
+    if group is None:
+        raise UsageError(
+            "--tp spreads the model over torchrun's processes; this is one process.",
+            "run under torchrun: torchrun --nproc-per-node 2 -m hookcli … --tp",
+        )
+    try:
+        yield
+    finally:
+        leave(group)
 
 
 def _side_group(backend: str) -> Any:

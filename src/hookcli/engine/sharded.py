@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from hookcli.engine.statrow import COUNT, INF, MAX, MEAN, MIN, NAN, NORM, ROW, VAR, ZEROS
+from hookcli.engine.tplayout import NONE, UNKNOWN, Declared, Layouts
 from hookcli.records import TENSOR_STATS, TensorStats
 
 # the row's counts of elements, added: the one pass's, and each AFTER_PASS statistic's that
@@ -113,7 +114,9 @@ def _split(placement: Any) -> bool:
     return not placement.is_replicate() and not placement.is_partial()
 
 
+_NO = Shards(-1, ())  # a row that is no shard's
 Key = tuple[int, int, tuple[int, ...]]  # where a tensor's values lie: storage, offset, layout
+_HELD = 8  # shards of the last dimension held for their views (a module's next few calls)
 
 
 class ShardBook:
@@ -138,18 +141,36 @@ class ShardBook:
         # row; the note), and those a parallel style declared a shard: row → (groups, shape)
         self._suspects: dict[Key, tuple[weakref.ref[torch.Tensor], int, str]] = {}
         self._declared: dict[int, tuple[tuple[Any, ...], Any, str]] = {}
+        # transformers' tensor-parallel styles (engine/tplayout.py), set for each pass; the
+        # layout each placed plain tensor got, by (module, call, side, path): its gradient's;
+        # a fed module call's shard (groups, local shape, global shape); the last few shards
+        # of the last dimension by where their values start (their views: heads split out of
+        # features), held, so that their place is not another tensor's while they are here
+        self.layouts: Layouts = NONE
+        # a tensor-parallel model's groups: the rows of the pass not split over them are
+        # compared over them (engine/sharded.tensor_parallel_groups)
+        self.checked: tuple[Any, ...] = ()
+        self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+        self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
+        self._starts: dict[tuple[int, int], tuple[torch.Tensor, Any, Any]] = {}
 
     @property
     def has_locals(self) -> bool:
-        """Whether this pass met a sharded DTensor (its local tensors may follow)."""
-        return bool(self._locals)
+        """Whether a plain tensor of this pass may be a shard: a sharded DTensor was met (its
+        local tensors may follow), or a tensor-parallel plan's styles declare some."""
+        return bool(self._locals) or bool(self.layouts)
 
     def part(
-        self, t: torch.Tensor, context: Any = None
+        self, t: torch.Tensor, context: Any = None, path: str = ""
     ) -> tuple[torch.Tensor, tuple[Any, ...], Any] | None:
         """(the values to measure, the groups of the other parts, the global shape) of a
-        DTensor or of a known DTensor's local tensor (`context`: whose tensor it is, noted as
-        fed a shard); None for any other tensor."""
+        DTensor, of a known DTensor's local tensor (`context`: whose tensor it is, noted as
+        fed a shard), or of a plain tensor a tensor-parallel style declares a shard (`path`:
+        which of the call's tensors); None for any other tensor."""
+        if not is_sharded(t) and t.device.type != "meta" and isinstance(context, tuple):
+            placed = self._place(t, context, path) if self.layouts else None
+            if placed is not None:
+                return placed
         if is_sharded(t):
             local, groups = local_part(t)
             own: torch.Tensor | None = getattr(t, "_local_tensor", None)
@@ -163,9 +184,15 @@ class ShardBook:
         if self._locals and t.device.type != "meta":
             found = self._known(t)
             if found is not None:
-                if isinstance(context, tuple) and len(context) >= 2:
+                if isinstance(context, tuple) and len(context) >= 3:
                     n = math.prod(g.size() for g in found[0])
-                    self._fed[context[:2]] = f"{'x'.join(map(str, found[1]))} over {n} ranks"
+                    self._fed[context[:2]] = (
+                        "made from its shard of a tensor-parallel tensor "
+                        f"({'x'.join(map(str, found[1]))} over {n} ranks)"
+                    )
+                    if context[2] == "in":
+                        self._fed_as[context[:2]] = (found[0], tuple(t.shape), found[1])
+                    self._placed[(*context[:2], _side(context[2]), path)] = found
                 return t, found[0], found[1]
         return None
 
@@ -173,8 +200,74 @@ class ShardBook:
         key = _key(t)
         found = None if key is None else self._locals.get(key)
         if found is None or found[0]() is None:  # its DTensor's values gone: not that tensor
-            return None
+            return self._viewed(t, key)
         return found[1], found[2]
+
+    def _viewed(self, t: torch.Tensor, key: Key | None) -> tuple[tuple[Any, ...], Any] | None:
+        """A view of a known shard of the last dimension, as heads split out of a colwise
+        projection's features (`q.view(b, s, heads, d)` into a per-head norm): the same
+        values, whose dimension that splits the features is the one split over the ranks.
+        Registered, so the module it feeds is fed a shard."""
+        start = self._starts.get(key[:2]) if key is not None else None
+        whole = None if start is None else start[0]
+        if whole is None or whole.numel() != t.numel() or not t.is_contiguous():
+            return None
+        assert start is not None
+        assert key is not None
+        _, groups, shape = start
+        outer = math.prod(whole.shape[:-1])
+        # the dimension where the features begin: past the others kept as they were, or the
+        # one place where the dimensions before it hold as many elements as those others
+        lead = whole.dim() - 1
+        starts = [j for j in range(t.dim()) if math.prod(t.shape[:j]) == outer]
+        if t.dim() > lead and t.shape[:lead] == whole.shape[:lead]:
+            starts = [lead]
+        n = shape[-1] // whole.shape[-1] if whole.shape[-1] else 0
+        if len(starts) != 1 or n < 1 or shape[-1] != n * whole.shape[-1]:
+            return None
+        j = starts[0]
+        size = torch.Size((*t.shape[:j], t.shape[j] * n, *t.shape[j + 1 :]))
+        self._locals[key] = (weakref.ref(t), groups, size)
+        return groups, size
+
+    def _place(
+        self, t: torch.Tensor, context: tuple[Any, ...], path: str
+    ) -> tuple[torch.Tensor, tuple[Any, ...], Any] | None:
+        """A plain tensor's layout under a tensor-parallel plan: its gradient's is its tensor's;
+        a module's first input or output, as the module's style declares; the output of a leaf
+        fed a shard, of the shape it was fed, that shard's layout."""
+        name, call, kind = context[0], context[1], context[2]
+        side = _side(kind)
+        found = self._placed.get((name, call, side, path))
+        if found is not None or kind not in ("in", "out"):
+            return None if found is None else (t, *found)
+        first = path in (side, f"{side}[0]")
+        layout = self.layouts.sides.get(name, {}).get(side) if first else None
+        if layout == UNKNOWN:
+            said = "made by a tensor-parallel style hookcli does not know"
+            self._fed.setdefault((name, call), said)
+            return None
+        if isinstance(layout, Declared):
+            shape = list(t.shape)
+            dim = layout.dim % t.dim() if t.dim() else 0
+            if not shape:
+                return None
+            shape[dim] = layout.size or shape[dim] * layout.group.size()
+            found = ((layout.group,), torch.Size(shape))
+        else:
+            fed = self._fed_as.get((name, call)) if layout is None and side == "out" else None
+            if fed is None or name not in self.layouts.leaves or tuple(t.shape) != fed[1]:
+                return None
+            found = (fed[0], fed[2])
+        self._placed[(name, call, side, path)] = found
+        key = _key(t)
+        if key is not None:
+            self._locals[key] = (weakref.ref(t), *found)
+            if isinstance(layout, Declared) and dim == t.dim() - 1:
+                self._starts[key[:2]] = (t, *found)
+                while len(self._starts) > _HELD:  # the oldest goes
+                    del self._starts[next(iter(self._starts))]
+        return (t, *found)
 
     def plain(self, t: torch.Tensor, stats: TensorStats, row: int, context: Any) -> str | None:
         """A plain tensor's row (an activation or its gradient, measured as `stats`): a
@@ -201,10 +294,7 @@ class ShardBook:
         key = None if whole is None else _key(t)
         if whole is None or key is None:
             return None
-        said = (
-            f"this rank's part only: made from its shard of a tensor-parallel tensor "
-            f"({whole}), and how it lies over the ranks cannot be told here"
-        )
+        said = f"this rank's part only: {whole}, and how it lies over the ranks cannot be told here"
         self._suspects[key] = (weakref.ref(t), row, said)
         return said
 
@@ -228,11 +318,31 @@ class ShardBook:
         labels: dict[int, str] = {}
         for stats, row in handed:
             labels.setdefault(row, stats.path)
-        if self.shards and not agreed(self.shards, labels):
+        # tensor parallel: every row not split over its group is compared over it (the same
+        # on every rank, or one rank's part no style declared, said)
+        split = {g for s in self.shards for g in s.groups if g not in self.batch_groups}
+        split.update(self.checked)
+        by_row = {s.row: s for s in self.shards}  # the declared shards' too
+        whole = [
+            i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)
+        ]
+        compare = whole if split else []
+        if (self.shards or compare) and not agreed(self.shards, labels, len(compare)):
             _unmerged(self.shards, handed)
             self.clear()
             return set()
-        batches = merge_shards(self.shards, rows) if self.shards else {}
+        batches, differ = (
+            merge_shards(self.shards, rows, compare, self.checked)
+            if self.shards or compare
+            else ({}, set())
+        )
+        for stats, row in handed if differ else ():
+            if row in differ:
+                said = (
+                    "this rank's part only: its values differ between the tensor-parallel "
+                    "ranks, and how they lie over them cannot be told here"
+                )
+                stats.note = f"{stats.note}; {said}" if stats.note else said
         for stats, row in handed if found or batches else ():
             if row in found:
                 _, shape, said = found[row]
@@ -275,6 +385,9 @@ class ShardBook:
         self._fed.clear()
         self._suspects.clear()
         self._declared.clear()
+        self._placed.clear()
+        self._fed_as.clear()
+        self._starts.clear()
 
 
 def not_merged(note: str | None, *, channels: bool, hist: bool) -> str | None:
@@ -317,6 +430,18 @@ def data_parallel_groups(module: Any) -> tuple[Any, ...]:
     return tuple(mesh.get_group(d) for d in range(mesh.ndim))
 
 
+def tensor_parallel_groups(model: Any, dp: Sequence[Any]) -> tuple[Any, ...]:
+    """The process groups a model's parameters are split over that are not data parallel
+    (`dp`): tensor parallel's, whether torch's parallelize_module or transformers' plan made
+    them; none for any other model."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made
+        return ()
+    found: list[Any] = []
+    for p in torch.nn.Module.parameters(model):
+        found += [g for g in groups_of(p) if g not in dp and g not in found]
+    return tuple(found)
+
+
 def data_parallel_position(model: Any) -> list[int] | None:
     """Where this rank's data lies when ranks share it (tensor parallel, alone or under FSDP2
     or DDP): [its data-parallel index, how many indices]; None when every rank runs its own
@@ -342,6 +467,12 @@ def data_parallel_position(model: Any) -> list[int] | None:
     return [index, count]
 
 
+def _side(kind: Any) -> str:
+    """Which side of a module call a tensor of `kind` lies on: its inputs' (and their
+    gradients') or its outputs'."""
+    return "in" if kind in ("in", "grad_input") else "out"
+
+
 def _key(t: torch.Tensor) -> Key | None:
     """Where t's values lie, and how (None: an empty tensor, whose address says nothing, or a
     tensor with no storage of its own, a wrapper subclass). The strides are part of it: a
@@ -355,7 +486,7 @@ def _key(t: torch.Tensor) -> Key | None:
         return None
 
 
-def agreed(shards: Sequence[Shards], labels: dict[int, str]) -> bool:
+def agreed(shards: Sequence[Shards], labels: dict[int, str], compared: int = 0) -> bool:
     """Whether every rank measured the same sharded tensors in the same order this pass (their
     count, and a checksum of each one's path, groups and kind), found by one small all_gather
     over the world: rows are merged by their order, so ranks that differ (a module run on one
@@ -365,7 +496,7 @@ def agreed(shards: Sequence[Shards], labels: dict[int, str]) -> bool:
     import torch.distributed as dist
 
     said = repr([(labels.get(s.row), len(s.groups), s.batch is not None) for s in shards])
-    head = torch.tensor([len(shards), zlib.crc32(said.encode())], dtype=torch.float64)
+    head = torch.tensor([len(shards), zlib.crc32(said.encode()), compared], dtype=torch.float64)
     head = head.to(_device_of(None))
     heads = [torch.empty_like(head) for _ in range(dist.get_world_size())]
     dist.all_gather(heads, head)
@@ -385,28 +516,43 @@ def _unmerged(shards: Sequence[Shards], handed: Sequence[tuple[TensorStats, int]
 
 
 def merge_shards(
-    shards: Sequence[Shards], rows: list[Sequence[float]]
-) -> dict[int, tuple[int, int]]:
+    shards: Sequence[Shards],
+    rows: list[Sequence[float]],
+    compare: Sequence[int] = (),
+    checked: Sequence[Any] = (),
+) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Replace each sharded row in `rows` (host numbers, every rank's pass in one order) by
     the row of the whole tensor: one all_gather per process group, the group's rows packed
-    (each with its batch size, summed for a data-parallel batch's rows: returned by row)."""
+    (each with its batch size, summed for a data-parallel batch's rows: returned by row).
+    The rows `compare` ride along over every group that is not data parallel (and over each
+    of `checked`, a tensor-parallel model's); returned too: those of them whose numbers are
+    not the same on every rank of such a group."""
     import torch.distributed as dist
 
     sizes = {s.row: s.batch for s in shards if s.batch is not None}
     over = {s.row: s.over for s in shards}
+    dp = {g for s in shards for g in s.over}
     none = (0, 0)
+    differ: set[int] = set()
 
     order: list[Any] = []  # the groups in the order the pass met them (the same on every rank)
     for s in shards:
         for g in s.groups:
             if g not in order:
                 order.append(g)
+    order += [g for g in checked if g not in order]
     for group in order:
         mine = [s.row for s in shards if group in s.groups]
-        width = len(rows[mine[0]])
+        ride = [] if group in dp else list(compare)
+        if not mine + ride:
+            continue
+        width = len(rows[(mine + ride)[0]])
         device = _device_of(group)
         packed = torch.tensor(
-            [[*rows[i], *sizes.get(i, none)] for i in mine], dtype=torch.float64, device=device
+            [[*rows[i], *sizes.get(i, none)] for i in mine]
+            + [[*rows[i], *none][: width + 2] for i in ride],
+            dtype=torch.float64,
+            device=device,
         )
         parts = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, packed, group=group)
@@ -418,7 +564,20 @@ def merge_shards(
                     int(sum(rank[k][width] for rank in every)),
                     int(sum(rank[k][width + 1] for rank in every)),
                 )
-    return sizes
+        for k, i in enumerate(ride, len(mine)):
+            if not all(_same(rank[k][:width], every[0][k][:width]) for rank in every):
+                differ.add(i)
+    return sizes, differ
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two rows hold the same numbers (to a float's rounding; NaN the same as NaN)."""
+    return all(
+        x == y
+        or (math.isnan(x) and math.isnan(y))
+        or math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _device_of(group: Any) -> torch.device:

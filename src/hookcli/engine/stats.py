@@ -66,6 +66,7 @@ from hookcli.engine.tensorbits import (
     accumulate_dtype,
     dtype_name,
     finite_or_none,
+    own_positions,
     token_rows,
     unpadded,
 )
@@ -389,6 +390,11 @@ class StatsCollector:
             and t.device.type != "meta"
         )
 
+    def _real_numel(self, shape: Sequence[int], padded: int) -> int:
+        """The element count of a padded batch's tensor of `shape` at its real positions."""
+        rest = shape[2:] if padded == TOKENS else shape[1:]
+        return self._real_tokens * (shape[1] * shape[3] if padded == ATTENTION else math.prod(rest))
+
     def _padded(self, t: torch.Tensor) -> int:
         """0: t holds no token positions of the mask; TOKENS: (batch, tokens, …); ATTENTION:
         (batch, heads, tokens, tokens), its query rows masked; FLAT: (batch·tokens, C), the
@@ -417,7 +423,7 @@ class StatsCollector:
         `positions`: t may hold a padded batch's token positions (False: a parameter or its
         gradient, measured whole whatever its shape)."""
         if type(t) is not torch.Tensor or self.book.has_locals:
-            part = self.book.part(t, self.context)
+            part = self.book.part(t, self.context, path)
             if part is not None:
                 t, groups, shape = part
                 if groups:
@@ -428,13 +434,7 @@ class StatsCollector:
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
         padded = self._padded(t) if self.token_mask is not None and positions else 0
         if padded:
-            if padded == TOKENS:
-                rest = math.prod(t.shape[2:])
-            elif padded == FLAT:
-                rest = math.prod(t.shape[1:])
-            else:
-                rest = t.shape[1] * t.shape[3]
-            stats.numel = self._real_tokens * rest
+            stats.numel = self._real_numel(t.shape, padded)
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats.note = self._notes[idx]
@@ -498,7 +498,22 @@ class StatsCollector:
         """A DTensor (or its local tensor) measured as the global tensor it stands for
         (engine/sharded.py): its shard's row now, the other ranks' merged in at finalize."""
         stats = TensorStats(path, tuple(shape), dtype_name(local.dtype), math.prod(shape))
+        mask = self.token_mask if batch else None
+        padded = self._padded(local) if mask is not None else 0
+        if padded:  # this rank's part of the positions' values: its padding left out
+            assert self._real_index is not None
+            stats.numel = self._real_numel(shape, padded)
+            local = unpadded(local, self._real_index, padded)
         row, note = self._measure(local)
+        if padded:
+            note = f"{note}; padding left out" if note else "over real tokens (padding left out)"
+        elif (
+            mask is not None
+            and tuple(shape[:2]) == tuple(mask.shape)
+            and self._real_tokens < mask.numel()
+        ):  # padding there, in positions split over the ranks
+            said = "padding counted too (the ranks split the positions)"
+            note = f"{note}; {said}" if note else said
         note = not_merged(note, channels=self.channels is not None, hist=bool(self._bins))
         idx = len(self._rows)
         self._rows.append(row)
@@ -643,7 +658,7 @@ class StatsCollector:
             )
             found.massive = find_massive(found, top, row.shape, rows_at)
             if own is not None and row.padded:
-                _own_positions(found.massive, own, row.padded == FLAT)
+                own_positions(found.massive, own, row.padded == FLAT)
             stats.channels = found
 
     def _resolve_tokens(self) -> None:
@@ -765,19 +780,6 @@ class _ChannelRow:
     shape: tuple[int, ...]
     channels: int
     padded: int  # 0, TOKENS or FLAT: how the padding was taken out
-
-
-def _own_positions(massive: list[Any], own: list[list[int]], flat: bool) -> None:
-    """A padded batch's massive activations named by the sequence and the position in its own
-    text (`own`: each column's), their `index` left the tensor's own: a (batch, tokens, …)
-    tensor's column, a (batch·tokens, C) one's row, read as (sequence, column)."""
-    tokens = len(own[0]) if own else 0
-    for m in massive:
-        if flat and tokens:
-            b, col = divmod(m.index[0], tokens)
-            m.sequence, m.position = b, own[b][col]
-        elif m.sequence is not None and m.position is not None:
-            m.position = own[m.sequence][m.position]
 
 
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:

@@ -4,6 +4,7 @@ dtype's name, a finite float or None, a padded batch's real positions, per-posit
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -57,3 +58,16 @@ def unpadded(t: torch.Tensor, real: torch.Tensor, how: int = 1) -> torch.Tensor:
     if how != FLAT:
         x = x.flatten(0, 1)
     return x.index_select(0, real.to(x.device))
+
+
+def own_positions(massive: list[Any], own: list[list[int]], flat: bool) -> None:
+    """A padded batch's massive activations named by the sequence and the position in its own
+    text (`own`: each column's), their `index` left the tensor's own: a (batch, tokens, …)
+    tensor's column, a (batch·tokens, C) one's row, read as (sequence, column)."""
+    tokens = len(own[0]) if own else 0
+    for m in massive:
+        if flat and tokens:
+            b, col = divmod(m.index[0], tokens)
+            m.sequence, m.position = b, own[b][col]
+        elif m.sequence is not None and m.position is not None:
+            m.position = own[m.sequence][m.position]

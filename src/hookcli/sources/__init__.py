@@ -128,6 +128,13 @@ def _built(
             "is not one.",
             "give hf:FOLDER (written by save_pretrained) or hf:ORG/NAME from the cache.",
         )
+    if building == "tp" and "tp" not in source.builds:
+        raise UsageError(
+            f"--tp loads a Hugging Face checkpoint with its tensor-parallel plan; {spec} is "
+            "not one.",
+            "give hf:FOLDER or hf:ORG/NAME; a model of your own: shard it with "
+            "parallelize_module and call hookcli from Python under torchrun.",
+        )
     extra: dict[str, Any] = {"head": head} if head is not None else {}
     if building in source.builds:  # told only what it declares it handles itself
         extra["building"] = building

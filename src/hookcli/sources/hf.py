@@ -48,7 +48,7 @@ from hookcli.sources.hfcheck import (
     size_fields,
 )
 from hookcli.sources.model import LoadedModel
-from hookcli.sources.skeleton import META, OFFLOAD
+from hookcli.sources.skeleton import META, OFFLOAD, TP
 from hookcli.sources.statedict import load_state_dict_file
 from hookcli.sources.tasks import Task
 
@@ -74,7 +74,7 @@ class HFSource(Source):
 
     name = "hf"
     prefix = "hf"
-    builds = frozenset({"meta", "offload"})
+    builds = frozenset({"meta", "offload", "tp"})
 
     def load(
         self,
@@ -281,10 +281,11 @@ def load_hf(
             tf, rest, overrides, head=head, notes=notes, building=building
         )
         tokenizer_from = rest
-    elif building == OFFLOAD:
+    elif building in (OFFLOAD, TP):
+        how = "block by block" if building == OFFLOAD else "spread over the processes"
         raise UsageError(
-            f"--offload reads a saved checkpoint block by block; {spec} is a model type "
-            "(random weights, nothing to read).",
+            f"--{building} reads a saved checkpoint ({how}); {spec} is a model type (random "
+            "weights, nothing to read).",
             "give hf:FOLDER written by save_pretrained, or hf:ORG/NAME from the cache.",
         )
     else:
@@ -307,10 +308,10 @@ def load_hf(
         label = f"none (random init from AutoConfig.for_model({rest!r}), seed {seed})"
     raw = weights.strip()
     pretrained = not label.startswith("none")
-    if raw.lower() not in ("", "none") and building == OFFLOAD:
+    if raw.lower() not in ("", "none") and building in (OFFLOAD, TP):
         raise UsageError(
-            "--offload reads the checkpoint's own weights; --weights would replace them.",
-            "drop --weights, or --offload.",
+            f"--{building} reads the checkpoint's own weights; --weights would replace them.",
+            f"drop --weights, or --{building}.",
         )
     if raw.lower() not in ("", "none"):
         path = user_path(raw, "--weights")
@@ -439,12 +440,15 @@ def _pretrained(
     naming them. The bare model (--head base) may leave the checkpoint's head out, and says
     so."""
     cls, built = _saved_class(tf, saved, head, notes)
-    if building:  # --meta, --offload: the class, built from the config with no weights
+    if building in (META, OFFLOAD):  # the class, built from the config with no weights
         return _without_weights(
             cls, where, saved, spec, overrides=overrides, built=built, notes=notes, found=found,
             meta=building == META,
         )  # fmt: skip
     load_args = {"trust_remote_code": False, "use_safetensors": True, **found}
+    if building == TP:
+        load_args["tp_plan"] = "auto"
+        notes.append(tensor_parallel_note(saved, spec))
     model: nn.Module
     model, info = _build(
         lambda: cls.from_pretrained(where, config=saved, output_loading_info=True, **load_args),
@@ -694,3 +698,44 @@ def _labels(config: Any) -> list[str] | None:
     if not names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
         return None
     return names
+
+
+def tensor_parallel_note(config: Any, spec: str) -> str:
+    """--tp: the model spread over torchrun's processes by its tensor-parallel plan, or one line
+    saying why it cannot be (no process group, no plan, heads that do not divide)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        raise UsageError(
+            "--tp spreads the model over torchrun's processes; this is one process.",
+            "run under torchrun: torchrun --nproc-per-node 2 -m hookcli … --tp",
+        )
+    world = dist.get_world_size()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = str(getattr(config, "model_type", "?"))
+    if not (
+        getattr(text, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None)
+    ):
+        raise UsageError(
+            f"{spec}: transformers has no tensor-parallel plan for {kind} models (its config "
+            "names no base_model_tp_plan).",
+            "run it without --tp, or shard it with parallelize_module from Python.",
+        )
+    for field, what in (
+        ("num_attention_heads", "attention heads"),
+        ("num_key_value_heads", "key/value heads"),
+    ):
+        heads = getattr(text, field, None)
+        if isinstance(heads, int) and heads > 0 and heads % world:
+            fits = [n for n in range(2, heads + 1) if heads % n == 0]
+            raise UsageError(
+                f"{spec}: its {heads} {what} do not divide over {world} processes (each takes "
+                "whole heads).",
+                f"run with --nproc-per-node {' or '.join(map(str, fits[:4]))}."
+                if fits
+                else "run it without --tp.",
+            )
+    return (
+        f"--tp: spread over {world} processes by {kind}'s tensor-parallel plan; every number "
+        "is the whole model's, merged over the processes"
+    )

@@ -14,6 +14,7 @@ from torch import nn
 
 META = "meta"
 OFFLOAD = "offload"
+TP = "tp"  # not empty: a checkpoint loaded spread over the processes (sources/hf.py)
 
 
 @contextmanager

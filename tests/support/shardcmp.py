@@ -1,0 +1,42 @@
+"""A sharded run's report against the same model's in one process: every layer call's input,
+output and gradient statistics, and every parameter's norm and gradient, by (layer, kind,
+path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
+
+
+def entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
+    out = {}
+    for c in report["layers"]:
+        name = c["name"].removeprefix("module.")  # (DDP's wrapper names them so)
+        for kind in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+            for t in c.get(kind) or []:
+                out[(name, kind, t["path"])] = t
+        for p in c.get("params") or []:
+            out[(name, "param", p["name"])] = {"norm": p["norm"], "shape": p["shape"]}
+            out[(name, "param grad", p["name"])] = p["grad"]
+    return out
+
+
+def assert_same(
+    sharded: dict[str, Any], single: dict[str, Any], *, but: tuple[str, ...] = ()
+) -> None:
+    a, b = entries(sharded), entries(single)
+    assert a.keys() == b.keys()
+    for key in a:
+        if key[0] in but:
+            continue
+        x, y = a[key], b[key]
+        assert x["shape"] == y["shape"], key
+        assert x.get("note") == y.get("note"), (key, x.get("note"))  # (padding left out)
+        for s in STATS:
+            u, v = x.get(s), y.get(s)
+            assert (u is None) == (v is None), (key, s)
+            if u is not None:
+                assert u == pytest.approx(v, rel=1e-5, abs=1e-6), (key, s, u, v)
