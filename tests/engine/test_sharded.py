@@ -63,6 +63,19 @@ def test_tensor_parallel_layers_are_measured_as_the_whole_tensors(
     assert_same_run(merged.steps, read_steps(tmp_path / "tp.single.jsonl"))
 
 
+def test_sequence_parallel_blocks_are_measured_as_the_whole_tensors(tmp_path: Path) -> None:
+    """Sequence parallel: each rank's block of rows gathered by ColwiseParallel, the Rowwise
+    output reduce-scattered back into blocks, a LayerNorm (SequenceParallel) on each block:
+    every call and gradient the global numbers, with global shapes, in grads and in a watched
+    run's log."""
+    sharded, single = _run(tmp_path, "sp", 2)
+    assert_same(sharded, single)
+    assert entries(sharded)[("3", "outputs", "out")]["shape"] == [6, 8]
+    assert_same_run(
+        read_steps(tmp_path / "sp.sharded.rank0.jsonl"), read_steps(tmp_path / "sp.single.jsonl")
+    )
+
+
 def test_a_shard_no_style_declares_says_it_is_one_ranks_part(tmp_path: Path) -> None:
     """The ReLU after a ColwiseParallel Linear, as the model's last module: its output is this
     rank's columns, which nothing later declares. Its row keeps the local shape and says so

@@ -12,7 +12,10 @@ fully_shard on each Linear and the root, each rank on its own rows of the batch:
 `2d` (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its
 `tp` dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each
 rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
-1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone). Each:
+1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `sp` (sequence
+parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
+RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block).
+Each:
 `grads` of the summed output (OUT/NAME.json), then three steps of SGD under `hookcli.watch`
 (OUT/NAME.jsonl; sharded, each rank its own log).
 """
@@ -60,6 +63,22 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
     if kind == "ddp":  # DistributedDataParallel: replicated weights, averaged gradients
         return nn.parallel.DistributedDataParallel(m)  # type: ignore[return-value]
     mesh = init_device_mesh("cpu", (world,))
+    if kind == "sp":
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            SequenceParallel,
+            parallelize_module,
+        )
+
+        plan = {
+            "0": ColwiseParallel(input_layouts=Shard(0)),
+            "2": RowwiseParallel(output_layouts=Shard(0)),
+            "3": SequenceParallel(sequence_dim=0),
+        }
+        parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
+        return m
     if kind.startswith("tp"):
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -104,19 +123,25 @@ def main() -> None:
         torch.distributed.destroy_process_group()
         return
     m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
+    if kind == "sp":  # (weights not all ones: a plain norm's outputs sum to 0, its gradient too)
+        m.append(nn.LayerNorm(OUT))
+        with torch.no_grad():
+            m[3].weight.copy_(torch.linspace(0.5, 1.5, OUT))
     if not single:
         torch.distributed.init_process_group("gloo")
         m = sharded(kind, m)
     rank = torch.distributed.get_rank() if not single else 0
     world = torch.distributed.get_world_size() if not single else 1
     name = f"{kind}.{'single' if single else 'sharded'}"
-    names = [str(i) for i in range(3 if kind != "tp-open" else 2)]
+    names = [str(i) for i in range({"sp": 4, "tp-open": 2}.get(kind, 3))]
     # (inspect and grads hook the DDP wrapper's module as it names it; watch unwraps it)
     layers = [f"module.{n}" for n in names] if kind == "ddp" and not single else names
 
     def mine(x: torch.Tensor) -> torch.Tensor:  # data parallel: each rank its rows
         if kind == "2d" and not single:  # each data-parallel index (rank // tp) its rows
             return x[rank // (world // 2) :: 2]
+        if kind == "sp":  # each rank its block of rows (Shard(0))
+            return x.chunk(world)[rank]
         return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan") else x
 
     hist = 4 if kind == "fsdp-dp" else 0  # (histograms do not merge: left out, said)
@@ -137,7 +162,8 @@ def main() -> None:
             x = mine(batch() * (step + 1))
             if kind == "fsdp-nan" and step == 1 and rank == 1:
                 x[0, 0] = float("nan")  # rank 1's rows only
-            (m(x).sum() / len(x)).backward()  # a mean over the rank's rows: FSDP averages
+            # a mean over the rank's rows: FSDP averages; sequence parallel sums its blocks'
+            (m(x).sum() / (len(x) * (world if kind == "sp" else 1))).backward()
             opt.step()
     if not single:
         torch.distributed.destroy_process_group()

@@ -59,25 +59,6 @@ def groups_of(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(mesh.get_group(d) for d, p in enumerate(placements) if _split(p))
 
 
-def whole_norms(norms: Sequence[float], groups: Sequence[tuple[Any, ...]]) -> list[float]:
-    """The L2 norms of whole tensors from their local parts' (`norms`, each tensor's shards
-    lying over `groups`): the squares added over each group, one all_reduce per group."""
-    import torch.distributed as dist
-
-    squares = [n * n for n in norms]
-    order: list[Any] = []
-    for gs in groups:
-        order += [g for g in gs if g not in order]
-    for group in order:
-        mine = [i for i, gs in enumerate(groups) if group in gs]
-        packed = torch.tensor([squares[i] for i in mine], dtype=torch.float64)
-        packed = packed.to(_device_of(group))
-        dist.all_reduce(packed, group=group)
-        for i, v in zip(mine, packed.cpu().tolist(), strict=True):
-            squares[i] = v
-    return [math.sqrt(v) for v in squares]
-
-
 @dataclass(slots=True)
 class Shards:
     """A measured row that stands for one shard: its place among the collector's rows and the
@@ -89,6 +70,16 @@ class Shards:
     # `over` (the data-parallel groups among `groups`; the others hold the same rows)
     batch: tuple[int, int] | None = None
     over: tuple[Any, ...] = ()
+
+
+@dataclass(slots=True)
+class Squares:
+    """Squared norms of local parts (`values`), each part's others lying over `groups` (none:
+    the whole, kept as it is): added over the groups in the pass's gather, in place."""
+
+    values: list[float]
+    groups: list[tuple[Any, ...]]
+    added: bool = False  # False: the ranks did not agree, and the values are this rank's
 
 
 def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
@@ -150,6 +141,9 @@ class ShardBook:
         # a tensor-parallel model's groups: the rows of the pass not split over them are
         # compared over them (engine/sharded.tensor_parallel_groups)
         self.checked: tuple[Any, ...] = ()
+        # squared norms of local parts riding along in the pass's gather, added over their
+        # groups there (watch's weights and updates: engine/sharded.Squares)
+        self.squares: list[Squares] = []
         self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
         self._starts: dict[tuple[int, int], tuple[torch.Tensor, Any, Any]] = {}
@@ -327,13 +321,16 @@ class ShardBook:
             i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)
         ]
         compare = whole if split else []
-        if (self.shards or compare) and not agreed(self.shards, labels, len(compare)):
+        # a distributed model's ranks always meet here, a rank that measured nothing too
+        joined = self.shards or compare or self.batch_groups or self.checked or self.squares
+        riding = sum(len(sq.values) for sq in self.squares)
+        if joined and not agreed(self.shards, labels, len(compare), riding):
             _unmerged(self.shards, handed)
             self.clear()
             return set()
         batches, differ = (
-            merge_shards(self.shards, rows, compare, self.checked)
-            if self.shards or compare
+            merge_shards(self.shards, rows, compare, self.checked, self.squares)
+            if self.shards or compare or self.squares
             else ({}, set())
         )
         for stats, row in handed if differ else ():
@@ -388,6 +385,7 @@ class ShardBook:
         self._placed.clear()
         self._fed_as.clear()
         self._starts.clear()
+        self.squares = []
 
 
 def not_merged(note: str | None, *, channels: bool, hist: bool) -> str | None:
@@ -486,7 +484,9 @@ def _key(t: torch.Tensor) -> Key | None:
         return None
 
 
-def agreed(shards: Sequence[Shards], labels: dict[int, str], compared: int = 0) -> bool:
+def agreed(
+    shards: Sequence[Shards], labels: dict[int, str], compared: int = 0, riding: int = 0
+) -> bool:
     """Whether every rank measured the same sharded tensors in the same order this pass (their
     count, and a checksum of each one's path, groups and kind), found by one small all_gather
     over the world: rows are merged by their order, so ranks that differ (a module run on one
@@ -496,7 +496,8 @@ def agreed(shards: Sequence[Shards], labels: dict[int, str], compared: int = 0) 
     import torch.distributed as dist
 
     said = repr([(labels.get(s.row), len(s.groups), s.batch is not None) for s in shards])
-    head = torch.tensor([len(shards), zlib.crc32(said.encode()), compared], dtype=torch.float64)
+    numbers = [len(shards), zlib.crc32(said.encode()), compared, riding]
+    head = torch.tensor(numbers, dtype=torch.float64)
     head = head.to(_device_of(None))
     heads = [torch.empty_like(head) for _ in range(dist.get_world_size())]
     dist.all_gather(heads, head)
@@ -520,13 +521,15 @@ def merge_shards(
     rows: list[Sequence[float]],
     compare: Sequence[int] = (),
     checked: Sequence[Any] = (),
+    squares: Sequence[Squares] = (),
 ) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Replace each sharded row in `rows` (host numbers, every rank's pass in one order) by
     the row of the whole tensor: one all_gather per process group, the group's rows packed
     (each with its batch size, summed for a data-parallel batch's rows: returned by row).
     The rows `compare` ride along over every group that is not data parallel (and over each
     of `checked`, a tensor-parallel model's); returned too: those of them whose numbers are
-    not the same on every rank of such a group."""
+    not the same on every rank of such a group. `squares` ride along too, each added over
+    its groups in place."""
     import torch.distributed as dist
 
     sizes = {s.row: s.batch for s in shards if s.batch is not None}
@@ -541,16 +544,20 @@ def merge_shards(
             if g not in order:
                 order.append(g)
     order += [g for g in checked if g not in order]
+    for sq in squares:
+        order += [g for gs in sq.groups for g in gs if g not in order]
     for group in order:
         mine = [s.row for s in shards if group in s.groups]
         ride = [] if group in dp else list(compare)
-        if not mine + ride:
+        adds = [(sq, j) for sq in squares for j, gs in enumerate(sq.groups) if group in gs]
+        if not mine + ride + adds:
             continue
-        width = len(rows[(mine + ride)[0]])
+        width = len(rows[(mine + ride)[0]]) if mine + ride else 1
         device = _device_of(group)
         packed = torch.tensor(
             [[*rows[i], *sizes.get(i, none)] for i in mine]
-            + [[*rows[i], *none][: width + 2] for i in ride],
+            + [[*rows[i], *none][: width + 2] for i in ride]
+            + [[sq.values[j]] + [0.0] * (width + 1) for sq, j in adds],
             dtype=torch.float64,
             device=device,
         )
@@ -567,6 +574,10 @@ def merge_shards(
         for k, i in enumerate(ride, len(mine)):
             if not all(_same(rank[k][:width], every[0][k][:width]) for rank in every):
                 differ.add(i)
+        for k, (sq, j) in enumerate(adds, len(mine) + len(ride)):
+            sq.values[j] = sum(rank[k][0] for rank in every)
+    for sq in squares:
+        sq.added = True
     return sizes, differ
 
 

@@ -26,7 +26,7 @@ from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.engine.selection import module_entries, select
-from hookcli.engine.sharded import groups_of, local_of, whole_norms
+from hookcli.engine.sharded import Squares, groups_of, local_of
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.records import LoggedParam, StepLine, TensorStats
@@ -139,7 +139,7 @@ class StepCapture:
         assert self._collector is not None
         with torch.no_grad():
             # a sharded parameter (FSDP2, tensor parallel): its local part here, the norms of
-            # the whole from the parts' (engine/sharded.whole_norms)
+            # the whole from the parts' (engine/sharded.Squares)
             values = [local_of(p.detach()) for p in params]
             self._groups = [groups_of(p) for p in params]
             befores = self._copies(values)
@@ -193,18 +193,26 @@ class StepCapture:
                     flat = torch.stack(norms).double().cpu().tolist()
                 except RuntimeError:  # spread over devices: one each
                     flat = [float(n) for n in norms]
-                if any(self._groups):
-                    flat = whole_norms(flat, self._groups * 2)
-                both = list(zip(flat[: len(deltas)], flat[len(deltas) :], strict=True))
             else:
-                both = []
-            updates = [
-                (name, grad, w_norm, delta)
-                for (name, grad, _, _), (w_norm, delta) in zip(self._params, both, strict=True)
-            ]
+                flat = []
+        # a sharded parameter's norms: its parts' squares ride along in the gather that
+        # merges the step's rows (engine/sharded.Squares), added over its groups there
+        squares = Squares([v * v for v in flat], self._groups * 2) if any(self._groups) else None
+        if squares is not None:
+            assert self._collector is not None
+            self._collector.book.squares.append(squares)
         for probe in self.probes:
             probe.ended()
         calls = finished_calls(session, backward=True)
+        if squares is not None:  # (null where the ranks did not agree: this rank's part only)
+            flat = [math.sqrt(v) if squares.added else math.nan for v in squares.values]
+        half = len(flat) // 2
+        updates = [
+            (name, grad, w_norm, delta)
+            for (name, grad, _, _), w_norm, delta in zip(
+                self._params, flat[:half], flat[half:], strict=True
+            )
+        ]
         watched = self.watched
         origins = find_origins(session.calls, watched.types, partial=watched.partial)
         if isinstance(loss, torch.Tensor):
