@@ -18,7 +18,8 @@ from tests.support.cli import assert_one_line_error, run
 from tests.support.launch import run_torchrun
 from tests.support.paths import ROOT
 from tests.support.shardcmp import assert_same, entries
-from tests.support.tp_cli import REFUSED, checkpoints, commands
+from tests.support.tp_cli import REFUSED, checkpoints, commands, watched
+from tests.support.watchlogs import assert_same_run, read_steps
 
 pytest.importorskip("transformers")
 SCRIPT = ROOT / "tests" / "support" / "tp_cli.py"
@@ -84,6 +85,18 @@ def test_the_lens_reads_the_same_tokens(
     assert top(sharded) == top(single)
     probs = [t["prob"] for c in sharded["lens"] for t in c["top"]]
     assert probs == pytest.approx([t["prob"] for c in single["lens"] for t in c["top"]], rel=1e-5)
+
+
+def test_a_watched_training_run_logs_the_unsharded_models_numbers(
+    runs: tuple[Path, Path, dict[int, Any]], tmp_path: Path
+) -> None:
+    """hookcli.watch on the model transformers' plan spread: every rank's log, step by step,
+    equals one process's (each layer call's tensors, each parameter's norms and update)."""
+    folder, out, _ = runs
+    watched(folder, tmp_path / "single.jsonl", tp=False)
+    single = read_steps(tmp_path / "single.jsonl")
+    for rank in (0, 1):
+        assert_same_run(read_steps(out / f"watch.rank{rank}.jsonl"), single, rtol=1e-4)
 
 
 def test_rank_0_alone_writes(runs: tuple[Path, Path, dict[int, Any]]) -> None:

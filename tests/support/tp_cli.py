@@ -83,6 +83,26 @@ def commands(folder: Path) -> dict[str, list[str]]:
     }
 
 
+def watched(folder: Path, log: Path, tp: bool) -> None:
+    """Three steps of SGD on the Llama (its plan with `tp`) under `hookcli.watch`, each step's
+    layers and parameters logged (under torchrun: a log per rank)."""
+    import torch
+    import transformers
+
+    import hookcli
+
+    kw = {"tp_plan": "auto"} if tp else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder / "llama", **kw)
+    ids = torch.tensor([[5, 17, 42, 9, 33, 71, 8]])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    layers = ["model.layers.*", "model.layers.0.*"]  # blocks, and one block's every module
+    with hookcli.watch(model, optimizer=opt, layers=layers, log=log):
+        for _ in range(3):
+            opt.zero_grad()
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+
+
 REFUSED = {  # run → (checkpoint, what the one line says)
     "no-plan": ("gpt2", "no tensor-parallel plan"),
     "heads": ("odd", "3 attention heads do not divide over 2 processes"),
@@ -119,6 +139,7 @@ def main() -> None:
         res = runner.invoke(app, args)
         seen[name] = {"code": res.exit_code, "stdout": res.stdout, "stderr": res.stderr}
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    watched(folder, out / "watch.jsonl", tp=True)
     dist.destroy_process_group()
 
 

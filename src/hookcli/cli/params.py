@@ -292,8 +292,8 @@ TpOpt = Annotated[
     typer.Option(
         "--tp",
         help="hf: checkpoints larger than one device: under torchrun, load the model with its "
-        'tensor-parallel plan over every process (transformers\' tp_plan="auto"); every number '
-        "is the unsharded model's, rank 0 writes.",
+        'tensor-parallel plan over every process (transformers\' tp_plan="auto"); every row is '
+        "the unsharded model's unless its note says otherwise; rank 0 writes.",
     ),
 ]
 MemoryOpt = Annotated[

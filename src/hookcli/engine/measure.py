@@ -20,9 +20,8 @@ from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import Prepared
 from hookcli.engine.probes import Armed, Measured, Probe, armed_probes
 from hookcli.engine.selection import ROOT_LABEL, depth_of
-from hookcli.engine.sharded import data_parallel_groups, tensor_parallel_groups
+from hookcli.engine.sharded import data_parallel_groups
 from hookcli.engine.stats import StatsCollector
-from hookcli.engine.tplayout import tp_layouts
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
 from hookcli.records import ImageNonfinite, LayerCall, Origin, ParamStats, Report, TensorStats
@@ -71,12 +70,8 @@ def measured_pass(
     assert model_input is not None
     collector.set_token_mask(model_input.token_mask)
     # a data-parallel model (FSDP2, DDP): each rank's batch merged into the global batch
-    book, module = collector.book, prepared.loaded.module
-    book.batch_groups = data_parallel_groups(module)
-    # tensor parallel: transformers' styles (which plain tensors are one rank's shard), and
-    # the groups over which every other row is compared
-    book.layouts = tp_layouts(module)
-    book.checked = tensor_parallel_groups(module, book.batch_groups)
+    collector.book.batch_groups = data_parallel_groups(prepared.loaded.module)
+    collector.book.arm_tensor_parallel(prepared.loaded.module)
     armed = Armed(prepared, model_input, collector, backward=backward, train=train)
     with armed_probes(tuple(probes), armed):
         session = HookSession(

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hookcli.engine.statrow import COUNT, INF, MAX, MEAN, MIN, NAN, NORM, ROW, VAR, ZEROS
-from hookcli.engine.tplayout import NONE, UNKNOWN, Declared, Layouts
+from hookcli.engine.tplayout import NONE, UNKNOWN, Declared, Layouts, tp_layouts
 from hookcli.records import TENSOR_STATS, TensorStats
 
 # the row's counts of elements, added: the one pass's, and each AFTER_PASS statistic's that
@@ -78,7 +78,7 @@ class Squares:
     the whole, kept as it is): added over the groups in the pass's gather, in place."""
 
     values: list[float]
-    groups: list[tuple[Any, ...]]
+    groups: list[tuple[Any, ...]]  # (as many as values)
     added: bool = False  # False: the ranks did not agree, and the values are this rank's
 
 
@@ -148,6 +148,12 @@ class ShardBook:
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
         self._starts: dict[tuple[int, int], tuple[torch.Tensor, Any, Any]] = {}
 
+    def arm_tensor_parallel(self, model: Any) -> None:
+        """For a pass of `model`: transformers' tensor-parallel styles (which plain tensors are
+        one rank's shard), and the groups over which every row not split is compared."""
+        self.layouts = tp_layouts(model)
+        self.checked = tensor_parallel_groups(model, self.batch_groups)
+
     @property
     def has_locals(self) -> bool:
         """Whether a plain tensor of this pass may be a shard: a sharded DTensor was met (its
@@ -204,7 +210,9 @@ class ShardBook:
         Registered, so the module it feeds is fed a shard."""
         start = self._starts.get(key[:2]) if key is not None else None
         whole = None if start is None else start[0]
-        if whole is None or whole.numel() != t.numel() or not t.is_contiguous():
+        if whole is None or whole.numel() != t.numel():
+            return None
+        if not (t.is_contiguous() and whole.is_contiguous()):
             return None
         assert start is not None
         assert key is not None
@@ -251,6 +259,10 @@ class ShardBook:
         else:
             fed = self._fed_as.get((name, call)) if layout is None and side == "out" else None
             if fed is None or name not in self.layouts.leaves or tuple(t.shape) != fed[1]:
+                return None
+            split = [d for d, (a, b) in enumerate(zip(fed[1], fed[2], strict=True)) if a != b]
+            within = bool(split) and max(split) < len(fed[1]) - 1  # whole last-dimension rows
+            if name not in self.layouts.elementwise and not within:
                 return None
             found = (fed[0], fed[2])
         self._placed[(name, call, side, path)] = found
@@ -329,7 +341,14 @@ class ShardBook:
             self.clear()
             return set()
         batches, differ = (
-            merge_shards(self.shards, rows, compare, self.checked, self.squares)
+            merge_shards(
+                self.shards,
+                rows,
+                compare,
+                checked=self.checked,
+                squares=self.squares,
+                batch_groups=self.batch_groups,
+            )
             if self.shards or compare or self.squares
             else ({}, set())
         )
@@ -520,8 +539,10 @@ def merge_shards(
     shards: Sequence[Shards],
     rows: list[Sequence[float]],
     compare: Sequence[int] = (),
+    *,
     checked: Sequence[Any] = (),
     squares: Sequence[Squares] = (),
+    batch_groups: Sequence[Any] = (),
 ) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Replace each sharded row in `rows` (host numbers, every rank's pass in one order) by
     the row of the whole tensor: one all_gather per process group, the group's rows packed
@@ -534,7 +555,7 @@ def merge_shards(
 
     sizes = {s.row: s.batch for s in shards if s.batch is not None}
     over = {s.row: s.over for s in shards}
-    dp = {g for s in shards for g in s.over}
+    dp = {g for s in shards for g in s.over} | set(batch_groups)
     none = (0, 0)
     differ: set[int] = set()
 
@@ -554,10 +575,12 @@ def merge_shards(
             continue
         width = len(rows[(mine + ride)[0]]) if mine + ride else 1
         device = _device_of(group)
+        added = [sq.values[j] for sq, j in adds]  # packed width + 2 to a row
+        added += [0.0] * (-len(added) % (width + 2))
         packed = torch.tensor(
             [[*rows[i], *sizes.get(i, none)] for i in mine]
             + [[*rows[i], *none][: width + 2] for i in ride]
-            + [[sq.values[j]] + [0.0] * (width + 1) for sq, j in adds],
+            + [added[k : k + width + 2] for k in range(0, len(added), width + 2)],
             dtype=torch.float64,
             device=device,
         )
@@ -574,8 +597,10 @@ def merge_shards(
         for k, i in enumerate(ride, len(mine)):
             if not all(_same(rank[k][:width], every[0][k][:width]) for rank in every):
                 differ.add(i)
-        for k, (sq, j) in enumerate(adds, len(mine) + len(ride)):
-            sq.values[j] = sum(rank[k][0] for rank in every)
+        first = len(mine) + len(ride)
+        for k, (sq, j) in enumerate(adds):
+            at, col = first + k // (width + 2), k % (width + 2)
+            sq.values[j] = sum(rank[at][col] for rank in every)
     for sq in squares:
         sq.added = True
     return sizes, differ

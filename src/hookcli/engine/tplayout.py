@@ -44,18 +44,28 @@ Layout = Declared | str
 @dataclass(slots=True)
 class Layouts:
     """A model's tensor-parallel layouts: by module name, its first input's ("in") and its
-    output's ("out"); and the names of the modules without children (a leaf fed a shard and
-    handing on a tensor of the same shape hands on the same layout: an activation, a norm over
-    the last dimension of whole heads)."""
+    output's ("out"); the names of the modules without children, and of those among them that
+    work element by element (activations, dropout). A leaf fed a shard and handing on a tensor
+    of the same shape hands on the same layout when it works element by element, or when the
+    shard splits a dimension before the last (a norm over the last dimension of whole heads)."""
 
     sides: dict[str, dict[str, Layout]]
     leaves: frozenset[str]
+    elementwise: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self.sides)
 
 
 NONE = Layouts({}, frozenset())
+# where element-by-element modules are defined (torch's activations less those that mix a
+# dimension, dropout, identity; transformers' activations)
+_ELEMENTWISE = (
+    "torch.nn.modules.activation",
+    "torch.nn.modules.dropout",
+    "transformers.activations",
+)
+_MIXING = ("Softmax", "Softmin", "LogSoftmax", "Softmax2d", "GLU", "MultiheadAttention")
 
 
 def tp_layouts(model: nn.Module) -> Layouts:
@@ -63,16 +73,22 @@ def tp_layouts(model: nn.Module) -> Layouts:
     it did not shard (torch's own `parallelize_module` hands DTensors on: nothing to read)."""
     sides: dict[str, dict[str, Layout]] = {}
     leaves: list[str] = []
+    elementwise: list[str] = []
     for name, module in model.named_modules():
         if not module._modules:
             leaves.append(name)
+            kind = type(module)
+            if kind.__name__ == "Identity" or (
+                kind.__module__ in _ELEMENTWISE and kind.__name__ not in _MIXING
+            ):
+                elementwise.append(name)
         if not getattr(module, "_is_hooked", False):
             continue
         style, mesh = _style_of(module)
         if style is None:
             continue
         sides[name] = _sides(style, mesh, module)
-    return Layouts(sides, frozenset(leaves)) if sides else NONE
+    return Layouts(sides, frozenset(leaves), frozenset(elementwise)) if sides else NONE
 
 
 def _style_of(module: nn.Module) -> tuple[Any, Any]:

@@ -721,13 +721,18 @@ def tensor_parallel_note(config: Any, spec: str) -> str:
             "names no base_model_tp_plan).",
             "run it without --tp, or shard it with parallelize_module from Python.",
         )
-    for field, what in (
-        ("num_attention_heads", "attention heads"),
-        ("num_key_value_heads", "key/value heads"),
-    ):
-        heads = getattr(text, field, None)
-        if isinstance(heads, int) and heads > 0 and heads % world:
-            fits = [n for n in range(2, heads + 1) if heads % n == 0]
+    counts = {
+        what: heads
+        for field, what in (
+            ("num_attention_heads", "attention heads"),
+            ("num_key_value_heads", "key/value heads"),
+        )
+        if isinstance(heads := getattr(text, field, None), int) and heads > 0
+    }
+    for what, heads in counts.items():
+        if heads % world:
+            most = min(counts.values())
+            fits = [n for n in range(2, most + 1) if all(h % n == 0 for h in counts.values())]
             raise UsageError(
                 f"{spec}: its {heads} {what} do not divide over {world} processes (each takes "
                 "whole heads).",
@@ -736,6 +741,6 @@ def tensor_parallel_note(config: Any, spec: str) -> str:
                 else "run it without --tp.",
             )
     return (
-        f"--tp: spread over {world} processes by {kind}'s tensor-parallel plan; every number "
-        "is the whole model's, merged over the processes"
+        f"--tp: spread over {world} processes by {kind}'s tensor-parallel plan; every row is "
+        "the whole model's, merged over the processes, unless its note says otherwise"
     )

@@ -85,6 +85,9 @@ class StepCapture:
     def arm(self) -> None:
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         module = self.watched.module
+        # tensor parallel: which plain tensors are shards, and the groups rows are compared
+        # over (each rank logs its own batch: the logs merge in `hookcli report`)
+        self._collector.book.arm_tensor_parallel(module)
         armed = StepArmed(module, device_of(module))
         for probe in self.probes:
             probe.arm(armed)
@@ -104,6 +107,7 @@ class StepCapture:
         self._collector = None
         self._params = []
         self._before_norms = []
+        self._groups = []
 
     def release(self) -> None:
         """The copies of the weights kept between watched steps let go (the watch closes)."""
@@ -197,7 +201,8 @@ class StepCapture:
                 flat = []
         # a sharded parameter's norms: its parts' squares ride along in the gather that
         # merges the step's rows (engine/sharded.Squares), added over its groups there
-        squares = Squares([v * v for v in flat], self._groups * 2) if any(self._groups) else None
+        sharded = self._params and any(self._groups)
+        squares = Squares([v * v for v in flat], self._groups * 2) if sharded else None
         if squares is not None:
             assert self._collector is not None
             self._collector.book.squares.append(squares)
@@ -205,7 +210,10 @@ class StepCapture:
             probe.ended()
         calls = finished_calls(session, backward=True)
         if squares is not None:  # (null where the ranks did not agree: this rank's part only)
-            flat = [math.sqrt(v) if squares.added else math.nan for v in squares.values]
+            flat = [
+                math.sqrt(v) if squares.added or not gs else math.nan
+                for v, gs in zip(squares.values, squares.groups, strict=True)
+            ]
         half = len(flat) // 2
         updates = [
             (name, grad, w_norm, delta)
