@@ -79,5 +79,5 @@ def test_the_built_in_sources_declare_what_they_can() -> None:
     from hookcli.sources import sources
 
     declared = {s.name: s.builds for s in sources()}
-    assert declared["hf"] == {"meta", "offload"}
+    assert declared["hf"] == {"meta", "offload", "tp"}
     assert declared["torchvision"] == declared["timm"] == declared["file"] == frozenset()

@@ -20,6 +20,7 @@ leaves its gradient absent: reported as null, never 0.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,7 +259,9 @@ class HookSession:
         try:
             # a tensor-parallel module (DTensor parameters): its output read before the style's
             # own hook hands it on as a local shard (use_local_output), as the DTensor it is
-            parallel = any(is_sharded(p) for p in module.parameters(recurse=False))
+            parallel = "torch.distributed.tensor" in sys.modules and any(
+                p is not None and is_sharded(p) for p in module._parameters.values()
+            )
             post = module.register_forward_hook(CopySafeHook(self._post_hook(i)), prepend=parallel)
         except RuntimeError as exc:
             pre.remove()
