@@ -150,9 +150,10 @@ class ShardBook:
 
     def arm_tensor_parallel(self, model: Any) -> None:
         """For a pass of `model`: transformers' tensor-parallel styles (which plain tensors are
-        one rank's shard), and the groups over which every row not split is compared."""
-        self.layouts = tp_layouts(model)
+        one rank's shard), and the groups over which every row not split is compared. (No
+        walk of the model outside a process group: no DTensor exists there.)"""
         self.checked = tensor_parallel_groups(model, self.batch_groups)
+        self.layouts = tp_layouts(model) if self.checked else NONE
 
     @property
     def has_locals(self) -> bool:
@@ -452,6 +453,10 @@ def tensor_parallel_groups(model: Any, dp: Sequence[Any]) -> tuple[Any, ...]:
     (`dp`): tensor parallel's, whether torch's parallelize_module or transformers' plan made
     them; none for any other model."""
     if "torch.distributed.tensor" not in sys.modules:  # no DTensor was ever made
+        return ()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():  # (a mesh needs a group)
         return ()
     found: list[Any] = []
     for p in torch.nn.Module.parameters(model):
