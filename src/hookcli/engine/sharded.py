@@ -168,11 +168,12 @@ class ShardBook:
         DTensor, of a known DTensor's local tensor (`context`: whose tensor it is, noted as
         fed a shard), or of a plain tensor a tensor-parallel style declares a shard (`path`:
         which of the call's tensors); None for any other tensor."""
-        if not is_sharded(t) and t.device.type != "meta" and isinstance(context, tuple):
-            placed = self._place(t, context, path) if self.layouts else None
+        sharded = is_sharded(t)
+        if self.layouts and not sharded and t.device.type != "meta" and isinstance(context, tuple):
+            placed = self._place(t, context, path)
             if placed is not None:
                 return placed
-        if is_sharded(t):
+        if sharded:
             local, groups = local_part(t)
             own: torch.Tensor | None = getattr(t, "_local_tensor", None)
             key = None if own is None or own.device.type == "meta" else _key(own)
@@ -250,13 +251,15 @@ class ShardBook:
             said = "made by a tensor-parallel style hookcli does not know"
             self._fed.setdefault((name, call), said)
             return None
+        last = False  # a declared shard of the last dimension: its views are looked for
         if isinstance(layout, Declared):
-            shape = list(t.shape)
-            dim = layout.dim % t.dim() if t.dim() else 0
-            if not shape:
+            if not t.dim():
                 return None
+            shape = list(t.shape)
+            dim = layout.dim % t.dim()
             shape[dim] = layout.size or shape[dim] * layout.group.size()
             found = ((layout.group,), torch.Size(shape))
+            last = dim == t.dim() - 1
         else:
             fed = self._fed_as.get((name, call)) if layout is None and side == "out" else None
             if fed is None or name not in self.layouts.leaves or tuple(t.shape) != fed[1]:
@@ -270,7 +273,7 @@ class ShardBook:
         key = _key(t)
         if key is not None:
             self._locals[key] = (weakref.ref(t), *found)
-            if isinstance(layout, Declared) and dim == t.dim() - 1:
+            if last:
                 self._starts[key[:2]] = (t, *found)
                 while len(self._starts) > _HELD:  # the oldest goes
                     del self._starts[next(iter(self._starts))]
@@ -317,7 +320,7 @@ class ShardBook:
         for row, (groups, shape, _) in found.items():
             known = by_row.get(row)
             if known is None:
-                self.shards.append(Shards(row, groups))
+                self.shards.append(by_row.setdefault(row, Shards(row, groups)))
                 continue
             known.groups = groups + known.groups  # a rank's batch of a declared shard
             if known.batch is not None:
@@ -329,7 +332,6 @@ class ShardBook:
         # on every rank, or one rank's part no style declared, said)
         split = {g for s in self.shards for g in s.groups if g not in self.batch_groups}
         split.update(self.checked)
-        by_row = {s.row: s for s in self.shards}  # the declared shards' too
         whole = [
             i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)
         ]
@@ -474,13 +476,7 @@ def data_parallel_position(model: Any) -> list[int] | None:
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     dp = data_parallel_groups(model)
-    shared = {
-        g
-        for p in torch.nn.Module.parameters(model)
-        for g in groups_of(p)
-        if g not in dp
-    }  # fmt: skip
-    if not shared:
+    if not tensor_parallel_groups(model, dp):
         return None
     index, count = 0, 1
     for g in dp:
