@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 import torch
+import torch.nn.modules.module as _module_hooks
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -200,7 +201,10 @@ class HookSession:
         profile: bool = False,
         readers: bool = False,
         memory: MemoryMeter | None = None,
+        dense: bool = False,
     ) -> None:
+        """`dense`: the targets are most of the model's modules, so that one process-wide
+        pair of hooks costs less than a pair registered on each (see `_dispatch`)."""
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
@@ -222,6 +226,9 @@ class HookSession:
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
         self._restores: list[tuple[nn.Module, str, nn.Module, nn.Module]] = []
+        self.dense = dense
+        self._dispatched: set[int] = set()  # targets hooked through the process-wide pair
+        self._keyed: tuple[int, list[nn.Module]] | None = None
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
         self._started_by: GradKey | None = None  # the last output gradient
         # `readers` (inspect/grads: origins): before backward the pass calls count_readers;
@@ -231,12 +238,53 @@ class HookSession:
 
     def __enter__(self) -> HookSession:
         try:
+            if self.dense and _can_dispatch():
+                self._dispatch()
             for i, target in enumerate(self.targets):
-                self._hook(i, target)
+                if i not in self._dispatched:
+                    self._hook(i, target)
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _dispatch(self) -> None:
+        """Hook most targets through one process-wide pre-hook and forward hook that look
+        the module up by identity, instead of two hooks registered on each (issue 52: the
+        registration and removal cost more than running them). A target that holds hooks of
+        its own (a parallel style's, FSDP's, the user's) or is scripted keeps hooks on itself,
+        so that its hooks and hookcli's run in the order they always did."""
+        pres: dict[int, Callable[..., Any]] = {}
+        posts: dict[int, Callable[..., Any]] = {}
+        chosen = []
+        for i, target in enumerate(self.targets):
+            module = target.module
+            if target.places or module._forward_pre_hooks or module._forward_hooks:
+                continue
+            pres[id(module)] = self._pre_hook(i)
+            posts[id(module)] = self._post_hook(i)
+            chosen.append(module)
+        if not chosen:
+            return
+
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: Any = None) -> Any:
+            hook = pres.get(id(module))
+            return None if hook is None else hook(module, args, kwargs)
+
+        def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            hook = posts.get(id(module))
+            if hook is not None:
+                hook(module, args, output)
+
+        handle = _module_hooks.register_module_forward_pre_hook(pre)
+        # each chosen module is handed its keyword arguments too (a global pre-hook gets
+        # them where the module lists the hook's id as one that takes them)
+        self._keyed = (handle.id, chosen)
+        for module in chosen:
+            module._forward_pre_hooks_with_kwargs[handle.id] = True
+        self._handles.append(handle)
+        self._handles.append(_module_hooks.register_module_forward_hook(post))
+        self._dispatched = {i for i, t in enumerate(self.targets) if id(t.module) in pres}
 
     def _hook(self, i: int, target: Target) -> None:
         """Both hooks on one module; a module that refuses hooks (TorchScript, docs/traps.md
@@ -299,6 +347,12 @@ class HookSession:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._keyed is not None:
+            key, modules = self._keyed
+            for module in modules:
+                module._forward_pre_hooks_with_kwargs.pop(key, None)
+            self._keyed = None
+        self._dispatched = set()
         while self._restores:  # the scripted modules back in their places
             parent, attr, scripted, standin = self._restores.pop()
             if parent._modules.get(attr) is standin:
@@ -552,6 +606,16 @@ class HookSession:
                 self.hook_ns += time.perf_counter_ns() - entered
 
         return post_hook
+
+
+def _can_dispatch() -> bool:
+    """Whether this torch hands a process-wide pre-hook a module's keyword arguments where
+    the module lists the hook (`_forward_pre_hooks_with_kwargs`, torch 2.0 on), and no
+    compiled code is being traced (dynamo guards on the process-wide hooks)."""
+    if not hasattr(nn.Module(), "_forward_pre_hooks_with_kwargs"):
+        return False
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is None or not dynamo.is_compiling()
 
 
 def grad_key(grad: torch.Tensor) -> GradKey | None:

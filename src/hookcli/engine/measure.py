@@ -81,6 +81,7 @@ def measured_pass(
             saver=armed.saver,
             readers=backward,
             memory=armed.memory,
+            dense=2 * len(prepared.targets) >= len(prepared.entries),
         )
         rows = (
             None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")
@@ -232,14 +233,18 @@ def measure_params(
 ) -> dict[str, list[PendingParam]]:
     """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
     run's sum over the batches), measured by the collector."""
+    every = [(p, name) for own in params.values() for name, p in own]
+    # all weights, then all gradients: the small ones measured together (add_whole)
+    weights = iter(collector.add_whole(every))
+    with_grad = [(p, name, g) for p, name in every if (g := grad_of(p)) is not None]
+    measured = collector.add_whole([(g, f"{name}.grad") for _, name, g in with_grad])
+    of_grad = {id(p): s for (p, _, _), s in zip(with_grad, measured, strict=True)}
     return {
         target: [
             (
                 ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                collector.add(p, name, positions=False),
-                None
-                if (g := grad_of(p)) is None
-                else collector.add(g, f"{name}.grad", positions=False),
+                next(weights),
+                of_grad.get(id(p)),
             )
             for name, p in own
         ]
