@@ -213,3 +213,39 @@ def test_histogram_counts_match_numpy_on_float64(name: str, backend: str) -> Non
     want, _ = np.histogram(finite, bins=12, range=(lo, hi if hi > lo else lo + 1.0))
     # values that sit exactly on an inner edge may fall either side in float32 arithmetic
     assert np.abs(np.asarray(counts) - want).sum() <= 2, (counts, want.tolist())
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+def test_tensors_measured_together_match_the_oracle(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add_whole (a model's parameters and their gradients): every case, each small float32
+    one measured in one call of the segmented kernel with the others, equals float64 torch
+    on it and what add() gives it alone; a tensor given twice is measured once."""
+    if backend == "kernel" and stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    calls = 0
+    if backend == "kernel":
+        segments = stats_mod.kernels().segments  # type: ignore[union-attr]
+
+        def counted(*args: object) -> None:
+            nonlocal calls
+            calls += 1
+            segments(*args)
+
+        monkeypatch.setattr(stats_mod.kernels(), "segments", counted)
+    items = [(t, name) for name, t in CASES.items()]
+    items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (items[0][0], "again")]
+    together = StatsCollector(backend=backend)
+    got = together.add_whole(items)
+    together.finalize()
+    assert calls == (1 if backend == "kernel" else 0)
+    for (t, name), stats in zip(items, got, strict=True):
+        alone = StatsCollector(backend=backend)
+        one = alone.add(t, name, positions=False)
+        alone.finalize()
+        assert stats.path == name and stats.shape == tuple(t.shape)
+        assert_stats_match(stats, t)
+        for field in ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm"):
+            a, b = getattr(stats, field), getattr(one, field)
+            assert a == b or a == pytest.approx(b, rel=1e-12, abs=1e-300), (name, field)

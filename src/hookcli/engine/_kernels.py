@@ -112,6 +112,14 @@ def fused_parallel(a: Any, out: Any) -> None:
     _fused(a, out)
 
 
+@njit(fastmath=FASTMATH, nogil=True, cache=True)
+def fused_segments(a: Any, starts: Any, out: Any) -> None:
+    """out[k, :5] = fused_serial's five sums of a[starts[k]:starts[k + 1]] (each non-empty),
+    for every k: many small tensors (a model's parameters) in one call."""
+    for k in range(starts.shape[0] - 1):
+        _fused(a[starts[k] : starts[k + 1]], out[k])
+
+
 # The careful kernel: for data holding NaN/Inf, or whose variance needs a second, centred
 # pass. No nnan/ninf flags here, so comparisons keep their IEEE meaning; non-finite values
 # are replaced by neutral ones with selects, which still vectorise. Accumulates in float64.

@@ -126,8 +126,8 @@ class ShardBook:
         # batch of activations and their gradients merged into the global batch
         self.batch_groups: tuple[Any, ...] = ()
         # each sharded local's place: its DTensor's local tensor (weakly), groups, global shape
-        self._locals: dict[Key, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], Any]] = {}
-        self._fed: dict[Any, str] = {}  # (module, call) fed a local shard: the whole it is of
+        self.local_shards: dict[Key, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], Any]] = {}
+        self.fed: dict[Any, str] = {}  # (module, call) fed a local shard: the whole it is of
         # rows of a fed module's tensors, by where their values lie: (the tensor, weakly; its
         # row; the note), and those a parallel style declared a shard: row → (groups, shape)
         self._suspects: dict[Key, tuple[weakref.ref[torch.Tensor], int, str]] = {}
@@ -155,12 +155,6 @@ class ShardBook:
         self.checked = tensor_parallel_groups(model, self.batch_groups)
         self.layouts = tp_layouts(model) if self.checked else NONE
 
-    @property
-    def has_locals(self) -> bool:
-        """Whether a plain tensor of this pass may be a shard: a sharded DTensor was met (its
-        local tensors may follow), or a tensor-parallel plan's styles declare some."""
-        return bool(self._locals) or bool(self.layouts)
-
     def part(
         self, t: torch.Tensor, context: Any = None, path: str = ""
     ) -> tuple[torch.Tensor, tuple[Any, ...], Any] | None:
@@ -178,17 +172,17 @@ class ShardBook:
             own: torch.Tensor | None = getattr(t, "_local_tensor", None)
             key = None if own is None or own.device.type == "meta" else _key(own)
             if groups and own is not None and key is not None:
-                self._locals[key] = (weakref.ref(own), groups, t.shape)
+                self.local_shards[key] = (weakref.ref(own), groups, t.shape)
                 was = self._suspects.pop(key, None)  # both alive: the same values
                 if was is not None and was[0]() is not None:
                     self._declared[was[1]] = (groups, t.shape, was[2])
             return local, groups, t.shape
-        if self._locals and t.device.type != "meta":
+        if self.local_shards and t.device.type != "meta":
             found = self._known(t)
             if found is not None:
                 if isinstance(context, tuple) and len(context) >= 3:
                     n = math.prod(g.size() for g in found[0])
-                    self._fed[context[:2]] = (
+                    self.fed[context[:2]] = (
                         "made from its shard of a tensor-parallel tensor "
                         f"({'x'.join(map(str, found[1]))} over {n} ranks)"
                     )
@@ -200,7 +194,7 @@ class ShardBook:
 
     def _known(self, t: torch.Tensor) -> tuple[tuple[Any, ...], Any] | None:
         key = _key(t)
-        found = None if key is None else self._locals.get(key)
+        found = None if key is None else self.local_shards.get(key)
         if found is None or found[0]() is None:  # its DTensor's values gone: not that tensor
             return self._viewed(t, key)
         return found[1], found[2]
@@ -231,7 +225,7 @@ class ShardBook:
             return None
         j = starts[0]
         size = torch.Size((*t.shape[:j], t.shape[j] * n, *t.shape[j + 1 :]))
-        self._locals[key] = (weakref.ref(t), groups, size)
+        self.local_shards[key] = (weakref.ref(t), groups, size)
         return groups, size
 
     def _place(
@@ -249,7 +243,7 @@ class ShardBook:
         layout = self.layouts.sides.get(name, {}).get(side) if first else None
         if layout == UNKNOWN:
             said = "made by a tensor-parallel style hookcli does not know"
-            self._fed.setdefault((name, call), said)
+            self.fed.setdefault((name, call), said)
             return None
         last = False  # a declared shard of the last dimension: its views are looked for
         if isinstance(layout, Declared):
@@ -272,7 +266,7 @@ class ShardBook:
         self._placed[(name, call, side, path)] = found
         key = _key(t)
         if key is not None:
-            self._locals[key] = (weakref.ref(t), *found)
+            self.local_shards[key] = (weakref.ref(t), *found)
             if last:
                 self._starts[key[:2]] = (t, *found)
                 while len(self._starts) > _HELD:  # the oldest goes
@@ -282,7 +276,7 @@ class ShardBook:
     def plain(self, t: torch.Tensor, stats: TensorStats, row: int, context: Any) -> str | None:
         """A plain tensor's row (an activation or its gradient, measured as `stats`): a
         data-parallel rank's batch merged into the global batch; else `suspect`'s note."""
-        said = self.suspect(t, row, context) if self._fed else None
+        said = self.suspect(t, row, context) if self.fed else None
         if self.batch_groups and t.dim() >= 1:
             self.sharded(row, (), stats)
         return said
@@ -300,7 +294,7 @@ class ShardBook:
     def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
         """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
         itself one: this rank's part only, its layout not known. None for any other."""
-        whole = self._fed.get(context[:2]) if isinstance(context, tuple) else None
+        whole = self.fed.get(context[:2]) if isinstance(context, tuple) else None
         key = None if whole is None else _key(t)
         if whole is None or key is None:
             return None
@@ -400,8 +394,8 @@ class ShardBook:
 
     def clear(self) -> None:
         self.shards.clear()
-        self._locals.clear()
-        self._fed.clear()
+        self.local_shards.clear()
+        self.fed.clear()
         self._suspects.clear()
         self._declared.clear()
         self._placed.clear()

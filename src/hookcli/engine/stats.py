@@ -49,24 +49,20 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
+from hookcli.engine.devicerow import fused_row
+from hookcli.engine.histogram import histogram
 from hookcli.engine.sharded import ShardBook, not_merged
-from hookcli.engine.statrow import (
-    AFTER_PASS,
-    EMPTY_ROW,
-    MAX,
-    MIN,
-    Row,
-    after_pass,
-    fill,
-)
+from hookcli.engine.statrow import AFTER_PASS, EMPTY_ROW, Row, after_pass, fill
 from hookcli.engine.tensorbits import (
     ATTENTION,
     FLAT,
     TOKENS,
     accumulate_dtype,
+    dense_flat,
     dtype_name,
     finite_or_none,
     own_positions,
+    real_valued,
     token_rows,
     unpadded,
 )
@@ -99,6 +95,7 @@ class Kernels:
 
     def __init__(self, module: Any, chan: Any) -> None:
         self.fused = (module.fused_serial, module.fused_parallel)
+        self.segments = module.fused_segments  # many small tensors in one call
         self.careful = (module.careful_serial, module.careful_parallel)
         self.diff = (module.diff_serial, module.diff_parallel)
         self.diff_nhwc = module.diff_nhwc
@@ -163,20 +160,6 @@ def _kernels_if_they_pay() -> Kernels | None:
     return None
 
 
-def _prepare(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-    """Map any tensor to a real-valued strided tensor with the same statistics meaning."""
-    note = None
-    if t.is_quantized:
-        t = t.dequantize()
-        note = "quantized: statistics of the dequantized values"
-    if t.layout != torch.strided:
-        t = t.to_dense()
-    if t.is_complex():
-        t = t.abs()
-        note = "complex: statistics of the magnitude"
-    return t.detach(), note
-
-
 def _torch_row(x: torch.Tensor) -> torch.Tensor:
     """The exact row, on x's device, by torch ops that never synchronise."""
     acc = accumulate_dtype(x.device)
@@ -200,23 +183,6 @@ def _torch_row(x: torch.Tensor) -> torch.Tensor:
     var = torch.where(constant, torch.zeros_like(var), var)
     norm = torch.where(constant, mn.abs() * count.sqrt(), norm)
     return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
-
-
-def _dense_flat(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor of exactly t's elements in memory order, copying only when t has gaps.
-
-    Statistics ignore element order, so a channels_last or permuted tensor that covers its
-    storage span densely is read in place.
-    """
-    if t.is_contiguous():
-        return t.reshape(-1)
-    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return t.contiguous().reshape(-1)
-        expected *= size
-    return t.as_strided((t.numel(),), (1,))
 
 
 def _sums(flat: torch.Tensor, shift: float = 0.0) -> tuple[float, float]:
@@ -260,10 +226,16 @@ def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
     # numpy's reshape of a contiguous array is a view, and cheaper than torch's
-    flat = t.numpy().reshape(-1) if t.is_contiguous() else _dense_flat(t).numpy()
-    n = flat.shape[0]
-    par = n >= _PARALLEL_MIN
+    flat = t.numpy().reshape(-1) if t.is_contiguous() else dense_flat(t).numpy()
+    par = flat.shape[0] >= _PARALLEL_MIN
     ks.fused[par](flat, out)
+    return _row_of_sums(flat, out, ks, par)
+
+
+def _row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = False) -> Row:
+    """The row of `flat` from the fast pass's five sums in out[:5] (out holds 7 float64
+    values: the careful passes, where needed, fill all of them)."""
+    n = flat.shape[0]
     s, q, zeros, mn, mx = out[:5].tolist()
     nan = inf = 0.0
     count = float(n)
@@ -418,14 +390,49 @@ class StatsCollector:
             return 0  # not a layer call's tensor: its rows are not known to be positions
         return 0 if ".experts." in f".{context[0]}." else FLAT
 
-    def add(self, t: torch.Tensor, path: str, *, positions: bool = True) -> TensorStats:
+    def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
+        """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
+        measured whole), the small CPU float32 ones measured together, in one call of the
+        segmented kernel, instead of one call each (issue 52)."""
+        rows: list[Row | None] = [None] * len(tensors)
+        ks = self._kernels
+        picked = [
+            k
+            for k, (t, _) in enumerate(tensors)
+            if type(t) in _PLAIN
+            and t.dtype is torch.float32
+            and t.is_cpu
+            and 0 < t.numel() <= _TOGETHER
+            and t.is_contiguous()
+        ]
+        if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
+            flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in picked]).numpy()
+            starts = np.zeros(len(picked) + 1, dtype=np.int64)
+            np.cumsum([tensors[k][0].numel() for k in picked], out=starts[1:])
+            sums = np.empty((len(picked), 7), dtype=np.float64)
+            ks.segments(flat, starts, sums)
+            for j, k in enumerate(picked):
+                rows[k] = _row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+        return [
+            self.add(t, path, positions=False, given=row)
+            for (t, path), row in zip(tensors, rows, strict=True)
+        ]
+
+    def add(
+        self, t: torch.Tensor, path: str, *, positions: bool = True, given: Row | None = None
+    ) -> TensorStats:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in.
         `positions`: t may hold a padded batch's token positions (False: a parameter or its
-        gradient, measured whole whatever its shape)."""
-        if type(t) is not torch.Tensor or self.book.has_locals:
-            part = self.book.part(t, self.context, path)
+        gradient, measured whole whatever its shape). `given`: t's row, measured already (by
+        `add_whole`)."""
+        book = self.book
+        # a plain tensor may be a shard: a sharded DTensor was met (its local tensors may
+        # follow), or a tensor-parallel plan's styles declare some
+        if type(t) not in _PLAIN or book.local_shards or book.layouts:
+            part = book.part(t, self.context, path)
             if part is not None:
                 t, groups, shape = part
+                given = None  # (another tensor's values)
                 if groups:
                     return self._add_sharded(t, groups, shape, path, positions)
         key = id(t)
@@ -443,7 +450,7 @@ class StatsCollector:
                 self._wants_values.append((stats, idx))
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
-            if idx not in self._tokens and self._token_rows_of(t, path):
+            if self.per_token and idx not in self._tokens and self._token_rows_of(t, path):
                 self._tokens[idx] = token_rows(t)  # first seen as an input, now an output
             if idx in self._tokens:
                 self._wants_tokens.append((stats, idx))
@@ -456,8 +463,11 @@ class StatsCollector:
         if padded:
             assert self._real_index is not None
             t = unpadded(t, self._real_index, padded)
-        row, note = self._measure(t)  # reads detached data only: no autograd graph is made
-        said = self.book.plain(seen, stats, len(self), self.context) if positions else None
+        # reads detached data only: no autograd graph is made
+        row, note = self._measure(t) if given is None or padded else (given, None)
+        said = None
+        if positions and (book.fed or book.batch_groups):
+            said = book.plain(seen, stats, len(self._rows), self.context)
         if said:
             note = f"{note}; {said}" if note else said
         if padded:
@@ -473,13 +483,13 @@ class StatsCollector:
         if self._bins and stats.numel > 0 and t.device.type != "meta":
             edge_key = (self.context, path)
             fixed = self._edges.get(edge_key) if self._edges is not None else None
-            counts, span = _histogram(t, row, self._bins, fixed, widen=self._edges is not None)
+            counts, span = histogram(t, row, self._bins, fixed, widen=self._edges is not None)
             if self._edges is not None and fixed is None:
                 self._edges[edge_key] = span
             self._hists[idx] = counts
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
-        if self._token_rows_of(seen, path):
+        if self.per_token and self._token_rows_of(seen, path):
             self._tokens[idx] = token_rows(seen)
             self._wants_tokens.append((stats, idx))
         if self.channels is not None and self._channel_row(
@@ -572,26 +582,33 @@ class StatsCollector:
         if (
             t.dtype is torch.float32
             and t.is_cpu
-            and type(t) is torch.Tensor
+            and type(t) in _PLAIN
             and t.layout is torch.strided
             and t.numel() > 0
-        ):  # the common case, without _prepare's checks
+        ):  # the common case, without real_valued's checks
             x = t.detach() if t.requires_grad else t
             return (after_pass(self._cpu(x), x) if AFTER_PASS else self._cpu(x)), None
         if t.device.type == "meta":
             return EMPTY_ROW, "meta tensor: shape only"
-        x, note = _prepare(t)
+        x, note = real_valued(t)
         if x.numel() == 0:
             return EMPTY_ROW, note
-        row = self._cpu(x) if x.is_cpu and x.dtype in _CPU_DTYPES else _torch_row(x)
+        row = self._cpu(x) if x.is_cpu and x.dtype in _CPU_DTYPES else self._device_row(x)
         return (after_pass(row, x) if AFTER_PASS else row), note
 
     def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
-        ks = self._kernels_or_count(t.numel() * t.element_size())
+        ks = self._kernels or self._kernels_or_count(t.numel() * t.element_size())
         if ks is not None:
             return _fused_row(t, ks, self._scratch)
-        return _cpu_row(_dense_flat(t))
+        return _cpu_row(dense_flat(t))
+
+    def _device_row(self, x: torch.Tensor) -> torch.Tensor:
+        """A device tensor's row, on its device: on CUDA, a floating-point one's by the fused
+        Triton kernel (one read, engine/_triton.py); else, and with backend "torch", by
+        torch ops."""
+        row = None if self._backend == "torch" else fused_row(x)
+        return _torch_row(x) if row is None else row
 
     def finalize(self) -> None:
         """Fill every TensorStats handed out since the last finalize: one transfer per device."""
@@ -727,47 +744,11 @@ class StatsCollector:
 
 
 _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def _histogram(
-    t: torch.Tensor,
-    row: Row | torch.Tensor,
-    bins: int,
-    fixed: tuple[Any, Any] | None,
-    *,
-    widen: bool,
-) -> tuple[np.ndarray[Any, Any] | torch.Tensor, tuple[Any, Any]]:
-    """Counts of the finite elements in `bins` equal bins, and the (lo, hi) they span.
-
-    Over the tensor's own [min, max]; or over `fixed` edges (folder runs, where every batch
-    must share them to be merged), values outside counted in the end bins; `widen` makes own
-    edges half a range wider each side, to serve later batches. Computed where the tensor
-    lives: numpy on the CPU, scatter_add on a device (no synchronisation)."""
-    x, _ = _prepare(t)
-    if isinstance(row, tuple):
-        lo, hi = fixed if fixed is not None else (row[MIN], row[MAX])
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            return np.zeros(bins, dtype=np.int64), (lo, hi)
-        if fixed is None and widen:
-            pad = (hi - lo) / 2 or 0.5
-            lo, hi = lo - pad, hi + pad
-        hi = hi if hi > lo else lo + 1.0
-        flat = _dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).numpy()
-        if fixed is not None:  # end bins are open: values outside the edges land there
-            flat = np.clip(flat[np.isfinite(flat)], lo, hi)
-        counts, _ = np.histogram(flat, bins=bins, range=(lo, hi))
-        return counts, (lo, hi)
-    acc = accumulate_dtype(x.device)
-    v = x.reshape(-1).to(acc)
-    lo_t, hi_t = fixed if fixed is not None else (row[MIN].to(acc), row[MAX].to(acc))
-    if fixed is None and widen:
-        pad = torch.where(hi_t > lo_t, (hi_t - lo_t) / 2, torch.full_like(hi_t, 0.5))
-        lo_t, hi_t = lo_t - pad, hi_t + pad
-    span = torch.where(hi_t > lo_t, hi_t - lo_t, torch.ones_like(hi_t))
-    idx = ((v - lo_t) / span * bins).floor().clamp(0, bins - 1).nan_to_num(0).long()
-    finite = torch.isfinite(v).to(acc)
-    on_device = torch.zeros(bins, dtype=acc, device=v.device).scatter_add_(0, idx, finite)
-    return on_device, (lo_t, hi_t)
+# a tensor measured as itself: a plain one or a plain parameter (a DTensor parameter's class is
+# DTensor's)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# add_whole: tensors of at most this many elements are measured together
+_TOGETHER = 1 << 14
 
 
 @dataclass(slots=True)
@@ -785,7 +766,9 @@ class _ChannelRow:
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
     """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
     float64 copy that finalize() brings over together with the others."""
-    x, _ = _prepare(t)
+    if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided:  # (a bias)
+        return [v if math.isfinite(v) else None for v in t.detach().reshape(-1).tolist()]
+    x, _ = real_valued(t)
     flat = x.reshape(-1).to(accumulate_dtype(x.device))
     if flat.is_cpu:
         return [finite_or_none(v) for v in flat.tolist()]

@@ -1,5 +1,6 @@
 """Small tensor helpers the statistics and their callers share: the dtype sums are kept in, a
-dtype's name, a finite float or None, a padded batch's real positions, per-position rows."""
+dtype's name, a finite float or None, a padded batch's real positions, per-position rows, any
+tensor as real-valued strided data, and a tensor's elements as one flat run."""
 
 from __future__ import annotations
 
@@ -71,3 +72,34 @@ def own_positions(massive: list[Any], own: list[list[int]], flat: bool) -> None:
             m.sequence, m.position = b, own[b][col]
         elif m.sequence is not None and m.position is not None:
             m.position = own[m.sequence][m.position]
+
+
+def real_valued(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+    """Map any tensor to a real-valued strided tensor with the same statistics meaning."""
+    note = None
+    if t.is_quantized:
+        t = t.dequantize()
+        note = "quantized: statistics of the dequantized values"
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_complex():
+        t = t.abs()
+        note = "complex: statistics of the magnitude"
+    return t.detach(), note
+
+
+def dense_flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor of exactly t's elements in memory order, copying only when t has gaps.
+
+    Statistics ignore element order, so a channels_last or permuted tensor that covers its
+    storage span densely is read in place.
+    """
+    if t.is_contiguous():
+        return t.reshape(-1)
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return t.contiguous().reshape(-1)
+        expected *= size
+    return t.as_strided((t.numel(),), (1,))
