@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torchvision
 
 from hookcli.engine.selection import module_entries, select
@@ -110,3 +111,57 @@ def test_parameter_counts_equal_each_modules_own_parameters() -> None:
     assert [e.params for e in module_entries(resnet)] == [
         count_params(m) for m in dict.fromkeys(resnet.modules())
     ]
+
+
+def _fields(entries) -> list[tuple[object, ...]]:  # type: ignore[no-untyped-def]
+    return [
+        (id(e.module), e.names, e.type, e.depth, e.leaf, e.own_params, e.params, e.unhookable)
+        for e in entries
+    ]
+
+
+def test_a_models_table_is_remembered_until_its_modules_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A warm loop pays a walk, not the table; any change to the modules, their names or
+    their parameters' shapes makes a new one, equal to one made from scratch."""
+    from hookcli.engine import selection
+
+    made: list[int] = []
+    original = selection._entries
+    monkeypatch.setattr(selection, "_entries", lambda m: made.append(1) or original(m))
+    model = torchvision.models.resnet18()
+    first = module_entries(model)
+    again = module_entries(model)
+    assert len(made) == 1 and _fields(again) == _fields(first)
+    assert again is not first and again[0] is not first[0]  # each caller's own entries
+
+    def changed() -> None:
+        got = module_entries(model)
+        assert _fields(got) == _fields(original(model))
+
+    model.fc = torch.nn.Linear(512, 7)  # a module replaced
+    changed()
+    model.layer1[0].conv1.weight = torch.nn.Parameter(torch.zeros(64, 64, 1, 1))  # a shape
+    changed()
+    model.extra = torch.nn.ReLU()  # a module added, then removed
+    changed()
+    del model.extra
+    changed()
+    assert len(made) == 5
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    assert module_entries(lazy)[1].params == 0
+    lazy(torch.zeros(2, 5))  # materialised: 5 * 3 + 3 parameters
+    assert module_entries(lazy)[1].params == 18
+
+
+def test_a_remembered_table_does_not_keep_its_model_alive() -> None:
+    import gc
+    import weakref
+
+    model = torchvision.models.resnet18()
+    module_entries(model)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

@@ -31,7 +31,7 @@ from hookcli.engine.measure import (
 from hookcli.engine.passes import deterministic_algorithms
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.probes import Measured, Probe
-from hookcli.engine.selection import count_params, dtype_of
+from hookcli.engine.selection import params_and_dtype
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -226,7 +226,7 @@ def _topk(topk: int | None, loaded: LoadedModel) -> int:
 def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None) -> ModelInfo:
     """The model's description; its parameter count taken now (after the forward, lazy
     parameters are materialised)."""
-    params = count_params(loaded.module)
+    params, dtype = params_and_dtype(loaded.module)
     return ModelInfo(
         loaded.name,
         loaded.spec,
@@ -235,7 +235,7 @@ def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None
         params,
         "train" if train else "eval",
         seed,
-        dtype_of(loaded.module),
+        dtype,
     )
 
 

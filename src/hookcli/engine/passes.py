@@ -355,12 +355,15 @@ def deterministic_algorithms(on: bool) -> Iterator[None]:
 def grads_left_as_found(params: Sequence[torch.Tensor]) -> Iterator[None]:
     """Parameters' .grad set to None for the run (so only this backward is read) and the
     user's own .grad objects put back after."""
-    saved = [(p, p.grad) for p in params]
+    saved = [(p, g) for p in params if (g := p.grad) is not None]  # (a write costs more)
     try:
-        for p in params:
+        for p, _ in saved:
             p.grad = None
         yield
     finally:
+        for p in params:
+            if p.grad is not None:
+                p.grad = None
         for p, g in saved:
             p.grad = g
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,12 +87,14 @@ def count_params(model: nn.Module) -> int:
     return sum(numel(p) for p in held(model)[0])
 
 
-def dtypes_held(model: nn.Module) -> tuple[str, list[str]]:
+def dtypes_held(
+    model: nn.Module, tensors: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+) -> tuple[str, list[str]]:
     """The floating-point dtype the model's parameters and buffers hold most of (by elements),
     and the others some of them keep (a checkpoint's keep-in-float32 modules); float32 for a
-    model with none."""
+    model with none. `tensors`: what `held(model)` gave, when the caller has it."""
     counts: dict[str, int] = {}
-    params, buffers = held(model)
+    params, buffers = held(model) if tensors is None else tensors
     for t in (*params, *buffers):
         if t.is_floating_point() and not is_lazy(t):
             name = str(t.dtype).removeprefix("torch.")
@@ -103,8 +107,15 @@ def dtypes_held(model: nn.Module) -> tuple[str, list[str]]:
 
 def dtype_of(model: nn.Module) -> str:
     """dtypes_held in words: `bfloat16 (float32 in some tensors)`."""
-    main, others = dtypes_held(model)
-    return main + (f" ({', '.join(others)} in some tensors)" if others else "")
+    return params_and_dtype(model)[1]
+
+
+def params_and_dtype(model: nn.Module) -> tuple[int, str]:
+    """count_params and dtype_of from one walk of the model."""
+    tensors = held(model)
+    main, others = dtypes_held(model, tensors)
+    words = main + (f" ({', '.join(others)} in some tensors)" if others else "")
+    return sum(numel(p) for p in tensors[0]), words
 
 
 def has_lazy(model: nn.Module) -> bool:
@@ -176,7 +187,76 @@ def _unhookable(module: nn.Module, parent: ModuleEntry | None) -> str | None:
 
 
 def module_entries(model: nn.Module) -> list[ModuleEntry]:
-    """Every distinct module in registration order, with all the names it is reachable by."""
+    """Every distinct module in registration order, with all the names it is reachable by.
+    Remembered for a model whose modules, their names and their parameters' shapes are as
+    they were (`_fingerprint`): a warm loop calling the API pays a cheap walk, not the table.
+    What is remembered holds no module: the model is freed as if it had never been seen."""
+    print_, walked = _fingerprint(model)
+    kept = _KEPT.get(model)
+    if kept is not None and kept[0] == print_:
+        return [
+            ModuleEntry(
+                walked[k],
+                list(names),
+                kind,
+                depth,
+                leaf,
+                own,
+                params,
+                unhookable,
+                [(walked[j], attr) for j, attr in places],
+            )
+            for k, names, (kind, depth, leaf, own, params, unhookable), places in kept[1]
+        ]
+    entries = _entries(model)
+    at = {id(m): k for k, m in enumerate(walked)}
+    rows = [
+        (
+            at[id(e.module)],
+            tuple(e.names),
+            (e.type, e.depth, e.leaf, e.own_params, e.params, e.unhookable),
+            tuple((at[id(parent)], attr) for parent, attr in e.places),
+        )
+        for e in entries
+    ]
+    _KEPT[model] = (print_, rows)
+    return entries
+
+
+_Fields = tuple[str, int, bool, int, int, str | None]  # ModuleEntry's, from type to unhookable
+_Row = tuple[int, tuple[str, ...], _Fields, tuple[tuple[int, str], ...]]
+# each model's last module table, as the fingerprint it was made for and each entry's fields
+# with its module (and the parents of its places) as places in the fingerprint's walk
+_KEPT: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], list[_Row]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _fingerprint(model: nn.Module) -> tuple[tuple[Any, ...], list[nn.Module]]:
+    """What the module table is made of — each module's class and identity, its children's
+    names, its parameters' names, identities and shapes (a lazy one's shape changes when it
+    is materialised), in walk order — and each distinct module in that order. The modules
+    are alive while the caller holds the list, so no identity in it is reused meanwhile."""
+    out: list[Any] = []
+    walked: list[nn.Module] = []
+    stack, seen = [model], set()
+    while stack:
+        module = stack.pop()
+        out += (type(module), id(module))
+        if id(module) in seen:  # an alias (or a cycle, which the table's walk refuses)
+            continue
+        seen.add(id(module))
+        walked.append(module)
+        for name, child in module._modules.items():
+            out.append(name)
+            if child is not None:
+                stack.append(child)
+        for name, p in module._parameters.items():
+            out += (name, None) if p is None else (name, id(p), is_lazy(p) or p.shape)
+    return tuple(out), walked
+
+
+def _entries(model: nn.Module) -> list[ModuleEntry]:
     by_id: dict[int, ModuleEntry] = {}
     for name, module, parent in walk(model):
         entry = by_id.get(id(module))
