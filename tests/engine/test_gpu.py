@@ -230,3 +230,46 @@ def test_memory_on_cuda_reads_allocator_peaks_without_synchronising() -> None:
     assert calls and all(m.peak_bytes is not None and m.peak_bytes > 0 for m in calls)
     assert max(m.peak_bytes or 0 for m in calls) <= mem.measured_peak
     assert sum(1 for m in calls if m.saved_bytes) > len(calls) // 2
+
+
+@needs_cuda
+def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: a CUDA float tensor's row is the Triton kernel's (one read, at most two
+    launches, engine/_triton.py), with no host synchronisation, equal to float64 torch and
+    bitwise the same when measured again; integers still go to torch ops."""
+    pytest.importorskip("triton")
+    from hookcli.engine import _triton
+    from hookcli.engine.stats import StatsCollector
+
+    launched: list[int] = []
+    original = _triton.row
+    monkeypatch.setattr(_triton, "row", lambda x, **k: launched.append(1) or original(x, **k))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dirty = torch.randn(3 * 4096 + 5, device="cuda", generator=g)
+    dirty[::97] = float("nan")
+    dirty[::5] = 0.0
+    cases = [
+        dirty,
+        torch.randn((1 << 22) + 12345, device="cuda", generator=g) * 1e-3 + 1000,  # > a chunk
+        torch.randn(5000, device="cuda", generator=g).bfloat16(),
+        torch.randn(64, 7, device="cuda", generator=g).half().t(),  # gapped: copied dense
+        torch.randn(100, device="cuda", generator=g, dtype=torch.float64),
+        torch.full((9000,), 0.1, device="cuda"),
+        torch.randint(0, 5, (100,), device="cuda"),
+    ]
+    rows = []
+    for _ in range(2):
+        c = StatsCollector()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = [c.add(t, f"x{k}") for k, t in enumerate(cases)]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        c.finalize()
+        rows.append(got)
+    assert len(launched) == 2 * 6  # every float case, twice; the integers by torch ops
+    for t, first, second in zip(cases, *rows, strict=True):
+        assert_stats_match(first, t.cpu())
+        assert first == second  # every figure, exactly

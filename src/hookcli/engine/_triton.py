@@ -1,0 +1,138 @@
+"""The fused statistics kernel on CUDA (Triton): one read of a tensor, in its own dtype.
+
+Every whole-tensor statistic of a row (engine/statrow.py) — count of finite elements, mean,
+population variance, min, max, zeros, NaN, Inf, norm — from one read of the data, instead of
+the dozen torch ops of stats._torch_row (each a launch, each a read of the tensor):
+
+1. `_blocks`: each program reads BLOCK elements, widens them to float64 in registers and
+   writes its block's nine numbers: finite count, sum, the sum of squares centred on the
+   block's own mean (so no cancellation however large the mean), sum of squares, min, max,
+   zeros, NaN, Inf. A tensor of at most BLOCK elements is finished by this one program.
+2. `_merge`: one program walks the blocks in order, a chunk at a time, and combines them
+   (Chan's pairwise update: M2 = Σ M2_b + Σ n_b (mean_b - mean)²) into the row.
+
+No atomics and a fixed order everywhere: the figures are bitwise the same run to run. Sums
+accumulate in float64, as on every other path, so the row agrees with float64 torch to
+rounding. Triton's interpreter (TRITON_INTERPRET=1, set before this module is imported) runs
+the same kernels on CPU tensors: the tests check them on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 4096  # elements a program of _blocks reads
+CHUNK = 1024  # blocks _merge combines at a time
+_PART = 9  # numbers a block writes (see _blocks)
+_ROW = 9  # count, mean, var, min, max, zeros, nan, inf, norm
+
+
+@triton.jit
+def _blocks(  # noqa: PLR0917 (Triton: positional arguments)
+    x_ptr, part_ptr, row_ptr, n, FINAL: tl.constexpr, BLOCK: tl.constexpr
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    v = tl.load(x_ptr + offs, mask=inside, other=0).to(tl.float64)
+    nan = inside & (v != v)  # noqa: PLR0124 (NaN is the value unequal to itself)
+    inf = inside & ((v == float("inf")) | (v == -float("inf")))
+    finite = inside & ~nan & ~inf
+    w = tl.where(finite, v, 0.0)
+    count = tl.sum(finite.to(tl.float64), axis=0)
+    s = tl.sum(w, axis=0)
+    mean = s / tl.maximum(count, 1.0)
+    d = tl.where(finite, v - mean, 0.0)
+    m2 = tl.sum(d * d, axis=0)
+    q = tl.sum(w * w, axis=0)
+    mn = tl.min(tl.where(finite, v, float("inf")), axis=0)
+    mx = tl.max(tl.where(finite, v, -float("inf")), axis=0)
+    zeros = tl.sum((inside & (v == 0.0)).to(tl.float64), axis=0)
+    n_nan = tl.sum(nan.to(tl.float64), axis=0)
+    n_inf = tl.sum(inf.to(tl.float64), axis=0)
+    if FINAL:  # the whole tensor was this block: its row
+        _store_row(row_ptr, count, s / count, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
+    else:
+        base = part_ptr + pid.to(tl.int64) * 9
+        tl.store(base + 0, count)
+        tl.store(base + 1, s)
+        tl.store(base + 2, m2)
+        tl.store(base + 3, q)
+        tl.store(base + 4, mn)
+        tl.store(base + 5, mx)
+        tl.store(base + 6, zeros)
+        tl.store(base + 7, n_nan)
+        tl.store(base + 8, n_inf)
+
+
+@triton.jit
+def _store_row(  # noqa: PLR0917 (Triton: positional arguments)
+    row_ptr, count, mean, var, mn, mx, zeros, n_nan, n_inf, q
+):
+    # a constant, exactly: its value the mean, variance 0, norm |value|·√count (the sums
+    # carry rounding); no finite element: the sums' 0/0 stays NaN (the row's count says so)
+    constant = mn == mx
+    tl.store(row_ptr + 0, count)
+    tl.store(row_ptr + 1, tl.where(constant, mn, mean))
+    tl.store(row_ptr + 2, tl.where(constant, 0.0, tl.maximum(var, 0.0)))
+    tl.store(row_ptr + 3, mn)
+    tl.store(row_ptr + 4, mx)
+    tl.store(row_ptr + 5, zeros)
+    tl.store(row_ptr + 6, n_nan)
+    tl.store(row_ptr + 7, n_inf)
+    tl.store(row_ptr + 8, tl.where(constant, tl.abs(mn) * tl.sqrt(count), tl.sqrt(q)))
+
+
+@triton.jit
+def _merge(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
+    count = tl.zeros((), tl.float64)
+    s = tl.zeros((), tl.float64)
+    q = tl.zeros((), tl.float64)
+    zeros = tl.zeros((), tl.float64)
+    n_nan = tl.zeros((), tl.float64)
+    n_inf = tl.zeros((), tl.float64)
+    mn = tl.full((), float("inf"), tl.float64)
+    mx = tl.full((), -float("inf"), tl.float64)
+    for start in range(0, blocks, CHUNK):  # in order: the same sums every run
+        b = start + tl.arange(0, CHUNK)
+        base = part_ptr + b.to(tl.int64) * 9
+        there = b < blocks
+        count += tl.sum(tl.load(base + 0, mask=there, other=0.0), axis=0)
+        s += tl.sum(tl.load(base + 1, mask=there, other=0.0), axis=0)
+        q += tl.sum(tl.load(base + 3, mask=there, other=0.0), axis=0)
+        mn = tl.minimum(mn, tl.min(tl.load(base + 4, mask=there, other=float("inf")), axis=0))
+        mx = tl.maximum(mx, tl.max(tl.load(base + 5, mask=there, other=-float("inf")), axis=0))
+        zeros += tl.sum(tl.load(base + 6, mask=there, other=0.0), axis=0)
+        n_nan += tl.sum(tl.load(base + 7, mask=there, other=0.0), axis=0)
+        n_inf += tl.sum(tl.load(base + 8, mask=there, other=0.0), axis=0)
+    mean = s / count
+    m2 = tl.zeros((), tl.float64)
+    for start in range(0, blocks, CHUNK):  # Chan: each block's M2 moved to the whole's mean
+        b = start + tl.arange(0, CHUNK)
+        base = part_ptr + b.to(tl.int64) * 9
+        there = b < blocks
+        n_b = tl.load(base + 0, mask=there, other=0.0)
+        s_b = tl.load(base + 1, mask=there, other=0.0)
+        m2_b = tl.load(base + 2, mask=there, other=0.0)
+        gap = tl.where(n_b > 0, s_b / tl.maximum(n_b, 1.0) - mean, 0.0)
+        m2 += tl.sum(m2_b + n_b * gap * gap, axis=0)
+    _store_row(row_ptr, count, mean, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
+
+
+def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Tensor:
+    """The row of x (non-empty, floating point, contiguous) as 9 float64 numbers on x's
+    device: one launch for a tensor of at most `block` elements, two for any other. (The
+    sizes, powers of two, are for the tests: small ones walk many chunks of few elements.)"""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    out = torch.empty(_ROW, dtype=torch.float64, device=x.device)
+    blocks = triton.cdiv(n, block)
+    if blocks == 1:
+        _blocks[(1,)](flat, out, out, n, FINAL=True, BLOCK=block)
+        return out
+    parts = torch.empty(blocks * _PART, dtype=torch.float64, device=x.device)
+    _blocks[(blocks,)](flat, parts, out, n, FINAL=False, BLOCK=block)
+    _merge[(1,)](parts, out, blocks, CHUNK=chunk)
+    return out
