@@ -35,7 +35,11 @@ def fused_row(x: torch.Tensor) -> torch.Tensor | None:
     if kernels is None:
         return None
     try:
-        row: torch.Tensor = kernels.row(dense_flat(x))
+        if x.device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(x.device):  # Triton launches on the current device
+                row: torch.Tensor = kernels.row(dense_flat(x))
+        else:
+            row = kernels.row(dense_flat(x))
     except Exception:  # e.g. a device Triton cannot compile for
         _broken[0] = True
         return None
