@@ -218,7 +218,11 @@ def claimed_params(targets: Sequence[Target]) -> dict[str, list[tuple[str, torch
     by_name: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
     for t in sorted(targets, key=lambda t: -depth_of("" if t.name == ROOT_LABEL else t.name)):
         own = []
-        for name, p in t.module.named_parameters():
+        module = t.module
+        leaf = not module._modules  # (its own parameters: no generator over the tree)
+        for name, p in module._parameters.items() if leaf else module.named_parameters():
+            if p is None:
+                continue
             if id(p) not in claimed:
                 claimed.add(id(p))
                 own.append((name, p))
