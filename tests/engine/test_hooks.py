@@ -86,3 +86,69 @@ def test_an_input_callback_that_raises_leaves_the_arguments_alone() -> None:
     assert torch.equal(got, expected), "the module ran on its own arguments"
     (call,) = [p.call for p in session.calls]
     assert call.error == "could not replace the inputs: no reference input for this call"
+
+
+class Reuses(nn.Module):
+    """A module called twice, a tensor given by keyword only, a module with a pre-hook of the
+    user's that changes its input, and a module of another model called inside the forward."""
+
+    def __init__(self, other: nn.Module) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+        self.inner = TakesAnything()
+        self.scaled = nn.Linear(4, 4)
+        self.scaled.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+        object.__setattr__(self, "other", other)  # not a child: another model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.fc(x))
+        y = self.act(y - 0.1)
+        y = self.scaled(y)
+        self.other(y)
+        return self.inner(y, extra=y * 2)  # type: ignore[no-any-return]
+
+
+def _calls(model: Reuses, dense: bool) -> list[tuple[object, ...]]:
+    targets = [
+        Target(m, name, [name], type(m).__name__)
+        for name, m in model.named_modules()
+        if name and name != "inner"  # the container's child inner.fc stays, inner does not
+    ] + [Target(model.inner, "inner", ["inner"], "TakesAnything")]
+    collector = StatsCollector(backend="torch")
+    session = HookSession(targets, collector, dense=dense)
+    with torch.no_grad(), session:
+        # every target but the one with the user's hook goes through the process-wide pair
+        assert len(session._dispatched) == (len(targets) - 1 if dense else 0)
+        model(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+    collector.finalize()
+    return [
+        (
+            p.call.name,
+            p.call.call,
+            p.finished,
+            [(t.path, t.shape, t.mean, t.max) for t in p.call.inputs],
+            [(t.path, t.shape, t.mean, t.max) for t in p.call.outputs],
+        )
+        for p in session.calls
+    ]
+
+
+def test_process_wide_dispatch_records_what_hooks_on_each_module_record() -> None:
+    """Issue 52: a dense selection hooked through one process-wide pair of hooks records every
+    call as hooks on each module do (reused modules, keyword-only tensors, the order calls
+    return); a module with a hook of the user's keeps hooks of its own, so the input hookcli
+    measures is still the one the user's hook made; another model's modules called meanwhile
+    are not recorded; nothing is left behind."""
+    other = nn.Linear(4, 2)
+    model = Reuses(other)
+    dense, each = _calls(model, True), _calls(model, False)
+    assert dense == each
+    names = [c[0] for c in dense]
+    assert names.count("act") == 2 and "scaled" in names and "inner" in names
+    scaled = next(c for c in dense if c[0] == "scaled")
+    relu_out = next(c for c in dense if c[0] == "act" and c[1] == 1)[4][0]
+    assert scaled[3][0][3] == pytest.approx(relu_out[3] * 10)  # the user's hook ran first
+    inner = next(c for c in dense if c[0] == "inner")
+    assert [t[0] for t in inner[3]] == ["in[0]", 'in["extra"]']  # the keyword-only tensor too
+    assert hooks_left(model) == 1 and hooks_left(other) == 0  # the user's own hook alone

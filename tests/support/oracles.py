@@ -15,13 +15,22 @@ from hookcli.tree import iter_tensors
 
 
 def hooks_left(model: nn.Module) -> int:
-    """How many hooks of any kind remain on any module of model."""
-    return sum(
-        len(m._forward_hooks)
-        + len(m._forward_pre_hooks)
-        + len(m._backward_hooks)
-        + len(getattr(m, "_backward_pre_hooks", {}))
-        for m in model.modules()
+    """How many hooks of any kind remain on any module of model, process-wide module hooks,
+    and marks a module keeps for a hook it no longer holds (a process-wide pre-hook given
+    keyword arguments)."""
+    from torch.nn.modules import module as torch_module
+
+    return (
+        sum(
+            len(m._forward_hooks)
+            + len(m._forward_pre_hooks)
+            + len(m._backward_hooks)
+            + len(getattr(m, "_backward_pre_hooks", {}))
+            + len(set(m._forward_pre_hooks_with_kwargs) - set(m._forward_pre_hooks))
+            for m in model.modules()
+        )
+        + len(torch_module._global_forward_hooks)
+        + len(torch_module._global_forward_pre_hooks)
     )
 
 
