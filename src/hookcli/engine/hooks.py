@@ -259,7 +259,8 @@ class HookSession:
         chosen = []
         for i, target in enumerate(self.targets):
             module = target.module
-            if target.places or module._forward_pre_hooks or module._forward_hooks:
+            marks = getattr(module, "_forward_pre_hooks_with_kwargs", None)
+            if target.places or marks is None or module._forward_pre_hooks or module._forward_hooks:
                 continue
             pres[id(module)] = self._pre_hook(i)
             posts[id(module)] = self._post_hook(i)
