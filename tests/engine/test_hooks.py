@@ -4,6 +4,7 @@ a note on the call."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from hookcli.engine.hooks import HookSession, PendingCall, Target
+from hookcli.engine.hooks import HookSession, PendingCall, Target, holds_compiled
 from hookcli.engine.stats import StatsCollector
 from tests.support.oracles import hooks_left
 
@@ -99,12 +100,14 @@ class Reuses(nn.Module):
         self.inner = TakesAnything()
         self.scaled = nn.Linear(4, 4)
         self.scaled.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+        self.copied = nn.Linear(4, 4)
         object.__setattr__(self, "other", other)  # not a child: another model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.act(self.fc(x))
         y = self.act(y - 0.1)
         y = self.scaled(y)
+        y = copy.copy(self.copied)(y)  # a shallow copy (DataParallel's replicas): its hooks too
         self.other(y)
         return self.inner(y, extra=y * 2)  # type: ignore[no-any-return]
 
@@ -145,10 +148,19 @@ def test_process_wide_dispatch_records_what_hooks_on_each_module_record() -> Non
     dense, each = _calls(model, True), _calls(model, False)
     assert dense == each
     names = [c[0] for c in dense]
-    assert names.count("act") == 2 and "scaled" in names and "inner" in names
+    assert names.count("act") == 2 and {"scaled", "inner", "copied"} <= set(names)
     scaled = next(c for c in dense if c[0] == "scaled")
     relu_out = next(c for c in dense if c[0] == "act" and c[1] == 1)[4][0]
     assert scaled[3][0][3] == pytest.approx(relu_out[3] * 10)  # the user's hook ran first
     inner = next(c for c in dense if c[0] == "inner")
     assert [t[0] for t in inner[3]] == ["in[0]", 'in["extra"]']  # the keyword-only tensor too
     assert hooks_left(model) == 1 and hooks_left(other) == 0  # the user's own hook alone
+
+
+def test_a_compiled_module_keeps_hooks_on_each_module() -> None:
+    """dynamo guards on process-wide hooks: a model with a compiled part is not dispatched."""
+    plain, compiled, wrapped = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)
+    compiled.compile()
+    assert not holds_compiled([plain])
+    assert holds_compiled([plain, compiled])
+    assert holds_compiled([torch.compile(wrapped)])

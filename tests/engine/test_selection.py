@@ -148,7 +148,12 @@ def test_a_models_table_is_remembered_until_its_modules_change(
     changed()
     del model.extra
     changed()
-    assert len(made) == 5
+    model.register_module("gap", None)  # an empty place …
+    changed()
+    model.gap, model.fc = model.fc, None  # … the module moved there, its own place emptied
+    changed()
+    assert [e.names for e in module_entries(model) if e.type == "Linear"] == [["gap"]]
+    assert len(made) == 7
     lazy = torch.nn.Sequential(torch.nn.LazyLinear(3))
     assert module_entries(lazy)[1].params == 0
     lazy(torch.zeros(2, 5))  # materialised: 5 * 3 + 3 parameters

@@ -236,9 +236,12 @@ def test_tensors_measured_together_match_the_oracle(
         monkeypatch.setattr(stats_mod.kernels(), "segments", counted)
     items = [(t, name) for name, t in CASES.items()]
     items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (items[0][0], "again")]
+    sparse = torch.nn.Parameter(torch.eye(3).to_sparse_csr(), requires_grad=False)
     together = StatsCollector(backend=backend)
     got = together.add_whole(items)
+    [csr] = together.add_whole([(sparse, "sparse")])  # measured alone, as add() measures it
     together.finalize()
+    assert (csr.numel, csr.mean, csr.zeros) == (9, pytest.approx(1 / 3), pytest.approx(2 / 3))
     assert calls == (1 if backend == "kernel" else 0)
     for (t, name), stats in zip(items, got, strict=True):
         alone = StatsCollector(backend=backend)

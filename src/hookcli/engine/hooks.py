@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -228,7 +228,7 @@ class HookSession:
         self._restores: list[tuple[nn.Module, str, nn.Module, nn.Module]] = []
         self.dense = dense
         self._dispatched: set[int] = set()  # targets hooked through the process-wide pair
-        self._keyed: tuple[int, list[nn.Module]] | None = None
+        self._keyed: tuple[int, list[dict[int, bool]]] | None = None
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
         self._started_by: GradKey | None = None  # the last output gradient
         # `readers` (inspect/grads: origins): before backward the pass calls count_readers;
@@ -249,43 +249,59 @@ class HookSession:
         return self
 
     def _dispatch(self) -> None:
-        """Hook most targets through one process-wide pre-hook and forward hook that look
-        the module up by identity, instead of two hooks registered on each (issue 52: the
-        registration and removal cost more than running them). A target that holds hooks of
-        its own (a parallel style's, FSDP's, the user's) or is scripted keeps hooks on itself,
-        so that its hooks and hookcli's run in the order they always did."""
+        """Hook most targets through one process-wide pre-hook and forward hook, instead of
+        two hooks registered on each (issue 52: the registration and removal cost more than
+        running them). A target that holds hooks of its own (a parallel style's, FSDP's, the
+        user's) or is TorchScript keeps hooks on itself, so that its hooks and hookcli's run
+        in the order they always did, and a scripted one is refused as before.
+
+        The pair finds a call's target by the module's dict of keyword-taking pre-hooks: a
+        shallow copy of the module (`copy.copy`, DataParallel's replicas) shares it, as it
+        shares hooks registered on the module, and is measured as the module, as it was."""
         pres: dict[int, Callable[..., Any]] = {}
         posts: dict[int, Callable[..., Any]] = {}
         chosen = []
         for i, target in enumerate(self.targets):
             module = target.module
             marks = getattr(module, "_forward_pre_hooks_with_kwargs", None)
-            if target.places or marks is None or module._forward_pre_hooks or module._forward_hooks:
+            if (
+                target.places
+                or marks is None
+                or module._forward_pre_hooks
+                or module._forward_hooks
+                or isinstance(module, torch.jit.ScriptModule)
+            ):
                 continue
-            pres[id(module)] = self._pre_hook(i)
-            posts[id(module)] = self._post_hook(i)
-            chosen.append(module)
+            pres[id(marks)] = self._pre_hook(i)
+            posts[id(marks)] = self._post_hook(i)
+            chosen.append((i, marks))
         if not chosen:
             return
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: Any = None) -> Any:
-            hook = pres.get(id(module))
+            try:
+                hook = pres.get(id(module._forward_pre_hooks_with_kwargs))
+            except AttributeError:
+                return None
             return None if hook is None else hook(module, args, kwargs)
 
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            hook = posts.get(id(module))
+            try:
+                hook = posts.get(id(module._forward_pre_hooks_with_kwargs))
+            except AttributeError:
+                return
             if hook is not None:
                 hook(module, args, output)
 
         handle = _module_hooks.register_module_forward_pre_hook(pre)
-        # each chosen module is handed its keyword arguments too (a global pre-hook gets
-        # them where the module lists the hook's id as one that takes them)
-        self._keyed = (handle.id, chosen)
-        for module in chosen:
-            module._forward_pre_hooks_with_kwargs[handle.id] = True
-        self._handles.append(handle)
+        self._handles.append(handle)  # (removed whatever happens next)
+        # each chosen module is handed its keyword arguments too (a process-wide pre-hook
+        # gets them where the module lists the hook's id as one that takes them)
+        self._keyed = (handle.id, [marks for _, marks in chosen])
+        for _, marks in chosen:
+            marks[handle.id] = True
         self._handles.append(_module_hooks.register_module_forward_hook(post))
-        self._dispatched = {i for i, t in enumerate(self.targets) if id(t.module) in pres}
+        self._dispatched = {i for i, _ in chosen}
 
     def _hook(self, i: int, target: Target) -> None:
         """Both hooks on one module; a module that refuses hooks (TorchScript, docs/traps.md
@@ -349,9 +365,9 @@ class HookSession:
             handle.remove()
         self._handles.clear()
         if self._keyed is not None:
-            key, modules = self._keyed
-            for module in modules:
-                module._forward_pre_hooks_with_kwargs.pop(key, None)
+            key, marked = self._keyed
+            for marks in marked:
+                marks.pop(key, None)
             self._keyed = None
         self._dispatched = set()
         while self._restores:  # the scripted modules back in their places
@@ -609,14 +625,20 @@ class HookSession:
         return post_hook
 
 
+def holds_compiled(modules: Iterable[nn.Module]) -> bool:
+    """Whether any of the modules runs through torch.compile (`module.compile()`, or the
+    OptimizedModule wrapper `torch.compile(module)` makes): dynamo guards on process-wide hooks
+    and traces them, so a pass over such a model keeps hooks on each selected module."""
+    return any(
+        getattr(m, "_compiled_call_impl", None) is not None or "_orig_mod" in m._modules
+        for m in modules
+    )
+
+
 def _can_dispatch() -> bool:
     """Whether this torch hands a process-wide pre-hook a module's keyword arguments where
-    the module lists the hook (`_forward_pre_hooks_with_kwargs`, torch 2.0 on), and no
-    compiled code is being traced (dynamo guards on the process-wide hooks)."""
-    if not hasattr(nn.Module(), "_forward_pre_hooks_with_kwargs"):
-        return False
-    dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is None or not dynamo.is_compiling()
+    the module lists the hook (`_forward_pre_hooks_with_kwargs`, torch 2.0 on)."""
+    return hasattr(nn.Module(), "_forward_pre_hooks_with_kwargs")
 
 
 def grad_key(grad: torch.Tensor) -> GradKey | None:

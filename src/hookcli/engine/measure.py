@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hookcli.engine.hooks import HookSession, Target, measure
+from hookcli.engine.hooks import HookSession, Target, holds_compiled, measure
 from hookcli.engine.layout import LayoutOf
 from hookcli.engine.origins import find_origins, number_backward
 from hookcli.engine.passes import hooked_pass
@@ -81,7 +81,8 @@ def measured_pass(
             saver=armed.saver,
             readers=backward,
             memory=armed.memory,
-            dense=2 * len(prepared.targets) >= len(prepared.entries),
+            dense=2 * len(prepared.targets) >= len(prepared.entries)
+            and not holds_compiled(e.module for e in prepared.entries),
         )
         rows = (
             None if images is None else nonfinite_rows(model_input.forward_values(), images, "in")

@@ -248,7 +248,7 @@ def _fingerprint(model: nn.Module) -> tuple[tuple[Any, ...], list[nn.Module]]:
         seen.add(id(module))
         walked.append(module)
         for name, child in module._modules.items():
-            out.append(name)
+            out += (name, child is None)
             if child is not None:
                 stack.append(child)
         for name, p in module._parameters.items():

@@ -251,6 +251,19 @@ def _row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = 
     return _finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
 
 
+def _rows_together(
+    tensors: Sequence[tuple[torch.Tensor, str]], group: list[int], rows: list[Any], ks: Kernels
+) -> None:
+    """The rows of tensors[k] for k in group, from one copy and one kernel call."""
+    flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in group]).numpy()
+    starts = np.zeros(len(group) + 1, dtype=np.int64)
+    np.cumsum([tensors[k][0].numel() for k in group], out=starts[1:])
+    sums = np.empty((len(group), 7), dtype=np.float64)
+    ks.segments(flat, starts, sums)
+    for j, k in enumerate(group):
+        rows[k] = _row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+
+
 def _finish(
     count: float,
     s: float,
@@ -402,17 +415,19 @@ class StatsCollector:
             if type(t) in _PLAIN
             and t.dtype is torch.float32
             and t.is_cpu
+            and t.layout is torch.strided
             and 0 < t.numel() <= _TOGETHER
             and t.is_contiguous()
         ]
         if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
-            flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in picked]).numpy()
-            starts = np.zeros(len(picked) + 1, dtype=np.int64)
-            np.cumsum([tensors[k][0].numel() for k in picked], out=starts[1:])
-            sums = np.empty((len(picked), 7), dtype=np.float64)
-            ks.segments(flat, starts, sums)
-            for j, k in enumerate(picked):
-                rows[k] = _row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+            start = 0
+            while start < len(picked):  # a bounded copy at a time
+                end, size = start, 0
+                while end < len(picked) and size < _TOGETHER * 64:
+                    size += tensors[picked[end]][0].numel()
+                    end += 1
+                _rows_together(tensors, picked[start:end], rows, ks)
+                start = end
         return [
             self.add(t, path, positions=False, given=row)
             for (t, path), row in zip(tensors, rows, strict=True)
