@@ -11,6 +11,7 @@ from types import ModuleType
 import torch
 
 from hookcli.engine.tensorbits import dense_flat
+from hookcli.runtime import preload
 
 # the dtypes the kernel reads as they are (others go to torch ops: integers, bool, float8)
 _READ = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -30,6 +31,8 @@ def fused_row(x: torch.Tensor) -> torch.Tensor | None:
     """x's row (9 float64 numbers on its device, no synchronisation) when x is a non-empty
     CUDA tensor of a floating dtype the kernel reads; else None."""
     if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or _broken[0]:
+        return None
+    if preload.kept_off():  # HOOKCLI_STATS=torch: the torch-ops statistics everywhere
         return None
     kernels = _kernels()
     if kernels is None:
