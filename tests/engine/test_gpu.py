@@ -273,3 +273,30 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     for t, first, second in zip(cases, *rows, strict=True):
         assert_stats_match(first, t.cpu())
         assert first == second  # every figure, exactly
+
+
+@needs_cuda
+def test_diff_on_the_device_reads_each_reference_tensor_where_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52 item 3: side by side on CUDA, the compared side's sums are measured on the
+    device against the reference's tensor itself (no host copy, no spill), and the report
+    holds every call with finite figures."""
+    from hookcli.commands.diff import diff_report, ondevice, parse_side
+    from hookcli.commands.diff.measure import Spill
+    from hookcli.options import InputOptions, ModelOptions, Selection
+
+    measured: list[int] = []
+    original = ondevice.sums
+    monkeypatch.setattr(ondevice, "sums", lambda a, b: measured.append(1) or original(a, b))
+    monkeypatch.setattr(Spill, "write", lambda *a: pytest.fail("written to the spill"))
+    report = diff_report(
+        ModelOptions("resnet18", device="cuda"),
+        Selection(),
+        InputOptions(specs=("randn:2x3x64x64",)),
+        parse_side("float32", "--a"),
+        parse_side("bfloat16", "--b"),
+        own=False,
+    )
+    assert measured and report.calls
+    assert all(c.b[0].rel_l2 is not None and c.b[0].rel_l2 < 0.5 for c in report.calls)

@@ -383,3 +383,73 @@ def test_a_round_that_moves_nothing_breaks_the_exchange() -> None:
 
     lockstep._as_greenlets(greenlet, [lambda: stuck(0), lambda: stuck(1)], cv, exchange)
     assert exchange.broken == "the passes could not take turns" and sorted(ended) == [0, 1]
+
+
+class Overflows(nn.Module):
+    """Each layer multiplies by 100: float16 overflows from the third on (65504), and the
+    second layer's NaN (a log of a negative, on both sides) is the reference's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        for lin in self.layers:
+            nn.init.eye_(lin.weight)
+            lin.weight.data *= 100.0
+            nn.init.zeros_(lin.bias)
+        self.log = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers[0](x)
+        h = self.log(torch.log(h - 150.0))  # NaN where h < 150: the same on both sides
+        for lin in self.layers[1:]:
+            h = lin(torch.nan_to_num(h, nan=1.0))
+        return h
+
+
+def _close(a: Any, b: Any, where: str = "") -> None:
+    """Two reports' JSON alike: every number to rounding, everything else exactly."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and not isinstance(a, bool):
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.parametrize(
+    ("model", "kw"),
+    [
+        (CHAIN, {}),
+        (CHAIN, {"isolate": True}),
+        (CHAIN, {"b": "float16", "ref": parse_side("float64", "--ref")}),
+        (f"{__file__}:Overflows", {"b": "float16", "specs": ("ones:2x8",)}),
+    ],
+    ids=["own", "isolate", "ref", "not finite"],
+)
+def test_sums_read_where_the_tensors_are_equal_the_host_arrays(
+    model: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch, spilled: list[Any]
+) -> None:
+    """Issue 52 item 3: on CUDA the compared side reads the reference's tensor where it is
+    and keeps the sums there until the pass ends (commands/diff/ondevice.py). Forced here on
+    the CPU, that path gives the host arrays' report: every figure to rounding, the notes on
+    NaN/Inf and overflow word for word, the model output's per-position errors."""
+    from hookcli.commands.diff import ondevice
+
+    host = _report(model, **dict(kw)).to_dict()
+    measured: list[int] = []
+    original = ondevice.sums
+    monkeypatch.setattr(ondevice, "on_device", lambda t: True)
+    monkeypatch.setattr(ondevice, "sums", lambda a, b: measured.append(1) or original(a, b))
+    there = _report(model, **dict(kw)).to_dict()
+    assert measured and spilled == []  # side by side, read where the tensors were
+    _close(host, there)
+    if model != CHAIN:
+        notes = {c["name"]: c["b"][0]["note"] for c in there["calls"]}
+        overflow = "overflow: the reference's max |x| 1e+06 exceeds float16's 65504"
+        assert notes["layers.3"] == overflow

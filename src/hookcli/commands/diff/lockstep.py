@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from hookcli.commands.diff.measure import Compared, Key, Lookup, as_array
+from hookcli.commands.diff.measure import Compared, Key, Lookup, kept
 from hookcli.commands.diff.passes import compared_pass, reference_pass
 from hookcli.commands.diff.sides import Compile, SideRun
 from hookcli.engine.stats import kernel_threads, use_kernel_threads
@@ -90,7 +90,7 @@ class Exchange:
         self.moves = 0  # a pass took the turn, or the state changed: progress (greenlets)
         self._isolate = list(isolate)
         self._unchanged = unchanged
-        self._slot: tuple[tuple[str, int, str], dict[str, np.ndarray[Any, Any]]] | None = None
+        self._slot: tuple[Key, dict[str, np.ndarray[Any, Any] | torch.Tensor]] | None = None
         self._waiting: set[int] = set()  # the passes yet to read the slot
         self._ended: set[int] = set()  # compared passes that are over
         self._over = False  # the reference pass is over
@@ -167,7 +167,7 @@ class Exchange:
     def put(self, name: str, call: int, kind: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
         if self._foreign(REFERENCE):
             return
-        arrays = {path: as_array(t) for path, t in tensors}
+        arrays = {path: kept(t) for path, t in tensors}
         with self._cv:
             key = (name, call, kind)
             if key in self._posted:

@@ -21,12 +21,20 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hookcli.commands.diff import ondevice
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
 from hookcli.sources.model import LoadedModel
 
 Key = tuple[str, int, str]  # (layer name, call, tensor path: "out", "out[0]", "in[1]", "scores")
-Lookup = Callable[[str], "np.ndarray[Any, Any] | None"]  # a call's reference tensor by its path
+# a call's reference tensor by its path: a host array, or on CUDA the tensor itself (ondevice)
+Lookup = Callable[[str], "np.ndarray[Any, Any] | torch.Tensor | None"]
+
+
+def kept(t: torch.Tensor) -> np.ndarray[Any, Any] | torch.Tensor:
+    """A reference tensor as a compared pass side by side reads it: where it is on CUDA (the
+    reference pass waits while it is read: commands/diff/ondevice.py), else `as_array`."""
+    return t.detach() if ondevice.on_device(t) else as_array(t)
 
 
 def as_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
@@ -205,7 +213,10 @@ class ErrorSums:
     nonfinite: int = 0
     notes: set[str] = field(default_factory=set)
     # a (batch, tokens, C) model output: Σ(b - a)² and Σa² of each position, (batch, tokens)
-    rows: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
+    rows: tuple[Any, Any] | None = None  # (on a device until `settle`)
+    # sums measured on a device this pass, not yet brought over (`settle`): each tensor's
+    # ondevice.sums, its element count and the compared tensor's dtype
+    pending: list[tuple[torch.Tensor, int, torch.dtype]] = field(default_factory=list)
 
     def add(self, sums: np.ndarray[Any, Any], numel: int) -> None:
         self.sd += float(sums[0])
@@ -350,8 +361,13 @@ class Agreement:
     # (image index, its name or None, the reference's top-1, the side's; None: not finite)
     flips: list[tuple[int, str | None, int | None, int | None]] = field(default_factory=list)
 
-    def add(self, ref: np.ndarray[Any, Any], got: torch.Tensor, names: Sequence[str]) -> None:
-        a = torch.from_numpy(np.array(ref, dtype=np.float64))  # a copy: the read buffer is reused
+    def add(
+        self, ref: np.ndarray[Any, Any] | torch.Tensor, got: torch.Tensor, names: Sequence[str]
+    ) -> None:
+        if isinstance(ref, torch.Tensor):  # on the device: once a pass, the scores come over
+            a = ref.detach().to("cpu", torch.float64)
+        else:
+            a = torch.from_numpy(np.array(ref, dtype=np.float64))  # a copy: the buffer is reused
         b = got.detach().cpu().double()
         if tuple(a.shape) != tuple(b.shape):
             return
@@ -446,7 +462,10 @@ class Compared:
             self.agreement.merge(other.agreement)
 
     def agree(
-        self, ref: np.ndarray[Any, Any] | None, scores: torch.Tensor | None, names: Sequence[str]
+        self,
+        ref: np.ndarray[Any, Any] | torch.Tensor | None,
+        scores: torch.Tensor | None,
+        names: Sequence[str],
     ) -> None:
         """This side's class scores against the reference's."""
         if scores is None or ref is None:
@@ -465,7 +484,7 @@ class Compared:
 def measure(
     accs: dict[str, ErrorSums],
     path: str,
-    ref: np.ndarray[Any, Any] | None,
+    ref: np.ndarray[Any, Any] | torch.Tensor | None,
     got: torch.Tensor,
     *,
     positions: bool = False,
@@ -478,6 +497,14 @@ def measure(
         return
     if tuple(ref.shape) != tuple(got.shape):
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
+        return
+    if isinstance(ref, torch.Tensor):  # both on the device: sums kept there until `settle`
+        acc.pending.append((ondevice.sums(ref, got), got.numel(), got.dtype))
+        whole = acc.numel + sum(n for _, n, _ in acc.pending) == got.numel()
+        if positions and got.dim() == 3 and got.is_floating_point() and whole:
+            acc.rows = ondevice.position_sums(ref, got)
+        elif not whole:
+            acc.rows = None
         return
     got_sums = sums(ref, got)
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
@@ -526,21 +553,60 @@ def why_not_finite(ref: np.ndarray[Any, Any], got: torch.Tensor) -> str:
     b = b.dequantize() if b.is_quantized else b
     bad_a = int(a.size - np.count_nonzero(np.isfinite(a)))  # in their own dtypes: no copies
     bad_b = int(b.numel() - torch.isfinite(b).sum())
+    top = float(np.abs(a).max()) if a.size and not bad_a else 0.0
+    return _why(bad_a, bad_b, top, b.dtype)
+
+
+def _why(bad_a: int, bad_b: int, top: float, dtype: torch.dtype) -> str:
+    """why_not_finite's words, from the counts of values not finite on each side, the
+    reference's largest |x| and the compared side's dtype."""
     if bad_a and not bad_b:
         return f"the reference side holds {bad_a} values not finite, this side none"
     if bad_a:
         return f"not finite on both sides ({bad_a} on the reference, {bad_b} here)"
-    top = float(np.abs(a).max()) if a.size else 0.0
-    if b.is_floating_point():
-        limit = float(torch.finfo(b.dtype).max)
-        dtype = str(b.dtype).removeprefix("torch.")
+    if dtype.is_floating_point:
+        limit = float(torch.finfo(dtype).max)
+        name = str(dtype).removeprefix("torch.")
         if top > limit:
-            return f"overflow: the reference's max |x| {top:.3g} exceeds {dtype}'s {limit:.6g}"
+            return f"overflow: the reference's max |x| {top:.3g} exceeds {name}'s {limit:.6g}"
         return (
             f"{bad_b} values not finite made from finite reference values "
-            f"(max |x| {top:.3g}, within {dtype}'s {limit:.6g})"
+            f"(max |x| {top:.3g}, within {name}'s {limit:.6g})"
         )
     return f"{bad_b} values not finite made from finite reference values (max |x| {top:.3g})"
+
+
+def settle(accs: Iterable[ErrorSums]) -> None:
+    """Every device sum of these accumulators brought over in one transfer per device and
+    added in the order measured, as the CPU's are when measured; a tensor's first NaN/Inf
+    noted as on the CPU."""
+    waiting = [acc for acc in accs if acc.pending or _on_device(acc.rows)]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for acc in waiting:
+        for t, _, _ in acc.pending:
+            by_device.setdefault(t.device, []).append(t)
+        if acc.rows is not None and _on_device(acc.rows):
+            by_device.setdefault(acc.rows[0].device, []).extend(acc.rows)
+    host: dict[int, Any] = {}
+    for parts in by_device.values():
+        flat = torch.cat([p.reshape(-1) for p in parts]).cpu().numpy()  # the one transfer
+        at = 0
+        for p in parts:
+            host[id(p)] = flat[at : at + p.numel()].reshape(tuple(p.shape))
+            at += p.numel()
+    for acc in waiting:
+        for t, numel, dtype in acc.pending:
+            got = host[id(t)]
+            if got[5] and not acc.nonfinite:  # the first time this tensor parts ways
+                acc.notes.add(_why(int(got[6]), int(got[7]), float(got[8]), dtype))
+            acc.add(got[:6], numel)
+        acc.pending = []
+        if acc.rows is not None and _on_device(acc.rows):
+            acc.rows = (host[id(acc.rows[0])], host[id(acc.rows[1])])
+
+
+def _on_device(rows: Any) -> bool:
+    return rows is not None and isinstance(rows[0], torch.Tensor)
 
 
 def shape_label(s: Sequence[int]) -> str:

@@ -20,6 +20,7 @@ from hookcli.commands.diff.measure import (
     Spill,
     class_scores,
     measure,
+    settle,
 )
 from hookcli.commands.diff.sides import SideRun
 from hookcli.engine.hooks import HookSession, PendingCall
@@ -113,7 +114,11 @@ def compared_pass(
                 given = lookup(f"in[{i}]")
                 if given is None or tuple(given.shape) != tuple(a.shape):
                     continue
-                x = torch.from_numpy(given.copy())  # a copy: the reference's buffer moves on
+                # a copy: the reference's buffer (or tensor) moves on
+                if isinstance(given, torch.Tensor):
+                    x = given.clone()
+                else:
+                    x = torch.from_numpy(given.copy())
                 if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
                     x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
                 else:
@@ -131,9 +136,11 @@ def compared_pass(
         hooked_pass(p, session, model_input=model_input) as result,
         ref.get(*MODEL) as lookup,
     ):
+        settle(acc for _, accs in calls.values() for acc in accs.values())  # one transfer
         compared.add_calls(calls, order)
         for path, t in real(result.output):
             measure(compared.outputs, path, lookup(path), t, positions=True)
+        settle(compared.outputs.values())
         if not isolate:
             scores = class_scores(p.loaded, result.output)
             compared.agree(lookup(SCORES[2]), scores, model_input.sources)
