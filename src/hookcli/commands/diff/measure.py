@@ -498,6 +498,8 @@ def measure(
     if tuple(ref.shape) != tuple(got.shape):
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
         return
+    if isinstance(ref, torch.Tensor) and ref.device != got.device:
+        ref = as_array(ref)  # a side on another device (the int8 twin runs on the CPU)
     if isinstance(ref, torch.Tensor):  # both on the device: sums kept there until `settle`
         acc.pending.append((ondevice.sums(ref, got), got.numel(), got.dtype))
         whole = acc.numel + sum(n for _, n, _ in acc.pending) == got.numel()
