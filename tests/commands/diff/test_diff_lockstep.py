@@ -4,6 +4,7 @@ when the sides keep step, and fall back to it — with the same report — when 
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -453,3 +454,22 @@ def test_sums_read_where_the_tensors_are_equal_the_host_arrays(
         notes = {c["name"]: c["b"][0]["note"] for c in there["calls"]}
         overflow = "overflow: the reference's max |x| 1e+06 exceeds float16's 65504"
         assert notes["layers.3"] == overflow
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 22])
+def test_the_device_sums_equal_the_kernels_chunk_by_chunk(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ondevice.sums against the CPU's (numba) sums, in chunks of a few elements or one: the
+    chunks' sums added and their maxima taken, NaN/Inf on either side left out and counted."""
+    from hookcli.commands.diff import measure, ondevice
+
+    monkeypatch.setattr(ondevice, "CHUNK", chunk)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(4, 25, generator=g)
+    b = a + 1e-3 * torch.randn(4, 25, generator=g)
+    a[0, 3], b[1, 4], b[2, 5], a[3, 6] = math.nan, math.inf, math.nan, -math.inf
+    got = ondevice.sums(a, b).tolist()
+    want = measure.sums(measure.as_array(a), b).tolist()
+    assert got[:6] == pytest.approx(want, rel=1e-12)
+    assert got[6:] == [2, 2, float(a[torch.isfinite(a)].abs().max())]

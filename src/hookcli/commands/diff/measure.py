@@ -229,6 +229,8 @@ class ErrorSums:
 
     def merge(self, other: ErrorSums) -> None:
         """Another process's sums of the same difference added in (torchrun)."""
+        assert not self.pending, "device sums not settled"
+        assert not other.pending, "device sums not settled"
         self.sd += other.sd
         self.sa += other.sa
         self.sb += other.sb
@@ -498,16 +500,11 @@ def measure(
     if tuple(ref.shape) != tuple(got.shape):
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
         return
-    if isinstance(ref, torch.Tensor) and ref.device != got.device:
-        ref = as_array(ref)  # a side on another device (the int8 twin runs on the CPU)
-    if isinstance(ref, torch.Tensor):  # both on the device: sums kept there until `settle`
-        acc.pending.append((ondevice.sums(ref, got), got.numel(), got.dtype))
-        whole = acc.numel + sum(n for _, n, _ in acc.pending) == got.numel()
-        if positions and got.dim() == 3 and got.is_floating_point() and whole:
-            acc.rows = ondevice.position_sums(ref, got)
-        elif not whole:
-            acc.rows = None
-        return
+    if isinstance(ref, torch.Tensor):  # on CUDA, side by side (ondevice.py)
+        same = ref.device == got.device and ondevice.on_device(got)
+        if same and _there(acc, ref, got, positions):
+            return
+        ref = ondevice.to_host(ref)  # another device (the int8 twin's CPU), another stream
     got_sums = sums(ref, got)
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
         acc.notes.add(why_not_finite(ref, got))
@@ -516,6 +513,22 @@ def measure(
         acc.rows = position_sums(ref, got)  # (one batch: a folder of batches keeps none)
     elif acc.numel != got.numel():
         acc.rows = None
+
+
+def _there(acc: ErrorSums, ref: torch.Tensor, got: torch.Tensor, positions: bool) -> bool:
+    """`measure` on the device: the sums (and the output's per-position errors) kept there
+    until `settle`; False when their float64 working copies do not fit (the host measures)."""
+    whole = acc.numel + sum(n for _, n, _ in acc.pending) + got.numel() == got.numel()
+    try:
+        measured = ondevice.sums(ref, got)
+        rows = None
+        if positions and got.dim() == 3 and got.is_floating_point() and whole:
+            rows = ondevice.position_sums(ref, got)  # (one batch: a folder's keep none)
+    except torch.OutOfMemoryError:
+        return False
+    acc.pending.append((measured, got.numel(), got.dtype))
+    acc.rows = rows
+    return True
 
 
 POSITION_CHUNK = 1 << 22  # elements of the float64 working copies position_sums makes at once

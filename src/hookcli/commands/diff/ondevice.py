@@ -12,16 +12,33 @@ on each side, and the reference's largest |x|.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 # elements widened to float64 at a time: the working copies stay bounded
-CHUNK = 1 << 24
+CHUNK = 1 << 22
 SUMS = 9  # sd, sa, sb, sab, max |b - a|, not finite (either), not finite (a), (b), max |a|
 
 
 def on_device(t: torch.Tensor) -> bool:
-    """Whether a reference tensor is read where it is (CUDA) instead of as a host array."""
-    return t.is_cuda
+    """Whether a tensor is read where it is (CUDA) instead of as a host array: on CUDA, with
+    the work of this thread queued on the device's default stream, which both passes share, so
+    that the compared pass's reads come after the reference's writes and before its next ones
+    (a forward on a stream of its own: as a host array, as before)."""
+    return t.is_cuda and torch.cuda.current_stream(t.device) == torch.cuda.default_stream(t.device)
+
+
+def to_host(ref: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A reference tensor as a host array (measure.as_array's), read on this thread's stream
+    once the default stream's queued work (the reference's writes) is done."""
+    if ref.is_cuda:
+        torch.cuda.current_stream(ref.device).wait_stream(torch.cuda.default_stream(ref.device))
+    x = ref.detach()
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    return x.contiguous().cpu().numpy()
 
 
 def sums(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
@@ -53,13 +70,8 @@ def sums(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
         )
     if len(parts) == 1:
         return parts[0]
-    stacked = torch.stack(parts)
-    total = stacked.sum(0)
-    return torch.where(
-        torch.tensor([0, 0, 0, 0, 1, 0, 0, 0, 1], dtype=torch.bool, device=total.device),
-        stacked.amax(0),
-        total,
-    )
+    s = torch.stack(parts)  # the chunks': sums add, maxima take the max (no host tensor)
+    return torch.cat([s[:, :4].sum(0), s[:, 4:5].amax(0), s[:, 5:8].sum(0), s[:, 8:].amax(0)])
 
 
 def position_sums(ref: torch.Tensor, got: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

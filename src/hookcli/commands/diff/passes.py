@@ -115,8 +115,13 @@ def compared_pass(
                 if given is None or tuple(given.shape) != tuple(a.shape):
                     continue
                 # a copy: the reference's buffer (or tensor) moves on
-                if isinstance(given, torch.Tensor):
-                    x = given.clone()
+                if isinstance(given, torch.Tensor):  # on the device: one copy, contiguous
+                    x = given.to(
+                        "cpu" if a.is_quantized else a.device,
+                        torch.float32 if a.is_quantized else a.dtype,
+                        memory_format=torch.contiguous_format,
+                        copy=True,
+                    )
                 else:
                     x = torch.from_numpy(given.copy())
                 if a.is_quantized:  # an int8 layer: the reference input on the layer's own grid
