@@ -238,7 +238,7 @@ class HookSession:
 
     def __enter__(self) -> HookSession:
         try:
-            if self.dense and _can_dispatch():
+            if self.dense:
                 self._dispatch()
             for i, target in enumerate(self.targets):
                 if i not in self._dispatched:
@@ -278,18 +278,13 @@ class HookSession:
         if not chosen:
             return
 
+        # (every module has the dict: _call_impl itself reads it while these hooks exist)
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: Any = None) -> Any:
-            try:
-                hook = pres.get(id(module._forward_pre_hooks_with_kwargs))
-            except AttributeError:
-                return None
+            hook = pres.get(id(module._forward_pre_hooks_with_kwargs))
             return None if hook is None else hook(module, args, kwargs)
 
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            try:
-                hook = posts.get(id(module._forward_pre_hooks_with_kwargs))
-            except AttributeError:
-                return
+            hook = posts.get(id(module._forward_pre_hooks_with_kwargs))
             if hook is not None:
                 hook(module, args, output)
 
@@ -633,12 +628,6 @@ def holds_compiled(modules: Iterable[nn.Module]) -> bool:
         getattr(m, "_compiled_call_impl", None) is not None or "_orig_mod" in m._modules
         for m in modules
     )
-
-
-def _can_dispatch() -> bool:
-    """Whether this torch hands a process-wide pre-hook a module's keyword arguments where
-    the module lists the hook (`_forward_pre_hooks_with_kwargs`, torch 2.0 on)."""
-    return hasattr(nn.Module(), "_forward_pre_hooks_with_kwargs")
 
 
 def grad_key(grad: torch.Tensor) -> GradKey | None:

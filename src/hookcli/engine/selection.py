@@ -105,17 +105,18 @@ def dtypes_held(
     return main, sorted(k for k in counts if k != main)
 
 
-def dtype_of(model: nn.Module) -> str:
+def dtype_of(
+    model: nn.Module, tensors: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+) -> str:
     """dtypes_held in words: `bfloat16 (float32 in some tensors)`."""
-    return params_and_dtype(model)[1]
+    main, others = dtypes_held(model, tensors)
+    return main + (f" ({', '.join(others)} in some tensors)" if others else "")
 
 
 def params_and_dtype(model: nn.Module) -> tuple[int, str]:
     """count_params and dtype_of from one walk of the model."""
     tensors = held(model)
-    main, others = dtypes_held(model, tensors)
-    words = main + (f" ({', '.join(others)} in some tensors)" if others else "")
-    return sum(numel(p) for p in tensors[0]), words
+    return sum(numel(p) for p in tensors[0]), dtype_of(model, tensors)
 
 
 def has_lazy(model: nn.Module) -> bool:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -504,7 +504,8 @@ def measure(
         same = ref.device == got.device and ondevice.on_device(got)
         if same and _there(acc, ref, got, positions):
             return
-        ref = ondevice.to_host(ref)  # another device (the int8 twin's CPU), another stream
+        # another device (the int8 twin's CPU), another stream: as a host array
+        ref = as_array(ondevice.after_writes(ref))
     got_sums = sums(ref, got)
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
         acc.notes.add(why_not_finite(ref, got))
@@ -518,7 +519,7 @@ def measure(
 def _there(acc: ErrorSums, ref: torch.Tensor, got: torch.Tensor, positions: bool) -> bool:
     """`measure` on the device: the sums (and the output's per-position errors) kept there
     until `settle`; False when their float64 working copies do not fit (the host measures)."""
-    whole = acc.numel + sum(n for _, n, _ in acc.pending) + got.numel() == got.numel()
+    whole = acc.numel + sum(n for _, n, _ in acc.pending) == 0  # got is all there is
     try:
         measured = ondevice.sums(ref, got)
         rows = None
@@ -600,7 +601,7 @@ def settle(accs: Iterable[ErrorSums]) -> None:
     for acc in waiting:
         for t, _, _ in acc.pending:
             by_device.setdefault(t.device, []).append(t)
-        if acc.rows is not None and _on_device(acc.rows):
+        if _on_device(acc.rows):
             by_device.setdefault(acc.rows[0].device, []).extend(acc.rows)
     host: dict[int, Any] = {}
     for parts in by_device.values():
@@ -616,11 +617,11 @@ def settle(accs: Iterable[ErrorSums]) -> None:
                 acc.notes.add(_why(int(got[6]), int(got[7]), float(got[8]), dtype))
             acc.add(got[:6], numel)
         acc.pending = []
-        if acc.rows is not None and _on_device(acc.rows):
+        if _on_device(acc.rows):
             acc.rows = (host[id(acc.rows[0])], host[id(acc.rows[1])])
 
 
-def _on_device(rows: Any) -> bool:
+def _on_device(rows: Any) -> TypeGuard[tuple[torch.Tensor, torch.Tensor]]:
     return rows is not None and isinstance(rows[0], torch.Tensor)
 
 

@@ -12,14 +12,10 @@ on each side, and the reference's largest |x|.
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
 
 # elements widened to float64 at a time: the working copies stay bounded
 CHUNK = 1 << 22
-SUMS = 9  # sd, sa, sb, sab, max |b - a|, not finite (either), not finite (a), (b), max |a|
 
 
 def on_device(t: torch.Tensor) -> bool:
@@ -30,19 +26,17 @@ def on_device(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.current_stream(t.device) == torch.cuda.default_stream(t.device)
 
 
-def to_host(ref: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A reference tensor as a host array (measure.as_array's), read on this thread's stream
-    once the default stream's queued work (the reference's writes) is done."""
+def after_writes(ref: torch.Tensor) -> torch.Tensor:
+    """ref, with this thread's stream made to wait for the default stream's queued work (the
+    reference's writes), so that it can be read here, as a host array, on any stream."""
     if ref.is_cuda:
         torch.cuda.current_stream(ref.device).wait_stream(torch.cuda.default_stream(ref.device))
-    x = ref.detach()
-    if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    return x.contiguous().cpu().numpy()
+    return ref
 
 
 def sums(ref: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
-    """The SUMS float64 numbers of got against ref (same shape, same device), on the device."""
+    """got against ref (same shape, same device), 9 float64 numbers on the device: Σ(b - a)²,
+    Σa², Σb², Σab, max |b - a|, the elements not finite on either side, on a, on b, max |a|."""
     a_all, b_all = ref.detach().reshape(-1), got.detach().reshape(-1)
     parts = []
     for start in range(0, max(a_all.numel(), 1), CHUNK):
