@@ -15,6 +15,7 @@ model's forward: a failure is a note.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from hookcli.engine.selection import all_modules
 
 _ROUTER = re.compile(r"router", re.IGNORECASE)
 
@@ -46,12 +49,23 @@ class Routing:
     problems: list[str] = field(default_factory=list)  # a router hook that failed, and why
 
 
+def _is_router(kind: type) -> bool:
+    return _router_name(kind.__name__)
+
+
+@functools.cache
+def _router_name(name: str) -> bool:
+    return _ROUTER.search(name) is not None
+
+
 def find_routers(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
     """(name, module, experts) of every module whose class name says router and that holds a
     (experts, hidden) weight."""
-    found = []
+    found: list[tuple[str, nn.Module, int]] = []
+    if not any(_is_router(type(m)) for m in all_modules(model)):
+        return found  # (most models: no second walk, for names)
     for name, m in model.named_modules():
-        if not _ROUTER.search(type(m).__name__):
+        if not _is_router(type(m)):
             continue
         weight = getattr(m, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:

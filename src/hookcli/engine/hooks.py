@@ -20,6 +20,7 @@ leaves its gradient absent: reported as null, never 0.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -258,8 +259,7 @@ class HookSession:
         The pair finds a call's target by the module's dict of keyword-taking pre-hooks: a
         shallow copy of the module (`copy.copy`, DataParallel's replicas) shares it, as it
         shares hooks registered on the module, and is measured as the module, as it was."""
-        pres: dict[int, Callable[..., Any]] = {}
-        posts: dict[int, Callable[..., Any]] = {}
+        at: dict[int, int] = {}  # a target's place in self.targets, by its module's dict
         chosen = []
         for i, target in enumerate(self.targets):
             module = target.module
@@ -272,21 +272,21 @@ class HookSession:
                 or isinstance(module, torch.jit.ScriptModule)
             ):
                 continue
-            pres[id(marks)] = self._pre_hook(i)
-            posts[id(marks)] = self._post_hook(i)
+            at[id(marks)] = i
             chosen.append((i, marks))
         if not chosen:
             return
+        on_pre, on_post = self._on_pre, self._on_post
 
         # (every module has the dict: _call_impl itself reads it while these hooks exist)
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: Any = None) -> Any:
-            hook = pres.get(id(module._forward_pre_hooks_with_kwargs))
-            return None if hook is None else hook(module, args, kwargs)
+            i = at.get(id(module._forward_pre_hooks_with_kwargs))
+            return None if i is None else on_pre(i, module, args, kwargs)
 
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            hook = posts.get(id(module._forward_pre_hooks_with_kwargs))
-            if hook is not None:
-                hook(module, args, output)
+            i = at.get(id(module._forward_pre_hooks_with_kwargs))
+            if i is not None:
+                on_post(i, module, args, output)
 
         handle = _module_hooks.register_module_forward_pre_hook(pre)
         self._handles.append(handle)  # (removed whatever happens next)
@@ -505,119 +505,120 @@ class HookSession:
         return [c for stack in self._stacks for c in stack]
 
     def _pre_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]:
+        return functools.partial(self._on_pre, i)
+
+    def _on_pre(
+        self, i: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Target i's call starts: its inputs measured (the forward pre-hook)."""
         target = self.targets[i]
-        stack = self._stacks[i]
-
-        def pre_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            entered = time.perf_counter_ns() if self.profile else 0
-            call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
-            self.counts[i] += 1
-            if self._beacon is not None:
-                self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
-            pending = PendingCall(call, entered=self._events)
-            self._events += 1
-            if self._probe is not None:
-                pending.seq_span = (self._seq_now(), -1)
-            self.calls.append(pending)
-            stack.append(pending)
-            replaced = None
-            if self.on_input is not None:
-                try:
-                    replaced = self.on_input(pending, args, kwargs)
-                except Exception as exc:  # the module gets its own arguments, unchanged
-                    call.error = f"could not replace the inputs: {exc}"
-                if replaced is not None:
-                    args, kwargs = replaced
-                if self._beacon is not None:  # on_input may have waited for another thread
-                    self._beacon.again()
-            if self.profile:
-                pending.parent = self._open[-1] if self._open else None
-                self._open.append(pending)
+        entered = time.perf_counter_ns() if self.profile else 0
+        call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
+        self.counts[i] += 1
+        if self._beacon is not None:
+            self._beacon.enter(f"layer {call.name} call {call.call} (forward)")
+        pending = PendingCall(call, entered=self._events)
+        self._events += 1
+        if self._probe is not None:
+            pending.seq_span = (self._seq_now(), -1)
+        self.calls.append(pending)
+        self._stacks[i].append(pending)
+        replaced = None
+        if self.on_input is not None:
             try:
-                if self.collector is None:  # shapes only (layers --shapes, --profile timing)
-                    call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
-                    if self.grads:
-                        self._watch_grads(args, "in", pending)
-                else:
-                    self.collector.context = (call.name, call.call, "in")
-                    measure(self.collector, args, "in", call.inputs)
+                replaced = self.on_input(pending, args, kwargs)
+            except Exception as exc:  # the module gets its own arguments, unchanged
+                call.error = f"could not replace the inputs: {exc}"
+            if replaced is not None:
+                args, kwargs = replaced
+            if self._beacon is not None:  # on_input may have waited for another thread
+                self._beacon.again()
+        if self.profile:
+            pending.parent = self._open[-1] if self._open else None
+            self._open.append(pending)
+        try:
+            if self.collector is None:  # shapes only (layers --shapes, --profile timing)
+                call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
+                if self.grads:
+                    self._watch_grads(args, "in", pending)
+            else:
+                self.collector.context = (call.name, call.call, "in")
+                measure(self.collector, args, "in", call.inputs)
+                if kwargs:
+                    measure(self.collector, kwargs, "in", call.inputs)
+                if self.grads:
+                    self._watch_grads(args, "in", pending)
                     if kwargs:
-                        measure(self.collector, kwargs, "in", call.inputs)
-                    if self.grads:
-                        self._watch_grads(args, "in", pending)
-                        if kwargs:
-                            self._watch_grads(kwargs, "in", pending)
-                    if self.saver is not None:
-                        self._save(args, "in", "input", call)
-                        self._save(kwargs, "in", "input", call)
+                        self._watch_grads(kwargs, "in", pending)
+                if self.saver is not None:
+                    self._save(args, "in", "input", call)
+                    self._save(kwargs, "in", "input", call)
+        except Exception as exc:  # never break the user's forward (docs/traps.md §4)
+            call.error = call.error or f"could not measure inputs: {exc}"
+        if self.memory is not None:
+            try:
+                pending.bytes = self.memory.enter(args, kwargs, module)
             except Exception as exc:  # never break the user's forward (docs/traps.md §4)
-                call.error = call.error or f"could not measure inputs: {exc}"
-            if self.memory is not None:
-                try:
-                    pending.bytes = self.memory.enter(args, kwargs, module)
-                except Exception as exc:  # never break the user's forward (docs/traps.md §4)
-                    call.error = call.error or f"could not size the call: {exc}"
-            if self.profile:
-                self._mark_start(pending, args, entered)
-            return replaced
-
-        return pre_hook
+                call.error = call.error or f"could not size the call: {exc}"
+        if self.profile:
+            self._mark_start(pending, args, entered)
+        return replaced
 
     def _post_hook(self, i: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        return functools.partial(self._on_post, i)
+
+    def _on_post(self, i: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Target i's call returned: its outputs measured (the forward hook)."""
         stack = self._stacks[i]
-
-        def post_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if not stack:
-                return  # hooks registered mid-call: nothing to pair with
-            pending = stack.pop()
-            if self._beacon is not None:
-                self._beacon.leave()
-            if self.memory is not None and pending.bytes is not None:
-                try:
-                    self.memory.leave(pending.bytes, output)
-                except Exception as exc:
-                    pending.call.error = f"could not size the output: {exc}"
-            entered = 0
-            if self.profile:
-                if pending in self._open:
-                    del self._open[self._open.index(pending) :]
-                if pending.events:
-                    pending.events.append(_event())
-                entered = time.perf_counter_ns()  # first: our own work excluded
-                # a container's span holds its children's hooks: take their time out
-                nested = self.hook_ns - pending.hook_ns_at_start
-                pending.t_forward.append(entered - nested)
-            pending.finished = self._finished
-            self._finished += 1
-            pending.returned = self._events
-            self._events += 1
-            if self._probe is not None and pending.seq_span is not None:
-                pending.seq_span = (pending.seq_span[0], self._seq_now())
-            call = pending.call
+        if not stack:
+            return  # hooks registered mid-call: nothing to pair with
+        pending = stack.pop()
+        if self._beacon is not None:
+            self._beacon.leave()
+        if self.memory is not None and pending.bytes is not None:
             try:
-                if self.profile:
-                    pending.output_bytes = sum(
-                        t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
-                    )
-                if self.collector is None:
-                    call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
-                    if self.grads:
-                        self._watch_grads(output, "out", pending)
-                else:
-                    self.collector.context = (call.name, call.call, "out")
-                    measure(self.collector, output, "out", call.outputs)
-                    if self.grads:
-                        self._watch_grads(output, "out", pending)
-                    if self.saver is not None:
-                        self._save(output, "out", "output", call)
-                if self.on_output is not None:
-                    self.on_output(pending, output)
+                self.memory.leave(pending.bytes, output)
             except Exception as exc:
-                call.error = f"could not measure outputs: {exc}"
+                pending.call.error = f"could not size the output: {exc}"
+        entered = 0
+        if self.profile:
+            if pending in self._open:
+                del self._open[self._open.index(pending) :]
+            if pending.events:
+                pending.events.append(_event())
+            entered = time.perf_counter_ns()  # first: our own work excluded
+            # a container's span holds its children's hooks: take their time out
+            nested = self.hook_ns - pending.hook_ns_at_start
+            pending.t_forward.append(entered - nested)
+        pending.finished = self._finished
+        self._finished += 1
+        pending.returned = self._events
+        self._events += 1
+        if self._probe is not None and pending.seq_span is not None:
+            pending.seq_span = (pending.seq_span[0], self._seq_now())
+        call = pending.call
+        try:
             if self.profile:
-                self.hook_ns += time.perf_counter_ns() - entered
-
-        return post_hook
+                pending.output_bytes = sum(
+                    t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
+                )
+            if self.collector is None:
+                call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
+                if self.grads:
+                    self._watch_grads(output, "out", pending)
+            else:
+                self.collector.context = (call.name, call.call, "out")
+                measure(self.collector, output, "out", call.outputs)
+                if self.grads:
+                    self._watch_grads(output, "out", pending)
+                if self.saver is not None:
+                    self._save(output, "out", "output", call)
+            if self.on_output is not None:
+                self.on_output(pending, output)
+        except Exception as exc:
+            call.error = f"could not measure outputs: {exc}"
+        if self.profile:
+            self.hook_ns += time.perf_counter_ns() - entered
 
 
 def holds_compiled(modules: Iterable[nn.Module]) -> bool:
