@@ -190,7 +190,7 @@ def split(device: torch.device, quick: bool, rounds: int) -> list[str]:
 
             # the fused Triton kernel and torch ops' row both replaced by a fill
             with (
-                mock.patch.object(stats, "_torch_row", fill),
+                mock.patch.object(stats, "torch_row", fill),
                 mock.patch.object(stats, "fused_row", return_value=None),
             ):
                 return inspect(x)

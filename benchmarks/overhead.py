@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from _common import PRECISE_MALLOC, interleaved, reset_peak, status_kb
 
@@ -83,13 +84,12 @@ def _variants(model: Any, x: Any) -> dict[str, Callable[[], object]]:
         # a constant), to set its other costs against torchinfo's whole summary
         from hookcli.engine import stats
 
-        fused, cpu = stats._fused_row, stats._cpu_row
-        stats._fused_row = lambda t, ks, out: _ROW
-        stats._cpu_row = lambda flat: _ROW
-        try:
+        with (
+            mock.patch.object(stats, "kernel_row", return_value=_ROW),
+            mock.patch.object(stats, "cpu_row", return_value=_ROW),
+            mock.patch.object(stats, "TOGETHER", 0),  # (nothing held for later)
+        ):
             return hookcli.inspect(model, x, device="cpu", topk=0)
-        finally:
-            stats._fused_row, stats._cpu_row = fused, cpu
 
     def item_script() -> object:
         # What people write by hand: a forward hook per leaf, .item() per statistic.

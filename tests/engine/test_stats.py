@@ -101,7 +101,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[torch.Tensor]:
 def test_the_kernel_is_actually_used_for_float32(monkeypatch: pytest.MonkeyPatch) -> None:
     if stats_mod.kernels() is None:
         pytest.skip("numba unavailable")
-    torch_ops = _spy(monkeypatch, "_torch_row") + _spy(monkeypatch, "_cpu_row")
+    torch_ops = _spy(monkeypatch, "torch_row") + _spy(monkeypatch, "cpu_row")
     for name in ("relu big", "nonfinite big", "ill-conditioned"):
         collector = StatsCollector(backend="kernel")
         collector.add(CASES[name], "x")
@@ -123,8 +123,8 @@ def test_auto_measures_with_torch_until_the_kernels_pay(monkeypatch: pytest.Monk
     monkeypatch.setattr(preload, "_thread", [])  # … nor started loading them in the background
     monkeypatch.setattr(preload, "_done", threading.Event())
     monkeypatch.setattr(stats_mod, "_KERNEL_AFTER", 2 * t.numel() * 4)
-    fast = _spy(monkeypatch, "_cpu_row")
-    fused = _spy(monkeypatch, "_fused_row")
+    fast = _spy(monkeypatch, "cpu_row")
+    fused = _spy(monkeypatch, "kernel_row")
     collector = StatsCollector()
     got = [collector.add(t.clone(), f"x{i}") for i in range(3)]
     collector.finalize()

@@ -89,8 +89,8 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval()
 x = torch.randn(512, 64)
 preload.wait()
 used = []
-original = stats._fused_row
-stats._fused_row = lambda *a: used.append(1) or original(*a)
+original = stats.kernel_row
+stats.kernel_row = lambda *a: used.append(1) or original(*a)
 report = hookcli.inspect(model, x, device="cpu", layers=["0"])
 out = model[0](x).double()
 s = report.layers[0].outputs[0]
@@ -114,10 +114,10 @@ def test_a_load_in_flight_is_waited_for_past_the_mark(monkeypatch: pytest.Monkey
     monkeypatch.setattr(preload, "_done", done)
     monkeypatch.setattr(stats_mod, "kernels", _fresh_kernels(done))
     monkeypatch.setattr(stats_mod, "_without_kernels", [0])
-    t = torch.randn(1 << 14)
+    t = torch.randn((1 << 14) + 1)  # (past what the kernels measure later, together)
     monkeypatch.setattr(stats_mod, "_WAIT_AFTER", 3 * t.numel() * 4)
     used: list[str] = []
-    for name in ("_cpu_row", "_fused_row"):
+    for name in ("cpu_row", "kernel_row"):
         original = getattr(stats_mod, name)
         monkeypatch.setattr(
             stats_mod, name, lambda *a, _o=original, _n=name: used.append(_n) or _o(*a)
@@ -125,11 +125,11 @@ def test_a_load_in_flight_is_waited_for_past_the_mark(monkeypatch: pytest.Monkey
     collector = StatsCollector()
     for i in range(3):
         collector.add(t + i, f"x{i}")
-    assert used == ["_cpu_row"] * 3
+    assert used == ["cpu_row"] * 3
     threading.Timer(0.2, done.set).start()  # the load ends while the next tensor waits
     collector.add(t + 3, "x3")
     collector.finalize()
-    assert used == ["_cpu_row"] * 3 + ["_fused_row"] and done.is_set()
+    assert used == ["cpu_row"] * 3 + ["kernel_row"] and done.is_set()
 
 
 def _fresh_kernels(done: threading.Event) -> object:

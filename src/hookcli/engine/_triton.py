@@ -2,7 +2,7 @@
 
 Every whole-tensor statistic of a row (engine/statrow.py) — count of finite elements, mean,
 population variance, min, max, zeros, NaN, Inf, norm — from one read of the data, instead of
-the dozen torch ops of stats._torch_row (each a launch, each a read of the tensor):
+the dozen torch ops of cpurow.torch_row (each a launch, each a read of the tensor):
 
 1. `_blocks`: each program reads BLOCK elements, widens them to float64 in registers and
    writes its block's nine numbers: finite count, sum, the sum of squares centred on the

@@ -2,7 +2,7 @@
 
 A row is the tensor's count of finite elements, then one number per statistic TensorStats
 declares (records.TENSOR_STATS), in their order. The one pass (engine/stats.py: the numba
-kernels, `_cpu_row`, `_torch_row`) measures the first nine
+kernels, `cpu_row`, `torch_row`: engine/cpurow.py) measures the first nine
 
     count (finite elements), mean, var (population), min, max, zeros, nan, inf, norm
 
@@ -24,7 +24,7 @@ from hookcli.records import TENSOR_STATS, TensorStats
 
 ROW = 9  # the one pass's row (count, then the statistics it measures)
 COUNT, MEAN, VAR, MIN, MAX, ZEROS, NAN, INF, NORM = range(ROW)
-# what the one pass measures after the count, in its row's order (the kernels', _torch_row's)
+# what the one pass measures after the count, in its row's order (the kernels', torch_row's)
 PASS_STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
 # Statistics a second look at the tensor measures, given the pass's mean and std (population,
 # over the finite elements): each a function of (the tensor, real-valued and strided, on its

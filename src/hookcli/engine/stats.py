@@ -12,12 +12,12 @@ TensorStats it handed out.
 
 Three ways to fill a row:
 
-* CPU floating point, until the numba kernels are loaded: `_cpu_row`, a few fast torch
+* CPU floating point, until the numba kernels are loaded: `cpu_row`, a few fast torch
   reductions (float64 sum and sum of squares, aminmax, a nonzero count of a bool copy), about
   0.5 ms per MiB here. torch's var_mean, `x == 0`, count_nonzero of floats (on ReLU outputs),
   a sum of bools and isfinite stream near 1 GB/s, so they are not used: a finite sum and sum
   of squares prove the data holds no NaN/Inf.
-* CPU floating point, once loaded: numba kernels (`_fused_row`), one fused pass for all five
+* CPU floating point, once loaded: numba kernels (`kernel_row`), one fused pass for all five
   sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs about a
   second per process: runtime.preload does it in a background thread from `import hookcli`
   (not in the `hookcli` command), and a collector takes the kernels as soon as they are
@@ -28,7 +28,10 @@ Three ways to fill a row:
   only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
   counts them and excludes them), and a variance small against the mean square means
   cancellation (a centred pass then fixes it). On the CPU, branching on a result costs nothing.
-* Everything else (GPU, MPS, integers, bool) and the careful case: `_torch_row`, torch ops
+  A contiguous float32 tensor of at most `TOGETHER` elements is copied as the hook sees it
+  and measured after the pass with the others, in one kernel call (engine/cpurow.py `Later`:
+  a call per tiny tensor cost more than the copy).
+* Everything else (GPU, MPS, integers, bool) and the careful case: `torch_row`, torch ops
   that never synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
 
 Non-float kinds are mapped first: quantized tensors are dequantized, complex tensors
@@ -49,6 +52,15 @@ import numpy as np
 import torch
 
 from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
+from hookcli.engine.cpurow import (
+    TOGETHER,
+    Kernels,
+    Later,
+    cpu_row,
+    kernel_row,
+    rows_together,
+    torch_row,
+)
 from hookcli.engine.devicerow import fused_row
 from hookcli.engine.histogram import histogram
 from hookcli.engine.sharded import ShardBook, not_merged
@@ -70,13 +82,8 @@ from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
 from hookcli.runtime import preload
 
-# Below this many elements the parallel kernel's thread start-up costs more than it saves.
-_PARALLEL_MIN = 1 << 15
 # Tensors this small also report their elements (toy models, losses, gradients of scalars).
 SMALL = 16
-# Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits of float64's
-# ~16; past this ratio a second pass centred on the mean measures the variance instead.
-_MAX_CANCELLATION = 100.0
 # The process measures this many bytes with torch ops before it loads the numba kernels.
 _KERNEL_AFTER = 256 << 20
 # With the load in flight (runtime.preload), the process waits for it past this many bytes:
@@ -85,21 +92,6 @@ _WAIT_AFTER = 64 << 20
 # --channels by torch ops reads a tensor about this many times (a float64 copy, var_mean,
 # aminmax, the counts, the kurtosis' moments): its bytes count so many times toward loading.
 CHANNEL_PASSES = 10
-# `_cpu_row` widens at most this many elements to float64 at a time (a scratch copy that stays
-# in the cache, and bounded).
-_CHUNK = 1 << 18
-
-
-class Kernels:
-    """The numba kernels (see _kernels.py): fast for clean data, careful for the rest."""
-
-    def __init__(self, module: Any, chan: Any) -> None:
-        self.fused = (module.fused_serial, module.fused_parallel)
-        self.segments = module.fused_segments  # many small tensors in one call
-        self.careful = (module.careful_serial, module.careful_parallel)
-        self.diff = (module.diff_serial, module.diff_parallel)
-        self.diff_nhwc = module.diff_nhwc
-        self.channels = chan  # --channels' per-channel passes (_chankernels)
 
 
 def _load_kernels() -> Kernels | None:
@@ -160,139 +152,6 @@ def _kernels_if_they_pay() -> Kernels | None:
     return None
 
 
-def _torch_row(x: torch.Tensor) -> torch.Tensor:
-    """The exact row, on x's device, by torch ops that never synchronise."""
-    acc = accumulate_dtype(x.device)
-    x = x.to(acc).reshape(-1)
-    finite = torch.isfinite(x)
-    count = finite.sum(dtype=acc)
-    xf = torch.where(finite, x, torch.zeros((), dtype=acc, device=x.device))
-    mean = xf.sum() / count
-    centred = torch.where(finite, x - mean, torch.zeros((), dtype=acc, device=x.device))
-    var = torch.dot(centred, centred) / count
-    inf = torch.full((), math.inf, dtype=acc, device=x.device)  # a fill, not a host copy
-    mn = torch.where(finite, x, inf).amin()
-    mx = torch.where(finite, x, -inf).amax()
-    zeros = (x == 0).sum(dtype=acc)
-    nan = torch.isnan(x).sum(dtype=acc)
-    n_inf = torch.isinf(x).sum(dtype=acc)
-    norm = torch.linalg.vector_norm(xf)
-    # a constant, exactly: mean the value, variance 0 (the sums carry rounding), no sync
-    constant = mn == mx
-    mean = torch.where(constant, mn, mean)
-    var = torch.where(constant, torch.zeros_like(var), var)
-    norm = torch.where(constant, mn.abs() * count.sqrt(), norm)
-    return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
-
-
-def _sums(flat: torch.Tensor, shift: float = 0.0) -> tuple[float, float]:
-    """Σ(v-shift) and Σ(v-shift)² of a 1-D CPU tensor in float64, a bounded chunk at a time."""
-    s = q = 0.0
-    for start in range(0, flat.shape[0], _CHUNK):
-        d = flat[start : start + _CHUNK].double()
-        if shift:
-            d = d - shift
-        s += float(d.sum())
-        q += float(torch.dot(d, d))
-    return s, q
-
-
-def _cpu_row(flat: torch.Tensor) -> Row | torch.Tensor:
-    """The row of a 1-D CPU float tensor from fast torch reductions (float64 sums), or the
-    careful `_torch_row` when the sums show NaN/Inf."""
-    s, q = _sums(flat)
-    if not (math.isfinite(s) and math.isfinite(q)):
-        return _torch_row(flat)
-    n = flat.shape[0]
-    mn, mx = (float(v) for v in torch.aminmax(flat))
-    # counted on the bool copy: torch's count_nonzero branches on floats (slow on ReLU outputs)
-    # and its sum of bools widens each to int64 (1 ms/MiB); together 7x faster than either
-    zeros = float(n - int(torch.count_nonzero(flat.bool())))
-    return _finish(
-        float(n), s, q, zeros=zeros, mn=mn, mx=mx, centred=lambda mean: _sums(flat, mean)
-    )
-
-
-def _fused_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
-    """The row of a CPU float tensor from numba passes: usually one, at most three.
-
-    1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
-       its fast-math flags assume);
-    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
-    3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean (`_finish`).
-
-    `out` is a scratch buffer of 7 float64 values.
-    """
-    if t.dtype in (torch.float16, torch.bfloat16):
-        t = t.float()
-    # numpy's reshape of a contiguous array is a view, and cheaper than torch's
-    flat = t.numpy().reshape(-1) if t.is_contiguous() else dense_flat(t).numpy()
-    par = flat.shape[0] >= _PARALLEL_MIN
-    ks.fused[par](flat, out)
-    return _row_of_sums(flat, out, ks, par)
-
-
-def _row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = False) -> Row:
-    """The row of `flat` from the fast pass's five sums in out[:5] (out holds 7 float64
-    values: the careful passes, where needed, fill all of them)."""
-    n = flat.shape[0]
-    s, q, zeros, mn, mx = out[:5].tolist()
-    nan = inf = 0.0
-    count = float(n)
-    if not (math.isfinite(s) and math.isfinite(q)):  # NaN/Inf present
-        ks.careful[par](flat, 0.0, out)
-        s, q, zeros, mn, mx, nan, inf = out.tolist()
-        count = n - nan - inf
-
-    def centred(mean: float) -> tuple[float, float]:
-        ks.careful[par](flat, mean, out)
-        return float(out[0]), float(out[1])
-
-    return _finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
-
-
-def _rows_together(
-    tensors: Sequence[tuple[torch.Tensor, str]], group: list[int], rows: list[Any], ks: Kernels
-) -> None:
-    """The rows of tensors[k] for k in group, from one copy and one kernel call."""
-    flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in group]).numpy()
-    starts = np.zeros(len(group) + 1, dtype=np.int64)
-    np.cumsum([tensors[k][0].numel() for k in group], out=starts[1:])
-    sums = np.empty((len(group), 7), dtype=np.float64)
-    ks.segments(flat, starts, sums)
-    for j, k in enumerate(group):
-        rows[k] = _row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
-
-
-def _finish(
-    count: float,
-    s: float,
-    q: float,
-    *,
-    zeros: float,
-    mn: float,
-    mx: float,
-    centred: Callable[[float], tuple[float, float]],
-    nan: float = 0.0,
-    inf: float = 0.0,
-) -> Row:
-    """The row from the sums over the finite elements; `centred(mean)` gives Σ(v-mean) and
-    Σ(v-mean)² over them, for the variance when E[x^2] dwarfs it."""
-    if count == 0:
-        return (0.0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan)
-    if mn == mx:  # a constant: exactly (the sums carry rounding; 0.1 gives std 1e-16)
-        return (count, mn, 0.0, mn, mx, zeros, nan, inf, abs(mn) * math.sqrt(count))
-    mean = s / count
-    norm = math.sqrt(q)
-    var = max(q / count - mean * mean, 0.0)
-    if q / count > _MAX_CANCELLATION * var and q > 0:
-        ds, dq = centred(mean)
-        ds /= count
-        var = max(dq / count - ds * ds, 0.0)
-        mean += ds
-    return (count, mean, var, mn, mx, zeros, nan, inf, norm)
-
-
 # how a tensor carries a padded batch's positions (StatsCollector._padded)
 
 
@@ -343,6 +202,7 @@ class StatsCollector:
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
         self._scratch = np.zeros(7, dtype=np.float64)
+        self._later = Later()  # small CPU tensors' copies, measured together
         self._rows: list[Row | torch.Tensor] = []
         self._notes: list[str | None] = []
         self._values: dict[int, list[float | None] | torch.Tensor] = {}  # row → elements
@@ -416,17 +276,17 @@ class StatsCollector:
             and t.dtype is torch.float32
             and t.is_cpu
             and t.layout is torch.strided
-            and 0 < t.numel() <= _TOGETHER
+            and 0 < t.numel() <= TOGETHER
             and t.is_contiguous()
         ]
         if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
             start = 0
             while start < len(picked):  # a bounded copy at a time
                 end, size = start, 0
-                while end < len(picked) and size < _TOGETHER * 64:
+                while end < len(picked) and size < TOGETHER * 64:
                     size += tensors[picked[end]][0].numel()
                     end += 1
-                _rows_together(tensors, picked[start:end], rows, ks)
+                rows_together(tensors, picked[start:end], rows, ks)
                 start = end
         return [
             self.add(t, path, positions=False, given=row)
@@ -602,7 +462,16 @@ class StatsCollector:
             and t.numel() > 0
         ):  # the common case, without real_valued's checks
             x = t.detach() if t.requires_grad else t
-            return (after_pass(self._cpu(x), x) if AFTER_PASS else self._cpu(x)), None
+            if AFTER_PASS:
+                return after_pass(self._cpu(x), x), None
+            ks, n = self._kernels, x.numel()
+            if ks is not None and n <= TOGETHER and not self._bins and x.is_contiguous():
+                later = self._later  # measured after the pass, with others (cpurow.Later)
+                if later.full(n):
+                    self._settle_later(ks)
+                later.add(len(self._rows), x)  # (its row's place: the caller appends it next)
+                return EMPTY_ROW, None
+            return self._cpu(x), None
         if t.device.type == "meta":
             return EMPTY_ROW, "meta tensor: shape only"
         x, note = real_valued(t)
@@ -615,18 +484,27 @@ class StatsCollector:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
         ks = self._kernels or self._kernels_or_count(t.numel() * t.element_size())
         if ks is not None:
-            return _fused_row(t, ks, self._scratch)
-        return _cpu_row(dense_flat(t))
+            return kernel_row(t, ks, self._scratch)
+        return cpu_row(dense_flat(t))
 
     def _device_row(self, x: torch.Tensor) -> torch.Tensor:
         """A device tensor's row, on its device: on CUDA, a floating-point one's by the fused
         Triton kernel (one read, engine/_triton.py); else, and with backend "torch", by
         torch ops."""
         row = None if self._backend == "torch" else fused_row(x)
-        return _torch_row(x) if row is None else row
+        return torch_row(x) if row is None else row
+
+    def _settle_later(self, ks: Kernels) -> None:
+        """The rows of the small tensors held for later, in their places."""
+        rows = self._rows
+        for idx, row in self._later.rows(ks):
+            rows[idx] = row
 
     def finalize(self) -> None:
         """Fill every TensorStats handed out since the last finalize: one transfer per device."""
+        if self._later.at:
+            assert self._kernels is not None  # (tensors are held only once the kernels are)
+            self._settle_later(self._kernels)
         # CPU rows are tuples of floats already; device rows come over in one transfer each
         out: list[Sequence[float]] = []
         by_device: dict[torch.device, list[int]] = {}
@@ -762,8 +640,6 @@ _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # a tensor measured as itself: a plain one or a plain parameter (a DTensor parameter's class is
 # DTensor's)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-# add_whole: tensors of at most this many elements are measured together
-_TOGETHER = 1 << 14
 
 
 @dataclass(slots=True)

@@ -1,0 +1,231 @@
+"""A tensor's row (engine/statrow.py): on any device by torch ops (`torch_row`); a CPU float
+tensor's from the numba kernels or from fast torch reductions; and many small tensors' rows
+from one kernel call (`Later`: copies taken while the pass runs, measured together after it;
+issue 52).
+
+Both paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted only
+when provably sound: a non-finite sum means NaN/Inf are present (the careful pass then counts
+them and excludes them), and a variance small against the mean square means cancellation (a
+centred pass then fixes it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookcli.engine.statrow import Row
+from hookcli.engine.tensorbits import accumulate_dtype, dense_flat
+
+# Below this many elements the parallel kernel's thread start-up costs more than it saves.
+PARALLEL_MIN = 1 << 15
+# Cancellation guard: var = E[x^2] - mean^2 loses about log10(E[x^2]/var) digits of float64's
+# ~16; past this ratio a second pass centred on the mean measures the variance instead.
+MAX_CANCELLATION = 100.0
+# `cpu_row` widens at most this many elements to float64 at a time (a scratch copy that stays
+# in the cache, and bounded).
+CHUNK = 1 << 18
+# Tensors of at most this many elements are measured together (StatsCollector.add_whole, Later)
+TOGETHER = 1 << 14
+# Later holds copies of at most this many elements before it measures them
+LATER_HELD = 1 << 20
+
+
+class Kernels:
+    """The numba kernels (see _kernels.py): fast for clean data, careful for the rest."""
+
+    def __init__(self, module: Any, chan: Any) -> None:
+        self.fused = (module.fused_serial, module.fused_parallel)
+        self.segments = module.fused_segments  # many small tensors in one call
+        self.careful = (module.careful_serial, module.careful_parallel)
+        self.diff = (module.diff_serial, module.diff_parallel)
+        self.diff_nhwc = module.diff_nhwc
+        self.channels = chan  # --channels' per-channel passes (_chankernels)
+
+
+def torch_row(x: torch.Tensor) -> torch.Tensor:
+    """The exact row, on x's device, by torch ops that never synchronise."""
+    acc = accumulate_dtype(x.device)
+    x = x.to(acc).reshape(-1)
+    finite = torch.isfinite(x)
+    count = finite.sum(dtype=acc)
+    xf = torch.where(finite, x, torch.zeros((), dtype=acc, device=x.device))
+    mean = xf.sum() / count
+    centred = torch.where(finite, x - mean, torch.zeros((), dtype=acc, device=x.device))
+    var = torch.dot(centred, centred) / count
+    inf = torch.full((), math.inf, dtype=acc, device=x.device)  # a fill, not a host copy
+    mn = torch.where(finite, x, inf).amin()
+    mx = torch.where(finite, x, -inf).amax()
+    zeros = (x == 0).sum(dtype=acc)
+    nan = torch.isnan(x).sum(dtype=acc)
+    n_inf = torch.isinf(x).sum(dtype=acc)
+    norm = torch.linalg.vector_norm(xf)
+    # a constant, exactly: mean the value, variance 0 (the sums carry rounding), no sync
+    constant = mn == mx
+    mean = torch.where(constant, mn, mean)
+    var = torch.where(constant, torch.zeros_like(var), var)
+    norm = torch.where(constant, mn.abs() * count.sqrt(), norm)
+    return torch.stack([count, mean, var, mn, mx, zeros, nan, n_inf, norm])
+
+
+def sums(flat: torch.Tensor, shift: float = 0.0) -> tuple[float, float]:
+    """Σ(v-shift) and Σ(v-shift)² of a 1-D CPU tensor in float64, a bounded chunk at a time."""
+    s = q = 0.0
+    for start in range(0, flat.shape[0], CHUNK):
+        d = flat[start : start + CHUNK].double()
+        if shift:
+            d = d - shift
+        s += float(d.sum())
+        q += float(torch.dot(d, d))
+    return s, q
+
+
+def cpu_row(flat: torch.Tensor) -> Row | torch.Tensor:
+    """The row of a 1-D CPU float tensor from fast torch reductions (float64 sums), or the
+    careful `torch_row` when the sums show NaN/Inf."""
+    s, q = sums(flat)
+    if not (math.isfinite(s) and math.isfinite(q)):
+        return torch_row(flat)
+    n = flat.shape[0]
+    mn, mx = (float(v) for v in torch.aminmax(flat))
+    # counted on the bool copy: torch's count_nonzero branches on floats (slow on ReLU outputs)
+    # and its sum of bools widens each to int64 (1 ms/MiB); together 7x faster than either
+    zeros = float(n - int(torch.count_nonzero(flat.bool())))
+    return finish(float(n), s, q, zeros=zeros, mn=mn, mx=mx, centred=lambda mean: sums(flat, mean))
+
+
+def kernel_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
+    """The row of a CPU float tensor from numba passes: usually one, at most three.
+
+    1. the fast pass, trusted when its sums are finite (so the data holds no NaN/Inf, which
+       its fast-math flags assume);
+    2. else the careful pass, which counts NaN/Inf and keeps them out of the statistics;
+    3. and, when E[x^2] dwarfs the variance, a careful pass centred on the mean (`finish`).
+
+    `out` is a scratch buffer of 7 float64 values.
+    """
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    # numpy's reshape of a contiguous array is a view, and cheaper than torch's
+    flat = t.numpy().reshape(-1) if t.is_contiguous() else dense_flat(t).numpy()
+    par = flat.shape[0] >= PARALLEL_MIN
+    ks.fused[par](flat, out)
+    return row_of_sums(flat, out, ks, par)
+
+
+def row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = False) -> Row:
+    """The row of `flat` from the fast pass's five sums in out[:5] (out holds 7 float64
+    values: the careful passes, where needed, fill all of them)."""
+    n = flat.shape[0]
+    s, q, zeros, mn, mx = out[:5].tolist()
+    nan = inf = 0.0
+    count = float(n)
+    if not (math.isfinite(s) and math.isfinite(q)):  # NaN/Inf present
+        ks.careful[par](flat, 0.0, out)
+        s, q, zeros, mn, mx, nan, inf = out.tolist()
+        count = n - nan - inf
+
+    def centred(mean: float) -> tuple[float, float]:
+        ks.careful[par](flat, mean, out)
+        return float(out[0]), float(out[1])
+
+    return finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
+
+
+def rows_together(
+    tensors: Sequence[tuple[torch.Tensor, str]], group: list[int], rows: list[Any], ks: Kernels
+) -> None:
+    """The rows of tensors[k] for k in group, from one copy and one kernel call."""
+    flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in group]).numpy()
+    starts = np.zeros(len(group) + 1, dtype=np.int64)
+    np.cumsum([tensors[k][0].numel() for k in group], out=starts[1:])
+    sums = np.empty((len(group), 7), dtype=np.float64)
+    ks.segments(flat, starts, sums)
+    for j, k in enumerate(group):
+        rows[k] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+
+
+def finish(
+    count: float,
+    s: float,
+    q: float,
+    *,
+    zeros: float,
+    mn: float,
+    mx: float,
+    centred: Callable[[float], tuple[float, float]],
+    nan: float = 0.0,
+    inf: float = 0.0,
+) -> Row:
+    """The row from the sums over the finite elements; `centred(mean)` gives Σ(v-mean) and
+    Σ(v-mean)² over them, for the variance when E[x^2] dwarfs it."""
+    if count == 0:
+        return (0.0, math.nan, math.nan, math.nan, math.nan, zeros, nan, inf, math.nan)
+    if mn == mx:  # a constant: exactly (the sums carry rounding; 0.1 gives std 1e-16)
+        return (count, mn, 0.0, mn, mx, zeros, nan, inf, abs(mn) * math.sqrt(count))
+    mean = s / count
+    norm = math.sqrt(q)
+    var = max(q / count - mean * mean, 0.0)
+    if q / count > MAX_CANCELLATION * var and q > 0:
+        ds, dq = centred(mean)
+        ds /= count
+        var = max(dq / count - ds * ds, 0.0)
+        mean += ds
+    return (count, mean, var, mn, mx, zeros, nan, inf, norm)
+
+
+class Later:
+    """Small contiguous CPU float32 tensors (at most TOGETHER elements each), measured after
+    the pass, together: a copy of each is taken as the hook sees it (an in-place op after the
+    hook must not change what is measured), and every `LATER_HELD` elements, or at the end,
+    one call of the segmented kernel measures them all (issue 52: one kernel call per tensor
+    cost more than the copy). Rows come out as `row_of_sums` gives them, bit for bit."""
+
+    def __init__(self) -> None:
+        self.copies: list[torch.Tensor] = []
+        self.at: list[int] = []  # each copy's place among the collector's rows
+        self.held = 0
+
+    def full(self, n: int) -> bool:
+        """Whether `n` more elements would pass what is held at most."""
+        return self.held + n > LATER_HELD
+
+    def add(self, at: int, x: torch.Tensor) -> None:
+        self.copies.append(x.clone())
+        self.at.append(at)
+        self.held += x.numel()
+
+    def rows(self, ks: Kernels) -> list[tuple[int, Row]]:
+        """Every held tensor's row, with its place; nothing is held after."""
+        if not self.copies:
+            return []
+        copies, at = self.copies, self.at
+        self.copies, self.at, self.held = [], [], 0
+        flat = torch._utils._flatten_dense_tensors(copies).numpy()  # type: ignore[no-untyped-call]
+        starts = np.zeros(len(copies) + 1, dtype=np.int64)
+        np.cumsum([c.numel() for c in copies], out=starts[1:])
+        sums = np.empty((len(copies), 7), dtype=np.float64)
+        ks.segments(flat, starts, sums)
+        n = np.diff(starts).astype(np.float64)
+        s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
+        with np.errstate(all="ignore"):  # NaN/Inf rows go the careful way below
+            mean = s / n
+            var = np.maximum(q / n - mean * mean, 0.0)
+            norm = np.sqrt(q)
+            # what `finish` does otherwise: NaN/Inf present, a constant, cancellation
+            careful = ~(np.isfinite(s) & np.isfinite(q)) | (mn == mx)
+            careful |= (q / n > MAX_CANCELLATION * var) & (q > 0)
+        none = [0.0] * len(copies)
+        rows: list[Row] = list(
+            zip(
+                n.tolist(), mean.tolist(), var.tolist(), mn.tolist(), mx.tolist(),
+                zeros.tolist(), none, none, norm.tolist(), strict=True,
+            )
+        )  # fmt: skip
+        for j in np.flatnonzero(careful).tolist():
+            rows[j] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+        return list(zip(at, rows, strict=True))

@@ -1,0 +1,111 @@
+"""Small CPU tensors held for later (cpurow.Later): copied as the hook sees them, measured
+together after the pass; each equals the float64 oracle on the tensor as it was, and the row
+one kernel call per tensor gives, bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hookcli.engine import cpurow
+from hookcli.engine import stats as stats_mod
+from hookcli.engine.stats import StatsCollector
+from hookcli.records import TensorStats
+from tests.support.oracles import assert_stats_match
+
+pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
+
+
+def _small_cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    nonfinite = torch.randn(300, generator=g)
+    nonfinite[::7] = math.nan
+    nonfinite[3::11] = math.inf
+    nonfinite[5::13] = -math.inf
+    return {
+        "randn": torch.randn(4, 8, generator=g),
+        "relu": torch.randn(64, 33, generator=g).relu(),
+        "nonfinite": nonfinite,
+        "all nan": torch.full((20,), math.nan),
+        "constant": torch.full((3, 50), 0.1),
+        # E[x^2] dwarfs the variance: the centred pass
+        "ill-conditioned": 1e4 + torch.randn(500, generator=g, dtype=torch.float64).float() * 1e-3,
+        "one element": torch.tensor([-2.5]),
+        "at the bound": torch.randn(cpurow.TOGETHER, generator=g),
+        "subnormal": torch.full((40,), 1e-42) * torch.arange(40.0),
+    }
+
+
+def _kernels() -> cpurow.Kernels:
+    ks = stats_mod.kernels()
+    if ks is None:
+        pytest.skip("numba unavailable")
+    return ks
+
+
+def _row(s: TensorStats) -> tuple[object, ...]:
+    return (s.mean, s.std, s.min, s.max, s.zeros, s.nan, s.inf, s.norm)
+
+
+def test_small_tensors_are_measured_after_the_pass_as_they_were_when_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each case is held (not measured at add), then changed in place, as ReLU(inplace=True)
+    or `out += identity` would after the hook: the statistics are the tensor's when seen,
+    and the same, bit for bit, as one kernel call for the tensor alone."""
+    _kernels()
+    cases = _small_cases()
+    kept = {name: t.clone() for name, t in cases.items()}
+    collector = StatsCollector(backend="kernel")
+    got = {name: collector.add(t, name) for name, t in cases.items()}
+    assert len(collector._later.at) == len(cases)  # held, none measured yet
+    for t in cases.values():
+        t.mul_(-3.0).add_(1.0)  # after the hook
+    collector.finalize()
+    assert collector._later.at == [] and collector._later.copies == []
+    monkeypatch.setattr(stats_mod, "TOGETHER", 0)  # now each measured at once, alone
+    alone = StatsCollector(backend="kernel")
+    want = {name: alone.add(t, name) for name, t in kept.items()}
+    assert alone._later.at == []
+    alone.finalize()
+    for name, t in kept.items():
+        assert_stats_match(got[name], t)
+        assert repr(_row(got[name])) == repr(_row(want[name])), name
+
+
+def test_what_is_held_is_bounded_and_measured_when_the_bound_is_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _kernels()
+    monkeypatch.setattr(cpurow, "LATER_HELD", 100)
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(30, generator=g) for _ in range(10)]
+    kept = [t.clone() for t in tensors]
+    collector = StatsCollector(backend="kernel")
+    got = []
+    for t in tensors:
+        got.append(collector.add(t, "x"))
+        assert collector._later.held <= 100
+        t.zero_()
+    collector.finalize()
+    for s, t in zip(got, kept, strict=True):
+        assert_stats_match(s, t)
+
+
+def test_what_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past TOGETHER elements, strided, not float32, or with histograms: measured at once."""
+    _kernels()
+    big = torch.randn(cpurow.TOGETHER + 1)
+    strided = torch.randn(8, 8).t()
+    half = torch.randn(10).double()
+    collector = StatsCollector(backend="kernel")
+    for t in (big, strided, half):
+        collector.add(t, "x")
+    assert collector._later.at == []
+    with_hist = StatsCollector(backend="kernel", hist_bins=4)
+    s = with_hist.add(torch.randn(10), "x")
+    assert with_hist._later.at == []
+    with_hist.finalize()
+    assert s.hist is not None
