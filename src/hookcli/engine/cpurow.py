@@ -140,13 +140,45 @@ def rows_together(
     tensors: Sequence[tuple[torch.Tensor, str]], group: list[int], rows: list[Any], ks: Kernels
 ) -> None:
     """The rows of tensors[k] for k in group, from one copy and one kernel call."""
-    flat = torch.cat([tensors[k][0].detach().reshape(-1) for k in group]).numpy()
-    starts = np.zeros(len(group) + 1, dtype=np.int64)
-    np.cumsum([tensors[k][0].numel() for k in group], out=starts[1:])
-    sums = np.empty((len(group), 7), dtype=np.float64)
+    with torch.no_grad():  # (a parameter's copy: no autograd node)
+        flat = _joined([tensors[k][0] for k in group])
+    found = segment_rows(flat, [tensors[k][0].numel() for k in group], ks)
+    for k, row in zip(group, found, strict=True):
+        rows[k] = row
+
+
+def _joined(tensors: list[torch.Tensor]) -> np.ndarray[Any, Any]:
+    """Contiguous CPU tensors, flattened one after the other into one new array."""
+    return torch._utils._flatten_dense_tensors(tensors).numpy()  # type: ignore[no-untyped-call,no-any-return]
+
+
+def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> list[Row]:
+    """The rows of consecutive segments of `flat`, `sizes` elements each (none empty), from one
+    call of the segmented kernel, each as `row_of_sums` gives it, bit for bit: the common case
+    (finite, not constant, no cancellation) worked out for all at once, the others one by one."""
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    sums = np.empty((len(sizes), 7), dtype=np.float64)
     ks.segments(flat, starts, sums)
-    for j, k in enumerate(group):
-        rows[k] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+    n = np.asarray(sizes, dtype=np.float64)
+    s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
+    with np.errstate(all="ignore"):  # NaN/Inf rows go the careful way below
+        mean = s / n
+        var = np.maximum(q / n - mean * mean, 0.0)
+        norm = np.sqrt(q)
+        # what `finish` does otherwise: NaN/Inf present, a constant, cancellation
+        careful = ~(np.isfinite(s) & np.isfinite(q)) | (mn == mx)
+        careful |= (q / n > MAX_CANCELLATION * var) & (q > 0)
+    none = [0.0] * len(sizes)
+    rows: list[Row] = list(
+        zip(
+            n.tolist(), mean.tolist(), var.tolist(), mn.tolist(), mx.tolist(), zeros.tolist(),
+            none, none, norm.tolist(), strict=True,
+        )
+    )  # fmt: skip
+    for j in np.flatnonzero(careful).tolist():
+        rows[j] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+    return rows
 
 
 def finish(
@@ -205,27 +237,5 @@ class Later:
             return []
         copies, at = self.copies, self.at
         self.copies, self.at, self.held = [], [], 0
-        flat = torch._utils._flatten_dense_tensors(copies).numpy()  # type: ignore[no-untyped-call]
-        starts = np.zeros(len(copies) + 1, dtype=np.int64)
-        np.cumsum([c.numel() for c in copies], out=starts[1:])
-        sums = np.empty((len(copies), 7), dtype=np.float64)
-        ks.segments(flat, starts, sums)
-        n = np.diff(starts).astype(np.float64)
-        s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
-        with np.errstate(all="ignore"):  # NaN/Inf rows go the careful way below
-            mean = s / n
-            var = np.maximum(q / n - mean * mean, 0.0)
-            norm = np.sqrt(q)
-            # what `finish` does otherwise: NaN/Inf present, a constant, cancellation
-            careful = ~(np.isfinite(s) & np.isfinite(q)) | (mn == mx)
-            careful |= (q / n > MAX_CANCELLATION * var) & (q > 0)
-        none = [0.0] * len(copies)
-        rows: list[Row] = list(
-            zip(
-                n.tolist(), mean.tolist(), var.tolist(), mn.tolist(), mx.tolist(),
-                zeros.tolist(), none, none, norm.tolist(), strict=True,
-            )
-        )  # fmt: skip
-        for j in np.flatnonzero(careful).tolist():
-            rows[j] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+        rows = segment_rows(_joined(copies), [c.numel() for c in copies], ks)
         return list(zip(at, rows, strict=True))
