@@ -276,6 +276,43 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
 
 
 @needs_cuda
+def test_cuda_per_token_rows_come_from_the_kernel_in_one_launch_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: --per-token on CUDA is the Triton kernel's, one launch per tensor, with no
+    host synchronisation, equal to float64 torch's rows on the CPU and bitwise the same run
+    to run; HOOKCLI_STATS=torch's backend keeps torch ops."""
+    pytest.importorskip("triton")
+    from hookcli.engine import _triton, devicerow
+    from hookcli.engine.tensorbits import token_rows
+
+    launched: list[int] = []
+    original = _triton.token_rows
+    monkeypatch.setattr(
+        _triton, "token_rows", lambda x, **k: launched.append(1) or original(x, **k)
+    )
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 33, 4100, device="cuda", generator=g)
+    x[0, 3, 7] = float("nan")
+    cases = [x, x.bfloat16(), x.transpose(0, 1)]  # the last one not contiguous: copied
+    runs = []
+    for _ in range(2):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            runs.append([devicerow.token_rows(t) for t in cases])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert len(launched) == 2 * len(cases)
+    for t, first, second in zip(cases, *runs, strict=True):
+        assert first.view(torch.int64).equal(second.view(torch.int64))
+        want = token_rows(t.cpu())
+        assert torch.equal(first[..., 4].cpu(), want[..., 4])
+        assert torch.allclose(first.cpu(), want, rtol=1e-10, atol=1e-12, equal_nan=True)
+    devicerow.token_rows(x, fused=False)
+    assert len(launched) == 2 * len(cases)
+
+
+@needs_cuda
 def test_diff_on_the_device_reads_each_reference_tensor_where_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

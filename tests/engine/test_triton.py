@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hookcli.engine.statrow import fill
+from hookcli.engine.tensorbits import token_rows
 from hookcli.records import TensorStats
 from tests.support.oracles import assert_stats_match
 from tests.support.paths import ROOT
@@ -83,3 +84,68 @@ def test_the_fused_kernel_equals_float64_torch_and_repeats_bitwise(tmp_path: Pat
     constant = rows["constant, blocks"][0].tolist()
     value = float(torch.tensor(0.1))  # the float32 nearest 0.1
     assert constant[1] == value and constant[2] == 0.0  # exactly: the value, no spread
+
+
+_TOKENS_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+rows = {name: [_triton.token_rows(x, block=block) for _ in range(2)]
+        for name, (x, block) in cases.items()}
+torch.save(rows, sys.argv[2])
+"""
+
+
+def _token_cases() -> dict[str, tuple[torch.Tensor, int]]:
+    g = torch.Generator().manual_seed(5)
+    dirty = torch.randn(2, 6, 700, generator=g)
+    dirty[0, 1, 5] = math.nan
+    dirty[0, 1, 600] = math.nan  # the first NaN's channel, as torch's max gives it
+    dirty[0, 2, 650] = math.inf
+    dirty[0, 3, 10] = -math.inf
+    dirty[0, 3, 11] = math.inf  # inf - inf: NaN mean and std, the first |inf| the max
+    dirty[1, 0, :] = 0.25  # a constant position
+    dirty[1, 1, 100] = -40.0
+    dirty[1, 1, 650] = 40.0  # a tie in |x| across blocks: the earlier channel
+    dirty[1, 2, :] = 0.0
+    return {
+        "randn, blocks of channels": (torch.randn(3, 5, 1000, generator=g), 256),
+        "nan, inf, ties, constants": (dirty, 256),
+        "fewer channels than a block": (torch.randn(2, 3, 40, generator=g), 1024),
+        "one position, one channel": (torch.tensor([[[-3.0]]]), 1024),
+        "large mean": (torch.randn(1, 4, 3000, generator=g) * 1e-3 + 1e3, 1024),
+        "float16": ((torch.randn(2, 4, 900, generator=g) * 50).half(), 256),
+        "bfloat16": (torch.randn(2, 4, 900, generator=g).bfloat16(), 256),
+        "float64": (torch.randn(2, 4, 900, generator=g, dtype=torch.float64), 256),
+    }
+
+
+def test_the_per_token_kernel_equals_torch_s_rows_and_repeats_bitwise(tmp_path: Path) -> None:
+    """--per-token on CUDA: the kernel's five numbers per position equal tensorbits.token_rows
+    (float64 torch) to rounding — NaN where torch has NaN, the same channel of the max — and
+    are bitwise the same run to run."""
+    cases = _token_cases()
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _TOKENS_RUN, tmp_path / "cases.pt", tmp_path / "o"],
+        check=True,
+        env=env,
+        timeout=600,
+    )
+    rows = torch.load(tmp_path / "o")
+    assert set(rows) == set(cases)
+    for name, (x, _) in cases.items():
+        first, second = rows[name]
+        assert first.dtype == torch.float64 and first.shape == (*x.shape[:-1], 5), name
+        assert first.view(torch.int64).equal(second.view(torch.int64)), name  # bitwise
+        want = token_rows(x)
+        assert torch.equal(first[..., 4], want[..., 4]), name  # the channel, exactly
+        assert torch.equal(first.isnan(), want.isnan()), name
+        # to rounding, against each position's scale (its RMS: a std far below a large mean
+        # carries the mean's rounding, in torch's figure as in the kernel's)
+        rms = (want[..., :1] / math.sqrt(x.shape[-1])).nan_to_num(posinf=0.0)
+        gap = (first - want).abs().nan_to_num(0.0)  # (NaN where both are NaN, checked above)
+        assert bool((gap <= 1e-12 * torch.maximum(want.abs(), rms).nan_to_num(0.0)).all()), name
+    constant = rows["nan, inf, ties, constants"][0][1, 0].tolist()
+    assert constant[1] == 0.25 and constant[2] == 0.0 and constant[4] == 0.0

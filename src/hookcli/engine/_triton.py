@@ -11,6 +11,11 @@ the dozen torch ops of cpurow.torch_row (each a launch, each a read of the tenso
 2. `_merge`: one program walks the blocks in order, a chunk at a time, and combines them
    (Chan's pairwise update: M2 = Σ M2_b + Σ n_b (mean_b - mean)²) into the row.
 
+`_tokens` (--per-token): each program reads one position's C channels, twice (the second
+time centred on the first's mean, from cache), and writes its five numbers — norm, mean,
+population std, max |x| and the first channel holding it (NaN and its channel where the
+position holds one, as torch's max does) — one launch for the whole tensor.
+
 No atomics and a fixed order everywhere: the figures are bitwise the same run to run. Sums
 accumulate in float64, as on every other path, so the row agrees with float64 torch to
 rounding. Triton's interpreter (TRITON_INTERPRET=1, set before this module is imported) runs
@@ -136,3 +141,59 @@ def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Ten
     _blocks[(blocks,)](flat, parts, out, n, FINAL=False, BLOCK=block)
     _merge[(1,)](parts, out, blocks, CHUNK=chunk)
     return out
+
+
+TOKEN_BLOCK = 1024  # channels a program of _tokens reads at a time
+_TOKEN = 5  # norm, mean, std, max |x|, its channel
+
+
+@triton.jit
+def _tokens(x_ptr, out_ptr, channels, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    base = x_ptr + r * channels
+    far = channels + BLOCK  # past every channel: "none found"
+    s = tl.zeros((), tl.float64)
+    q = tl.zeros((), tl.float64)
+    best = tl.full((), -1.0, tl.float64)
+    best_at = tl.full((), far, tl.int64)
+    nan_at = tl.full((), far, tl.int64)
+    for start in range(0, channels, BLOCK):  # in order: the same sums every run
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < channels
+        v = tl.load(base + offs, mask=inside, other=0).to(tl.float64)
+        s += tl.sum(v, axis=0)
+        q += tl.sum(v * v, axis=0)
+        a = tl.abs(v)
+        nan = inside & (a != a)  # noqa: PLR0124 (NaN is the value unequal to itself)
+        nan_at = tl.minimum(nan_at, tl.min(tl.where(nan, offs.to(tl.int64), far), axis=0))
+        top = tl.max(tl.where(inside & ~nan, a, -1.0), axis=0)
+        at = tl.min(tl.where(inside & (a == top), offs.to(tl.int64), far), axis=0)
+        later = top > best  # a tie keeps the earlier channel
+        best_at = tl.where(later, at, best_at)
+        best = tl.where(later, top, best)
+    mean = s / channels
+    m2 = tl.zeros((), tl.float64)
+    for start in range(0, channels, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < channels
+        v = tl.load(base + offs, mask=inside, other=0).to(tl.float64)
+        d = tl.where(inside, v - mean, 0.0)
+        m2 += tl.sum(d * d, axis=0)
+    has_nan = nan_at < far
+    out = out_ptr + r * 5
+    tl.store(out + 0, tl.sqrt(q))
+    tl.store(out + 1, mean)
+    tl.store(out + 2, tl.sqrt(m2 / channels))
+    tl.store(out + 3, tl.where(has_nan, float("nan"), best))
+    tl.store(out + 4, tl.where(has_nan, nan_at, best_at).to(tl.float64))
+
+
+def token_rows(x: torch.Tensor, *, block: int = TOKEN_BLOCK) -> torch.Tensor:
+    """(…, C) → (…, 5) float64 on x's device (x non-empty, floating point, contiguous): per
+    position the norm, mean, std and max |x| over its C channels and the channel of that max,
+    as engine/tensorbits.token_rows gives them — in one launch and one read of x."""
+    channels = x.shape[-1]
+    flat = x.reshape(-1, channels)
+    out = torch.empty((flat.shape[0], _TOKEN), dtype=torch.float64, device=x.device)
+    _tokens[(flat.shape[0],)](flat, out, channels, BLOCK=block)
+    return out.reshape(*x.shape[:-1], _TOKEN)

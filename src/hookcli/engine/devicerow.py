@@ -1,15 +1,17 @@
 """A CUDA tensor's row by the fused Triton kernel (engine/_triton.py): one read of the data
-and two launches at most, instead of torch ops' dozen of each. Where Triton is missing (a
-CPU-only build, macOS) or cannot build the kernel for this device, None: the caller's torch ops
-measure it, exactly, as before."""
+and two launches at most, instead of torch ops' dozen of each; --per-token's rows likewise, in
+one launch. Where Triton is missing (a CPU-only build, macOS) or cannot build the kernel for
+this device, torch ops measure it, exactly, as before."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
+from hookcli.engine import tensorbits
 from hookcli.engine.tensorbits import dense_flat
 from hookcli.runtime import preload
 
@@ -30,20 +32,43 @@ def _kernels() -> ModuleType | None:
 def fused_row(x: torch.Tensor) -> torch.Tensor | None:
     """x's row (9 float64 numbers on its device, no synchronisation) when x is a non-empty
     CUDA tensor of a floating dtype the kernel reads; else None."""
+    kernels = _usable(x)
+    if kernels is None:
+        return None
+    return _launched(lambda: kernels.row(dense_flat(x)), x)
+
+
+def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
+    """--per-token's rows of t (batch, tokens, C): (batch, tokens, 5) float64 on t's device
+    (tensorbits.token_rows' numbers). On CUDA (`fused`), the fused kernel's: one launch and
+    one read of t in its own dtype, no float64 copy; else torch ops'."""
+    kernels = _usable(t) if fused else None
+    if kernels is not None:
+        x = t.detach()
+        rows = _launched(lambda: kernels.token_rows(x if x.is_contiguous() else x.contiguous()), x)
+        if rows is not None:
+            return rows
+    return tensorbits.token_rows(t)
+
+
+def _usable(x: torch.Tensor) -> ModuleType | None:
+    """The kernels, where they may read x (non-empty, CUDA, a dtype they read; not turned off
+    by HOOKCLI_STATS=torch, nor failed before in this process)."""
     if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or _broken[0]:
         return None
     if preload.kept_off():  # HOOKCLI_STATS=torch: the torch-ops statistics everywhere
         return None
-    kernels = _kernels()
-    if kernels is None:
-        return None
+    return _kernels()
+
+
+def _launched(launch: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+    """launch() on x's device (Triton launches on the current one); None, and the kernels not
+    tried again in this process, when it fails (e.g. a device Triton cannot compile for)."""
     try:
         if x.device.index not in (None, torch.cuda.current_device()):
-            with torch.cuda.device(x.device):  # Triton launches on the current device
-                row: torch.Tensor = kernels.row(dense_flat(x))
-        else:
-            row = kernels.row(dense_flat(x))
-    except Exception:  # e.g. a device Triton cannot compile for
+            with torch.cuda.device(x.device):
+                return launch()
+        return launch()
+    except Exception:
         _broken[0] = True
         return None
-    return row

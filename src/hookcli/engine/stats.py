@@ -61,7 +61,7 @@ from hookcli.engine.cpurow import (
     rows_together,
     torch_row,
 )
-from hookcli.engine.devicerow import fused_row
+from hookcli.engine.devicerow import fused_row, token_rows
 from hookcli.engine.histogram import histogram
 from hookcli.engine.sharded import ShardBook, not_merged
 from hookcli.engine.statrow import AFTER_PASS, EMPTY_ROW, Row, after_pass, fill
@@ -75,7 +75,6 @@ from hookcli.engine.tensorbits import (
     finite_or_none,
     own_positions,
     real_valued,
-    token_rows,
     unpadded,
 )
 from hookcli.options import STATS_BACKENDS
@@ -326,7 +325,8 @@ class StatsCollector:
             if idx in self._hists:
                 self._wants_hist.append((stats, idx))
             if self.per_token and idx not in self._tokens and self._token_rows_of(t, path):
-                self._tokens[idx] = token_rows(t)  # first seen as an input, now an output
+                # first seen as an input, now an output
+                self._tokens[idx] = token_rows(t, fused=self._backend != "torch")
             if idx in self._tokens:
                 self._wants_tokens.append((stats, idx))
             if idx not in self._chan and self.channels is not None:
@@ -365,7 +365,7 @@ class StatsCollector:
             self._hist_range[idx] = span
             self._wants_hist.append((stats, idx))
         if self.per_token and self._token_rows_of(seen, path):
-            self._tokens[idx] = token_rows(seen)
+            self._tokens[idx] = token_rows(seen, fused=self._backend != "torch")
             self._wants_tokens.append((stats, idx))
         if self.channels is not None and self._channel_row(
             seen, idx, padded, t if padded else None
