@@ -15,7 +15,7 @@ import torch
 
 from hookcli.engine.hooks import HookSession, Target, holds_compiled, measure
 from hookcli.engine.layout import LayoutOf
-from hookcli.engine.origins import find_origins, number_backward
+from hookcli.engine.origins import any_nonfinite, find_origins, number_backward
 from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import Prepared
 from hookcli.engine.probes import Armed, Measured, Probe, armed_probes
@@ -135,6 +135,8 @@ def origins_of(
     prepared: Prepared, session: HookSession, outputs: Sequence[TensorStats] = ()
 ) -> list[Origin]:
     """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
+    if not any_nonfinite(session.calls, outputs):
+        return []
     types = {n: e.type for e in prepared.entries for n in e.names}
     selected = {id(t.module) for t in session.targets}
     partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)

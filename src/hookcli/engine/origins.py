@@ -37,6 +37,8 @@ def find_origins(
     to name the forwards a gap's code can be in; `partial`: the selection leaves modules out,
     so a gap may also be an unselected module; `outputs`: the model's output, whose NaN/Inf
     no call returned were made by code after the last one."""
+    if not any_nonfinite(calls, outputs):
+        return []  # (the common case, without ordering every call's events)
     where = _Tree(types or {}, partial)
     origins = []
     forward = _forward(calls, where, outputs)
@@ -55,6 +57,17 @@ def number_backward(calls: Sequence[PendingCall]) -> None:
     )
     for rank, p in enumerate(arrived):
         p.call.backward_order = rank
+
+
+def any_nonfinite(calls: Sequence[PendingCall], outputs: Sequence[TensorStats]) -> bool:
+    """Whether any call's tensor or gradient, or the model's output, holds NaN/Inf."""
+    for p in calls:
+        c = p.call
+        for group in (c.inputs, c.outputs, c.grad_inputs, c.grad_outputs):
+            for t in group or ():
+                if t.nan or t.inf:
+                    return True
+    return any(t.nan or t.inf for t in outputs)
 
 
 def _bad(tensors: Sequence[TensorStats] | None) -> TensorStats | None:

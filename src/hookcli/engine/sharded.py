@@ -319,20 +319,21 @@ class ShardBook:
             known.groups = groups + known.groups  # a rank's batch of a declared shard
             if known.batch is not None:
                 known.batch = (shape[0], math.prod(shape))
-        labels: dict[int, str] = {}
-        for stats, row in handed:
-            labels.setdefault(row, stats.path)
         # tensor parallel: every row not split over its group is compared over it (the same
         # on every rank, or one rank's part no style declared, said)
         split = {g for s in self.shards for g in s.groups if g not in self.batch_groups}
         split.update(self.checked)
-        whole = [
-            i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)
-        ]
-        compare = whole if split else []
+        compare = (
+            [i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)]
+            if split
+            else []
+        )
         # a distributed model's ranks always meet here, a rank that measured nothing too
         joined = self.shards or compare or self.batch_groups or self.checked or self.squares
         riding = sum(len(sq.values) for sq in self.squares)
+        labels: dict[int, str] = {}
+        for stats, row in handed if joined else ():
+            labels.setdefault(row, stats.path)
         if joined and not agreed(self.shards, labels, len(compare), riding):
             _unmerged(self.shards, handed)
             self.clear()
