@@ -55,6 +55,31 @@ class DiffCall:
     fused_into: str | None = None
 
 
+@dataclass(slots=True)
+class TokenDistances:
+    """diff over a text corpus (issue 53): side B's next-token distributions against the
+    reference's (side A), over every position that predicts a next token of its text
+    (commands/diff/tokens.py has the formulas, llama.cpp's `--kl-divergence` ones). `kld`
+    and `kld_reverse`: KL(A‖B) and KL(B‖A) in nats — mean, stderr, max, p99.9 … p1;
+    `same_top1`: the fraction of positions whose most probable token is the same; `delta_p`:
+    p_B - p_A of the actual next token — rms, p99 … p1; `ppl_a`, `ppl_b`, their ratio B/A
+    and `ln_ppl_corr`, the correlation of the sides' -ln p(next); `worst`: the positions of
+    largest KL(A‖B) (sequence, position in its text, next token id and text, kld);
+    `nonfinite`: positions left out, their distribution not finite on a side."""
+
+    count: int
+    kld: dict[str, float | None]
+    kld_reverse: dict[str, float | None]
+    same_top1: float | None
+    delta_p: dict[str, float | None]
+    ppl_a: float | None
+    ppl_b: float | None
+    ppl_ratio: float | None
+    ln_ppl_corr: float | None
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    nonfinite: int = 0
+
+
 @dataclass(slots=True, repr=False)
 class DiffReport(Viewed):
     model: ModelInfo

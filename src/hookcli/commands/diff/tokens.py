@@ -1,0 +1,197 @@
+"""The quantization report's token statistics (issue 53): how far side B's next-token
+distributions are from the reference's (side A) over a text corpus, position by position.
+
+Every position that predicts a next token of its own text counts — each real token but the
+last of its sequence, never padding, left- or right-padded alike. Per position, from both
+sides' logits over the vocabulary (float64, a bounded number of positions at a time, so the
+memory is O(vocabulary) per position whatever the corpus):
+
+* KL(A‖B) = Σ p_A (ln p_A - ln p_B), and KL(B‖A) the other way (a token one side gives
+  probability 0 adds nothing where that side is the first, +∞ where it is the second);
+* Δp = p_B(next) - p_A(next), the change in the probability of the text's actual next token;
+* whether the most probable token is the same (the first of equal ones, as argmax);
+* -ln p(next) on each side, for the perplexity exp(mean) and the correlation of the two.
+
+These are llama.cpp's `llama-perplexity --kl-divergence` formulas: the mean KLD's standard
+error is √(var / (n - 1)) with the population variance; percentiles interpolate linearly
+between the sorted values (numpy's default). A position where either side's distribution is
+not finite (NaN/Inf logits) is left out of everything and counted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hookcli.records import TokenDistances
+
+PERCENTILES = (99.9, 99.0, 90.0, 50.0, 10.0, 1.0)
+WORST = 10  # the positions of largest KL(A‖B) reported
+CHUNK = 64  # positions whose float64 distributions are held at once
+
+
+def _key(q: float) -> str:
+    return f"p{q:g}"
+
+
+class TokenAccumulator:
+    """Token statistics over batches: `add` each batch's logits of both sides, `summary` at
+    the end. Sequences are numbered across batches in the order they were added."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[np.ndarray[Any, Any]]] = {
+            k: [] for k in ("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")
+        }
+        self._worst: list[tuple[float, int, int, int]] = []  # a min-heap of (kld, seq, pos, id)
+        self._sequences = 0
+        self.nonfinite = 0
+
+    def add(
+        self,
+        logits_a: torch.Tensor,
+        logits_b: torch.Tensor,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> None:
+        """One batch: logits (batch, tokens, vocabulary) of each side, the token ids (batch,
+        tokens) and the attention mask (1 where a token is real; None: all are)."""
+        if logits_a.shape != logits_b.shape:
+            raise ValueError(
+                f"the sides' logits differ in shape: {tuple(logits_a.shape)} and "
+                f"{tuple(logits_b.shape)}"
+            )
+        ids = input_ids.detach().to("cpu", torch.int64)
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.detach().cpu() != 0
+        predicts = real[:, :-1] & real[:, 1:]  # a real token followed by one of its text
+        seq, pos = predicts.nonzero(as_tuple=True)
+        nxt = ids[seq, pos + 1]
+        own = (real.long().cumsum(1) - 1)[seq, pos]  # the position in its own text
+        for start in range(0, seq.numel(), CHUNK):
+            part = slice(start, start + CHUNK)
+            self._chunk((logits_a, logits_b), seq[part], pos[part], nxt[part], own[part])
+        self._sequences += ids.shape[0]
+
+    def _chunk(
+        self,
+        logits: tuple[torch.Tensor, torch.Tensor],
+        seq: torch.Tensor,
+        pos: torch.Tensor,
+        nxt: torch.Tensor,
+        own: torch.Tensor,
+    ) -> None:
+        """Positions (seq, pos) of this batch, predicting tokens `nxt`, at `own` in their texts."""
+        logits_a, logits_b = logits
+        device = logits_a.device
+        at_s, at_p, target = seq.to(device), pos.to(device), nxt.to(device).unsqueeze(1)
+        la = logits_a.detach()[at_s, at_p].double().log_softmax(-1)
+        lb = logits_b.detach().to(device)[at_s, at_p].double().log_softmax(-1)
+        pa, pb = la.exp(), lb.exp()
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        kld = torch.where(pa > 0, pa * (la - lb), zero).sum(-1)
+        kld_reverse = torch.where(pb > 0, pb * (lb - la), zero).sum(-1)
+        nll_a, nll_b = -la.gather(1, target).squeeze(1), -lb.gather(1, target).squeeze(1)
+        delta_p = pb.gather(1, target).squeeze(1) - pa.gather(1, target).squeeze(1)
+        same = la.argmax(-1) == lb.argmax(-1)
+        # a distribution on both sides: no NaN after log_softmax (NaN or +Inf logits, or none
+        # finite, give NaN)
+        finite = ~(la.isnan().any(-1) | lb.isnan().any(-1))
+        got = torch.stack([kld, kld_reverse, delta_p, same.double(), nll_a, nll_b, finite.double()])
+        rows = got.cpu().numpy()  # one transfer per chunk
+        keep = rows[6] > 0
+        self.nonfinite += int((~keep).sum())
+        for k, name in enumerate(("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")):
+            self._parts[name].append(rows[k][keep])
+        base = self._sequences
+        for value, s, p, t in zip(
+            rows[0][keep].tolist(),
+            seq.numpy()[keep].tolist(),
+            own.numpy()[keep].tolist(),
+            nxt.numpy()[keep].tolist(),
+            strict=True,
+        ):
+            item = (value, base + s, p, t)
+            if len(self._worst) < WORST:
+                heapq.heappush(self._worst, item)
+            elif item > self._worst[0]:
+                heapq.heapreplace(self._worst, item)
+
+    def summary(self, token_text: Callable[[int], str] | None = None) -> TokenDistances:
+        """The statistics over every position added; `token_text` names a token id."""
+        got = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self._parts.items()}
+        kld, nll_a, nll_b = got["kld"], got["nll_a"], got["nll_b"]
+        count = int(kld.shape[0])
+        ppl_a = _exp(float(nll_a.mean())) if count else None
+        ppl_b = _exp(float(nll_b.mean())) if count else None
+        worst = sorted(self._worst, key=lambda w: (-w[0], w[1], w[2]))
+        return TokenDistances(
+            count=count,
+            kld=_spread(kld),
+            kld_reverse=_spread(got["kld_reverse"]),
+            same_top1=_finite(float(got["same"].mean())) if count else None,
+            delta_p=_delta(got["delta_p"]),
+            ppl_a=ppl_a,
+            ppl_b=ppl_b,
+            ppl_ratio=ppl_b / ppl_a if ppl_a and ppl_b is not None else None,
+            ln_ppl_corr=_correlation(nll_a, nll_b),
+            worst=[
+                {
+                    "sequence": s,
+                    "position": p,
+                    "token": t,
+                    "text": token_text(t) if token_text is not None else None,
+                    "kld": _finite(v),
+                }
+                for v, s, p, t in worst
+            ],
+            nonfinite=self.nonfinite,
+        )
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _exp(v: float) -> float | None:
+    return _finite(math.exp(v)) if v < 709 else None
+
+
+def _spread(v: np.ndarray[Any, Any]) -> dict[str, float | None]:
+    """mean, its standard error (llama.cpp's: √(var / (n - 1))), max and the percentiles."""
+    n = v.shape[0]
+    if n == 0:
+        return {"mean": None, "stderr": None, "max": None, **{_key(q): None for q in PERCENTILES}}
+    mean = float(v.mean())
+    var = float((v * v).mean()) - mean * mean
+    out: dict[str, float | None] = {
+        "mean": _finite(mean),
+        "stderr": _finite(math.sqrt(max(var, 0.0) / (n - 1))) if n > 1 else None,
+        "max": _finite(float(v.max())),
+    }
+    for q, value in zip(PERCENTILES, np.percentile(v, PERCENTILES).tolist(), strict=True):
+        out[_key(q)] = _finite(value)
+    return out
+
+
+def _delta(v: np.ndarray[Any, Any]) -> dict[str, float | None]:
+    """Δp's root mean square and percentiles."""
+    if v.shape[0] == 0:
+        return {"rms": None, **{_key(q): None for q in PERCENTILES if q != 99.9}}
+    out: dict[str, float | None] = {"rms": _finite(math.sqrt(float((v * v).mean())))}
+    qs = [q for q in PERCENTILES if q != 99.9]
+    for q, value in zip(qs, np.percentile(v, qs).tolist(), strict=True):
+        out[_key(q)] = _finite(value)
+    return out
+
+
+def _correlation(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float | None:
+    """Pearson's correlation of the two sides' -ln p(next), position by position."""
+    if a.shape[0] < 2:
+        return None
+    da, db = a - a.mean(), b - b.mean()
+    den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
+    return _finite(float((da * db).sum()) / den) if den > 0 else None

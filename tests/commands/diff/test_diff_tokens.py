@@ -1,0 +1,170 @@
+"""The quantization report's token statistics (commands/diff/tokens.py) against a float64
+numpy re-implementation of llama-perplexity's --kl-divergence formulas, one sequence at a time
+and unpadded: left- and right-padded batches (garbage logits at the padding), across chunk
+boundaries; KL(A||A) = 0 exactly; non-finite positions left out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hookcli.commands.diff import tokens as tokens_mod
+from hookcli.commands.diff.tokens import PERCENTILES, TokenAccumulator
+
+VOCAB = 50
+
+
+def _sequences(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(ids, logits A, logits B) of texts of different lengths; B = A plus noise, larger on
+    some positions."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for length in (9, 1, 5, 12, 2, 7):
+        ids = torch.randint(0, VOCAB, (length,), generator=g)
+        a = torch.randn(length, VOCAB, generator=g) * 3
+        b = a + torch.randn(length, VOCAB, generator=g) * torch.rand(length, 1, generator=g)
+        out.append((ids, a, b))
+    return out
+
+
+def _batch(
+    seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], side: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sequences padded on `side`: ids, mask, and both sides' logits, padding's garbage."""
+    longest = max(len(s[0]) for s in seqs)
+    n = len(seqs)
+    ids = torch.full((n, longest), 7, dtype=torch.int64)
+    mask = torch.zeros((n, longest), dtype=torch.int64)
+    la = torch.full((n, longest, VOCAB), 1e4)  # garbage where there is no token
+    lb = torch.randn(n, longest, VOCAB) * 1e3
+    for i, (s_ids, a, b) in enumerate(seqs):
+        k = len(s_ids)
+        cols = slice(longest - k, longest) if side == "left" else slice(0, k)
+        ids[i, cols], mask[i, cols], la[i, cols], lb[i, cols] = s_ids, 1, a, b
+    return ids, mask, la, lb
+
+
+def _oracle(seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[str, object]:
+    """llama-perplexity's formulas, position by position, float64 numpy, no padding."""
+    kld, rev, dp, same, nll_a, nll_b, where = [], [], [], [], [], [], []
+    for s, (ids, a, b) in enumerate(seqs):
+        a64, b64, tok = a.double().numpy(), b.double().numpy(), ids.numpy()
+        for t in range(len(tok) - 1):
+            la = a64[t] - np.log(np.exp(a64[t] - a64[t].max()).sum()) - a64[t].max()
+            lb = b64[t] - np.log(np.exp(b64[t] - b64[t].max()).sum()) - b64[t].max()
+            pa, pb = np.exp(la), np.exp(lb)
+            nxt = tok[t + 1]
+            kld.append(float((pa * (la - lb)).sum()))
+            rev.append(float((pb * (lb - la)).sum()))
+            dp.append(float(pb[nxt] - pa[nxt]))
+            same.append(float(np.argmax(la) == np.argmax(lb)))
+            nll_a.append(float(-la[nxt]))
+            nll_b.append(float(-lb[nxt]))
+            where.append((s, t, int(nxt)))
+    k = np.array(kld)
+    n = len(k)
+    var = (k * k).mean() - k.mean() ** 2
+    a_, b_ = np.array(nll_a), np.array(nll_b)
+    order = sorted(range(n), key=lambda i: -kld[i])[:10]
+    return {
+        "count": n,
+        "kld": k,
+        "kld_mean": k.mean(),
+        "kld_stderr": math.sqrt(var / (n - 1)),
+        "rev": np.array(rev),
+        "dp": np.array(dp),
+        "same": float(np.mean(same)),
+        "ppl_a": math.exp(a_.mean()),
+        "ppl_b": math.exp(b_.mean()),
+        "corr": float(np.corrcoef(a_, b_)[0, 1]),
+        "worst": [(*where[i], kld[i]) for i in order],
+    }
+
+
+def _close(got: float | None, want: float) -> bool:
+    return got is not None and got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("chunk", [64, 3])
+def test_the_statistics_equal_llama_perplexity_s_formulas(
+    side: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokens_mod, "CHUNK", chunk)
+    seqs = _sequences()
+    want = _oracle(seqs)
+    acc = TokenAccumulator()
+    # two batches: sequences are numbered across them
+    for part in (seqs[:4], seqs[4:]):
+        ids, mask, la, lb = _batch(part, side)
+        acc.add(la, lb, ids, mask)
+    got = acc.summary(token_text=lambda t: f"<{t}>")
+    assert got.count == want["count"] == sum(len(s[0]) - 1 for s in seqs)
+    assert got.nonfinite == 0
+    k = want["kld"]
+    assert isinstance(k, np.ndarray)
+    assert _close(got.kld["mean"], float(want["kld_mean"]))  # type: ignore[arg-type]
+    assert _close(got.kld["stderr"], float(want["kld_stderr"]))  # type: ignore[arg-type]
+    assert _close(got.kld["max"], float(k.max()))
+    for q in PERCENTILES:
+        assert _close(got.kld[f"p{q:g}"], float(np.percentile(k, q)))
+    rev, dp = want["rev"], want["dp"]
+    assert isinstance(rev, np.ndarray) and isinstance(dp, np.ndarray)
+    assert _close(got.kld_reverse["mean"], float(rev.mean()))
+    assert _close(got.kld_reverse["p50"], float(np.percentile(rev, 50)))
+    assert _close(got.delta_p["rms"], math.sqrt(float((dp * dp).mean())))
+    for q in (99.0, 90.0, 50.0, 10.0, 1.0):
+        assert _close(got.delta_p[f"p{q:g}"], float(np.percentile(dp, q)))
+    assert got.same_top1 == want["same"]
+    assert _close(got.ppl_a, want["ppl_a"])  # type: ignore[arg-type]
+    assert _close(got.ppl_b, want["ppl_b"])  # type: ignore[arg-type]
+    assert _close(got.ppl_ratio, want["ppl_b"] / want["ppl_a"])  # type: ignore[operator]
+    assert _close(got.ln_ppl_corr, want["corr"])  # type: ignore[arg-type]
+    worst = want["worst"]
+    assert isinstance(worst, list)
+    assert [(w["sequence"], w["position"], w["token"]) for w in got.worst] == [
+        (s, t, tok) for s, t, tok, _ in worst
+    ]
+    assert all(_close(w["kld"], v) for w, (*_, v) in zip(got.worst, worst, strict=True))
+    assert got.worst[0]["text"] == f"<{got.worst[0]['token']}>"
+
+
+def test_a_side_against_itself_is_zero_exactly() -> None:
+    seqs = _sequences(1)
+    ids, mask, la, _ = _batch(seqs, "left")
+    acc = TokenAccumulator()
+    acc.add(la, la.clone(), ids, mask)
+    got = acc.summary()
+    assert got.kld["mean"] == 0.0 and got.kld["max"] == 0.0 and got.kld["p99.9"] == 0.0
+    assert got.kld_reverse["max"] == 0.0
+    assert got.same_top1 == 1.0 and got.delta_p["rms"] == 0.0
+    assert got.ppl_ratio == 1.0 and got.ln_ppl_corr == pytest.approx(1.0)
+
+
+def test_a_position_whose_distribution_is_not_finite_is_left_out_and_counted() -> None:
+    seqs = _sequences(2)
+    ids, mask, la, lb = _batch(seqs, "right")
+    lb[0, 2, 5] = math.nan
+    lb[3, 4, :] = -math.inf  # no token possible
+    acc = TokenAccumulator()
+    acc.add(la, lb, ids, mask)
+    got = acc.summary()
+    assert got.nonfinite == 2
+    assert got.count == sum(len(s[0]) - 1 for s in seqs) - 2
+    assert got.kld["mean"] is not None and math.isfinite(got.kld["mean"])
+
+
+def test_sides_of_different_vocabularies_are_refused() -> None:
+    acc = TokenAccumulator()
+    with pytest.raises(ValueError, match="differ in shape"):
+        acc.add(torch.zeros(1, 3, 5), torch.zeros(1, 3, 6), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_nothing_to_predict_gives_no_figures() -> None:
+    acc = TokenAccumulator()
+    acc.add(torch.zeros(2, 1, 5), torch.zeros(2, 1, 5), torch.zeros(2, 1, dtype=torch.long))
+    got = acc.summary()
+    assert got.count == 0 and got.kld["mean"] is None and got.ppl_a is None
