@@ -325,19 +325,24 @@ def diff(
     batch_size: int | None = None,
     sort: str = DEFAULTS.diff.sort,
     own: bool = DEFAULTS.diff.own,
+    max_kld: float | None = None,
+    min_same_top1: float | None = None,
     **options: Any,
 ) -> DiffReport:
     """Two sides of one model (e.g. a="float32", b="bfloat16,channels_last") on the same input,
     compared layer call by layer call (see `hookcli.commands.diff.diff_report`). tol None: the
     coarsest side's precision's default; sort: "order", "error" or "own"; own: measure each
-    layer's own error (a second pass of B). Options as inspect's: layers, types, depth,
-    input_specs, weights, seed, device, model_args."""
+    layer's own error (a second pass of B). On a causal LM's text, `.tokens` holds side B's
+    next-token distributions against the reference's (KL both ways, Δp, same top-1,
+    perplexities); max_kld / min_same_top1 make `.failed` true past them. Options as
+    inspect's: layers, types, depth, text, text_file, input_specs, weights, seed, device,
+    model_args."""
     from hookcli.commands.diff import diff_run
     from hookcli.options import DiffOptions, Invocation
 
     _new_run()
     inv = Invocation.from_api(model, inputs, options, backward=False)
-    run = DiffOptions(a, b, ref, isolate, tol, batch_size, sort, own)
+    run = DiffOptions(a, b, ref, isolate, tol, batch_size, sort, own, max_kld, min_same_top1)
     return diff_run(inv.model, inv.selection, inv.inputs, run, flags=("a", "b", "ref"))
 
 

@@ -458,6 +458,8 @@ class DiffOptions:
     batch_size: int | None = None
     sort: str = "order"
     own: bool = True
+    max_kld: float | None = None  # a causal LM's text: exit 1 past this mean KL(A||B)
+    min_same_top1: float | None = None  # … or below this fraction of the same top-1 token
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,24 @@ def diff(
             show_default=False,
         ),
     ] = None,
+    max_kld: Annotated[
+        float | None,
+        typer.Option(
+            "--max-kld",
+            help="A causal LM's text: exit 1 when the mean KL divergence of B's next-token "
+            "distributions from A's (nats) is past this.",
+            show_default=False,
+        ),
+    ] = None,
+    min_same_top1: Annotated[
+        float | None,
+        typer.Option(
+            "--min-same-top1",
+            help="A causal LM's text: exit 1 when B's most probable next token is A's at fewer "
+            "than this fraction of positions (0.95).",
+            show_default=False,
+        ),
+    ] = None,
     sort: Annotated[
         str,
         typer.Option(
@@ -124,8 +142,9 @@ def diff(
     no_config: opt.NoConfigOpt = False,
 ) -> None:
     """Run two variants of one model on the same input and compare every layer call's output:
-    max|Δ|, relative L2, cosine, SQNR, each layer's own error, and a classifier's predictions;
-    exit 1 when one is past --tol, naming the first.
+    max|Δ|, relative L2, cosine, SQNR, each layer's own error, a classifier's predictions, and
+    on a causal LM's text the next-token distributions (KL, same top-1, perplexity); exit 1
+    when a call is past --tol, naming the first, or past --max-kld / --min-same-top1.
 
     Example: hookcli diff resnet18 sample_images/cat.jpeg --b bfloat16 --sort own
     """
@@ -161,5 +180,9 @@ def diff(
         emit(rendered(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or to_file(dest):
-                err(f"first past tolerance: {report.first_over}")
+                err(
+                    f"first past tolerance: {report.first_over}"
+                    if report.first_over is not None
+                    else f"failed: {'; '.join(report.token_failures)}"
+                )
             raise typer.Exit(1)

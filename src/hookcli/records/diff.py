@@ -107,10 +107,15 @@ class DiffReport(Viewed):
     # under autocast where it asks (commands.diff.sides.ran_in); empty in a saved-report diff
     ran: dict[str, str] = field(default_factory=dict)
     hookcli_version: str = ""
+    # a causal LM's text: side B's next-token distributions against the reference's
+    tokens: TokenDistances | None = None
+    # --max-kld and --min-same-top1 as given, and each one the tokens broke (exit 1)
+    token_rules: dict[str, float] = field(default_factory=dict)
+    token_failures: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
-        return self.first_over is not None
+        return self.first_over is not None or bool(self.token_failures)
 
     def _calls(self) -> list[DiffCall]:
         return [*self.calls, *self.outputs]

@@ -258,13 +258,56 @@ def _token_at(texts: list[Any], b: int, p: int, length: int) -> str:
 def diff_verdict(report: DiffReport) -> Line:
     if report.first_over is not None:
         return Line(f"first past tolerance: {report.first_over}", "bad")
+    if report.token_failures:
+        return Line(f"failed: {'; '.join(report.token_failures)}", "bad")
     return Line(f"no call past tolerance ({report.tol:g})", "good")
+
+
+def token_lines(report: DiffReport) -> list[Line]:
+    """A causal LM's text: side B's next-token distributions against the reference's."""
+    t = report.tokens
+    if t is None:
+        return []
+    against = "the reference" if report.ref is not None else "A"
+    kld, rev, dp = t.kld, t.kld_reverse, t.delta_p
+    lines = [
+        Line(
+            f"next tokens, B against {against}, over {t.count} positions: mean KL(A||B) "
+            f"{_num(kld['mean'])} ± {_num(kld['stderr'])}, p99 {_num(kld['p99'])}, max "
+            f"{_num(kld['max'])}; KL(B||A) {_num(rev['mean'])}",
+            "bad" if "mean KL" in " ".join(report.token_failures) else "plain",
+        ),
+        Line(
+            f"same top-1 {pct(t.same_top1) if t.same_top1 is not None else DASH}; Δp of the "
+            f"next token rms {_num(dp['rms'])}, p1 {_num(dp['p1'])}, p99 {_num(dp['p99'])}",
+            "bad" if "same top-1" in " ".join(report.token_failures) else "plain",
+        ),
+        Line(
+            f"perplexity A {_num(t.ppl_a)}, B {_num(t.ppl_b)} (B/A {_num(t.ppl_ratio)}; "
+            f"correlation of ln p {_num(t.ln_ppl_corr)})"
+        ),
+    ]
+    worst = [
+        f"{w['text']!r} (text {w['sequence']}, position {w['position']}: {_num(w['kld'])})"
+        if w.get("text") is not None
+        else f"token {w['token']} (text {w['sequence']}, position {w['position']}: "
+        f"{_num(w['kld'])})"
+        for w in t.worst[:3]
+    ]
+    if worst:
+        lines.append(Line(f"largest KL(A||B) predicting {', '.join(worst)}", "dim"))
+    return lines
+
+
+def _num(v: float | None) -> str:
+    return DASH if v is None else f"{v:.4g}"
 
 
 def diff_sections(report: DiffReport) -> list[Section]:
     footer = [
         *(Line(line) for line in diff_footer(report)),
         *agreement_lines(report),
+        *token_lines(report),
         *largest_lines(report),
         *position_lines(report),
         diff_verdict(report),

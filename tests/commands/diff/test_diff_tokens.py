@@ -5,16 +5,25 @@ boundaries; KL(A||A) = 0 exactly; non-finite positions left out."""
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from hookcli.cli import app
 from hookcli.commands.diff import tokens as tokens_mod
 from hookcli.commands.diff.tokens import PERCENTILES, TokenAccumulator
 
+transformers = pytest.importorskip("transformers")
+runner = CliRunner()
 VOCAB = 50
+LINE = "The cat sat on the mat."
 
 
 def _sequences(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -168,3 +177,94 @@ def test_nothing_to_predict_gives_no_figures() -> None:
     acc.add(torch.zeros(2, 1, 5), torch.zeros(2, 1, 5), torch.zeros(2, 1, dtype=torch.long))
     got = acc.summary()
     assert got.count == 0 and got.kld["mean"] is None and got.ppl_a is None
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support.llm import save
+
+    return save(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+def _diff_json(*args: str) -> tuple[int, dict[str, Any]]:
+    r = runner.invoke(app, ["diff", *args, "-f", "json"])
+    assert r.exit_code in (0, 1), (r.exit_code, r.stdout, r.stderr)
+    return r.exit_code, json.loads(r.stdout)
+
+
+def test_diff_on_a_text_file_reports_the_next_tokens_as_the_formulas_give_them(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """`diff --text-file` on a causal LM: the token statistics of side B (bfloat16) against A
+    (float32) over the file's lines, padded into one batch, equal the oracle computed on
+    transformers' own logits of the same batch, sequence by sequence without the padding."""
+    from tests.support.llm import LINES
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n")
+    code, data = _diff_json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "bfloat16")
+    tokens = data["tokens"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    enc = tok(LINES, padding=True, return_tensors="pt")
+    assert list(enc["input_ids"].shape) == data["input"]["shapes"][0]
+    with torch.no_grad():
+        a = model(**enc).logits
+        b = copy.deepcopy(model).to(torch.bfloat16)(**enc).logits.float()
+    seqs = []
+    for i in range(len(LINES)):
+        real = enc["attention_mask"][i].bool()
+        seqs.append((enc["input_ids"][i][real], a[i][real], b[i][real]))
+    want = _oracle(seqs)
+    assert tokens["count"] == want["count"] == sum(int(m.sum()) - 1 for m in enc["attention_mask"])
+    assert tokens["kld"]["mean"] == pytest.approx(want["kld_mean"], rel=1e-6)
+    assert tokens["kld"]["mean"] > 0  # bfloat16 rounds: the sides differ
+    assert tokens["same_top1"] == want["same"]
+    assert tokens["ppl_a"] == pytest.approx(want["ppl_a"], rel=1e-6)
+    assert tokens["ppl_b"] == pytest.approx(want["ppl_b"], rel=1e-6)
+    worst = want["worst"]
+    assert isinstance(worst, list)
+    assert [(w["sequence"], w["position"], w["token"]) for w in tokens["worst"]] == [
+        (s, t, n) for s, t, n, _ in worst
+    ]
+    assert tokens["worst"][0]["text"] == tok.decode([worst[0][2]])
+    # the rules: a mean KLD past the bound fails (exit 1), naming it
+    assert code == 0
+    r = runner.invoke(
+        app,
+        ["diff", f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "bfloat16",
+         "--max-kld", "1e-12", "--min-same-top1", "0.5"],
+    )  # fmt: skip
+    assert r.exit_code == 1, r.stdout
+    assert "mean KL(A||B)" in r.stdout and "--max-kld 1e-12" in r.stdout
+    assert "same top-1" in r.stdout  # the table's lines
+
+
+def test_a_side_diffed_with_itself_has_no_token_distance(tiny_llama: Path) -> None:
+    code, data = _diff_json(
+        f"hf:{tiny_llama}", "--text", LINE, "--b", "float32", "--max-kld", "0", "--no-own"
+    )
+    tokens = data["tokens"]
+    assert tokens["kld"]["mean"] == 0.0 and tokens["kld"]["max"] == 0.0
+    assert tokens["same_top1"] == 1.0 and tokens["ppl_ratio"] == 1.0
+    assert code == 0 and data["token_rules"] == {"max_kld": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--max-kld", "-1"], "--max-kld must be"),
+        (["--min-same-top1", "1.5"], "--min-same-top1 must be"),
+        (["--max-kld", "nan"], "--max-kld cannot be NaN"),
+    ],
+)
+def test_token_rules_out_of_range_are_one_line(
+    tiny_llama: Path, args: list[str], said: str
+) -> None:
+    r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text", LINE, "--b", "bfloat16", *args])
+    assert r.exit_code == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_token_rules_need_text() -> None:
+    r = runner.invoke(app, ["diff", "resnet18", "--b", "bfloat16", "--max-kld", "0.1"])
+    assert r.exit_code == 2 and "no text was given" in r.stderr

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hookcli.commands.diff import ondevice
+from hookcli.commands.diff.tokens import TokenAccumulator
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
 from hookcli.sources.model import LoadedModel
@@ -434,6 +435,8 @@ class Compared:
     outputs: dict[str, ErrorSums] = field(default_factory=dict)
     missing: set[str] = field(default_factory=set)
     agreement: Agreement | None = None  # None: no class scores on both sides
+    # a causal LM's text: the next-token distributions against the reference's (issue 53)
+    tokens: TokenAccumulator | None = None
 
     def add_calls(
         self,
@@ -462,6 +465,9 @@ class Compared:
         if other.agreement is not None:
             self.agreement = self.agreement or Agreement()
             self.agreement.merge(other.agreement)
+        if other.tokens is not None:
+            self.tokens = self.tokens or TokenAccumulator()
+            self.tokens.absorb(other.tokens, self.tokens.sequences)
 
     def agree(
         self,

@@ -6,11 +6,12 @@ reference's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from hookcli.commands.diff import ondevice
 from hookcli.commands.diff.measure import (
     SCORES,
     Compared,
@@ -23,9 +24,13 @@ from hookcli.commands.diff.measure import (
     settle,
 )
 from hookcli.commands.diff.sides import SideRun
+from hookcli.commands.diff.tokens import TokenAccumulator
 from hookcli.engine.hooks import HookSession, PendingCall
 from hookcli.engine.passes import hooked_pass
 from hookcli.inputs import ModelInput
+from hookcli.sources.hfbase import logits_of
+from hookcli.sources.lm import CausalLM
+from hookcli.sources.model import LoadedModel
 from hookcli.tree import iter_tensors
 
 MODEL = ("(model)", 0, "out")  # the model's own output (and class scores), after every call
@@ -149,7 +154,32 @@ def compared_pass(
         if not isolate:
             scores = class_scores(p.loaded, result.output)
             compared.agree(lookup(SCORES[2]), scores, model_input.sources)
+            _next_tokens(p.loaded, model_input, result.output, lookup, compared)
     compared.note_missing(ref.index, "only on the reference side")
+
+
+def _next_tokens(
+    loaded: LoadedModel,
+    model_input: ModelInput,
+    output: Any,
+    lookup: Callable[[str], Any],
+    compared: Compared,
+) -> None:
+    """A causal language model's text: this side's next-token distributions against the
+    reference's, position by position (commands/diff/tokens.py)."""
+    ids = model_input.kwargs.get("input_ids")
+    if not isinstance(loaded.kind, CausalLM) or not isinstance(ids, torch.Tensor):
+        return
+    logits = logits_of(output)
+    path = next((path for path, t in real(output) if t is logits), None)
+    ref = None if path is None else lookup(path)
+    if ref is None or not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        return
+    if isinstance(ref, torch.Tensor):
+        ref = ondevice.after_writes(ref)  # (read here, on this thread's stream)
+    if compared.tokens is None:
+        compared.tokens = TokenAccumulator()
+    compared.tokens.add(ref, logits, ids, model_input.kwargs.get("attention_mask"))
 
 
 def side_pass(

@@ -43,6 +43,7 @@ from hookcli.commands.diff.sides import (
     quantizable_twin,
     ran_in,
 )
+from hookcli.commands.diff.tokens import judge_tokens, token_namer, token_rules
 from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.prepare import build_input
 from hookcli.engine.selection import count_params
@@ -97,6 +98,8 @@ def diff_run(
         batch_size=options.batch_size,
         sort=options.sort,
         own=options.own,
+        max_kld=options.max_kld,
+        min_same_top1=options.min_same_top1,
     )
 
 
@@ -113,8 +116,12 @@ def diff_report(
     batch_size: int | None = None,
     sort: str = "order",
     own: bool = True,
+    max_kld: float | None = None,
+    min_same_top1: float | None = None,
 ) -> DiffReport:
-    """Side B (and, with a --ref side, side A) against the reference, per layer call.
+    """Side B (and, with a --ref side, side A) against the reference, per layer call; on a
+    causal LM's text, its next-token distributions too (`max_kld`, `min_same_top1`: the rules
+    on them, exit 1).
 
     tol None: the default of the coarsest side's precision (tolerance.py). own: without
     isolate, a second pass of each compared side fed the reference's inputs measures each
@@ -125,6 +132,7 @@ def diff_report(
     if tol is not None:
         tol, tol_source = bounds.tolerance(tol, "--tol", "--tol 1e-3"), "--tol"
     sort = check_sort(sort)
+    rules = token_rules(inputs, max_kld, min_same_top1)
     if batch_size is not None:
         batch_size = bounds.integer(
             batch_size, "--batch-size", low=1, high=bounds.BATCH_MAX, example="--batch-size 32"
@@ -263,7 +271,7 @@ def diff_report(
     where = ", ".join(map(str, inputs.items[:2])) if batches else None
     if where is not None and group is not None:
         where += f" over {group.world} processes"
-    return _report(
+    report = _report(
         runs,
         results,
         owns,
@@ -276,6 +284,8 @@ def diff_report(
         notes=notes,
         folder=where,
     )
+    judge_tokens(report, rules)
+    return report
 
 
 def _through_spill(
@@ -539,7 +549,16 @@ def _report(
     if folder is not None:
         description = f"{seen} images from {folder}"
         notes.append(f"differences are over all {seen} images, summed exactly across batches")
+    tokens = None
+    if last.tokens is not None:
+        tokens = last.tokens.summary(token_namer(runs[0].prepared.loaded.tokenizer))
+        if tokens.nonfinite:
+            notes.append(
+                f"token statistics: {tokens.nonfinite} positions left out, their next-token "
+                "distribution not finite on a side (NaN/Inf logits)"
+            )
     return DiffReport(
+        tokens=tokens,
         model=info,
         input=InputInfo(
             description,

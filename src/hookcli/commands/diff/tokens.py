@@ -28,7 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.records import TokenDistances
+from hookcli import bounds
+from hookcli.errors import UsageError
+from hookcli.options import InputOptions
+from hookcli.records import DiffReport, TokenDistances
 
 PERCENTILES = (99.9, 99.0, 90.0, 50.0, 10.0, 1.0)
 WORST = 10  # the positions of largest KL(A‖B) reported
@@ -53,14 +56,15 @@ class TokenAccumulator:
 
     def add(
         self,
-        logits_a: torch.Tensor,
+        logits_a: torch.Tensor | np.ndarray[Any, Any],
         logits_b: torch.Tensor,
         input_ids: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> None:
-        """One batch: logits (batch, tokens, vocabulary) of each side, the token ids (batch,
-        tokens) and the attention mask (1 where a token is real; None: all are)."""
-        if logits_a.shape != logits_b.shape:
+        """One batch: logits (batch, tokens, vocabulary) of each side (the reference's may be
+        a host array: diff's spill), the token ids (batch, tokens) and the attention mask (1
+        where a token is real; None: all are)."""
+        if tuple(logits_a.shape) != tuple(logits_b.shape):
             raise ValueError(
                 f"the sides' logits differ in shape: {tuple(logits_a.shape)} and "
                 f"{tuple(logits_b.shape)}"
@@ -78,7 +82,7 @@ class TokenAccumulator:
 
     def _chunk(
         self,
-        logits: tuple[torch.Tensor, torch.Tensor],
+        logits: tuple[torch.Tensor | np.ndarray[Any, Any], torch.Tensor],
         seq: torch.Tensor,
         pos: torch.Tensor,
         nxt: torch.Tensor,
@@ -86,10 +90,14 @@ class TokenAccumulator:
     ) -> None:
         """Positions (seq, pos) of this batch, predicting tokens `nxt`, at `own` in their texts."""
         logits_a, logits_b = logits
-        device = logits_a.device
+        device = logits_b.device
         at_s, at_p, target = seq.to(device), pos.to(device), nxt.to(device).unsqueeze(1)
-        la = logits_a.detach()[at_s, at_p].double().log_softmax(-1)
-        lb = logits_b.detach().to(device)[at_s, at_p].double().log_softmax(-1)
+        if isinstance(logits_a, torch.Tensor):
+            a = logits_a.detach().to(device)[at_s, at_p]
+        else:  # these positions' rows only, copied out of the host array
+            a = torch.from_numpy(np.asarray(logits_a[seq.numpy(), pos.numpy()])).to(device)
+        la = a.double().log_softmax(-1)
+        lb = logits_b.detach()[at_s, at_p].double().log_softmax(-1)
         pa, pb = la.exp(), lb.exp()
         zero = torch.zeros((), dtype=torch.float64, device=device)
         kld = torch.where(pa > 0, pa * (la - lb), zero).sum(-1)
@@ -114,11 +122,29 @@ class TokenAccumulator:
             nxt.numpy()[keep].tolist(),
             strict=True,
         ):
-            item = (value, base + s, p, t)
-            if len(self._worst) < WORST:
-                heapq.heappush(self._worst, item)
-            elif item > self._worst[0]:
-                heapq.heapreplace(self._worst, item)
+            self._keep((value, base + s, p, t))
+
+    @property
+    def sequences(self) -> int:
+        """Sequences added so far."""
+        return self._sequences
+
+    def _keep(self, item: tuple[float, int, int, int]) -> None:
+        """One position among the WORST largest KL(A||B) so far."""
+        if len(self._worst) < WORST:
+            heapq.heappush(self._worst, item)
+        elif item > self._worst[0]:
+            heapq.heapreplace(self._worst, item)
+
+    def absorb(self, other: TokenAccumulator, sequences: int) -> None:
+        """Another process's positions merged in (torchrun), its sequences numbered after
+        `sequences` of this one's."""
+        for name, parts in other._parts.items():
+            self._parts[name] += parts
+        for value, s, p, t in other._worst:
+            self._keep((value, sequences + s, p, t))
+        self.nonfinite += other.nonfinite
+        self._sequences += other._sequences
 
     def summary(self, token_text: Callable[[int], str] | None = None) -> TokenDistances:
         """The statistics over every position added; `token_text` names a token id."""
@@ -195,3 +221,62 @@ def _correlation(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float | No
     da, db = a - a.mean(), b - b.mean()
     den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
     return _finite(float((da * db).sum()) / den) if den > 0 else None
+
+
+def token_rules(
+    inputs: InputOptions, max_kld: float | None, min_same_top1: float | None
+) -> dict[str, float]:
+    """--max-kld and --min-same-top1, checked (a number in range; text to measure them on)."""
+    rules: dict[str, float] = {}
+    if max_kld is not None:
+        rules["max_kld"] = bounds.tolerance(max_kld, "--max-kld", "--max-kld 0.05")
+    if min_same_top1 is not None:
+        rules["min_same_top1"] = bounds.number(
+            min_same_top1, "--min-same-top1", low=0, high=1, example="--min-same-top1 0.95"
+        )
+    if rules and not inputs.has_text:
+        flag = "--max-kld" if "max_kld" in rules else "--min-same-top1"
+        raise UsageError(
+            f"{flag} judges a language model's next-token distributions over text, and no "
+            "text was given.",
+            "give --text or --text-file.",
+        )
+    return rules
+
+
+def judge_tokens(report: DiffReport, rules: dict[str, float]) -> None:
+    """The rules on the report's token statistics: each one broken is named (exit 1)."""
+    report.token_rules = dict(rules)
+    if not rules:
+        return
+    tokens = report.tokens
+    if tokens is None:
+        raise UsageError(
+            f"{report.model.spec} gave no next-token distributions to judge (a causal language "
+            "model's logits over its text).",
+            "drop --max-kld / --min-same-top1, or diff a causal LM (AutoModelForCausalLM).",
+        )
+    limit = rules.get("max_kld")
+    mean = tokens.kld["mean"]
+    if limit is not None and (mean is None or mean > limit):
+        shown = "not finite" if mean is None else f"{mean:.4g}"
+        report.token_failures.append(f"mean KL(A||B) {shown} > --max-kld {limit:g}")
+    least = rules.get("min_same_top1")
+    same = tokens.same_top1
+    if least is not None and (same is None or same < least):
+        shown = "none" if same is None else f"{same:.4g}"
+        report.token_failures.append(f"same top-1 {shown} < --min-same-top1 {least:g}")
+
+
+def token_namer(tokenizer: Any) -> Callable[[int], str] | None:
+    """A token id's text by the tokenizer (None: no tokenizer)."""
+    if tokenizer is None:
+        return None
+
+    def text(token: int) -> str:
+        try:
+            return str(tokenizer.decode([token]))
+        except Exception:  # a tokenizer that cannot say: the id alone
+            return ""
+
+    return text
