@@ -133,7 +133,10 @@ def diff(
     batch_size: Annotated[
         int | None,
         typer.Option(
-            "--batch-size", help="Images per batch for a folder [default: 32].", show_default=False
+            "--batch-size",
+            help="Images per batch for a folder [default: 32]; texts per batch for a text file "
+            "[default: 8].",
+            show_default=False,
         ),
     ] = None,
     fmt: opt.FormatOpt = None,

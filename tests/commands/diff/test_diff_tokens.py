@@ -268,3 +268,29 @@ def test_token_rules_out_of_range_are_one_line(
 def test_token_rules_need_text() -> None:
     r = runner.invoke(app, ["diff", "resnet18", "--b", "bfloat16", "--max-kld", "0.1"])
     assert r.exit_code == 2 and "no text was given" in r.stderr
+
+
+def test_a_corpus_in_batches_gives_what_one_batch_gives(tiny_llama: Path, tmp_path: Path) -> None:
+    """A --text-file longer than a batch runs in batches, each padded to the corpus' longest
+    text: the same positions, the same figures as the texts in one batch, and the worst
+    positions numbered by their text in the corpus."""
+    from tests.support.llm import LINES
+
+    words = " ".join(LINES).split() * 3
+    lines = [" ".join(words[i : i + 3 + i % 5]) for i in range(0, 40, 2)]
+    assert len(lines) == 20 and all(lines)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    common = ["--text-file", str(corpus), "--b", "bfloat16", "--no-own", "-l", "lm_head"]
+    _, whole = _diff_json(f"hf:{tiny_llama}", *common)
+    _, batched = _diff_json(f"hf:{tiny_llama}", *common, "--batch-size", "3")
+    a, b = whole["tokens"], batched["tokens"]
+    assert b["count"] == a["count"] > 0
+    assert b["kld"]["mean"] == pytest.approx(a["kld"]["mean"], rel=1e-4)
+    assert b["ppl_a"] == pytest.approx(a["ppl_a"], rel=1e-6)
+    assert b["same_top1"] == a["same_top1"]
+    placed = [(w["sequence"], w["position"], w["token"]) for w in b["worst"]]
+    assert placed == [(w["sequence"], w["position"], w["token"]) for w in a["worst"]]
+    assert max(s for s, _, _ in placed) >= 3  # (texts past the first batch, numbered as such)
+    assert batched["input"]["description"] == f"20 texts from {corpus}"
+    assert any("over all 20 texts" in n for n in batched["notes"])

@@ -437,6 +437,7 @@ class Compared:
     agreement: Agreement | None = None  # None: no class scores on both sides
     # a causal LM's text: the next-token distributions against the reference's (issue 53)
     tokens: TokenAccumulator | None = None
+    texts_before: int = 0  # a corpus in batches: the texts of the batches before this one
 
     def add_calls(
         self,
@@ -467,7 +468,7 @@ class Compared:
             self.agreement.merge(other.agreement)
         if other.tokens is not None:
             self.tokens = self.tokens or TokenAccumulator()
-            self.tokens.absorb(other.tokens, self.tokens.sequences)
+            self.tokens.absorb(other.tokens)
 
     def agree(
         self,

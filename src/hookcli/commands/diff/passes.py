@@ -179,7 +179,8 @@ def _next_tokens(
         ref = ondevice.after_writes(ref)  # (read here, on this thread's stream)
     if compared.tokens is None:
         compared.tokens = TokenAccumulator()
-    compared.tokens.add(ref, logits, ids, model_input.kwargs.get("attention_mask"))
+    mask = model_input.kwargs.get("attention_mask")
+    compared.tokens.add(ref, logits, ids, mask, first=compared.texts_before)
 
 
 def side_pass(

@@ -31,6 +31,7 @@ from hookcli._version import __version__
 from hookcli.commands import shards
 from hookcli.commands.diff import lockstep
 from hookcli.commands.diff.align import align
+from hookcli.commands.diff.corpus import Corpus, text_batches
 from hookcli.commands.diff.measure import SCORES, Compared, ErrorSums, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
 from hookcli.commands.diff.sides import (
@@ -157,7 +158,7 @@ def diff_report(
             f"reference's inputs: {why}",
             "use --sort error (accumulated error).",
         )
-    batches = _batches(inputs, batch_size)
+    batches = _batches(inputs, batch_size) or text_batches(inputs, batch_size)
     twin = any(s.needs_twin for s in (reference, *compared))
     runs = [  # the input is built once, by the reference side, and cast for each side
         prepare_side(
@@ -169,6 +170,7 @@ def diff_report(
         for i, s in enumerate([reference, *compared])
     ]
     names = [f"{lab} ({run.side.describe()})" for lab, run in zip(labels, runs, strict=True)]
+    corpus = Corpus(runs[0].prepared, model, batches) if batches and inputs.has_text else None
     if tol is None:  # the coarsest precision the sides compute in, as they were loaded
         tol, tol_source = default_tol(p for run in runs for p in precisions_of(run))
     results = [Compared() for _ in compared]
@@ -189,7 +191,9 @@ def diff_report(
             "folder": batch_size,
         }
         try:
-            listed = [str(item) for b in batches for item in b.items]
+            listed = [str(item) for b in batches for item in b.items] or [
+                str(sum(len(b.text) for b in batches))  # a corpus: its texts
+            ]
             shards.agree(group, settings, listed)
         except BaseException:
             shards.leave(group)
@@ -203,9 +207,14 @@ def diff_report(
     first_input: ModelInput | None = None
     try:
         todo: list[InputOptions | None] = [batches[k] for k in mine] if batches else [None]
-        for batch in todo:
+        for k, batch in zip(mine if batches else [0], todo, strict=True):
             base = runs[0].prepared
-            if batch is not None:
+            if corpus is not None:
+                assert batch is not None
+                model_input = corpus.input(batch)
+                for r in results:  # the corpus' number of the batch's first text
+                    r.texts_before = k * len(batches[0].text)
+            elif batch is not None:
                 model_input = build_input(base.loaded, batch, model.seed)
             else:
                 assert base.model_input is not None
@@ -269,6 +278,9 @@ def diff_report(
     assert info is not None
     notes = _notes(isolate, own, blocked, scored, labels) + ([spread] if spread else [])
     where = ", ".join(map(str, inputs.items[:2])) if batches else None
+    if corpus is not None:
+        where = inputs.text_file or "--text"
+
     if where is not None and group is not None:
         where += f" over {group.world} processes"
     report = _report(
@@ -283,6 +295,7 @@ def diff_report(
         sort=sort,
         notes=notes,
         folder=where,
+        unit="texts" if corpus is not None else "images",
     )
     judge_tokens(report, rules)
     return report
@@ -489,6 +502,7 @@ def _report(
     sort: str,
     notes: list[str],
     folder: str | None,
+    unit: str = "images",
 ) -> DiffReport:
     with_ref = len(results) == 2
     last = results[-1]
@@ -547,8 +561,8 @@ def _report(
         notes.append(f"tol {tol:g}: {tol_source}")
     description = input_info.description
     if folder is not None:
-        description = f"{seen} images from {folder}"
-        notes.append(f"differences are over all {seen} images, summed exactly across batches")
+        description = f"{seen} {unit} from {folder}"
+        notes.append(f"differences are over all {seen} {unit}, summed exactly across batches")
     tokens = None
     if last.tokens is not None:
         tokens = last.tokens.summary(token_namer(runs[0].prepared.loaded.tokenizer))

@@ -52,6 +52,7 @@ class TokenAccumulator:
         }
         self._worst: list[tuple[float, int, int, int]] = []  # a min-heap of (kld, seq, pos, id)
         self._sequences = 0
+        self._first = 0  # the number of the next batch's first text
         self.nonfinite = 0
 
     def add(
@@ -60,10 +61,13 @@ class TokenAccumulator:
         logits_b: torch.Tensor,
         input_ids: torch.Tensor,
         mask: torch.Tensor | None = None,
+        *,
+        first: int | None = None,
     ) -> None:
         """One batch: logits (batch, tokens, vocabulary) of each side (the reference's may be
         a host array: diff's spill), the token ids (batch, tokens) and the attention mask (1
-        where a token is real; None: all are)."""
+        where a token is real; None: all are). `first`: the number of the batch's first text
+        in the corpus (None: after those added before)."""
         if tuple(logits_a.shape) != tuple(logits_b.shape):
             raise ValueError(
                 f"the sides' logits differ in shape: {tuple(logits_a.shape)} and "
@@ -75,10 +79,13 @@ class TokenAccumulator:
         seq, pos = predicts.nonzero(as_tuple=True)
         nxt = ids[seq, pos + 1]
         own = (real.long().cumsum(1) - 1)[seq, pos]  # the position in its own text
+        if first is not None:
+            self._first = first
         for start in range(0, seq.numel(), CHUNK):
             part = slice(start, start + CHUNK)
             self._chunk((logits_a, logits_b), seq[part], pos[part], nxt[part], own[part])
         self._sequences += ids.shape[0]
+        self._first += ids.shape[0]
 
     def _chunk(
         self,
@@ -114,7 +121,7 @@ class TokenAccumulator:
         self.nonfinite += int((~keep).sum())
         for k, name in enumerate(("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")):
             self._parts[name].append(rows[k][keep])
-        base = self._sequences
+        base = self._first
         for value, s, p, t in zip(
             rows[0][keep].tolist(),
             seq.numpy()[keep].tolist(),
@@ -124,11 +131,6 @@ class TokenAccumulator:
         ):
             self._keep((value, base + s, p, t))
 
-    @property
-    def sequences(self) -> int:
-        """Sequences added so far."""
-        return self._sequences
-
     def _keep(self, item: tuple[float, int, int, int]) -> None:
         """One position among the WORST largest KL(A||B) so far."""
         if len(self._worst) < WORST:
@@ -136,13 +138,13 @@ class TokenAccumulator:
         elif item > self._worst[0]:
             heapq.heapreplace(self._worst, item)
 
-    def absorb(self, other: TokenAccumulator, sequences: int) -> None:
-        """Another process's positions merged in (torchrun), its sequences numbered after
-        `sequences` of this one's."""
+    def absorb(self, other: TokenAccumulator) -> None:
+        """Another process's positions merged in (torchrun; each batch added with its
+        `first`, so the texts' numbers are the corpus')."""
         for name, parts in other._parts.items():
             self._parts[name] += parts
-        for value, s, p, t in other._worst:
-            self._keep((value, sequences + s, p, t))
+        for item in other._worst:
+            self._keep(item)
         self.nonfinite += other.nonfinite
         self._sequences += other._sequences
 
