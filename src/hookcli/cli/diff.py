@@ -167,6 +167,12 @@ def diff(
                     "diff of saved reports takes exactly two JSON files.",
                     "hookcli diff a.json b.json (or a model and --b SIDE).",
                 )
+            if p["max_kld"] is not None or p["min_same_top1"] is not None:
+                raise UsageError(
+                    "--max-kld and --min-same-top1 judge a run over text; two saved reports "
+                    "hold no next-token distributions to compare.",
+                    "run the model: hookcli diff MODEL --text-file FILE --b SIDE --max-kld X.",
+                )
             report = diff_saved(saved[0], saved[1], p["tol"], sort=p["sort"])
         else:
             with status(f"running {name} twice…"):

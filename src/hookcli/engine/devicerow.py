@@ -17,7 +17,8 @@ from hookcli.runtime import preload
 
 # the dtypes the kernel reads as they are (others go to torch ops: integers, bool, float8)
 _READ = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_broken = [False]  # the kernel failed to build or run once in this process: not tried again
+# kernels that failed to build or run once in this process: not tried again
+_broken: set[str] = set()
 
 
 @functools.cache
@@ -32,36 +33,40 @@ def _kernels() -> ModuleType | None:
 def fused_row(x: torch.Tensor) -> torch.Tensor | None:
     """x's row (9 float64 numbers on its device, no synchronisation) when x is a non-empty
     CUDA tensor of a floating dtype the kernel reads; else None."""
-    kernels = _usable(x)
+    kernels = _usable(x, "row")
     if kernels is None:
         return None
-    return _launched(lambda: kernels.row(dense_flat(x)), x)
+    return _launched(lambda: kernels.row(dense_flat(x)), x, "row")
 
 
 def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
     """--per-token's rows of t (batch, tokens, C): (batch, tokens, 5) float64 on t's device
     (tensorbits.token_rows' numbers). On CUDA (`fused`), the fused kernel's: one launch and
     one read of t in its own dtype, no float64 copy; else torch ops'."""
-    kernels = _usable(t) if fused else None
+    kernels = _usable(t, "tokens") if fused else None
     if kernels is not None:
         x = t.detach()
-        rows = _launched(lambda: kernels.token_rows(x if x.is_contiguous() else x.contiguous()), x)
+        rows = _launched(
+            lambda: kernels.token_rows(x if x.is_contiguous() else x.contiguous()), x, "tokens"
+        )
         if rows is not None:
             return rows
     return tensorbits.token_rows(t)
 
 
-def _usable(x: torch.Tensor) -> ModuleType | None:
+def _usable(x: torch.Tensor, name: str) -> ModuleType | None:
     """The kernels, where they may read x (non-empty, CUDA, a dtype they read; not turned off
     by HOOKCLI_STATS=torch, nor failed before in this process)."""
-    if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or _broken[0]:
+    if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or name in _broken:
         return None
     if preload.kept_off():  # HOOKCLI_STATS=torch: the torch-ops statistics everywhere
         return None
     return _kernels()
 
 
-def _launched(launch: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+def _launched(
+    launch: Callable[[], torch.Tensor], x: torch.Tensor, name: str
+) -> torch.Tensor | None:
     """launch() on x's device (Triton launches on the current one); None, and the kernels not
     tried again in this process, when it fails (e.g. a device Triton cannot compile for)."""
     try:
@@ -70,5 +75,5 @@ def _launched(launch: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tens
                 return launch()
         return launch()
     except Exception:
-        _broken[0] = True
+        _broken.add(name)
         return None

@@ -338,11 +338,12 @@ class StatsCollector:
         if padded:
             assert self._real_index is not None
             t = unpadded(t, self._real_index, padded)
-        # reads detached data only: no autograd graph is made
-        row, note = self._measure(t) if given is None or padded else (given, None)
         said = None
         if positions and (book.fed or book.batch_groups):
             said = book.plain(seen, stats, len(self._rows), self.context)
+        # reads detached data only: no autograd graph is made; the row is appended next
+        # (a tensor held for later is measured into that place)
+        row, note = self._measure(t) if given is None or padded else (given, None)
         if said:
             note = f"{note}; {said}" if note else said
         if padded:

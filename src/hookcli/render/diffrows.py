@@ -268,13 +268,14 @@ def token_lines(report: DiffReport) -> list[Line]:
     t = report.tokens
     if t is None:
         return []
+    ref = "ref" if report.ref is not None else "A"
     against = "the reference" if report.ref is not None else "A"
     kld, rev, dp = t.kld, t.kld_reverse, t.delta_p
     lines = [
         Line(
-            f"next tokens, B against {against}, over {t.count} positions: mean KL(A||B) "
+            f"next tokens, B against {against}, over {t.count} positions: mean KL({ref}||B) "
             f"{_num(kld['mean'])} ± {_num(kld['stderr'])}, p99 {_num(kld['p99'])}, max "
-            f"{_num(kld['max'])}; KL(B||A) {_num(rev['mean'])}",
+            f"{_num(kld['max'])}; KL(B||{ref}) {_num(rev['mean'])}",
             "bad" if "mean KL" in " ".join(report.token_failures) else "plain",
         ),
         Line(
@@ -283,7 +284,7 @@ def token_lines(report: DiffReport) -> list[Line]:
             "bad" if "same top-1" in " ".join(report.token_failures) else "plain",
         ),
         Line(
-            f"perplexity A {_num(t.ppl_a)}, B {_num(t.ppl_b)} (B/A {_num(t.ppl_ratio)}; "
+            f"perplexity {ref} {_num(t.ppl_a)}, B {_num(t.ppl_b)} (B/{ref} {_num(t.ppl_ratio)}; "
             f"correlation of ln p {_num(t.ln_ppl_corr)})"
         ),
     ]
@@ -295,7 +296,7 @@ def token_lines(report: DiffReport) -> list[Line]:
         for w in t.worst[:3]
     ]
     if worst:
-        lines.append(Line(f"largest KL(A||B) predicting {', '.join(worst)}", "dim"))
+        lines.append(Line(f"largest KL({ref}||B) predicting {', '.join(worst)}", "dim"))
     return lines
 
 

@@ -589,11 +589,14 @@ def _first_over(report: DiffReport) -> DiffCall | None:
 def diff_alerts(report: DiffReport) -> list[tuple[str, str, str | None]]:
     """A diff's banner: the first call past tolerance, linked to its row; a broken rule on
     the next tokens."""
+    tokens: list[tuple[str, str, str | None]] = [
+        ("bad", f"failed: {why}", None) for why in report.token_failures
+    ]
     if report.first_over is None:
-        return [("bad", f"failed: {why}", None) for why in report.token_failures]
+        return tokens
     first = _first_over(report)
     href = _link(first.name, first.call) if first is not None else None
-    return [("bad", f"first past tolerance: {report.first_over}", href)]
+    return [("bad", f"first past tolerance: {report.first_over}", href), *tokens]
 
 
 def diff_html(report: DiffReport) -> str:

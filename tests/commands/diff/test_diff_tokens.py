@@ -294,3 +294,37 @@ def test_a_corpus_in_batches_gives_what_one_batch_gives(tiny_llama: Path, tmp_pa
     assert max(s for s, _, _ in placed) >= 3  # (texts past the first batch, numbered as such)
     assert batched["input"]["description"] == f"20 texts from {corpus}"
     assert any("over all 20 texts" in n for n in batched["notes"])
+
+
+def test_token_rules_need_side_b_s_own_distributions(tiny_llama: Path) -> None:
+    """--isolate feeds B the reference's inputs: refused before anything runs."""
+    r = runner.invoke(
+        app,
+        ["diff", f"hf:{tiny_llama}", "--text", LINE, "--b", "bfloat16", "--isolate",
+         "--max-kld", "0.1"],
+    )  # fmt: skip
+    assert r.exit_code == 2 and "--isolate feeds side B" in r.stderr
+
+
+def test_token_rules_on_saved_reports_are_refused(tmp_path: Path) -> None:
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text("{}")
+    r = runner.invoke(
+        app, ["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--max-kld", "0.1"]
+    )
+    assert r.exit_code == 2 and "two saved reports" in r.stderr
+
+
+def test_a_snapshot_of_the_accumulator_rolls_back(tiny_llama: Path) -> None:
+    """diff's side-by-side rounds snapshot what a side accumulated (copy.deepcopy) and roll
+    back to it when a batch must run again: the snapshot is not changed by later batches."""
+    seqs = _sequences(3)
+    ids, mask, la, lb = _batch(seqs[:3], "left")
+    acc = TokenAccumulator()
+    acc.add(la, lb, ids, mask)
+    snap = copy.deepcopy(acc)
+    before = snap.summary()
+    ids2, mask2, la2, lb2 = _batch(seqs[3:], "left")
+    acc.add(la2, lb2, ids2, mask2)
+    assert acc.summary().count > before.count
+    assert snap.summary() == before

@@ -21,6 +21,10 @@ def text_batches(inputs: InputOptions, batch_size: int | None) -> list[InputOpti
     texts; else none (one pass, as before)."""
     if not inputs.has_text:
         return []
+    if inputs.items or inputs.specs:
+        raise UsageError(
+            "give text or images/--input tensors, not both.", "use one kind of input per run."
+        )
     from hookcli.inputs.text import texts_of
 
     texts = texts_of(inputs)

@@ -438,6 +438,7 @@ class Compared:
     # a causal LM's text: the next-token distributions against the reference's (issue 53)
     tokens: TokenAccumulator | None = None
     texts_before: int = 0  # a corpus in batches: the texts of the batches before this one
+    tokens_skipped: str | None = None  # why the sides' logits could not be compared
 
     def add_calls(
         self,

@@ -175,6 +175,18 @@ def _next_tokens(
     ref = None if path is None else lookup(path)
     if ref is None or not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         return
+    if tuple(ref.shape) != tuple(logits.shape):
+        compared.tokens_skipped = (
+            f"the sides' logits differ in shape ({tuple(ref.shape)} and {tuple(logits.shape)}: "
+            "another vocabulary?)"
+        )
+        return
+    if tuple(logits.shape[:2]) != tuple(ids.shape):
+        compared.tokens_skipped = (
+            f"the logits' positions {tuple(logits.shape[:2])} are not the input's "
+            f"{tuple(ids.shape)}"
+        )
+        return
     if isinstance(ref, torch.Tensor):
         ref = ondevice.after_writes(ref)  # (read here, on this thread's stream)
     if compared.tokens is None:

@@ -44,7 +44,7 @@ from hookcli.commands.diff.sides import (
     quantizable_twin,
     ran_in,
 )
-from hookcli.commands.diff.tokens import judge_tokens, token_namer, token_rules
+from hookcli.commands.diff.tokens import judge_tokens, rules_apply, token_namer, token_rules
 from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.prepare import build_input
 from hookcli.engine.selection import count_params
@@ -171,6 +171,8 @@ def diff_report(
     ]
     names = [f"{lab} ({run.side.describe()})" for lab, run in zip(labels, runs, strict=True)]
     corpus = Corpus(runs[0].prepared, model, batches) if batches and inputs.has_text else None
+    if rules:
+        rules_apply(runs, isolate)
     if tol is None:  # the coarsest precision the sides compute in, as they were loaded
         tol, tol_source = default_tol(p for run in runs for p in precisions_of(run))
     results = [Compared() for _ in compared]
@@ -265,7 +267,7 @@ def diff_report(
             )
         spread = None
         if group is not None:
-            size = len(batches[0].items)
+            size = len(batches[0].items) or len(batches[0].text)  # images, or texts
             part = _RankPart(group.rank, mine, results, owns, seen, scored, info)
             elapsed = time.monotonic() - started
             merged = _merge_ranks(shards.gather(part, group, elapsed), size)
@@ -564,6 +566,8 @@ def _report(
         description = f"{seen} {unit} from {folder}"
         notes.append(f"differences are over all {seen} {unit}, summed exactly across batches")
     tokens = None
+    if last.tokens_skipped is not None:
+        notes.append(f"no token statistics: {last.tokens_skipped}")
     if last.tokens is not None:
         tokens = last.tokens.summary(token_namer(runs[0].prepared.loaded.tokenizer))
         if tokens.nonfinite:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,8 +99,9 @@ class TokenAccumulator:
         logits_a, logits_b = logits
         device = logits_b.device
         at_s, at_p, target = seq.to(device), pos.to(device), nxt.to(device).unsqueeze(1)
-        if isinstance(logits_a, torch.Tensor):
-            a = logits_a.detach().to(device)[at_s, at_p]
+        if isinstance(logits_a, torch.Tensor):  # these rows, where they are, then moved
+            home = logits_a.device
+            a = logits_a.detach()[seq.to(home), pos.to(home)].to(device)
         else:  # these positions' rows only, copied out of the host array
             a = torch.from_numpy(np.asarray(logits_a[seq.numpy(), pos.numpy()])).to(device)
         la = a.double().log_softmax(-1)
@@ -130,6 +131,16 @@ class TokenAccumulator:
             strict=True,
         ):
             self._keep((value, base + s, p, t))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TokenAccumulator:
+        """A snapshot (diff's side-by-side rounds take one before each batch, to roll back
+        to): the lists copied, the arrays they hold shared — nothing changes an array once it
+        is added — so a snapshot costs the number of chunks, not their positions."""
+        copy = TokenAccumulator()
+        copy._parts = {k: list(v) for k, v in self._parts.items()}
+        copy._worst = list(self._worst)
+        copy._sequences, copy._first, copy.nonfinite = self._sequences, self._first, self.nonfinite
+        return copy
 
     def _keep(self, item: tuple[float, int, int, int]) -> None:
         """One position among the WORST largest KL(A||B) so far."""
@@ -246,23 +257,42 @@ def token_rules(
     return rules
 
 
+def rules_apply(runs: Sequence[Any], isolate: bool) -> None:
+    """--max-kld / --min-same-top1 need B's own next-token distributions: a causal LM's, from
+    a hooked pass of B's own (not --isolate's, which feeds B the reference's inputs, nor a
+    side that runs its own pass, ONNX Runtime's). Refused before anything runs."""
+    from hookcli.sources.lm import CausalLM
+
+    why = None
+    loaded = runs[0].prepared.loaded
+    if not isinstance(loaded.kind, CausalLM):
+        why = f"{loaded.spec} is not a causal language model (AutoModelForCausalLM)"
+    elif isolate:
+        why = "--isolate feeds side B the reference's inputs, so its output is not its own"
+    elif any(run.side.pass_runner() is not None for run in runs[1:]):
+        why = "a side that runs its own pass (onnx) keeps no next-token distributions"
+    if why is not None:
+        raise UsageError(
+            f"--max-kld / --min-same-top1 judge side B's next-token distributions: {why}.",
+            "drop the rule, or diff a causal LM's text without --isolate.",
+        )
+
+
 def judge_tokens(report: DiffReport, rules: dict[str, float]) -> None:
     """The rules on the report's token statistics: each one broken is named (exit 1)."""
     report.token_rules = dict(rules)
     if not rules:
         return
     tokens = report.tokens
-    if tokens is None:
-        raise UsageError(
-            f"{report.model.spec} gave no next-token distributions to judge (a causal language "
-            "model's logits over its text).",
-            "drop --max-kld / --min-same-top1, or diff a causal LM (AutoModelForCausalLM).",
-        )
+    if tokens is None:  # (the logits could not be compared: a note says why)
+        report.token_failures.append("no next-token distributions to judge")
+        return
+    ref = "ref" if report.ref is not None else "A"
     limit = rules.get("max_kld")
     mean = tokens.kld["mean"]
     if limit is not None and (mean is None or mean > limit):
         shown = "not finite" if mean is None else f"{mean:.4g}"
-        report.token_failures.append(f"mean KL(A||B) {shown} > --max-kld {limit:g}")
+        report.token_failures.append(f"mean KL({ref}||B) {shown} > --max-kld {limit:g}")
     least = rules.get("min_same_top1")
     same = tokens.same_top1
     if least is not None and (same is None or same < least):
