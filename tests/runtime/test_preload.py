@@ -164,6 +164,34 @@ print(json.dumps({"status": status}))
     assert got == {"status": 0}
 
 
+def test_a_fork_the_load_outlasted_leaves_a_child_on_torch_ops() -> None:
+    """A fork whose wait for the load ran out (a loaded machine compiling the kernels): the
+    child, whose copy of numba's modules may be half imported with their locks held, keeps off
+    the kernels and measures with torch ops, exactly, instead of hanging on those locks."""
+    got = _fresh(
+        """
+import json, os, signal, threading, torch
+import hookcli
+from hookcli.runtime import preload
+preload.wait()
+stuck = threading.Event()
+preload._thread.append(threading.Thread(target=stuck.wait, daemon=True))  # a load in flight
+preload._done.clear()
+preload._FORK_WAIT = 0.01
+pid = os.fork()
+if pid == 0:
+    signal.alarm(120)  # a hang fails the test instead of the run
+    x = torch.randn(2, 4)
+    report = hookcli.inspect(torch.nn.Linear(4, 4), x, device="cpu", stats_backend="kernel")
+    kept = preload.kept_off()
+    os._exit(0 if kept and len(report.layers) == 1 else 1)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"status": status, "parent_off": preload.kept_off()}))
+"""
+    )
+    assert got == {"status": 0, "parent_off": False}
+
+
 def test_hookcli_stats_torch_is_read_at_the_edge_and_no_command_loads_the_kernels() -> None:
     """HOOKCLI_STATS=torch, read once by the package's edge (options.stats_backend_default),
     keeps the kernels off in the whole process: a diff and an inspect (which measure with

@@ -69,13 +69,23 @@ def _before_fork() -> None:
     second at most; bounded, for a thread stuck elsewhere)."""
     if _thread and not _done.is_set():
         _done.wait(_FORK_WAIT)
+    _unfinished[0] = bool(_thread) and not _done.is_set()
 
 
 def _in_child() -> None:
-    """The child has no thread: nothing to wait for; its first use loads the kernels itself."""
+    """The child has no thread: nothing to wait for; its first use loads the kernels itself
+    — unless the fork came while the load was still importing (the wait ran out: a loaded
+    machine compiling the kernels): then numba's modules are half imported in the child, their
+    locks held for ever, so the child keeps off the kernels (torch ops, exact) rather than
+    wait on them."""
     if _thread:
         _thread.clear()
         _done.set()
+        if _unfinished[0]:
+            _off[0] = True
+
+
+_unfinished = [False]  # the fork under way came before the load ended
 
 
 _FORK_WAIT = 30.0
