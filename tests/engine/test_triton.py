@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,17 +64,23 @@ def _cases() -> dict[str, tuple[torch.Tensor, int, int]]:
     return cases
 
 
-def test_the_fused_kernel_equals_float64_torch_and_repeats_bitwise(tmp_path: Path) -> None:
-    cases = _cases()
+def _interpreted(script: str, cases: dict[str, Any], tmp_path: Path) -> Any:
+    """`script` run on `cases` in a process of its own under Triton's interpreter (set before
+    Triton is imported): what it saved."""
     torch.save(cases, tmp_path / "cases.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
     subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _RUN, tmp_path / "cases.pt", tmp_path / "rows.pt"],
+        [sys.executable, "-W", "ignore", "-c", script, tmp_path / "cases.pt", tmp_path / "out.pt"],
         check=True,
         env=env,
         timeout=600,
     )
-    rows = torch.load(tmp_path / "rows.pt")
+    return torch.load(tmp_path / "out.pt")
+
+
+def test_the_fused_kernel_equals_float64_torch_and_repeats_bitwise(tmp_path: Path) -> None:
+    cases = _cases()
+    rows = _interpreted(_RUN, cases, tmp_path)
     assert set(rows) == set(cases)
     for name, (x, _, _) in cases.items():
         first, second = rows[name]
@@ -125,15 +132,7 @@ def test_the_per_token_kernel_equals_torch_s_rows_and_repeats_bitwise(tmp_path: 
     (float64 torch) to rounding — NaN where torch has NaN, the same channel of the max — and
     are bitwise the same run to run."""
     cases = _token_cases()
-    torch.save(cases, tmp_path / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _TOKENS_RUN, tmp_path / "cases.pt", tmp_path / "o"],
-        check=True,
-        env=env,
-        timeout=600,
-    )
-    rows = torch.load(tmp_path / "o")
+    rows = _interpreted(_TOKENS_RUN, cases, tmp_path)
     assert set(rows) == set(cases)
     for name, (x, _) in cases.items():
         first, second = rows[name]

@@ -49,10 +49,6 @@ class Routing:
     problems: list[str] = field(default_factory=list)  # a router hook that failed, and why
 
 
-def _is_router(kind: type) -> bool:
-    return _router_name(kind.__name__)
-
-
 @functools.cache
 def _router_name(name: str) -> bool:
     return _ROUTER.search(name) is not None
@@ -62,10 +58,10 @@ def find_routers(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
     """(name, module, experts) of every module whose class name says router and that holds a
     (experts, hidden) weight."""
     found: list[tuple[str, nn.Module, int]] = []
-    if not any(_is_router(type(m)) for m in all_modules(model)):
+    if not any(_router_name(type(m).__name__) for m in all_modules(model)):
         return found  # (most models: no second walk, for names)
     for name, m in model.named_modules():
-        if not _is_router(type(m)):
+        if not _router_name(type(m).__name__):
             continue
         weight = getattr(m, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:

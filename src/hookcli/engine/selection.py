@@ -68,23 +68,15 @@ def held(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     seen: set[int] = set()
     params: list[torch.Tensor] = []
     buffers: list[torch.Tensor] = []
-    stack = [model]
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
+    for module in all_modules(model):
         for t in module._parameters.values():
             if t is not None and id(t) not in seen:
                 seen.add(id(t))
                 params.append(t)
-        if module._buffers:
-            for b in module._buffers.values():
-                if b is not None and id(b) not in seen:
-                    seen.add(id(b))
-                    buffers.append(b)
-        if module._modules:
-            stack += [m for m in module._modules.values() if m is not None]
+        for b in module._buffers.values() if module._buffers else ():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                buffers.append(b)
     return params, buffers
 
 

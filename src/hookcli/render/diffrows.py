@@ -274,34 +274,29 @@ def token_lines(report: DiffReport) -> list[Line]:
     lines = [
         Line(
             f"next tokens, B against {against}, over {t.count} positions: mean KL({ref}||B) "
-            f"{_num(kld['mean'])} ± {_num(kld['stderr'])}, p99 {_num(kld['p99'])}, max "
-            f"{_num(kld['max'])}; KL(B||{ref}) {_num(rev['mean'])}",
+            f"{num(kld['mean'])} ± {num(kld['stderr'])}, p99 {num(kld['p99'])}, max "
+            f"{num(kld['max'])}; KL(B||{ref}) {num(rev['mean'])}",
             "bad" if "mean KL" in " ".join(report.token_failures) else "plain",
         ),
         Line(
             f"same top-1 {pct(t.same_top1) if t.same_top1 is not None else DASH}; Δp of the "
-            f"next token rms {_num(dp['rms'])}, p1 {_num(dp['p1'])}, p99 {_num(dp['p99'])}",
+            f"next token rms {num(dp['rms'])}, p1 {num(dp['p1'])}, p99 {num(dp['p99'])}",
             "bad" if "same top-1" in " ".join(report.token_failures) else "plain",
         ),
         Line(
-            f"perplexity {ref} {_num(t.ppl_a)}, B {_num(t.ppl_b)} (B/{ref} {_num(t.ppl_ratio)}; "
-            f"correlation of ln p {_num(t.ln_ppl_corr)})"
+            f"perplexity {ref} {num(t.ppl_a)}, B {num(t.ppl_b)} (B/{ref} {num(t.ppl_ratio)}; "
+            f"correlation of ln p {num(t.ln_ppl_corr)})"
         ),
     ]
     worst = [
-        f"{w['text']!r} (text {w['sequence']}, position {w['position']}: {_num(w['kld'])})"
+        f"{w['text']!r} (text {w['sequence']}, position {w['position']}: {num(w['kld'])})"
         if w.get("text") is not None
-        else f"token {w['token']} (text {w['sequence']}, position {w['position']}: "
-        f"{_num(w['kld'])})"
+        else f"token {w['token']} (text {w['sequence']}, position {w['position']}: {num(w['kld'])})"
         for w in t.worst[:3]
     ]
     if worst:
         lines.append(Line(f"largest KL({ref}||B) predicting {', '.join(worst)}", "dim"))
     return lines
-
-
-def _num(v: float | None) -> str:
-    return DASH if v is None else f"{v:.4g}"
 
 
 def diff_sections(report: DiffReport) -> list[Section]:

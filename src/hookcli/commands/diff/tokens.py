@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hookcli import bounds
+from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions
 from hookcli.records import DiffReport, TokenDistances
@@ -36,6 +37,10 @@ from hookcli.records import DiffReport, TokenDistances
 PERCENTILES = (99.9, 99.0, 90.0, 50.0, 10.0, 1.0)
 WORST = 10  # the positions of largest KL(A‖B) reported
 CHUNK = 64  # positions whose float64 distributions are held at once
+
+
+# what each position adds, in the order a chunk's rows hold them
+_PARTS = ("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")
 
 
 def _key(q: float) -> str:
@@ -47,11 +52,8 @@ class TokenAccumulator:
     the end. Sequences are numbered across batches in the order they were added."""
 
     def __init__(self) -> None:
-        self._parts: dict[str, list[np.ndarray[Any, Any]]] = {
-            k: [] for k in ("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")
-        }
+        self._parts: dict[str, list[np.ndarray[Any, Any]]] = {k: [] for k in _PARTS}
         self._worst: list[tuple[float, int, int, int]] = []  # a min-heap of (kld, seq, pos, id)
-        self._sequences = 0
         self._first = 0  # the number of the next batch's first text
         self.nonfinite = 0
 
@@ -84,7 +86,6 @@ class TokenAccumulator:
         for start in range(0, seq.numel(), CHUNK):
             part = slice(start, start + CHUNK)
             self._chunk((logits_a, logits_b), seq[part], pos[part], nxt[part], own[part])
-        self._sequences += ids.shape[0]
         self._first += ids.shape[0]
 
     def _chunk(
@@ -120,7 +121,7 @@ class TokenAccumulator:
         rows = got.cpu().numpy()  # one transfer per chunk
         keep = rows[6] > 0
         self.nonfinite += int((~keep).sum())
-        for k, name in enumerate(("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")):
+        for k, name in enumerate(_PARTS):
             self._parts[name].append(rows[k][keep])
         base = self._first
         for value, s, p, t in zip(
@@ -139,7 +140,7 @@ class TokenAccumulator:
         copy = TokenAccumulator()
         copy._parts = {k: list(v) for k, v in self._parts.items()}
         copy._worst = list(self._worst)
-        copy._sequences, copy._first, copy.nonfinite = self._sequences, self._first, self.nonfinite
+        copy._first, copy.nonfinite = self._first, self.nonfinite
         return copy
 
     def _keep(self, item: tuple[float, int, int, int]) -> None:
@@ -157,7 +158,6 @@ class TokenAccumulator:
         for item in other._worst:
             self._keep(item)
         self.nonfinite += other.nonfinite
-        self._sequences += other._sequences
 
     def summary(self, token_text: Callable[[int], str] | None = None) -> TokenDistances:
         """The statistics over every position added; `token_text` names a token id."""
@@ -171,7 +171,7 @@ class TokenAccumulator:
             count=count,
             kld=_spread(kld),
             kld_reverse=_spread(got["kld_reverse"]),
-            same_top1=_finite(float(got["same"].mean())) if count else None,
+            same_top1=finite_or_none(float(got["same"].mean())) if count else None,
             delta_p=_delta(got["delta_p"]),
             ppl_a=ppl_a,
             ppl_b=ppl_b,
@@ -183,7 +183,7 @@ class TokenAccumulator:
                     "position": p,
                     "token": t,
                     "text": token_text(t) if token_text is not None else None,
-                    "kld": _finite(v),
+                    "kld": finite_or_none(v),
                 }
                 for v, s, p, t in worst
             ],
@@ -191,12 +191,8 @@ class TokenAccumulator:
         )
 
 
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
 def _exp(v: float) -> float | None:
-    return _finite(math.exp(v)) if v < 709 else None
+    return finite_or_none(math.exp(v)) if v < 709 else None
 
 
 def _spread(v: np.ndarray[Any, Any]) -> dict[str, float | None]:
@@ -207,12 +203,12 @@ def _spread(v: np.ndarray[Any, Any]) -> dict[str, float | None]:
     mean = float(v.mean())
     var = float((v * v).mean()) - mean * mean
     out: dict[str, float | None] = {
-        "mean": _finite(mean),
-        "stderr": _finite(math.sqrt(max(var, 0.0) / (n - 1))) if n > 1 else None,
-        "max": _finite(float(v.max())),
+        "mean": finite_or_none(mean),
+        "stderr": finite_or_none(math.sqrt(max(var, 0.0) / (n - 1))) if n > 1 else None,
+        "max": finite_or_none(float(v.max())),
     }
     for q, value in zip(PERCENTILES, np.percentile(v, PERCENTILES).tolist(), strict=True):
-        out[_key(q)] = _finite(value)
+        out[_key(q)] = finite_or_none(value)
     return out
 
 
@@ -220,10 +216,10 @@ def _delta(v: np.ndarray[Any, Any]) -> dict[str, float | None]:
     """Δp's root mean square and percentiles."""
     if v.shape[0] == 0:
         return {"rms": None, **{_key(q): None for q in PERCENTILES if q != 99.9}}
-    out: dict[str, float | None] = {"rms": _finite(math.sqrt(float((v * v).mean())))}
+    out: dict[str, float | None] = {"rms": finite_or_none(math.sqrt(float((v * v).mean())))}
     qs = [q for q in PERCENTILES if q != 99.9]
     for q, value in zip(qs, np.percentile(v, qs).tolist(), strict=True):
-        out[_key(q)] = _finite(value)
+        out[_key(q)] = finite_or_none(value)
     return out
 
 
@@ -233,7 +229,7 @@ def _correlation(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float | No
         return None
     da, db = a - a.mean(), b - b.mean()
     den = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
-    return _finite(float((da * db).sum()) / den) if den > 0 else None
+    return finite_or_none(float((da * db).sum()) / den) if den > 0 else None
 
 
 def token_rules(
