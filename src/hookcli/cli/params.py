@@ -651,9 +651,11 @@ def reads(params: Mapping[str, Any], used: str | None) -> list[str]:
         files.append(f"hf:{tokenizer}")  # a tokenizer folder: every file in it
     if p.get("loss"):  # --loss mse:FILE.pt
         files.append(p["loss"].partition(":")[2])
-    for side in (p.get("a"), p.get("b"), p.get("ref")):  # diff's --b weights=FILE
+    for side in (p.get("a"), p.get("b"), p.get("ref")):  # --b weights=FILE, --b gguf:FILE
         for part in (side or "").split(","):
             key, sep, value = part.partition("=")
             if sep and key.strip().lower() == "weights":
                 files.append(value.strip())
+            elif not sep and key.strip().lower().startswith("gguf:"):
+                files.append(key.strip()[5:].strip())
     return [os.path.expanduser(f) for f in files if f]

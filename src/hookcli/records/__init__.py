@@ -41,6 +41,7 @@ from hookcli.records.diff import DiffCall as DiffCall
 from hookcli.records.diff import DiffReport as DiffReport
 from hookcli.records.diff import TensorDiff as TensorDiff
 from hookcli.records.diff import TokenDistances as TokenDistances
+from hookcli.records.diff import WeightDistance as WeightDistance
 from hookcli.records.lens import LensCell as LensCell
 from hookcli.records.lens import LensReport as LensReport
 from hookcli.records.lens import LensToken as LensToken

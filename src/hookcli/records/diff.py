@@ -80,6 +80,19 @@ class TokenDistances:
     nonfinite: int = 0
 
 
+@dataclass(slots=True)
+class WeightDistance:
+    """One layer's weight on side B against the reference's (issue 53): `sqnr_db` =
+    10 log10(Σa² / Σ(a-b)²) in float64 over the dense (dequantized) weights, None where the
+    reference's weight is all zeros; `rel_l2` = ‖a-b‖ / ‖a‖; `numel`: its elements."""
+
+    layer: str
+    type: str  # side B's module class (Linear4bit, Linear …)
+    sqnr_db: float | None
+    rel_l2: float | None
+    numel: int
+
+
 @dataclass(slots=True, repr=False)
 class DiffReport(Viewed):
     model: ModelInfo
@@ -112,6 +125,8 @@ class DiffReport(Viewed):
     # --max-kld and --min-same-top1 as given, and each one the tokens broke (exit 1)
     token_rules: dict[str, float] = field(default_factory=dict)
     token_failures: list[str] = field(default_factory=list)
+    # each layer whose weight differs between the sides, lowest SQNR first
+    weights: list[WeightDistance] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:

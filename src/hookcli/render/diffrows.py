@@ -299,11 +299,26 @@ def token_lines(report: DiffReport) -> list[Line]:
     return lines
 
 
+def weight_lines(report: DiffReport) -> list[Line]:
+    """The layers whose weights differ most between the sides (lowest SQNR first)."""
+    w = report.weights
+    if not w:
+        return []
+    ref = "the reference" if report.ref is not None else "A"
+    shown = ", ".join(
+        f"{d.layer} {num(d.sqnr_db)} dB" if d.sqnr_db is not None else f"{d.layer} (A all zero)"
+        for d in w[:3]
+    )
+    more = f"; {len(w)} layers' weights differ" if len(w) > 3 else ""
+    return [Line(f"weights of B against {ref}, lowest SQNR first: {shown}{more}", "dim")]
+
+
 def diff_sections(report: DiffReport) -> list[Section]:
     footer = [
         *(Line(line) for line in diff_footer(report)),
         *agreement_lines(report),
         *token_lines(report),
+        *weight_lines(report),
         *largest_lines(report),
         *position_lines(report),
         diff_verdict(report),

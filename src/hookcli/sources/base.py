@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -110,9 +111,20 @@ def kwargs_text(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
+def _enum_notice(record: logging.LogRecord) -> bool:
+    """False for torch's notice that an Enum registered as a pytree constant no longer needs
+    it: torchao registers several on import (transformers imports torchao wherever it is
+    installed), a deprecation inside those libraries, not the user's to act on."""
+    return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
 def import_extra(module: str, extra: str, what: str) -> Any:
     """The optional package `module`, or a one-line error naming the extra that installs it."""
     import importlib
+
+    pytree = logging.getLogger("torch.utils._pytree")
+    if _enum_notice not in pytree.filters:
+        pytree.addFilter(_enum_notice)
 
     try:
         return importlib.import_module(module)

@@ -2,6 +2,8 @@
 
 - sides.py: one class per side kind (dtype, autocast, channels_last, quantized, compile, onnx,
   weights/seed/device), the composite `Side`, `parse_side` and the kinds' registry;
+- quantsides.py: the kinds in quantized LLMs' formats (gguf:, torchao:, bnb:) and the weights'
+  SQNR between two sides;
 - passes.py: the reference side's hooked pass (putting each call's tensors in a sink) and a
   compared side's pass (reading them back);
 - lockstep.py: the sides side by side, each pass in a thread, taking turns, the reference's

@@ -34,6 +34,7 @@ from hookcli.commands.diff.align import align
 from hookcli.commands.diff.corpus import Corpus, text_batches
 from hookcli.commands.diff.measure import SCORES, Compared, ErrorSums, Spill, describe_over
 from hookcli.commands.diff.passes import reference_pass, side_pass
+from hookcli.commands.diff.quantsides import weight_distances
 from hookcli.commands.diff.sides import (
     DType,
     Side,
@@ -549,7 +550,7 @@ def _report(
     info = ModelInfo(
         loaded.name, loaded.spec, loaded.task, loaded.weights_label, params, dtype=ran_in(runs[0])
     )
-    notes = [*isa.notes(), *notes]
+    notes = [*isa.notes(), *notes, *(n for run in runs for n in run.notes)]
     ran = [ran_in(run) for run in runs]
     if len(set(ran)) == 1 and all(
         all(isinstance(p, DType) for p in run.side.parts) for run in runs
@@ -576,6 +577,7 @@ def _report(
                 "distribution not finite on a side (NaN/Inf logits)"
             )
     return DiffReport(
+        weights=weight_distances(runs[0].prepared.loaded.module, runs[-1].prepared.loaded.module),
         tokens=tokens,
         model=info,
         input=InputInfo(

@@ -167,7 +167,7 @@ class Autocast(SideKind):
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
         if not key.startswith("autocast") or value is not None:
             return None
-        name = key.partition(":")[2] or "bfloat16"
+        name = key.partition(":")[2].lower() or "bfloat16"
         if name not in ("bfloat16", "float16"):
             raise UsageError(
                 f"{option} {raw!r}: autocast has no dtype {name!r}; "
@@ -477,7 +477,8 @@ def parse_side(raw: str, option: str) -> Side:
         if not part:
             continue
         key, sep, value = part.partition("=")
-        key = key.lower()
+        head, colon, rest = key.partition(":")
+        key = head.lower() + colon + rest  # `gguf:Path/To.gguf`: a path after ':' keeps its case
         found = None
         for kind in KINDS:
             found = kind.parse(key, value if sep else None, raw, option)
@@ -506,6 +507,7 @@ class SideRun:
     side: Side
     prepared: Prepared
     fused: dict[str, str] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what its kinds did, said
 
 
 def prepare_side(
@@ -517,8 +519,9 @@ def prepare_side(
         base = copy.deepcopy(base)  # the Python API's own module: never changed in place
     options = side.model_options(dataclasses.replace(model, model=base))
     prepared = prepare(options, selection, with_input)
+    before = len(prepared.notes)
     side.prepare(prepared)
-    return SideRun(side, prepared)
+    return SideRun(side, prepared, notes=prepared.notes[before:])
 
 
 def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput) -> None:

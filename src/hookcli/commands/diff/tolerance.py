@@ -7,7 +7,9 @@ bfloat16 is 8 times their unit roundoff u (2^-11 and 2^-8): a layer's own error 
 a network passes on grows to a few u. In float32 and float64 the order of summation is what
 differs between kernels, far below 1e-3 even after many layers, so 1e-3 stays the default for
 them. int8 (per-tensor affine steps) costs each layer 1-3 % of its output and grows through a
-network: 1e-1, an SQNR of 20 dB. The default is the coarsest side's; --tol always wins.
+network: 1e-1, an SQNR of 20 dB. 4-bit weights (GGUF Q4, NF4, int4 groups; a weight SQNR near
+20 dB) cost each layer about 10 %: 3e-1, an SQNR of about 10 dB. The default is the coarsest
+side's; --tol always wins.
 No torch here: a saved report's dtypes (names) pick the same defaults.
 """
 
@@ -33,6 +35,7 @@ PRECISIONS = {
         Precision("float16", 4e-3, "8 times its unit roundoff 2^-11"),
         Precision("bfloat16", 3e-2, "8 times its unit roundoff 2^-8"),
         Precision("int8", 1e-1, "an SQNR of 20 dB; int8 steps cost each layer 1-3 %"),
+        Precision("int4", 3e-1, "an SQNR of about 10 dB; 4-bit weights cost a layer ~10 %"),
     )
 }
 # a saved report's dtype names → their precision (quantized tensors are int8's)

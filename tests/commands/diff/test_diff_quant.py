@@ -1,0 +1,247 @@
+"""diff's sides in quantized LLMs' formats (commands/diff/quantsides.py): GGUF files written by the
+`gguf` package, torchao's quantize_, bitsandbytes' layers. Oracles: the file's tensors as the
+gguf package dequantizes them (q/k rows unpermuted by hand here), transformers' own logits of
+a model holding them, transformers' own bitsandbytes load, torchao's and bitsandbytes' own
+dequantization; KL by hand in float64."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hookcli.cli import app
+from hookcli.commands.diff.quantsides import dense_weight, weight_distances
+from hookcli.commands.diff.sides import parse_side
+from tests.support.gguf import dequantized, write_llama
+from tests.support.llm import LINES, llama_config, make_tokenizer, save
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(LINES) + "\n")
+    return path
+
+
+def _json(*args: str) -> dict[str, Any]:
+    r = runner.invoke(app, ["diff", *args, "-f", "json"])
+    assert r.exit_code == 0, (r.exit_code, r.stdout, r.stderr)
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def _mean_kl(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """KL(A||B) in float64 over every position that predicts a next token of its text."""
+    la, lb = a.double().log_softmax(-1), b.double().log_softmax(-1)
+    kl = (la.exp() * (la - lb)).sum(-1)  # (batch, tokens)
+    keep = mask.bool().clone()
+    for i in range(keep.shape[0]):  # each text's last real token predicts nothing of it
+        keep[i, int(keep[i].nonzero().max())] = False
+    return float(kl[keep].mean())
+
+
+def _logits(model: Any, folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    enc = tok(LINES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**enc).logits, enc["attention_mask"]
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_a_gguf_side_holds_the_file_s_values_and_its_klds_are_transformers_own(
+    tiny_llama: Path, corpus: Path, tmp_path: Path, qtype: str
+) -> None:
+    """The gguf side's model holds exactly the file's dequantized tensors: its KLD against A
+    equals KL(A||B) computed by hand on transformers' logits of A and of A with those tensors;
+    each Linear's weight SQNR is that of the file's values against A's."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    path = write_llama(model, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"gguf:{path}")
+    held = dequantized(path, model)
+    b_model = copy.deepcopy(model)
+    b_model.load_state_dict(held, strict=False)
+    a, mask = _logits(model, tiny_llama)
+    b, _ = _logits(b_model, tiny_llama)
+    assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
+    weights = {w["layer"]: w for w in data["weights"]}
+    q = "model.layers.1.self_attn.q_proj"
+    wa = model.get_submodule(q).weight.detach().double()
+    want = 10 * math.log10(float(wa.square().sum() / (wa - held[f"{q}.weight"]).square().sum()))
+    assert weights[q]["sqnr_db"] == pytest.approx(want, rel=1e-9)
+    assert weights[q]["type"] == "Linear"
+    assert any(f"side gguf:{path}: its {qtype}" in n for n in data["notes"])
+    assert data["tol"] == (0.1 if qtype == "Q8_0" else 0.3)  # the file's precision's default
+
+
+def test_q4_0_parts_ways_more_than_q8_0(tiny_llama: Path, corpus: Path, tmp_path: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    kld = {}
+    sqnr = {}
+    for qtype in ("Q8_0", "Q4_0"):
+        path = write_llama(model, tmp_path / f"tiny-{qtype}.gguf", qtype)
+        data = _json(
+            f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"gguf:{path}", "--no-own"
+        )
+        kld[qtype] = data["tokens"]["kld"]["mean"]
+        sqnr[qtype] = min(w["sqnr_db"] for w in data["weights"])
+    assert 0 < kld["Q8_0"] < kld["Q4_0"] / 10
+    assert sqnr["Q8_0"] > 35  # 8 bits: about 40 dB
+    assert 15 < sqnr["Q4_0"] < 25  # 4 bits: about 20 dB
+
+
+def test_a_planted_two_bit_layer_tops_the_per_layer_tables(tmp_path: Path) -> None:
+    """A Llama whose every matrix is Q8_0 but one Linear, ternary (TQ2_0, 2 bits a weight):
+    that layer has the lowest weight SQNR and the largest own error."""
+    torch.manual_seed(0)
+    config = llama_config()
+    config.hidden_size, config.intermediate_size = 256, 512
+    model = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path / "llama256"
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    fragile = "model.layers.0.mlp.up_proj"
+    path = write_llama(
+        model, tmp_path / "planted.gguf", "Q8_0", other={f"{fragile}.weight": "TQ2_0"}
+    )
+    r = runner.invoke(
+        app,
+        ["diff", f"hf:{folder}", "--text", LINES[0], "--text", LINES[1], "--b", f"gguf:{path}",
+         "--sort", "own", "-f", "json"],
+    )  # fmt: skip
+    assert r.exit_code == 1, r.stdout  # past the default tolerance (int4's, 0.3) …
+    data = json.loads(r.stdout)
+    assert data["first_over"].startswith(fragile), data["first_over"]  # … first there
+    assert data["weights"][0]["layer"] == fragile
+    assert data["weights"][0]["sqnr_db"] < 12 < data["weights"][1]["sqnr_db"]
+    assert data["largest_own"][0]["name"] == fragile
+    assert data["calls"][0]["name"] == fragile  # --sort own
+
+
+def test_a_gguf_side_of_another_model_is_one_line(
+    tiny_llama: Path, corpus: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(1)
+    config = llama_config()
+    config.vocab_size = 400
+    other = transformers.LlamaForCausalLM(config).eval()
+    path = write_llama(other, tmp_path / "other.gguf", "Q8_0")
+    not_gguf = tmp_path / "not.gguf"
+    not_gguf.write_bytes(b"not a gguf file at all")
+    cases = [
+        (["--b", f"gguf:{path}"], "vocab_size 400 in the file, 320 in the model"),
+        (["--b", f"gguf:{not_gguf}"], "cannot be read as a GGUF file"),
+        (["--b", f"gguf:{tmp_path / 'missing.gguf'}"], "not found"),
+    ]
+    for args, says in cases:
+        r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text-file", str(corpus), *args])
+        assert r.exit_code == 2, (args, r.stdout, r.stderr)
+        assert says in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = runner.invoke(app, ["diff", "resnet18", "--b", f"gguf:{path}"])
+    assert r.exit_code == 2 and "not one" in r.stderr
+
+
+def test_a_path_after_the_colon_keeps_its_case(tmp_path: Path) -> None:
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
+    path = write_llama(model, tmp_path / "Tiny-Q8_0.GGUF", "Q8_0")
+    side = parse_side(f"gguf:{path}", "--b")
+    assert side.parts[0].path == str(path)  # type: ignore[attr-defined]
+    assert parse_side("autocast:BFloat16", "--b").autocast == torch.bfloat16
+    # an output may not overwrite the file the side reads
+    r = runner.invoke(app, ["diff", "hf:x", "--b", f"gguf:{path}", "-o", str(path)])
+    assert r.exit_code == 2 and "also an input of this run" in r.stderr, r.stderr
+
+
+def test_torchao_sides_are_torchao_s_own_quantization(tiny_llama: Path, corpus: Path) -> None:
+    """torchao:int8wo: every Linear's weight SQNR is that of torchao's own dequantized weight;
+    int4wo on this CPU says which torchao config made it."""
+    torchao = pytest.importorskip("torchao.quantization")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    own = copy.deepcopy(model)
+    torchao.quantize_(own, torchao.Int8WeightOnlyConfig())
+    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "torchao:int8wo")
+    got = {w["layer"]: w["sqnr_db"] for w in data["weights"]}
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(got) == sorted(linears)
+    for name in linears:
+        wa = model.get_submodule(name).weight.detach().double()
+        wb = own.get_submodule(name).weight.detach().dequantize().double()
+        want = 10 * math.log10(float(wa.square().sum() / (wa - wb).square().sum()))
+        assert got[name] == pytest.approx(want, rel=1e-9), name
+    assert data["tokens"]["kld"]["mean"] > 0
+    data = _json(
+        f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "torchao:int4wo:32", "--no-own"
+    )
+    assert any("IntxWeightOnlyConfig" in n for n in data["notes"])
+    assert 15 < min(w["sqnr_db"] for w in data["weights"]) < 25
+    skipped = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "torchao:int4wo", "--no-own")
+    assert any("left unquantized" in n for n in skipped["notes"])  # 32 wide: not in groups of 128
+
+
+@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+def test_a_bnb_side_computes_what_transformers_bitsandbytes_load_computes(
+    tiny_llama: Path, corpus: Path, scheme: str
+) -> None:
+    """bnb:nf4 and bnb:int8 quantize as transformers' BitsAndBytesConfig does by default (its
+    output head kept): the same logits, so the same KLD, and the same dequantized weights."""
+    pytest.importorskip("bitsandbytes")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    qc = (
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        )
+        if scheme == "nf4"
+        else transformers.BitsAndBytesConfig(load_in_8bit=True)
+    )
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny_llama, quantization_config=qc, device_map="cpu"
+    ).eval()
+    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"bnb:{scheme}")
+    a, mask = _logits(model, tiny_llama)
+    b, _ = _logits(theirs, tiny_llama)
+    assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
+    weights = {w["layer"]: w for w in data["weights"]}
+    assert "lm_head" not in weights  # kept, as transformers keeps it
+    q = "model.layers.0.self_attn.q_proj"
+    layer = theirs.get_submodule(q)
+    bf = pytest.importorskip("bitsandbytes.functional")
+    if scheme == "nf4":  # bitsandbytes' own dequantization of transformers' layer
+        held = bf.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    else:
+        scales = layer.weight.SCB if layer.weight.SCB is not None else layer.state.SCB
+        held = bf.int8_vectorwise_dequant(layer.weight.data, scales)
+    wa = model.get_submodule(q).weight.detach().double()
+    want = 10 * math.log10(float(wa.square().sum() / (wa - held.double()).square().sum()))
+    assert weights[q]["sqnr_db"] == pytest.approx(want, rel=1e-6)
+    assert weights[q]["type"] == ("Linear4bit" if scheme == "nf4" else "Linear8bitLt")
+    assert dense_weight(layer) is not None
+
+
+def test_weight_distances_are_the_sqnr_by_hand() -> None:
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    b = copy.deepcopy(a)  # layer 2 the same values: left out
+    b[0].weight.data = a[0].weight.data.half().float()
+    found = weight_distances(a, b)
+    assert [d.layer for d in found] == ["0"]
+    w = a[0].weight.detach().double()
+    noise = (w - b[0].weight.detach().double()).square().sum()
+    assert found[0].sqnr_db == pytest.approx(10 * math.log10(float(w.square().sum() / noise)))
+    assert found[0].rel_l2 == pytest.approx(math.sqrt(float(noise / w.square().sum())))
+    assert found[0].numel == 32
