@@ -51,9 +51,11 @@ def calib(
         typer.Option(
             "--output",
             "-o",
-            metavar="FILE.safetensors",
+            metavar="FILE.safetensors|FILE.imatrix",
             help="Write the scales: NAME (max|x| per input channel: SmoothQuant's act_scales), "
-            "NAME.min_val and NAME.max_val (PerChannelMinMaxObserver's), NAME.histogram.",
+            "NAME.min_val and NAME.max_val (PerChannelMinMaxObserver's), NAME.histogram; or, "
+            "to FILE.imatrix, llama.cpp's importance matrix (Σx² per input channel of each "
+            "weight, by GGUF name) for llama-quantize --imatrix.",
         ),
     ] = None,
     force: opt.ForceOpt = False,
@@ -67,13 +69,21 @@ def calib(
     layer with no numbers is listed as not calibrated, with why.
 
     Example: hookcli calib hf:./tiny-llama --text-file calib.txt -o act_scales.safetensors
+    (or -o model.imatrix for llama-quantize --imatrix)
     """
     with handled():
         p, used = opt.configured(ctx)
         if used:
             err(f"config: {used}")
         reads = opt.reads(p, used)
-        dest = claim(p.get("output"), "-o", suffix=".safetensors", stdout_ok=False, reads=reads)
+        out = p.get("output")
+        imatrix = out is not None and str(out).lower().endswith((".imatrix", ".gguf"))
+        suffix = Path(str(out)).suffix.lower() if imatrix else ".safetensors"
+        dest = claim(out, "-o", suffix=suffix, stdout_ok=False, reads=reads)
+        if imatrix:  # before any work: what an imatrix needs
+            from hookcli.commands.imatrix import check_imatrix_model
+
+            check_imatrix_model(str(p.get("model") or ""))
         form = output_format(p["fmt"], None, kind=Kind.calib)
         from hookcli.commands.calib import calib_report, calib_tensors
         from hookcli.options import CalibOptions, pick
@@ -84,7 +94,21 @@ def calib(
                 model_opts, opt.selection(p), opt.input_options(p), pick(CalibOptions, p)
             )
         emit(rendered(report, form, None), None)
-        if dest is not None:
+        if dest is not None and imatrix:
+            from hookcli.commands.imatrix import imatrix_bytes
+            from hookcli.io.output import write_bytes
+
+            dataset = str(p.get("text_file") or report.input.description)  # llama.cpp: the file
+            data, written, unnamed = imatrix_bytes(report, dataset)
+            write_bytes(dest, data)
+            left = (
+                f"; {len(unnamed)} calibrated layers have no GGUF name, not in it "
+                f"(first {unnamed[0]})"
+                if unnamed
+                else ""
+            )
+            err(f"wrote {dest.label} ({written} matrices, llama.cpp's imatrix{left})")
+        elif dest is not None:
             from hookcli.io.saving import TensorSaver
 
             saver = TensorSaver(

@@ -258,6 +258,7 @@ def calib_report(
     ]
     rank = {name: i for i, name in enumerate(_in_order([k.name for k in skipped], order))}
     skipped.sort(key=lambda k: rank[k.name])
+    config = getattr(loaded.module, "config", None)
     info = input_info(model_input)
     info.description = (
         f"{sequences} {'sequences' if inputs.has_text else 'inputs'} in {passes} "
@@ -272,6 +273,9 @@ def calib_report(
         hist_bounds=hist_bounds().tolist(),
         notes=notes,
         skipped=skipped,
+        sequences=sequences,
+        model_type=getattr(config, "model_type", None),
+        blocks=getattr(config, "num_hidden_layers", None),
     )
 
 

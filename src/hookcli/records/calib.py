@@ -49,3 +49,8 @@ class CalibReport:
     # selected layers calib could not read (never ran, no float input, an expert no token
     # was routed to): listed, never dropped in silence
     skipped: list[CalibSkip] = field(default_factory=list)
+    # what an imatrix file (-o FILE.imatrix) needs: the sequences (or inputs) calibrated on,
+    # and a transformers model's type and blocks (its tensors' GGUF names); None otherwise
+    sequences: int = 0
+    model_type: str | None = None
+    blocks: int | None = None
