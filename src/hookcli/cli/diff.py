@@ -54,7 +54,8 @@ def diff(
             help="Side B: float32|float64|float16|bfloat16, autocast[:DTYPE], channels_last, "
             "quantized (the int8 twin), compile (torch.compile), onnx (ONNX Runtime), "
             "weights=W, seed=N, device=D; a quantized LLM: gguf:FILE.gguf, "
-            "torchao:int8wo|int4wo[:G]|int8dq, bnb:nf4|int8; joined with commas "
+            "torchao:int8wo|int4wo[:G]|int8dq, bnb:nf4|int8, hf:FOLDER (a quantized "
+            "checkpoint); joined with commas "
             "(float16,channels_last).",
             show_default=False,
         ),

@@ -658,4 +658,6 @@ def reads(params: Mapping[str, Any], used: str | None) -> list[str]:
                 files.append(value.strip())
             elif not sep and key.strip().lower().startswith("gguf:"):
                 files.append(key.strip()[5:].strip())
+            elif not sep and key.strip().lower().startswith("hf:"):  # every file in the folder
+                files.append(f"hf:{key.strip()[3:].strip()}")
     return [os.path.expanduser(f) for f in files if f]

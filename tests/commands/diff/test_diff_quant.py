@@ -245,3 +245,38 @@ def test_weight_distances_are_the_sqnr_by_hand() -> None:
     assert found[0].sqnr_db == pytest.approx(10 * math.log10(float(w.square().sum() / noise)))
     assert found[0].rel_l2 == pytest.approx(math.sqrt(float(noise / w.square().sum())))
     assert found[0].numel == 32
+
+
+def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
+    tiny_llama: Path, corpus: Path, tmp_path: Path
+) -> None:
+    """hf:FOLDER, a bitsandbytes NF4 checkpoint saved by transformers: its KLD is that of
+    transformers' own load of the folder, and the same as bnb:nf4's (one quantization)."""
+    pytest.importorskip("bitsandbytes")
+    qc = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny_llama, quantization_config=qc, device_map="cpu"
+    )
+    folder = tmp_path / "nf4"
+    quantized.save_pretrained(folder)
+    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"hf:{folder}")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="cpu").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    a, mask = _logits(model, tiny_llama)
+    b, _ = _logits(loaded, tiny_llama)
+    assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
+    assert data["tol"] == 0.3  # its quantization_config: 4 bits
+    assert any("quantized with bitsandbytes" in n for n in data["notes"])
+    ours = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "bnb:nf4", "--no-own")
+    assert ours["tokens"]["kld"] == data["tokens"]["kld"]
+    # another architecture's folder, and a folder that is not a checkpoint: one line each
+    other = tmp_path / "other"
+    config = llama_config()
+    config.hidden_size = 64
+    transformers.LlamaForCausalLM(config).save_pretrained(other)
+    for side, says in ((f"hf:{other}", "hidden_size 64"), (f"hf:{tmp_path}", "no config.json")):
+        r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", side])
+        assert r.exit_code == 2, r.stderr
+        assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

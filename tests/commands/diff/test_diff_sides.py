@@ -76,7 +76,7 @@ def _report(side: Side, *, model: str = CHAIN, given: str = "randn:8x16", **kw: 
 def test_a_new_side_kind_is_one_class_and_register(scaled: None) -> None:
     side = parse_side("scale=2,float64", "--b")
     assert side.parts == (DType(torch.float64), Scaled(2.0))  # in registration order
-    assert side_help().endswith("bnb:nf4|int8, scale=K; joined with commas")
+    assert side_help().endswith("bnb:nf4|int8, hf:FOLDER, scale=K; joined with commas")
     report = _report(parse_side("scale=2", "--b"))
     model, x = chain_model(torch.float32)
     ref, got = leaf_outputs(model, x), leaf_outputs(model, 2 * x)

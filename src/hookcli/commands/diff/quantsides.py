@@ -11,6 +11,9 @@ against the same architecture quantized as llama.cpp, torchao or bitsandbytes ma
   int8 weights. On a machine where torchao's int4 kernel (Int4WeightOnlyConfig) cannot run,
   as on a CPU, int4 weights are IntxWeightOnlyConfig's (the same grouped affine int4 values,
   computed unpacked), and the report says so.
+- `hf:FOLDER`: a quantized checkpoint of the model's architecture, loaded by transformers into
+  the model's class (its quantization_config decides how: bitsandbytes, torchao,
+  compressed-tensors, GPTQ, AWQ — each where its package runs here).
 - `bnb:nf4|int8`: bitsandbytes' Linear4bit (NF4) or Linear8bitLt in place of every Linear but
   the output head, which transformers' bitsandbytes loading (`load_in_4bit`) leaves as it is.
 
@@ -25,6 +28,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -375,13 +379,7 @@ class Bnb(SideKind):
                 "use torchao:int4wo or a gguf: side instead, or run where bitsandbytes has "
                 "a backend (CUDA).",
             ) from exc
-        from hookcli.engine.selection import module_entries
-
-        prepared.entries = module_entries(module)
-        by_name = dict(module.named_modules())
-        for t in prepared.targets:
-            if t.name in by_name:
-                t.module = by_name[t.name]
+        _retarget(prepared, module)
 
     def _quantized(self, bnb: Any, lin: nn.Linear, device: torch.device) -> nn.Module:
         w = lin.weight.detach()
@@ -421,10 +419,107 @@ class Bnb(SideKind):
         return moved
 
 
+def _retarget(prepared: Prepared, module: nn.Module) -> None:
+    """The side's module (changed in place, or another) as the one its pass hooks: its entries
+    anew, each selected target the module now under its name."""
+    from hookcli.engine.selection import module_entries
+
+    prepared.loaded.module = module
+    prepared.entries = module_entries(module)
+    by_name = dict(module.named_modules())
+    prepared.targets = [t for t in prepared.targets if t.name in by_name]
+    for t in prepared.targets:
+        t.module = by_name[t.name]
+
+
 def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, leaf = name.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     setattr(parent, leaf, new)
+
+
+# ---------------------------------------------------------------- a quantized checkpoint
+
+
+def _folder_precision(path: str) -> str | None:
+    """The precision a checkpoint folder's config.json names: its quantization_config's bits
+    (4 or fewer: int4; else int8), else its dtype; None where it names neither."""
+    import json
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization_config") or {}
+    if isinstance(quant, dict) and quant:
+        bits = quant.get("bits") or quant.get("weight_bits")
+        if quant.get("load_in_4bit") or quant.get("_load_in_4bit") or (bits and bits <= 4):
+            return "int4"
+        return "int8"
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    return str(dtype) if dtype in ("float32", "float16", "bfloat16", "float64") else None
+
+
+@register
+@dataclass(frozen=True, slots=True)
+class HfFolder(SideKind):
+    """Another checkpoint of the same architecture, as transformers loads it: a quantized
+    folder (bitsandbytes, torchao, compressed-tensors, GPTQ, AWQ — each where its package runs
+    here), loaded into the model's own class, never with remote code."""
+
+    path: str
+    help: ClassVar[str] = "hf:FOLDER"
+    changes_module: ClassVar[bool] = True
+
+    @classmethod
+    def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
+        if not key.startswith("hf:") or value is not None:
+            return None
+        from hookcli.io.output import user_path
+
+        path = user_path(key.partition(":")[2].strip(), f"{option} hf:")
+        if not (path / "config.json").is_file():
+            raise UsageError(
+                f"{option} {raw!r}: {path} is not a checkpoint folder (no config.json there).",
+                f"give a folder saved with save_pretrained, e.g. {option} hf:./model-int4.",
+            )
+        return cls(str(path))
+
+    @property
+    def precision(self) -> str | None:
+        return _folder_precision(self.path)
+
+    def prepare(self, prepared: Prepared) -> None:
+        side = f"hf:{self.path}"
+        module = _hf_model(prepared, side)
+        from hookcli.sources import quiet_warnings
+        from hookcli.sources.base import import_extra
+
+        tf = import_extra("transformers", "hf", f"{side} sides")
+        with quiet_warnings():
+            config = tf.AutoConfig.from_pretrained(self.path)  # config.json: no code run
+        _same_architecture(side, config.to_dict(), module.config)
+        quant = getattr(config, "quantization_config", None)
+        method = (quant or {}).get("quant_method") if isinstance(quant, dict) else None
+        try:
+            with quiet_warnings():
+                other = type(module).from_pretrained(
+                    self.path, device_map={"": str(prepared.device)}, trust_remote_code=False
+                )
+        except (ImportError, RuntimeError, ValueError, OSError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(
+                f"transformers cannot load {side} here"
+                + (f" (quantized with {method})" if method else "")
+                + f": {why}",
+                "install what its quantization needs, or diff it where it runs (--device).",
+            ) from exc
+        other.train(module.training)
+        _retarget(prepared, other)
+        prepared.notes.append(
+            f"side {side}: {type(other).__name__} as transformers loads the folder"
+            + (f", quantized with {method}" if method else "")
+        )
 
 
 # ---------------------------------------------------------------- the weights, side by side
