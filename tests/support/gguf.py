@@ -1,7 +1,5 @@
-"""GGUF files of a tiny Llama, written by the `gguf` package as llama.cpp's converter writes them:
-llama's metadata, tensors under GGUF's names, q/k rows permuted as convert_hf_to_gguf does,
-every matrix in the chosen quantization type (1-D tensors stay F32, as llama.cpp keeps them),
-and optionally one tensor in another type (a planted fragile layer)."""
+"""GGUF files of a tiny Llama (examples/tiny_gguf.py writes them with the `gguf` package, as
+llama.cpp's converter lays them out), and what the `gguf` package reads back from one."""
 
 from __future__ import annotations
 
@@ -11,57 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from examples.tiny_gguf import write_llama
 
-def _permute(w: np.ndarray[Any, Any], heads: int, kv_heads: int | None) -> np.ndarray[Any, Any]:
-    """convert_hf_to_gguf's q/k row permutation (transformers' GGUF loading reverses it)."""
-    if kv_heads is not None and heads != kv_heads:
-        heads = kv_heads
-    return (
-        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    )
-
-
-def write_llama(model: Any, path: Path, qtype: str, *, other: dict[str, str] | None = None) -> Path:
-    """`model` (a LlamaForCausalLM) as a GGUF file of `qtype` (Q8_0, Q4_0, F32 …); `other`:
-    HF parameter name → the type that tensor takes instead."""
-    import gguf
-
-    cfg = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny llama")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    for hf_name, p in model.state_dict().items():
-        base, _, suffix = hf_name.rpartition(".")
-        name = names.get_name(base)
-        if name is None:
-            continue
-        w = p.detach().float().numpy()
-        if name.endswith("attn_q"):
-            w = _permute(w, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif name.endswith("attn_k"):
-            w = _permute(w, cfg.num_attention_heads, cfg.num_key_value_heads)
-        kind = (other or {}).get(hf_name, qtype if w.ndim == 2 else "F32")
-        qt = gguf.GGMLQuantizationType[kind]
-        if qt == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(f"{name}.{suffix}", np.ascontiguousarray(w))
-        else:
-            data = gguf.quants.quantize(np.ascontiguousarray(w), qt)
-            writer.add_tensor(f"{name}.{suffix}", data, raw_dtype=qt)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+__all__ = ["dequantized", "write_llama"]
 
 
 def dequantized(path: Path, model: Any) -> dict[str, torch.Tensor]:

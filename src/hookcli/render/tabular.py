@@ -308,7 +308,9 @@ def report_rows(report: Report) -> tuple[list[str], list[list[Value]]]:
 def diff_rows(report: DiffReport) -> tuple[list[str], list[list[Value]]]:
     """One row per (layer call, side, tensor); side B against the reference, and side A too
     with --ref. The model's own output is layer `(model)`. `norm_rel` is signed, `own_rel_l2`
-    the layer's own error, `type_b` side B's module type when it differs from `type`."""
+    the layer's own error, `type_b` side B's module type when it differs from `type`. Then a
+    row per layer whose weight differs between the sides: path `weight`, no call, its
+    `rel_l2` and `sqnr_db` (DiffReport.weights)."""
     rows: list[list[Value]] = []
     for c in [*report.calls, *report.outputs]:
         for side, diffs in (("A", c.a or []), ("B", c.b)):
@@ -318,6 +320,11 @@ def diff_rows(report: DiffReport) -> tuple[list[str], list[list[Value]]]:
                     d.max_abs, d.rel_l2, d.cosine, d.sqnr_db, d.norm_rel,
                     d.nonfinite, d.over, d.note, d.own_rel_l2, c.type_b, c.fused_into,
                 ])  # fmt: skip
+    for w in report.weights:  # each layer's weight, B against the reference (path `weight`)
+        rows.append([
+            w.layer, w.type, None, "B", "weight", None, w.numel, None, w.rel_l2, None,
+            w.sqnr_db, None, 0, False, None, None, None, None,
+        ])  # fmt: skip
     return DIFF_FIELDS, rows
 
 

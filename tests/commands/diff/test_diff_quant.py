@@ -125,6 +125,7 @@ def test_a_planted_two_bit_layer_tops_the_per_layer_tables(tmp_path: Path) -> No
          "--sort", "own", "-f", "json"],
     )  # fmt: skip
     assert r.exit_code == 1, r.stdout  # past the default tolerance (int4's, 0.3) …
+    assert "de-quantizing" not in r.stderr  # transformers' progress bar: not on stderr
     data = json.loads(r.stdout)
     assert data["first_over"].startswith(fragile), data["first_over"]  # … first there
     assert data["weights"][0]["layer"] == fragile
@@ -280,3 +281,21 @@ def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
         r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", side])
         assert r.exit_code == 2, r.stderr
         assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_weights_are_parquet_rows_read_back_by_pandas(
+    tiny_llama: Path, corpus: Path, tmp_path: Path
+) -> None:
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("torchao")
+    out = tmp_path / "diff.parquet"
+    args = [f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "torchao:int8wo", "--no-own"]
+    r = runner.invoke(app, ["diff", *args, "-o", str(out)])
+    assert r.exit_code == 0, r.stderr
+    rows = pd.read_parquet(out)
+    weights = rows[rows["path"] == "weight"]
+    data = _json(*args)
+    assert list(weights["layer"]) == [w["layer"] for w in data["weights"]]
+    assert list(weights["sqnr_db"]) == pytest.approx([w["sqnr_db"] for w in data["weights"]])
+    assert weights["call"].isna().all() and (weights["side"] == "B").all()
+    assert len(rows) - len(weights) == sum(len(c["b"]) for c in data["calls"]) + 1  # + output

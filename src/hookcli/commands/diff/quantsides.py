@@ -136,20 +136,18 @@ class Gguf(SideKind):
         side = f"gguf:{self.path}"
         module = _hf_model(prepared, side)
         _needs("gguf", side)
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+        from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
         from hookcli.sources import quiet_warnings
 
         gguf_types(self.path)  # a file that is not GGUF: its one line, before transformers'
-        from transformers.utils import logging as hf_logging
-
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        bar = getattr(hf_gguf, _BAR)  # a bar per tensor: tqdm's own, not transformers' logging
+        setattr(hf_gguf, _BAR, _no_bar)
         try:
             with quiet_warnings():  # the metadata first: a wrong file fails before the tensors
-                meta = load_gguf_checkpoint(self.path)  # type: ignore[no-untyped-call]
+                meta = hf_gguf.load_gguf_checkpoint(self.path)  # type: ignore[no-untyped-call]
                 _same_architecture(side, meta.get("config", {}), module.config)
-                parsed = load_gguf_checkpoint(  # type: ignore[no-untyped-call]
+                parsed = hf_gguf.load_gguf_checkpoint(  # type: ignore[no-untyped-call]
                     self.path, return_tensors=True, model_to_load=module
                 )
         except (ValueError, NotImplementedError, KeyError) as exc:
@@ -159,8 +157,7 @@ class Gguf(SideKind):
                 "give a GGUF file of the model's architecture.",
             ) from exc
         finally:
-            if bar:
-                hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+            setattr(hf_gguf, _BAR, bar)
         tensors: dict[str, torch.Tensor] = parsed["tensors"]
         params = dict(module.named_parameters())
         missing = [n for n in params if n not in tensors]
@@ -185,6 +182,14 @@ class Gguf(SideKind):
             f"side {side}: its {', '.join(gguf_types(self.path))} tensors dequantized "
             "(gguf package) into the model's parameters"
         )
+
+
+_BAR = "tqdm"  # transformers' GGUF reader's progress bar, by name
+
+
+def _no_bar(items: Any, *args: Any, **kwargs: Any) -> Any:
+    """tqdm's stand-in while transformers reads a GGUF file: the items, no bar on stderr."""
+    return items
 
 
 def _same_architecture(side: str, found: dict[str, Any], config: Any) -> None:
