@@ -299,3 +299,12 @@ def test_the_weights_are_parquet_rows_read_back_by_pandas(
     assert list(weights["sqnr_db"]) == pytest.approx([w["sqnr_db"] for w in data["weights"]])
     assert weights["call"].isna().all() and (weights["side"] == "B").all()
     assert len(rows) - len(weights) == sum(len(c["b"]) for c in data["calls"]) + 1  # + output
+
+
+def test_isolate_on_text_says_why_there_are_no_token_statistics(tiny_llama: Path) -> None:
+    data = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "bfloat16", "--isolate")
+    assert data["tokens"] is None
+    assert any(n.startswith("no token statistics under --isolate") for n in data["notes"])
+    data = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "bfloat16", "--no-own")
+    assert data["tokens"] is not None
+    assert not any("under --isolate" in n for n in data["notes"])

@@ -45,7 +45,13 @@ from hookcli.commands.diff.sides import (
     quantizable_twin,
     ran_in,
 )
-from hookcli.commands.diff.tokens import judge_tokens, rules_apply, token_namer, token_rules
+from hookcli.commands.diff.tokens import (
+    is_causal_lm,
+    judge_tokens,
+    rules_apply,
+    token_namer,
+    token_rules,
+)
 from hookcli.commands.diff.tolerance import default_tol
 from hookcli.engine.prepare import build_input
 from hookcli.engine.selection import count_params
@@ -280,6 +286,12 @@ def diff_report(
         shards.leave(group)
     assert info is not None
     notes = _notes(isolate, own, blocked, scored, labels) + ([spread] if spread else [])
+    if inputs.has_text and isolate and is_causal_lm(runs[0].prepared.loaded):
+        notes.append(
+            "no token statistics under --isolate: side B is fed the reference's inputs, so its "
+            "next-token distributions are not its own (without --isolate, the own-error pass "
+            "still gives each layer's own error)"
+        )
     where = ", ".join(map(str, inputs.items[:2])) if batches else None
     if corpus is not None:
         where = inputs.text_file or "--text"

@@ -253,15 +253,20 @@ def token_rules(
     return rules
 
 
+def is_causal_lm(loaded: Any) -> bool:
+    """Whether a loaded model's task is a causal LM's (its logits predict the next token)."""
+    from hookcli.sources.lm import CausalLM
+
+    return isinstance(loaded.kind, CausalLM)
+
+
 def rules_apply(runs: Sequence[Any], isolate: bool) -> None:
     """--max-kld / --min-same-top1 need B's own next-token distributions: a causal LM's, from
     a hooked pass of B's own (not --isolate's, which feeds B the reference's inputs, nor a
     side that runs its own pass, ONNX Runtime's). Refused before anything runs."""
-    from hookcli.sources.lm import CausalLM
-
     why = None
     loaded = runs[0].prepared.loaded
-    if not isinstance(loaded.kind, CausalLM):
+    if not is_causal_lm(loaded):
         why = f"{loaded.spec} is not a causal language model (AutoModelForCausalLM)"
     elif isolate:
         why = "--isolate feeds side B the reference's inputs, so its output is not its own"
