@@ -11,7 +11,8 @@ calib already merges each layer's input channels exactly over the passes (count,
 population std per channel, padding never counted): Σx² = count · (std² + mean²), in float64,
 written as float32 as llama.cpp writes it. The GGUF names come from the `gguf` package's tensor
 name map of the model's architecture (as transformers' GGUF loading maps them back); a
-calibrated layer with no GGUF name (a vision tower, a custom head) is listed, not written.
+calibrated layer with no GGUF name (a vision tower, a custom head, a fused MoE block's experts,
+which llama.cpp keeps as one 3-D tensor per projection) is counted, not written.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from hookcli.records import CalibReport
 
 # transformers' model types whose GGUF architecture has another name (as transformers maps them)
 _ARCH_ALIASES = {
+    "mistral": "llama",  # llama.cpp converts Mistral and Mixtral as llama
+    "mixtral": "llama",
     "cohere": "command-r",
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
@@ -47,13 +50,32 @@ def _gguf() -> Any:
 def check_imatrix_model(spec: str) -> None:
     """Before calibrating: the gguf package is here and the model is a transformers one (only
     those have GGUF tensor names)."""
-    _gguf()
+    gguf = _gguf()
     if not spec.startswith("hf:"):
         raise UsageError(
             f"an imatrix names tensors as llama.cpp's GGUF files do; {spec or 'the model'} is "
             "not a transformers language model (hf:PATH or hf:ORG/NAME).",
             "write the scales with -o FILE.safetensors instead.",
         )
+    import json
+
+    config = Path(spec[3:]).expanduser() / "config.json"  # a local folder: its type, now
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # (a hub name, or no config: the load says what is wrong)
+    if isinstance(model_type, str) and _arch_of(gguf, model_type) is None:
+        raise UsageError(
+            f"the gguf package knows no GGUF architecture for {model_type} models, so their "
+            "tensors have no llama.cpp names.",
+            "update the gguf package (pip install -U gguf), or write -o FILE.safetensors.",
+        )
+
+
+def _arch_of(gguf: Any, model_type: str) -> Any:
+    """The gguf package's architecture for a transformers model type, or None."""
+    wanted = _ARCH_ALIASES.get(model_type, model_type)
+    return next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == wanted), None)
 
 
 def _name_map(report: CalibReport) -> tuple[Any, str]:
@@ -66,7 +88,7 @@ def _name_map(report: CalibReport) -> tuple[Any, str]:
             "write the scales with -o FILE.safetensors instead.",
         )
     wanted = _ARCH_ALIASES.get(report.model_type, report.model_type)
-    arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == wanted), None)
+    arch = _arch_of(gguf, report.model_type)
     if arch is None:
         raise UsageError(
             f"the gguf package knows no GGUF architecture for {report.model_type} models, so "
@@ -89,6 +111,12 @@ def imatrix_entries(
         if gguf_name is None:
             unnamed.append(layer.name)
             continue
+        key = f"{gguf_name}.weight"
+        if key in entries:
+            raise UsageError(
+                f"two calibrated layers have the GGUF name {key} (the second {layer.name}).",
+                "calibrate one of them (-l), or write -o FILE.safetensors.",
+            )
         ch = layer.channels
         sums = np.array(
             [
@@ -97,7 +125,7 @@ def imatrix_entries(
             ],
             dtype=np.float64,
         )
-        entries[f"{gguf_name}.weight"] = (sums, max(ch.count, default=0))
+        entries[key] = (sums, max(ch.count, default=0))
     return entries, unnamed
 
 

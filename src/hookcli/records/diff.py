@@ -84,13 +84,15 @@ class TokenDistances:
 class WeightDistance:
     """One layer's weight on side B against the reference's (issue 53): `sqnr_db` =
     10 log10(Σa² / Σ(a-b)²) in float64 over the dense (dequantized) weights, None where the
-    reference's weight is all zeros; `rel_l2` = ‖a-b‖ / ‖a‖; `numel`: its elements."""
+    reference's weight is all zeros or a side's holds NaN/Inf (then `rel_l2` is None too);
+    `rel_l2` = ‖a-b‖ / ‖a‖; `numel`: its elements."""
 
     layer: str
-    type: str  # side B's module class (Linear4bit, Linear …)
+    type: str  # the reference's module class
     sqnr_db: float | None
     rel_l2: float | None
     numel: int
+    type_b: str | None = None  # side B's, where another (Linear4bit, Linear8bitLt …)
 
 
 @dataclass(slots=True, repr=False)

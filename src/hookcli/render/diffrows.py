@@ -306,7 +306,9 @@ def weight_lines(report: DiffReport) -> list[Line]:
         return []
     ref = "the reference" if report.ref is not None else "A"
     shown = ", ".join(
-        f"{d.layer} {num(d.sqnr_db)} dB" if d.sqnr_db is not None else f"{d.layer} (A all zero)"
+        f"{d.layer} {num(d.sqnr_db)} dB"
+        if d.sqnr_db is not None
+        else f"{d.layer} (no SQNR: NaN/Inf, or A all zero)"
         for d in w[:3]
     )
     more = f"; {len(w)} layers' weights differ" if len(w) > 3 else ""

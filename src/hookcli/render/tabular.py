@@ -323,7 +323,7 @@ def diff_rows(report: DiffReport) -> tuple[list[str], list[list[Value]]]:
     for w in report.weights:  # each layer's weight, B against the reference (path `weight`)
         rows.append([
             w.layer, w.type, None, "B", "weight", None, w.numel, None, w.rel_l2, None,
-            w.sqnr_db, None, 0, False, None, None, None, None,
+            w.sqnr_db, None, 0, False, None, None, w.type_b, None,
         ])  # fmt: skip
     return DIFF_FIELDS, rows
 

@@ -189,8 +189,24 @@ def test_torchao_sides_are_torchao_s_own_quantization(tiny_llama: Path, corpus: 
     data = _json(
         f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "torchao:int4wo:32", "--no-own"
     )
-    assert any("IntxWeightOnlyConfig" in n for n in data["notes"])
-    assert 15 < min(w["sqnr_db"] for w in data["weights"]) < 25
+    assert any("IntxWeightOnlyConfig, asymmetric" in n for n in data["notes"])
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_primitives import MappingType
+
+    int4 = copy.deepcopy(model)
+    torchao.quantize_(
+        int4,
+        torchao.IntxWeightOnlyConfig(
+            weight_dtype=torch.int4, granularity=PerGroup(32), mapping_type=MappingType.ASYMMETRIC
+        ),
+    )
+    got = {w["layer"]: w["sqnr_db"] for w in data["weights"]}
+    for name in linears:
+        wa = model.get_submodule(name).weight.detach().double()
+        wb = int4.get_submodule(name).weight.detach().dequantize().double()
+        want = 10 * math.log10(float(wa.square().sum() / (wa - wb).square().sum()))
+        assert got[name] == pytest.approx(want, rel=1e-9), name
+    assert 15 < min(got.values()) < 25  # 4 bits: about 20 dB
     skipped = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "torchao:int4wo", "--no-own")
     assert any("left unquantized" in n for n in skipped["notes"])  # 32 wide: not in groups of 128
 
@@ -230,7 +246,8 @@ def test_a_bnb_side_computes_what_transformers_bitsandbytes_load_computes(
     wa = model.get_submodule(q).weight.detach().double()
     want = 10 * math.log10(float(wa.square().sum() / (wa - held.double()).square().sum()))
     assert weights[q]["sqnr_db"] == pytest.approx(want, rel=1e-6)
-    assert weights[q]["type"] == ("Linear4bit" if scheme == "nf4" else "Linear8bitLt")
+    assert weights[q]["type"] == "Linear"  # A's, and B's beside it
+    assert weights[q]["type_b"] == ("Linear4bit" if scheme == "nf4" else "Linear8bitLt")
     assert dense_weight(layer) is not None
 
 
@@ -239,8 +256,8 @@ def test_weight_distances_are_the_sqnr_by_hand() -> None:
     a = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     b = copy.deepcopy(a)  # layer 2 the same values: left out
     b[0].weight.data = a[0].weight.data.half().float()
-    found = weight_distances(a, b)
-    assert [d.layer for d in found] == ["0"]
+    found, notes = weight_distances(a, b)
+    assert [d.layer for d in found] == ["0"] and notes == []
     w = a[0].weight.detach().double()
     noise = (w - b[0].weight.detach().double()).square().sum()
     assert found[0].sqnr_db == pytest.approx(10 * math.log10(float(w.square().sum() / noise)))
@@ -308,3 +325,26 @@ def test_isolate_on_text_says_why_there_are_no_token_statistics(tiny_llama: Path
     data = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "bfloat16", "--no-own")
     assert data["tokens"] is not None
     assert not any("under --isolate" in n for n in data["notes"])
+
+
+def test_sides_whose_parts_would_undo_each_other_are_refused(tmp_path: Path) -> None:
+    """A GGUF file replaces every weight (weights= would be lost), a folder's model replaces
+    the loaded one (a dtype would be lost), two quantizations are one too many, and torchvision's
+    int8 twin is not an LLM's: one line each, before anything loads."""
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    cases = {
+        f"gguf:{gguf_file},weights=w.pt": "weights= would be lost",
+        f"hf:{folder},float16": "float32|float64|float16|bfloat16 would be lost",
+        "quantized,bnb:nf4": "int8 twin",
+    }
+    for spec, says in cases.items():
+        r = runner.invoke(app, ["diff", "hf:x", "--text", "hi", "--b", spec])
+        assert r.exit_code == 2, (spec, r.stderr)
+        assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    side = parse_side("torchao:int8wo,bnb:nf4", "--b")  # one quantization: the later one
+    assert [type(p).__name__ for p in side.parts] == ["Bnb"]
+    assert parse_side(f"hf:{folder},autocast", "--b").autocast == torch.bfloat16

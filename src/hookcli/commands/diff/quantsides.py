@@ -60,6 +60,35 @@ def _hf_model(prepared: Prepared, side: str) -> Any:
     return module
 
 
+def _in_memory(prepared: Prepared, side: str) -> None:
+    """The side's weights must be in memory to be replaced or quantized (not on meta)."""
+    if any(p.is_meta for p in prepared.loaded.module.parameters()):
+        raise UsageError(
+            f"the {side} side needs the model's weights in memory; they are on the meta "
+            "device here (--meta, an offloaded model).",
+            "diff a model loaded with its weights.",
+        )
+
+
+class _QuantKind(SideKind):
+    """What the kinds here share: one per side (a later one replaces an earlier), a model
+    whose weights they change, none with torchvision's int8 twin."""
+
+    changes_module: ClassVar[bool] = True
+    changes_weights: ClassVar[bool] = True
+
+    @property
+    def slot(self) -> object:
+        return _QuantKind
+
+    def refuses(self, other: SideKind) -> str | None:
+        from hookcli.commands.diff.sides import Quantized
+
+        if isinstance(other, Quantized):
+            return "the quantized side (torchvision's int8 twin) and an LLM quantization"
+        return None
+
+
 # ---------------------------------------------------------------- gguf
 
 # a GGUF tensor type → the precision (tolerance.PRECISIONS) its values carry
@@ -107,12 +136,18 @@ def _gguf_precision(types: tuple[str, ...]) -> str:
 
 @register
 @dataclass(frozen=True, slots=True)
-class Gguf(SideKind):
+class Gguf(_QuantKind):
     """The model with a GGUF file's (dequantized) tensors as its parameters."""
 
     path: str
     help: ClassVar[str] = "gguf:FILE.gguf"
-    changes_module: ClassVar[bool] = True
+
+    def refuses(self, other: SideKind) -> str | None:
+        from hookcli.commands.diff.sides import Setting
+
+        if isinstance(other, Setting) and other.name in ("weights", "seed"):
+            return f"the GGUF file's tensors replace every weight, so {other.name}= would be lost"
+        return _QuantKind.refuses(self, other)
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -135,6 +170,7 @@ class Gguf(SideKind):
     def prepare(self, prepared: Prepared) -> None:
         side = f"gguf:{self.path}"
         module = _hf_model(prepared, side)
+        _in_memory(prepared, side)
         _needs("gguf", side)
         from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
@@ -148,7 +184,10 @@ class Gguf(SideKind):
                 meta = hf_gguf.load_gguf_checkpoint(self.path)  # type: ignore[no-untyped-call]
                 _same_architecture(side, meta.get("config", {}), module.config)
                 parsed = hf_gguf.load_gguf_checkpoint(  # type: ignore[no-untyped-call]
-                    self.path, return_tensors=True, model_to_load=module
+                    self.path,
+                    return_tensors=True,
+                    model_to_load=module,
+                    torch_dtype=next(module.parameters()).dtype,  # not all of it in float32
                 )
         except (ValueError, NotImplementedError, KeyError) as exc:
             raise UsageError(
@@ -227,13 +266,12 @@ def _linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
 
 @register
 @dataclass(frozen=True, slots=True)
-class Torchao(SideKind):
+class Torchao(_QuantKind):
     """Every Linear quantized by torchao's `quantize_`."""
 
     scheme: str
     group: int = INT4_GROUP
     help: ClassVar[str] = "torchao:int8wo|int4wo[:G]|int8dq"
-    changes_module: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -260,6 +298,7 @@ class Torchao(SideKind):
 
     def prepare(self, prepared: Prepared) -> None:
         side = f"torchao:{self.scheme}"
+        _in_memory(prepared, side)
         tq = _needs("torchao.quantization", side)
 
         from hookcli.sources import quiet_warnings
@@ -279,7 +318,7 @@ class Torchao(SideKind):
             config = tq.Int8DynamicActivationInt8WeightConfig()
         else:
             skipped = [n for n, m in linears.items() if m.in_features % self.group]
-            config = self._int4(tq, prepared.device)
+            config = self._int4(tq, prepared.device, next(module.parameters()).dtype)
         keep = set(skipped)
 
         def chosen(m: nn.Module, name: str) -> bool:
@@ -288,7 +327,15 @@ class Torchao(SideKind):
         try:
             with quiet_warnings():
                 tq.quantize_(module, config, filter_fn=chosen)
-        except (RuntimeError, ValueError, ImportError, NotImplementedError) as exc:
+        except (
+            RuntimeError,
+            ValueError,
+            ImportError,
+            NotImplementedError,
+            AssertionError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # fmt: skip  (torchao checks with assert)
             raise UsageError(
                 f"torchao could not quantize {prepared.loaded.spec} as {side} on "
                 f"{prepared.device.type}: {type(exc).__name__}: {str(exc).splitlines()[0]}.",
@@ -297,7 +344,9 @@ class Torchao(SideKind):
         if isinstance(config, tq.IntxWeightOnlyConfig):
             prepared.notes.append(
                 f"side {side}: int4 weights in groups of {self.group} by torchao's "
-                "IntxWeightOnlyConfig (Int4WeightOnlyConfig's kernel does not run here)"
+                "IntxWeightOnlyConfig, asymmetric (Int4WeightOnlyConfig's kernel needs CUDA, "
+                "its kernels' package and a bfloat16 model; its zero points are floats, so "
+                "its values differ slightly)"
             )
         if skipped:
             prepared.notes.append(
@@ -305,10 +354,12 @@ class Torchao(SideKind):
                 f"width not a multiple of the group {self.group} (first {skipped[0]})"
             )
 
-    def _int4(self, tq: Any, device: torch.device) -> Any:
+    def _int4(self, tq: Any, device: torch.device, dtype: torch.dtype) -> Any:
         """int4 weights: torchao's Int4WeightOnlyConfig where its kernel runs (CUDA, with its
-        kernels' package), else IntxWeightOnlyConfig's int4 in the same groups."""
-        if device.type == "cuda":
+        kernels' package, a bfloat16 model: the only activations it takes), else
+        IntxWeightOnlyConfig's int4 in the same groups, asymmetric as Int4WeightOnlyConfig's
+        (its zero points integers, where tinygemm's are floats)."""
+        if device.type == "cuda" and dtype == torch.bfloat16:
             try:
                 import mslk  # noqa: F401  (torchao's int4 kernels)
 
@@ -316,10 +367,12 @@ class Torchao(SideKind):
             except ImportError:
                 pass
         from torchao.quantization.granularity import PerGroup
+        from torchao.quantization.quant_primitives import MappingType
 
         return tq.IntxWeightOnlyConfig(
             weight_dtype=torch.int4,  # type: ignore[attr-defined]
             granularity=PerGroup(self.group),
+            mapping_type=MappingType.ASYMMETRIC,
         )
 
 
@@ -330,13 +383,12 @@ _BNB = ("nf4", "int8")
 
 @register
 @dataclass(frozen=True, slots=True)
-class Bnb(SideKind):
+class Bnb(_QuantKind):
     """Every Linear replaced by bitsandbytes' Linear4bit (NF4) or Linear8bitLt, under the
     same name, its weights quantized from the model's."""
 
     scheme: str
     help: ClassVar[str] = "bnb:nf4|int8"
-    changes_module: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -356,6 +408,7 @@ class Bnb(SideKind):
 
     def prepare(self, prepared: Prepared) -> None:
         side = f"bnb:{self.scheme}"
+        _in_memory(prepared, side)
         bnb = _needs("bitsandbytes", side)
         from hookcli.sources import quiet_warnings
 
@@ -377,7 +430,10 @@ class Bnb(SideKind):
             with quiet_warnings(), torch.no_grad():
                 for name, lin in linears:
                     _replace(module, name, self._quantized(bnb, lin, prepared.device))
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
+        except (
+            RuntimeError, ValueError, NotImplementedError, AssertionError, TypeError,
+            AttributeError,
+        ) as exc:  # fmt: skip
             raise UsageError(
                 f"bitsandbytes cannot run {side} on {prepared.device.type} here: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}.",
@@ -388,13 +444,12 @@ class Bnb(SideKind):
 
     def _quantized(self, bnb: Any, lin: nn.Linear, device: torch.device) -> nn.Module:
         w = lin.weight.detach()
-        dtype = w.dtype
         if self.scheme == "nf4":
             new = bnb.nn.Linear4bit(
                 lin.in_features,
                 lin.out_features,
                 bias=lin.bias is not None,
-                compute_dtype=dtype,
+                compute_dtype=torch.float32,  # BitsAndBytesConfig's bnb_4bit_compute_dtype
                 quant_type="nf4",
                 device="meta",
             )
@@ -457,8 +512,13 @@ def _folder_precision(path: str) -> str | None:
         return None
     quant = config.get("quantization_config") or {}
     if isinstance(quant, dict) and quant:
-        bits = quant.get("bits") or quant.get("weight_bits")
-        if quant.get("load_in_4bit") or quant.get("_load_in_4bit") or (bits and bits <= 4):
+        bits = [quant.get("bits"), quant.get("weight_bits")]
+        groups = quant.get("config_groups")  # compressed-tensors: each group's weights' bits
+        if isinstance(groups, dict):
+            bits += [(g.get("weights") or {}).get("num_bits") for g in groups.values()]
+        four = quant.get("load_in_4bit") or quant.get("_load_in_4bit")
+        four = four or quant.get("quant_method") == "mxfp4"
+        if four or any(isinstance(b, int) and b <= 4 for b in bits):
             return "int4"
         return "int8"
     dtype = config.get("torch_dtype") or config.get("dtype")
@@ -467,14 +527,20 @@ def _folder_precision(path: str) -> str | None:
 
 @register
 @dataclass(frozen=True, slots=True)
-class HfFolder(SideKind):
+class HfFolder(_QuantKind):
     """Another checkpoint of the same architecture, as transformers loads it: a quantized
     folder (bitsandbytes, torchao, compressed-tensors, GPTQ, AWQ — each where its package runs
     here), loaded into the model's own class, never with remote code."""
 
     path: str
     help: ClassVar[str] = "hf:FOLDER"
-    changes_module: ClassVar[bool] = True
+
+    def refuses(self, other: SideKind) -> str | None:
+        from hookcli.commands.diff.sides import Autocast, Setting
+
+        if isinstance(other, Autocast) or (isinstance(other, Setting) and other.name == "device"):
+            return None
+        return f"the folder's model replaces the loaded one, so {other.help} would be lost"
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -501,8 +567,15 @@ class HfFolder(SideKind):
         from hookcli.sources.base import import_extra
 
         tf = import_extra("transformers", "hf", f"{side} sides")
-        with quiet_warnings():
-            config = tf.AutoConfig.from_pretrained(self.path)  # config.json: no code run
+        try:
+            with quiet_warnings():
+                config = tf.AutoConfig.from_pretrained(self.path)  # config.json: no code run
+        except (ValueError, OSError, KeyError) as exc:
+            raise UsageError(
+                f"{side}: transformers cannot read its config.json ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}).",
+                "give a folder saved with save_pretrained of the model's architecture.",
+            ) from exc
         _same_architecture(side, config.to_dict(), module.config)
         quant = getattr(config, "quantization_config", None)
         method = (quant or {}).get("quant_method") if isinstance(quant, dict) else None
@@ -530,11 +603,15 @@ class HfFolder(SideKind):
 # ---------------------------------------------------------------- the weights, side by side
 
 
+_DENSE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def dense_weight(module: nn.Module) -> torch.Tensor | None:
     """A layer's weight as a plain floating-point tensor (dequantized where a quantizer holds
     it: torchao's tensor subclasses, bitsandbytes' Params4bit and Int8Params, torch's
     quantized tensors); None for a module with no materialised weight of two or more
-    dimensions (bitsandbytes' 4-bit weight is stored flat: its shape is its state's)."""
+    dimensions, or one held in a form not read here (float8 with a scale of its own, GPTQ's
+    packed integers)."""
     w = getattr(module, "weight", None)
     if not isinstance(w, torch.Tensor) or w.is_meta or isinstance(w, nn.UninitializedParameter):
         return None
@@ -559,40 +636,72 @@ def dense_weight(module: nn.Module) -> torch.Tensor | None:
         else:
             dense = w
     dense = dense.detach()
-    return dense if dense.dim() >= 2 and dense.is_floating_point() else None
+    return dense if dense.dim() >= 2 and dense.dtype in _DENSE else None
 
 
-_CHUNK = 1 << 22  # elements summed at a time in float64 (a vocabulary's embedding is large)
+_CHUNK = 1 << 22  # elements summed at a time in float64 on the CPU (an embedding is large)
 
 
 def _sums(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Σa² and Σ(a-b)² in float64, a bounded piece at a time."""
-    fa, fb = a.reshape(-1), b.reshape(-1).to(a.device)
+    """Σa² and Σ(a-b)² in float64 on the CPU (any device: MPS has no float64), a bounded piece
+    at a time."""
+    fa, fb = a.reshape(-1), b.reshape(-1)
     signal = noise = 0.0
     for start in range(0, fa.numel(), _CHUNK):
-        x = fa[start : start + _CHUNK].double()
-        y = fb[start : start + _CHUNK].double()
+        x = fa[start : start + _CHUNK].to("cpu", torch.float64)
+        y = fb[start : start + _CHUNK].to("cpu", torch.float64)
         signal += float(x.square().sum())
         noise += float((x - y).square().sum())
     return signal, noise
 
 
-def weight_distances(a: nn.Module, b: nn.Module) -> list[WeightDistance]:
+def weight_distances(a: nn.Module, b: nn.Module) -> tuple[list[WeightDistance], list[str]]:
     """Each layer with a weight on both sides (same name, same shape once dense): the SQNR of
-    side B's weight against side A's, in float64; layers whose weights are equal left out."""
+    side B's weight against side A's, in float64, lowest first (a weight not finite on a side
+    first of all, with no figure); layers whose weights are equal left out. And notes: the
+    layers whose weight could not be read on a side, counted, never dropped in silence."""
     found: list[WeightDistance] = []
+    unread: list[str] = []
+    bad: list[str] = []  # NaN/Inf on a side
+    if a is b:
+        return found, []
     b_modules = dict(b.named_modules())
     for name, ma in a.named_modules():
         mb = b_modules.get(name)
-        wa = dense_weight(ma) if mb is not None else None
-        wb = dense_weight(mb) if wa is not None and mb is not None else None
-        if wa is None or wb is None or wb.shape != wa.shape:
+        if mb is None or not isinstance(getattr(ma, "weight", None), torch.Tensor):
             continue
-        signal, noise = _sums(wa, wb)
-        if noise == 0.0 or not math.isfinite(noise):
+        try:
+            wa, wb = dense_weight(ma), dense_weight(mb)
+            if wa is None:
+                continue
+            if wb is None or wb.shape != wa.shape:
+                if getattr(mb, "weight", None) is not None or hasattr(mb, "qweight"):
+                    unread.append(name)
+                continue
+            signal, noise = _sums(wa, wb)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError):
+            unread.append(name)
+            continue
+        type_b = type(mb).__name__ if type(mb) is not type(ma) else None
+        if not (math.isfinite(signal) and math.isfinite(noise)):
+            bad.append(name)
+            found.append(WeightDistance(name, type(ma).__name__, None, None, wa.numel(), type_b))
+            continue
+        if noise == 0.0:
             continue
         sqnr = 10 * math.log10(signal / noise) if signal > 0 else None
         rel = math.sqrt(noise / signal) if signal > 0 else None
-        found.append(WeightDistance(name, type(mb).__name__, sqnr, rel, wa.numel()))
-    found.sort(key=lambda d: (d.sqnr_db is None, d.sqnr_db or 0.0))
-    return found
+        found.append(WeightDistance(name, type(ma).__name__, sqnr, rel, wa.numel(), type_b))
+    found.sort(key=lambda d: (d.sqnr_db is not None, d.sqnr_db or 0.0))
+    notes = []
+    if bad:
+        notes.append(
+            f"weights: {len(bad)} layers hold NaN/Inf on a side (first {bad[0]}), listed "
+            "first with no SQNR"
+        )
+    if unread:
+        notes.append(
+            f"weights: {len(unread)} layers' weights could not be read dense on side B "
+            f"(first {unread[0]}: a packed or scaled format not read here), not compared"
+        )
+    return found, notes

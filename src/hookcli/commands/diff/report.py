@@ -58,7 +58,14 @@ from hookcli.engine.selection import count_params
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, expand_paths
 from hookcli.options import DEFAULTS, DiffOptions, InputOptions, ModelOptions, Selection
-from hookcli.records import DiffCall, DiffReport, InputInfo, ModelInfo, TensorDiff
+from hookcli.records import (
+    DiffCall,
+    DiffReport,
+    InputInfo,
+    ModelInfo,
+    TensorDiff,
+    WeightDistance,
+)
 from hookcli.runtime import beacon, isa
 
 SORTS = {
@@ -588,8 +595,14 @@ def _report(
                 f"token statistics: {tokens.nonfinite} positions left out, their next-token "
                 "distribution not finite on a side (NaN/Inf logits)"
             )
+    weights: list[WeightDistance] = []
+    if any(run.side.changes_weights for run in runs):  # else they cannot differ: not read
+        weights, weight_notes = weight_distances(
+            runs[0].prepared.loaded.module, runs[-1].prepared.loaded.module
+        )
+        notes += weight_notes
     return DiffReport(
-        weights=weight_distances(runs[0].prepared.loaded.module, runs[-1].prepared.loaded.module),
+        weights=weights,
         tokens=tokens,
         model=info,
         input=InputInfo(

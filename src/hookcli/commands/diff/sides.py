@@ -55,6 +55,7 @@ class SideKind:
 
     help: ClassVar[str]  # how the kind is written, for the list of sides
     changes_module: ClassVar[bool] = False  # `prepare` changes the module in place
+    changes_weights: ClassVar[bool] = False  # the side's weights may differ from the reference's
     needs_twin: ClassVar[bool] = False  # every side then runs the quantizable twin
 
     @classmethod
@@ -70,6 +71,11 @@ class SideKind:
 
     def model_options(self, options: ModelOptions) -> ModelOptions:
         return options
+
+    def refuses(self, other: SideKind) -> str | None:
+        """Why this kind cannot be on one side with `other` (whose work it would undo or
+        ignore), or None."""
+        return None
 
     def prepare(self, prepared: Prepared) -> None:
         """Change the loaded (already copied) model: dtype, memory format, compiled layers."""
@@ -135,6 +141,7 @@ class DType(SideKind):
     dtype: torch.dtype
     help: ClassVar[str] = "float32|float64|float16|bfloat16"
     changes_module: ClassVar[bool] = True
+    changes_weights: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -211,6 +218,7 @@ class Quantized(SideKind):
 
     help: ClassVar[str] = "quantized"
     needs_twin: ClassVar[bool] = True
+    changes_weights: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, key: str, value: str | None, raw: str, option: str) -> SideKind | None:
@@ -391,6 +399,15 @@ class Side:
         return any(p.changes_module for p in self.parts)
 
     @property
+    def changes_weights(self) -> bool:
+        """Whether the side's weights may differ from the as-loaded model's (another dtype,
+        file, quantization, weights= or seed=)."""
+        return any(
+            p.changes_weights or (isinstance(p, Setting) and p.name in ("weights", "seed"))
+            for p in self.parts
+        )
+
+    @property
     def needs_twin(self) -> bool:
         return any(p.needs_twin for p in self.parts)
 
@@ -490,7 +507,13 @@ def parse_side(raw: str, option: str) -> Side:
             )
         parts.pop(found.slot, None)
         parts[found.slot] = found
-    return Side(raw.strip(), tuple(parts.values()))
+    given = list(parts.values())
+    for one in given:
+        for other in given:
+            why = one.refuses(other) if other is not one else None
+            if why is not None:
+                raise UsageError(f"{option} {raw!r}: {why}.", f"give {option} one or the other.")
+    return Side(raw.strip(), tuple(given))
 
 
 SIDE_HELP = side_help()  # the built-in kinds' grammar
