@@ -313,6 +313,44 @@ def test_cuda_per_token_rows_come_from_the_kernel_in_one_launch_without_a_sync(
 
 
 @needs_cuda
+def test_cuda_channels_come_from_the_kernels_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: --channels on CUDA is the two Triton kernels' (no float64 copy of the
+    tensor), with no host synchronisation, its ChannelStats those of the CPU's torch path."""
+    pytest.importorskip("triton")
+    from hookcli.engine import _triton
+    from hookcli.engine.channels import measure_channels, unpack
+
+    launched: list[int] = []
+    original = _triton.channel_rows
+    monkeypatch.setattr(
+        _triton, "channel_rows", lambda *a, **k: launched.append(1) or original(*a, **k)
+    )
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(3, 70, 300, device="cuda", generator=g) * 4
+    x[0, 3, 7] = float("nan")
+    x[1, :, 9] = float("-inf")
+    x[2, 5, 11] = 3000.0
+    for t in (x, x.bfloat16()):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            packed = measure_channels(t, 2)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got, got_top = unpack(packed.cpu(), 2, 300)
+        want, want_top = unpack(measure_channels(t.cpu(), 2), 2, 300)
+        assert got.count == want.count and got.zeros == want.zeros and got.large == want.large
+        assert got.masked == want.masked
+        for field in ("mean", "std", "min", "max"):
+            for a, b in zip(getattr(got, field), getattr(want, field), strict=True):
+                assert (a is None) == (b is None)
+                assert a is None or abs(a - b) <= 1e-9 * max(1.0, abs(b))
+        assert got_top[: len(want_top)] == want_top
+    assert len(launched) == 2
+
+
+@needs_cuda
 def test_diff_on_the_device_reads_each_reference_tensor_where_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

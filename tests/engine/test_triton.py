@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from hookcli.engine.channels import LARGE, from_channel_rows, measure_channels, unpack
 from hookcli.engine.statrow import fill
 from hookcli.engine.tensorbits import token_rows
 from hookcli.records import TensorStats
@@ -148,3 +149,71 @@ def test_the_per_token_kernel_equals_torch_s_rows_and_repeats_bitwise(tmp_path: 
         assert bool((gap <= 1e-12 * torch.maximum(want.abs(), rms).nan_to_num(0.0)).all()), name
     constant = rows["nan, inf, ties, constants"][0][1, 0].tolist()
     assert constant[1] == 0.25 and constant[2] == 0.0 and constant[4] == 0.0
+
+
+_CHANNELS_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+rows = {}
+for name, x in cases.items():
+    lowest = float(torch.finfo(x.dtype).min)
+    rows[name] = [_triton.channel_rows(x, lowest, 6.0, block_c=16, block_n=32) for _ in range(2)]
+torch.save(rows, sys.argv[2])
+"""
+
+
+def _channel_cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(9)
+    dirty = torch.randn(70, 40, generator=g) * 3  # some |x| >= 6
+    dirty[3, 1] = math.nan
+    dirty[5, 2] = math.inf
+    dirty[:, 7] = -math.inf  # a channel an attention mask filled: no value, all masked
+    dirty[9, 3] = torch.finfo(torch.float32).min  # the mask's fill value
+    dirty[10:20, 4] = 0.0
+    dirty[11, 5] = 5000.0  # a massive activation: the median |x| and the top values read
+    return {
+        "randn, blocks of rows and channels": torch.randn(100, 50, generator=g),
+        "nan, inf, masked, zeros, massive": dirty,
+        "large mean": torch.randn(90, 20, generator=g, dtype=torch.float64) * 1e-3 + 1e3,
+        "float16": (torch.randn(40, 33, generator=g) * 20).half(),
+        "bfloat16": torch.randn(40, 33, generator=g).bfloat16(),
+        "one row": torch.randn(1, 17, generator=g),
+    }
+
+
+def _close_lists(got: list[Any], want: list[Any], tol: float, name: str) -> None:
+    assert [g is None for g in got] == [w is None for w in want], name
+    for g, w in zip(got, want, strict=True):
+        if g is not None:
+            assert abs(g - w) <= tol * max(1.0, abs(w)), (name, g, w)
+
+
+def test_the_per_channel_kernels_equal_the_torch_path_and_repeat_bitwise(tmp_path: Path) -> None:
+    """--channels on CUDA: the two kernels' per-channel rows, with the median and top values
+    read from the tensor in its own dtype (channels.from_channel_rows), give the ChannelStats
+    the torch path gives (float64 torch) to rounding, and repeat bitwise."""
+    cases = _channel_cases()
+    rows = _interpreted(_CHANNELS_RUN, cases, tmp_path)
+    assert set(rows) == set(cases)
+    for name, x in cases.items():
+        first, second = rows[name]
+        assert first.shape == (10, x.shape[1]) and first.dtype == torch.float64, name
+        assert first.view(torch.int64).equal(second.view(torch.int64)), name  # bitwise
+        c = x.shape[1]
+        got, got_top = unpack(from_channel_rows(x, first, float(torch.finfo(x.dtype).min)), 1, c)
+        want, want_top = unpack(measure_channels(x, 1), 1, c)
+        assert got.count == want.count and got.zeros == want.zeros, name
+        assert got.large == want.large and got.masked == want.masked, name
+        for field in ("mean", "std", "min", "max", "absmax"):
+            _close_lists(getattr(got, field), getattr(want, field), 1e-9, f"{name} {field}")
+        _close_lists([got.kurtosis], [want.kurtosis], 1e-9, f"{name} kurtosis")
+        # the median |x|, where some |x| could be massive: in float32 as the torch path reads it
+        _close_lists([got.median_abs], [want.median_abs], 1e-6, f"{name} median")
+        if want.median_abs is not None:  # a massive activation: the top values, exactly
+            assert got_top[: len(want_top)] == want_top, name
+    masked = rows["nan, inf, masked, zeros, massive"][0]
+    assert masked[7, 7] == 70 and masked[0, 7] == 0  # all masked: no value
+    assert masked[7, 3] == 1 and masked[0, 1] == 69 and masked[0, 2] == 69  # NaN, +inf
+    assert masked[5, 4] == 10  # zeros
+    assert bool((masked[6] > 0).any()) and LARGE == 6.0  # some |x| >= 6

@@ -197,3 +197,97 @@ def token_rows(x: torch.Tensor, *, block: int = TOKEN_BLOCK) -> torch.Tensor:
     out = torch.empty((flat.shape[0], _TOKEN), dtype=torch.float64, device=x.device)
     _tokens[(flat.shape[0],)](flat, out, channels, BLOCK=block)
     return out.reshape(*x.shape[:-1], _TOKEN)
+
+
+CHANNEL_BLOCK = 64  # channels a program of _chan_first/_chan_second reads
+ROW_BLOCK = 64  # rows (tokens) a program reads at a time
+_CHANNEL = 10  # count, mean, M2, min, max, zeros, |x| >= 6, masked, Σ(x-g)², Σ(x-g)⁴
+
+
+@triton.jit
+def _chan_first(  # noqa: PLR0917 (Triton: positional arguments)
+    x_ptr, out_ptr, rows, channels, lowest, large, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    c = tl.program_id(0).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside_c = c < channels
+    count = tl.zeros((BLOCK_C,), tl.float64)
+    s = tl.zeros((BLOCK_C,), tl.float64)
+    mn = tl.full((BLOCK_C,), float("inf"), tl.float64)
+    mx = tl.full((BLOCK_C,), -float("inf"), tl.float64)
+    zeros = tl.zeros((BLOCK_C,), tl.float64)
+    big = tl.zeros((BLOCK_C,), tl.float64)
+    masked = tl.zeros((BLOCK_C,), tl.float64)
+    for start in range(0, rows, BLOCK_N):  # in order: the same sums every run
+        r = start + tl.arange(0, BLOCK_N).to(tl.int64)
+        inside = (r < rows)[:, None] & inside_c[None, :]
+        v = tl.load(x_ptr + r[:, None] * channels + c[None, :], mask=inside, other=0)
+        v = v.to(tl.float64)
+        hidden = inside & ((v == -float("inf")) | (v == lowest))  # a mask's fill value
+        finite = inside & (v == v) & (tl.abs(v) != float("inf"))  # noqa: PLR0124 (NaN)
+        valid = finite & ~hidden
+        w = tl.where(valid, v, 0.0)
+        count += tl.sum(valid.to(tl.float64), axis=0)
+        s += tl.sum(w, axis=0)
+        mn = tl.minimum(mn, tl.min(tl.where(valid, v, float("inf")), axis=0))
+        mx = tl.maximum(mx, tl.max(tl.where(valid, v, -float("inf")), axis=0))
+        zeros += tl.sum((valid & (v == 0.0)).to(tl.float64), axis=0)
+        big += tl.sum((valid & (tl.abs(v) >= large)).to(tl.float64), axis=0)
+        masked += tl.sum(hidden.to(tl.float64), axis=0)
+    base = out_ptr + c
+    tl.store(base + 0 * channels, count, mask=inside_c)
+    tl.store(base + 1 * channels, s / tl.maximum(count, 1.0), mask=inside_c)
+    tl.store(base + 3 * channels, mn, mask=inside_c)
+    tl.store(base + 4 * channels, mx, mask=inside_c)
+    tl.store(base + 5 * channels, zeros, mask=inside_c)
+    tl.store(base + 6 * channels, big, mask=inside_c)
+    tl.store(base + 7 * channels, masked, mask=inside_c)
+
+
+@triton.jit
+def _chan_second(  # noqa: PLR0917 (Triton: positional arguments)
+    x_ptr, out_ptr, g_ptr, rows, channels, lowest, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    c = tl.program_id(0).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside_c = c < channels
+    mean = tl.load(out_ptr + 1 * channels + c, mask=inside_c, other=0.0)
+    g = tl.load(g_ptr)
+    m2 = tl.zeros((BLOCK_C,), tl.float64)
+    q2 = tl.zeros((BLOCK_C,), tl.float64)
+    q4 = tl.zeros((BLOCK_C,), tl.float64)
+    for start in range(0, rows, BLOCK_N):
+        r = start + tl.arange(0, BLOCK_N).to(tl.int64)
+        inside = (r < rows)[:, None] & inside_c[None, :]
+        v = tl.load(x_ptr + r[:, None] * channels + c[None, :], mask=inside, other=0)
+        v = v.to(tl.float64)
+        hidden = (v == -float("inf")) | (v == lowest)
+        valid = inside & (v == v) & (tl.abs(v) != float("inf")) & ~hidden  # noqa: PLR0124
+        d = tl.where(valid, v - mean[None, :], 0.0)
+        m2 += tl.sum(d * d, axis=0)
+        e = tl.where(valid, v - g, 0.0)
+        e2 = e * e
+        q2 += tl.sum(e2, axis=0)
+        q4 += tl.sum(e2 * e2, axis=0)
+    base = out_ptr + c
+    tl.store(base + 2 * channels, m2, mask=inside_c)
+    tl.store(base + 8 * channels, q2, mask=inside_c)
+    tl.store(base + 9 * channels, q4, mask=inside_c)
+
+
+def channel_rows(
+    x: torch.Tensor, lowest: float, large: float, *, block_c: int = CHANNEL_BLOCK,
+    block_n: int = ROW_BLOCK,
+) -> torch.Tensor:  # fmt: skip
+    """(N, C) (contiguous, floating point, non-empty) → (10, C) float64 on x's device: per
+    channel over its valid values (finite, and neither -inf nor `lowest`, an attention mask's
+    fill) their count, mean, sum of squares about that mean, min and max, zeros, how many
+    reach |x| >= `large`, the masked values; then Σ(x-g)² and Σ(x-g)⁴ about the whole
+    tensor's mean g (for its kurtosis). Two launches, each a read of x in its own dtype; the
+    whole's mean between them on the device (no synchronisation)."""
+    rows, channels = x.shape
+    out = torch.empty((_CHANNEL, channels), dtype=torch.float64, device=x.device)
+    grid = (triton.cdiv(channels, block_c),)
+    _chan_first[grid](x, out, rows, channels, lowest, large, BLOCK_N=block_n, BLOCK_C=block_c)
+    count, mean = out[0], out[1]
+    g = ((mean * count).sum() / count.sum().clamp(min=1)).reshape(1)
+    _chan_second[grid](x, out, g, rows, channels, lowest, BLOCK_N=block_n, BLOCK_C=block_c)
+    return out

@@ -176,6 +176,13 @@ def measure_channels(
     c = moved.shape[-1]
     flat = moved.reshape(-1, c)
     acc = torch.float32 if flat.device.type == "mps" else torch.float64
+    if flat.is_cuda and flat.is_floating_point() and flat.numel() and not hist:
+        from hookcli.engine import devicerow
+
+        lowest = float(torch.finfo(flat.dtype).min)
+        rows = devicerow.channel_rows(flat, lowest, LARGE)
+        if rows is not None:
+            return from_channel_rows(flat, rows, lowest)
     if flat.is_cpu and flat.is_floating_point() and flat.numel() and not hist:
         fast = _every_value_counts(flat, acc)
         if fast is not None:
@@ -221,6 +228,30 @@ def measure_channels(
         counts = torch.zeros(HIST_BINS, dtype=acc, device=v.device)
         parts.append(counts.index_add_(0, idx, valid.reshape(-1).to(acc)))
     return torch.cat(parts)
+
+
+def from_channel_rows(flat: torch.Tensor, rows: torch.Tensor, lowest: float) -> torch.Tensor:
+    """`measure_channels`' packed vector of `flat` (N, C) from the fused kernels' per-channel
+    rows (engine/_triton.channel_rows); the median |x| and the largest values read from
+    `flat` in its own dtype (no float64 copy of it), as the torch path reads them."""
+    count, mean, m2, lo, hi, zeros, large, masked_n, q2, q4 = rows.unbind(0)
+    total = count.sum()
+    g_m2 = q2.sum()
+    kurt = q4.sum() * total / (g_m2 * g_m2)
+    kurt = torch.where((total > 0) & (g_m2 > 0), kurt, math.nan)
+    valid = torch.isfinite(flat) & (flat != lowest)
+    absx = flat.abs()
+    absv = torch.where(valid, absx, 0)
+    absf = torch.where(valid, absx.float(), math.nan).reshape(-1)
+    median = absf.nanmedian().double()
+    median = torch.where(absv.amax() > MASSIVE_ABS, median, math.nan)
+    top_abs, top_idx = absv.reshape(-1).topk(min(TOP, absv.numel()))
+    signed = torch.where(valid, flat, 0).reshape(-1).gather(0, top_idx)
+    return torch.cat([
+        torch.stack([count, mean, m2, lo, hi, zeros, large, masked_n]).reshape(-1),
+        torch.stack([kurt, median]),
+        torch.stack([signed.double(), top_idx.double(), top_abs.double()]).reshape(-1),
+    ])  # fmt: skip
 
 
 def unpack(

@@ -1,7 +1,7 @@
 """A CUDA tensor's row by the fused Triton kernel (engine/_triton.py): one read of the data
 and two launches at most, instead of torch ops' dozen of each; --per-token's rows likewise, in
-one launch. Where Triton is missing (a CPU-only build, macOS) or cannot build the kernel for
-this device, torch ops measure it, exactly, as before."""
+one launch; --channels' per-channel numbers in two. Where Triton is missing (a CPU-only build,
+macOS) or cannot build the kernel for this device, torch ops measure it, exactly, as before."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
         if rows is not None:
             return rows
     return tensorbits.token_rows(t)
+
+
+def channel_rows(flat: torch.Tensor, lowest: float, large: float) -> torch.Tensor | None:
+    """--channels' numbers per channel of a CUDA (N, C) tensor by the fused kernels (two reads
+    of it in its own dtype, no float64 copy): engine/_triton.channel_rows' (10, C) float64
+    rows on its device; None where the kernels do not run (then torch ops measure it)."""
+    kernels = _usable(flat, "channels")
+    if kernels is None:
+        return None
+    x = flat.detach()
+    return _launched(
+        lambda: kernels.channel_rows(x if x.is_contiguous() else x.contiguous(), lowest, large),
+        x,
+        "channels",
+    )
 
 
 def _usable(x: torch.Tensor, name: str) -> ModuleType | None:
