@@ -258,6 +258,14 @@ _TORCHAO = ("int8wo", "int4wo", "int8dq")
 INT4_GROUP = 128  # torchao's default group of input channels for int4 weights
 
 
+def _some_linear(prepared: Prepared, side: str, found: bool) -> None:
+    if not found:
+        raise UsageError(
+            f"the {side} side quantizes Linear layers; {prepared.loaded.spec} has none.",
+            "diff a model with Linear layers (a transformer, an MLP).",
+        )
+
+
 def _linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
     for name, m in module.named_modules():
         if isinstance(m, nn.Linear):
@@ -305,11 +313,7 @@ class Torchao(_QuantKind):
 
         module = prepared.loaded.module
         linears = dict(_linears(module))
-        if not linears:
-            raise UsageError(
-                f"the {side} side quantizes Linear layers; {prepared.loaded.spec} has none.",
-                "diff a model with Linear layers (a transformer, an MLP).",
-            )
+        _some_linear(prepared, side, bool(linears))
         config: Any
         skipped: list[str] = []
         if self.scheme == "int8wo":
@@ -416,11 +420,7 @@ class Bnb(_QuantKind):
         head = getattr(module, "get_output_embeddings", lambda: None)()
         kept = [n for n, m in _linears(module) if m is head]
         linears = [(n, m) for n, m in _linears(module) if m is not head]
-        if not linears:
-            raise UsageError(
-                f"the {side} side quantizes Linear layers; {prepared.loaded.spec} has none.",
-                "diff a model with Linear layers (a transformer, an MLP).",
-            )
+        _some_linear(prepared, side, bool(linears))
         if kept:
             prepared.notes.append(
                 f"side {side}: the output head {kept[0]} left unquantized, as transformers' "
