@@ -58,7 +58,7 @@ def test_the_imatrix_read_back_is_the_sum_of_squares_by_hand(llama: Path, tmp_pa
         ["calib", f"hf:{llama}", "--text-file", str(corpus), "--batch-size", "3", "-o", str(out)],
     )
     assert r.exit_code == 0, r.stderr
-    assert "wrote" in r.stderr and "15 matrices" in r.stderr
+    assert "wrote" in r.stderr and "15 weights" in r.stderr
     reader = gguf.GGUFReader(str(out))
     fields = {k: reader.fields[k].contents() for k in reader.fields}
     assert fields["general.type"] == "imatrix"
@@ -86,3 +86,68 @@ def test_an_imatrix_of_a_model_without_gguf_names_is_one_line(tmp_path: Path) ->
     assert r.exit_code == 2, r.stderr
     assert "GGUF" in r.stderr and "safetensors" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_a_mixture_of_experts_writes_one_matrix_per_expert(tmp_path: Path) -> None:
+    """A tiny Mixtral (transformers 5's fused experts): blk.N.ffn_gate_exps and ffn_up_exps
+    hold, per expert, Σx² of the block's input over the tokens routed to it (by hand: the
+    router's top-k, text by text), with those tokens as its count; ffn_down_exps the
+    per-expert sums calib reports (-f json: count · (std² + mean²))."""
+    import json
+
+    folder = save(tmp_path / "mixtral", "mixtral")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n")
+    out = tmp_path / "moe.imatrix"
+    r = runner.invoke(app, ["calib", f"hf:{folder}", "--text-file", str(corpus), "-o", str(out)])
+    assert r.exit_code == 0, r.stderr
+    tensors = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(out)).tensors}
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    experts, k = model.config.num_local_experts, model.config.num_experts_per_tok
+    sums = {b: np.zeros((experts, model.config.hidden_size)) for b in range(2)}
+    counts = {b: np.zeros(experts) for b in range(2)}
+    handles = []
+    for b, layer in enumerate(model.model.layers):
+
+        def pre(m: torch.nn.Module, args: tuple[torch.Tensor, ...], b: int = b) -> None:
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            logits = torch.nn.functional.linear(x, m.gate.weight)  # the router, by hand
+            chosen = logits.float().softmax(-1).topk(k, dim=-1).indices
+            for e in range(experts):
+                rows = x[(chosen == e).any(-1)].double()
+                sums[b][e] += (rows * rows).sum(0).numpy()
+                counts[b][e] += rows.shape[0]
+
+        handles.append(layer.mlp.register_forward_pre_hook(pre))
+    with torch.no_grad():
+        for line in LINES:
+            model(**tok(line, return_tensors="pt"))
+    for h in handles:
+        h.remove()
+    for b in range(2):
+        for proj in ("gate", "up"):
+            got = tensors[f"blk.{b}.ffn_{proj}_exps.weight.in_sum2"]
+            assert got.shape == (experts, model.config.hidden_size)
+            np.testing.assert_allclose(got, sums[b], rtol=1e-5)
+            np.testing.assert_array_equal(
+                tensors[f"blk.{b}.ffn_{proj}_exps.weight.counts"].reshape(-1), counts[b]
+            )
+    report = json.loads(
+        runner.invoke(
+            app, ["calib", f"hf:{folder}", "--text-file", str(corpus), "-f", "json"]
+        ).stdout
+    )
+    down = tensors["blk.0.ffn_down_exps.weight.in_sum2"]
+    checked = 0
+    for layer in report["layers"]:
+        if layer["name"].startswith("model.layers.0.mlp.experts.") and layer["name"].endswith(
+            ".down_proj"
+        ):
+            e = int(layer["name"].split(".")[-2])
+            ch = layer["channels"]
+            stats = zip(ch["count"], ch["mean"], ch["std"], strict=True)
+            want = [n * (s * s + m * m) for n, m, s in stats]
+            np.testing.assert_allclose(down[e], want, rtol=1e-6)
+            checked += 1
+    assert checked == int((counts[0] > 0).sum()) > 0

@@ -107,7 +107,7 @@ def calib(
                 if unnamed
                 else ""
             )
-            err(f"wrote {dest.label} ({written} matrices, llama.cpp's imatrix{left})")
+            err(f"wrote {dest.label} ({written} weights, llama.cpp's imatrix{left})")
         elif dest is not None:
             from hookcli.io.saving import TensorSaver
 

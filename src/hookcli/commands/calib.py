@@ -276,6 +276,7 @@ def calib_report(
         sequences=sequences,
         model_type=getattr(config, "model_type", None),
         blocks=getattr(config, "num_hidden_layers", None),
+        experts=getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None),
     )
 
 

@@ -4,15 +4,16 @@ llama-imatrix collects, for each weight matrix `W` of a GGUF model, the sum over
 each input channel's x² and the number of tokens; `llama-quantize --imatrix FILE` weighs each
 column's rounding error by their ratio (the mean x²). The file is a GGUF file:
 `general.type = "imatrix"`, `imatrix.datasets` (the data's names), `imatrix.chunk_count` and
-`imatrix.chunk_size`, and per matrix two F32 tensors, `NAME.in_sum2` (ne = [columns, 1]) and
-`NAME.counts` (ne = [1, 1]), NAME the weight's GGUF name (`blk.0.attn_q.weight`).
+`imatrix.chunk_size`, and per weight two F32 tensors, `NAME.in_sum2` (ne = [columns,
+matrices]) and `NAME.counts` (ne = [1, matrices]), NAME the weight's GGUF name
+(`blk.0.attn_q.weight`; a dense weight is one matrix, `blk.0.ffn_down_exps.weight` one per
+expert).
 
 calib already merges each layer's input channels exactly over the passes (count, mean and
 population std per channel, padding never counted): Σx² = count · (std² + mean²), in float64,
 written as float32 as llama.cpp writes it. The GGUF names come from the `gguf` package's tensor
 name map of the model's architecture (as transformers' GGUF loading maps them back); a
-calibrated layer with no GGUF name (a vision tower, a custom head, a fused MoE block's experts,
-which llama.cpp keeps as one 3-D tensor per projection) is counted, not written.
+calibrated layer with no GGUF name (a vision tower, a custom head) is counted, not written.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hookcli.errors import UsageError
-from hookcli.records import CalibReport
+from hookcli.records import CalibLayer, CalibReport
 
 # transformers' model types whose GGUF architecture has another name (as transformers maps them)
 _ARCH_ALIASES = {
@@ -98,34 +99,74 @@ def _name_map(report: CalibReport) -> tuple[Any, str]:
     return gguf.get_tensor_name_map(arch, report.blocks), str(wanted)
 
 
-def imatrix_entries(
-    report: CalibReport,
-) -> tuple[dict[str, tuple[np.ndarray[Any, Any], int]], list[str]]:
-    """GGUF weight name → (Σx² per input channel, float64; tokens), and the calibrated layers
-    with no GGUF name."""
+Entries = dict[str, tuple["np.ndarray[Any, Any]", "np.ndarray[Any, Any]"]]
+
+
+def _sums(layer: CalibLayer) -> tuple[np.ndarray[Any, Any], int]:
+    """Σx² of each input channel (count · (std² + mean²), float64) and the tokens."""
+    ch = layer.channels
+    sums = np.array(
+        [
+            n * ((s or 0.0) ** 2 + (m or 0.0) ** 2)
+            for n, m, s in zip(ch.count, ch.mean, ch.std, strict=True)
+        ],
+        dtype=np.float64,
+    )
+    return sums, max(ch.count, default=0)
+
+
+def _expert(name: str) -> tuple[str, int, str] | None:
+    """(experts module, expert, projection) of calib's name for a routed expert's projection
+    (EXPERTS.E.PROJ), or None."""
+    owner, _, rest = name.rpartition(".")
+    owner, _, expert = owner.rpartition(".")
+    return (owner, int(expert), rest) if owner and expert.isdigit() else None
+
+
+def imatrix_entries(report: CalibReport) -> tuple[Entries, list[str]]:
+    """GGUF weight name → (Σx² per input channel per matrix, float64, (matrices, columns);
+    tokens per matrix), and the calibrated layers with no GGUF name. A dense weight is one
+    matrix; a fused MoE block's experts are one 3-D weight per projection in llama.cpp
+    (`blk.N.ffn_down_exps`: a matrix per expert, an expert no token reached all zeros), the
+    fused gate_up projection's input that of both ffn_gate_exps and ffn_up_exps."""
     names, _ = _name_map(report)
-    entries: dict[str, tuple[np.ndarray[Any, Any], int]] = {}
+    entries: Entries = {}
     unnamed: list[str] = []
-    for layer in report.layers:
-        gguf_name = names.get_name(layer.name)
-        if gguf_name is None:
-            unnamed.append(layer.name)
-            continue
-        key = f"{gguf_name}.weight"
+    experts: dict[tuple[str, str], dict[int, tuple[np.ndarray[Any, Any], int]]] = {}
+
+    def put(key: str, value: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]], who: str) -> None:
         if key in entries:
             raise UsageError(
-                f"two calibrated layers have the GGUF name {key} (the second {layer.name}).",
+                f"two calibrated layers have the GGUF name {key} (the second {who}).",
                 "calibrate one of them (-l), or write -o FILE.safetensors.",
             )
-        ch = layer.channels
-        sums = np.array(
-            [
-                n * ((s or 0.0) ** 2 + (m or 0.0) ** 2)
-                for n, m, s in zip(ch.count, ch.mean, ch.std, strict=True)
-            ],
-            dtype=np.float64,
-        )
-        entries[key] = (sums, max(ch.count, default=0))
+        entries[key] = value
+
+    for layer in report.layers:
+        gguf_name = names.get_name(layer.name)
+        found = _expert(layer.name) if gguf_name is None else None
+        if found is not None:
+            owner, e, projection = found
+            experts.setdefault((owner, projection), {})[e] = _sums(layer)
+        elif gguf_name is None:
+            unnamed.append(layer.name)
+        else:
+            sums, count = _sums(layer)
+            put(f"{gguf_name}.weight", (sums[None, :], np.array([count])), layer.name)
+    for (owner, projection), per in experts.items():
+        parts = ["gate_proj", "up_proj"] if projection == "gate_up_proj" else [projection]
+        targets = [names.get_name(f"{owner}.{p}") for p in parts]
+        if any(t is None for t in targets):
+            unnamed += [f"{owner}.{e}.{projection}" for e in sorted(per)]
+            continue
+        n = max(report.experts or 0, max(per) + 1)
+        width = len(next(iter(per.values()))[0])
+        sums = np.zeros((n, width))
+        counts = np.zeros(n)
+        for e, (s, c) in per.items():
+            sums[e], counts[e] = s, c
+        for t in targets:
+            put(f"{t}.weight", (sums, counts), f"{owner}.{projection}")
     return entries, unnamed
 
 
@@ -141,7 +182,7 @@ def imatrix_bytes(report: CalibReport, dataset: str) -> tuple[bytes, int, list[s
             "calibrate the model's Linear layers (no -l), or write -o FILE.safetensors.",
         )
     _, arch = _name_map(report)
-    tokens = max(count for _, count in entries.values())
+    tokens = int(max(float(counts.max()) for _, counts in entries.values()))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.imatrix"
         writer = gguf.GGUFWriter(str(path), arch)
@@ -150,9 +191,9 @@ def imatrix_bytes(report: CalibReport, dataset: str) -> tuple[bytes, int, list[s
         writer.add_uint32("imatrix.chunk_count", max(report.sequences, 1))
         writer.add_uint32("imatrix.chunk_size", math.ceil(tokens / max(report.sequences, 1)))
         for name in sorted(entries):
-            sums, count = entries[name]
-            writer.add_tensor(f"{name}.in_sum2", sums.astype(np.float32).reshape(1, -1))
-            writer.add_tensor(f"{name}.counts", np.array([[count]], dtype=np.float32))
+            sums, counts = entries[name]  # (matrices, columns) and (matrices,)
+            writer.add_tensor(f"{name}.in_sum2", np.ascontiguousarray(sums, dtype=np.float32))
+            writer.add_tensor(f"{name}.counts", counts.astype(np.float32).reshape(-1, 1))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

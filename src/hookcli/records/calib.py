@@ -54,3 +54,4 @@ class CalibReport:
     sequences: int = 0
     model_type: str | None = None
     blocks: int | None = None
+    experts: int | None = None  # a mixture of experts' routed experts per block
