@@ -203,9 +203,12 @@ class HookSession:
         readers: bool = False,
         memory: MemoryMeter | None = None,
         dense: bool = False,
+        exclude: Callable[[], bool] | None = None,
     ) -> None:
         """`dense`: the targets are most of the model's modules, so that one process-wide
-        pair of hooks costs less than a pair registered on each (see `_dispatch`)."""
+        pair of hooks costs less than a pair registered on each (see `_dispatch`).
+        `exclude`: whether a call now is another pass's, on the same modules at the same
+        time (diff's two passes of one side, as greenlets): this session leaves it alone."""
         self.targets = targets
         self.collector = collector
         self.on_output = on_output
@@ -228,6 +231,7 @@ class HookSession:
         self._handles: list[RemovableHandle] = []
         self._restores: list[tuple[nn.Module, str, nn.Module, nn.Module]] = []
         self.dense = dense
+        self.exclude = exclude
         self._dispatched: set[int] = set()  # targets hooked through the process-wide pair
         self._keyed: tuple[int, list[dict[int, bool]]] | None = None
         self._beacon = beacon.current()  # under the CLI's supervisor: where a crash happened
@@ -508,9 +512,14 @@ class HookSession:
         return functools.partial(self._on_pre, i)
 
     def _on_pre(
-        self, i: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, i: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
     ) -> Any:
-        """Target i's call starts: its inputs measured (the forward pre-hook)."""
+        """Target i's call starts: its inputs measured (the forward pre-hook). `kwargs` is
+        None only for a call of another pass that began before this session's hooks went
+        (torch runs the hooks a call found, and asks for keywords by the hooks there now)."""
+        if self.exclude is not None and self.exclude():
+            return None
+        kwargs = kwargs if kwargs is not None else {}
         target = self.targets[i]
         entered = time.perf_counter_ns() if self.profile else 0
         call = LayerCall(target.name, target.type, self.counts[i], target.aliases)
@@ -569,6 +578,8 @@ class HookSession:
 
     def _on_post(self, i: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Target i's call returned: its outputs measured (the forward hook)."""
+        if self.exclude is not None and self.exclude():
+            return
         stack = self._stacks[i]
         if not stack:
             return  # hooks registered mid-call: nothing to pair with

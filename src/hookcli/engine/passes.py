@@ -71,10 +71,13 @@ def hooked_pass(
     params = held(loaded.module)[0]
     params += [t for _, t in prepared.input_leaves]  # a second pass starts from no gradient
     notes: list[str] = []
+    shared = _SHARED.get(id(loaded.module)) if not train else None
     with (
         gcpause.held(),
-        model_left_as_found(loaded.module, prepared.device, train=train) as restore_buffers,
-        grads_left_as_found(params),
+        contextlib.nullcontext(shared)
+        if shared is not None
+        else model_left_as_found(loaded.module, prepared.device, train=train) as restore_buffers,
+        contextlib.nullcontext() if shared is not None else grads_left_as_found(params),
     ):
         reseed(prepared.seed, prepared.device)  # dropout and the like, in train mode
         try:
@@ -230,6 +233,44 @@ def model_left_as_found(
         buffers.restore()
         for m, name, value in caches:
             setattr(m, name, value)
+
+
+_SHARED: dict[int, Callable[[], None]] = {}  # models held for passes at once: their restore
+
+
+@contextlib.contextmanager
+def shared_passes(prepared: Prepared) -> Iterator[Callable[[], bool]]:
+    """Several passes of one model at the same time (diff's accumulated and own-error passes
+    of one side, as greenlets taking turns): the model's mode, device, buffers and .grad set
+    and restored once around them all, instead of by each pass around its own, which would
+    put the model back as it was in the middle of another pass. Passes in train mode keep
+    their own. Yields a check: whether the model's state moved meanwhile (a buffer written or
+    replaced, a Python number attribute changed: a forward that counts its calls or keeps a
+    running value), in which case the passes did not each see the model as one pass alone
+    would, and their results are not to be used."""
+    module = prepared.loaded.module
+    params = held(module)[0] + [t for _, t in prepared.input_leaves]
+    with (
+        model_left_as_found(module, prepared.device) as restore,
+        grads_left_as_found(params),
+    ):
+        modules = all_modules(module)
+        before = _state_print(modules)
+        _SHARED[id(module)] = restore
+        try:
+            yield lambda: _state_print(modules) != before
+        finally:
+            _SHARED.pop(id(module), None)
+
+
+def _state_print(modules: Sequence[nn.Module]) -> list[Any]:
+    """What a forward in eval mode may change in a model, cheaply compared: each buffer's
+    object and version counter, and each module's own Python numbers and strings."""
+    seen: list[Any] = []
+    for m in modules:
+        seen += [(id(b), _version(b) if b is not None else None) for b in m._buffers.values()]
+        seen += [(k, v) for k, v in vars(m).items() if type(v) in (int, float, bool, str)]
+    return seen
 
 
 def reseed(seed: int, device: torch.device) -> None:

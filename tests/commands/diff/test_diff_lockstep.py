@@ -122,6 +122,112 @@ def test_a_real_network_with_a_folder_in_batches(
     assert spilled == []
 
 
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The passes the diffs of a test run side by side, as they start: "reference",
+    "accumulated" (a compared pass on its own input), "own" (fed the reference's inputs);
+    each round's passes sorted."""
+    ran: list[str] = []
+    reference, compared = lockstep.reference_pass, lockstep.compared_pass
+
+    def reference_spy(*args: Any, **kw: Any) -> None:
+        ran.append("reference")
+        reference(*args, **kw)
+        n = len(ran) - 1 - ran[::-1].index("reference")
+        ran[n:] = ["reference", *sorted(ran[n + 1 :])]
+
+    def compared_spy(*args: Any, **kw: Any) -> None:
+        ran.append("own" if args[3] else "accumulated")
+        compared(*args, **kw)
+
+    monkeypatch.setattr(lockstep, "reference_pass", reference_spy)
+    monkeypatch.setattr(lockstep, "compared_pass", compared_spy)
+    return ran
+
+
+def test_a_sides_two_passes_run_at_once_beside_one_reference_pass(
+    monkeypatch: pytest.MonkeyPatch, spilled: list[Any], passes: list[str]
+) -> None:
+    """The accumulated and the own-error pass of side B run on one model at the same time,
+    fed by one reference pass: the report is the one they give in rounds (each with a
+    reference pass of its own), and the spill's; the model is left as found."""
+    model = Chain().eval()
+    model.l2.train()  # a module's own mode comes back
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    at_once = _report(model, b="bfloat16").to_dict()  # (a side of its own: a copy)
+    assert passes == ["reference", "accumulated", "own"]
+    passes.clear()
+    monkeypatch.setattr(lockstep, "SHARED", False)
+    in_rounds = _report(model, b="bfloat16").to_dict()
+    assert passes == ["reference", "accumulated", "reference", "own"]
+    assert at_once == in_rounds and spilled == []
+    assert all(c["b"][0]["own_rel_l2"] is not None for c in at_once["calls"])
+    monkeypatch.setattr(lockstep, "ENABLED", False)
+    assert _report(model, b="bfloat16").to_dict() == at_once
+    shared = Chain().eval()  # side B the user's own module (autocast changes no weight)
+    shared.load_state_dict(state)
+    monkeypatch.setattr(lockstep, "ENABLED", True)
+    monkeypatch.setattr(lockstep, "SHARED", True)
+    passes.clear()
+    got = _report(shared, b="autocast").to_dict()
+    assert passes == ["reference", "accumulated", "own"]
+    monkeypatch.setattr(lockstep, "ENABLED", False)
+    assert _report(shared, b="autocast").to_dict() == got
+    assert not shared.training and model.l2.training and not model.l1.training
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+class CountsInABuffer(Chain):
+    """Counts its calls in a buffer and scales its input by the count: as every pass sees it
+    alone, 1; two passes on the model at the same time would see 1 and 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        return super().forward(x * self.count)
+
+
+class CountsInAnAttribute(Chain):
+    """Counts its calls in a Python attribute (which no pass puts back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("model", [CountsInABuffer, CountsInAnAttribute])
+def test_a_model_whose_state_moves_runs_its_passes_in_rounds(
+    model: type[Chain], monkeypatch: pytest.MonkeyPatch, spilled: list[Any], passes: list[str]
+) -> None:
+    """Passes at once would see each other's moves: the batch runs again in rounds, and so do
+    the model's later ones (side B autocast: the user's module itself, diff after diff); the
+    report is the spill's."""
+    torch.manual_seed(0)
+    counting = model().eval()
+    report = _report(counting, b="autocast").to_dict()
+    rounds = ["reference", "accumulated", "reference", "own"]
+    assert passes == ["reference", "accumulated", "own", *rounds]
+    passes.clear()
+    assert _report(counting, b="autocast").to_dict() == report
+    assert passes == rounds and spilled == []
+    monkeypatch.setattr(lockstep, "ENABLED", False)
+    assert _report(counting, b="autocast").to_dict() == report
+    if model is CountsInABuffer:  # put back after every pass: each saw a count of 1
+        assert float(counting.count) == 0
+        torch.manual_seed(0)
+        plain = Chain().eval()
+        plain.load_state_dict(counting.state_dict(), strict=False)
+        assert _report(plain, b="autocast").to_dict()["calls"] == report["calls"]
+
+
 class CallsMoreInHalf(nn.Module):
     """Calls l2 a second time when it runs in bfloat16: the sides' calls part ways."""
 

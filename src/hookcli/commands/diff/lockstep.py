@@ -34,16 +34,19 @@ import dataclasses
 import functools
 import importlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from hookcli.commands.diff.measure import Compared, Key, Lookup, kept
 from hookcli.commands.diff.passes import compared_pass, reference_pass
 from hookcli.commands.diff.sides import Compile, SideRun
+from hookcli.engine.passes import shared_passes
 from hookcli.engine.stats import kernel_threads, use_kernel_threads
 from hookcli.errors import ModelError
 from hookcli.inputs import ModelInput
@@ -51,6 +54,9 @@ from hookcli.runtime import beacon
 
 ENABLED = True  # False: every batch through the spill (tests compare the two)
 GREENLETS = True  # False: the passes run as threads (tests compare the two)
+SHARED = True  # False: a side's two passes in rounds of their own (tests compare the two)
+MOVED = "the model's state moved"  # _round: a model's state moved under passes at once
+_MOVING: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose forward moves state
 
 
 class _Abandoned(BaseException):
@@ -85,7 +91,9 @@ class Exchange:
         isolate: Sequence[bool],
         unchanged: Callable[[], bool],
         cv: threading.Condition | _Cooperative | None = None,
+        strand: Callable[[], Any] = threading.get_ident,
     ) -> None:
+        """`strand`: what tells the passes' code apart (the current greenlet, or thread)."""
         self._cv = cv if cv is not None else threading.Condition()
         self.moves = 0  # a pass took the turn, or the state changed: progress (greenlets)
         self._isolate = list(isolate)
@@ -99,6 +107,9 @@ class Exchange:
         self.index: set[Key] = set()
         self.broken: str | None = None
         self._homes: dict[int, int] = {}  # each pass's thread (greenlets: all the same one)
+        # each pass's strand of execution: its greenlet, or its thread
+        self._strand = strand
+        self._strands: dict[Any, int] = {}
 
     @property
     def inputs(self) -> bool:
@@ -161,6 +172,7 @@ class Exchange:
     def begin(self) -> None:
         """The reference pass starts, with the turn."""
         self._homes[REFERENCE] = threading.get_ident()
+        self._strands[self._strand()] = REFERENCE
         with self._cv:
             self._wait(REFERENCE, lambda: True)
 
@@ -227,10 +239,17 @@ class Exchange:
         other down more than they gain). A container's call and its first child's both go on
         the same stop."""
         self._homes.setdefault(i, threading.get_ident())
+        self._strands.setdefault(self._strand(), i)
         if self._foreign(i):
             return
         with self._cv:
             self._turn(i)
+
+    def _elsewhere(self, i: int) -> bool:
+        """Whether the code running now is another pass's (for two passes on one model, whose
+        hooks fire for both): a thread of the model's own is nobody's, so pass i's hooks
+        still see it, and break the exchange (`_foreign`)."""
+        return self._strands.get(self._strand(), i) != i
 
     def _ended_pass(self, i: int) -> None:
         with self._cv:
@@ -256,6 +275,9 @@ class Reader:
 
     def pace(self) -> None:
         self.exchange._pace(self.i)
+
+    def elsewhere(self) -> bool:
+        return self.exchange._elsewhere(self.i)
 
 
 def fits(runs: Sequence[SideRun]) -> bool:
@@ -291,12 +313,24 @@ def run(
     the reference's tensors; None (and every Compared as it was) when the passes did not meet
     the same calls, for the spill to run the batch again.
 
-    Two passes of one side (its accumulated and its own error) run on the same module, so
-    never at the same time: they go in rounds, each round with a reference pass of its own
-    (which costs less than spilling the reference's inputs and outputs and reading them back).
-    A failure of a pass is raised, the reference side's first, as the spill's passes, one
-    after another, would raise it."""
+    Two passes of one side (its accumulated and its own error) run on the same module. They
+    run at the same time all the same, beside one reference pass: each pass's hooks leave the
+    other's calls alone, and the model's state is set and restored once around both
+    (engine.passes.shared_passes). Unless the model's forward moves its state (writes a
+    buffer, counts its calls): each pass would then see the other's moves, so the batch runs
+    again in rounds, one pass of each side in each, every round with a reference pass of its
+    own (which costs less than spilling the reference's inputs and outputs and reading them
+    back), and so do the model's later batches. A failure of a pass is raised, the reference
+    side's first, as the spill's passes, one after another, would raise it."""
     kept = [copy.deepcopy(c.compared) for c in consumers]
+    shared = _shared(consumers)
+    if shared:
+        at_once = _round(reference, described, model_input.copy(), consumers, shared)
+        if not isinstance(at_once, str):
+            if at_once is None:
+                _restore_all(consumers, kept)
+            return at_once
+        _restore_all(consumers, kept)  # the model's state moved: in rounds
     rounds: list[list[Consumer]] = []
     taken: dict[int, int] = {}  # id(run) → its passes placed so far
     for c in consumers:
@@ -306,26 +340,52 @@ def run(
         rounds[n].append(c)
     index: set[Key] | None = set()
     for group in rounds:  # each round's reference pass on its own copy of the input
-        index = _round(reference, described, model_input.copy(), group)
+        got = _round(reference, described, model_input.copy(), group)
+        index = None if isinstance(got, str) else got
         if index is None:
-            for c, saved in zip(consumers, kept, strict=True):  # for the spill to run again
-                _restore(c.compared, saved)
+            _restore_all(consumers, kept)  # for the spill to run again
             break
     return index
 
 
+def _shared(consumers: Sequence[Consumer]) -> list[SideRun]:
+    """The sides with two passes here, when those may run at the same time (else none): not
+    a model whose forward moved its state before, nor one holding TorchScript modules (each
+    pass's hooks put a stand-in of its own in their place)."""
+    if not SHARED:
+        return []
+    runs = {id(c.run): c.run for c in consumers}
+    doubled = [r for r in runs.values() if sum(c.run is r for c in consumers) > 1]
+    for r in doubled:
+        if r.prepared.loaded.module in _MOVING or any(t.places for t in r.prepared.targets):
+            return []
+    return doubled
+
+
+def _restore_all(consumers: Sequence[Consumer], kept: Sequence[Compared]) -> None:
+    for c, saved in zip(consumers, kept, strict=True):
+        _restore(c.compared, saved)
+
+
 def _round(
-    reference: SideRun, described: str, model_input: ModelInput, consumers: Sequence[Consumer]
-) -> set[Key] | None:
+    reference: SideRun,
+    described: str,
+    model_input: ModelInput,
+    consumers: Sequence[Consumer],
+    shared: Sequence[SideRun] = (),
+) -> set[Key] | str | None:
     """The reference pass and the compared passes as greenlets of this thread (or, without
     the greenlet package, the reference pass and all compared passes but the last in threads
     of their own, the last in this one, where Ctrl-C arrives). Each writes its calls to the
     crash beacon under its side's name: the passes take turns, so the last to write is
-    running."""
+    running. `shared`: sides whose passes run here on one model at the same time; MOVED when
+    such a model's state moved."""
     cuda, seeded = _seeded_state(reference.prepared.seed)
     switched = _greenlet() if GREENLETS else None
     cv = _Cooperative(switched.getcurrent()) if switched is not None else None
-    exchange = Exchange([c.isolate for c in consumers], lambda: _state(cuda) == seeded, cv)
+    strand = switched.getcurrent if switched is not None else threading.get_ident
+    exchange = Exchange([c.isolate for c in consumers], lambda: _state(cuda) == seeded, cv, strand)
+    doubled = {id(r) for r in shared}
     errors: dict[int, BaseException] = {}  # REFERENCE, or a compared pass's index
     threads_of_kernels = kernel_threads()  # loads the kernels here, not in two passes at once
 
@@ -347,8 +407,9 @@ def _round(
         try:
             reader.pace()  # the reference pass first, to its first event
             use_kernel_threads(threads_of_kernels)
+            exclude = reader.elsewhere if id(c.run) in doubled else None
             with beacon.thread_phase(f"diff side {c.described}"):
-                compared_pass(c.run, c.model_input, reader, c.isolate, c.compared)
+                compared_pass(c.run, c.model_input, reader, c.isolate, c.compared, exclude=exclude)
         except BaseException as exc:
             errors[i] = exc
             exchange.abort("a compared side failed")
@@ -357,10 +418,13 @@ def _round(
 
     passes: list[Callable[[], None]] = [produce]
     passes += [functools.partial(consume, i) for i in range(len(consumers))]
-    if cv is not None:
-        _as_greenlets(switched, passes, cv, exchange)
-    else:
-        _as_threads(passes, exchange)
+    with contextlib.ExitStack() as held:
+        moved = [held.enter_context(shared_passes(r.prepared)) for r in shared]
+        if cv is not None:
+            _as_greenlets(switched, passes, cv, exchange)
+        else:
+            _as_threads(passes, exchange)
+        moving = [r.prepared.loaded.module for r, m in zip(shared, moved, strict=True) if m()]
     failed = {i: e for i, e in errors.items() if not _abandoned(e)}
     if REFERENCE in failed:  # as the spill would: the reference pass runs first
         raise failed[REFERENCE]
@@ -369,6 +433,9 @@ def _round(
             raise exc
     if failed:  # a compared side's error: the spill runs the batch again, and raises it
         return None  # after a reference pass that ran to its end (which may fail later)
+    if moving:
+        _MOVING.update(moving)
+        return MOVED
     return exchange.index if exchange.broken is None and _state(cuda) == seeded else None
 
 

@@ -84,9 +84,12 @@ def compared_pass(
     ref: Reference,
     isolate: bool,
     compared: Compared,
+    *,
+    exclude: Callable[[], bool] | None = None,
 ) -> None:
     """The hooked pass of a compared side; fed the reference's inputs (isolate), its
-    predictions are not its own, so they are not compared."""
+    predictions are not its own, so they are not compared. `exclude`: HookSession's (another
+    pass of this side runs on the same model at the same time)."""
     p = run.prepared
     # this pass's calls, added to `compared` once its forward is over: a forward that fails
     # and runs again with gradients (hooked_pass) forgets its first try's calls
@@ -139,7 +142,13 @@ def compared_pass(
         ref.pace()  # the reference's input taken: its call runs first
         return tuple(new), kwargs
 
-    session = HookSession(p.targets, None, on_output=compare, on_input=feed if isolate else pace)
+    session = HookSession(
+        p.targets,
+        None,
+        on_output=compare,
+        on_input=feed if isolate else pace,
+        exclude=exclude,
+    )
     with (
         run.side.context(p.device),
         torch.no_grad(),

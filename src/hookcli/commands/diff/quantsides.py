@@ -579,6 +579,9 @@ class HfFolder(_QuantKind):
         _same_architecture(side, config.to_dict(), module.config)
         quant = getattr(config, "quantization_config", None)
         method = (quant or {}).get("quant_method") if isinstance(quant, dict) else None
+        # the side's own load (or copy) of the model, of which only the class and config are
+        # used: its weights go before the folder's come in (one model's worth held at a time)
+        module.to(torch.device("meta"))
         try:
             with quiet_warnings():
                 other = type(module).from_pretrained(
