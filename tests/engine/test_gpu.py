@@ -351,6 +351,48 @@ def test_cuda_channels_come_from_the_kernels_without_a_sync(
 
 
 @needs_cuda
+def test_cuda_heads_and_calib_histograms_come_from_the_kernels_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: --heads' sums and calib's |x| histogram on CUDA are the Triton kernels' (no
+    float64 copy), with no host synchronisation, equal to the CPU's torch path."""
+    pytest.importorskip("triton")
+    from hookcli.engine import _triton
+    from hookcli.engine.channels import HIST_BINS, measure_channels
+    from hookcli.engine.heads import head_numbers
+
+    launched: list[str] = []
+    for name in ("head_sums", "abs_hist"):
+        original = getattr(_triton, name)
+        monkeypatch.setattr(
+            _triton, name, lambda *a, n=name, f=original, **k: launched.append(n) or f(*a, **k)
+        )
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scores = torch.randn(2, 4, 150, 150, device="cuda", generator=g) * 3
+    causal = torch.ones(150, 150, dtype=torch.bool, device="cuda").tril()
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    real = torch.ones(2, 150, dtype=torch.bool, device="cuda")
+    real[1, :20] = False
+    x = torch.randn(3, 70, 300, device="cuda", generator=g) * 4
+    x[1, :, 9] = float("-inf")
+    x[2, 5, 11] = 3000.0
+    for p, t in ((probs, x), (probs.bfloat16(), x.bfloat16())):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            heads = head_numbers(p, real)
+            packed = measure_channels(t, 2, hist=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.testing.assert_close(heads.cpu(), head_numbers(p.cpu(), real.cpu()), rtol=1e-12,
+                                   atol=1e-12)  # fmt: skip
+        want = measure_channels(t.cpu(), 2, hist=True)
+        assert packed[-HIST_BINS:].cpu().equal(want[-HIST_BINS:])  # the counts, exactly
+        torch.testing.assert_close(packed[:-HIST_BINS].cpu(), want[:-HIST_BINS], rtol=1e-9,
+                                   atol=1e-9, equal_nan=True)  # fmt: skip
+    assert launched == ["head_sums", "abs_hist"] * 2
+
+
+@needs_cuda
 def test_diff_on_the_device_reads_each_reference_tensor_where_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 import torch
 
-from hookcli.engine.channels import LARGE, from_channel_rows, measure_channels, unpack
+from hookcli.engine import devicerow
+from hookcli.engine.channels import (
+    LARGE,
+    from_channel_rows,
+    hist_bounds,
+    measure_channels,
+    unpack,
+)
+from hookcli.engine.heads import head_numbers
 from hookcli.engine.statrow import fill
 from hookcli.engine.tensorbits import token_rows
 from hookcli.records import TensorStats
@@ -217,3 +225,124 @@ def test_the_per_channel_kernels_equal_the_torch_path_and_repeat_bitwise(tmp_pat
     assert masked[7, 3] == 1 and masked[0, 1] == 69 and masked[0, 2] == 69  # NaN, +inf
     assert masked[5, 4] == 10  # zeros
     assert bool((masked[6] > 0).any()) and LARGE == 6.0  # some |x| >= 6
+
+
+_HEADS_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+sums = {}
+for name, (p, counted) in cases.items():
+    sums[name] = [_triton.head_sums(p, counted, block_q=8, block_k=16) for _ in range(2)]
+torch.save(sums, sys.argv[2])
+"""
+
+
+def _head_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Attention probabilities (B, H, L, L) and the real tokens (B, L) of padded batches."""
+    g = torch.Generator().manual_seed(11)
+
+    def causal(b: int, h: int, length: int, real: torch.Tensor | None = None) -> torch.Tensor:
+        scores = torch.randn(b, h, length, length, generator=g, dtype=torch.float64) * 3
+        allowed = torch.ones(length, length, dtype=torch.bool).tril()
+        if real is not None:  # padding is never attended
+            allowed = allowed & real[:, None, None, :]
+        return scores.masked_fill(~allowed, -math.inf).softmax(-1).nan_to_num(0.0)
+
+    left = torch.ones(3, 70, dtype=torch.bool)
+    left[1, :9] = False  # padded on the left
+    left[2, :69] = False  # one real token: no query counted
+    nan = causal(2, 3, 40)
+    nan[0, 1, 20, 5] = math.nan
+    return {
+        "float64, key and query blocks": (causal(2, 3, 70), None),
+        "padded on the left, a sequence of one token": (causal(3, 2, 70, left), left),
+        "float32, sharp": ((causal(1, 4, 33) ** 4).float(), None),
+        "float16": (causal(2, 2, 24).half(), None),
+        "bfloat16": (causal(2, 2, 24).bfloat16(), None),
+        "nan in a counted query": (nan, None),
+    }
+
+
+def test_the_heads_kernel_gives_the_torch_path_s_numbers_and_repeats_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--heads on CUDA: the kernel's sums over the counted queries (run here by Triton's
+    interpreter), made into sink, entropy, top key and top share by head_numbers, equal the
+    torch path's float64 numbers to rounding, and repeat bitwise."""
+    cases = _head_cases()
+    asked: dict[str, torch.Tensor] = {}  # the queries head_numbers counts, as it asks
+
+    def recorded(probs: torch.Tensor, counted: torch.Tensor) -> None:
+        asked[current] = counted.clone()
+
+    monkeypatch.setattr(devicerow, "head_sums", recorded)
+    want = {}
+    for current, (p, real) in cases.items():
+        want[current] = head_numbers(p, real)  # the torch path (head_sums gave None)
+    sums = _interpreted(
+        _HEADS_RUN, {name: (p, asked[name]) for name, (p, _) in cases.items()}, tmp_path
+    )
+    for name, (p, real) in cases.items():
+        (col, ent), (col2, ent2) = sums[name]
+        assert col.dtype == torch.float64 and tuple(col.shape) == tuple(p.shape[:3]), name
+        assert col.view(torch.int64).equal(col2.view(torch.int64)), name  # bitwise
+        assert ent.view(torch.int64).equal(ent2.view(torch.int64)), name
+        monkeypatch.setattr(devicerow, "head_sums", lambda *_a, c=col, e=ent: (c, e))
+        got = head_numbers(p, real)
+        assert got.shape == want[name].shape and got.dtype == torch.float64, name
+        torch.testing.assert_close(got, want[name], rtol=1e-12, atol=1e-12, equal_nan=True)
+    padded = want["padded on the left, a sequence of one token"]
+    assert padded[2, :, 4].eq(0).all() and padded[1, :, 4].eq(70 - 9 - 1).all()  # queries
+    nan = want["nan in a counted query"][0, 1]  # a NaN at key 5: its share, not the sink
+    assert nan[3].isnan() and nan[:2].isfinite().all()
+
+
+_HIST_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+counts = {}
+for name, (x, bounds) in cases.items():
+    lowest = float(torch.finfo(x.dtype).min)
+    counts[name] = _triton.abs_hist(x, bounds, lowest)
+torch.save(counts, sys.argv[2])
+"""
+
+
+def test_the_histogram_kernel_counts_as_torch_bucketize_does(tmp_path: Path) -> None:
+    """calib's |x| histogram on CUDA (run here by Triton's interpreter): every valid value
+    (finite, not the dtype's lowest, an attention mask's fill) in the bin torch.bucketize
+    (right=True) gives it over the float64 bounds, counted exactly; values on a bound, zeros,
+    the first and the last bin."""
+    g = torch.Generator().manual_seed(12)
+    bounds = hist_bounds()
+    dirty = torch.randn(5000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(
+        -8, 8, (5000,), generator=g
+    )
+    dirty[:50] = bounds[100:150]  # on a bound: the bin above it
+    dirty[50:60] = 0.0
+    dirty[60] = math.nan
+    dirty[61] = -math.inf
+    dirty[62] = torch.finfo(torch.float64).min  # a float64 mask's fill: not counted
+    dirty[63] = 1e300  # the last bin
+    cases = {
+        "float64 over 16 decades": (dirty, bounds),
+        "float32": ((torch.randn(3000, generator=g) * 50).float(), bounds),
+        "bfloat16, a mask's fill": (
+            torch.cat(
+                [torch.randn(999, generator=g), torch.tensor([torch.finfo(torch.bfloat16).min])]
+            ).bfloat16(),
+            bounds,
+        ),
+        "float16, few bounds": ((torch.randn(2000, generator=g) * 4).half(), bounds[::300]),
+    }
+    counts = _interpreted(_HIST_RUN, cases, tmp_path)
+    for name, (x, b) in cases.items():
+        v = x.double()
+        valid = torch.isfinite(v) & (x != torch.finfo(x.dtype).min)
+        want = torch.bincount(torch.bucketize(v[valid].abs(), b, right=True), minlength=len(b) + 1)
+        assert counts[name].dtype == torch.int32, name
+        assert counts[name].long().equal(want), name
+    assert int(counts["float64 over 16 decades"].sum()) == 5000 - 3
+    assert int(counts["bfloat16, a mask's fill"].sum()) == 999

@@ -206,10 +206,11 @@ _CHANNEL = 10  # count, mean, M2, min, max, zeros, |x| >= 6, masked, Σ(x-g)², 
 
 @triton.jit
 def _chan_first(  # noqa: PLR0917 (Triton: positional arguments)
-    x_ptr, out_ptr, rows, channels, lowest, large, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
+    x_ptr, out_ptr, low_ptr, rows, channels, large, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
 ):
     c = tl.program_id(0).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     inside_c = c < channels
+    lowest = tl.load(low_ptr)  # (a float64 tensor: a Python float would come in as float32)
     count = tl.zeros((BLOCK_C,), tl.float64)
     s = tl.zeros((BLOCK_C,), tl.float64)
     mn = tl.full((BLOCK_C,), float("inf"), tl.float64)
@@ -245,10 +246,11 @@ def _chan_first(  # noqa: PLR0917 (Triton: positional arguments)
 
 @triton.jit
 def _chan_second(  # noqa: PLR0917 (Triton: positional arguments)
-    x_ptr, out_ptr, g_ptr, rows, channels, lowest, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
+    x_ptr, out_ptr, g_ptr, low_ptr, rows, channels, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr
 ):
     c = tl.program_id(0).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     inside_c = c < channels
+    lowest = tl.load(low_ptr)
     mean = tl.load(out_ptr + 1 * channels + c, mask=inside_c, other=0.0)
     g = tl.load(g_ptr)
     m2 = tl.zeros((BLOCK_C,), tl.float64)
@@ -286,8 +288,100 @@ def channel_rows(
     rows, channels = x.shape
     out = torch.empty((_CHANNEL, channels), dtype=torch.float64, device=x.device)
     grid = (triton.cdiv(channels, block_c),)
-    _chan_first[grid](x, out, rows, channels, lowest, large, BLOCK_N=block_n, BLOCK_C=block_c)
+    low = torch.full((1,), lowest, dtype=torch.float64, device=x.device)
+    _chan_first[grid](x, out, low, rows, channels, large, BLOCK_N=block_n, BLOCK_C=block_c)
     count, mean = out[0], out[1]
     g = ((mean * count).sum() / count.sum().clamp(min=1)).reshape(1)
-    _chan_second[grid](x, out, g, rows, channels, lowest, BLOCK_N=block_n, BLOCK_C=block_c)
+    _chan_second[grid](x, out, g, low, rows, channels, BLOCK_N=block_n, BLOCK_C=block_c)
+    return out
+
+
+HEAD_KEYS = 64  # keys a program of _head_cols reads
+HEAD_QUERIES = 32  # queries it reads at a time
+
+
+@triton.jit
+def _head_cols(  # noqa: PLR0917 (Triton: positional arguments)
+    p_ptr, counted_ptr, col_ptr, ent_ptr, heads, length, key_blocks,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    bh = tl.program_id(0).to(tl.int64)
+    kb = tl.program_id(1).to(tl.int64)
+    b = bh // heads
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)
+    inside_k = k < length
+    col = tl.zeros((BLOCK_K,), tl.float64)
+    ent = tl.zeros((BLOCK_K,), tl.float64)
+    base = p_ptr + bh * length * length
+    for start in range(0, length, BLOCK_Q):  # in order: the same sums every run
+        q = start + tl.arange(0, BLOCK_Q).to(tl.int64)
+        inside_q = q < length
+        counted = tl.load(counted_ptr + b * length + q, mask=inside_q, other=0) != 0
+        inside = (inside_q & counted)[:, None] & inside_k[None, :]
+        v = tl.load(base + q[:, None] * length + k[None, :], mask=inside, other=0)
+        v = v.to(tl.float64)
+        col += tl.sum(tl.where(inside, v, 0.0), axis=0)
+        ent += tl.sum(tl.where(inside & (v > 0.0), v * tl.log(v), 0.0), axis=0)
+    tl.store(col_ptr + bh * length + k, col, mask=inside_k)
+    tl.store(ent_ptr + bh * key_blocks + kb, tl.sum(ent, axis=0))
+
+
+def head_sums(
+    p: torch.Tensor, counted: torch.Tensor, *, block_q: int = HEAD_QUERIES,
+    block_k: int = HEAD_KEYS,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Attention probabilities (B, H, L, L) (contiguous, floating point) and the queries
+    counted (B, L) → over each sequence's counted queries, per head: each key's summed
+    probability (B, H, L) and Σ p log p (B, H), float64 on p's device (engine/heads.py makes
+    the sink, entropy and top key of them). One launch, one read of p in its own dtype, then
+    one small sum over the key blocks; a fixed order: bitwise the same run to run."""
+    b, h, length, _ = p.shape
+    key_blocks = triton.cdiv(length, block_k)
+    col = torch.empty((b, h, length), dtype=torch.float64, device=p.device)
+    ent = torch.empty((b, h, key_blocks), dtype=torch.float64, device=p.device)
+    flags = counted.to(device=p.device, dtype=torch.int8).contiguous()
+    grid = (b * h, key_blocks)
+    _head_cols[grid](p, flags, col, ent, h, length, key_blocks, BLOCK_Q=block_q, BLOCK_K=block_k)
+    return col, ent.sum(2)
+
+
+HIST_BLOCK = 1024  # elements a program of _abs_hist reads
+
+
+@triton.jit
+def _abs_hist(  # noqa: PLR0917 (Triton: positional arguments)
+    x_ptr, bounds_ptr, out_ptr, low_ptr, n, inner, STEPS: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    lowest = tl.load(low_ptr)
+    v = tl.load(x_ptr + offs, mask=inside, other=0).to(tl.float64)
+    a = tl.abs(v)
+    valid = inside & (v == v) & (a != float("inf")) & (v != lowest)  # noqa: PLR0124 (NaN)
+    # the bin: how many inner bounds are <= |x| (torch.bucketize(right=True)), by bisection
+    lo = tl.zeros((BLOCK,), tl.int32)
+    hi = tl.full((BLOCK,), inner, tl.int32)
+    for _ in tl.static_range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        b = tl.load(bounds_ptr + mid, mask=active, other=0.0)
+        up = active & (b <= a)
+        lo = tl.where(up, mid + 1, lo)
+        hi = tl.where(active & ~up, mid, hi)
+    tl.atomic_add(out_ptr + lo, tl.full((BLOCK,), 1, tl.int32), mask=valid)  # exact: integers
+
+
+def abs_hist(x: torch.Tensor, bounds: torch.Tensor, lowest: float) -> torch.Tensor:
+    """Counts of |x| over the valid values of x (flat, contiguous, floating point, fewer than
+    2**31 of them: finite, not `lowest`, an attention mask's fill) in the bins the ascending
+    float64 `bounds` (on x's device) make: bin k holds bounds[k-1] <= |x| < bounds[k], as
+    torch.bucketize(right=True) places it. (len(bounds) + 1,) int32 on x's device; one launch,
+    one read of x in its own dtype. Integer counts: the same whatever order they land in."""
+    inner = bounds.numel()
+    bounds = bounds.contiguous()
+    out = torch.zeros(inner + 1, dtype=torch.int32, device=x.device)
+    low = torch.full((1,), lowest, dtype=torch.float64, device=x.device)
+    grid = (triton.cdiv(x.numel(), HIST_BLOCK),)
+    steps = max(1, inner.bit_length())  # answers 0..inner: ceil(log2(inner + 1)) halvings
+    _abs_hist[grid](x, bounds, out, low, x.numel(), inner, STEPS=steps, BLOCK=HIST_BLOCK)
     return out

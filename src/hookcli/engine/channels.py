@@ -58,6 +58,15 @@ def hist_bounds() -> torch.Tensor:
     return torch.logspace(HIST_LOW, HIST_HIGH, HIST_BINS - 1, dtype=torch.float64)
 
 
+_BOUNDS: dict[torch.device, torch.Tensor] = {}  # hist_bounds() on each device it was used on
+
+
+def _bounds_on(device: torch.device) -> torch.Tensor:
+    if device not in _BOUNDS:
+        _BOUNDS[device] = hist_bounds().to(device)
+    return _BOUNDS[device]
+
+
 def _head(c: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A packed vector's head for C channels (PER_CHANNEL * C + 2 float64 values, unfilled), and
     its per-channel block viewed as (PER_CHANNEL, C)."""
@@ -176,13 +185,17 @@ def measure_channels(
     c = moved.shape[-1]
     flat = moved.reshape(-1, c)
     acc = torch.float32 if flat.device.type == "mps" else torch.float64
-    if flat.is_cuda and flat.is_floating_point() and flat.numel() and not hist:
+    if flat.is_cuda and flat.is_floating_point() and flat.numel():
         from hookcli.engine import devicerow
 
         lowest = float(torch.finfo(flat.dtype).min)
         rows = devicerow.channel_rows(flat, lowest, LARGE)
-        if rows is not None:
-            return from_channel_rows(flat, rows, lowest)
+        counts = None
+        if rows is not None and hist:
+            counts = devicerow.abs_hist(flat, _bounds_on(flat.device), lowest)
+        if rows is not None and (counts is not None or not hist):
+            packed = from_channel_rows(flat, rows, lowest)
+            return packed if counts is None else torch.cat([packed, counts.to(torch.float64)])
     if flat.is_cpu and flat.is_floating_point() and flat.numel() and not hist:
         fast = _every_value_counts(flat, acc)
         if fast is not None:

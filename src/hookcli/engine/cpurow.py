@@ -38,13 +38,14 @@ LATER_HELD = 1 << 20
 class Kernels:
     """The numba kernels (see _kernels.py): fast for clean data, careful for the rest."""
 
-    def __init__(self, module: Any, chan: Any) -> None:
+    def __init__(self, module: Any, chan: Any, dist: Any) -> None:
         self.fused = (module.fused_serial, module.fused_parallel)
         self.segments = module.fused_segments  # many small tensors in one call
         self.careful = (module.careful_serial, module.careful_parallel)
         self.diff = (module.diff_serial, module.diff_parallel)
         self.diff_nhwc = module.diff_nhwc
         self.channels = chan  # --channels' per-channel passes (_chankernels)
+        self.distances = dist.distances  # diff's next-token numbers per position (_distkernels)
 
 
 def torch_row(x: torch.Tensor) -> torch.Tensor:

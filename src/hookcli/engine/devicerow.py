@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
@@ -46,7 +47,7 @@ def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
     kernels = _usable(t, "tokens") if fused else None
     if kernels is not None:
         x = t.detach()
-        rows = _launched(
+        rows: torch.Tensor | None = _launched(
             lambda: kernels.token_rows(x if x.is_contiguous() else x.contiguous()), x, "tokens"
         )
         if rows is not None:
@@ -79,9 +80,42 @@ def _usable(x: torch.Tensor, name: str) -> ModuleType | None:
     return _kernels()
 
 
-def _launched(
-    launch: Callable[[], torch.Tensor], x: torch.Tensor, name: str
-) -> torch.Tensor | None:
+T = TypeVar("T")
+
+
+def abs_hist(flat: torch.Tensor, bounds: torch.Tensor, lowest: float) -> torch.Tensor | None:
+    """calib's histogram of |x| over a CUDA tensor's valid values (finite, not `lowest`) in the
+    bins of the float64 `bounds` on its device, by the fused kernel (one read in its own dtype,
+    no float64 copy, no index tensor): (len(bounds) + 1,) int32 counts on its device; None
+    where the kernel does not run (then torch ops count them)."""
+    kernels = _usable(flat, "hist")
+    if kernels is None or flat.numel() >= 2**31:  # (int32 counts and offsets)
+        return None
+    x = flat.detach().reshape(-1)
+    return _launched(
+        lambda: kernels.abs_hist(x if x.is_contiguous() else x.contiguous(), bounds, lowest),
+        x,
+        "hist",
+    )
+
+
+def head_sums(
+    probs: torch.Tensor, counted: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """--heads' sums of CUDA attention probabilities (B, H, L, L) over the counted queries
+    (B, L) by the fused kernel (one read in their own dtype, no float64 copy):
+    engine/_triton.head_sums' per-key sums (B, H, L) and Σ p log p (B, H), float64 on their
+    device; None where the kernel does not run (then torch ops measure them)."""
+    kernels = _usable(probs, "heads")
+    if kernels is None:
+        return None
+    x = probs.detach()
+    return _launched(
+        lambda: kernels.head_sums(x if x.is_contiguous() else x.contiguous(), counted), x, "heads"
+    )
+
+
+def _launched(launch: Callable[[], T], x: torch.Tensor, name: str) -> T | None:
     """launch() on x's device (Triton launches on the current one); None, and the kernels not
     tried again in this process, when it fails (e.g. a device Triton cannot compile for)."""
     try:

@@ -100,13 +100,13 @@ def _load_kernels() -> Kernels | None:
     try:
         import numba
 
-        from hookcli.engine import _chankernels, _kernels
+        from hookcli.engine import _chankernels, _distkernels, _kernels
     except Exception:  # numba absent or broken: the torch path is exact, only slower
         return None
     # The kernels run between torch's own ops: use no more threads than torch does.
     most = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
     numba.set_num_threads(max(1, min(torch.get_num_threads(), most)))
-    return Kernels(_kernels, _chankernels)
+    return Kernels(_kernels, _chankernels, _distkernels)
 
 
 def kernel_threads() -> int | None:

@@ -93,14 +93,26 @@ def _oracle(seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict
     }
 
 
+@pytest.fixture(params=["kernel", "torch"])
+def rows_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An accumulator test twice: each position's numbers from the numba kernel (the CPU's
+    path) and from float64 torch ops (a device's)."""
+    if request.param == "torch":
+        monkeypatch.setattr(tokens_mod, "kernels", lambda: None)
+    else:
+        assert tokens_mod.kernels() is not None  # numba is a dependency: the kernel runs
+    return str(request.param)
+
+
 def _close(got: float | None, want: float) -> bool:
     return got is not None and got == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("chunk", [64, 3])
 def test_the_statistics_equal_llama_perplexity_s_formulas(
-    side: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+    side: str, chunk: int, monkeypatch: pytest.MonkeyPatch, rows_by: str
 ) -> None:
     monkeypatch.setattr(tokens_mod, "CHUNK", chunk)
     seqs = _sequences()
@@ -141,7 +153,8 @@ def test_the_statistics_equal_llama_perplexity_s_formulas(
     assert got.worst[0]["text"] == f"<{got.worst[0]['token']}>"
 
 
-def test_a_side_against_itself_is_zero_exactly() -> None:
+@pytest.mark.kernels
+def test_a_side_against_itself_is_zero_exactly(rows_by: str) -> None:
     seqs = _sequences(1)
     ids, mask, la, _ = _batch(seqs, "left")
     acc = TokenAccumulator()
@@ -153,7 +166,8 @@ def test_a_side_against_itself_is_zero_exactly() -> None:
     assert got.ppl_ratio == 1.0 and got.ln_ppl_corr == pytest.approx(1.0)
 
 
-def test_a_position_whose_distribution_is_not_finite_is_left_out_and_counted() -> None:
+@pytest.mark.kernels
+def test_a_position_whose_distribution_is_not_finite_is_left_out_and_counted(rows_by: str) -> None:
     seqs = _sequences(2)
     ids, mask, la, lb = _batch(seqs, "right")
     lb[0, 2, 5] = math.nan
@@ -164,6 +178,31 @@ def test_a_position_whose_distribution_is_not_finite_is_left_out_and_counted() -
     assert got.nonfinite == 2
     assert got.count == sum(len(s[0]) - 1 for s in seqs) - 2
     assert got.kld["mean"] is not None and math.isfinite(got.kld["mean"])
+
+
+@pytest.mark.kernels
+def test_a_token_one_side_rules_out_adds_nothing_one_way_and_infinity_the_other(
+    rows_by: str,
+) -> None:
+    """A logit of -inf on side A only (a token A can never give): KL(A‖B) leaves it out
+    (p_A = 0), KL(B‖A) is +inf there (JSON null: no finite figure); the kernel and torch ops
+    alike, float16 and bfloat16 logits read as they come."""
+    seqs = _sequences(3)
+    ids, mask, la, lb = _batch(seqs, "right")
+    la[0, 1, 4] = -math.inf
+    lb[0, 1, 4] = 2.0
+    acc = TokenAccumulator()
+    acc.add(la, lb, ids, mask)
+    got = acc.summary()
+    assert got.nonfinite == 0 and got.count == sum(len(s[0]) - 1 for s in seqs)
+    assert got.kld_reverse["max"] is None and got.kld_reverse["mean"] is None  # +inf: no figure
+    assert got.kld["max"] is not None and math.isfinite(got.kld["max"])
+    for dtype in (torch.float16, torch.bfloat16):
+        low = TokenAccumulator()
+        low.add(la.to(dtype), lb.to(dtype), ids, mask)
+        want = TokenAccumulator()
+        want.add(la.to(dtype).double(), lb.to(dtype).double(), ids, mask)
+        assert low.summary().kld == want.summary().kld
 
 
 def test_sides_of_different_vocabularies_are_refused() -> None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hookcli import bounds
+from hookcli.engine.stats import kernels
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.options import InputOptions
@@ -45,6 +46,29 @@ _PARTS = ("kld", "kld_reverse", "delta_p", "same", "nll_a", "nll_b")
 
 def _key(q: float) -> str:
     return f"p{q:g}"
+
+
+# logits the numba kernel reads (widened exactly to float32, or float64 where a side is)
+_READ = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _torch_rows(a: torch.Tensor, b: torch.Tensor, target: torch.Tensor) -> np.ndarray[Any, Any]:
+    """The positions' seven numbers (engine/_distkernels.py's, in its order, one per row of
+    the result) by float64 torch ops where the rows are (a device, or no numba)."""
+    la = a.double().log_softmax(-1)
+    lb = b.double().log_softmax(-1)
+    pa, pb = la.exp(), lb.exp()
+    zero = torch.zeros((), dtype=torch.float64, device=la.device)
+    kld = torch.where(pa > 0, pa * (la - lb), zero).sum(-1)
+    kld_reverse = torch.where(pb > 0, pb * (lb - la), zero).sum(-1)
+    nll_a, nll_b = -la.gather(1, target).squeeze(1), -lb.gather(1, target).squeeze(1)
+    delta_p = pb.gather(1, target).squeeze(1) - pa.gather(1, target).squeeze(1)
+    same = la.argmax(-1) == lb.argmax(-1)
+    # a distribution on both sides: no NaN after log_softmax (NaN or +Inf logits, or none
+    # finite, give NaN)
+    finite = ~(la.isnan().any(-1) | lb.isnan().any(-1))
+    got = torch.stack([kld, kld_reverse, delta_p, same.double(), nll_a, nll_b, finite.double()])
+    return got.cpu().numpy()  # one transfer per chunk
 
 
 class TokenAccumulator:
@@ -99,26 +123,21 @@ class TokenAccumulator:
         """Positions (seq, pos) of this batch, predicting tokens `nxt`, at `own` in their texts."""
         logits_a, logits_b = logits
         device = logits_b.device
-        at_s, at_p, target = seq.to(device), pos.to(device), nxt.to(device).unsqueeze(1)
+        at_s, at_p = seq.to(device), pos.to(device)
         if isinstance(logits_a, torch.Tensor):  # these rows, where they are, then moved
             home = logits_a.device
             a = logits_a.detach()[seq.to(home), pos.to(home)].to(device)
         else:  # these positions' rows only, copied out of the host array
             a = torch.from_numpy(np.asarray(logits_a[seq.numpy(), pos.numpy()])).to(device)
-        la = a.double().log_softmax(-1)
-        lb = logits_b.detach()[at_s, at_p].double().log_softmax(-1)
-        pa, pb = la.exp(), lb.exp()
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        kld = torch.where(pa > 0, pa * (la - lb), zero).sum(-1)
-        kld_reverse = torch.where(pb > 0, pb * (lb - la), zero).sum(-1)
-        nll_a, nll_b = -la.gather(1, target).squeeze(1), -lb.gather(1, target).squeeze(1)
-        delta_p = pb.gather(1, target).squeeze(1) - pa.gather(1, target).squeeze(1)
-        same = la.argmax(-1) == lb.argmax(-1)
-        # a distribution on both sides: no NaN after log_softmax (NaN or +Inf logits, or none
-        # finite, give NaN)
-        finite = ~(la.isnan().any(-1) | lb.isnan().any(-1))
-        got = torch.stack([kld, kld_reverse, delta_p, same.double(), nll_a, nll_b, finite.double()])
-        rows = got.cpu().numpy()  # one transfer per chunk
+        b = logits_b.detach()[at_s, at_p]
+        ks = kernels() if device.type == "cpu" and {a.dtype, b.dtype} <= set(_READ) else None
+        if ks is not None:  # numba: each exponential taken once
+            wide = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+            rows = ks.distances(
+                a.to(wide).contiguous().numpy(), b.to(wide).contiguous().numpy(), nxt.numpy()
+            ).T
+        else:
+            rows = _torch_rows(a, b, nxt.to(device).unsqueeze(1))
         keep = rows[6] > 0
         self.nonfinite += int((~keep).sum())
         for k, name in enumerate(_PARTS):
