@@ -6,7 +6,8 @@ text, as diff pads them), side by side in interleaved rounds:
     diff ÷ (forward A + forward B)
 
 for the lean report (`own=False`, only `lm_head` hooked: the token statistics and the logits'
-error) and for diff's default (every layer, and the own-error pass: one more forward of B).
+error), for every layer without the own error (`own=False`), and for diff's default (every
+layer, and the own-error pass: one more forward of B, beside the accumulated one).
 `--memory`: the peak resident memory of a child process running the lean report over the file
 and over a file ten times as long (it should stay flat: one batch is held at a time).
 
@@ -137,12 +138,18 @@ def main() -> None:
                 batch_size=args.batch,
             )
 
+        def layers() -> DiffReport:
+            return hookcli.diff(
+                spec, text_file=str(text), b="bfloat16", own=False, batch_size=args.batch
+            )
+
         def default() -> DiffReport:
             return hookcli.diff(spec, text_file=str(text), b="bfloat16", batch_size=args.batch)
 
         variants: dict[str, Callable[[], object]] = {
             "plain": plain_forwards(folder, text, args.batch),
             "lean": lean,
+            "layers": layers,
             "default": default,
         }
         report = lean()
@@ -155,6 +162,9 @@ def main() -> None:
         )
         print(f"two plain forwards: {t['plain']:.2f} s")
         print(f"diff, lm_head and no own pass: {t['lean'] / t['plain']:.2f}x ({t['lean']:.2f} s)")
+        print(
+            f"diff, every layer, no own pass: {t['layers'] / t['plain']:.2f}x ({t['layers']:.2f} s)"
+        )
         print(f"diff, default: {t['default'] / t['plain']:.2f}x ({t['default']:.2f} s)")
         print(json.dumps({"kld_mean": tokens.kld["mean"], "same_top1": tokens.same_top1}))
 

@@ -62,8 +62,8 @@ _BOUNDS: dict[torch.device, torch.Tensor] = {}  # hist_bounds() on each device i
 
 
 def _bounds_on(device: torch.device) -> torch.Tensor:
-    if device not in _BOUNDS:
-        _BOUNDS[device] = hist_bounds().to(device)
+    if device not in _BOUNDS:  # from pinned memory: the copy queued, the host not waiting
+        _BOUNDS[device] = hist_bounds().pin_memory().to(device, non_blocking=True)
     return _BOUNDS[device]
 
 

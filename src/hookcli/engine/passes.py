@@ -244,10 +244,11 @@ def shared_passes(prepared: Prepared) -> Iterator[Callable[[], bool]]:
     of one side, as greenlets taking turns): the model's mode, device, buffers and .grad set
     and restored once around them all, instead of by each pass around its own, which would
     put the model back as it was in the middle of another pass. Passes in train mode keep
-    their own. Yields a check: whether the model's state moved meanwhile (a buffer written or
-    replaced, a Python number attribute changed: a forward that counts its calls or keeps a
-    running value), in which case the passes did not each see the model as one pass alone
-    would, and their results are not to be used."""
+    their own. Yields a check: whether the model's state moved meanwhile — a buffer written
+    (in place, through .data too) or replaced, a parameter's .grad, a tensor, list or dict
+    the module keeps, one of its Python numbers or strings — in which case the passes did not
+    each see the model as one pass alone would, and their results are not to be used; the
+    Python numbers and strings are then put back (buffers and .grad are, always)."""
     module = prepared.loaded.module
     params = held(module)[0] + [t for _, t in prepared.input_leaves]
     with (
@@ -255,21 +256,43 @@ def shared_passes(prepared: Prepared) -> Iterator[Callable[[], bool]]:
         grads_left_as_found(params),
     ):
         modules = all_modules(module)
-        before = _state_print(modules)
+        values = BufferSnapshot(modules)
+        before = _state_print(modules, params)
+
+        def moved() -> bool:
+            if _state_print(modules, params) == before and not values.moved():
+                return False
+            for m, k, v in before:
+                if isinstance(k, str) and type(v) in _SCALARS and vars(m).get(k, _GONE) != v:
+                    setattr(m, k, v)
+            return True
+
         _SHARED[id(module)] = restore
         try:
-            yield lambda: _state_print(modules) != before
+            yield moved
         finally:
             _SHARED.pop(id(module), None)
 
 
-def _state_print(modules: Sequence[nn.Module]) -> list[Any]:
-    """What a forward in eval mode may change in a model, cheaply compared: each buffer's
-    object and version counter, and each module's own Python numbers and strings."""
+_SCALARS = (int, float, bool, str)
+
+
+def _state_print(modules: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[Any]:
+    """What a forward in eval mode may change in a model, cheaply compared (the values of
+    buffers are BufferSnapshot's to compare): each buffer's object and version counter, each
+    parameter's .grad, each module's own tensors (object and version), lists and dicts
+    (object and length), Python numbers and strings (value)."""
     seen: list[Any] = []
     for m in modules:
-        seen += [(id(b), _version(b) if b is not None else None) for b in m._buffers.values()]
-        seen += [(k, v) for k, v in vars(m).items() if type(v) in (int, float, bool, str)]
+        seen += [(m, id(b), _version(b) if b is not None else None) for b in m._buffers.values()]
+        for k, v in vars(m).items():
+            if type(v) in _SCALARS:
+                seen.append((m, k, v))
+            elif isinstance(v, torch.Tensor):
+                seen.append((m, k, (id(v), _version(v))))
+            elif isinstance(v, (list, dict)) and k not in _MODULE_ATTRIBUTES:
+                seen.append((m, k, (id(v), len(v))))
+    seen += [(p, id(p.grad), _version(p.grad) if p.grad is not None else None) for p in params]
     return seen
 
 
@@ -359,6 +382,35 @@ class BufferSnapshot:
                 if not m._buffers.keys() <= names:  # the forward added buffers
                     for extra in [n for n in m._buffers if n not in names]:
                         del m._buffers[extra]
+
+    def moved(self) -> bool:
+        """Whether a buffer's values differ from the snapshot's, bit for bit, or one was
+        replaced, removed or added. Off the CPU, one comparison of all of them on the device
+        and a single wait for its answer."""
+        waiting: list[torch.Tensor] = []
+        for m, name, orig, _, copy in self.items:
+            now: Any = m._buffers.get(name, _GONE)
+            if now is not orig:
+                return True
+            if copy is None:
+                continue
+            if (orig.shape, orig.dtype, orig.device) != (copy.shape, copy.dtype, copy.device):
+                return True
+            if orig.device.type == "cpu":
+                if not _same(orig, copy):
+                    return True
+            elif orig.numel():
+                waiting.append(_differs(orig, copy))
+        if any(not m._buffers.keys() <= names for m, names in self.names):
+            return True
+        return bool(torch.stack(waiting).any()) if waiting else False
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether two tensors of one shape and dtype differ bit for bit: on their device, no wait."""
+    if a.is_floating_point() or a.is_complex():
+        return ((a != b) & ~(a.isnan() & b.isnan())).any()
+    return (a != b).any()
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

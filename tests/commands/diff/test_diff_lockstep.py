@@ -166,6 +166,10 @@ def test_a_sides_two_passes_run_at_once_beside_one_reference_pass(
     assert _report(model, b="bfloat16").to_dict() == at_once
     shared = Chain().eval()  # side B the user's own module (autocast changes no weight)
     shared.load_state_dict(state)
+    shared.l2.train()  # its own mode, a buffer and a .grad of the user's: all come back
+    shared.register_buffer("scale", torch.tensor(2.0))
+    scale, grad = shared.scale, torch.ones_like(shared.l1.weight)
+    shared.l1.weight.grad = grad
     monkeypatch.setattr(lockstep, "ENABLED", True)
     monkeypatch.setattr(lockstep, "SHARED", True)
     passes.clear()
@@ -173,9 +177,26 @@ def test_a_sides_two_passes_run_at_once_beside_one_reference_pass(
     assert passes == ["reference", "accumulated", "own"]
     monkeypatch.setattr(lockstep, "ENABLED", False)
     assert _report(shared, b="autocast").to_dict() == got
-    assert not shared.training and model.l2.training and not model.l1.training
-    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert shared.l2.training and not shared.training and not shared.l1.training
+    assert shared.scale is scale and float(scale) == 2.0 and shared.l1.weight.grad is grad
+    assert all(torch.equal(v, state[k]) for k, v in shared.state_dict().items() if k in state)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in shared.modules())
+
+
+def test_a_loaded_model_of_the_python_api_is_never_changed_by_a_side(
+    passes: list[str],
+) -> None:
+    """A LoadedModel passed in: a side that changes its module (bfloat16) works on a copy,
+    and each side keeps its own record of it."""
+    from hookcli.sources.custom import wrap_module
+
+    torch.manual_seed(0)
+    loaded = wrap_module(Chain().eval(), "")
+    module = loaded.module
+    report = _report(loaded, b="bfloat16").to_dict()
+    assert passes == ["reference", "accumulated", "own"]
+    assert loaded.module is module and module.l1.weight.dtype == torch.float32
+    assert all(c["b"][0]["rel_l2"] > 0 for c in report["calls"])  # B really was bfloat16
 
 
 class CountsInABuffer(Chain):
@@ -203,7 +224,15 @@ class CountsInAnAttribute(Chain):
         return super().forward(x)
 
 
-@pytest.mark.parametrize("model", [CountsInABuffer, CountsInAnAttribute])
+class CountsThroughData(CountsInABuffer):
+    """Counts in its buffer through .data (which moves no version counter)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.data.add_(1)
+        return Chain.forward(self, x * self.count)
+
+
+@pytest.mark.parametrize("model", [CountsInABuffer, CountsInAnAttribute, CountsThroughData])
 def test_a_model_whose_state_moves_runs_its_passes_in_rounds(
     model: type[Chain], monkeypatch: pytest.MonkeyPatch, spilled: list[Any], passes: list[str]
 ) -> None:
@@ -220,7 +249,7 @@ def test_a_model_whose_state_moves_runs_its_passes_in_rounds(
     assert passes == rounds and spilled == []
     monkeypatch.setattr(lockstep, "ENABLED", False)
     assert _report(counting, b="autocast").to_dict() == report
-    if model is CountsInABuffer:  # put back after every pass: each saw a count of 1
+    if model is not CountsInAnAttribute:  # put back after every pass: each saw a count of 1
         assert float(counting.count) == 0
         torch.manual_seed(0)
         plain = Chain().eval()

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.commands.diff import tokens as tokens_mod
 from hookcli.commands.diff.tokens import PERCENTILES, TokenAccumulator
+from hookcli.errors import UsageError
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -203,6 +204,16 @@ def test_a_token_one_side_rules_out_adds_nothing_one_way_and_infinity_the_other(
         want = TokenAccumulator()
         want.add(la.to(dtype).double(), lb.to(dtype).double(), ids, mask)
         assert low.summary().kld == want.summary().kld
+
+
+@pytest.mark.parametrize("bad", [VOCAB, -1])
+def test_a_token_id_outside_the_logits_is_one_line(bad: int) -> None:
+    """A tokenizer whose ids reach past the model's logits: refused, never read out of
+    bounds (the kernel indexes the row by the id)."""
+    ids, mask, la, lb = _batch(_sequences(4), "left")
+    ids[0, -1] = bad
+    with pytest.raises(UsageError, match="outside the model's 50 logits"):
+        TokenAccumulator().add(la, lb, ids, mask)
 
 
 def test_sides_of_different_vocabularies_are_refused() -> None:

@@ -324,8 +324,9 @@ def run(
     side's first, as the spill's passes, one after another, would raise it."""
     kept = [copy.deepcopy(c.compared) for c in consumers]
     shared = _shared(consumers)
-    if shared:
-        at_once = _round(reference, described, model_input.copy(), consumers, shared)
+    if shared:  # each pass on a copy of its input (a forward may change it in place)
+        first = [dataclasses.replace(c, model_input=c.model_input.copy()) for c in consumers]
+        at_once = _round(reference, described, model_input.copy(), first, shared)
         if not isinstance(at_once, str):
             if at_once is None:
                 _restore_all(consumers, kept)

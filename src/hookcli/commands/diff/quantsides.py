@@ -24,6 +24,7 @@ them differ (these kinds, a dtype, weights=).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Iterator
@@ -581,7 +582,8 @@ class HfFolder(_QuantKind):
         method = (quant or {}).get("quant_method") if isinstance(quant, dict) else None
         # the side's own load (or copy) of the model, of which only the class and config are
         # used: its weights go before the folder's come in (one model's worth held at a time)
-        module.to(torch.device("meta"))
+        with contextlib.suppress(Exception):  # (a quantized model may refuse: then kept)
+            module.to(torch.device("meta"))
         try:
             with quiet_warnings():
                 other = type(module).from_pretrained(

@@ -38,6 +38,7 @@ from hookcli.engine.prepare import Prepared, prepare
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
 from hookcli.options import InputOptions, ModelOptions, Selection
+from hookcli.sources import LoadedModel
 
 
 class PassRunner(Protocol):
@@ -540,6 +541,9 @@ def prepare_side(
     base = model.model
     if isinstance(base, nn.Module) and side.changes_module:
         base = copy.deepcopy(base)  # the Python API's own module: never changed in place
+    elif isinstance(base, LoadedModel):  # each side its own record (a side may swap its module)
+        module = copy.deepcopy(base.module) if side.changes_module else base.module
+        base = dataclasses.replace(base, module=module, notes=list(base.notes))
     options = side.model_options(dataclasses.replace(model, model=base))
     prepared = prepare(options, selection, with_input)
     before = len(prepared.notes)

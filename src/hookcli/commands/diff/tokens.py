@@ -101,6 +101,14 @@ class TokenAccumulator:
             )
         ids = input_ids.detach().to("cpu", torch.int64)
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.detach().cpu() != 0
+        vocab, told = logits_b.shape[-1], ids[real]
+        if told.numel() and (int(told.min()) < 0 or int(told.max()) >= vocab):  # (padding: any)
+            wrong = int(told.max()) if int(told.max()) >= vocab else int(told.min())
+            raise UsageError(
+                f"a token id of the text ({wrong}) is outside the model's {vocab} logits: "
+                "the tokenizer and the model do not agree.",
+                "use the model's own tokenizer (--tokenizer), or a model of its vocabulary.",
+            )
         predicts = real[:, :-1] & real[:, 1:]  # a real token followed by one of its text
         seq, pos = predicts.nonzero(as_tuple=True)
         nxt = ids[seq, pos + 1]
