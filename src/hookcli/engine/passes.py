@@ -76,7 +76,7 @@ def hooked_pass(
         gcpause.held(),
         contextlib.nullcontext(shared)
         if shared is not None
-        else model_left_as_found(loaded.module, prepared.device, train=train) as restore_buffers,
+        else model_left_as_found(loaded.module, prepared.device, train=train) as buffers,
         contextlib.nullcontext() if shared is not None else grads_left_as_found(params),
     ):
         reseed(prepared.seed, prepared.device)  # dropout and the like, in train mode
@@ -98,7 +98,7 @@ def hooked_pass(
                     _NEEDS_AUTOGRAD.add(loaded.module)
                     notes.append(AUTOGRAD_NOTE)
                     session.reset()
-                    restore_buffers()
+                    buffers.restore()
                     _restore_grads(params)
                     reseed(prepared.seed, prepared.device)
                     if session.memory is not None:
@@ -199,13 +199,14 @@ def _clock(timed: bool) -> float:
 @contextlib.contextmanager
 def model_left_as_found(
     model: nn.Module, device: torch.device, *, train: bool = False
-) -> Iterator[Callable[[], None]]:
+) -> Iterator[BufferSnapshot]:
     """The run's mode (eval, or train on request) and device; everything restored after.
 
     Every module's own train/eval flag comes back, and the device. Buffers come back after
     every run, not only in train mode (where BatchNorm updates its running statistics even
     without gradients, docs/traps.md §9): a layer may count its calls or keep a running value
-    in eval mode too. Yields a function that puts the buffers back now (before a rerun).
+    in eval mode too. Yields the buffers' snapshot (its `restore` puts them back now, before a
+    rerun).
     """
     modules = all_modules(model)
     modes = [m.training for m in modules]
@@ -223,7 +224,7 @@ def model_left_as_found(
                 m.training = train
         if home is not None and home != device:
             model.to(device)
-        yield buffers.restore
+        yield buffers
     finally:
         for m, training in zip(modules, modes, strict=True):
             if m.training is not training:  # (nn.Module's setattr costs microseconds each)
@@ -235,7 +236,7 @@ def model_left_as_found(
             setattr(m, name, value)
 
 
-_SHARED: dict[int, Callable[[], None]] = {}  # models held for passes at once: their restore
+_SHARED: dict[int, BufferSnapshot] = {}  # models held for passes at once: their buffers
 
 
 @contextlib.contextmanager
@@ -252,22 +253,21 @@ def shared_passes(prepared: Prepared) -> Iterator[Callable[[], bool]]:
     module = prepared.loaded.module
     params = held(module)[0] + [t for _, t in prepared.input_leaves]
     with (
-        model_left_as_found(module, prepared.device) as restore,
+        model_left_as_found(module, prepared.device) as buffers,
         grads_left_as_found(params),
     ):
         modules = all_modules(module)
-        values = BufferSnapshot(modules)
         before = _state_print(modules, params)
 
         def moved() -> bool:
-            if _state_print(modules, params) == before and not values.moved():
+            if _state_print(modules, params) == before and not buffers.moved():
                 return False
             for m, k, v in before:
                 if isinstance(k, str) and type(v) in _SCALARS and vars(m).get(k, _GONE) != v:
                     setattr(m, k, v)
             return True
 
-        _SHARED[id(module)] = restore
+        _SHARED[id(module)] = buffers
         try:
             yield moved
         finally:
@@ -278,13 +278,12 @@ _SCALARS = (int, float, bool, str)
 
 
 def _state_print(modules: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[Any]:
-    """What a forward in eval mode may change in a model, cheaply compared (the values of
-    buffers are BufferSnapshot's to compare): each buffer's object and version counter, each
-    parameter's .grad, each module's own tensors (object and version), lists and dicts
-    (object and length), Python numbers and strings (value)."""
+    """What a forward in eval mode may change in a model besides its buffers (BufferSnapshot
+    compares those), cheaply compared: each parameter's .grad, each module's own tensors
+    (object and version), lists and dicts (object and length), Python numbers and strings
+    (value)."""
     seen: list[Any] = []
     for m in modules:
-        seen += [(m, id(b), _version(b) if b is not None else None) for b in m._buffers.values()]
         for k, v in vars(m).items():
             if type(v) in _SCALARS:
                 seen.append((m, k, v))

@@ -49,7 +49,7 @@ def _key(q: float) -> str:
 
 
 # logits the numba kernel reads (widened exactly to float32, or float64 where a side is)
-_READ = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_READ = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 def _torch_rows(a: torch.Tensor, b: torch.Tensor, target: torch.Tensor) -> np.ndarray[Any, Any]:
@@ -138,7 +138,7 @@ class TokenAccumulator:
         else:  # these positions' rows only, copied out of the host array
             a = torch.from_numpy(np.asarray(logits_a[seq.numpy(), pos.numpy()])).to(device)
         b = logits_b.detach()[at_s, at_p]
-        ks = kernels() if device.type == "cpu" and {a.dtype, b.dtype} <= set(_READ) else None
+        ks = kernels() if device.type == "cpu" and {a.dtype, b.dtype} <= _READ else None
         if ks is not None:  # numba: each exponential taken once
             wide = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
             rows = ks.distances(
