@@ -138,14 +138,29 @@ def row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = F
 
 
 def rows_together(
-    tensors: Sequence[tuple[torch.Tensor, str]], group: list[int], rows: list[Any], ks: Kernels
+    tensors: Sequence[tuple[torch.Tensor, str]],
+    group: list[int],
+    rows: list[Any],
+    ks: Kernels,
+    values: dict[int, list[float | None]] | None = None,
+    small: int = 0,
 ) -> None:
-    """The rows of tensors[k] for k in group, from one copy and one kernel call."""
+    """The rows of tensors[k] for k in group, from one copy and one kernel call; into
+    `values`, the elements of each of at most `small` (non-finite ones None), read from
+    that copy."""
     with torch.no_grad():  # (a parameter's copy: no autograd node)
         flat = _joined([tensors[k][0] for k in group])
-    found = segment_rows(flat, [tensors[k][0].numel() for k in group], ks)
-    for k, row in zip(group, found, strict=True):
+    sizes = [tensors[k][0].numel() for k in group]
+    found = segment_rows(flat, sizes, ks)
+    at = 0
+    for k, row, n in zip(group, found, sizes, strict=True):
         rows[k] = row
+        if values is not None and n <= small:
+            elements = flat[at : at + n].tolist()
+            if row[6] or row[7]:  # NaN or Inf among them
+                elements = [v if math.isfinite(v) else None for v in elements]
+            values[k] = elements
+        at += n
 
 
 def _joined(tensors: list[torch.Tensor]) -> np.ndarray[Any, Any]:

@@ -45,6 +45,10 @@ from hookcli.tree import iter_tensors
 InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
 GradKey = tuple[int, tuple[int, ...]]  # a gradient tensor: data pointer and shape
 
+# autograd's per-thread sequence counter: the number the next node will take (a private
+# binding, read where this torch has it; a probe node otherwise)
+_PEEK_SEQ: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
 # Nested outputs with more tensors than this are cut short (a note says so); deeper than
 # tree.MAX_DEPTH, not walked.
 _MAX_TENSORS = 512
@@ -385,8 +389,12 @@ class HookSession:
         pending.t_forward.append(now)
 
     def _seq_now(self) -> int:
-        """Autograd's node counter now (per thread, increasing): a node made by a dangling
-        view of the probe, dropped at once; -1 when no node can be made (grad mode off)."""
+        """Autograd's node counter now (per thread, increasing): the last number taken
+        (autograd's own counter read where torch has it, else a node made by a dangling view of
+        the probe, dropped at once): every node made later has a greater one; -1 when no node
+        can be made (grad mode off)."""
+        if _PEEK_SEQ is not None:  # the number the next node will take, less one
+            return _PEEK_SEQ() - 1 if torch.is_grad_enabled() else -1
         assert self._probe is not None
         try:
             node = self._probe.view_as(self._probe).grad_fn

@@ -278,6 +278,7 @@ class StatsCollector:
             and 0 < t.numel() <= TOGETHER
             and t.is_contiguous()
         ]
+        values: dict[int, list[float | None]] = {}
         if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
             start = 0
             while start < len(picked):  # a bounded copy at a time
@@ -285,12 +286,29 @@ class StatsCollector:
                 while end < len(picked) and size < TOGETHER * 64:
                     size += tensors[picked[end]][0].numel()
                     end += 1
-                rows_together(tensors, picked[start:end], rows, ks)
+                rows_together(tensors, picked[start:end], rows, ks, values, SMALL)
                 start = end
-        return [
-            self.add(t, path, positions=False, given=row)
-            for (t, path), row in zip(tensors, rows, strict=True)
-        ]
+        # what `add` would do with a measured row, where nothing else applies
+        book, seen = self.book, self._seen
+        direct = not (self.channels is not None or self.per_token or book.local_shards)
+        direct = direct and not book.layouts
+        out = []
+        for k, ((t, path), row) in enumerate(zip(tensors, rows, strict=True)):
+            if row is None or not direct or id(t) in seen:
+                out.append(self.add(t, path, positions=False, given=row))
+                continue
+            n = t.numel()
+            stats = TensorStats(path, tuple(t.shape), "float32", n)
+            idx = len(self._rows)
+            self._rows.append(row)
+            self._notes.append(None)
+            self._handed_out.append((stats, idx))
+            if k in values:
+                self._values[idx] = values[k]
+                self._wants_values.append((stats, idx))
+            seen[id(t)] = (weakref.ref(t), t._version, idx)
+            out.append(stats)
+        return out
 
     def add(
         self, t: torch.Tensor, path: str, *, positions: bool = True, given: Row | None = None
