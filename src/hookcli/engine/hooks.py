@@ -151,10 +151,10 @@ class PendingCall:
 def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats]) -> None:
     """Measure every tensor in obj now; append its TensorStats (filled at finalize)."""
     if type(obj) is torch.Tensor:  # the common case: one plain tensor
-        stats.append(collector.add(obj, root))
+        stats.append(collector.quick(obj, root))
         return
     if type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
-        stats.append(collector.add(obj[0], f"{root}[0]"))
+        stats.append(collector.quick(obj[0], f"{root}[0]"))
         return
     for n, (path, t) in enumerate(iter_tensors(obj, root)):
         if n >= _MAX_TENSORS:

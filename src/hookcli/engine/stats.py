@@ -310,6 +310,60 @@ class StatsCollector:
             out.append(stats)
         return out
 
+    def quick(self, t: torch.Tensor, path: str) -> TensorStats:
+        """`add(t, path)` for a layer call's tensor, by the short way where it applies (issue
+        52: this runs once per hooked tensor): a plain small contiguous CPU float32 tensor, no
+        token mask, channels, histograms or shards; the same numbers either way."""
+        book = self.book
+        ks = self._kernels
+        if (
+            type(t) is not torch.Tensor
+            or ks is None
+            or book.local_shards
+            or book.layouts
+            or book.fed
+            or book.batch_groups
+            or self.token_mask is not None
+            or self.per_token
+            or self.channels is not None
+            or self._bins
+            or AFTER_PASS
+        ):
+            return self.add(t, path)
+        key = id(t)
+        hit = self._seen.get(key)
+        version = t._version
+        if hit is not None and hit[0]() is t and hit[1] == version:
+            idx = hit[2]
+            stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
+            stats.note = self._notes[idx]
+            self._handed_out.append((stats, idx))
+            if idx in self._values:
+                self._wants_values.append((stats, idx))
+            return stats
+        n = t.numel()
+        if not (
+            t.dtype is torch.float32
+            and t.is_cpu
+            and t.layout is torch.strided
+            and 0 < n <= TOGETHER
+            and t.is_contiguous()
+        ):
+            return self.add(t, path)
+        stats = TensorStats(path, tuple(t.shape), "float32", n)
+        later, idx = self._later, len(self._rows)
+        if later.full(n):
+            self._settle_later(ks)
+        later.add(idx, t.detach() if t.requires_grad else t)
+        self._rows.append(EMPTY_ROW)
+        self._notes.append(None)
+        self._handed_out.append((stats, idx))
+        if n <= SMALL:
+            self._values[idx] = _small_values(t)
+            self._wants_values.append((stats, idx))
+        self._seen[key] = (weakref.ref(t), version, idx)
+        return stats
+
     def add(
         self, t: torch.Tensor, path: str, *, positions: bool = True, given: Row | None = None
     ) -> TensorStats:
