@@ -490,7 +490,7 @@ class HookSession:
                 try:
                     # whose gradient: folder runs key shared histogram edges by it
                     collector.context = (pending.call.name, pending.call.call, kind)
-                    into[path] = collector.add(grad, path)
+                    into[path] = collector.quick(grad, path)
                     if self.saver is not None:
                         self.saver.add(
                             f"{pending.call.name}#{pending.call.call}/{kind}/{path}", grad
