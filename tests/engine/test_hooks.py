@@ -164,3 +164,43 @@ def test_a_compiled_module_keeps_hooks_on_each_module() -> None:
     assert not holds_compiled([plain])
     assert holds_compiled([plain, compiled])
     assert holds_compiled([torch.compile(wrapped)])
+
+
+class Handover(nn.Module):
+    """a's output is b's input; between the two calls the parent may change it in place, or
+    hook a gradient-changing function of its own on it."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.a, self.b, self.mode = nn.Linear(4, 4), nn.Linear(4, 4), mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.a(x)
+        if self.mode == "in place":
+            t.mul_(2.0)
+        elif self.mode == "user hook":
+            t.register_hook(lambda g: 3.0 * g)
+        return self.b(t)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["plain", "in place", "user hook"])
+def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(mode: str) -> None:
+    """A tensor that is one call's output and the next call's input carries one hook for
+    both (issue 52) only while that changes nothing: after an in-place op b's input is
+    another value, and a hook of the user's between the two changes what b's input gets."""
+    import hookcli
+
+    torch.manual_seed(0)
+    model, x = Handover(mode), torch.randn(3, 4)
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["a", "b"])
+    t0 = model.a(x)
+    t1 = t0 * 2.0 if mode == "in place" else t0 * 1.0
+    g0, g1 = torch.autograd.grad(model.b(t1).sum(), [t0, t1])
+    want_a = g0 if mode == "in place" else g1
+    want_b = 3.0 * g1 if mode == "user hook" else g1
+    a = next(c for c in report.layers if c.name == "a")
+    b = next(c for c in report.layers if c.name == "b")
+    assert a.grad_outputs and b.grad_inputs
+    assert a.grad_outputs[0].norm == pytest.approx(want_a.double().norm().item(), rel=1e-6)
+    assert b.grad_inputs[0].norm == pytest.approx(want_b.double().norm().item(), rel=1e-6)
+    assert hooks_left(model) == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -223,6 +224,9 @@ class HookSession:
         self.memory = memory  # --memory: engine/memory.py
         self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
+        # a hooked tensor, by id: (itself, weakly; its version then; the hook's handle id;
+        # the calls' (pending, "in"/"out", path) it hands the gradient to)
+        self._watched: dict[int, tuple[Any, int, int, list[tuple[PendingCall, str, str]]]] = {}
         self.resets = 0  # forwards forgotten by reset(), to run again
         self._finished = 0
         self._events = 0  # pre- and post-hook events: PendingCall.entered / returned
@@ -442,16 +446,25 @@ class HookSession:
         for handle in self.tensor_handles:
             handle.remove()
         self.tensor_handles.clear()
+        self._watched.clear()
 
     def _save(self, obj: Any, root: str, kind: str, call: LayerCall) -> None:
         for path, t in iter_tensors(obj, root):
             self.saver.add(f"{call.name}#{call.call}/{kind}/{path}", t)
 
     def _watch_grads(self, obj: Any, root: str, pending: PendingCall) -> None:
-        collector = self.collector
-        into = pending.grad_inputs if root == "in" else pending.grad_outputs
-        kind = "grad_input" if root == "in" else "grad_output"
-        for path, t in iter_tensors(obj, root):
+        """A gradient hook on each tensor in obj that requires grad. A tensor hooked already
+        (an output that is the next call's input), unchanged since and with no other hook
+        after ours, gets no second hook: the one it has hands the gradient to both, in the
+        order two hooks would have (issue 52: a hook costs more than the work it does)."""
+        if type(obj) is torch.Tensor:
+            items: Iterable[tuple[str, torch.Tensor]] = ((root, obj),)
+        elif type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
+            items = ((f"{root}[0]", obj[0]),)
+        else:
+            items = iter_tensors(obj, root)
+        watched = self._watched
+        for path, t in items:
             if not t.requires_grad:
                 continue
             if root == "in" and self.readers:
@@ -459,46 +472,67 @@ class HookSession:
                 pending.input_producers.append(
                     (node, t.output_nr) if node is not None else (t, -1)  # a leaf: itself
                 )
+            key, version = id(t), t._version
+            entry = watched.get(key)
+            if entry is not None and entry[0]() is t and entry[1] == version:
+                hooks = t._backward_hooks
+                if hooks and next(reversed(hooks)) == entry[2]:  # ours is still the last
+                    entry[3].append((pending, root, path))
+                    continue
+            watchers = [(pending, root, path)]
+            handle = t.register_hook(functools.partial(self._on_grad, watchers))  # type: ignore[no-untyped-call]
+            self.tensor_handles.append(handle)
+            try:  # noqa: SIM105 (a hot path)
+                watched[key] = (weakref.ref(t), version, handle.id, watchers)
+            except TypeError:  # no weak reference to it: each call hooks it again
+                pass
 
-            def grad_hook(grad: torch.Tensor | None, path: str = path) -> None:
-                if grad is None:  # no gradient reached this tensor: null, never an error
-                    return
-                # --profile: the first output gradient starts the module's backward, the
-                # first input gradient ends it
-                if self._beacon is not None:
-                    self._mark_backward(pending.call, root, grad)
-                marks = pending.t_backward
-                if self.profile and (
-                    (root == "out" and not marks) or (root == "in" and len(marks) == 1)
-                ):
-                    marks.append(time.perf_counter_ns())
-                self._grad_events += 1
-                if pending.bytes is not None and self.memory is not None:
-                    key = storage_key(grad)  # --memory: the gradient's own storage
-                    if key is not None:
-                        pending.bytes.grad_storages.setdefault(*key)
-                    if root == "out":
-                        self.memory.output_grad(pending.bytes)
-                if root == "in" and pending.grad_input_seen is None:
-                    pending.grad_input_seen = self._grad_events
-                    pending.grad_input_key = grad_key(grad)
-                elif root == "out" and pending.grad_output_seen is None:
-                    pending.grad_output_seen = self._grad_events
-                    pending.grad_output_key = grad_key(grad)
-                if collector is None:
-                    return  # a timing-only session
-                try:
-                    # whose gradient: folder runs key shared histogram edges by it
-                    collector.context = (pending.call.name, pending.call.call, kind)
-                    into[path] = collector.quick(grad, path)
-                    if self.saver is not None:
-                        self.saver.add(
-                            f"{pending.call.name}#{pending.call.call}/{kind}/{path}", grad
-                        )
-                except Exception as exc:  # never break the user's backward either
-                    pending.call.error = f"could not measure the gradient of {path}: {exc}"
+    def _on_grad(
+        self, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None
+    ) -> None:
+        """A watched tensor's gradient arrived: each call that watches it takes it."""
+        if grad is None:  # no gradient reached this tensor: null, never an error
+            return
+        for pending, root, path in watchers:
+            self._grad_arrived(pending, root, path, grad)
 
-            self.tensor_handles.append(t.register_hook(grad_hook))  # type: ignore[no-untyped-call]
+    def _grad_arrived(self, pending: PendingCall, root: str, path: str, grad: torch.Tensor) -> None:
+        # --profile: the first output gradient starts the module's backward, the first input
+        # gradient ends it
+        if self._beacon is not None:
+            self._mark_backward(pending.call, root, grad)
+        if self.profile:
+            marks = pending.t_backward
+            if (root == "out" and not marks) or (root == "in" and len(marks) == 1):
+                marks.append(time.perf_counter_ns())
+        self._grad_events += 1
+        if pending.bytes is not None and self.memory is not None:
+            key = storage_key(grad)  # --memory: the gradient's own storage
+            if key is not None:
+                pending.bytes.grad_storages.setdefault(*key)
+            if root == "out":
+                self.memory.output_grad(pending.bytes)
+        if root == "in":
+            if pending.grad_input_seen is None:
+                pending.grad_input_seen = self._grad_events
+                pending.grad_input_key = grad_key(grad)
+        elif pending.grad_output_seen is None:
+            pending.grad_output_seen = self._grad_events
+            pending.grad_output_key = grad_key(grad)
+        collector = self.collector
+        if collector is None:
+            return  # a timing-only session
+        kind = "grad_input" if root == "in" else "grad_output"
+        call = pending.call
+        try:
+            # whose gradient: folder runs key shared histogram edges by it
+            collector.context = (call.name, call.call, kind)
+            stats = collector.quick(grad, path)
+            (pending.grad_inputs if root == "in" else pending.grad_outputs)[path] = stats
+            if self.saver is not None:
+                self.saver.add(f"{call.name}#{call.call}/{kind}/{path}", grad)
+        except Exception as exc:  # never break the user's backward either
+            call.error = f"could not measure the gradient of {path}: {exc}"
 
     def _mark_backward(self, call: LayerCall, root: str, grad: torch.Tensor) -> None:
         """Crash beacon: an output gradient starts that layer's backward; an input gradient
