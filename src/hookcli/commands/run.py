@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from hookcli.commands.checks import Rules, evaluate, for_check
 from hookcli.options import BackwardOptions, Batching, Invocation
 from hookcli.records import Report
+from hookcli.runtime import gcpause
 
 COMMANDS = ("inspect", "grads", "check")
 Progress = Callable[[int, int], None]  # (images done, images in all) of a folder run
@@ -49,9 +50,16 @@ def run_command(
     context = running(folder is not None) if running is not None else contextlib.nullcontext()
     with shards.spread_model(inv.model), context as progress:
         if folder is not None:
-            report = folder_report(inv, folder, progress)
-        else:
+            return _checked(command, folder_report(inv, folder, progress), inv, rules)
+        # one pass: the collector held off from its preparation to its checks, not only around
+        # the pass (runtime/gcpause.py): what they make is then never walked, nor promoted to
+        # the generations whose full collections walk the whole heap
+        with gcpause.held():
             report = inspection(inv, "grads" if inv.backward is not None else "inspect")
+            return _checked(command, report, inv, rules)
+
+
+def _checked(command: str, report: Report, inv: Invocation, rules: Rules) -> Report:
     report.command = command
     # a position table the user named (-l NAME, no glob) is held to the per-channel rules
     named = tuple(n for n in inv.selection.layers if not any(ch in n for ch in "*?["))
