@@ -156,3 +156,19 @@ def test_a_program_calling_main_keeps_its_collector(argv: list[str]) -> None:
     r = calling_main(code)
     assert r.returncode == 0, r.stderr
     assert "state 0 True 0" in r.stderr, r.stderr
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_start_up_ending_inside_a_hold_leaves_the_collector_off_until_the_hold_ends() -> None:
+    """A one-pass run holds the collector from before its model is built (commands/run.py);
+    the CLI's start-up ends while the model is built, inside that hold: the collector must stay
+    off for the pass, and be on once the hold ends."""
+    gc.enable()
+    gcpause.pause()
+    with gcpause.held():
+        gcpause.resume()  # what load_model does when the model is built
+        assert not gc.isenabled(), "still held"
+        with gcpause.held():  # the pass's own hold
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled(), "on again once the last hold ended"

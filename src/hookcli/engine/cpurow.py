@@ -142,6 +142,7 @@ def rows_together(
     group: list[int],
     rows: list[Any],
     ks: Kernels,
+    *,
     values: dict[int, list[float | None]] | None = None,
     small: int = 0,
 ) -> None:

@@ -286,7 +286,7 @@ class StatsCollector:
                 while end < len(picked) and size < TOGETHER * 64:
                     size += tensors[picked[end]][0].numel()
                     end += 1
-                rows_together(tensors, picked[start:end], rows, ks, values, SMALL)
+                rows_together(tensors, picked[start:end], rows, ks, values=values, small=SMALL)
                 start = end
         # what `add` would do with a measured row, where nothing else applies
         book, seen = self.book, self._seen

@@ -24,7 +24,11 @@ a pass's garbage is never walked; the collector is back on when the pass ends, a
 then (at its next threshold) whatever cyclic garbage the pass left: a forward rarely makes any,
 but what it makes, tensors included, waits until the pass ends. The collector is process-wide:
 a program's other threads run without it while a pass runs, and it is left as found when the
-pass began (off stays off).
+pass began (off stays off). A one-pass inspect, grads or check holds it from before its model is
+built to its checks (commands/run.py): the model's building, the report and the checks make
+thousands of objects too, and a report still alive when the collector came back was walked
+whole, then promoted towards the generation whose full collections walk the whole heap. Start-up
+then ends inside that hold, which gives the collector back when it ends.
 """
 
 from __future__ import annotations
@@ -53,9 +57,15 @@ def resume() -> None:
 
 
 def end() -> None:
-    """The command has returned: the collector back on if it is still paused, nothing frozen."""
+    """Start-up is over (or the command has returned): the collector back on if it is still
+    paused, nothing frozen. Inside a hold (a one-pass run holds the collector off from before
+    its model is built: commands/run.py), it stays off, and the last hold to end turns it on."""
     if _paused[0]:
         _paused[0] = False
+        with holds.lock:
+            if holds.count > 0:
+                holds.turned_off = True
+                return
         gc.enable()
 
 
