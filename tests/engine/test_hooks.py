@@ -184,7 +184,9 @@ class Handover(nn.Module):
 
 
 @pytest.mark.parametrize("mode", ["plain", "in place", "user hook"])
-def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(mode: str) -> None:
+def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A tensor that is one call's output and the next call's input carries one hook for
     both (issue 52) only while that changes nothing: after an in-place op b's input is
     another value, and a hook of the user's between the two changes what b's input gets."""
@@ -192,7 +194,18 @@ def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(mode: 
 
     torch.manual_seed(0)
     model, x = Handover(mode), torch.randn(3, 4)
+    registered = []
+    register = torch.Tensor.register_hook
+
+    def counted(t: torch.Tensor, hook: Any) -> Any:
+        registered.append(t)
+        return register(t, hook)
+
+    monkeypatch.setattr(torch.Tensor, "register_hook", counted)
     report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["a", "b"])
+    monkeypatch.undo()
+    # a's output and b's input: one hook in the plain case; b's output: one; the user's: one
+    assert len(registered) == {"plain": 2, "in place": 3, "user hook": 4}[mode]
     t0 = model.a(x)
     t1 = t0 * 2.0 if mode == "in place" else t0 * 1.0
     g0, g1 = torch.autograd.grad(model.b(t1).sum(), [t0, t1])
