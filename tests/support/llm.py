@@ -30,11 +30,12 @@ def make_tokenizer(chat: bool = False) -> Any:
 
 
 def llama_config(**extra: Any) -> Any:
-    return transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra,
-    )  # fmt: skip
+    fields: dict[str, Any] = {
+        "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    }  # fmt: skip
+    return transformers.LlamaConfig(**{**fields, **extra})
 
 
 MOE = {
@@ -46,6 +47,9 @@ MOE = {
 
 CONFIGS = {
     "llama": lambda: transformers.LlamaForCausalLM(llama_config()),
+    # every Linear at least 64 wide: bitsandbytes' NF4 on a CPU with AVX512-BF16 repacks a
+    # layer's weight for its kernel in blocks of 64 input features, and fails on fewer
+    "llama-wide": lambda: transformers.LlamaForCausalLM(llama_config(hidden_size=64)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(
         transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     ),

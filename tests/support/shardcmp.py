@@ -4,11 +4,24 @@ path)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 STATS = ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm")
+
+
+def zeros_slack(kind: str, shape: Sequence[int], numel: int) -> float:
+    """How far two runs' zero fractions of one tensor may differ: not at all, except for a
+    gradient, whose elements that are zero only in exact arithmetic — a query's gradient at
+    the first position (its attention has one key) or where no loss reads — come out of a
+    fused attention backward as 0 or as rounding residue by how its GEMMs were blocked, which
+    a shard changes (seen on a CPU with AVX512-BF16: one head of one position). Up to one
+    position's features either way; the other statistics are held to rounding all the same."""
+    if not kind.startswith("grad") or not shape or not numel:
+        return 0.0
+    return shape[-1] / numel
 
 
 def entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -38,5 +51,10 @@ def assert_same(
         for s in STATS:
             u, v = x.get(s), y.get(s)
             assert (u is None) == (v is None), (key, s)
-            if u is not None:
+            if u is None:
+                continue
+            if s == "zeros":
+                slack = zeros_slack(key[1], y["shape"], y.get("numel") or 0)
+                assert abs(u - v) <= slack + 1e-12, (key, s, u, v)
+            else:
                 assert u == pytest.approx(v, rel=1e-5, abs=1e-6), (key, s, u, v)

@@ -33,6 +33,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bitsandbytes' sides: its NF4 layers run on any CPU only 64 or more features wide."""
+    return save(tmp_path_factory.mktemp("wide_llama"), "llama-wide")
+
+
+@pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(LINES) + "\n")
@@ -213,12 +219,12 @@ def test_torchao_sides_are_torchao_s_own_quantization(tiny_llama: Path, corpus: 
 
 @pytest.mark.parametrize("scheme", ["nf4", "int8"])
 def test_a_bnb_side_computes_what_transformers_bitsandbytes_load_computes(
-    tiny_llama: Path, corpus: Path, scheme: str
+    wide_llama: Path, corpus: Path, scheme: str
 ) -> None:
     """bnb:nf4 and bnb:int8 quantize as transformers' BitsAndBytesConfig does by default (its
     output head kept): the same logits, so the same KLD, and the same dequantized weights."""
     pytest.importorskip("bitsandbytes")
-    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(wide_llama).eval()
     qc = (
         transformers.BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
@@ -227,11 +233,11 @@ def test_a_bnb_side_computes_what_transformers_bitsandbytes_load_computes(
         else transformers.BitsAndBytesConfig(load_in_8bit=True)
     )
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        tiny_llama, quantization_config=qc, device_map="cpu"
+        wide_llama, quantization_config=qc, device_map="cpu"
     ).eval()
-    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"bnb:{scheme}")
-    a, mask = _logits(model, tiny_llama)
-    b, _ = _logits(theirs, tiny_llama)
+    data = _json(f"hf:{wide_llama}", "--text-file", str(corpus), "--b", f"bnb:{scheme}")
+    a, mask = _logits(model, wide_llama)
+    b, _ = _logits(theirs, wide_llama)
     assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
     weights = {w["layer"]: w for w in data["weights"]}
     assert "lm_head" not in weights  # kept, as transformers keeps it
@@ -266,7 +272,7 @@ def test_weight_distances_are_the_sqnr_by_hand() -> None:
 
 
 def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
-    tiny_llama: Path, corpus: Path, tmp_path: Path
+    wide_llama: Path, corpus: Path, tmp_path: Path
 ) -> None:
     """hf:FOLDER, a bitsandbytes NF4 checkpoint saved by transformers: its KLD is that of
     transformers' own load of the folder, and the same as bnb:nf4's (one quantization)."""
@@ -275,27 +281,26 @@ def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
     )
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        tiny_llama, quantization_config=qc, device_map="cpu"
+        wide_llama, quantization_config=qc, device_map="cpu"
     )
     folder = tmp_path / "nf4"
     quantized.save_pretrained(folder)
-    data = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"hf:{folder}")
+    data = _json(f"hf:{wide_llama}", "--text-file", str(corpus), "--b", f"hf:{folder}")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="cpu").eval()
-    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
-    a, mask = _logits(model, tiny_llama)
-    b, _ = _logits(loaded, tiny_llama)
+    model = transformers.AutoModelForCausalLM.from_pretrained(wide_llama).eval()
+    a, mask = _logits(model, wide_llama)
+    b, _ = _logits(loaded, wide_llama)
     assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
     assert data["tol"] == 0.3  # its quantization_config: 4 bits
     assert any("quantized with bitsandbytes" in n for n in data["notes"])
-    ours = _json(f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "bnb:nf4", "--no-own")
+    ours = _json(f"hf:{wide_llama}", "--text-file", str(corpus), "--b", "bnb:nf4", "--no-own")
     assert ours["tokens"]["kld"] == data["tokens"]["kld"]
     # another architecture's folder, and a folder that is not a checkpoint: one line each
     other = tmp_path / "other"
-    config = llama_config()
-    config.hidden_size = 64
+    config = llama_config(hidden_size=96)
     transformers.LlamaForCausalLM(config).save_pretrained(other)
-    for side, says in ((f"hf:{other}", "hidden_size 64"), (f"hf:{tmp_path}", "no config.json")):
-        r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", side])
+    for side, says in ((f"hf:{other}", "hidden_size 96"), (f"hf:{tmp_path}", "no config.json")):
+        r = runner.invoke(app, ["diff", f"hf:{wide_llama}", "--text", LINES[0], "--b", side])
         assert r.exit_code == 2, r.stderr
         assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
