@@ -120,7 +120,7 @@ def main() -> None:
         report = hookcli.grads(ddp, batch()[rank::world], target="sum", topk=0)
         if rank == 0:
             (out / "uneven.sharded.json").write_text(json.dumps(report.to_dict()))
-        torch.distributed.destroy_process_group()
+        _leave()
         return
     m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
     if kind == "sp":  # (weights not all ones: a plain norm's outputs sum to 0, its gradient too)
@@ -166,7 +166,15 @@ def main() -> None:
             (m(x).sum() / (len(x) * (world if kind == "sp" else 1))).backward()
             opt.step()
     if not single:
-        torch.distributed.destroy_process_group()
+        _leave()
+
+
+def _leave() -> None:
+    """Every rank here before any takes the group down: a rank that destroyed its gloo group
+    while another was still in a collective was seen to abort it ("terminate called without
+    an active exception"), now and then, on a busy machine."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
