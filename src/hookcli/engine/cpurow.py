@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.engine.statrow import Row
+from hookcli.engine.statrow import INF, NAN, Row
 from hookcli.engine.tensorbits import accumulate_dtype, dense_flat
 
 # Below this many elements the parallel kernel's thread start-up costs more than it saves.
@@ -158,7 +158,7 @@ def rows_together(
         rows[k] = row
         if values is not None and n <= small:
             elements = flat[at : at + n].tolist()
-            if row[6] or row[7]:  # NaN or Inf among them
+            if row[NAN] or row[INF]:
                 elements = [v if math.isfinite(v) else None for v in elements]
             values[k] = elements
         at += n

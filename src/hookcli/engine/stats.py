@@ -290,25 +290,37 @@ class StatsCollector:
                 start = end
         # what `add` would do with a measured row, where nothing else applies
         book, seen = self.book, self._seen
-        direct = not (self.channels is not None or self.per_token or book.local_shards)
-        direct = direct and not book.layouts
+        direct = not (
+            self.channels is not None or self.per_token or book.local_shards or book.layouts
+        )
         out = []
         for k, ((t, path), row) in enumerate(zip(tensors, rows, strict=True)):
             if row is None or not direct or id(t) in seen:
                 out.append(self.add(t, path, positions=False, given=row))
                 continue
-            n = t.numel()
-            stats = TensorStats(path, tuple(t.shape), "float32", n)
-            idx = len(self._rows)
-            self._rows.append(row)
-            self._notes.append(None)
-            self._handed_out.append((stats, idx))
-            if k in values:
-                self._values[idx] = values[k]
-                self._wants_values.append((stats, idx))
-            seen[id(t)] = (weakref.ref(t), t._version, idx)
+            stats = TensorStats(path, tuple(t.shape), "float32", t.numel())
+            self._record(stats, row, t, t._version, values.get(k))
             out.append(stats)
         return out
+
+    def _record(
+        self,
+        stats: TensorStats,
+        row: Row,
+        t: torch.Tensor,
+        version: int,
+        values: list[float | None] | torch.Tensor | None,
+    ) -> None:
+        """A new tensor's row (no note), its elements when it is small, and its identity for
+        a second sight: `add`'s bookkeeping where nothing else applies."""
+        idx = len(self._rows)
+        self._rows.append(row)
+        self._notes.append(None)
+        self._handed_out.append((stats, idx))
+        if values is not None:
+            self._values[idx] = values
+            self._wants_values.append((stats, idx))
+        self._seen[id(t)] = (weakref.ref(t), version, idx)
 
     def quick(self, t: torch.Tensor, path: str) -> TensorStats:
         """`add(t, path)` for a layer call's tensor, by the short way where it applies (issue
@@ -351,17 +363,12 @@ class StatsCollector:
         ):
             return self.add(t, path)
         stats = TensorStats(path, tuple(t.shape), "float32", n)
-        later, idx = self._later, len(self._rows)
+        later = self._later
         if later.full(n):
             self._settle_later(ks)
-        later.add(idx, t.detach() if t.requires_grad else t)
-        self._rows.append(EMPTY_ROW)
-        self._notes.append(None)
-        self._handed_out.append((stats, idx))
-        if n <= SMALL:
-            self._values[idx] = _small_values(t)
-            self._wants_values.append((stats, idx))
-        self._seen[key] = (weakref.ref(t), version, idx)
+        # (measured after the pass into the place its row takes next)
+        later.add(len(self._rows), t.detach() if t.requires_grad else t)
+        self._record(stats, EMPTY_ROW, t, version, _small_values(t) if n <= SMALL else None)
         return stats
 
     def add(
