@@ -371,6 +371,22 @@ def test_a_gradient_summed_from_several_readers_is_not_one_layers(module: bool) 
     assert [o.where for o in report.nonfinite_origins if o.direction == "backward"] == ["layer"]
 
 
+def test_an_input_read_outside_the_layer_too_is_shared_when_it_is_the_leaf_itself() -> None:
+    """The same as above with the model's input as the shared tensor: a leaf, whose readers
+    autograd finds through the leaf's own node, not a producer's output."""
+    model = _model(models.SharedLeafInput)
+    x = torch.rand(4, 8, generator=torch.Generator().manual_seed(0)) + 0.1
+    x[1, 2] = 0.0  # sqrt's gradient there is Inf; lin's own is a finite matmul
+    leaf = x.clone().requires_grad_(True)
+    (g_x,) = torch.autograd.grad(model(leaf).sum(), leaf)
+    assert not torch.isfinite(g_x).all()
+    report = hookcli.grads(model, x, device="cpu", target="sum", input_grad=True)
+    back = next(o for o in report.nonfinite_origins if o.direction == "backward")
+    assert (back.where, back.layer, back.path) == ("shared", "lin", "in[0]")
+    assert back.inf == int(g_x.isinf().sum())
+    assert "which was read outside it too" in back.describe()
+
+
 def test_inf_fails_max_abs_and_grad_norm_and_nan_is_not_vanishing() -> None:
     r = run(
         "check",

@@ -364,6 +364,20 @@ class SharedInput(nn.Module):
         return self.head(self.lin(x) + root)
 
 
+class SharedLeafInput(nn.Module):
+    """The model's input itself is read by `lin` and by an inline sqrt: with the input's
+    gradient asked for, that leaf's gradient is both readers' sum, and its Inf (sqrt's, at
+    0) is not lin's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lin(x) + torch.sqrt(x))
+
+
 class Overflow(nn.Module):
     """`big` multiplies by 1e39: every float32 output after it is Inf."""
 

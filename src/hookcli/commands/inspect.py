@@ -31,7 +31,7 @@ from hookcli.engine.measure import (
 from hookcli.engine.passes import deterministic_algorithms
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.probes import Measured, Probe
-from hookcli.engine.selection import params_and_dtype
+from hookcli.engine.selection import held, params_and_dtype
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -182,7 +182,7 @@ def _notes(prepared: Prepared, measured: Measured) -> list[str]:
     session, model_input = measured.session, measured.model_input
     assert measured.result is not None
     notes = isa.notes() + prepared.notes + measured.result.notes
-    if measured.armed.backward and any(p.is_meta for p in prepared.loaded.module.parameters()):
+    if measured.armed.backward and any(p.is_meta for p in held(prepared.loaded.module)[0]):
         notes.append(
             "parameters on the meta device (offloaded, e.g. by accelerate, and loaded only "
             "while their module runs): their weights and gradients cannot be read here"

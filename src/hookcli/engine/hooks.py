@@ -42,6 +42,9 @@ from hookcli.records import CallMemory, LayerCall, TensorStats
 from hookcli.runtime import beacon
 from hookcli.tree import iter_tensors
 
+# autograd's node for a leaf (its `.variable`), by class, where torch names it
+_ACCUMULATE: type | None = getattr(torch._C._functions, "AccumulateGrad", None)
+
 # Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.
 InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
 GradKey = tuple[int, tuple[int, ...]]  # a gradient tensor: data pointer and shape
@@ -412,10 +415,14 @@ class HookSession:
         each edge into an input's producer placed by its reader's sequence number). Such an
         input's gradient is the sum of every reader's, so a non-finite one is not this
         call's own backward (engine.origins)."""
+        # only the edges into some call's input matter (a key each: the producer's node and
+        # output, or a leaf itself)
+        wanted = {(id(producer), nr) for p in self.calls for producer, nr in p.input_producers}
         root = scalar.grad_fn
         readers: dict[tuple[int, int], list[int]] = {}
-        if root is not None:
+        if root is not None and wanted:
             seen, stack = {id(root)}, [root]
+            accumulate = _ACCUMULATE
             while stack:
                 node = stack.pop()
                 try:
@@ -425,12 +432,16 @@ class HookSession:
                 for nxt, nr in edges:
                     if nxt is None:
                         continue
-                    leaf = getattr(nxt, "variable", None)  # AccumulateGrad: the leaf itself
-                    key = (id(leaf), -1) if leaf is not None else (id(nxt), nr)
-                    readers.setdefault(key, []).append(seq)
-                    if id(nxt) not in seen:
-                        seen.add(id(nxt))
-                        stack.append(nxt)
+                    if type(nxt) is accumulate:  # the leaf itself; nothing behind it
+                        key = (id(nxt.variable), -1)  # type: ignore[attr-defined]
+                    else:
+                        leaf = None if accumulate is not None else getattr(nxt, "variable", None)
+                        key = (id(leaf), -1) if leaf is not None else (id(nxt), nr)
+                        if id(nxt) not in seen:
+                            seen.add(id(nxt))
+                            stack.append(nxt)
+                    if key in wanted:
+                        readers.setdefault(key, []).append(seq)
         for p in self.calls:
             span, producers = p.seq_span, p.input_producers
             p.input_producers = []  # the graph is not kept past backward

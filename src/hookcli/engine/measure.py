@@ -241,11 +241,11 @@ def measure_params(
     """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
     run's sum over the batches), measured by the collector."""
     every = [(p, name) for own in params.values() for name, p in own]
-    # all weights, then all gradients: the small ones measured together (add_whole)
-    weights = iter(collector.add_whole(every))
     with_grad = [(p, name, g) for p, name in every if (g := grad_of(p)) is not None]
-    measured = collector.add_whole([(g, f"{name}.grad") for _, name, g in with_grad])
-    of_grad = {id(p): s for (p, _, _), s in zip(with_grad, measured, strict=True)}
+    # all weights, then all gradients: the small ones measured together (add_whole)
+    measured = collector.add_whole(every + [(g, f"{name}.grad") for _, name, g in with_grad])
+    weights = iter(measured[: len(every)])
+    of_grad = {id(p): s for (p, _, _), s in zip(with_grad, measured[len(every) :], strict=True)}
     return {
         target: [
             (
