@@ -30,6 +30,11 @@ def _small_cases() -> dict[str, torch.Tensor]:
         "nonfinite": nonfinite,
         "all nan": torch.full((20,), math.nan),
         "constant": torch.full((3, 50), 0.1),
+        "all zero": torch.zeros(8, 8),
+        # Σx² carries rounding here: a constant's norm is |x|·√n, not √Σx²
+        "negative constant": torch.full((33,), -0.49591073393821716),
+        # and here Σx²/n - mean² is 1.5e-11, not 0: a constant's std is 0 all the same
+        "large constant": torch.full((1000,), 270.1393127441406),
         # E[x^2] dwarfs the variance: the centred pass
         "ill-conditioned": 1e4 + torch.randn(500, generator=g, dtype=torch.float64).float() * 1e-3,
         "one element": torch.tensor([-2.5]),

@@ -171,8 +171,9 @@ def _joined(tensors: list[torch.Tensor]) -> np.ndarray[Any, Any]:
 
 def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> list[Row]:
     """The rows of consecutive segments of `flat`, `sizes` elements each (none empty), from one
-    call of the segmented kernel, each as `row_of_sums` gives it, bit for bit: the common case
-    (finite, not constant, no cancellation) worked out for all at once, the others one by one."""
+    call of the segmented kernel, each as `row_of_sums` gives it, bit for bit: the common cases
+    (finite, and a constant or without cancellation) worked out for all at once, the others
+    (NaN/Inf present, cancellation) one by one."""
     starts = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=starts[1:])
     sums = np.empty((len(sizes), 7), dtype=np.float64)
@@ -180,12 +181,14 @@ def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> l
     n = np.asarray(sizes, dtype=np.float64)
     s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
     with np.errstate(all="ignore"):  # NaN/Inf rows go the careful way below
-        mean = s / n
-        var = np.maximum(q / n - mean * mean, 0.0)
-        norm = np.sqrt(q)
-        # what `finish` does otherwise: NaN/Inf present, a constant, cancellation
-        careful = ~(np.isfinite(s) & np.isfinite(q)) | (mn == mx)
-        careful |= (q / n > MAX_CANCELLATION * var) & (q > 0)
+        finite = np.isfinite(s) & np.isfinite(q)
+        # a constant, as `finish` gives it: exactly (an all-zero gradient, a fresh bias)
+        constant = finite & (mn == mx)
+        mean = np.where(constant, mn, s / n)
+        var = np.where(constant, 0.0, np.maximum(q / n - mean * mean, 0.0))
+        norm = np.where(constant, np.abs(mn) * np.sqrt(n), np.sqrt(q))
+        # what `finish` does otherwise: NaN/Inf present, cancellation
+        careful = ~finite | (~constant & (q / n > MAX_CANCELLATION * var) & (q > 0))
     none = [0.0] * len(sizes)
     rows: list[Row] = list(
         zip(
