@@ -378,6 +378,25 @@ class SharedLeafInput(nn.Module):
         return self.head(self.lin(x) + torch.sqrt(x))
 
 
+class SharedSquare(nn.Module):
+    """`lin` and inline code (sqrt(h·h), whose gradient at 0 is Inf·0 = NaN) read one tensor
+    h; fc1's first feature is 0, so h's gradient — both readers' sum — is NaN there, and
+    the NaN reaches fc1's parameters: a training step's gradients hold it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.lin = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc1.weight[0].zero_()
+            self.fc1.bias[0] = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.head(self.lin(h) + torch.sqrt(h * h))
+
+
 class Overflow(nn.Module):
     """`big` multiplies by 1e39: every float32 output after it is Inf."""
 

@@ -121,7 +121,7 @@ class PendingCall:
     grad_output_key: GradKey | None = None
     # grads: what produced each input (its autograd node and output index, or the leaf), and
     # the autograd sequence numbers this call's forward created (start, end]; after
-    # `count_readers`, whether anything outside this call also read one of its inputs — then
+    # `settle_readers`, whether anything outside this call also read one of its inputs — then
     # an input gradient is the sum of several readers' and not this call's own
     input_producers: list[tuple[Any, int]] = field(default_factory=list)
     seq_span: tuple[int, int] | None = None
@@ -251,6 +251,9 @@ class HookSession:
         # a leaf whose views mark where autograd's node count stands, and each input's producer
         self.readers = readers and grads
         self._probe = torch.zeros((), requires_grad=True) if self.readers else None
+        # count_readers' graph and the calls it holds inputs of, until settle_readers
+        self._readers_waiting: tuple[Any, list[tuple[PendingCall, list[tuple[Any, int]]]]] | None
+        self._readers_waiting = None
 
     def __enter__(self) -> HookSession:
         try:
@@ -410,15 +413,29 @@ class HookSession:
             return -1
 
     def count_readers(self, scalar: torch.Tensor) -> None:
-        """Before backward: for each call, whether anything outside it — other modules, or
-        code in a forward — also read one of its inputs (an autograd walk from `scalar`,
-        each edge into an input's producer placed by its reader's sequence number). Such an
-        input's gradient is the sum of every reader's, so a non-finite one is not this
-        call's own backward (engine.origins)."""
+        """Before backward: the calls so far, and the graph behind `scalar`, kept for
+        `settle_readers` — which walks the graph only when an origin of NaN/Inf is looked
+        for (most passes have none; the graph's nodes and edges outlive backward, their saved
+        tensors do not). A graph still waiting from an earlier backward is walked first."""
+        self.settle_readers()
+        waiting = [(p, p.input_producers) for p in self.calls if p.input_producers]
+        for p, _ in waiting:
+            p.input_producers = []
+        self._readers_waiting = (scalar.grad_fn, waiting)
+
+    def settle_readers(self) -> None:
+        """For each call counted by `count_readers`, whether anything outside it — other
+        modules, or code in a forward — also read one of its inputs (an autograd walk from the
+        scalar, each edge into an input's producer placed by its reader's sequence number).
+        Such an input's gradient is the sum of every reader's, so a non-finite one is not
+        this call's own backward (engine.origins)."""
+        if self._readers_waiting is None:
+            return
+        root, waiting = self._readers_waiting
+        self._readers_waiting = None
         # only the edges into some call's input matter (a key each: the producer's node and
         # output, or a leaf itself)
-        wanted = {(id(producer), nr) for p in self.calls for producer, nr in p.input_producers}
-        root = scalar.grad_fn
+        wanted = {(id(producer), nr) for _, producers in waiting for producer, nr in producers}
         readers: dict[tuple[int, int], list[int]] = {}
         if root is not None and wanted:
             seen, stack = {id(root)}, [root]
@@ -442,9 +459,8 @@ class HookSession:
                             stack.append(nxt)
                     if key in wanted:
                         readers.setdefault(key, []).append(seq)
-        for p in self.calls:
-            span, producers = p.seq_span, p.input_producers
-            p.input_producers = []  # the graph is not kept past backward
+        for p, producers in waiting:
+            span = p.seq_span
             if span is None or span[0] < 0 or span[1] < 0:
                 continue
             lo, hi = span

@@ -137,6 +137,7 @@ def origins_of(
     """Where NaN/Inf first appeared; a gap between calls named by the module tree."""
     if not any_nonfinite(session.calls, outputs):
         return []
+    session.settle_readers()  # whose inputs others read too (a backward origin)
     types = {n: e.type for e in prepared.entries for n in e.names}
     selected = {id(t.module) for t in session.targets}
     partial = any(e.leaf and id(e.module) not in selected for e in prepared.entries)

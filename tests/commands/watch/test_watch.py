@@ -16,8 +16,10 @@ from torch.nn import functional as F
 
 import hookcli
 from hookcli.commands.watch.logread import step_line
+from hookcli.commands.watch.replay import replay
 from hookcli.errors import UsageError
 from hookcli.records import log_line
+from tests.support import models
 from tests.support.watch import Tiny, tiny_batches
 
 LEAVES = ["conv", "act", "fc"]
@@ -444,6 +446,40 @@ def test_without_an_optimizer_a_backward_only_nan_is_caught() -> None:
         "1",
     )
     assert w.nonfinite[0].nonfinite_grads == ["0.weight", "0.bias"]
+
+
+def test_a_nan_gradient_of_an_input_read_outside_the_layer_too_is_not_blamed_on_it(
+    tmp_path: Path,
+) -> None:
+    """h feeds lin and inline code: the NaN in h's gradient is the readers' sum, so the
+    recorder (which re-runs the step from its bundle) and replay say so, as grads does."""
+    torch.manual_seed(0)
+    model = models.SharedSquare().train()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    # the oracle: lin's own contribution to h's gradient is finite, the sum is not
+    h = model.fc1(x)
+    out = model.lin(h)
+    loss = model.head(out + torch.sqrt(h * h)).sum()
+    (g_out,) = torch.autograd.grad(loss, out, retain_graph=True)
+    assert torch.isfinite(g_out @ model.lin.weight).all()
+    (g_h,) = torch.autograd.grad(loss, h)
+    assert not torch.isfinite(g_h).all()
+    want = ("backward", "shared", "lin", "in[0]")
+    (origin,) = hookcli.grads(model, x, device="cpu", target="sum").nonfinite_origins
+    assert (origin.direction, origin.where, origin.layer, origin.path) == want
+    opt = torch.optim.SGD(model.parameters(), 0.0)
+    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
+        opt.zero_grad()
+        loss = model(x).sum()
+        w.loss(loss)
+        loss.backward()
+        opt.step()
+    (event,) = w.nonfinite
+    first = event.origins[0]
+    assert (first.direction, first.where, first.layer, first.path) == want
+    assert first.nan == int(g_h.isnan().sum())
+    (again,) = replay(event.bundle, unpickle=True).nonfinite_origins
+    assert (again.direction, again.where, again.layer, again.path) == want
 
 
 def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from torch import nn
 from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.measure import finished_calls, statistics
-from hookcli.engine.origins import find_origins
+from hookcli.engine.origins import any_nonfinite, find_origins
 from hookcli.errors import UsageError, one_line
 from hookcli.io.recordjson import RecordError, from_json
 from hookcli.records import BundleInfo, LayerCall, Origin, TensorStats
@@ -210,13 +210,15 @@ def rerun(
         for m, flag in zip(modules, flags, strict=True):
             m.training = flag
     calls = finished_calls(session, backward=True)
+    every_output = [t for _, _, outputs in groups for t in outputs]
+    if any_nonfinite(session.calls, every_output):
+        session.settle_readers()  # whose inputs others read too (a backward origin)
     origins: list[Origin] = []
     for start, end, outputs in groups:
         origins = find_origins(session.calls[start:end], types, partial=partial, outputs=outputs)
         if origins:
             break
     never = [t.name for t, n in zip(targets, session.counts, strict=True) if n == 0]
-    every_output = [t for _, _, outputs in groups for t in outputs]
     return Rerun(calls, origins, every_output, never, list(session.unhooked), errors)
 
 
