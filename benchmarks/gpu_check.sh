@@ -8,6 +8,8 @@
 #      float32 and bfloat16,
 #   4. runs benchmarks/memory.py --device cuda: --memory's predicted step peak of resnet50,
 #      vit_b_16 and GPT-2 small against torch.cuda.max_memory_allocated (goal: within 5%),
+#   5. runs benchmarks/host_cost.py on the machine's CPU: the host's cost per hooked call
+#      (issue 52 item 1) where a GPU's host is, beside torchinfo's in the same rounds,
 # and writes everything to $OUT/gpu_check.txt (the device tool brings $OUT back).
 # On a machine without CUDA it says so and exits 0.
 #
@@ -46,5 +48,7 @@ echo "## memory (issue 39): a training step's predicted peak against max_memory_
   >> "$report"
 timeout 240 "$PY" benchmarks/memory.py --device cuda --batch 8 --skip-offload >> "$report" 2>&1 \
   || status=1
+echo "## host cost per hooked call (issue 52 item 1), this machine's CPU" >> "$report"
+timeout 90 "$PY" benchmarks/host_cost.py --rounds 5 >> "$report" 2>&1 || status=1
 cat "$report"
 exit $status
