@@ -438,7 +438,9 @@ class HookSession:
         wanted = {(id(producer), nr) for _, producers in waiting for producer, nr in producers}
         readers: dict[tuple[int, int], list[int]] = {}
         if root is not None and wanted:
-            seen, stack = {id(root)}, [root]
+            # each node's wrapper kept while walking: a freed one's id could be a new one's
+            seen: dict[int, Any] = {id(root): root}
+            stack = [root]
             accumulate = _ACCUMULATE
             while stack:
                 node = stack.pop()
@@ -455,7 +457,7 @@ class HookSession:
                         leaf = None if accumulate is not None else getattr(nxt, "variable", None)
                         key = (id(leaf), -1) if leaf is not None else (id(nxt), nr)
                         if id(nxt) not in seen:
-                            seen.add(id(nxt))
+                            seen[id(nxt)] = nxt
                             stack.append(nxt)
                     if key in wanted:
                         readers.setdefault(key, []).append(seq)

@@ -480,6 +480,22 @@ def test_a_nan_gradient_of_an_input_read_outside_the_layer_too_is_not_blamed_on_
     assert first.nan == int(g_h.isnan().sum())
     (again,) = replay(event.bundle, unpickle=True).nonfinite_origins
     assert (again.direction, again.where, again.layer, again.path) == want
+    # two micro-batches a step: the re-run's second backward comes before the first's origin
+    # is looked for, and each forward's walk is its own (a fresh model: SGD's step, even at
+    # lr 0, made the NaN gradients NaN weights)
+    torch.manual_seed(0)
+    model = models.SharedSquare().train()
+    opt = torch.optim.SGD(model.parameters(), 0.0)
+    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "c") as w:
+        opt.zero_grad()
+        for half in x.split(2):
+            loss = model(half).sum()
+            w.loss(loss)
+            loss.backward()
+        opt.step()
+    (event,) = w.nonfinite
+    first = event.origins[0]
+    assert (first.direction, first.where, first.layer, first.path) == want
 
 
 def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:

@@ -250,7 +250,11 @@ def _run_one(
     # without running the loss (user code) again
     scalar = torch.stack([(t * g.to(t.device, t.dtype)).sum().float() for t, g in pairs]).sum()
     session.count_readers(scalar)
-    scalar.backward()  # type: ignore[no-untyped-call]
+    try:
+        scalar.backward()  # type: ignore[no-untyped-call]
+    except BaseException:
+        session.settle_readers()  # (its graph, saved tensors and all, not kept past here)
+        raise
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
