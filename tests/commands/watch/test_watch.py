@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import hookcli
 from hookcli.commands.watch.logread import step_line
 from hookcli.commands.watch.replay import replay
 from hookcli.errors import UsageError
-from hookcli.records import log_line
+from hookcli.records import NonfiniteLine, log_line
 from tests.support import models
 from tests.support.watch import Tiny, tiny_batches
 
@@ -467,35 +468,36 @@ def test_a_nan_gradient_of_an_input_read_outside_the_layer_too_is_not_blamed_on_
     want = ("backward", "shared", "lin", "in[0]")
     (origin,) = hookcli.grads(model, x, device="cpu", target="sum").nonfinite_origins
     assert (origin.direction, origin.where, origin.layer, origin.path) == want
-    opt = torch.optim.SGD(model.parameters(), 0.0)
-    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "b") as w:
-        opt.zero_grad()
-        loss = model(x).sum()
-        w.loss(loss)
-        loss.backward()
-        opt.step()
-    (event,) = w.nonfinite
+    event = _one_watched_step(models.SharedSquare, [x], tmp_path / "b")
     first = event.origins[0]
     assert (first.direction, first.where, first.layer, first.path) == want
     assert first.nan == int(g_h.isnan().sum())
     (again,) = replay(event.bundle, unpickle=True).nonfinite_origins
     assert (again.direction, again.where, again.layer, again.path) == want
     # two micro-batches a step: the re-run's second backward comes before the first's origin
-    # is looked for, and each forward's walk is its own (a fresh model: SGD's step, even at
-    # lr 0, made the NaN gradients NaN weights)
+    # is looked for, and each forward's walk is its own
+    first = _one_watched_step(models.SharedSquare, list(x.split(2)), tmp_path / "c").origins[0]
+    assert (first.direction, first.where, first.layer, first.path) == want
+
+
+def _one_watched_step(
+    make: Callable[[], nn.Module], batches: list[torch.Tensor], bundle: Path
+) -> NonfiniteLine:
+    """The one NaN/Inf event of a watched training step over `batches` (gradients
+    accumulated), on a fresh model (SGD's step, even at lr 0, makes NaN gradients NaN
+    weights)."""
     torch.manual_seed(0)
-    model = models.SharedSquare().train()
+    model = make().train()
     opt = torch.optim.SGD(model.parameters(), 0.0)
-    with hookcli.watch(model, optimizer=opt, bundle=tmp_path / "c") as w:
+    with hookcli.watch(model, optimizer=opt, bundle=bundle) as w:
         opt.zero_grad()
-        for half in x.split(2):
-            loss = model(half).sum()
+        for batch in batches:
+            loss = model(batch).sum()
             w.loss(loss)
             loss.backward()
         opt.step()
     (event,) = w.nonfinite
-    first = event.origins[0]
-    assert (first.direction, first.where, first.layer, first.path) == want
+    return event
 
 
 def test_a_batch_that_cannot_be_saved_gives_a_bundle_replay_refuses(tmp_path: Path) -> None:
