@@ -221,28 +221,32 @@ def test_tensors_measured_together_match_the_oracle(
 ) -> None:
     """add_whole (a model's parameters and their gradients): every case, each small float32
     one measured in one call of the segmented kernel with the others, equals float64 torch
-    on it and what add() gives it alone; a tensor given twice is measured once."""
+    on it and what add() gives it alone, each small one's elements too; a tensor given twice
+    is measured once. Each is read where it lies: one with an offset into its storage, one
+    that is a lazily negated view of another (read as torch reads it, or not together)."""
     if backend == "kernel" and stats_mod.kernels() is None:
         pytest.skip("numba unavailable")
     calls = 0
     if backend == "kernel":
-        segments = stats_mod.kernels().segments  # type: ignore[union-attr]
+        together_at = stats_mod.kernels().at  # type: ignore[union-attr]
 
         def counted(*args: object) -> None:
             nonlocal calls
             calls += 1
-            segments(*args)
+            together_at(*args)
 
-        monkeypatch.setattr(stats_mod.kernels(), "segments", counted)
+        monkeypatch.setattr(stats_mod.kernels(), "at", counted)
     items = [(t, name) for name, t in CASES.items()]
     items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (items[0][0], "again")]
+    rows = torch.arange(40, dtype=torch.float32).reshape(10, 4) - 7.5
+    items += [(rows[3:5], "offset"), (torch._neg_view(rows[1]), "negated")]
     sparse = torch.nn.Parameter(torch.eye(3).to_sparse_csr(), requires_grad=False)
     together = StatsCollector(backend=backend)
     got = together.add_whole(items)
     [csr] = together.add_whole([(sparse, "sparse")])  # measured alone, as add() measures it
+    assert calls == (1 if backend == "kernel" else 0)  # (the negated one: held for later)
     together.finalize()
     assert (csr.numel, csr.mean, csr.zeros) == (9, pytest.approx(1 / 3), pytest.approx(2 / 3))
-    assert calls == (1 if backend == "kernel" else 0)
     for (t, name), stats in zip(items, got, strict=True):
         alone = StatsCollector(backend=backend)
         one = alone.add(t, name, positions=False)
@@ -252,3 +256,7 @@ def test_tensors_measured_together_match_the_oracle(
         for field in ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm"):
             a, b = getattr(stats, field), getattr(one, field)
             assert a == b or a == pytest.approx(b, rel=1e-12, abs=1e-300), (name, field)
+        assert stats.values == one.values, name
+        if 0 < t.numel() <= 16 and t.dtype is torch.float32:
+            want = [v if math.isfinite(v) else None for v in t.resolve_neg().flatten().tolist()]
+            assert stats.values == want, name

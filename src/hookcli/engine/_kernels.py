@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
+from numba.np.numpy_support import carray
 
 BLOCK = 4096
 FASTMATH = {"reassoc", "nnan", "ninf", "nsz", "contract"}
@@ -112,12 +113,38 @@ def fused_parallel(a: Any, out: Any) -> None:
     _fused(a, out)
 
 
+def _pointer_intrinsic(element: Any) -> Any:
+    @intrinsic
+    def at(typingctx: Any, address: Any) -> Any:
+        sig = types.CPointer(element)(address)  # type: ignore[no-untyped-call]
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return sig, codegen
+
+    return at
+
+
+_float32_at = _pointer_intrinsic(types.float32)  # the float32 pointer an integer address is
+
+
 @njit(fastmath=FASTMATH, nogil=True, cache=True)
-def fused_segments(a: Any, starts: Any, out: Any) -> None:
-    """out[k, :5] = fused_serial's five sums of a[starts[k]:starts[k + 1]] (each non-empty),
-    for every k: many small tensors (a model's parameters) in one call."""
-    for k in range(starts.shape[0] - 1):
-        _fused(a[starts[k] : starts[k + 1]], out[k])
+def fused_at(addresses: Any, sizes: Any, out: Any, small: int, values: Any) -> None:
+    """out[k, :5] = fused_serial's five sums of the sizes[k] float32 values at addresses[k],
+    for every k: many small tensors (a model's parameters, the copies held for after a pass)
+    in one call, each read where it lies, with no joined copy of them all (issue 52). Each
+    address must be a live, contiguous float32 CPU tensor's data of sizes[k] > 0 elements,
+    held by the caller through the call. The elements of each tensor of at most `small` are
+    written, widened, one tensor after another into `values`."""
+    at = 0
+    for k in range(addresses.shape[0]):
+        a = carray(_float32_at(addresses[k]), (sizes[k],))
+        _fused(a, out[k])
+        if sizes[k] <= small:
+            for j in range(sizes[k]):
+                values[at + j] = a[j]
+            at += sizes[k]
 
 
 # The careful kernel: for data holding NaN/Inf, or whose variance needs a second, centred

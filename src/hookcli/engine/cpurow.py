@@ -40,7 +40,7 @@ class Kernels:
 
     def __init__(self, module: Any, chan: Any, dist: Any) -> None:
         self.fused = (module.fused_serial, module.fused_parallel)
-        self.segments = module.fused_segments  # many small tensors in one call
+        self.at = module.fused_at  # many small tensors in one call, each where it lies
         self.careful = (module.careful_serial, module.careful_parallel)
         self.diff = (module.diff_serial, module.diff_parallel)
         self.diff_nhwc = module.diff_nhwc
@@ -146,39 +146,35 @@ def rows_together(
     values: dict[int, list[float | None]] | None = None,
     small: int = 0,
 ) -> None:
-    """The rows of tensors[k] for k in group, from one copy and one kernel call; into
-    `values`, the elements of each of at most `small` (non-finite ones None), read from
-    that copy."""
-    with torch.no_grad():  # (a parameter's copy: no autograd node)
-        flat = _joined([tensors[k][0] for k in group])
-    sizes = [tensors[k][0].numel() for k in group]
-    found = segment_rows(flat, sizes, ks)
-    at = 0
-    for k, row, n in zip(group, found, sizes, strict=True):
+    """The rows of tensors[k] for k in group, from one kernel call; into `values`, the
+    elements of each of at most `small` (non-finite ones None). Each must be a contiguous CPU
+    float32 tensor of 1 to TOGETHER elements."""
+    elements: list[list[float | None] | None] | None = [] if values is not None else None
+    found = segment_rows([tensors[k][0] for k in group], ks, elements, small)
+    for n, (k, row) in enumerate(zip(group, found, strict=True)):
         rows[k] = row
-        if values is not None and n <= small:
-            elements = flat[at : at + n].tolist()
-            if row[NAN] or row[INF]:
-                elements = [v if math.isfinite(v) else None for v in elements]
-            values[k] = elements
-        at += n
+        if elements is not None and values is not None and (got := elements[n]) is not None:
+            values[k] = got
 
 
-def _joined(tensors: list[torch.Tensor]) -> np.ndarray[Any, Any]:
-    """Contiguous CPU tensors, flattened one after the other into one new array."""
-    return torch._utils._flatten_dense_tensors(tensors).numpy()  # type: ignore[no-untyped-call,no-any-return]
-
-
-def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> list[Row]:
-    """The rows of consecutive segments of `flat`, `sizes` elements each (none empty), from one
-    call of the segmented kernel, each as `row_of_sums` gives it, bit for bit: the common cases
-    (finite, and a constant or without cancellation) worked out for all at once, the others
-    (NaN/Inf present, cancellation) one by one."""
-    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    sums = np.empty((len(sizes), 7), dtype=np.float64)
-    ks.segments(flat, starts, sums)
-    n = np.asarray(sizes, dtype=np.float64)
+def segment_rows(
+    tensors: Sequence[torch.Tensor],
+    ks: Kernels,
+    elements: list[list[float | None] | None] | None = None,
+    small: int = 0,
+) -> list[Row]:
+    """The rows of contiguous CPU float32 tensors (none empty), from one call of the kernel
+    that reads each where it lies, each as `row_of_sums` gives it, bit for bit: the common
+    cases (finite, and a constant or without cancellation) worked out for all at once, the
+    others (NaN/Inf present, cancellation) one by one. `elements`, when given, gets each
+    tensor's elements if it has at most `small` (non-finite ones None), else None."""
+    sizes = np.fromiter((t.numel() for t in tensors), np.int64, len(tensors))
+    addresses = np.fromiter((t.data_ptr() for t in tensors), np.uint64, len(tensors))
+    sums = np.empty((len(tensors), 7), dtype=np.float64)
+    values = np.empty(int(sizes[sizes <= small].sum()) if elements is not None else 0)
+    # the tensors are held (by `tensors`) through the call: the addresses stay theirs
+    ks.at(addresses, sizes, sums, small if elements is not None else 0, values)
+    n = sizes.astype(np.float64)
     s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
     with np.errstate(all="ignore"):  # NaN/Inf rows go the careful way below
         finite = np.isfinite(s) & np.isfinite(q)
@@ -189,7 +185,7 @@ def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> l
         norm = np.where(constant, np.abs(mn) * np.sqrt(n), np.sqrt(q))
         # what `finish` does otherwise: NaN/Inf present, cancellation
         careful = ~finite | (~constant & (q / n > MAX_CANCELLATION * var) & (q > 0))
-    none = [0.0] * len(sizes)
+    none = [0.0] * len(tensors)
     rows: list[Row] = list(
         zip(
             n.tolist(), mean.tolist(), var.tolist(), mn.tolist(), mx.tolist(), zeros.tolist(),
@@ -197,7 +193,19 @@ def segment_rows(flat: np.ndarray[Any, Any], sizes: list[int], ks: Kernels) -> l
         )
     )  # fmt: skip
     for j in np.flatnonzero(careful).tolist():
-        rows[j] = row_of_sums(flat[starts[j] : starts[j + 1]], sums[j], ks)
+        flat = tensors[j].detach().numpy().reshape(-1)
+        rows[j] = row_of_sums(flat, sums[j], ks)
+    if elements is not None:
+        at = 0
+        for size, row in zip(sizes.tolist(), rows, strict=True):
+            if size > small:
+                elements.append(None)
+                continue
+            got: list[Any] = values[at : at + size].tolist()
+            if row[NAN] or row[INF]:
+                got = [v if math.isfinite(v) else None for v in got]
+            elements.append(got)
+            at += size
     return rows
 
 
@@ -247,7 +255,7 @@ class Later:
         return self.held + n > LATER_HELD
 
     def add(self, at: int, x: torch.Tensor) -> None:
-        self.copies.append(x.clone())
+        self.copies.append(x.clone(memory_format=torch.contiguous_format))
         self.at.append(at)
         self.held += x.numel()
 
@@ -257,5 +265,5 @@ class Later:
             return []
         copies, at = self.copies, self.at
         self.copies, self.at, self.held = [], [], 0
-        rows = segment_rows(_joined(copies), [c.numel() for c in copies], ks)
+        rows = segment_rows(copies, ks)
         return list(zip(at, rows, strict=True))

@@ -17,7 +17,8 @@ def load() -> None:
     values, out = np.zeros(8, np.float32), np.zeros(7)
     _kernels.fused_serial(values, out)
     _kernels.careful_serial(values, 0.0, out)
-    _kernels.fused_segments(values, np.array([0, 4, 8]), np.zeros((2, 7)))
+    at = np.array([values.ctypes.data, values.ctypes.data + 16], np.uint64)
+    _kernels.fused_at(at, np.array([4, 4]), np.zeros((2, 7)), 4, np.zeros(8))
     rows, block, moments = np.zeros((2, 4), np.float32), np.zeros((8, 4)), np.zeros(2)
     _chankernels.first_rows_serial(rows, np.float32(6), block)  # --channels' own
     _chankernels.second_rows_serial(rows, block[1], 0.0, block, moments)

@@ -277,6 +277,7 @@ class StatsCollector:
             and t.layout is torch.strided
             and 0 < t.numel() <= TOGETHER
             and t.is_contiguous()
+            and not t.is_neg()  # (read where it lies: no lazy negation)
         ]
         values: dict[int, list[float | None]] = {}
         if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
