@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from hookcli.engine import hooks as hooks_mod
 from hookcli.engine.hooks import HookSession, PendingCall, Target, holds_compiled
 from hookcli.engine.stats import StatsCollector
 from tests.support.oracles import hooks_left
@@ -202,6 +203,13 @@ def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(
         return register(t, hook)
 
     monkeypatch.setattr(torch.Tensor, "register_hook", counted)
+    put_into = hooks_mod._hook_into  # hookcli's own way in, for plain tensors
+
+    def counted_into(t: torch.Tensor, hook: Any) -> Any:
+        registered.append(t)
+        return put_into(t, hook)
+
+    monkeypatch.setattr(hooks_mod, "_hook_into", counted_into)
     report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["a", "b"])
     monkeypatch.undo()
     # a's output and b's input: one hook in the plain case; b's output: one; the user's: one
@@ -216,4 +224,39 @@ def test_one_tensor_handed_from_call_to_call_gets_each_calls_own_gradient(
     assert a.grad_outputs and b.grad_inputs
     assert a.grad_outputs[0].norm == pytest.approx(want_a.double().norm().item(), rel=1e-6)
     assert b.grad_inputs[0].norm == pytest.approx(want_b.double().norm().item(), rel=1e-6)
+    assert hooks_left(model) == 0
+
+
+class Keeps(nn.Module):
+    """Keeps its intermediate tensor, as a user's model may (a cache, a debug attribute)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.a(x)
+        self.kept.append(t)
+        return self.b(t.tanh())  # type: ignore[no-any-return]
+
+
+def test_gradient_hooks_put_into_tensors_are_gone_after_the_pass() -> None:
+    """The gradient hooks hookcli puts straight into a plain tensor's hook dict (a leaf input
+    that requires grad, an intermediate the model keeps) are taken out when the pass ends,
+    and each gradient they saw is autograd's."""
+    import hookcli
+
+    torch.manual_seed(0)
+    model, x = Keeps(), torch.randn(3, 4, requires_grad=True)
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["a", "b"])
+    kept = model.kept[-1]
+    assert x._backward_hooks is not None and kept._backward_hooks is not None  # (hooked)
+    assert not x._backward_hooks and not kept._backward_hooks
+    t = model.a(x)
+    gx, gt = torch.autograd.grad(model.b(t.tanh()).sum(), [x, t])
+    a = next(c for c in report.layers if c.name == "a")
+    assert a.grad_inputs and a.grad_outputs
+    assert a.grad_inputs[0].norm == pytest.approx(gx.double().norm().item(), rel=1e-6)
+    assert a.grad_outputs[0].norm == pytest.approx(gt.double().norm().item(), rel=1e-6)
     assert hooks_left(model) == 0

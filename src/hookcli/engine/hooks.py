@@ -24,6 +24,7 @@ import functools
 import sys
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -52,6 +53,35 @@ GradKey = tuple[int, tuple[int, ...]]  # a gradient tensor: data pointer and sha
 # autograd's per-thread sequence counter: the number the next node will take (a private
 # binding, read where this torch has it; a probe node otherwise)
 _PEEK_SEQ: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+# a gradient hook put straight into a plain tensor's hook dict, as Tensor.register_hook puts
+# it (under an id from RemovableHandle's own counter, so none collides), without its checks,
+# its import and the handle (issue 52: 1.5 µs a hook); False once this torch lacks a part
+_LEAN_HOOKS = [hasattr(RemovableHandle, "next_id")]
+
+
+def _hook_into(t: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> tuple[Any, int] | None:
+    """Hook a plain tensor that requires grad: (its hook dict, the hook's id), to remove it
+    by; None where only `register_hook` can (another tensor type, or a torch without the
+    parts), and the caller registers it."""
+    if type(t) is not torch.Tensor or not _LEAN_HOOKS[0]:
+        return None
+    hooks = t._backward_hooks
+    if hooks is None:
+        node = t.grad_fn
+        try:  # looked up first: a dict set on the tensor and never registered is a lost hook
+            register = node._register_hook_dict if node is not None else None
+        except AttributeError:
+            _LEAN_HOOKS[0] = False
+            return None
+        hooks = t._backward_hooks = OrderedDict()
+        if register is not None:
+            register(t)
+    key = RemovableHandle.next_id
+    RemovableHandle.next_id = key + 1
+    hooks[key] = hook
+    return hooks, key
+
 
 # Nested outputs with more tensors than this are cut short (a note says so); deeper than
 # tree.MAX_DEPTH, not walked.
@@ -227,6 +257,7 @@ class HookSession:
         self.memory = memory  # --memory: engine/memory.py
         self.hook_ns = 0  # --profile: time spent inside these hooks, to subtract from containers
         self.tensor_handles: list[RemovableHandle] = []
+        self._hooked: list[tuple[Any, int]] = []  # gradient hooks put in directly: dict, id
         # a hooked tensor, by id: (itself, weakly; its version then; the hook's handle id;
         # the calls' (pending, "in"/"out", path) it hands the gradient to)
         self._watched: dict[int, tuple[Any, int, int, list[tuple[PendingCall, str, str]]]] = {}
@@ -475,6 +506,9 @@ class HookSession:
         for handle in self.tensor_handles:
             handle.remove()
         self.tensor_handles.clear()
+        for hooks, key in self._hooked:
+            hooks.pop(key, None)
+        self._hooked.clear()
         self._watched.clear()
 
     def _save(self, obj: Any, root: str, kind: str, call: LayerCall) -> None:
@@ -509,10 +543,17 @@ class HookSession:
                     entry[3].append((pending, root, path))
                     continue
             watchers = [(pending, root, path)]
-            handle = t.register_hook(functools.partial(self._on_grad, watchers))  # type: ignore[no-untyped-call]
-            self.tensor_handles.append(handle)
+            hook = functools.partial(self._on_grad, watchers)
+            hooked = _hook_into(t, hook)
+            if hooked is not None:
+                self._hooked.append(hooked)
+                hook_id = hooked[1]
+            else:
+                handle = t.register_hook(hook)  # type: ignore[no-untyped-call]
+                self.tensor_handles.append(handle)
+                hook_id = handle.id
             try:  # noqa: SIM105 (a hot path)
-                watched[key] = (weakref.ref(t), version, handle.id, watchers)
+                watched[key] = (weakref.ref(t), version, hook_id, watchers)
             except TypeError:  # no weak reference to it: each call hooks it again
                 pass
 
