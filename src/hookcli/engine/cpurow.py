@@ -137,26 +137,6 @@ def row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = F
     return finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
 
 
-def rows_together(
-    tensors: Sequence[tuple[torch.Tensor, str]],
-    group: list[int],
-    rows: list[Any],
-    ks: Kernels,
-    *,
-    values: dict[int, list[float | None]] | None = None,
-    small: int = 0,
-) -> None:
-    """The rows of tensors[k] for k in group, from one kernel call; into `values`, the
-    elements of each of at most `small` (non-finite ones None). Each must be a contiguous CPU
-    float32 tensor of 1 to TOGETHER elements."""
-    elements: list[list[float | None] | None] | None = [] if values is not None else None
-    found = segment_rows([tensors[k][0] for k in group], ks, elements, small)
-    for n, (k, row) in enumerate(zip(group, found, strict=True)):
-        rows[k] = row
-        if elements is not None and values is not None and (got := elements[n]) is not None:
-            values[k] = got
-
-
 def segment_rows(
     tensors: Sequence[torch.Tensor],
     ks: Kernels,

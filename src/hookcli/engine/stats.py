@@ -58,7 +58,7 @@ from hookcli.engine.cpurow import (
     Later,
     cpu_row,
     kernel_row,
-    rows_together,
+    segment_rows,
     torch_row,
 )
 from hookcli.engine.devicerow import fused_row, token_rows
@@ -264,44 +264,50 @@ class StatsCollector:
 
     def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
-        measured whole), the small CPU float32 ones measured together, in one call of the
-        segmented kernel, instead of one call each (issue 52)."""
-        rows: list[Row | None] = [None] * len(tensors)
+        measured whole, now), the small CPU float32 ones measured together, each where it
+        lies, in one kernel call instead of one call each (issue 52)."""
         ks = self._kernels
-        picked = [
-            k
-            for k, (t, _) in enumerate(tensors)
-            if type(t) in _PLAIN
-            and t.dtype is torch.float32
-            and t.is_cpu
-            and t.layout is torch.strided
-            and 0 < t.numel() <= TOGETHER
-            and t.is_contiguous()
-            and not t.is_neg()  # (read where it lies: no lazy negation)
-        ]
-        values: dict[int, list[float | None]] = {}
-        if ks is not None and len(picked) > 1 and not (AFTER_PASS or self._bins):
-            start = 0
-            while start < len(picked):  # a bounded copy at a time
-                end, size = start, 0
-                while end < len(picked) and size < TOGETHER * 64:
-                    size += tensors[picked[end]][0].numel()
-                    end += 1
-                rows_together(tensors, picked[start:end], rows, ks, values=values, small=SMALL)
-                start = end
+        book, seen, rows = self.book, self._seen, self._rows
         # what `add` would do with a measured row, where nothing else applies
-        book, seen = self.book, self._seen
-        direct = not (
-            self.channels is not None or self.per_token or book.local_shards or book.layouts
+        direct = ks is not None and not (
+            AFTER_PASS
+            or self._bins
+            or self.channels is not None
+            or self.per_token
+            or book.local_shards
+            or book.layouts
         )
         out = []
-        for k, ((t, path), row) in enumerate(zip(tensors, rows, strict=True)):
-            if row is None or not direct or id(t) in seen:
-                out.append(self.add(t, path, positions=False, given=row))
-                continue
-            stats = TensorStats(path, tuple(t.shape), "float32", t.numel())
-            self._record(stats, row, t, t._version, values.get(k))
-            out.append(stats)
+        together: list[torch.Tensor] = []
+        places: list[int] = []  # their rows' places
+        for t, path in tensors:
+            if (
+                direct
+                and type(t) in _PLAIN
+                and id(t) not in seen
+                and t.dtype is torch.float32
+                and t.is_cpu
+                and t.layout is torch.strided
+                and 0 < (n := t.numel()) <= TOGETHER
+                and t.is_contiguous()
+                and not t.is_neg()  # (read where it lies: no lazy negation)
+            ):
+                stats = TensorStats(path, tuple(t.shape), "float32", n)
+                places.append(len(rows))
+                together.append(t)
+                # (its row, and a small one's elements, filled in below)
+                self._record(stats, EMPTY_ROW, t, t._version, [] if n <= SMALL else None)
+                out.append(stats)
+            else:
+                out.append(self.add(t, path, positions=False))
+        if together:
+            assert ks is not None
+            elements: list[list[float | None] | None] = []
+            found = segment_rows(together, ks, elements, SMALL)
+            for at, row, got in zip(places, found, elements, strict=True):
+                rows[at] = row
+                if got is not None:
+                    self._values[at] = got
         return out
 
     def _record(
