@@ -63,21 +63,19 @@ def numel(p: torch.Tensor | None) -> int:
 
 
 def held(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """A model's parameters and buffers, each shared one once, in one walk of the module
-    dicts (what parameters() and buffers() give, without their generators' cost per module)."""
-    seen: set[int] = set()
-    params: list[torch.Tensor] = []
-    buffers: list[torch.Tensor] = []
-    for module in all_modules(model):
-        for t in module._parameters.values():
-            if t is not None and id(t) not in seen:
-                seen.add(id(t))
-                params.append(t)
-        for b in module._buffers.values() if module._buffers else ():
-            if b is not None and id(b) not in seen:
-                seen.add(id(b))
-                buffers.append(b)
-    return params, buffers
+    """A model's parameters and buffers, each shared one once (a tensor that is both, a
+    parameter), in one walk of the module dicts (what parameters() and buffers() give,
+    without their generators' cost per module)."""
+    modules = all_modules(model)
+    params = {id(t): t for m in modules for t in m._parameters.values() if t is not None}
+    buffers = {
+        id(b): b
+        for m in modules
+        if m._buffers
+        for b in m._buffers.values()
+        if b is not None and id(b) not in params
+    }
+    return list(params.values()), list(buffers.values())
 
 
 def all_modules(model: nn.Module) -> list[nn.Module]:
@@ -109,15 +107,30 @@ def dtypes_held(
     """The floating-point dtype the model's parameters and buffers hold most of (by elements),
     and the others some of them keep (a checkpoint's keep-in-float32 modules); float32 for a
     model with none. `tensors`: what `held(model)` gave, when the caller has it."""
+    return _sizes(held(model) if tensors is None else tensors)[1]
+
+
+def _sizes(
+    tensors: tuple[list[torch.Tensor], list[torch.Tensor]],
+) -> tuple[int, tuple[str, list[str]]]:
+    """The parameters' elements (lazy ones not yet materialised: 0) and `dtypes_held`, from
+    one look at each tensor."""
+    params, buffers = tensors
+    total = 0
     counts: dict[torch.dtype, int] = {}
-    params, buffers = held(model) if tensors is None else tensors
-    for t in (*params, *buffers):
-        if t.is_floating_point() and (type(t) in _PLAIN or not is_lazy(t)):
-            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
+    for group in (params, buffers):
+        for t in group:
+            if type(t) not in _PLAIN and is_lazy(t):
+                continue
+            n = t.numel()
+            if group is params:
+                total += n
+            if t.is_floating_point():
+                counts[t.dtype] = counts.get(t.dtype, 0) + n
     if not counts:
-        return "float32", []
+        return total, ("float32", [])
     main = max(counts, key=lambda k: counts[k])
-    return _dtype_name(main), sorted(_dtype_name(k) for k in counts if k != main)
+    return total, (_dtype_name(main), sorted(_dtype_name(k) for k in counts if k != main))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -138,8 +151,8 @@ def dtype_of(
 
 def params_and_dtype(model: nn.Module) -> tuple[int, str]:
     """count_params and dtype_of from one walk of the model."""
-    tensors = held(model)
-    return sum(numel(p) for p in tensors[0]), dtype_of(model, tensors)
+    total, (main, others) = _sizes(held(model))
+    return total, main + (f" ({', '.join(others)} in some tensors)" if others else "")
 
 
 def has_lazy(model: nn.Module) -> bool:
