@@ -13,8 +13,9 @@ import torch
 
 from hookcli.engine import stats as stats_mod
 from hookcli.engine.stats import StatsCollector, tensor_stats
+from hookcli.records import TensorStats
 from hookcli.runtime import preload
-from tests.support.oracles import assert_stats_match
+from tests.support.oracles import assert_stats_match, oracle
 
 pytestmark = pytest.mark.kernels  # the second CI pass reruns these on generic x86-64
 
@@ -213,6 +214,46 @@ def test_histogram_counts_match_numpy_on_float64(name: str, backend: str) -> Non
     want, _ = np.histogram(finite, bins=12, range=(lo, hi if hi > lo else lo + 1.0))
     # values that sit exactly on an inner edge may fall either side in float32 arithmetic
     assert np.abs(np.asarray(counts) - want).sum() <= 2, (counts, want.tolist())
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+def test_weights_norms_match_the_oracle(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """norms (a model's weights, whose norm alone a report shows): every case's norm over its
+    finite elements equals float64 torch on it (None where it has none), and what add()
+    gives it alone; the small plain ones from one kernel call, read where they lie (an
+    offset view; a lazily negated one is measured as add() measures it)."""
+    if backend == "kernel" and stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    calls = 0
+    if backend == "kernel":
+        together_at = stats_mod.kernels().at  # type: ignore[union-attr]
+
+        def counted(*args: object) -> None:
+            nonlocal calls
+            calls += 1
+            together_at(*args)
+
+        monkeypatch.setattr(stats_mod.kernels(), "at", counted)
+    items = [(t, name) for name, t in CASES.items()]
+    rows = torch.arange(40, dtype=torch.float32).reshape(10, 4) - 7.5
+    items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (rows[3:5], "offset")]
+    items += [(torch._neg_view(rows[1]), "negated"), (torch.full((5,), math.nan), "all nan")]
+    collector = StatsCollector(backend=backend)
+    got = collector.norms(items)
+    assert calls == (1 if backend == "kernel" else 0)
+    collector.finalize()
+    for (t, name), found in zip(items, got, strict=True):
+        # a TensorStats: measured as add() measures it
+        norm = found.norm if isinstance(found, TensorStats) else found
+        want = oracle(t)["norm"]
+        alone = StatsCollector(backend=backend)
+        one = alone.add(t, name, positions=False)
+        alone.finalize()
+        if want is None:
+            assert norm is None and one.norm is None, name
+            continue
+        assert norm is not None and abs(norm - want) <= 2e-5 * abs(want), (name, norm, want)
+        assert norm == one.norm or norm == pytest.approx(one.norm, rel=1e-12, abs=1e-300), name
 
 
 @pytest.mark.parametrize("backend", ["kernel", "torch"])

@@ -137,6 +137,24 @@ def row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = F
     return finish(count, s, q, zeros=zeros, mn=mn, mx=mx, centred=centred, nan=nan, inf=inf)
 
 
+def measurable_together(tensors: Sequence[torch.Tensor]) -> list[bool]:
+    """Which tensors `segment_rows` can read where they lie: plain (or Parameter) contiguous
+    CPU float32 ones of 1 to TOGETHER elements, none a lazily negated view."""
+    return [
+        type(t) in _PLAIN
+        and t.dtype is torch.float32
+        and t.is_cpu
+        and t.layout is torch.strided
+        and 0 < t.numel() <= TOGETHER
+        and t.is_contiguous()
+        and not t.is_neg()  # (read where it lies: no lazy negation)
+        for t in tensors
+    ]
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def segment_rows(
     tensors: Sequence[torch.Tensor],
     ks: Kernels,

@@ -28,7 +28,8 @@ from hookcli.records import ImageNonfinite, LayerCall, Origin, ParamStats, Repor
 from hookcli.tree import iter_tensors
 
 RowCounts = tuple[torch.Tensor, torch.Tensor]  # NaN and Inf per image (int64, on the CPU)
-PendingParam = tuple[ParamStats, TensorStats, TensorStats | None]  # the weight's, the gradient's
+# the weight's norm (or the TensorStats finalize() fills it into), the gradient's statistics
+PendingParam = tuple[ParamStats, float | TensorStats | None, TensorStats | None]
 
 
 def statistics(
@@ -239,20 +240,28 @@ def measure_params(
     collector: StatsCollector,
     grad_of: Callable[[torch.nn.Parameter], torch.Tensor | None] = lambda p: p.grad,
 ) -> dict[str, list[PendingParam]]:
-    """Each claimed parameter and its gradient (`grad_of`: its .grad after backward; a folder
-    run's sum over the batches), measured by the collector."""
+    """Each claimed parameter's norm and its gradient's statistics (`grad_of`: its .grad after
+    backward; a folder run's sum over the batches), measured by the collector."""
     every = [(p, name) for own in params.values() for name, p in own]
-    with_grad = [(p, name, g) for p, name in every if (g := grad_of(p)) is not None]
-    # all weights, then all gradients: the small ones measured together (add_whole)
-    measured = collector.add_whole(every + [(g, f"{name}.grad") for _, name, g in with_grad])
-    weights = iter(measured[: len(every)])
-    of_grad = {id(p): s for (p, _, _), s in zip(with_grad, measured[len(every) :], strict=True)}
+    grads = [grad_of(p) for p, _ in every]
+    # the small ones measured together: the weights' norms, then the gradients
+    norms = iter(collector.norms(every))
+    measured = iter(
+        collector.add_whole(
+            [
+                (g, f"{name}.grad")
+                for (_, name), g in zip(every, grads, strict=True)
+                if g is not None
+            ]
+        )
+    )
+    got = iter(grads)
     return {
         target: [
             (
                 ParamStats(name, tuple(p.shape), p.numel(), p.requires_grad, None),
-                next(weights),
-                of_grad.get(id(p)),
+                next(norms),
+                next(measured) if next(got) is not None else None,
             )
             for name, p in own
         ]
@@ -262,7 +271,7 @@ def measure_params(
 
 def finish_param(pending: PendingParam) -> ParamStats:
     ps, weight, g = pending
-    ps.norm = weight.norm
+    ps.norm = weight.norm if isinstance(weight, TensorStats) else weight
     if g is not None:
         ps.grad = g
         ps.grad_norm = g.norm

@@ -58,13 +58,22 @@ from hookcli.engine.cpurow import (
     Later,
     cpu_row,
     kernel_row,
+    measurable_together,
     segment_rows,
     torch_row,
 )
 from hookcli.engine.devicerow import fused_row, token_rows
 from hookcli.engine.histogram import histogram
 from hookcli.engine.sharded import ShardBook, not_merged
-from hookcli.engine.statrow import AFTER_PASS, EMPTY_ROW, Row, after_pass, fill
+from hookcli.engine.statrow import (
+    AFTER_PASS,
+    COUNT,
+    EMPTY_ROW,
+    NORM,
+    Row,
+    after_pass,
+    fill,
+)
 from hookcli.engine.tensorbits import (
     ATTENTION,
     FLAT,
@@ -266,32 +275,13 @@ class StatsCollector:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
         measured whole, now), the small CPU float32 ones measured together, each where it
         lies, in one kernel call instead of one call each (issue 52)."""
-        ks = self._kernels
-        book, seen, rows = self.book, self._seen, self._rows
-        # what `add` would do with a measured row, where nothing else applies
-        direct = ks is not None and not (
-            AFTER_PASS
-            or self._bins
-            or self.channels is not None
-            or self.per_token
-            or book.local_shards
-            or book.layouts
-        )
+        rows, seen = self._rows, self._seen
         out = []
         together: list[torch.Tensor] = []
         places: list[int] = []  # their rows' places
-        for t, path in tensors:
-            if (
-                direct
-                and type(t) in _PLAIN
-                and id(t) not in seen
-                and t.dtype is torch.float32
-                and t.is_cpu
-                and t.layout is torch.strided
-                and 0 < (n := t.numel()) <= TOGETHER
-                and t.is_contiguous()
-                and not t.is_neg()  # (read where it lies: no lazy negation)
-            ):
+        for (t, path), plain in zip(tensors, self._together([t for t, _ in tensors]), strict=True):
+            if plain and id(t) not in seen:
+                n = t.numel()
                 stats = TensorStats(path, tuple(t.shape), "float32", n)
                 places.append(len(rows))
                 together.append(t)
@@ -301,14 +291,57 @@ class StatsCollector:
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
-            assert ks is not None
+            assert self._kernels is not None  # (nothing is together without them)
             elements: list[list[float | None] | None] = []
-            found = segment_rows(together, ks, elements, SMALL)
+            found = segment_rows(together, self._kernels, elements, SMALL)
             for at, row, got in zip(places, found, elements, strict=True):
                 rows[at] = row
                 if got is not None:
                     self._values[at] = got
         return out
+
+    def norms(
+        self, tensors: Sequence[tuple[torch.Tensor, str]]
+    ) -> list[float | TensorStats | None]:
+        """Each tensor's norm over its finite elements, None where it has none (a model's
+        weights, whose other statistics no report shows): a small plain one's now, from one
+        kernel call for them all, with no TensorStats made, kept or filled (issue 52); any
+        other's as `add(t, path, positions=False)` measures it, a TensorStats whose norm
+        finalize() fills in."""
+        out: list[float | TensorStats | None] = []
+        together: list[torch.Tensor] = []
+        places: list[int] = []
+        for (t, path), plain in zip(tensors, self._together([t for t, _ in tensors]), strict=True):
+            if plain:
+                places.append(len(out))
+                together.append(t)
+                out.append(None)  # (below)
+            else:
+                out.append(self.add(t, path, positions=False))
+        if together:
+            assert self._kernels is not None  # (nothing is together without them)
+            found = segment_rows(together, self._kernels)
+            for at, row in zip(places, found, strict=True):
+                norm = row[NORM]
+                out[at] = norm if row[COUNT] > 0 and math.isfinite(norm) else None
+        return out
+
+    def _together(self, tensors: list[torch.Tensor]) -> list[bool]:
+        """Which tensors (measured whole, now) the kernel measures together, where they lie
+        (`measurable_together`), when nothing else about them is wanted (channels, tokens,
+        histograms, shards, more statistics)."""
+        book = self.book
+        if (
+            self._kernels is None
+            or AFTER_PASS
+            or self._bins
+            or self.channels is not None
+            or self.per_token
+            or book.local_shards
+            or book.layouts
+        ):
+            return [False] * len(tensors)
+        return measurable_together(tensors)
 
     def _record(
         self,
