@@ -154,3 +154,43 @@ def test_targets_and_losses() -> None:
         hookcli.grads("resnet18", x, device="cpu", target="1000")
     with pytest.raises(UsageError, match="shape 1x1000"):
         hookcli.grads("resnet18", x, device="cpu", loss="mse:ones:10")
+
+
+class MixedWeights(nn.Module):
+    """Weights measured each way: small float32 ones together, one past TOGETHER elements
+    alone, float64 ones by the careful path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small = nn.Linear(4, 6)
+        self.wide = nn.Linear(6, 3000)  # 18,000 weights
+        self.wide64 = nn.Linear(3000, 2).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wide64(self.wide(self.small(x)).double()).float()  # type: ignore[no-any-return]
+
+
+def test_each_weights_norm_and_gradient_whatever_its_size_or_dtype() -> None:
+    """Every parameter's norm, its gradient's statistics, norm, mean, largest magnitude and
+    the ratio of the two norms equal float64 torch on the parameter and on .grad after a
+    plain backward, whichever way each was measured."""
+    torch.manual_seed(0)
+    model, x = MixedWeights(), torch.randn(5, 4)
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0)
+    twin = copy.deepcopy(model)
+    twin(x).sum().backward()
+    params, ref = dict(model.named_parameters()), dict(twin.named_parameters())
+    seen = 0
+    for call in report.layers:
+        for p in call.params or []:
+            weight, grad = params[f"{call.name}.{p.name}"], ref[f"{call.name}.{p.name}"].grad
+            assert grad is not None and p.grad is not None
+            norm, grad_norm = weight.double().norm().item(), grad.double().norm().item()
+            assert p.norm == pytest.approx(norm, rel=1e-9), (call.name, p.name)
+            assert_stats_match(p.grad, grad, rtol=1e-5, same_tensor=False)
+            assert p.grad_norm == pytest.approx(grad_norm, rel=1e-5)
+            assert p.grad_mean == pytest.approx(grad.double().mean().item(), rel=1e-4, abs=1e-9)
+            assert p.grad_max_abs == pytest.approx(grad.abs().max().item(), rel=1e-5)
+            assert p.ratio == pytest.approx(grad_norm / norm, rel=1e-5)
+            seen += 1
+    assert seen == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,3 +115,39 @@ def test_what_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
     assert with_hist._later.at == []
     with_hist.finalize()
     assert s.hist is not None
+
+
+def test_tensors_read_where_they_lie_give_the_row_of_one_call_each() -> None:
+    """segment_rows reads each tensor at its address: views at offsets into one storage, a
+    float32 array off a 4-byte boundary (numpy's may be; read from an aligned copy), each
+    small one's elements; every row is the one a kernel call for the tensor alone gives, bit
+    for bit, and the elements are the tensor's, non-finite ones None."""
+    ks = _kernels()
+    cases = list(_small_cases().values())
+    base = torch.cat([t.reshape(-1) for t in cases])
+    views, at = [], 0
+    for t in cases:  # each case again, as a view into the joined storage at its offset
+        views.append(base[at : at + t.numel()])
+        at += t.numel()
+    raw = bytearray(4 * 33 + 1)
+    odd = torch.from_numpy(np.frombuffer(raw, dtype=np.float32, count=33, offset=1))
+    odd.copy_(torch.linspace(-2.0, 3.0, 33))
+    assert odd.data_ptr() % 4 != 0
+    tensors = [*cases, *views, odd]
+    elements: list[list[float | None] | None] = []
+    rows = cpurow.segment_rows(tensors, ks, elements, 16)
+    for t, row, got in zip(tensors, rows, elements, strict=True):
+        want = cpurow.kernel_row(t.clone(), ks, np.empty(7))
+        assert repr(row) == repr(want)
+        if t.numel() <= 16:
+            assert got == [v if math.isfinite(v) else None for v in t.tolist()]
+        else:
+            assert got is None
+
+
+def test_a_tensor_without_storage_is_refused_not_read() -> None:
+    ks = _kernels()
+    t = torch.randn(8)
+    t.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="no storage"):
+        cpurow.segment_rows([torch.randn(4), t], ks)

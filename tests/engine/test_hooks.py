@@ -260,3 +260,45 @@ def test_gradient_hooks_put_into_tensors_are_gone_after_the_pass() -> None:
     assert a.grad_inputs[0].norm == pytest.approx(gx.double().norm().item(), rel=1e-6)
     assert a.grad_outputs[0].norm == pytest.approx(gt.double().norm().item(), rel=1e-6)
     assert hooks_left(model) == 0
+
+
+class Chunked(nn.Module):
+    """Its intermediate carries a hook of the user's before hookcli's (a second output of
+    chunk: output_nr 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(4, 4)
+        self.kept: list[torch.Tensor] = []
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, t = self.a(x).chunk(2, dim=-1)
+        t.register_hook(lambda g: self.seen.append(g.clone()))
+        self.kept.append(t)
+        return self.b(t)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_users_own_gradient_hook_stays_and_still_runs(
+    direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor that already holds a hook of the user's gets hookcli's in the same dict (put
+    there directly, or through register_hook where the direct way is not available): both
+    run, the user's sees autograd's gradient, and only the user's is left after the pass."""
+    import hookcli
+
+    if not direct:
+        monkeypatch.setattr(hooks_mod, "_LEAN_HOOKS", [False])
+    torch.manual_seed(0)
+    model, x = Chunked(), torch.randn(3, 4)
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["b"])
+    kept = model.kept[-1]
+    assert kept._backward_hooks is not None and len(kept._backward_hooks) == 1
+    _, t = model.a(x).chunk(2, dim=-1)
+    (want,) = torch.autograd.grad(model.b(t).sum(), [t])
+    assert torch.equal(model.seen[-1], want)
+    b = next(c for c in report.layers if c.name == "b")
+    assert b.grad_inputs
+    assert b.grad_inputs[0].norm == pytest.approx(want.double().norm().item(), rel=1e-6)
+    assert hooks_left(model) == 0

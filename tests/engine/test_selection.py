@@ -6,7 +6,15 @@ import pytest
 import torch
 import torchvision
 
-from hookcli.engine.selection import module_entries, select
+from hookcli.engine.selection import (
+    count_params,
+    dtype_of,
+    dtypes_held,
+    held,
+    module_entries,
+    params_and_dtype,
+    select,
+)
 from hookcli.errors import UsageError
 from tests.support.models import Aliased
 
@@ -170,3 +178,23 @@ def test_a_remembered_table_does_not_keep_its_model_alive() -> None:
     del model
     gc.collect()
     assert gone() is None
+
+
+def test_what_a_model_holds_each_tensor_once_and_its_dtypes() -> None:
+    """held(): every parameter and buffer once, in registration order, a tensor that is both
+    (a module's buffer that is another's parameter) a parameter; the count and dtypes from
+    it equal parameters()/buffers() by hand; a lazy parameter counts 0 and no dtype."""
+    main, pre = torch.nn.Linear(3, 3), torch.nn.Module()
+    pre.register_buffer("shared", main.weight)  # (before main in the walk)
+    pre.register_buffer("scale", torch.ones(4, dtype=torch.float64))
+    model = torch.nn.Sequential(pre, main, torch.nn.LazyLinear(2), torch.nn.BatchNorm1d(2))
+    params, buffers = held(model)
+    assert [id(p) for p in params] == [id(p) for p in model.parameters()]
+    assert all(id(b) not in {id(p) for p in params} for b in buffers)
+    assert [id(b) for b in buffers] == [id(b) for b in model.buffers() if id(b) != id(main.weight)]
+    want = sum(p.numel() for p in (main.weight, main.bias, *model[3].parameters()))
+    assert count_params(model) == want
+    total, dtype = params_and_dtype(model)
+    assert total == want
+    assert dtype == "float32 (float64 in some tensors)" == dtype_of(model)
+    assert dtypes_held(model) == ("float32", ["float64"])

@@ -139,7 +139,7 @@ def row_of_sums(flat: np.ndarray[Any, Any], out: Any, ks: Kernels, par: bool = F
 
 def measurable_together(tensors: Sequence[torch.Tensor]) -> list[bool]:
     """Which tensors `segment_rows` can read where they lie: plain (or Parameter) contiguous
-    CPU float32 ones of 1 to TOGETHER elements, none a lazily negated view."""
+    CPU float32 ones of 1 to TOGETHER elements, none a lazily negated view nor nested."""
     return [
         type(t) in _PLAIN
         and t.dtype is torch.float32
@@ -148,6 +148,7 @@ def measurable_together(tensors: Sequence[torch.Tensor]) -> list[bool]:
         and 0 < t.numel() <= TOGETHER
         and t.is_contiguous()
         and not t.is_neg()  # (read where it lies: no lazy negation)
+        and not t.is_nested
         for t in tensors
     ]
 
@@ -168,6 +169,16 @@ def segment_rows(
     tensor's elements if it has at most `small` (non-finite ones None), else None."""
     sizes = np.fromiter((t.numel() for t in tensors), np.int64, len(tensors))
     addresses = np.fromiter((t.data_ptr() for t in tensors), np.uint64, len(tensors))
+    odd = addresses % 4 != 0
+    if odd.any() or not addresses.all():
+        # a float32 array off a 4-byte boundary (numpy's may be, and a tensor made from one):
+        # read from an aligned copy; one without storage (resized to nothing): refused
+        tensors = list(tensors)
+        for j in np.flatnonzero(odd | (addresses == 0)).tolist():
+            if addresses[j] == 0:
+                raise ValueError(f"a tensor of {sizes[j]} elements has no storage to read")
+            tensors[j] = tensors[j].clone()
+            addresses[j] = tensors[j].data_ptr()
     sums = np.empty((len(tensors), 7), dtype=np.float64)
     values = np.empty(int(sizes[sizes <= small].sum()) if elements is not None else 0)
     # the tensors are held (by `tensors`) through the call: the addresses stay theirs

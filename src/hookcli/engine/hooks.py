@@ -56,7 +56,9 @@ _PEEK_SEQ: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence
 
 # a gradient hook put straight into a plain tensor's hook dict, as Tensor.register_hook puts
 # it (under an id from RemovableHandle's own counter, so none collides), without its checks,
-# its import and the handle (issue 52: 1.5 µs a hook); False once this torch lacks a part
+# its import and the handle (issue 52: 1.5 µs a hook); False once this torch lacks a part.
+# A plain tensor has no __torch_function__ of its own to dispatch register_hook to; a mode
+# or a patch that intercepts register_hook does not see these (hookcli removes them itself)
 _LEAN_HOOKS = [hasattr(RemovableHandle, "next_id")]
 
 

@@ -18,7 +18,7 @@ def load() -> None:
     _kernels.fused_serial(values, out)
     _kernels.careful_serial(values, 0.0, out)
     at = np.array([values.ctypes.data, values.ctypes.data + 16], np.uint64)
-    _kernels.fused_at(at, np.array([4, 4]), np.zeros((2, 7)), 4, np.zeros(8))
+    _kernels.fused_at(at, np.array([4, 4], np.int64), np.zeros((2, 7)), 4, np.zeros(8))
     rows, block, moments = np.zeros((2, 4), np.float32), np.zeros((8, 4)), np.zeros(2)
     _chankernels.first_rows_serial(rows, np.float32(6), block)  # --channels' own
     _chankernels.second_rows_serial(rows, block[1], 0.0, block, moments)

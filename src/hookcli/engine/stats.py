@@ -411,13 +411,10 @@ class StatsCollector:
         self._record(stats, EMPTY_ROW, t, version, _small_values(t) if n <= SMALL else None)
         return stats
 
-    def add(
-        self, t: torch.Tensor, path: str, *, positions: bool = True, given: Row | None = None
-    ) -> TensorStats:
+    def add(self, t: torch.Tensor, path: str, *, positions: bool = True) -> TensorStats:
         """Measure t now; return its TensorStats, whose numbers finalize() fills in.
         `positions`: t may hold a padded batch's token positions (False: a parameter or its
-        gradient, measured whole whatever its shape). `given`: t's row, measured already (by
-        `add_whole`)."""
+        gradient, measured whole whatever its shape)."""
         book = self.book
         # a plain tensor may be a shard: a sharded DTensor was met (its local tensors may
         # follow), or a tensor-parallel plan's styles declare some
@@ -425,7 +422,6 @@ class StatsCollector:
             part = book.part(t, self.context, path)
             if part is not None:
                 t, groups, shape = part
-                given = None  # (another tensor's values)
                 if groups:
                     return self._add_sharded(t, groups, shape, path, positions)
         key = id(t)
@@ -462,7 +458,7 @@ class StatsCollector:
             said = book.plain(seen, stats, len(self._rows), self.context)
         # reads detached data only: no autograd graph is made; the row is appended next
         # (a tensor held for later is measured into that place)
-        row, note = self._measure(t) if given is None or padded else (given, None)
+        row, note = self._measure(t)
         if said:
             note = f"{note}; {said}" if note else said
         if padded:
