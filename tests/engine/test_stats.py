@@ -216,31 +216,38 @@ def test_histogram_counts_match_numpy_on_float64(name: str, backend: str) -> Non
     assert np.abs(np.asarray(counts) - want).sum() <= 2, (counts, want.tolist())
 
 
+def _together_calls(backend: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """[how many calls] of the kernel that measures tensors together, counted from now on
+    (the kernel backend; skipped where numba is unavailable)."""
+    calls = [0]
+    if backend == "kernel":
+        ks = stats_mod.kernels()
+        if ks is None:
+            pytest.skip("numba unavailable")
+        together_at = ks.at
+
+        def counted(*args: object) -> None:
+            calls[0] += 1
+            together_at(*args)
+
+        monkeypatch.setattr(ks, "at", counted)
+    return calls
+
+
 @pytest.mark.parametrize("backend", ["kernel", "torch"])
 def test_weights_norms_match_the_oracle(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """norms (a model's weights, whose norm alone a report shows): every case's norm over its
     finite elements equals float64 torch on it (None where it has none), and what add()
     gives it alone; the small plain ones from one kernel call, read where they lie (an
     offset view; a lazily negated one is measured as add() measures it)."""
-    if backend == "kernel" and stats_mod.kernels() is None:
-        pytest.skip("numba unavailable")
-    calls = 0
-    if backend == "kernel":
-        together_at = stats_mod.kernels().at  # type: ignore[union-attr]
-
-        def counted(*args: object) -> None:
-            nonlocal calls
-            calls += 1
-            together_at(*args)
-
-        monkeypatch.setattr(stats_mod.kernels(), "at", counted)
+    calls = _together_calls(backend, monkeypatch)
     items = [(t, name) for name, t in CASES.items()]
     rows = torch.arange(40, dtype=torch.float32).reshape(10, 4) - 7.5
     items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (rows[3:5], "offset")]
     items += [(torch._neg_view(rows[1]), "negated"), (torch.full((5,), math.nan), "all nan")]
     collector = StatsCollector(backend=backend)
     got = collector.norms(items)
-    assert calls == (1 if backend == "kernel" else 0)
+    assert calls == [1 if backend == "kernel" else 0]
     collector.finalize()
     for (t, name), found in zip(items, got, strict=True):
         # a TensorStats: measured as add() measures it
@@ -265,18 +272,7 @@ def test_tensors_measured_together_match_the_oracle(
     on it and what add() gives it alone, each small one's elements too; a tensor given twice
     is measured once. Each is read where it lies: one with an offset into its storage, one
     that is a lazily negated view of another (read as torch reads it, or not together)."""
-    if backend == "kernel" and stats_mod.kernels() is None:
-        pytest.skip("numba unavailable")
-    calls = 0
-    if backend == "kernel":
-        together_at = stats_mod.kernels().at  # type: ignore[union-attr]
-
-        def counted(*args: object) -> None:
-            nonlocal calls
-            calls += 1
-            together_at(*args)
-
-        monkeypatch.setattr(stats_mod.kernels(), "at", counted)
+    calls = _together_calls(backend, monkeypatch)
     items = [(t, name) for name, t in CASES.items()]
     items += [(torch.nn.Parameter(torch.randn(8, 8)), "weight"), (items[0][0], "again")]
     rows = torch.arange(40, dtype=torch.float32).reshape(10, 4) - 7.5
@@ -285,7 +281,7 @@ def test_tensors_measured_together_match_the_oracle(
     together = StatsCollector(backend=backend)
     got = together.add_whole(items)
     [csr] = together.add_whole([(sparse, "sparse")])  # measured alone, as add() measures it
-    assert calls == (1 if backend == "kernel" else 0)  # (the negated one: held for later)
+    assert calls == [1 if backend == "kernel" else 0]  # (the negated one: held for later)
     together.finalize()
     assert (csr.numel, csr.mean, csr.zeros) == (9, pytest.approx(1 / 3), pytest.approx(2 / 3))
     for (t, name), stats in zip(items, got, strict=True):
