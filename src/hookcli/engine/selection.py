@@ -357,9 +357,11 @@ def _default(entry: ModuleEntry) -> bool:
     MultiheadAttention holds `in_proj_weight` itself and never calls its `out_proj` as a
     module; without this rule the attention itself would go unseen.
     """
+    if entry.leaf:
+        return True
     if isinstance(entry.module, torch.jit.ScriptModule) and entry.unhookable is None:
         return True  # a TorchScript module is seen at its call only: its insides are not
-    return entry.leaf or (entry.own_params > 0 and entry.depth > 0)
+    return entry.own_params > 0 and entry.depth > 0
 
 
 def _suggest(word: str, candidates: Sequence[str]) -> list[str]:
@@ -412,7 +414,7 @@ def select(
 
     chosen: list[ModuleEntry] = []
     for e in entries:
-        if any(_match(p, e) for p in always):  # needed by a rule (--expect-shape), whatever else
+        if always and any(_match(p, e) for p in always):  # needed by a rule (--expect-shape)
             chosen.append(e)
             continue
         if layers and not any(_match(p, e) for p in layers):
