@@ -264,7 +264,7 @@ class Later:
         return self.held + n > LATER_HELD
 
     def add(self, at: int, x: torch.Tensor) -> None:
-        self.copies.append(x.clone(memory_format=torch.contiguous_format))
+        self.copies.append(x.clone())  # (x is contiguous: so is its copy, read in place)
         self.at.append(at)
         self.held += x.numel()
 
