@@ -122,6 +122,11 @@ def _api_rank(rank: int, folder: str, port: int, out: str, world: int) -> None:
             "resnet18", folder, layers=["layer4.1.*"], batch_size=2, hist=True, per_image=1
         )
         Path(out, f"w{world}rank{rank}.json").write_text(json.dumps(report.to_dict()))
+        if world > 1:
+            # every rank here before any takes the group down: a rank that destroyed its gloo
+            # group while another was still in the last collective was seen to abort it
+            # ("terminate called without an active exception", SIGABRT) on a busy machine
+            dist.barrier()
     finally:
         if world > 1:
             dist.destroy_process_group()

@@ -140,6 +140,7 @@ def main() -> None:
         seen[name] = {"code": res.exit_code, "stdout": res.stdout, "stderr": res.stderr}
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     watched(folder, out / "watch.jsonl", tp=True)
+    dist.barrier()  # every rank here before any takes the group down (sharded_run._leave)
     dist.destroy_process_group()
 
 
