@@ -194,3 +194,34 @@ def test_each_weights_norm_and_gradient_whatever_its_size_or_dtype() -> None:
             assert p.ratio == pytest.approx(grad_norm / norm, rel=1e-5)
             seen += 1
     assert seen == 6
+
+
+class ScalesItsWeight(nn.Module):
+    """Hands its weight to a hooked module as an input, then changes it through .data (no
+    version bump): the weight the pass ends with is not the one the call saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 4))
+        self.seen = nn.Identity()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.seen(self.weight)
+        out = self.lin(x @ w.t() @ w)
+        self.weight.data.mul_(2.0)
+        return out  # type: ignore[no-any-return]
+
+
+def test_a_weight_seen_as_an_input_is_measured_as_the_pass_left_it() -> None:
+    """A parameter's norm is its norm when the parameters are measured, after the pass (as
+    its gradient is), not the row of the call that saw it as an input earlier."""
+    torch.manual_seed(0)
+    model, x = ScalesItsWeight(), torch.randn(5, 4)
+    before = model.weight.detach().clone()
+    report = hookcli.grads(model, x, device="cpu", target="sum", topk=0, layers=["seen", ""])
+    seen = next(c for c in report.layers if c.name == "seen")
+    assert seen.inputs[0].norm == pytest.approx(before.double().norm().item(), rel=1e-9)
+    root = next(c for c in report.layers if c.name == "(model)")
+    [weight] = [p for p in root.params or [] if p.name == "weight"]
+    assert weight.norm == pytest.approx(2.0 * before.double().norm().item(), rel=1e-9)
