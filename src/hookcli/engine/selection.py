@@ -98,7 +98,7 @@ def all_modules(model: nn.Module) -> list[nn.Module]:
 
 def count_params(model: nn.Module) -> int:
     """Parameters of a model, each shared one once; lazy ones not yet materialised count 0."""
-    return sum(numel(p) for p in held(model)[0])
+    return _sizes(held(model))[0]
 
 
 def dtypes_held(
