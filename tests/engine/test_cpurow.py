@@ -70,7 +70,7 @@ def test_small_tensors_are_measured_after_the_pass_as_they_were_when_seen(
     for t in cases.values():
         t.mul_(-3.0).add_(1.0)  # after the hook
     collector.finalize()
-    assert collector._later.at == [] and collector._later.copies == []
+    assert collector._later.at == [] and collector._later.starts == []
     monkeypatch.setattr(stats_mod, "TOGETHER", 0)  # now each measured at once, alone
     alone = StatsCollector(backend="kernel")
     want = {name: alone.add(t, name) for name, t in kept.items()}
@@ -79,6 +79,43 @@ def test_small_tensors_are_measured_after_the_pass_as_they_were_when_seen(
     for name, t in kept.items():
         assert_stats_match(got[name], t)
         assert repr(_row(got[name])) == repr(_row(want[name])), name
+
+
+def test_what_is_held_is_each_tensors_values_whatever_lies_under_it() -> None:
+    """Held tensors are copied into one buffer as their bytes lie, where their bytes are
+    their values: a view at an offset, one that needs grad, a float32 array off a 4-byte
+    boundary; a lazily negated view is copied as its values (the bytes are not). Each row
+    and each small one's elements are the float64 oracle's of the tensor when it was seen,
+    after every source is changed in place."""
+    _kernels()
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(64, generator=g)
+    raw = np.frombuffer(np.random.default_rng(2).standard_normal(41).astype(np.float32).tobytes()
+                        + b"\0", dtype=np.uint8)  # fmt: skip
+    odd = torch.from_numpy(raw[1:161].view(np.float32))  # (numpy allows the misaligned view)
+    assert odd.data_ptr() % 4 != 0
+    cases = {
+        "offset view": base[5:17],
+        "negated": torch._neg_view(torch.randn(9, generator=g)),
+        "needs grad": torch.randn(3, 4, generator=g, requires_grad=True),
+        "odd address": odd,
+        "small negated": torch._neg_view(torch.tensor([1.5, -2.0, 0.25])),
+    }
+    kept = {name: t.detach().resolve_neg().clone() for name, t in cases.items()}
+    collector = StatsCollector(backend="kernel")
+    got = {name: collector.add(t, name) for name, t in cases.items()}
+    assert len(collector._later.at) == len(cases)
+    with torch.no_grad():
+        base.fill_(7.0)
+        odd.fill_(-1.0)
+        cases["needs grad"].mul_(3.0)
+    collector.finalize()
+    for name, t in kept.items():
+        assert_stats_match(got[name], t)
+        assert got[name].mean is not None and math.isclose(
+            got[name].mean, t.double().mean().item(), rel_tol=1e-12, abs_tol=1e-12
+        ), name
+    assert got["small negated"].values == [-1.5, 2.0, -0.25]
 
 
 def test_what_is_held_is_bounded_and_measured_when_the_bound_is_reached(

@@ -11,6 +11,7 @@ centred pass then fixes it).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -179,9 +180,31 @@ def segment_rows(
                 raise ValueError(f"a tensor of {sizes[j]} elements has no storage to read")
             tensors[j] = tensors[j].clone()
             addresses[j] = tensors[j].data_ptr()
-    sums = np.empty((len(tensors), 7), dtype=np.float64)
-    values = np.empty(int(sizes[sizes <= small].sum()) if elements is not None else 0)
     # the tensors are held (by `tensors`) through the call: the addresses stay theirs
+    return rows_at(
+        addresses,
+        sizes,
+        ks,
+        lambda j: tensors[j].detach().numpy().reshape(-1),
+        elements=elements,
+        small=small,
+    )
+
+
+def rows_at(
+    addresses: np.ndarray[Any, Any],
+    sizes: np.ndarray[Any, Any],
+    ks: Kernels,
+    flat: Callable[[int], np.ndarray[Any, Any]],
+    *,
+    elements: list[list[float | None] | None] | None = None,
+    small: int = 0,
+) -> list[Row]:
+    """`segment_rows` of float32 runs at aligned `addresses` (uint64) of `sizes` (int64)
+    elements, which the caller keeps alive; `flat(j)`: run j as a numpy array, for the ones
+    measured one by one."""
+    sums = np.empty((len(sizes), 7), dtype=np.float64)
+    values = np.empty(int(sizes[sizes <= small].sum()) if elements is not None else 0)
     ks.at(addresses, sizes, sums, small if elements is not None else 0, values)
     n = sizes.astype(np.float64)
     s, q, zeros, mn, mx = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4]
@@ -194,7 +217,7 @@ def segment_rows(
         norm = np.where(constant, np.abs(mn) * np.sqrt(n), np.sqrt(q))
         # what `finish` does otherwise: NaN/Inf present, cancellation
         careful = ~finite | (~constant & (q / n > MAX_CANCELLATION * var) & (q > 0))
-    none = [0.0] * len(tensors)
+    none = [0.0] * len(sizes)
     rows: list[Row] = list(
         zip(
             n.tolist(), mean.tolist(), var.tolist(), mn.tolist(), mx.tolist(), zeros.tolist(),
@@ -202,8 +225,7 @@ def segment_rows(
         )
     )  # fmt: skip
     for j in np.flatnonzero(careful).tolist():
-        flat = tensors[j].detach().numpy().reshape(-1)
-        rows[j] = row_of_sums(flat, sums[j], ks)
+        rows[j] = row_of_sums(flat(j), sums[j], ks)
     if elements is not None:
         at = 0
         for size, row in zip(sizes.tolist(), rows, strict=True):
@@ -247,15 +269,33 @@ def finish(
     return (count, mean, var, mn, mx, zeros, nan, inf, norm)
 
 
+def _memmove() -> Callable[[int, int, int], Any]:
+    """memmove(dst, src, n), called holding the GIL where ctypes tells its address
+    (ctypes.memmove lets the GIL go and takes it back, which costs more than 128 bytes' copy)."""
+    address = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
+    if not address:
+        return ctypes.memmove
+    kind = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    return kind(address)
+
+
+_COPY = _memmove()
+
+
 class Later:
     """Small contiguous CPU float32 tensors (at most TOGETHER elements each), measured after
-    the pass, together: a copy of each is taken as the hook sees it (an in-place op after the
-    hook must not change what is measured), and every `LATER_HELD` elements, or at the end,
-    one call of the segmented kernel measures them all (issue 52: one kernel call per tensor
-    cost more than the copy). Rows come out as `row_of_sums` gives them, bit for bit."""
+    the pass, together: each is copied as the hook sees it (an in-place op after the hook
+    must not change what is measured) into one buffer, and every `LATER_HELD` elements, or
+    at the end, one call of the segmented kernel measures them all where they lie in it
+    (issue 52: one kernel call per tensor cost more than the copy, and a copy as a new
+    tensor, `clone`, cost twice a `memmove` into the buffer). Rows come out as `row_of_sums`
+    gives them, bit for bit."""
 
     def __init__(self) -> None:
-        self.copies: list[torch.Tensor] = []
+        self.buffer: torch.Tensor | None = None  # LATER_HELD float32 elements, at first use
+        self.base = 0  # its address
+        self.starts: list[int] = []  # each copy's first element in it
+        self.sizes: list[int] = []
         self.at: list[int] = []  # each copy's place among the collector's rows
         self.held = 0
 
@@ -264,15 +304,36 @@ class Later:
         return self.held + n > LATER_HELD
 
     def add(self, at: int, x: torch.Tensor) -> None:
-        self.copies.append(x.clone())  # (x is contiguous: so is its copy, read in place)
+        """Copy x (contiguous, CPU, float32, at most TOGETHER elements; not `full`) now."""
+        buffer = self.buffer
+        if buffer is None:
+            buffer = self.buffer = torch.empty(LATER_HELD)
+            self.base = buffer.data_ptr()
+        start, n = self.held, x.numel()
+        address = x.data_ptr()
+        if address and not x.is_neg():  # its bytes are its values: copied as they lie
+            _COPY(self.base + 4 * start, address, 4 * n)
+        else:  # lazily negated (torch resolves it), or no storage (torch says so)
+            buffer[start : start + n].copy_(x.detach().reshape(-1))
+        self.starts.append(start)
+        self.sizes.append(n)
         self.at.append(at)
-        self.held += x.numel()
+        self.held = start + n
 
     def rows(self, ks: Kernels) -> list[tuple[int, Row]]:
         """Every held tensor's row, with its place; nothing is held after."""
-        if not self.copies:
+        if not self.at or self.buffer is None:
             return []
-        copies, at = self.copies, self.at
-        self.copies, self.at, self.held = [], [], 0
-        rows = segment_rows(copies, ks)
+        starts = np.array(self.starts, np.uint64)
+        sizes = np.array(self.sizes, np.int64)
+        at = self.at
+        self.starts, self.sizes, self.at, self.held = [], [], [], 0
+        values = self.buffer.numpy()
+        # (the buffer is held by self through the call: the addresses stay its own)
+        rows = rows_at(
+            starts * np.uint64(4) + np.uint64(self.base),
+            sizes,
+            ks,
+            lambda j: values[int(starts[j]) : int(starts[j]) + int(sizes[j])],
+        )
         return list(zip(at, rows, strict=True))

@@ -407,7 +407,7 @@ class StatsCollector:
         if later.full(n):
             self._settle_later(ks)
         # (measured after the pass into the place its row takes next)
-        later.add(len(self._rows), t.detach() if t.requires_grad else t)
+        later.add(len(self._rows), t)
         self._record(stats, EMPTY_ROW, t, version, _small_values(t) if n <= SMALL else None)
         return stats
 
