@@ -565,32 +565,35 @@ class HookSession:
         """A watched tensor's gradient arrived: each call that watches it takes it."""
         if grad is None:  # no gradient reached this tensor: null, never an error
             return
+        key = grad_key(grad)  # (one gradient, however many calls take it)
         for pending, root, path in watchers:
-            self._grad_arrived(pending, root, path, grad)
+            self._grad_arrived(pending, root, path, grad, key)
 
-    def _grad_arrived(self, pending: PendingCall, root: str, path: str, grad: torch.Tensor) -> None:
+    def _grad_arrived(
+        self, pending: PendingCall, root: str, path: str, grad: torch.Tensor, key: GradKey | None
+    ) -> None:
         # --profile: the first output gradient starts the module's backward, the first input
         # gradient ends it
         if self._beacon is not None:
-            self._mark_backward(pending.call, root, grad)
+            self._mark_backward(pending.call, root, key)
         if self.profile:
             marks = pending.t_backward
             if (root == "out" and not marks) or (root == "in" and len(marks) == 1):
                 marks.append(time.perf_counter_ns())
         self._grad_events += 1
         if pending.bytes is not None and self.memory is not None:
-            key = storage_key(grad)  # --memory: the gradient's own storage
-            if key is not None:
-                pending.bytes.grad_storages.setdefault(*key)
+            storage = storage_key(grad)  # --memory: the gradient's own storage
+            if storage is not None:
+                pending.bytes.grad_storages.setdefault(*storage)
             if root == "out":
                 self.memory.output_grad(pending.bytes)
         if root == "in":
             if pending.grad_input_seen is None:
                 pending.grad_input_seen = self._grad_events
-                pending.grad_input_key = grad_key(grad)
+                pending.grad_input_key = key
         elif pending.grad_output_seen is None:
             pending.grad_output_seen = self._grad_events
-            pending.grad_output_key = grad_key(grad)
+            pending.grad_output_key = key
         collector = self.collector
         if collector is None:
             return  # a timing-only session
@@ -606,12 +609,11 @@ class HookSession:
         except Exception as exc:  # never break the user's backward either
             call.error = f"could not measure the gradient of {path}: {exc}"
 
-    def _mark_backward(self, call: LayerCall, root: str, grad: torch.Tensor) -> None:
+    def _mark_backward(self, call: LayerCall, root: str, key: GradKey | None) -> None:
         """Crash beacon: an output gradient starts that layer's backward; an input gradient
         ends it — unless the same gradient just started the backward of the layer that made
         that input (one tensor, two hooks: the more precise place stays)."""
-        assert self._beacon is not None
-        key = grad_key(grad)  # None (a sparse gradient): placed by the hook alone
+        assert self._beacon is not None  # (key None, a sparse gradient: placed by the hook alone)
         if root == "out":
             self._started_by = key
             self._beacon.at(f"in the backward of layer {call.name} call {call.call}")
