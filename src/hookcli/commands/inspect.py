@@ -151,8 +151,9 @@ def _report_of_run(
         if name in first_call:
             first_call[name].params = [finish_param(p) for p in pending]
     value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
+    tensors = held(loaded.module)  # (after the pass: lazy parameters are materialised)
     report = Report(
-        model=model_info(loaded, run.train, prepared.seed),
+        model=model_info(loaded, run.train, prepared.seed, tensors),
         input=input_info(model_input),
         device=str(prepared.device),
         layers=layers,
@@ -164,7 +165,7 @@ def _report_of_run(
         outputs=outputs,
         predictions=predictions,
         prediction_note=note,
-        notes=_notes(prepared, measured),
+        notes=_notes(prepared, measured, tensors[0]),
         backward=backward_of(prepared, value),
         input_grads=input_grads if prepared.input_leaves else None,
         nonfinite_origins=origins_of(prepared, session, outputs),
@@ -176,13 +177,14 @@ def _report_of_run(
     return finish(measured, report, probes)
 
 
-def _notes(prepared: Prepared, measured: Measured) -> list[str]:
+def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor]) -> list[str]:
     """What every pass says: the machine, the preparation, how the pass ran, what could not
-    be hooked or failed in a layer, the inputs skipped."""
+    be hooked or failed in a layer, the inputs skipped. `params`: the model's, after the
+    pass."""
     session, model_input = measured.session, measured.model_input
     assert measured.result is not None
     notes = isa.notes() + prepared.notes + measured.result.notes
-    if measured.armed.backward and any(p.is_meta for p in held(prepared.loaded.module)[0]):
+    if measured.armed.backward and any(p.is_meta for p in params):
         notes.append(
             "parameters on the meta device (offloaded, e.g. by accelerate, and loaded only "
             "while their module runs): their weights and gradients cannot be read here"
@@ -223,10 +225,16 @@ def _topk(topk: int | None, loaded: LoadedModel) -> int:
     return topk
 
 
-def model_info(loaded: LoadedModel, train: bool = False, seed: int | None = None) -> ModelInfo:
+def model_info(
+    loaded: LoadedModel,
+    train: bool = False,
+    seed: int | None = None,
+    tensors: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> ModelInfo:
     """The model's description; its parameter count taken now (after the forward, lazy
-    parameters are materialised)."""
-    params, dtype = params_and_dtype(loaded.module)
+    parameters are materialised). `tensors`: what `held(loaded.module)` gives now, when the
+    caller has it."""
+    params, dtype = params_and_dtype(loaded.module, tensors)
     return ModelInfo(
         loaded.name,
         loaded.spec,

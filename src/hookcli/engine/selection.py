@@ -149,9 +149,12 @@ def dtype_of(
     return main + (f" ({', '.join(others)} in some tensors)" if others else "")
 
 
-def params_and_dtype(model: nn.Module) -> tuple[int, str]:
-    """count_params and dtype_of from one walk of the model."""
-    total, (main, others) = _sizes(held(model))
+def params_and_dtype(
+    model: nn.Module, tensors: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+) -> tuple[int, str]:
+    """count_params and dtype_of from one walk of the model (`tensors`: what `held(model)`
+    gave, when the caller has it)."""
+    total, (main, others) = _sizes(held(model) if tensors is None else tensors)
     return total, main + (f" ({', '.join(others)} in some tensors)" if others else "")
 
 
