@@ -4,7 +4,10 @@ one kernel call per tensor gives, bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -90,8 +93,12 @@ def test_what_is_held_is_each_tensors_values_whatever_lies_under_it() -> None:
     _kernels()
     g = torch.Generator().manual_seed(11)
     base = torch.randn(64, generator=g)
-    raw = np.frombuffer(np.random.default_rng(2).standard_normal(41).astype(np.float32).tobytes()
-                        + b"\0", dtype=np.uint8)  # fmt: skip
+    raw = np.frombuffer(
+        bytearray(
+            np.random.default_rng(2).standard_normal(41).astype(np.float32).tobytes() + b"\0"
+        ),
+        dtype=np.uint8,
+    )
     odd = torch.from_numpy(raw[1:161].view(np.float32))  # (numpy allows the misaligned view)
     assert odd.data_ptr() % 4 != 0
     cases = {
@@ -116,6 +123,110 @@ def test_what_is_held_is_each_tensors_values_whatever_lies_under_it() -> None:
             got[name].mean, t.double().mean().item(), rel_tol=1e-12, abs_tol=1e-12
         ), name
     assert got["small negated"].values == [-1.5, 2.0, -0.25]
+
+
+@pytest.mark.parametrize("default", ["float64", "bfloat16", "meta", "inference"])
+def test_what_is_held_is_float32_on_the_cpu_whatever_torch_defaults_to(default: str) -> None:
+    """The buffer copies go to is the same whatever the process has set when it is made:
+    torch's default dtype (float64, bfloat16: no narrower buffer overrun, no wider one read
+    wrong), its default device (meta), inference mode (a negated view copied by torch
+    outside it later). Every row is the float64 oracle's."""
+    _kernels()
+    g = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(16000, generator=g) for _ in range(3)]
+    tensors.append(torch._neg_view(torch.randn(50, generator=g)))
+    tensors[0][::97] = math.nan
+    kept = [t.resolve_neg().clone() for t in tensors]
+    collector = StatsCollector(backend="kernel")
+    old_dtype = torch.get_default_dtype()
+    with contextlib.ExitStack() as stack:
+        if default == "meta":
+            stack.enter_context(torch.device("meta"))
+        elif default == "inference":
+            stack.enter_context(torch.inference_mode())
+        else:
+            torch.set_default_dtype(getattr(torch, default))
+            stack.callback(torch.set_default_dtype, old_dtype)
+        got = [collector.add(tensors[0], "first")]  # (the buffer is made here)
+    got += [collector.add(t, f"t{k}") for k, t in enumerate(tensors[1:], 1)]
+    assert len(collector._later.at) == len(tensors)
+    collector.finalize()
+    for s, t in zip(got, kept, strict=True):
+        assert_stats_match(s, t)
+
+
+def test_a_tensor_past_the_bound_is_held_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound below a tensor's size (no production value is): the tensor is held alone,
+    in a buffer that fits it, and measured right; nothing is written past the buffer."""
+    _kernels()
+    monkeypatch.setattr(cpurow, "LATER_HELD", 100)
+    t = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    collector = StatsCollector(backend="kernel")
+    first = collector.add(torch.randn(60), "a")
+    s = collector.add(t, "big")  # (full: what is held is measured first)
+    assert collector._later.starts == [0]
+    later = cpurow.Later()
+    later.add(0, t)
+    with pytest.raises(ValueError, match="do not fit"):
+        later.add(1, torch.randn(cpurow.TOGETHER))
+    collector.finalize()
+    assert_stats_match(s, t)
+    assert first.mean is not None
+
+
+def test_copies_from_several_threads_never_pass_the_buffer() -> None:
+    """Hooks firing on several threads at once into one Later (not supported for the
+    numbers), each checking `full` and adding without waiting for the others, switches forced
+    between bytecodes: no copy is written past the buffer (the process lives), a copy that
+    would not fit is refused, and what was held is measured."""
+    ks = _kernels()
+    g = torch.Generator().manual_seed(9)
+    sizes = torch.randint(1, 3000, (400,), generator=g).tolist()
+    tensors = [torch.randn(n, generator=g) for n in sizes]
+    later = cpurow.Later()
+    refused: list[int] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+
+        def work(part: int) -> None:
+            for k in range(part, len(tensors), 4):
+                if later.full(tensors[k].numel()):
+                    continue
+                try:
+                    later.add(k, tensors[k])
+                except ValueError:
+                    refused.append(k)
+
+        threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert later.store is not None
+    size = later.store[0].shape[0]
+    assert all(s + n <= size for s, n in zip(later.starts, later.sizes, strict=True))
+    held = list(later.at)
+    assert len(held) + len(refused) > 0
+    rows = later.rows(ks)
+    assert [k for k, _ in rows] == held
+    assert all(row[0] == tensors[k].numel() for k, row in rows)
+
+
+def test_a_tensor_that_cannot_be_read_leaves_nothing_held() -> None:
+    """A hooked tensor whose elements cannot be read (a zero tensor without storage: its
+    tolist raises) fails alone: nothing of it is held to take the next tensor's place."""
+    _kernels()
+    collector = StatsCollector(backend="kernel")
+    zero = torch._efficientzerotensor(4)
+    with pytest.raises(RuntimeError):
+        collector.quick(zero, "zero")
+    assert collector._later.at == []
+    s = collector.quick(torch.full((4,), 3.0), "three")
+    collector.finalize()
+    assert s.mean == 3.0 and s.values == [3.0] * 4
 
 
 def test_what_is_held_is_bounded_and_measured_when_the_bound_is_reached(

@@ -289,11 +289,19 @@ class Later:
     at the end, one call of the segmented kernel measures them all where they lie in it
     (issue 52: one kernel call per tensor cost more than the copy, and a copy as a new
     tensor, `clone`, cost twice a `memmove` into the buffer). Rows come out as `row_of_sums`
-    gives them, bit for bit."""
+    gives them, bit for bit.
+
+    The buffer is numpy's (float32 on the CPU whatever torch's default dtype and device, and
+    never an inference tensor), of at least TOGETHER elements, so that any tensor fits once
+    what is held has been measured; a copy that would pass its end is refused, never
+    written, whatever else runs at the same time (hooks on several threads at once into one
+    collector are not supported: their numbers may mix, as its rows' places may, but no
+    copy goes outside the buffer)."""
 
     def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None  # LATER_HELD float32 elements, at first use
-        self.base = 0  # its address
+        self.bound = LATER_HELD  # elements held at most before they are measured
+        # the buffer (made at the first add) with its address, set together
+        self.store: tuple[np.ndarray[Any, Any], int] | None = None
         self.starts: list[int] = []  # each copy's first element in it
         self.sizes: list[int] = []
         self.at: list[int] = []  # each copy's place among the collector's rows
@@ -301,20 +309,24 @@ class Later:
 
     def full(self, n: int) -> bool:
         """Whether `n` more elements would pass what is held at most."""
-        return self.held + n > LATER_HELD
+        return self.held + n > self.bound
 
     def add(self, at: int, x: torch.Tensor) -> None:
-        """Copy x (contiguous, CPU, float32, at most TOGETHER elements; not `full`) now."""
-        buffer = self.buffer
-        if buffer is None:
-            buffer = self.buffer = torch.empty(LATER_HELD)
-            self.base = buffer.data_ptr()
+        """Copy x (contiguous, CPU, float32, at most TOGETHER elements) now, in its place
+        `at` among the collector's rows; a caller measures what is held first when `full`."""
+        store = self.store
+        if store is None:
+            made = np.empty(max(self.bound, TOGETHER), np.float32)
+            store = self.store = (made, made.ctypes.data)
+        buffer, base = store
         start, n = self.held, x.numel()
+        if start + n > buffer.shape[0]:
+            raise ValueError(f"{n} elements do not fit in what is held for later")
         address = x.data_ptr()
         if address and not x.is_neg():  # its bytes are its values: copied as they lie
-            _COPY(self.base + 4 * start, address, 4 * n)
-        else:  # lazily negated (torch resolves it), or no storage (torch says so)
-            buffer[start : start + n].copy_(x.detach().reshape(-1))
+            _COPY(base + 4 * start, address, 4 * n)
+        else:  # a lazily negated view, or no bytes of its own (a zero tensor): by torch
+            torch.from_numpy(buffer[start : start + n]).copy_(x.detach().reshape(-1))
         self.starts.append(start)
         self.sizes.append(n)
         self.at.append(at)
@@ -322,16 +334,16 @@ class Later:
 
     def rows(self, ks: Kernels) -> list[tuple[int, Row]]:
         """Every held tensor's row, with its place; nothing is held after."""
-        if not self.at or self.buffer is None:
+        store = self.store
+        if not self.at or store is None:
             return []
+        values, base = store  # (held through the call: the addresses stay its own)
         starts = np.array(self.starts, np.uint64)
         sizes = np.array(self.sizes, np.int64)
         at = self.at
         self.starts, self.sizes, self.at, self.held = [], [], [], 0
-        values = self.buffer.numpy()
-        # (the buffer is held by self through the call: the addresses stay its own)
         rows = rows_at(
-            starts * np.uint64(4) + np.uint64(self.base),
+            starts * np.uint64(4) + np.uint64(base),
             sizes,
             ks,
             lambda j: values[int(starts[j]) : int(starts[j]) + int(sizes[j])],

@@ -406,9 +406,10 @@ class StatsCollector:
         later = self._later
         if later.full(n):
             self._settle_later(ks)
+        values = _small_values(t) if n <= SMALL else None  # (first: it may raise)
         # (measured after the pass into the place its row takes next)
         later.add(len(self._rows), t)
-        self._record(stats, EMPTY_ROW, t, version, _small_values(t) if n <= SMALL else None)
+        self._record(stats, EMPTY_ROW, t, version, values)
         return stats
 
     def add(self, t: torch.Tensor, path: str, *, positions: bool = True) -> TensorStats:
