@@ -69,15 +69,15 @@ def test_small_tensors_are_measured_after_the_pass_as_they_were_when_seen(
     kept = {name: t.clone() for name, t in cases.items()}
     collector = StatsCollector(backend="kernel")
     got = {name: collector.add(t, name) for name, t in cases.items()}
-    assert len(collector._later.at) == len(cases)  # held, none measured yet
+    assert len(collector._later.copies) == len(cases)  # held, none measured yet
     for t in cases.values():
         t.mul_(-3.0).add_(1.0)  # after the hook
     collector.finalize()
-    assert collector._later.at == [] and collector._later.starts == []
+    assert collector._later.copies == []
     monkeypatch.setattr(stats_mod, "TOGETHER", 0)  # now each measured at once, alone
     alone = StatsCollector(backend="kernel")
     want = {name: alone.add(t, name) for name, t in kept.items()}
-    assert alone._later.at == []
+    assert alone._later.copies == []
     alone.finalize()
     for name, t in kept.items():
         assert_stats_match(got[name], t)
@@ -111,7 +111,7 @@ def test_what_is_held_is_each_tensors_values_whatever_lies_under_it() -> None:
     kept = {name: t.detach().resolve_neg().clone() for name, t in cases.items()}
     collector = StatsCollector(backend="kernel")
     got = {name: collector.add(t, name) for name, t in cases.items()}
-    assert len(collector._later.at) == len(cases)
+    assert len(collector._later.copies) == len(cases)
     with torch.no_grad():
         base.fill_(7.0)
         odd.fill_(-1.0)
@@ -149,7 +149,7 @@ def test_what_is_held_is_float32_on_the_cpu_whatever_torch_defaults_to(default: 
             stack.callback(torch.set_default_dtype, old_dtype)
         got = [collector.add(tensors[0], "first")]  # (the buffer is made here)
     got += [collector.add(t, f"t{k}") for k, t in enumerate(tensors[1:], 1)]
-    assert len(collector._later.at) == len(tensors)
+    assert len(collector._later.copies) == len(tensors)
     collector.finalize()
     for s, t in zip(got, kept, strict=True):
         assert_stats_match(s, t)
@@ -164,7 +164,7 @@ def test_a_tensor_past_the_bound_is_held_whole(monkeypatch: pytest.MonkeyPatch) 
     collector = StatsCollector(backend="kernel")
     first = collector.add(torch.randn(60), "a")
     s = collector.add(t, "big")  # (full: what is held is measured first)
-    assert collector._later.starts == [0]
+    assert [c[0] for c in collector._later.copies] == [0]
     later = cpurow.Later()
     later.add(0, t)
     with pytest.raises(ValueError, match="do not fit"):
@@ -174,17 +174,20 @@ def test_a_tensor_past_the_bound_is_held_whole(monkeypatch: pytest.MonkeyPatch) 
     assert first.mean is not None
 
 
-def test_copies_from_several_threads_never_pass_the_buffer() -> None:
+def test_copies_and_measuring_from_several_threads_stay_inside_the_buffer() -> None:
     """Hooks firing on several threads at once into one Later (not supported for the
-    numbers), each checking `full` and adding without waiting for the others, switches forced
-    between bytecodes: no copy is written past the buffer (the process lives), a copy that
-    would not fit is refused, and what was held is measured."""
+    numbers): four threads copy, checking `full` without waiting for each other, while a
+    fifth measures what is held, over and over, switches forced every microsecond. Nothing
+    is written or read outside the buffer (the process lives), and every row that comes
+    back is of a tensor's size, at that tensor's place."""
     ks = _kernels()
     g = torch.Generator().manual_seed(9)
-    sizes = torch.randint(1, 3000, (400,), generator=g).tolist()
+    sizes = torch.randint(1, 3000, (2000,), generator=g).tolist()
     tensors = [torch.randn(n, generator=g) for n in sizes]
     later = cpurow.Later()
-    refused: list[int] = []
+    later.bound = 4000  # (measured often)
+    got: list[tuple[int, tuple[float, ...]]] = []
+    done = threading.Event()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
@@ -193,26 +196,67 @@ def test_copies_from_several_threads_never_pass_the_buffer() -> None:
             for k in range(part, len(tensors), 4):
                 if later.full(tensors[k].numel()):
                     continue
-                try:
+                with contextlib.suppress(ValueError):  # (two threads past `full` at once)
                     later.add(k, tensors[k])
-                except ValueError:
-                    refused.append(k)
+
+        def measure() -> None:
+            while not done.is_set():
+                got.extend(later.rows(ks))
 
         threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
+        reader = threading.Thread(target=measure)
+        reader.start()
         for th in threads:
             th.start()
         for th in threads:
             th.join()
+        done.set()
+        reader.join()
     finally:
         sys.setswitchinterval(interval)
+    got.extend(later.rows(ks))
+    assert got
+    assert all(row[0] == tensors[k].numel() for k, row in got)
+
+
+def test_a_run_outside_the_buffer_is_not_read() -> None:
+    """A held run recorded past the buffer's end (only racing hooks could record one) is not
+    read: its row is left out, the others come back."""
+    ks = _kernels()
+    later = cpurow.Later()
+    t = torch.randn(50)
+    later.add(3, t)
     assert later.store is not None
     size = later.store[0].shape[0]
-    assert all(s + n <= size for s, n in zip(later.starts, later.sizes, strict=True))
-    held = list(later.at)
-    assert len(held) + len(refused) > 0
+    later.copies += [(size - 10, 100, 7), (-4, 10, 8), (0, 0, 9)]
     rows = later.rows(ks)
-    assert [k for k, _ in rows] == held
-    assert all(row[0] == tensors[k].numel() for k, row in rows)
+    assert [k for k, _ in rows] == [3]
+    assert repr(rows[0][1]) == repr(cpurow.kernel_row(t, ks, np.empty(7)))
+
+
+def test_a_tensor_without_storage_is_refused_by_what_is_held() -> None:
+    """A tensor with no storage to read (freed; functionalized) is refused, not read and not
+    left to whatever the buffer held; a zero tensor, with no bytes at all, is held as zeros."""
+    ks = _kernels()
+    later = cpurow.Later()
+    later.add(0, torch.full((40,), 7.0))
+    later.rows(ks)  # (the buffer holds 7s now)
+    freed = torch.randn(40)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="no storage"):
+        later.add(1, freed)
+
+    def doubled(a: torch.Tensor) -> torch.Tensor:
+        b = a * 2
+        with pytest.raises(ValueError, match="no storage"):
+            later.add(2, b)
+        return b
+
+    torch.func.functionalize(doubled)(torch.ones(40))
+    assert later.copies == []
+    later.add(3, torch._efficientzerotensor(40))
+    ((place, row),) = later.rows(ks)
+    assert place == 3 and row[0] == 40 and row[1] == 0.0 and row[3] == row[4] == 0.0
 
 
 def test_a_tensor_that_cannot_be_read_leaves_nothing_held() -> None:
@@ -223,7 +267,7 @@ def test_a_tensor_that_cannot_be_read_leaves_nothing_held() -> None:
     zero = torch._efficientzerotensor(4)
     with pytest.raises(RuntimeError):
         collector.quick(zero, "zero")
-    assert collector._later.at == []
+    assert collector._later.copies == []
     s = collector.quick(torch.full((4,), 3.0), "three")
     collector.finalize()
     assert s.mean == 3.0 and s.values == [3.0] * 4
@@ -257,10 +301,10 @@ def test_what_is_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
     collector = StatsCollector(backend="kernel")
     for t in (big, strided, half):
         collector.add(t, "x")
-    assert collector._later.at == []
+    assert collector._later.copies == []
     with_hist = StatsCollector(backend="kernel", hist_bins=4)
     s = with_hist.add(torch.randn(10), "x")
-    assert with_hist._later.at == []
+    assert with_hist._later.copies == []
     with_hist.finalize()
     assert s.hist is not None
 

@@ -293,18 +293,17 @@ class Later:
 
     The buffer is numpy's (float32 on the CPU whatever torch's default dtype and device, and
     never an inference tensor), of at least TOGETHER elements, so that any tensor fits once
-    what is held has been measured; a copy that would pass its end is refused, never
-    written, whatever else runs at the same time (hooks on several threads at once into one
-    collector are not supported: their numbers may mix, as its rows' places may, but no
-    copy goes outside the buffer)."""
+    what is held has been measured. A copy that would pass its end is refused, never
+    written; each copy is recorded in one step, and every run is checked against the
+    buffer's end before it is read. Hooks firing on several threads at once into one
+    collector are not supported (their numbers may mix, as the collector's rows' places
+    may), but no copy, nor any read, goes outside the buffer."""
 
     def __init__(self) -> None:
         self.bound = LATER_HELD  # elements held at most before they are measured
         # the buffer (made at the first add) with its address, set together
         self.store: tuple[np.ndarray[Any, Any], int] | None = None
-        self.starts: list[int] = []  # each copy's first element in it
-        self.sizes: list[int] = []
-        self.at: list[int] = []  # each copy's place among the collector's rows
+        self.copies: list[tuple[int, int, int]] = []  # (first element, size, row's place)
         self.held = 0
 
     def full(self, n: int) -> bool:
@@ -313,7 +312,8 @@ class Later:
 
     def add(self, at: int, x: torch.Tensor) -> None:
         """Copy x (contiguous, CPU, float32, at most TOGETHER elements) now, in its place
-        `at` among the collector's rows; a caller measures what is held first when `full`."""
+        `at` among the collector's rows; a caller measures what is held first when `full`.
+        A tensor with no storage to read (freed, or functionalized) is refused."""
         store = self.store
         if store is None:
             made = np.empty(max(self.bound, TOGETHER), np.float32)
@@ -323,29 +323,38 @@ class Later:
         if start + n > buffer.shape[0]:
             raise ValueError(f"{n} elements do not fit in what is held for later")
         address = x.data_ptr()
-        if address and not x.is_neg():  # its bytes are its values: copied as they lie
+        if address:  # its bytes, copied as they lie
             _COPY(base + 4 * start, address, 4 * n)
-        else:  # a lazily negated view, or no bytes of its own (a zero tensor): by torch
-            torch.from_numpy(buffer[start : start + n]).copy_(x.detach().reshape(-1))
-        self.starts.append(start)
-        self.sizes.append(n)
-        self.at.append(at)
+            if x.is_neg():  # a lazily negated view: its bytes are its values' negatives
+                run = buffer[start : start + n]
+                np.negative(run, out=run)
+        elif getattr(x, "_is_zerotensor", lambda: False)():  # zeros, with no bytes at all
+            buffer[start : start + n] = 0.0
+        else:
+            raise ValueError(f"a tensor of {n} elements has no storage to read")
+        self.copies.append((start, n, at))
         self.held = start + n
 
     def rows(self, ks: Kernels) -> list[tuple[int, Row]]:
         """Every held tensor's row, with its place; nothing is held after."""
         store = self.store
-        if not self.at or store is None:
+        copies, self.copies = self.copies, []
+        self.held = 0
+        if not copies or store is None:
             return []
         values, base = store  # (held through the call: the addresses stay its own)
-        starts = np.array(self.starts, np.uint64)
-        sizes = np.array(self.sizes, np.int64)
-        at = self.at
-        self.starts, self.sizes, self.at, self.held = [], [], [], 0
+        table = np.array(copies, np.int64).reshape(-1, 3)
+        # (a run that is not inside the buffer, which only hooks racing on several threads
+        # could record, is not read: its statistics stay empty)
+        table = table[
+            (table[:, 1] > 0) & (table[:, 0] >= 0) & (table[:, 0] + table[:, 1] <= len(values))
+        ]
+        starts = table[:, 0]
+        sizes = np.ascontiguousarray(table[:, 1])
         rows = rows_at(
-            starts * np.uint64(4) + np.uint64(base),
+            starts.astype(np.uint64) * np.uint64(4) + np.uint64(base),
             sizes,
             ks,
             lambda j: values[int(starts[j]) : int(starts[j]) + int(sizes[j])],
         )
-        return list(zip(at, rows, strict=True))
+        return list(zip(table[:, 2].tolist(), rows, strict=True))

@@ -619,7 +619,7 @@ class StatsCollector:
 
     def finalize(self) -> None:
         """Fill every TensorStats handed out since the last finalize: one transfer per device."""
-        if self._later.at:
+        if self._later.copies:
             assert self._kernels is not None  # (tensors are held only once the kernels are)
             self._settle_later(self._kernels)
         # CPU rows are tuples of floats already; device rows come over in one transfer each
