@@ -302,3 +302,30 @@ def test_a_users_own_gradient_hook_stays_and_still_runs(
     assert b.grad_inputs
     assert b.grad_inputs[0].norm == pytest.approx(want.double().norm().item(), rel=1e-6)
     assert hooks_left(model) == 0
+
+
+def test_a_pass_inside_the_users_inference_mode_is_measured_as_outside() -> None:
+    """Called inside the user's `torch.inference_mode()`, every tensor the hooks see is an
+    inference tensor, which has no version counter: each is measured at each sight (an
+    in-place ReLU changes its input unseen), and the report is the one outside it, each
+    statistic the float64 oracle's of the tensor as the hook saw it."""
+    import hookcli
+    from tests.support.oracles import assert_stats_match
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    outside = hookcli.inspect(model, x, topk=0)
+    with torch.inference_mode():
+        inside = hookcli.inspect(model, x, topk=0)
+        hidden = model[0](x)
+        want = {"0": (x, hidden.clone()), "1": (hidden.clone(), hidden.relu()), "2": None}
+    assert [c.error for c in inside.layers] == [None, None, None]
+    for a, b in zip(inside.layers, outside.layers, strict=True):
+        assert [(s.mean, s.std, s.min, s.max) for s in a.inputs + a.outputs] == [
+            (s.mean, s.std, s.min, s.max) for s in b.inputs + b.outputs
+        ]
+        pair = want[a.name]
+        if pair is not None:
+            assert_stats_match(a.inputs[0], pair[0])
+            assert_stats_match(a.outputs[0], pair[1])

@@ -85,6 +85,7 @@ from hookcli.engine.tensorbits import (
     own_positions,
     real_valued,
     unpadded,
+    version_of,
 )
 from hookcli.options import STATS_BACKENDS
 from hookcli.records import TensorStats, TokenRow
@@ -286,7 +287,7 @@ class StatsCollector:
                 places.append(len(rows))
                 together.append(t)
                 # (its row, and a small one's elements, filled in below)
-                self._record(stats, EMPTY_ROW, t, t._version, [] if n <= SMALL else None)
+                self._record(stats, EMPTY_ROW, t, version_of(t), [] if n <= SMALL else None)
                 out.append(stats)
             else:
                 out.append(self.add(t, path, positions=False))
@@ -360,7 +361,8 @@ class StatsCollector:
         if values is not None:
             self._values[idx] = values
             self._wants_values.append((stats, idx))
-        self._seen[id(t)] = (weakref.ref(t), version, idx)
+        if version >= 0:  # (an inference tensor has no version: never taken as seen)
+            self._seen[id(t)] = (weakref.ref(t), version, idx)
 
     def quick(self, t: torch.Tensor, path: str) -> TensorStats:
         """`add(t, path)` for a layer call's tensor, by the short way where it applies (issue
@@ -384,7 +386,10 @@ class StatsCollector:
             return self.add(t, path)
         key = id(t)
         hit = self._seen.get(key)
-        version = t._version
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor: no version counter, never seen before
+            version = -1
         if hit is not None and hit[0]() is t and hit[1] == version:
             idx = hit[2]
             stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
@@ -427,7 +432,7 @@ class StatsCollector:
                     return self._add_sharded(t, groups, shape, path, positions)
         key = id(t)
         hit = self._seen.get(key)
-        version = t._version
+        version = version_of(t)
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
         padded = self._padded(t) if self.token_mask is not None and positions else 0
         if padded:
@@ -488,10 +493,11 @@ class StatsCollector:
             seen, idx, padded, t if padded else None
         ):
             self._wants_chan.append((stats, idx))
-        try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
-            self._seen[key] = (weakref.ref(seen), version, idx)
-        except TypeError:  # no weakref support: measured again next time
-            pass
+        if version >= 0:  # (an inference tensor has no version: never taken as seen)
+            try:  # noqa: SIM105 (a hot path: suppress() costs an object per call)
+                self._seen[key] = (weakref.ref(seen), version, idx)
+            except TypeError:  # no weakref support: measured again next time
+                pass
         return stats
 
     def _add_sharded(

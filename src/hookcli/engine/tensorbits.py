@@ -26,6 +26,16 @@ def finite_or_none(v: float) -> float | None:
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
+def version_of(t: torch.Tensor) -> int:
+    """t's version counter; -1 for an inference tensor, which has none (made under
+    `torch.inference_mode()`, it may change in place there unseen, so a collector measures
+    it at each sight, never taking it as one seen before)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return -1
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
