@@ -35,6 +35,7 @@ from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, all_modules, held
 from hookcli.engine.targets import TargetSpec
 from hookcli.engine.targets import scalar as scalar_of
+from hookcli.engine.tensorbits import version_of
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput
 from hookcli.runtime import beacon, gcpause
@@ -288,10 +289,10 @@ def _state_print(modules: Sequence[nn.Module], params: Sequence[torch.Tensor]) -
             if type(v) in _SCALARS:
                 seen.append((m, k, v))
             elif isinstance(v, torch.Tensor):
-                seen.append((m, k, (id(v), _version(v))))
+                seen.append((m, k, (id(v), version_of(v))))
             elif isinstance(v, (list, dict)) and k not in _MODULE_ATTRIBUTES:
                 seen.append((m, k, (id(v), len(v))))
-    seen += [(p, id(p.grad), _version(p.grad) if p.grad is not None else None) for p in params]
+    seen += [(p, id(p.grad), version_of(p.grad) if p.grad is not None else None) for p in params]
     return seen
 
 
@@ -342,7 +343,7 @@ class BufferSnapshot:
     device, once per buffer (docs/traps.md §8); a copy is queued like any kernel."""
 
     def __init__(self, modules: Iterator[nn.Module] | Sequence[nn.Module]) -> None:
-        self.items: list[tuple[nn.Module, str, Any, int | None, torch.Tensor | None]] = []
+        self.items: list[tuple[nn.Module, str, Any, int, torch.Tensor | None]] = []
         self.names: list[tuple[nn.Module, frozenset[str]]] = []
         self.scripted: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
@@ -358,9 +359,9 @@ class BufferSnapshot:
                 self.names.append((m, frozenset(bufs)))
                 for name, b in bufs.items():
                     if b is None or is_lazy(b):
-                        self.items.append((m, name, b, None, None))
+                        self.items.append((m, name, b, -1, None))
                     else:
-                        self.items.append((m, name, b, _version(b), b.detach().clone()))
+                        self.items.append((m, name, b, version_of(b), b.detach().clone()))
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -372,7 +373,7 @@ class BufferSnapshot:
                     continue
                 if (orig.shape, orig.dtype, orig.device) != (copy.shape, copy.dtype, copy.device):
                     orig.data = copy.clone()  # given another shape, dtype or device by `.data =`
-                elif version is None or _version(orig) != version or not _same(orig, copy):
+                elif version < 0 or version_of(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
             for b, copy in self.scripted:
                 if not _same(b, copy):
@@ -426,14 +427,6 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """The in-place version counter; None for tensors without one (inference mode)."""
-    try:
-        return int(t._version)
-    except RuntimeError:
-        return None
 
 
 @contextlib.contextmanager

@@ -386,7 +386,7 @@ class StatsCollector:
             return self.add(t, path)
         key = id(t)
         hit = self._seen.get(key)
-        try:
+        try:  # (tensorbits.version_of, inlined: this runs once per hooked tensor)
             version = t._version
         except RuntimeError:  # an inference tensor: no version counter, never seen before
             version = -1

@@ -42,6 +42,7 @@ from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
 from hookcli.engine.hooks import HookSession, Target, measure
 from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import any_nonfinite, find_origins
+from hookcli.engine.tensorbits import version_of
 from hookcli.errors import UsageError, one_line
 from hookcli.io.recordjson import RecordError, from_json
 from hookcli.records import BundleInfo, LayerCall, Origin, TensorStats
@@ -71,7 +72,7 @@ class ForwardCapture:
     def written_since(self) -> bool:
         """Whether an argument tensor was changed in place after the forward began (the
         saved batch is then not the one the step saw)."""
-        now = [_version(t) for _, t in iter_tensors((self.args, self.kwargs), "in")]
+        now = [version_of(t) for _, t in iter_tensors((self.args, self.kwargs), "in")]
         return now != self.versions
 
     def to_saved(self) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def capture_forward(
         autocast,
         [m.training for m in modules],
     )
-    capture.versions = [_version(t) for _, t in iter_tensors((args, kwargs), "in")]
+    capture.versions = [version_of(t) for _, t in iter_tensors((args, kwargs), "in")]
     return capture
 
 
@@ -151,13 +152,6 @@ def watch_output(capture: ForwardCapture, output: Any) -> None:
                 capture.grads[path] = grad
 
             t.register_hook(keep)  # type: ignore[no-untyped-call]
-
-
-def _version(t: torch.Tensor) -> int:
-    try:
-        return int(t._version)
-    except RuntimeError:  # inference tensors have none
-        return -1
 
 
 @dataclass(slots=True)
