@@ -493,6 +493,38 @@ def test_generate_hooks_every_step_and_makes_transformers_tokens(llama: Path) ->
     assert any("call 0 is the prompt" in n for n in report.notes)
 
 
+def test_generate_from_a_tensor_prompt_reports_the_new_tokens_alone(llama: Path) -> None:
+    """The Python API's prompt as a bare tensor of ids (generate's positional `inputs`): the
+    new tokens are generate's sequences after the prompt, as from text or keyword tensors,
+    and the prompt counts against the model's positions (the prompt was taken as 0 tokens:
+    the whole sequence was reported as new, "made 10 new tokens in 10 forwards")."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    ids = tok(LINES[0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    new = out[:, ids.shape[1] :].tolist()
+    report = hookcli.inspect(model, ids, device="cpu", generate=3, layers=["lm_head"])
+    assert [g.ids for g in report.generated or []] == new
+    assert [c.call for c in report.layers] == [0, 1, 2]
+    assert any("made 3 new tokens in 3 forwards" in n for n in report.notes)
+    long = torch.randint(3, VOCAB, (1, 62), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(hookcli.errors.UsageError, match="needs 65 positions"):
+        hookcli.inspect(model, long, device="cpu", generate=3, layers=["lm_head"])
+    # a seq2seq model's decoder begins from its start token, which is not a new one
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    t5 = transformers.T5ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        out = t5.generate(ids, max_new_tokens=3, do_sample=False)
+    report = hookcli.inspect(t5, ids, device="cpu", generate=3, layers=["lm_head"])
+    assert [g.ids for g in report.generated or []] == out[:, 1:].tolist()
+    assert any("made 3 new tokens in 3 forwards" in n for n in report.notes)
+
+
 def test_check_holds_its_rules_over_every_generation_step(llama: Path) -> None:
     result = run(
         "check", f"hf:{llama}", "--text", LINES[0], "--generate", "3", "-l", "lm_head",

@@ -91,11 +91,10 @@ def report(inv: Invocation, command: str) -> Report:
         inv.model, inv.selection, inputs, backward=inv.backward, position=run.position
     )
     if run.generate:  # part of the input every pass runs (--profile's timed ones too)
-        from hookcli.sources.lm import generation_args
+        from hookcli.sources.lm import generation_args, generation_prompt
 
         assert prepared.model_input is not None
-        ids = prepared.model_input.kwargs.get("input_ids")
-        prompt = int(ids.shape[-1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else 0
+        prompt = generation_prompt(prepared.model_input, prepared.loaded)
         prepared.model_input.generate = generation_args(
             prepared.loaded, run.generate, run.sample, prompt
         )
