@@ -14,12 +14,20 @@
     - `hookcli.diff --b bfloat16` ÷ the two plain passes (float32 and bfloat16);
 (c) where inspect's time goes: the same run with each tensor's statistics replaced by one fill
     kernel (the hooks and bookkeeping alone), at batch 32 and 128;
-(d) host time of one inspect and one diff call by cProfile, the profiles to --profile-out.
+(d) host time of one inspect and one diff call by cProfile, the profiles to --profile-out;
+(e) with --llm, instead of (a)-(d) (issue 52 item 5): a Qwen2.5-0.5B-shaped causal LM (random
+    init, bfloat16 on a GPU), every block hooked, batch 1:
+    - `hookcli.inspect` of a 2,048-token prompt ÷ its plain forward under no_grad (goal at most
+      1.10 times);
+    - a `--generate` step: (a run generating 1 + N tokens - a run generating 1) ÷ N, hooked
+      (`hookcli.inspect(..., generate=)`) ÷ the same difference of plain `model.generate`
+      (goal at most 1.5 times): the prompt's prefill cancels out of both.
 
 Usage: python benchmarks/gpu_figures.py [--out FILE] [--rounds N] [--device cuda|cpu] [--quick]
-    [--profile-out FILE]
+    [--profile-out FILE] [--llm]
 `--device cpu --quick` runs the same code on small models on the CPU (wall clock instead of
-events, no sync check): a check of this script where no GPU is.
+events, no sync check; a 2-block model and 64 tokens for --llm): a check of this script where
+no GPU is.
 """
 
 from __future__ import annotations
@@ -327,6 +335,99 @@ def _one_dtype(
     )
 
 
+# --llm: the prompt's tokens, and the steps a --generate step's cost is averaged over
+PROMPT, STEPS = 2048, 16
+QUICK_PROMPT, QUICK_STEPS = 64, 4
+
+
+def qwen_shaped(device: torch.device, quick: bool) -> nn.Module:
+    """A Qwen2.5-0.5B-shaped causal LM (24 blocks, hidden 896, 14 heads with 2 for keys and
+    values, vocabulary 151,936, tied embeddings), random init, made on `device`; with `quick`
+    a 2-block one of hidden 64. No end-of-sequence token: every generation makes all the
+    tokens asked for, so hooked and plain runs take the same steps."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    shape: dict[str, Any] = (
+        {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+        if quick
+        else {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}
+    )  # fmt: skip
+    config = Qwen2Config(
+        **shape,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    with device:
+        model: nn.Module = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = None  # type: ignore[union-attr]
+    return model.eval()
+
+
+def llm_figures(device: torch.device, quick: bool, rounds: int) -> list[str]:
+    """(e): prefill and a --generate step of a Qwen2.5-0.5B-shaped model, every block hooked,
+    hooked ÷ plain, by CUDA events (the wall clock on the CPU)."""
+    from hookcli.commands.lens import find_blocks
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = qwen_shaped(device, quick).to(dtype)
+    blocks = [name for name, _ in find_blocks(model)]
+    prompt, steps = (QUICK_PROMPT, QUICK_STEPS) if quick else (PROMPT, STEPS)
+    vocab: int = model.config.vocab_size  # type: ignore[union-attr,assignment]
+    ids = torch.randint(0, vocab, (1, prompt), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+    dev = str(device)
+
+    def plain() -> object:
+        with torch.no_grad():
+            return model(input_ids=ids)
+
+    def inspect(new: int = 0) -> object:
+        return hookcli.inspect(model, ids, device=dev, layers=blocks, topk=0, generate=new)
+
+    def plain_generate(new: int) -> object:
+        # what --generate asks of model.generate (hookcli's sources.lm.generation_args), greedy
+        with torch.no_grad():
+            return model.generate(  # type: ignore[operator]
+                ids, max_new_tokens=new, do_sample=False, num_beams=1, temperature=None,
+                top_p=None, top_k=None, return_dict_in_generate=True,
+            )  # fmt: skip
+
+    made = plain_generate(1 + steps).sequences.shape[-1] - prompt  # type: ignore[attr-defined]
+    if made != 1 + steps:
+        return [f"(e) language model: model.generate made {made} tokens, not {1 + steps}"]
+    got = interleaved(
+        {
+            "plain": plain,
+            "inspect": inspect,
+            "plain 1": lambda: plain_generate(1),
+            f"plain {1 + steps}": lambda: plain_generate(1 + steps),
+            "hooked 1": lambda: inspect(1),
+            f"hooked {1 + steps}": lambda: inspect(1 + steps),
+        },
+        rounds,
+        device,
+    )
+    plain_step = (got[f"plain {1 + steps}"] - got["plain 1"]) / steps
+    hooked_step = (got[f"hooked {1 + steps}"] - got["hooked 1"]) / steps
+    clock = "CUDA events" if device.type == "cuda" else "wall clock"
+    name = "2-block Qwen2-shaped model" if quick else "Qwen2.5-0.5B shape (24 blocks)"
+    label = str(dtype).removeprefix("torch.")
+    return [
+        f"(e) language model, {name}, random init, {label}, every block hooked ({clock}, "
+        f"median of {rounds} interleaved rounds; batch 1)",
+        f"  prefill {prompt} tokens: plain {got['plain']:.2f} ms; inspect "
+        f"{got['inspect'] / got['plain']:.3f}x",
+        f"  --generate step ({steps} steps after the first token): plain {plain_step:.2f} ms a "
+        f"step; inspect {hooked_step / plain_step:.3f}x a step",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=None)
@@ -334,6 +435,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile-out", type=Path, default=None, help="(d)'s profiles here")
+    parser.add_argument("--llm", action="store_true", help="(e) alone: a language model")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_figures: no CUDA device here; nothing measured (--device cpu checks the script)")
@@ -341,13 +443,17 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     head = [f"hookcli {hookcli.__version__}, torch {torch.__version__}, {card}"]
-    parts = [
-        *head,
-        *sync_check(device, args.quick),
-        *timings(device, args.quick, args.rounds),
-        *split(device, args.quick, args.rounds),
-        *host_profile(device, args.quick, args.profile_out),
-    ]
+    parts = (
+        [*head, *llm_figures(device, args.quick, args.rounds)]
+        if args.llm
+        else [
+            *head,
+            *sync_check(device, args.quick),
+            *timings(device, args.quick, args.rounds),
+            *split(device, args.quick, args.rounds),
+            *host_profile(device, args.quick, args.profile_out),
+        ]
+    )
     text = "\n".join(parts) + "\n"
     sys.stdout.write(text)
     if args.out is not None:

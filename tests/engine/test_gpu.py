@@ -211,6 +211,40 @@ def test_a_language_models_text_run_on_the_device_equals_the_cpus(tmp_path: Path
             assert rb.norm == pytest.approx(ra.norm, rel=1e-3, abs=1e-4)
 
 
+def test_generate_on_the_device_makes_transformers_tokens_and_the_cpus_statistics(
+    tmp_path: Path,
+) -> None:
+    """--generate on the device (issue 52 item 4): the new tokens are model.generate's there,
+    one call of each hooked layer per step, each step's statistics the CPU run's within float
+    tolerance."""
+    pytest.importorskip("transformers")
+    import transformers
+
+    from tests.support.llm import LINES, save
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    folder = save(tmp_path / "tiny", "llama")
+    kw: dict[str, object] = {"text": LINES[0], "generate": 3, "layers": ["model.norm", "lm_head"]}
+    here = hookcli.inspect(f"hf:{folder}", device="cpu", **kw)
+    there = hookcli.inspect(f"hf:{folder}", device=DEVICE, **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval().to(DEVICE)
+    enc = transformers.AutoTokenizer.from_pretrained(folder)(LINES[0], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **enc.to(DEVICE), max_new_tokens=3, do_sample=False, pad_token_id=0
+        )  # fmt: skip
+    new = out[:, enc["input_ids"].shape[1] :].tolist()
+    assert [g.ids for g in there.generated or []] == new
+    assert [g.ids for g in here.generated or []] == new
+    assert [(c.name, c.call) for c in there.layers] == [(c.name, c.call) for c in here.layers]
+    assert sorted({c.call for c in there.layers}) == [0, 1, 2]
+    for a, b in zip(here.layers, there.layers, strict=True):
+        ta, tb = a.outputs[0], b.outputs[0]
+        assert tb.shape == ta.shape and tb.numel == ta.numel
+        for stat in ("mean", "std", "min", "max", "norm"):
+            assert getattr(tb, stat) == pytest.approx(getattr(ta, stat), rel=1e-3, abs=1e-4)
+
+
 # ---------------------------------------------------------------- issue 39: --memory on a GPU
 
 
