@@ -21,10 +21,16 @@ MAX_DEPTH = 8  # nested outputs deeper than this are not walked
 
 def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor inside obj, with its path: `out`, `out[0]`, `out["boxes"]`, `out.logits`."""
-    if isinstance(obj, torch.Tensor):
+    kind = type(obj)
+    if kind in _HOLD_NONE:  # (a forward's flags and sizes: no isinstance checks each)
+        return
+    if kind is torch.Tensor or isinstance(obj, torch.Tensor):
         yield path, obj
     elif depth >= MAX_DEPTH:
         return
+    elif kind is dict:  # (keyword arguments: a plain dict, before Mapping's slower check)
+        for key, item in obj.items():
+            yield from iter_tensors(item, f"{path}[{_label(key)}]", depth + 1)
     elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         for name in obj._fields:
             yield from iter_tensors(getattr(obj, name), f"{path}.{name}", depth + 1)
@@ -34,6 +40,10 @@ def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, tor
     elif isinstance(obj, Mapping):
         for key, item in obj.items():
             yield from iter_tensors(item, f"{path}[{_label(key)}]", depth + 1)
+
+
+# what holds no tensor, by exact type (a subclass, even of int, may be anything)
+_HOLD_NONE = frozenset({type(None), bool, int, float, str, bytes})
 
 
 def map_tensors(

@@ -50,6 +50,8 @@ def _cases() -> dict[str, torch.Tensor]:
         "float16": (torch.randn(4096, generator=g) * 100).half(),
         "bfloat16": torch.randn(5000, generator=g).bfloat16(),
         "int64": torch.randint(-5, 5, (777,), generator=g),
+        "int64 wide": torch.randint(-(2**40), 2**40, (1000,), generator=g),  # past float32's
+        "positions": torch.arange(2048).unsqueeze(0),
         "int8": torch.randint(-128, 127, (100,), generator=g, dtype=torch.int8),
         "uint8": torch.randint(0, 255, (100,), generator=g, dtype=torch.uint8),
         "bool": torch.rand(999, generator=g) > 0.7,
@@ -108,6 +110,25 @@ def test_the_kernel_is_actually_used_for_float32(monkeypatch: pytest.MonkeyPatch
         collector.add(CASES[name], "x")
         collector.finalize()
     assert torch_ops == []
+
+
+def test_integers_and_bools_are_read_by_the_kernel_as_float64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An integer or bool tensor (position ids, masks, token ids) is measured as its float64
+    values, as torch ops measure it, by the kernel: one conversion, not twenty torch ops (a
+    --generate step measures each block's position ids)."""
+    if stats_mod.kernels() is None:
+        pytest.skip("numba unavailable")
+    torch_ops = _spy(monkeypatch, "torch_row") + _spy(monkeypatch, "cpu_row")
+    fused = _spy(monkeypatch, "kernel_row")
+    for name in ("int64", "int64 wide", "positions", "int8", "uint8", "bool"):
+        collector = StatsCollector(backend="kernel")
+        got = collector.add(CASES[name], "x")
+        collector.finalize()
+        assert_stats_match(got, CASES[name])
+    assert torch_ops == [] and len(fused) == 6
+    assert all(x.dtype == torch.float64 for x in fused)
 
 
 def test_auto_measures_with_torch_until_the_kernels_pay(monkeypatch: pytest.MonkeyPatch) -> None:

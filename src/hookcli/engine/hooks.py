@@ -196,7 +196,7 @@ def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorSt
         if n >= _MAX_TENSORS:
             stats.append(TensorStats(f"{root}…", (), "", 0, note="more tensors not shown"))
             return
-        stats.append(collector.add(t, path))
+        stats.append(collector.quick(t, path))
 
 
 class CopySafeHook:

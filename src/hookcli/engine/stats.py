@@ -600,6 +600,8 @@ class StatsCollector:
         x, note = real_valued(t)
         if x.numel() == 0:
             return EMPTY_ROW, note
+        if not x.is_floating_point():  # integers, bools: as floats, as torch_row reads them
+            x = x.to(accumulate_dtype(x.device))  # (then the kernels, not twenty torch ops)
         row = self._cpu(x) if x.is_cpu and x.dtype in _CPU_DTYPES else self._device_row(x)
         return (after_pass(row, x) if AFTER_PASS else row), note
 
