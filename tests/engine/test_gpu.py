@@ -212,7 +212,7 @@ def test_a_language_models_text_run_on_the_device_equals_the_cpus(tmp_path: Path
 
 
 def test_generate_on_the_device_makes_transformers_tokens_and_the_cpus_statistics(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """--generate on the device (issue 52 item 4): the new tokens are model.generate's there,
     one call of each hooked layer per step, each step's statistics the CPU run's within float
@@ -222,7 +222,9 @@ def test_generate_on_the_device_makes_transformers_tokens_and_the_cpus_statistic
 
     from tests.support.llm import LINES, save
 
-    torch.backends.cuda.matmul.allow_tf32 = False
+    matmul, tf32 = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    matmul.allow_tf32 = False  # (put back after: monkeypatch cannot undo this module's setting)
+    request.addfinalizer(lambda: setattr(matmul, "allow_tf32", tf32))
     folder = save(tmp_path / "tiny", "llama")
     kw: dict[str, object] = {"text": LINES[0], "generate": 3, "layers": ["model.norm", "lm_head"]}
     here = hookcli.inspect(f"hf:{folder}", device="cpu", **kw)

@@ -523,6 +523,15 @@ def test_generate_from_a_tensor_prompt_reports_the_new_tokens_alone(llama: Path)
     report = hookcli.inspect(t5, ids, device="cpu", generate=3, layers=["lm_head"])
     assert [g.ids for g in report.generated or []] == out[:, 1:].tolist()
     assert any("made 3 new tokens in 3 forwards" in n for n in report.notes)
+    # a decoder prompt without the start token: generate puts one before it
+    for decoder in ([[5, 9]], [[0, 9]]):
+        given = {"input_ids": ids, "decoder_input_ids": torch.tensor(decoder)}
+        with torch.no_grad():
+            out = t5.generate(**given, max_new_tokens=3, do_sample=False)
+        assert out.shape[1] == 6 - (decoder[0][0] == 0)
+        report = hookcli.inspect(t5, given, device="cpu", generate=3, layers=["lm_head"])
+        assert [g.ids for g in report.generated or []] == out[:, -3:].tolist()
+        assert any("made 3 new tokens in 3 forwards" in n for n in report.notes)
 
 
 def test_check_holds_its_rules_over_every_generation_step(llama: Path) -> None:

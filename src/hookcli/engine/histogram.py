@@ -35,7 +35,8 @@ def histogram(
             pad = (hi - lo) / 2 or 0.5
             lo, hi = lo - pad, hi + pad
         hi = hi if hi > lo else lo + 1.0
-        flat = dense_flat(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).numpy()
+        wide = x.dtype in (torch.float16, torch.bfloat16, torch.bool)  # (numpy: no bool bins)
+        flat = dense_flat(x.float() if wide else x).numpy()
         if fixed is not None:  # end bins are open: values outside the edges land there
             flat = np.clip(flat[np.isfinite(flat)], lo, hi)
         counts, _ = np.histogram(flat, bins=bins, range=(lo, hi))

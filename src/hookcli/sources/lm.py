@@ -434,19 +434,29 @@ def generation_args(loaded: LoadedModel, new: int, sample: bool, prompt: int = 0
     return args
 
 
-def generation_prompt(model_input: ModelInput, loaded: LoadedModel) -> int:
+def generation_prompt(
+    model_input: ModelInput, loaded: LoadedModel, sequences: torch.Tensor | None = None
+) -> int:
     """How many tokens of model.generate's sequences come before the new ones: a causal LM's
     prompt (its input_ids, given by keyword or as the first positional tensor, which generate
-    takes as its `inputs`), a seq2seq model's decoder prompt (its decoder_input_ids, else the
-    one start token generate begins the decoder with); 0 for a prompt of embeddings, which
-    generate leaves out of what it returns."""
+    takes as its `inputs`), a seq2seq model's decoder prompt (its decoder_input_ids, and the
+    start token generate puts before them where they lack it, as `sequences`, generate's
+    output, shows; else the one start token it begins the decoder with); 0 for a prompt of
+    embeddings, which generate leaves out of what it returns."""
     seq2seq = isinstance(loaded.kind, Seq2SeqLM)
     ids = model_input.kwargs.get("decoder_input_ids" if seq2seq else "input_ids")
     if ids is None and not seq2seq and model_input.args:
         ids = model_input.args[0]
-    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
-        return int(ids.shape[-1])
-    return 1 if seq2seq else 0
+    if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()):
+        return 1 if seq2seq else 0
+    given = int(ids.shape[-1])
+    if seq2seq and sequences is not None and sequences.shape[-1] > given:
+        ids = ids.to(sequences.device)
+        if not torch.equal(sequences[:, :given], ids) and torch.equal(
+            sequences[:, 1 : given + 1], ids
+        ):
+            return given + 1  # (a start token put before them)
+    return given
 
 
 def generated_of(
@@ -459,7 +469,7 @@ def generated_of(
         raise UsageError(
             f"{loaded.spec}'s generate returned no sequences.", "drop --generate for this model."
         )
-    new = sequences[:, generation_prompt(model_input, loaded) :].cpu().tolist()
+    new = sequences[:, generation_prompt(model_input, loaded, sequences) :].cpu().tolist()
     tokenizer = loaded.tokenizer
     out = []
     pieces = None if tokenizer is None else Pieces(tokenizer)
