@@ -243,6 +243,27 @@ def test_the_next_token_loss_gradient_is_autograds(llama: Path) -> None:
     assert_stats_match(grad[0], want, rtol=1e-4, same_tensor=False)
 
 
+def test_a_bare_tensor_of_ids_from_python_starts_from_the_same_next_token_loss(
+    llama: Path,
+) -> None:
+    """`hookcli.grads(model, ids)`: the tensor of ids is the text's input_ids, as a tokenizer's
+    output would be (it was refused: "--target next-token needs the text's input_ids")."""
+    model, enc, _ = truth(llama, [LINES[0]])
+    report = hookcli.grads(model, enc.input_ids, device="cpu", layers=["lm_head"])
+    seen: list[torch.Tensor] = []
+    handle = model.lm_head.register_forward_hook(lambda _m, _i, o: seen.append(o))
+    loss = model(enc.input_ids, labels=enc.input_ids).loss
+    handle.remove()
+    (want,) = torch.autograd.grad(loss, seen)
+    assert report.backward is not None and "next-token cross-entropy" in report.backward.source
+    assert report.backward.value == pytest.approx(float(loss), rel=1e-5)
+    grad = report.layers[0].grad_outputs
+    assert grad is not None
+    assert_stats_match(grad[0], want, rtol=1e-4, same_tensor=False)
+    with pytest.raises(hookcli.errors.UsageError, match="needs the text's input_ids"):
+        hookcli.grads(model, enc.input_ids.float(), device="cpu", layers=["lm_head"])
+
+
 def test_a_token_is_a_target_by_its_text(llama: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(llama)
     cat = tok(" cat", add_special_tokens=False)["input_ids"]

@@ -160,11 +160,12 @@ def next_token_labels(model_input: ModelInput) -> torch.Tensor:
     """The ids each position of a text predicts: input_ids, -100 where padding is."""
     from hookcli.engine.targets import IGNORE
 
-    ids = model_input.kwargs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+    ids = model_input.token_ids()  # (by keyword, or the Python API's bare tensor of ids)
+    if ids is None:
         raise UsageError(
             "--target next-token needs the text's input_ids (batch x tokens).",
-            "give --text, or --input input_ids=SPEC; or use --target top1.",
+            "give --text, or --input input_ids=SPEC (from Python: a tensor of ids); or use "
+            "--target top1.",
         )
     mask = model_input.kwargs.get("attention_mask")
     labels = ids.detach().clone()

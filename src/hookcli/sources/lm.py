@@ -444,9 +444,7 @@ def generation_prompt(
     output, shows; else the one start token it begins the decoder with); 0 for a prompt of
     embeddings, which generate leaves out of what it returns."""
     seq2seq = isinstance(loaded.kind, Seq2SeqLM)
-    ids = model_input.kwargs.get("decoder_input_ids" if seq2seq else "input_ids")
-    if ids is None and not seq2seq and model_input.args:
-        ids = model_input.args[0]
+    ids = model_input.kwargs.get("decoder_input_ids") if seq2seq else model_input.token_ids()
     if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()):
         return 1 if seq2seq else 0
     given = int(ids.shape[-1])
