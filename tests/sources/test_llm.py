@@ -264,6 +264,29 @@ def test_a_bare_tensor_of_ids_from_python_starts_from_the_same_next_token_loss(
         hookcli.grads(model, enc.input_ids.float(), device="cpu", layers=["lm_head"])
 
 
+def test_a_bare_tensor_of_ids_is_read_as_a_tokenizers_output_would_be(llama: Path) -> None:
+    """From Python, a tensor of ids given to a language model is its input_ids, as `--input`
+    and a tokenizer's output give them: per-token rows, predictions and every statistic are
+    the mapping's (--per-token refused it: "needs token ids")."""
+    model, enc, _ = truth(llama, [LINES[0]])
+    kw: dict[str, Any] = {"device": "cpu", "layers": ["model.norm", "lm_head"], "topk": 3}
+    bare = hookcli.inspect(model, enc.input_ids, per_token=True, **kw)
+    given = hookcli.inspect(model, {"input_ids": enc.input_ids}, per_token=True, **kw)
+    assert "as input_ids" in bare.input.description
+    assert [(p.index, p.prob) for p in bare.predictions or []] == [
+        (p.index, p.prob) for p in given.predictions or []
+    ]
+    for a, b in zip(bare.layers, given.layers, strict=True):
+        assert (a.name, a.outputs[0].mean, a.outputs[0].norm) == (
+            b.name, b.outputs[0].mean, b.outputs[0].norm,
+        )  # fmt: skip
+        rows_a, rows_b = a.outputs[0].per_token or [], b.outputs[0].per_token or []
+        assert len(rows_a) == enc.input_ids.shape[1]
+        assert [(r.position, r.id, r.norm) for r in rows_a] == [
+            (r.position, r.id, r.norm) for r in rows_b
+        ]
+
+
 def test_a_token_is_a_target_by_its_text(llama: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(llama)
     cat = tok(" cat", add_special_tokens=False)["input_ids"]

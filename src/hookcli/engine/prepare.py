@@ -220,9 +220,10 @@ def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | No
         return None
     if inputs.specs:
         raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")
-    if len(items) == 1:
+    if len(items) == 1:  # a text model's tensor of ids: its input_ids, as --input gives them
         t = items[0]
-        return ModelInput((t,), f"tensor {'x'.join(map(str, t.shape))}")
+        args, kwargs, note = loaded.kind.spec_inputs([t], {})
+        return ModelInput(args, f"tensor {'x'.join(map(str, t.shape))}{note}", kwargs=kwargs)
     return ModelInput(tuple(items), "tensors")
 
 
