@@ -160,7 +160,7 @@ def next_token_labels(model_input: ModelInput) -> torch.Tensor:
     """The ids each position of a text predicts: input_ids, -100 where padding is."""
     from hookcli.engine.targets import IGNORE
 
-    ids = model_input.token_ids()  # (by keyword, or the Python API's bare tensor of ids)
+    ids = model_input.token_ids()
     if ids is None:
         raise UsageError(
             "--target next-token needs the text's input_ids (batch x tokens).",
@@ -220,10 +220,13 @@ def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | No
         return None
     if inputs.specs:
         raise UsageError("give tensors or --input specs, not both.", "use one kind of input.")
-    if len(items) == 1:  # a text model's tensor of ids: its input_ids, as --input gives them
+    if len(items) == 1:
         t = items[0]
-        args, kwargs, note = loaded.kind.spec_inputs([t], {})
-        return ModelInput(args, f"tensor {'x'.join(map(str, t.shape))}{note}", kwargs=kwargs)
+        shown = f"tensor {'x'.join(map(str, t.shape))}"
+        if not loaded.kind.takes_images:  # a text model's ids: its input_ids, as --input's
+            args, kwargs, note = loaded.kind.spec_inputs([t], {})
+            return ModelInput(args, shown + note, kwargs=kwargs)
+        return ModelInput((t,), shown)
     return ModelInput(tuple(items), "tensors")
 
 

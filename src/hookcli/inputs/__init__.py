@@ -86,12 +86,10 @@ class ModelInput:
     labels: torch.Tensor | None = None
 
     def token_ids(self) -> torch.Tensor | None:
-        """The forward's token ids (batch, tokens): `input_ids` by keyword, else a first
-        positional integer tensor (the Python API's bare tensor of ids, which a language
-        model's forward and generate take first); None when there are none."""
+        """The forward's token ids (batch, tokens): its `input_ids` (a text model's one tensor
+        of ids from Python is made them, as --input makes them: never a positional tensor,
+        whose mask, if any, would be another positional one); None when there are none."""
         ids = self.kwargs.get("input_ids")
-        if "input_ids" not in self.kwargs and self.args:
-            ids = self.args[0]
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point():
             return ids
         return None
