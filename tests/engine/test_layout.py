@@ -365,3 +365,32 @@ def test_json_states_each_3d_and_4d_output_layout() -> None:
     assert [c.outputs[0].layout for c in ambiguous.layers[:2]] == ["NCHW", "unknown"]
     folder = hookcli.inspect(Stages(), [str(ROOT / "sample_images")], batch_size=1, device="cpu")
     assert [c.outputs[0].layout for c in folder.layers][:2] == ["NCHW", "NHWC"]
+
+
+def test_a_text_inputs_tokens_are_told_without_walking_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No image in the input: a 3-D output has no grid to be laid on, whatever the model says,
+    so the model's tree is not walked for hints (a language model's every output is 3-D: the
+    walk cost a 24-block model 1.6 ms a pass); a 4-D output, or an image input, still reads
+    them."""
+    from hookcli.engine import layout
+
+    walked: list[nn.Module] = []
+
+    def counted(model: nn.Module) -> ModelHints:
+        walked.append(model)
+        return model_hints(model)
+
+    monkeypatch.setattr(layout, "model_hints", counted)
+    model = torchvision.models.vit_b_16()
+    text = layout.reader(model, None, None)
+    with pytest.raises(UsageError, match="not an image"):
+        text("encoder", (1, 16, 64))
+    assert walked == []
+    with pytest.raises(UsageError, match="no layout"):
+        text("x", (1, 4, 8, 8))
+    assert walked == [model]
+    image = layout.reader(model, (224, 224), 1)
+    assert image("encoder", (1, 197, 768)).prefix == 1
+    assert walked == [model, model]

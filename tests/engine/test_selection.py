@@ -80,6 +80,17 @@ def test_filters_that_select_nothing_together(resnet18_entries) -> None:  # type
         select(resnet18_entries, layers=["fc"], types=["Conv2d"])
 
 
+def test_names_and_globs_together_select_in_the_models_order(resnet18_entries) -> None:  # type: ignore[no-untyped-def]
+    # plain names are looked up in one set, globs matched: the same targets, model order
+    got = names(select(resnet18_entries, layers=["fc", "layer1.*.conv1", "conv1"]))
+    assert got == ["conv1", "layer1.0.conv1", "layer1.1.conv1", "fc"]
+    both = select(resnet18_entries, layers=["conv1"], always=["fc", "layer4.1.bn*"])
+    assert names(both) == ["conv1", "layer4.1.bn1", "layer4.1.bn2", "fc"]
+    for missing in (["fc", "layer9.*"], ["fc", "layer9"]):
+        with pytest.raises(UsageError, match="layer9"):
+            select(resnet18_entries, layers=missing)
+
+
 def test_aliases_are_one_target_with_every_name() -> None:
     (target,) = select(module_entries(Aliased()))
     assert target.name == "a" and target.aliases == ["b"]

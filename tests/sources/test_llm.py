@@ -263,8 +263,8 @@ def test_a_bare_tensor_of_ids_from_python_starts_from_the_same_next_token_loss(
     with pytest.raises(hookcli.errors.UsageError, match="needs the text's input_ids"):
         hookcli.grads(model, enc.input_ids.float(), device="cpu", layers=["lm_head"])
     # two positional tensors (ids, a mask) stay positional: never labels that ignore the mask
+    both = [enc.input_ids, enc.attention_mask]
     with pytest.raises(hookcli.errors.UsageError, match="needs the text's input_ids"):
-        both = [enc.input_ids, enc.attention_mask]
         hookcli.grads(model, both, device="cpu", layers=["lm_head"])
 
 

@@ -356,6 +356,7 @@ def _tokens(
 
 
 LayoutOf = Callable[[str, tuple[int, ...]], Layout]  # layer name, output shape → its layout
+_NO_HINTS = ModelHints()
 
 
 def reader(model: nn.Module, size: tuple[int, int] | None, batch: int | None = None) -> LayoutOf:
@@ -365,6 +366,11 @@ def reader(model: nn.Module, size: tuple[int, int] | None, batch: int | None = N
     hints: list[ModelHints] = []
 
     def layout_of(name: str, shape: tuple[int, ...]) -> Layout:
+        if size is None and len(shape) == 3:
+            # tokens of an input that is no image: no grid to lay them on, whatever the model
+            # says (its walk skipped: a language model's outputs are all 3-D; windows, the
+            # one hint read before, are 4-D)
+            return resolve(name, shape, size, _NO_HINTS, batch)
         if not hints:
             hints.append(model_hints(model))
         return resolve(name, shape, size, hints[0], batch)

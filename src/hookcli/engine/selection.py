@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -394,8 +394,13 @@ def select(
         raise UsageError(
             f"--depth must be 1 or more, got {depth}.", "use --depth 1 for top-level blocks."
         )
+    every_name = {n for e in entries for n in e.names}
     for pattern in (*layers, *always):
-        if not any(_match(pattern, e) for e in entries):
+        if _is_glob(pattern):
+            found = any(map(_matcher([pattern]), entries))
+        else:
+            found = pattern in every_name
+        if not found:
             close = _suggest(pattern, names)
             near = f" Nearest: {', '.join(close)}." if close else ""
             raise UsageError(
@@ -415,12 +420,13 @@ def select(
             )
         wanted_types.add(lowered[t.lower()])
 
+    needed, named = _matcher(always), _matcher(layers)
     chosen: list[ModuleEntry] = []
     for e in entries:
-        if always and any(_match(p, e) for p in always):  # needed by a rule (--expect-shape)
+        if always and needed(e):  # needed by a rule (--expect-shape)
             chosen.append(e)
             continue
-        if layers and not any(_match(p, e) for p in layers):
+        if layers and not named(e):
             continue
         if wanted_types and e.type not in wanted_types:
             continue
@@ -472,7 +478,20 @@ def unhookable_note(entries: Sequence[ModuleEntry]) -> str | None:
     )
 
 
-def _match(pattern: str, entry: ModuleEntry) -> bool:
-    if any(ch in pattern for ch in "*?["):
-        return any(fnmatch.fnmatchcase(n, pattern) for n in entry.names if n)
-    return pattern in entry.names
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _matcher(patterns: Sequence[str]) -> Callable[[ModuleEntry], bool]:
+    """Whether an entry matches any of `patterns`: a glob any of its names (the root's empty
+    name aside), a plain name one of them, looked up in one set (a list of every block's name
+    compared with each module's cost milliseconds a pass)."""
+    exact = frozenset(p for p in patterns if not _is_glob(p))
+    globs = [p for p in patterns if _is_glob(p)]
+
+    def matches(entry: ModuleEntry) -> bool:
+        if not exact.isdisjoint(entry.names):
+            return True
+        return any(fnmatch.fnmatchcase(n, p) for p in globs for n in entry.names if n)
+
+    return matches

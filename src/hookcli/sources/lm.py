@@ -42,14 +42,6 @@ def max_tokens(config: Any) -> int | None:
     return None
 
 
-def last_real(mask: torch.Tensor | None, ids: torch.Tensor) -> list[int]:
-    """Per sequence, the index of its last real (unpadded) token, whichever side is padded."""
-    if mask is None:
-        return [ids.shape[-1] - 1] * ids.shape[0]
-    where = torch.arange(mask.shape[-1], device=mask.device) * (mask != 0)
-    return [int(i) for i in where.max(dim=-1).values.tolist()]
-
-
 class CausalLM(HFText):
     """A causal LM: input_ids (+ attention_mask) in, (B, T, vocab) logits out."""
 
@@ -86,8 +78,8 @@ class CausalLM(HFText):
             if mask is None
             else [[p for p, m in enumerate(row) if m] for row in mask.cpu().tolist()]
         )
-        if self.asked is None:
-            twin.positions = last_real(mask, ids)
+        if self.asked is None:  # each sequence's last real token, whichever side is padded
+            twin.positions = [r[-1] if r else 0 for r in real]
             twin.own = [len(r) - 1 for r in real]
             return twin
         shortest = min(len(r) for r in real)
