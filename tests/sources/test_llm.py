@@ -266,6 +266,10 @@ def test_a_bare_tensor_of_ids_from_python_starts_from_the_same_next_token_loss(
     both = [enc.input_ids, enc.attention_mask]
     with pytest.raises(hookcli.errors.UsageError, match="needs the text's input_ids"):
         hookcli.grads(model, both, device="cpu", layers=["lm_head"])
+    # a mask of another shape (a 4-D one) says nothing hookcli can read of where tokens end
+    four = {"input_ids": enc.input_ids, "attention_mask": torch.ones(1, 1, 7, 7)}
+    with pytest.raises(hookcli.errors.UsageError, match="not shaped as input_ids"):
+        hookcli.inspect(model, four, device="cpu", layers=["lm_head"])
 
 
 def test_a_bare_tensor_of_ids_is_read_as_a_tokenizers_output_would_be(llama: Path) -> None:

@@ -73,6 +73,13 @@ class CausalLM(HFText):
         twin = copy.copy(self)
         mask = model_input.kwargs.get("attention_mask") if self.ids_key == "input_ids" else None
         mask = mask if isinstance(mask, torch.Tensor) else None
+        if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+            raise UsageError(
+                f"attention_mask {'x'.join(map(str, mask.shape))} is not shaped as input_ids "
+                f"{'x'.join(map(str, ids.shape))}: hookcli reads which tokens are real (where "
+                "the next token is read) from a (batch, tokens) mask.",
+                "give the (batch, tokens) mask a tokenizer makes.",
+            )
         real = (
             [list(range(ids.shape[-1]))] * ids.shape[0]
             if mask is None
