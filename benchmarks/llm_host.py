@@ -71,10 +71,12 @@ def main() -> None:
     def hooked(layers: list[str], new: int = 0) -> object:
         return hookcli.inspect(model, given, device="cpu", layers=layers, topk=0, generate=new)
 
-    variants = {
+    passes = {
         "plain": plain,
         "blocks": lambda: hooked(blocks),
         "lm_head": lambda: hooked(["lm_head"]),
+    }
+    generation = {
         "plain 1": lambda: generate(1),
         "plain N": lambda: generate(1 + steps),
         "hooked 1": lambda: hooked(blocks, 1),
@@ -82,7 +84,8 @@ def main() -> None:
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t = interleaved(variants, args.rounds)
+        # (each set interleaved within itself: a generation's runs slow the passes around them)
+        t = interleaved(passes, args.rounds) | interleaved(generation, args.rounds)
     base = t["plain"]
     print(f"Qwen2 shape, 24 blocks (319 modules), hidden 64, 16 tokens, 1 thread, "
           f"medians of {args.rounds} rounds")  # fmt: skip
