@@ -437,11 +437,10 @@ def generation_prompt(
     model_input: ModelInput, loaded: LoadedModel, sequences: torch.Tensor | None = None
 ) -> int:
     """How many tokens of model.generate's sequences come before the new ones: a causal LM's
-    prompt (its input_ids, given by keyword or as the first positional tensor, which generate
-    takes as its `inputs`), a seq2seq model's decoder prompt (its decoder_input_ids, and the
-    start token generate puts before them where they lack it, as `sequences`, generate's
-    output, shows; else the one start token it begins the decoder with); 0 for a prompt of
-    embeddings, which generate leaves out of what it returns."""
+    prompt (its input_ids: `ModelInput.token_ids`), a seq2seq model's decoder prompt (its
+    decoder_input_ids, and the start token generate puts before them where they lack it, as
+    `sequences`, generate's output, shows; else the one start token it begins the decoder
+    with); 0 for a prompt of embeddings, which generate leaves out of what it returns."""
     seq2seq = isinstance(loaded.kind, Seq2SeqLM)
     ids = model_input.kwargs.get("decoder_input_ids") if seq2seq else model_input.token_ids()
     if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()):
