@@ -443,19 +443,23 @@ def main() -> int:
     device = torch.device(args.device)
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     head = [f"hookcli {hookcli.__version__}, torch {torch.__version__}, {card}"]
-    parts = (
-        [*head, *llm_figures(device, args.quick, args.rounds)]
+    sections: list[Callable[[], list[str]]] = (
+        [lambda: llm_figures(device, args.quick, args.rounds)]
         if args.llm
         else [
-            *head,
-            *sync_check(device, args.quick),
-            *timings(device, args.quick, args.rounds),
-            *split(device, args.quick, args.rounds),
-            *host_profile(device, args.quick, args.profile_out),
+            lambda: sync_check(device, args.quick),
+            lambda: timings(device, args.quick, args.rounds),
+            lambda: split(device, args.quick, args.rounds),
+            lambda: host_profile(device, args.quick, args.profile_out),
         ]
     )
-    text = "\n".join(parts) + "\n"
-    sys.stdout.write(text)
+    # each section is printed as it ends: a run stopped at its time limit keeps what it measured
+    text = "\n".join(head) + "\n"
+    print(text, end="", flush=True)
+    for section in sections:
+        part = "\n".join(section()) + "\n"
+        print(part, end="", flush=True)
+        text += part
     if args.out is not None:
         args.out.write_text(text)
     return 0
