@@ -67,6 +67,38 @@ def _bounds_on(device: torch.device) -> torch.Tensor:
     return _BOUNDS[device]
 
 
+def largest(
+    absv: torch.Tensor, k: int, *, exact32: bool, host: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of `absv` (1-D, none negative or NaN) and their indices, the larger first
+    and equal values in the order of their indices: the same values, indices and order on every
+    device (topk leaves which of equal values it keeps, and their order, to its algorithm).
+    `exact32`: every value is a float32 (the tensor's own dtype has at most 32 bits). `host`:
+    whether the values may be read on the host (None: where they are on the CPU); elsewhere
+    nothing waits on the device."""
+    if not k:
+        return absv[:0], absv.new_zeros(0, dtype=torch.int64)
+    if absv.is_cpu if host is None else host:
+        # the host may look: topk, then the ties at its k-th value put in order
+        vals, idx = absv.topk(k)
+        at = vals == vals[-1]
+        kept = int(at.sum())
+        equal = absv == vals[-1]
+        if int(equal.sum()) > kept:  # more equal to the k-th than kept: the first of them
+            idx = torch.cat([idx[~at], equal.nonzero().reshape(-1)[:kept]])
+    elif exact32 and absv.numel() < 2**32:
+        # one key per value: its float32 bits (ordered as integers, none negative) above the
+        # complement of its index, so topk's order is the value's, then the smaller index
+        key = absv.float().view(torch.int32).to(torch.int64) << 32
+        key |= torch.arange(2**32 - 1, 2**32 - 1 - absv.numel(), -1, device=absv.device)
+        idx = (2**32 - 1) - (key.topk(k).values & (2**32 - 1))
+    else:
+        idx = torch.sort(absv, descending=True, stable=True).indices[:k]
+    idx = idx.sort().values  # the index order, then the values' (stable: equal stay so)
+    idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices)
+    return absv.gather(0, idx), idx
+
+
 def _head(c: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A packed vector's head for C channels (PER_CHANNEL * C + 2 float64 values, unfilled), and
     its per-channel block viewed as (PER_CHANNEL, C)."""
@@ -91,7 +123,8 @@ def _packed(
         values = flat()
         absx = values.abs().reshape(-1)
         vec[-1] = float(absx.median())
-        top_abs, top_idx = absx.topk(min(TOP, absx.numel()))
+        exact32 = values.element_size() <= 4
+        top_abs, top_idx = largest(absx, min(TOP, absx.numel()), exact32=exact32)
         signed = values.reshape(-1).gather(0, top_idx)
         top = torch.stack([signed.double(), top_idx.double(), top_abs.double()])
         vec = np.concatenate([vec, top.reshape(-1).numpy()])
@@ -228,7 +261,8 @@ def measure_channels(
     # reported where an activation could be massive only, as the CPU's fast path computes it
     median = torch.where(absv.amax() > MASSIVE_ABS, median, math.nan) if absv.numel() else median
     k = min(TOP, absv.numel())
-    top_abs, top_idx = absv.reshape(-1).topk(k)
+    exact32 = flat.is_floating_point() and flat.element_size() <= 4
+    top_abs, top_idx = largest(absv.reshape(-1), k, exact32=exact32)
     signed = z.reshape(-1).gather(0, top_idx)
     parts = [
         torch.stack([count, mean, m2, lo, hi, zeros, large, masked_n]).reshape(-1),
@@ -258,7 +292,9 @@ def from_channel_rows(flat: torch.Tensor, rows: torch.Tensor, lowest: float) -> 
     absf = torch.where(valid, absx.float(), math.nan).reshape(-1)
     median = absf.nanmedian().double()
     median = torch.where(absv.amax() > MASSIVE_ABS, median, math.nan)
-    top_abs, top_idx = absv.reshape(-1).topk(min(TOP, absv.numel()))
+    top_abs, top_idx = largest(
+        absv.reshape(-1), min(TOP, absv.numel()), exact32=flat.element_size() <= 4
+    )
     signed = torch.where(valid, flat, 0).reshape(-1).gather(0, top_idx)
     return torch.cat([
         torch.stack([count, mean, m2, lo, hi, zeros, large, masked_n]).reshape(-1),
