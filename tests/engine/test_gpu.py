@@ -272,16 +272,19 @@ def test_memory_on_cuda_reads_allocator_peaks_without_synchronising() -> None:
 def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 52: a CUDA float tensor's row is the Triton kernel's (one read, at most two
-    launches, engine/_triton.py), with no host synchronisation, equal to float64 torch and
-    bitwise the same when measured again; integers too, widened to float64 first."""
+    """Issue 52: a CUDA float tensor's row is the Triton kernel's (one read, one launch in the
+    pass, the rows merged together at finalize: engine/_triton.Pool), with no host
+    synchronisation, equal to float64 torch and bitwise the same when measured again, and
+    bitwise `_triton.row`'s (two launches); integers too, widened to float64 first."""
     pytest.importorskip("triton")
     from hookcli.engine import _triton
     from hookcli.engine.stats import StatsCollector
 
     launched: list[int] = []
-    original = _triton.row
-    monkeypatch.setattr(_triton, "row", lambda x, **k: launched.append(1) or original(x, **k))
+    original = _triton.Pool.add
+    monkeypatch.setattr(
+        _triton.Pool, "add", lambda self, x, **k: launched.append(1) or original(self, x, **k)
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
     dirty = torch.randn(3 * 4096 + 5, device="cuda", generator=g)
     dirty[::97] = float("nan")
@@ -309,6 +312,9 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     for t, first, second in zip(cases, *rows, strict=True):
         assert_stats_match(first, t.cpu())
         assert first == second  # every figure, exactly
+        flat = t.reshape(-1).contiguous()
+        alone = _triton.row(flat if flat.is_floating_point() else flat.double()).tolist()
+        assert (first.mean, first.min, first.max) == tuple(alone[i] for i in (1, 3, 4))
 
 
 @needs_cuda

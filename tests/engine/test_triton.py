@@ -102,6 +102,90 @@ def test_the_fused_kernel_equals_float64_torch_and_repeats_bitwise(tmp_path: Pat
     assert constant[1] == value and constant[2] == 0.0  # exactly: the value, no spread
 
 
+
+_POOL_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+pools, places = {}, {}
+for name, (x, block, chunk) in cases.items():  # a pool per chunk size, its tensors in turn
+    pool = pools.setdefault(chunk, _triton.Pool())
+    places[name] = (chunk, pool.add(x.reshape(-1), block=block))
+_triton.POOL_BLOCKS = 8  # buffers of few blocks: tensors spread over several buffers
+small = _triton.Pool()
+small_places = {name: small.add(x.reshape(-1), block=block)
+                for name, (x, block, chunk) in cases.items() if chunk == 1024}
+rows = {chunk: pool.rows(chunk=chunk) for chunk, pool in pools.items()}
+small_rows = small.rows()
+out = {name: (rows[chunk][at], _triton.row(cases[name][0], block=cases[name][1], chunk=chunk))
+       for name, (chunk, at) in places.items()}
+out.update({"small buffers: " + name: (small_rows[at], out[name][1])
+            for name, at in small_places.items()})
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_a_pool_of_a_pass_s_rows_merges_each_as_the_kernel_alone_does(tmp_path: Path) -> None:
+    """Issue 52: the rows of a pass started in a pool (one launch each) and merged after it,
+    many tensors in one launch, are bitwise those of `row` (two launches each) — over buffers
+    big and small (a tensor that does not fit starts the next) — and equal float64 torch."""
+    cases = _cases()
+    got = _interpreted(_POOL_RUN, cases, tmp_path)
+    big = [n for n, (_, _, chunk) in cases.items() if chunk == 1024]
+    assert set(got) == set(cases) | {f"small buffers: {n}" for n in big}
+    for name, (pooled, alone) in got.items():
+        assert pooled.view(torch.int64).equal(alone.view(torch.int64)), name  # bitwise
+        x = cases[name.removeprefix("small buffers: ")][0]
+        stats = fill(TensorStats("x", tuple(x.shape), str(x.dtype), x.numel()), pooled.tolist())
+        assert_stats_match(stats, x)
+
+
+_COLLECTOR_RUN = """
+import sys, torch
+from hookcli.engine import _triton, devicerow, stats
+cases = torch.load(sys.argv[1])
+# the interpreter's tensors are on the CPU: the kernel made usable there, the CPU's own
+# kernels kept out, so that the collector takes its device way
+devicerow._usable = lambda x, name: _triton if x.dtype in devicerow._READ else None
+stats._CPU_DTYPES = ()
+launched = []
+add = _triton.Pool.add
+_triton.Pool.add = lambda self, x, **k: launched.append(1) or add(self, x, **k)
+c = stats.StatsCollector()
+got = [c.add(x, name) for name, x in cases.items()]
+again = c.add(cases["bfloat16"], "bfloat16")  # seen: measured once
+c.finalize()
+torch.save({"rows": [(s.mean, s.std, s.min, s.max, s.nan, s.inf, s.zeros, s.norm) for s in got],
+            "again": again.mean, "launched": len(launched)}, sys.argv[2])
+"""
+
+
+def test_the_collector_starts_device_rows_and_finishes_them_after_the_pass(
+    tmp_path: Path,
+) -> None:
+    """Through StatsCollector: every device tensor's row started in the pass (one launch),
+    finished at finalize, each TensorStats the float64 oracle's — integers (widened to float64)
+    too."""
+    g = torch.Generator().manual_seed(4)
+    dirty = torch.randn(3 * 4096 + 9, generator=g, dtype=torch.float64)
+    dirty[::97] = math.nan
+    dirty[3::101] = -math.inf
+    cases = {
+        "bfloat16": (torch.randn(5000, generator=g) * 3).bfloat16(),
+        "float16": torch.randn(64, 7, generator=g).half().t(),  # gapped: copied dense
+        "float64, dirty": dirty,
+        "int64": torch.randint(-5, 5, (300,), generator=g),
+        "one element": torch.tensor([2.5], dtype=torch.float64),
+    }
+    got = _interpreted(_COLLECTOR_RUN, cases, tmp_path)
+    assert got["launched"] == len(cases)  # one launch each; none for the one seen again
+    for (name, x), row in zip(cases.items(), got["rows"], strict=True):
+        stats = TensorStats(name, tuple(x.shape), str(x.dtype), x.numel())
+        stats.mean, stats.std, stats.min, stats.max = row[:4]
+        stats.nan, stats.inf, stats.zeros, stats.norm = row[4:]
+        assert_stats_match(stats, x)
+    assert got["again"] == got["rows"][0][0]
+
 _TOKENS_RUN = """
 import sys, torch
 from hookcli.engine import _triton

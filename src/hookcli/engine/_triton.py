@@ -10,6 +10,8 @@ the dozen torch ops of cpurow.torch_row (each a launch, each a read of the tenso
    zeros, NaN, Inf. A tensor of at most BLOCK elements is finished by this one program.
 2. `_merge`: one program walks the blocks in order, a chunk at a time, and combines them
    (Chan's pairwise update: M2 = Σ M2_b + Σ n_b (mean_b - mean)²) into the row.
+   `_merge_many` does the same for many tensors in one launch, one program each: a `Pool`
+   holds a pass's blocks and merges them after it (one launch per tensor during the pass).
 
 `_tokens` (--per-token): each program reads one position's C channels, twice (the second
 time centred on the first's mean, from cache), and writes its five numbers — norm, mean,
@@ -91,7 +93,7 @@ def _store_row(  # noqa: PLR0917 (Triton: positional arguments)
 
 
 @triton.jit
-def _merge(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
+def _merged(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
     count = tl.zeros((), tl.float64)
     s = tl.zeros((), tl.float64)
     q = tl.zeros((), tl.float64)
@@ -126,6 +128,20 @@ def _merge(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
     _store_row(row_ptr, count, mean, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
 
 
+@triton.jit
+def _merge(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
+    _merged(part_ptr, row_ptr, blocks, CHUNK)
+
+
+@triton.jit
+def _merge_many(part_ptr, table_ptr, row_ptr, CHUNK: tl.constexpr):
+    # program j: the j-th tensor's blocks, from table (start, blocks) pairs, into row j
+    j = tl.program_id(0).to(tl.int64)
+    start = tl.load(table_ptr + 2 * j)
+    blocks = tl.load(table_ptr + 2 * j + 1)
+    _merged(part_ptr + start * 9, row_ptr + j * 9, blocks, CHUNK)
+
+
 def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Tensor:
     """The row of x (non-empty, floating point, contiguous) as 9 float64 numbers on x's
     device: one launch for a tensor of at most `block` elements, two for any other. (The
@@ -141,6 +157,56 @@ def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Ten
     _blocks[(blocks,)](flat, parts, out, n, FINAL=False, BLOCK=block)
     _merge[(1,)](parts, out, blocks, CHUNK=chunk)
     return out
+
+
+POOL_BLOCKS = 1 << 15  # blocks a pool's buffer holds at least (2.25 MiB: 2^27 elements' numbers)
+
+
+class Pool:
+    """Rows started during a pass and finished after it, on one device: each tensor's blocks
+    written by one launch of `_blocks` into the pool's buffer, after the last tensor's; after
+    the pass `rows()` merges every tensor's blocks, each in its own order, in one launch per
+    buffer (`_merge_many`). One launch per tensor in the pass instead of two, the same numbers
+    bitwise (a tensor of one block merges to the row `_blocks` would write for it)."""
+
+    def __init__(self) -> None:
+        self._buffers: list[tuple[torch.Tensor, list[int]]] = []  # each with (start, blocks)…
+        self._free = 0  # blocks left in the last buffer
+        self.size = 0  # tensors added
+
+    def add(self, flat: torch.Tensor, *, block: int = BLOCK) -> int:
+        """Start the row of `flat` (1-D, non-empty, floating point, contiguous): its place
+        among the rows `rows()` returns."""
+        n = flat.numel()
+        blocks = triton.cdiv(n, block)
+        if not self._buffers or self._free < blocks:
+            size = max(POOL_BLOCKS, blocks)
+            buffer = torch.empty(size * _PART, dtype=torch.float64, device=flat.device)
+            self._buffers.append((buffer, []))
+            self._free = size
+        buffer, table = self._buffers[-1]
+        start = buffer.numel() // _PART - self._free
+        part = buffer[start * _PART :]
+        _blocks[(blocks,)](flat, part, part, n, FINAL=False, BLOCK=block)
+        table += (start, blocks)
+        self._free -= blocks
+        self.size += 1
+        return self.size - 1
+
+    def rows(self, *, chunk: int = CHUNK) -> torch.Tensor:
+        """(tensors added, 9) float64 rows on the pool's device, in the order added."""
+        out = []
+        for buffer, table in self._buffers:
+            starts = torch.tensor(table, dtype=torch.int64)
+            if buffer.is_cuda:  # queued, the host not waiting
+                starts = starts.pin_memory()
+            starts = starts.to(buffer.device, non_blocking=True)
+            rows = torch.empty((len(table) // 2, _ROW), dtype=torch.float64, device=buffer.device)
+            _merge_many[(len(table) // 2,)](buffer, starts, rows, CHUNK=chunk)
+            out.append(rows)
+        if not out:  # (no tensor was added)
+            return torch.empty((0, _ROW), dtype=torch.float64)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
 
 TOKEN_BLOCK = 1024  # channels a program of _tokens reads at a time

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from hookcli.engine.packing import (
     PER_CHANNEL,
     ZEROS,
 )
+from hookcli.engine.tensorbits import FLAT, own_positions
 from hookcli.records import ChannelStats, Massive
 
 LARGE = 6.0  # LLM.int8: a feature dimension is an outlier where |x| reaches 6
@@ -417,3 +419,53 @@ def _unravel(i: int, dims: Sequence[int]) -> list[int]:
         i, r = divmod(i, d) if d else (i, 0)
         out.append(r)
     return out[::-1]
+
+
+@dataclass(slots=True)
+class ChannelRow:
+    """--channels: one measured tensor's packed numbers (a tensor until `resolve` brings them
+    over), its channel dimension, shape, channel count, and whether padding was taken out."""
+
+    packed: torch.Tensor  # on its device until resolve brings it over (float64, CPU)
+    axis: int
+    shape: tuple[int, ...]
+    channels: int
+    padded: int  # 0, TOKENS or FLAT: how the padding was taken out
+
+
+def resolve(
+    chan: dict[int, ChannelRow],
+    wants: Sequence[tuple[Any, int]],
+    hist: bool,
+    real_index: torch.Tensor | None,
+    token_mask: torch.Tensor | None,
+) -> None:
+    """Every packed vector of `chan` to the host (one transfer per device), unpacked into the
+    `.channels` of each TensorStats in `wants` (with its row's place), its massive activations
+    located (in each text's own positions where padding was taken out)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for idx, row in chan.items():
+        if not row.packed.is_cpu or row.packed.dtype != torch.float64:
+            by_device.setdefault(row.packed.device, []).append(idx)
+    for idxs in by_device.values():
+        parts = [chan[i].packed for i in idxs]
+        joined = torch.cat(parts).to("cpu", torch.float64)
+        at = 0
+        for i, part in zip(idxs, parts, strict=True):
+            chan[i].packed = joined[at : at + part.numel()]
+            at += part.numel()
+    real = own = None
+    if any(chan[i].padded for _, i in wants):
+        assert real_index is not None
+        assert token_mask is not None
+        real = real_index.tolist()
+        # each column's position in its own text (a left-padded sequence starts at 0)
+        own = (token_mask.cpu().long().cumsum(1) - 1).tolist()
+    for stats, idx in wants:
+        row = chan[idx]
+        found, top = unpack(row.packed, row.axis, row.channels, hist=hist)
+        rows_at = RowMap(row.shape, row.axis, real if row.padded else None, flat=row.padded == FLAT)
+        found.massive = find_massive(found, top, row.shape, rows_at)
+        if own is not None and row.padded:
+            own_positions(found.massive, own, row.padded == FLAT)
+        stats.channels = found

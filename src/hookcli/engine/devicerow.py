@@ -1,5 +1,6 @@
 """A CUDA tensor's row by the fused Triton kernel (engine/_triton.py): one read of the data
-and two launches at most, instead of torch ops' dozen of each; --per-token's rows likewise, in
+and two launches at most, instead of torch ops' dozen of each (in a pass, one: the rows are
+finished together after it); --per-token's rows likewise, in
 one launch; --channels' per-channel numbers in two. Where Triton is missing (a CPU-only build,
 macOS) or cannot build the kernel for this device, torch ops measure it, exactly, as before."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,6 +39,33 @@ def fused_row(x: torch.Tensor) -> torch.Tensor | None:
     if kernels is None:
         return None
     return _launched(lambda: kernels.row(dense_flat(x)), x, "row")
+
+
+def started_row(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
+    """x's row started where the kernel reads x (one launch: its blocks' numbers written into
+    the pass's pool on x's device, `_triton.Pool`), finished with every other by
+    `finished_rows` after the pass; its place among them. None where the kernel does not run
+    (then `fused_row` or torch ops)."""
+    kernels = _usable(x, "row")
+    if kernels is None:
+        return None
+    pool = pools.get(x.device)
+    if pool is None:
+        pool = pools[x.device] = kernels.Pool()
+    return _launched(lambda: pool.add(dense_flat(x)), x, "row")
+
+
+def finished_rows(pools: dict[torch.device, Any]) -> dict[torch.device, list[list[float]]]:
+    """Every row the pools started, merged on their devices (one launch a buffer) and brought
+    to the host in one transfer per device."""
+    out = {}
+    for device, pool in pools.items():
+        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(device):  # (Triton launches on the current device)
+                out[device] = pool.rows().to("cpu").tolist()
+        else:
+            out[device] = pool.rows().to("cpu").tolist()
+    return out
 
 
 def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
@@ -119,7 +147,8 @@ def _launched(launch: Callable[[], T], x: torch.Tensor, name: str) -> T | None:
     """launch() on x's device (Triton launches on the current one); None, and the kernels not
     tried again in this process, when it fails (e.g. a device Triton cannot compile for)."""
     try:
-        if x.device.index not in (None, torch.cuda.current_device()):
+        index = x.device.index
+        if index is not None and index != torch.cuda.current_device():
             with torch.cuda.device(x.device):
                 return launch()
         return launch()

@@ -45,13 +45,12 @@ import functools
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from hookcli.engine.channels import RowMap, find_massive, measure_channels, unpack
+from hookcli.engine.channels import ChannelRow, measure_channels, resolve
 from hookcli.engine.cpurow import (
     TOGETHER,
     Kernels,
@@ -62,7 +61,7 @@ from hookcli.engine.cpurow import (
     segment_rows,
     torch_row,
 )
-from hookcli.engine.devicerow import fused_row, token_rows
+from hookcli.engine.devicerow import finished_rows, fused_row, started_row, token_rows
 from hookcli.engine.histogram import histogram
 from hookcli.engine.sharded import ShardBook, not_merged
 from hookcli.engine.statrow import (
@@ -82,7 +81,6 @@ from hookcli.engine.tensorbits import (
     dense_flat,
     dtype_name,
     finite_or_none,
-    own_positions,
     real_valued,
     unpadded,
     version_of,
@@ -164,6 +162,18 @@ def _kernels_if_they_pay() -> Kernels | None:
 # how a tensor carries a padded batch's positions (StatsCollector._padded)
 
 
+class Started:
+    """A device tensor's row started in the pass's pool (devicerow.started_row), finished
+    by finalize with every other: its device and its place there. (Not a tuple: a CPU row
+    is one.)"""
+
+    __slots__ = ("at", "device")
+
+    def __init__(self, device: torch.device, at: int) -> None:
+        self.device = device
+        self.at = at
+
+
 class StatsCollector:
     """Collects one row per tensor during a pass; numbers reach the host once, at the end.
 
@@ -205,14 +215,15 @@ class StatsCollector:
         # no per-channel statistics for it); each row's packed numbers (engine.channels)
         self.channels: Callable[[Any, tuple[int, ...]], int | None] | None = None
         self.channel_hist = False  # calib: each also gets its histogram of |x|
-        self._chan: dict[int, _ChannelRow] = {}
+        self._chan: dict[int, ChannelRow] = {}
         self._wants_chan: list[tuple[TensorStats, int]] = []
         self._hist_range: dict[int, tuple[Any, Any]] = {}
         self._hists: dict[int, np.ndarray[Any, Any] | torch.Tensor] = {}  # row → bin counts
         self._wants_hist: list[tuple[TensorStats, int]] = []
         self._scratch = np.zeros(7, dtype=np.float64)
         self._later = Later()  # small CPU tensors' copies, measured together
-        self._rows: list[Row | torch.Tensor] = []
+        self._rows: list[Row | torch.Tensor | Started] = []
+        self._pools: dict[torch.device, Any] = {}  # rows started on devices (devicerow)
         self._notes: list[str | None] = []
         self._values: dict[int, list[float | None] | torch.Tensor] = {}  # row → elements
         self._wants_values: list[tuple[TensorStats, int]] = []
@@ -480,6 +491,7 @@ class StatsCollector:
         if self._bins and stats.numel > 0 and t.device.type != "meta":
             edge_key = (self.context, path)
             fixed = self._edges.get(edge_key) if self._edges is not None else None
+            assert not isinstance(row, Started)  # (with histograms, rows are not started)
             counts, span = histogram(t, row, self._bins, fixed, widen=self._edges is not None)
             if self._edges is not None and fixed is None:
                 self._edges[edge_key] = span
@@ -554,7 +566,7 @@ class StatsCollector:
         if x.numel() == 0:
             return False
         packed = measure_channels(x, inner, hist=self.channel_hist, kernels=self._chan_kernels(x))
-        self._chan[idx] = _ChannelRow(packed, axis, shape, shape[axis], padded)
+        self._chan[idx] = ChannelRow(packed, axis, shape, shape[axis], padded)
         return True
 
     def _chan_kernels(self, x: torch.Tensor) -> Any:
@@ -576,7 +588,7 @@ class StatsCollector:
                 _without_kernels[0] += nbytes
         return ks
 
-    def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor, str | None]:
+    def _measure(self, t: torch.Tensor) -> tuple[Row | torch.Tensor | Started, str | None]:
         if (
             t.dtype is torch.float32
             and t.is_cpu
@@ -603,7 +615,10 @@ class StatsCollector:
         if not x.is_floating_point():  # integers, bools: as floats, as torch_row reads them
             x = x.to(accumulate_dtype(x.device))  # (then the kernels, not twenty torch ops)
         row = self._cpu(x) if x.is_cpu and x.dtype in _CPU_DTYPES else self._device_row(x)
-        return (after_pass(row, x) if AFTER_PASS else row), note
+        if AFTER_PASS:
+            assert not isinstance(row, Started)  # (with AFTER_PASS, rows are not started)
+            row = after_pass(row, x)
+        return row, note
 
     def _cpu(self, t: torch.Tensor) -> Row | torch.Tensor:
         """A CPU float tensor's row: by the kernels once they pay for their loading."""
@@ -612,11 +627,18 @@ class StatsCollector:
             return kernel_row(t, ks, self._scratch)
         return cpu_row(dense_flat(t))
 
-    def _device_row(self, x: torch.Tensor) -> torch.Tensor:
+    def _device_row(self, x: torch.Tensor) -> torch.Tensor | Started:
         """A device tensor's row, on its device: on CUDA, a floating-point one's by the fused
-        Triton kernel (one read, engine/_triton.py); else, and with backend "torch", by
-        torch ops."""
-        row = None if self._backend == "torch" else fused_row(x)
+        Triton kernel (one read, engine/_triton.py), started now and finished with the pass's
+        others by finalize where nothing reads it before (histograms, AFTER_PASS); else, and
+        with backend "torch", by torch ops."""
+        if self._backend == "torch":
+            return torch_row(x)
+        if not self._bins and not AFTER_PASS:  # (both read the row during the pass)
+            at = started_row(x, self._pools)
+            if at is not None:
+                return Started(x.device, at)
+        row = fused_row(x)
         return torch_row(x) if row is None else row
 
     def _settle_later(self, ks: Kernels) -> None:
@@ -633,16 +655,25 @@ class StatsCollector:
         # CPU rows are tuples of floats already; device rows come over in one transfer each
         out: list[Sequence[float]] = []
         by_device: dict[torch.device, list[int]] = {}
+        started: list[tuple[int, Started]] = []
         for i, row in enumerate(self._rows):
             if isinstance(row, torch.Tensor):
                 by_device.setdefault(row.device, []).append(i)
                 out.append(EMPTY_ROW)  # replaced below
+            elif type(row) is Started:
+                started.append((i, row))
+                out.append(EMPTY_ROW)
             else:
-                out.append(row)
+                out.append(row)  # type: ignore[arg-type]
         for idxs in by_device.values():
             stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
             for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
                 out[i] = values
+        if self._pools:
+            finished = finished_rows(self._pools)
+            self._pools.clear()
+            for i, s in started:
+                out[i] = finished[s.device][s.at]
         merged = self.book.merge(out, self._handed_out)  # each DTensor's: the whole's row
         self._resolve_values()
         self._resolve_hists()
@@ -663,38 +694,11 @@ class StatsCollector:
             table.clear()
 
     def _resolve_channels(self) -> None:
-        """--channels: every packed vector to the host (one transfer per device), unpacked
-        into each TensorStats that wants it, its massive activations located."""
-        if not self._wants_chan:
-            return
-        by_device: dict[torch.device, list[int]] = {}
-        for idx, row in self._chan.items():
-            if not row.packed.is_cpu or row.packed.dtype != torch.float64:
-                by_device.setdefault(row.packed.device, []).append(idx)
-        for idxs in by_device.values():
-            parts = [self._chan[i].packed for i in idxs]
-            joined = torch.cat(parts).to("cpu", torch.float64)
-            at = 0
-            for i, part in zip(idxs, parts, strict=True):
-                self._chan[i].packed = joined[at : at + part.numel()]
-                at += part.numel()
-        real = own = None
-        if any(self._chan[i].padded for _, i in self._wants_chan):
-            assert self._real_index is not None
-            assert self.token_mask is not None
-            real = self._real_index.tolist()
-            # each column's position in its own text (a left-padded sequence starts at 0)
-            own = (self.token_mask.cpu().long().cumsum(1) - 1).tolist()
-        for stats, idx in self._wants_chan:
-            row = self._chan[idx]
-            found, top = unpack(row.packed, row.axis, row.channels, hist=self.channel_hist)
-            rows_at = RowMap(
-                row.shape, row.axis, real if row.padded else None, flat=row.padded == FLAT
-            )
-            found.massive = find_massive(found, top, row.shape, rows_at)
-            if own is not None and row.padded:
-                own_positions(found.massive, own, row.padded == FLAT)
-            stats.channels = found
+        """--channels: every packed vector to the host, unpacked into each TensorStats that
+        wants it (channels.resolve)."""
+        if self._wants_chan:
+            resolve(self._chan, self._wants_chan, self.channel_hist, self._real_index,
+                    self.token_mask)  # fmt: skip
 
     def _resolve_tokens(self) -> None:
         """--per-token rows; those on a device travel in one transfer per device."""
@@ -765,18 +769,6 @@ _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # a tensor measured as itself: a plain one or a plain parameter (a DTensor parameter's class is
 # DTensor's)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-@dataclass(slots=True)
-class _ChannelRow:
-    """--channels: one measured tensor's packed numbers (a tensor until finalize brings them
-    over), its channel dimension, shape, channel count, and whether padding was taken out."""
-
-    packed: torch.Tensor  # on its device until finalize brings it over (float64, CPU)
-    axis: int
-    shape: tuple[int, ...]
-    channels: int
-    padded: int  # 0, TOKENS or FLAT: how the padding was taken out
 
 
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
