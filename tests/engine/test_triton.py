@@ -102,7 +102,6 @@ def test_the_fused_kernel_equals_float64_torch_and_repeats_bitwise(tmp_path: Pat
     assert constant[1] == value and constant[2] == 0.0  # exactly: the value, no spread
 
 
-
 _POOL_RUN = """
 import sys, torch
 from hookcli.engine import _triton
@@ -185,6 +184,7 @@ def test_the_collector_starts_device_rows_and_finishes_them_after_the_pass(
         stats.nan, stats.inf, stats.zeros, stats.norm = row[4:]
         assert_stats_match(stats, x)
     assert got["again"] == got["rows"][0][0]
+
 
 _TOKENS_RUN = """
 import sys, torch
