@@ -459,3 +459,29 @@ def test_diff_on_the_device_reads_each_reference_tensor_where_it_is(
     )
     assert measured and report.calls
     assert all(c.b[0].rel_l2 is not None and c.b[0].rel_l2 < 0.5 for c in report.calls)
+
+
+@needs_cuda
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_a_model_on_the_device_is_not_moved_and_its_buffers_come_back(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """Issue 52: a model already on the GPU is not moved for the run ("cuda" is the current
+    device, "cuda:0"), and its buffers — batch norm's running statistics, written by a train-
+    mode pass — come back bit for bit, copied back together (engine/passes.BufferSnapshot)."""
+    model = torchvision.models.resnet18().cuda()
+    x = torch.randn(2, 3, 64, 64, device="cuda")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    versions_of_params = [p._version for p in model.parameters()]
+    moves: list[object] = []
+    original = torch.nn.Module.to
+    monkeypatch.setattr(
+        torch.nn.Module, "to", lambda self, *a, **k: moves.append(a) or original(self, *a, **k)
+    )
+    report = hookcli.inspect(model, x, device=device, train=True, topk=0)
+    assert report.layers and moves == []
+    after = model.state_dict()
+    for name, value in before.items():
+        assert after[name].equal(value), name  # running_mean/var and the counts restored
+    assert [p._version for p in model.parameters()] == versions_of_params
+    assert model.training  # as found

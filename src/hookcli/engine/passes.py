@@ -197,6 +197,17 @@ def _clock(timed: bool) -> float:
     return time.perf_counter() * 1e3
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one: "cuda" is the current CUDA device ("cuda:0", most often),
+    and a device of another type without an index its first."""
+    if a.type != b.type:
+        return False
+    if a.index == b.index or (a.index is not None and b.index is not None):
+        return a.index == b.index
+    here = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (here if a.index is None else a.index) == (here if b.index is None else b.index)
+
+
 @contextlib.contextmanager
 def model_left_as_found(
     model: nn.Module, device: torch.device, *, train: bool = False
@@ -223,14 +234,15 @@ def model_left_as_found(
         for m, training in zip(modules, modes, strict=True):
             if training != train:
                 m.training = train
-        if home is not None and home != device:
+        moved = home is not None and not same_device(home, device)
+        if moved:
             model.to(device)
         yield buffers
     finally:
         for m, training in zip(modules, modes, strict=True):
             if m.training is not training:  # (nn.Module's setattr costs microseconds each)
                 m.training = training
-        if home is not None and home != device:
+        if moved:
             model.to(home)
         buffers.restore()
         for m, name, value in caches:
@@ -346,6 +358,7 @@ class BufferSnapshot:
         self.items: list[tuple[nn.Module, str, Any, int, torch.Tensor | None]] = []
         self.names: list[tuple[nn.Module, frozenset[str]]] = []
         self.scripted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        on_device: list[tuple[torch.Tensor, torch.Tensor]] = []  # (buffer, its copy)
         with torch.no_grad():
             for m in modules:
                 if isinstance(m, torch.jit.ScriptModule):
@@ -360,10 +373,16 @@ class BufferSnapshot:
                 for name, b in bufs.items():
                     if b is None or is_lazy(b):
                         self.items.append((m, name, b, -1, None))
-                    else:
+                    elif b.is_cpu or b.device.type == "meta" or type(b) not in _PLAIN:
                         self.items.append((m, name, b, version_of(b), b.detach().clone()))
+                    else:  # copied below, with the others on its device
+                        copy = torch.empty_like(b)
+                        self.items.append((m, name, b, version_of(b), copy))
+                        on_device.append((b, copy))
+            _copy_all(on_device)
 
     def restore(self) -> None:
+        back: list[tuple[torch.Tensor, torch.Tensor]] = []  # device buffers: (copy, buffer)
         with torch.no_grad():
             for m, name, orig, version, copy in self.items:
                 now = m._buffers.get(name, _GONE)
@@ -373,8 +392,11 @@ class BufferSnapshot:
                     continue
                 if (orig.shape, orig.dtype, orig.device) != (copy.shape, copy.dtype, copy.device):
                     orig.data = copy.clone()  # given another shape, dtype or device by `.data =`
+                elif not orig.is_cpu and orig.device.type != "meta" and type(orig) in _PLAIN:
+                    back.append((copy, orig))  # (never compared there: copied back together)
                 elif version < 0 or version_of(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
+            _copy_all(back)
             for b, copy in self.scripted:
                 if not _same(b, copy):
                     b.copy_(copy)
@@ -411,6 +433,27 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_floating_point() or a.is_complex():
         return ((a != b) & ~(a.isnan() & b.isnan())).any()
     return (a != b).any()
+
+
+def _copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Each (source, destination) pair's values copied, those of one device and dtype in one
+    foreach copy (a few launches for all of them, not one each: a GPU model's buffers)."""
+    groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]]
+    groups = {}
+    for src, dst in pairs:
+        srcs, dsts = groups.setdefault((dst.device, dst.dtype), ([], []))
+        srcs.append(src)
+        dsts.append(dst)
+    with torch.no_grad():
+        for srcs, dsts in groups.values():
+            if hasattr(torch, "_foreach_copy_"):
+                torch._foreach_copy_(dsts, srcs)
+            else:  # (torch before 2.3)
+                for src, dst in zip(srcs, dsts, strict=True):
+                    dst.copy_(src)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # buffers copied together (not a DTensor's, say)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
