@@ -202,8 +202,10 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     and a device of another type without an index its first."""
     if a.type != b.type:
         return False
-    if a.index == b.index or (a.index is not None and b.index is not None):
-        return a.index == b.index
+    if a.index == b.index:
+        return True
+    if a.index is not None and b.index is not None:
+        return False
     here = torch.cuda.current_device() if a.type == "cuda" else 0
     return (here if a.index is None else a.index) == (here if b.index is None else b.index)
 
