@@ -202,12 +202,14 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     and a device of another type without an index its first."""
     if a.type != b.type:
         return False
-    if a.index == b.index:
+    ia: int | None = a.index  # (None where no index was given; torch's stubs say int)
+    ib: int | None = b.index
+    if ia == ib:
         return True
-    if a.index is not None and b.index is not None:
+    if ia is not None and ib is not None:
         return False
     here = torch.cuda.current_device() if a.type == "cuda" else 0
-    return (here if a.index is None else a.index) == (here if b.index is None else b.index)
+    return (here if ia is None else ia) == (here if ib is None else ib)
 
 
 @contextlib.contextmanager
