@@ -196,9 +196,11 @@ def split(device: torch.device, quick: bool, rounds: int) -> list[str]:
             def fill(t: torch.Tensor) -> torch.Tensor:
                 return torch.zeros(9, dtype=torch.float64, device=t.device)
 
-            # the fused Triton kernel and torch ops' row both replaced by a fill
+            # the fused Triton kernel (started in the pass's pool, or alone) and torch ops' row
+            # all replaced by a fill
             with (
                 mock.patch.object(stats, "torch_row", fill),
+                mock.patch.object(stats, "started_row", return_value=None),
                 mock.patch.object(stats, "fused_row", return_value=None),
             ):
                 return inspect(x)

@@ -485,3 +485,30 @@ def test_a_model_on_the_device_is_not_moved_and_its_buffers_come_back(
         assert after[name].equal(value), name  # running_mean/var and the counts restored
     assert [p._version for p in model.parameters()] == versions_of_params
     assert model.training  # as found
+
+
+@needs_cuda
+def test_cuda_diff_sums_come_from_the_kernel_without_a_sync() -> None:
+    """Issue 52 item 3: diff's sums on CUDA are the fused kernel's (one read of each side in
+    its own dtype), with no host synchronisation, equal to float64 torch's on the CPU and
+    bitwise the same run to run."""
+    from hookcli.commands.diff import ondevice
+    from hookcli.engine import devicerow
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(3, 70, 3000, device="cuda", generator=g)
+    b = a.bfloat16()
+    b[0, 3, 7] = float("nan")
+    a[1, 2, 5] = float("inf")
+    runs = []
+    for _ in range(2):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            runs.append(ondevice.sums(a, b))
+            fused = devicerow.diff_sums(a, b)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert fused is not None and fused.view(torch.int64).equal(runs[0].view(torch.int64))
+    assert runs[0].view(torch.int64).equal(runs[1].view(torch.int64))
+    want = ondevice.sums(a.cpu(), b.cpu())
+    torch.testing.assert_close(runs[0].cpu(), want, rtol=1e-12, atol=0.0)

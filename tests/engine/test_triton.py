@@ -186,6 +186,46 @@ def test_the_collector_starts_device_rows_and_finishes_them_after_the_pass(
     assert got["again"] == got["rows"][0][0]
 
 
+_DIFF_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+out = {name: [_triton.diff_sums(a.reshape(-1), b.reshape(-1), block=block, chunk=chunk)
+              for _ in range(2)]
+       for name, (a, b, block, chunk) in cases.items()}
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_the_diff_kernel_gives_the_torch_sums_and_repeats_bitwise(tmp_path: Path) -> None:
+    """Issue 52 item 3: diff's nine sums on CUDA from one read of each side (float32 against
+    bfloat16, as `diff --b bfloat16` compares; NaN and Inf on either side; many blocks in many
+    chunks) equal commands/diff/ondevice.sums' float64 torch ops, and repeat bitwise."""
+    from hookcli.commands.diff import ondevice
+
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(3 * 4096 + 77, generator=g) * 3
+    dirty_a, dirty_b = a.clone(), a.bfloat16()
+    dirty_a[::89] = math.nan
+    dirty_b[5::97] = math.inf
+    dirty_b[7::101] = math.nan
+    dirty_a[9::103] = -math.inf
+    cases = {
+        "float32 vs bfloat16": (a, a.bfloat16(), 4096, 1024),
+        "NaN and Inf on each side": (dirty_a, dirty_b, 4096, 1024),
+        "many blocks in many chunks": (a[:1000], (a[:1000] * 1.001).half(), 16, 4),
+        "identical": (a[:5000], a[:5000].clone(), 4096, 1024),
+        "one element": (torch.tensor([2.0]), torch.tensor([-1.5]), 4096, 1024),
+        "float64": (a.double()[:3000], a.double()[:3000] + 1e-9, 256, 4),
+    }
+    got = _interpreted(_DIFF_RUN, cases, tmp_path)
+    for name, (x, y, _, _) in cases.items():
+        first, second = got[name]
+        assert first.view(torch.int64).equal(second.view(torch.int64)), name  # bitwise
+        want = ondevice.sums(x, y)  # (CPU tensors: the torch ops)
+        torch.testing.assert_close(first, want, rtol=1e-12, atol=0.0, msg=name)
+
+
 _TOKENS_RUN = """
 import sys, torch
 from hookcli.engine import _triton

@@ -13,6 +13,9 @@ the dozen torch ops of cpurow.torch_row (each a launch, each a read of the tenso
    `_merge_many` does the same for many tensors in one launch, one program each: a `Pool`
    holds a pass's blocks and merges them after it (one launch per tensor during the pass).
 
+`_diff_blocks` and `_diff_merge` (diff on CUDA): the sums of a compared tensor against the
+reference's, each read once, likewise in blocks merged in order.
+
 `_tokens` (--per-token): each program reads one position's C channels, twice (the second
 time centred on the first's mean, from cache), and writes its five numbers — norm, mean,
 population std, max |x| and the first channel holding it (NaN and its channel where the
@@ -207,6 +210,85 @@ class Pool:
         if not out:  # (no tensor was added)
             return torch.empty((0, _ROW), dtype=torch.float64)
         return out[0] if len(out) == 1 else torch.cat(out)
+
+
+@triton.jit
+def _diff_blocks(a_ptr, b_ptr, part_ptr, n, BLOCK: tl.constexpr):
+    # one block of a reference a and a compared b, each read once in its own dtype: over the
+    # elements finite on both sides Σ(b - a)², Σa², Σb², Σab, max |b - a|; the elements not
+    # finite on either side, on a, on b; the largest finite |a|
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    a = tl.load(a_ptr + offs, mask=inside, other=0).to(tl.float64)
+    b = tl.load(b_ptr + offs, mask=inside, other=0).to(tl.float64)
+    fa = inside & (a == a) & (tl.abs(a) != float("inf"))  # noqa: PLR0124 (NaN: unequal)
+    fb = inside & (b == b) & (tl.abs(b) != float("inf"))  # noqa: PLR0124
+    both = fa & fb
+    a0 = tl.where(both, a, 0.0)
+    b0 = tl.where(both, b, 0.0)
+    d = b0 - a0
+    base = part_ptr + pid.to(tl.int64) * 9
+    tl.store(base + 0, tl.sum(d * d, axis=0))
+    tl.store(base + 1, tl.sum(a0 * a0, axis=0))
+    tl.store(base + 2, tl.sum(b0 * b0, axis=0))
+    tl.store(base + 3, tl.sum(a0 * b0, axis=0))
+    tl.store(base + 4, tl.max(tl.abs(d), axis=0))
+    tl.store(base + 5, tl.sum((inside & ~both).to(tl.float64), axis=0))
+    tl.store(base + 6, tl.sum((inside & ~fa).to(tl.float64), axis=0))
+    tl.store(base + 7, tl.sum((inside & ~fb).to(tl.float64), axis=0))
+    tl.store(base + 8, tl.max(tl.where(fa, tl.abs(a), 0.0), axis=0))
+
+
+@triton.jit
+def _diff_merge(part_ptr, out_ptr, blocks, CHUNK: tl.constexpr):
+    # the blocks in order, a chunk at a time: sums add, maxima take the larger
+    sd = tl.zeros((), tl.float64)
+    sa = tl.zeros((), tl.float64)
+    sb = tl.zeros((), tl.float64)
+    sab = tl.zeros((), tl.float64)
+    top_d = tl.zeros((), tl.float64)
+    off = tl.zeros((), tl.float64)
+    off_a = tl.zeros((), tl.float64)
+    off_b = tl.zeros((), tl.float64)
+    top_a = tl.zeros((), tl.float64)
+    for start in range(0, blocks, CHUNK):
+        b = start + tl.arange(0, CHUNK)
+        base = part_ptr + b.to(tl.int64) * 9
+        there = b < blocks
+        sd += tl.sum(tl.load(base + 0, mask=there, other=0.0), axis=0)
+        sa += tl.sum(tl.load(base + 1, mask=there, other=0.0), axis=0)
+        sb += tl.sum(tl.load(base + 2, mask=there, other=0.0), axis=0)
+        sab += tl.sum(tl.load(base + 3, mask=there, other=0.0), axis=0)
+        top_d = tl.maximum(top_d, tl.max(tl.load(base + 4, mask=there, other=0.0), axis=0))
+        off += tl.sum(tl.load(base + 5, mask=there, other=0.0), axis=0)
+        off_a += tl.sum(tl.load(base + 6, mask=there, other=0.0), axis=0)
+        off_b += tl.sum(tl.load(base + 7, mask=there, other=0.0), axis=0)
+        top_a = tl.maximum(top_a, tl.max(tl.load(base + 8, mask=there, other=0.0), axis=0))
+    tl.store(out_ptr + 0, sd)
+    tl.store(out_ptr + 1, sa)
+    tl.store(out_ptr + 2, sb)
+    tl.store(out_ptr + 3, sab)
+    tl.store(out_ptr + 4, top_d)
+    tl.store(out_ptr + 5, off)
+    tl.store(out_ptr + 6, off_a)
+    tl.store(out_ptr + 7, off_b)
+    tl.store(out_ptr + 8, top_a)
+
+
+def diff_sums(
+    a: torch.Tensor, b: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK
+) -> torch.Tensor:
+    """diff's nine numbers of b against a (1-D, one length, non-empty, floating point,
+    contiguous, one device), float64 on it, as commands/diff/ondevice.sums gives them: one read
+    of each, two launches, the blocks merged in a fixed order (the same bits every run)."""
+    n = a.numel()
+    blocks = triton.cdiv(n, block)
+    parts = torch.empty(blocks * 9, dtype=torch.float64, device=a.device)
+    out = torch.empty(9, dtype=torch.float64, device=a.device)
+    _diff_blocks[(blocks,)](a, b, parts, n, BLOCK=block)
+    _diff_merge[(1,)](parts, out, blocks, CHUNK=chunk)
+    return out
 
 
 TOKEN_BLOCK = 1024  # channels a program of _tokens reads at a time

@@ -68,6 +68,19 @@ def finished_rows(pools: dict[torch.device, Any]) -> dict[torch.device, list[lis
     return out
 
 
+def diff_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """diff's nine sums of b against a (one shape, one CUDA device) by the fused kernel: one
+    read of each in its own dtype, two launches (commands/diff/ondevice.sums' numbers, float64
+    on the device); None where the kernel does not run (then torch ops measure them)."""
+    kernels = _usable(a, "diff")
+    if kernels is None or _usable(b, "diff") is None or a.device != b.device:
+        return None
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)  # (the same order on both sides)
+    fa = fa if fa.is_contiguous() else fa.contiguous()
+    fb = fb if fb.is_contiguous() else fb.contiguous()
+    return _launched(lambda: kernels.diff_sums(fa, fb), a, "diff")
+
+
 def token_rows(t: torch.Tensor, *, fused: bool = True) -> torch.Tensor:
     """--per-token's rows of t (batch, tokens, C): (batch, tokens, 5) float64 on t's device
     (tensorbits.token_rows' numbers). On CUDA (`fused`), the fused kernel's: one launch and

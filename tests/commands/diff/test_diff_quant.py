@@ -353,3 +353,27 @@ def test_sides_whose_parts_would_undo_each_other_are_refused(tmp_path: Path) -> 
     side = parse_side("torchao:int8wo,bnb:nf4", "--b")  # one quantization: the later one
     assert [type(p).__name__ for p in side.parts] == ["Bnb"]
     assert parse_side(f"hf:{folder},autocast", "--b").autocast == torch.bfloat16
+
+
+def test_weight_distances_from_sums_left_on_a_device_are_the_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: on CUDA each weight's sums are the fused diff kernel's, left on the device and
+    brought over together (quantsides._settled): the same SQNR as the host's float64 sums,
+    and a weight with NaN on a side listed first with none. (Here the kernel's nine numbers
+    come from ondevice.sums' torch ops, as a device would give them.)"""
+    from hookcli.commands.diff import ondevice, quantsides
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    b = copy.deepcopy(a)
+    b[0].weight.data = a[0].weight.data.half().float()
+    b[2].weight.data = a[2].weight.data.clone()
+    b[2].weight.data[0, 1] = math.nan
+    on_host, _ = weight_distances(a, b)
+    monkeypatch.setattr(quantsides, "_sums", ondevice.sums)
+    on_device, notes = weight_distances(a, b)
+    assert [d.layer for d in on_device] == ["2", "0"] == [d.layer for d in on_host]
+    assert on_device[0].sqnr_db is None and "NaN/Inf" in notes[0]
+    assert on_device[1].sqnr_db == pytest.approx(on_host[1].sqnr_db, rel=1e-12)
+    assert on_device[1].rel_l2 == pytest.approx(on_host[1].rel_l2, rel=1e-12)

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from hookcli.commands.diff.sides import SideKind, register
+from hookcli.engine import devicerow
 from hookcli.engine.prepare import Prepared
 from hookcli.errors import UsageError
 from hookcli.records import WeightDistance
@@ -647,9 +648,14 @@ def dense_weight(module: nn.Module) -> torch.Tensor | None:
 _CHUNK = 1 << 22  # elements summed at a time in float64 on the CPU (an embedding is large)
 
 
-def _sums(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Σa² and Σ(a-b)² in float64 on the CPU (any device: MPS has no float64), a bounded piece
-    at a time."""
+def _sums(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float] | torch.Tensor:
+    """Σa² and Σ(a-b)² in float64 (NaN where some element is not finite). On CUDA, diff's sums
+    by the fused kernel, left on the device (`_settled` brings them over together); else on
+    the CPU (any device: MPS has no float64), a bounded piece at a time."""
+    if a.is_cuda and b.device == a.device:
+        fused = devicerow.diff_sums(a, b)
+        if fused is not None:
+            return fused
     fa, fb = a.reshape(-1), b.reshape(-1)
     signal = noise = 0.0
     for start in range(0, fa.numel(), _CHUNK):
@@ -658,6 +664,24 @@ def _sums(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
         signal += float(x.square().sum())
         noise += float((x - y).square().sum())
     return signal, noise
+
+
+def _settled(
+    measured: list[tuple[str, nn.Module, nn.Module, int, tuple[float, float] | torch.Tensor]],
+) -> Iterator[tuple[str, nn.Module, nn.Module, int, tuple[float, float]]]:
+    """Each weight's (Σa², Σ(a-b)²), those left on a device brought over in one transfer per
+    device: the kernel's sums over the elements finite on both sides, NaN where one was not."""
+    by_device: dict[torch.device, list[int]] = {}
+    for k, (*_, got) in enumerate(measured):
+        if isinstance(got, torch.Tensor):
+            by_device.setdefault(got.device, []).append(k)
+    host: dict[int, tuple[float, float]] = {}
+    for ks in by_device.values():
+        rows = torch.stack([measured[k][4] for k in ks]).cpu().tolist()  # type: ignore[misc]
+        for k, row in zip(ks, rows, strict=True):
+            host[k] = (math.nan, math.nan) if row[5] else (row[1], row[0])
+    for k, (name, ma, mb, numel, got) in enumerate(measured):
+        yield name, ma, mb, numel, host[k] if isinstance(got, torch.Tensor) else got
 
 
 def weight_distances(a: nn.Module, b: nn.Module) -> tuple[list[WeightDistance], list[str]]:
@@ -671,6 +695,7 @@ def weight_distances(a: nn.Module, b: nn.Module) -> tuple[list[WeightDistance], 
     if a is b:
         return found, []
     b_modules = dict(b.named_modules())
+    measured: list[tuple[str, nn.Module, nn.Module, int, tuple[float, float] | torch.Tensor]] = []
     for name, ma in a.named_modules():
         mb = b_modules.get(name)
         if mb is None or not isinstance(getattr(ma, "weight", None), torch.Tensor):
@@ -683,20 +708,20 @@ def weight_distances(a: nn.Module, b: nn.Module) -> tuple[list[WeightDistance], 
                 if getattr(mb, "weight", None) is not None or hasattr(mb, "qweight"):
                     unread.append(name)
                 continue
-            signal, noise = _sums(wa, wb)
+            measured.append((name, ma, mb, wa.numel(), _sums(wa, wb)))
         except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError):
             unread.append(name)
-            continue
+    for name, ma, mb, numel, (signal, noise) in _settled(measured):
         type_b = type(mb).__name__ if type(mb) is not type(ma) else None
         if not (math.isfinite(signal) and math.isfinite(noise)):
             bad.append(name)
-            found.append(WeightDistance(name, type(ma).__name__, None, None, wa.numel(), type_b))
+            found.append(WeightDistance(name, type(ma).__name__, None, None, numel, type_b))
             continue
         if noise == 0.0:
             continue
         sqnr = 10 * math.log10(signal / noise) if signal > 0 else None
         rel = math.sqrt(noise / signal) if signal > 0 else None
-        found.append(WeightDistance(name, type(ma).__name__, sqnr, rel, wa.numel(), type_b))
+        found.append(WeightDistance(name, type(ma).__name__, sqnr, rel, numel, type_b))
     found.sort(key=lambda d: (d.sqnr_db is not None, d.sqnr_db or 0.0))
     notes = []
     if bad:
