@@ -10,10 +10,11 @@
 #   4. beside 2, in the background (neither times the GPU), runs benchmarks/memory.py --device
 #      cuda: --memory's predicted step peak of resnet50, vit_b_16 and GPT-2 small against
 #      torch.cuda.max_memory_allocated (goal: within 5%),
-#   5. beside 2 too, runs benchmarks/host_cost.py on the machine's CPU: the host's cost per
-#      hooked call (issue 52 item 1) where a GPU's host is, beside torchinfo's in the same rounds,
-#   6. runs benchmarks/gpu_figures.py --llm: a Qwen2.5-0.5B-shaped model's 2,048-token prefill
-#      and a --generate step, every block hooked, ÷ the plain ones (issue 52 item 5),
+#   5. runs benchmarks/gpu_figures.py --llm: a Qwen2.5-0.5B-shaped model's 2,048-token prefill
+#      and a --generate step, every block hooked, ÷ the plain ones (issue 52 item 5), and a
+#      profile of one prefill's host time ($OUT/llm_profile.txt),
+#   6. runs benchmarks/host_cost.py on the machine's CPU, alone: the host's cost per hooked
+#      call (issue 52 item 1) where a GPU's host is, beside torchinfo's in the same rounds,
 # and writes everything to $OUT/gpu_check.txt (the device tool brings $OUT back), each step's
 # seconds beside its heading, each figure as soon as it is measured. GPU_CHECK_STEPS (default
 # "tests figures llm memory host") names the steps to run; GPU_CHECK_TESTS narrows the tests
@@ -69,16 +70,11 @@ else
   status=1
 fi
 parts=()
-# the memory figures and the host's cost per call time no GPU work: they run beside the tests
+# the memory figures time no GPU work: they run beside the tests
 if wanted memory; then
   parts+=("$OUT/.memory.txt")
   step "memory (issue 39): a training step's predicted peak against max_memory_allocated" 240 \
     "$OUT/.memory.txt" "$PY" benchmarks/memory.py --device cuda --batch 8 --skip-offload &
-fi
-if wanted host; then
-  parts+=("$OUT/.host.txt")
-  step "host cost per hooked call (issue 52 item 1), this machine's CPU" 120 "$OUT/.host.txt" \
-    "$PY" benchmarks/host_cost.py --rounds 5 &
 fi
 if wanted tests; then
   step "CUDA tests" 300 "$OUT/.tests.txt" "$PY" -m pytest -q -p no:cacheprovider -m cuda \
@@ -96,8 +92,14 @@ if wanted figures; then
 fi
 if wanted llm; then
   step "language model: prefill and a --generate step (issue 52 item 5)" 180 "$OUT/.llm.txt" \
-    "$PY" -u benchmarks/gpu_figures.py --llm --rounds 5 || status=1
+    "$PY" -u benchmarks/gpu_figures.py --llm --rounds 5 --profile-out "$OUT/llm_profile.txt" \
+    || status=1
   cat "$OUT/.llm.txt" >> "$report"
+fi
+if wanted host; then  # (alone: a busy CPU would slow one side of its ratio more than the other)
+  step "host cost per hooked call (issue 52 item 1), this machine's CPU" 120 "$OUT/.host.txt" \
+    "$PY" benchmarks/host_cost.py --rounds 5 || status=1
+  cat "$OUT/.host.txt" >> "$report"
 fi
 rm -f "$OUT"/.*.txt
 echo "# done in $((SECONDS - t0)) s, status $status" >> "$report"

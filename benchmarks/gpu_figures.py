@@ -205,14 +205,35 @@ def split(device: torch.device, quick: bool, rounds: int) -> list[str]:
             ):
                 return inspect(x)
 
+        def noop_hooks(x: torch.Tensor = x) -> object:
+            # the floor of any Python hook: a pre- and a forward hook on every module that do
+            # nothing, registered and removed around the pass as inspect's are
+            handles = []
+            for m in model.modules():
+                handles.append(m.register_forward_pre_hook(_nothing, with_kwargs=True))
+                handles.append(m.register_forward_hook(_nothing))
+            try:
+                with torch.no_grad():
+                    return model(x)
+            finally:
+                for h in handles:
+                    h.remove()
+
         got = interleaved(
-            {"plain": plain, "inspect": inspect, "hooks": hooks_alone}, rounds, device
+            {"plain": plain, "inspect": inspect, "hooks": hooks_alone, "noop": noop_hooks},
+            rounds,
+            device,
         )
         lines.append(
             f"  b{batch}: plain {got['plain']:.2f} ms; inspect {got['inspect'] / got['plain']:.2f}x"
-            f"; without the statistics' kernels {got['hooks'] / got['plain']:.2f}x"
+            f"; without the statistics' kernels {got['hooks'] / got['plain']:.2f}x; no-op hooks "
+            f"on every module {got['noop'] / got['plain']:.2f}x"
         )
     return lines
+
+
+def _nothing(*_: object) -> None:
+    return None
 
 
 def host_profile(device: torch.device, quick: bool, out: Path | None) -> list[str]:
@@ -246,6 +267,23 @@ def host_profile(device: torch.device, quick: bool, out: Path | None) -> list[st
         out.write_text(text.getvalue())
         lines.append(f"  the profiles: {out}")
     return lines
+
+
+def _profiled(fn: Callable[[], object], out: Path, what: str) -> None:
+    """fn's host time under cProfile, its 30 functions of most own and most cumulative time
+    written to `out`."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    text = io.StringIO()
+    text.write(f"=== {what}\n")
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    out.write_text(text.getvalue())
 
 
 def _top1_sum(out: Any) -> torch.Tensor:
@@ -371,7 +409,9 @@ def qwen_shaped(device: torch.device, quick: bool) -> nn.Module:
     return model.eval()
 
 
-def llm_figures(device: torch.device, quick: bool, rounds: int) -> list[str]:
+def llm_figures(
+    device: torch.device, quick: bool, rounds: int, profile_out: Path | None = None
+) -> list[str]:
     """(e): prefill and a --generate step of a Qwen2.5-0.5B-shaped model, every block hooked,
     hooked ÷ plain, by CUDA events (the wall clock on the CPU)."""
     from hookcli.commands.lens import find_blocks
@@ -415,6 +455,8 @@ def llm_figures(device: torch.device, quick: bool, rounds: int) -> list[str]:
         rounds,
         device,
     )
+    if profile_out is not None:  # where one prefill's host time goes
+        _profiled(inspect, profile_out, "inspect, prefill")
     plain_step = (got[f"plain {1 + steps}"] - got["plain 1"]) / steps
     hooked_step = (got[f"hooked {1 + steps}"] - got["hooked 1"]) / steps
     clock = "CUDA events" if device.type == "cuda" else "wall clock"
@@ -446,7 +488,7 @@ def main() -> int:
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     head = [f"hookcli {hookcli.__version__}, torch {torch.__version__}, {card}"]
     sections: list[Callable[[], list[str]]] = (
-        [lambda: llm_figures(device, args.quick, args.rounds)]
+        [lambda: llm_figures(device, args.quick, args.rounds, args.profile_out)]
         if args.llm
         else [
             lambda: sync_check(device, args.quick),
