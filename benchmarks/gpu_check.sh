@@ -98,7 +98,7 @@ if wanted llm; then
 fi
 if wanted host; then  # (alone: a busy CPU would slow one side of its ratio more than the other)
   step "host cost per hooked call (issue 52 item 1), this machine's CPU" 120 "$OUT/.host.txt" \
-    "$PY" benchmarks/host_cost.py --rounds 5 || status=1
+    "$PY" benchmarks/host_cost.py --rounds 5 --profile-out "$OUT/host_profile.txt" || status=1
   cat "$OUT/.host.txt" >> "$report"
 fi
 rm -f "$OUT"/.*.txt

@@ -11,7 +11,10 @@ forward (and forward + backward) in the same rounds, interleaved:
 
 and the same for torchinfo's `summary` (shapes only), when it is installed.
 
-Usage: python benchmarks/host_cost.py [--layers N] [--rounds R]
+Usage: python benchmarks/host_cost.py [--layers N] [--rounds R] [--profile-out FILE]
+
+`--profile-out`: one inspect and one grads call under cProfile, their 30 functions of most own
+time and most cumulative time written to FILE (where a host's cost per call goes).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--profile-out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     n: int = args.layers
@@ -82,6 +86,25 @@ def main() -> None:
     )
     if "torchinfo" in t:
         print(f"torchinfo summary: {per('torchinfo', 'plain'):.0f} µs a layer call")
+    if args.profile_out:
+        _profiled({k: variants[k] for k in ("inspect", "grads")}, args.profile_out)
+
+
+def _profiled(calls: dict[str, Callable[[], object]], out: str) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    text = io.StringIO()
+    for what, fn in calls.items():
+        prof = cProfile.Profile()
+        prof.runcall(fn)
+        text.write(f"=== {what}\n")
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(30)
+    with open(out, "w") as f:
+        f.write(text.getvalue())
 
 
 if __name__ == "__main__":
