@@ -13,8 +13,9 @@
 #   5. runs benchmarks/gpu_figures.py --llm: a Qwen2.5-0.5B-shaped model's 2,048-token prefill
 #      and a --generate step, every block hooked, ÷ the plain ones (issue 52 item 5), and a
 #      profile of one prefill's host time ($OUT/llm_profile.txt),
-#   6. runs benchmarks/host_cost.py on the machine's CPU, alone: the host's cost per hooked
-#      call (issue 52 item 1) where a GPU's host is, beside torchinfo's in the same rounds,
+#   6. runs benchmarks/host_cost.py alone, the model on the CPU and then on the GPU: the host's
+#      cost per hooked call (issue 52 item 1) where a GPU's host is, beside torchinfo's in the
+#      same rounds (and a profile of the GPU's, $OUT/host_profile.txt),
 # and writes everything to $OUT/gpu_check.txt (the device tool brings $OUT back), each step's
 # seconds beside its heading, each figure as soon as it is measured. GPU_CHECK_STEPS (default
 # "tests figures llm memory host") names the steps to run; GPU_CHECK_TESTS narrows the tests
@@ -97,8 +98,12 @@ if wanted llm; then
   cat "$OUT/.llm.txt" >> "$report"
 fi
 if wanted host; then  # (alone: a busy CPU would slow one side of its ratio more than the other)
-  step "host cost per hooked call (issue 52 item 1), this machine's CPU" 120 "$OUT/.host.txt" \
-    "$PY" benchmarks/host_cost.py --rounds 5 --profile-out "$OUT/host_profile.txt" || status=1
+  step "host cost per hooked call (issue 52 item 1), this machine's CPU" 90 "$OUT/.host.txt" \
+    "$PY" benchmarks/host_cost.py --rounds 5 --device cpu || status=1
+  cat "$OUT/.host.txt" >> "$report"
+  step "host cost per hooked call, the model on the GPU" 90 "$OUT/.host.txt" \
+    "$PY" benchmarks/host_cost.py --rounds 5 --device cuda --profile-out "$OUT/host_profile.txt" \
+    || status=1
   cat "$OUT/.host.txt" >> "$report"
 fi
 rm -f "$OUT"/.*.txt

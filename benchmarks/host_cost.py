@@ -11,7 +11,12 @@ forward (and forward + backward) in the same rounds, interleaved:
 
 and the same for torchinfo's `summary` (shapes only), when it is installed.
 
-Usage: python benchmarks/host_cost.py [--layers N] [--rounds R] [--profile-out FILE]
+Usage: python benchmarks/host_cost.py [--layers N] [--rounds R] [--device cpu|cuda]
+       [--profile-out FILE]
+
+`--device` (cpu, the default): where the model, its input and every run are (with cuda, each
+timed call ends once the device is done: a plain pass synchronises at its end, as hookcli's
+one transfer after the pass does).
 
 `--profile-out`: one inspect and one grads call under cProfile, their 30 functions of most own
 time and most cumulative time written to FILE (where a host's cost per call goes).
@@ -43,31 +48,43 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--profile-out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     n: int = args.layers
-    m = model(n)
-    x = torch.randn(4, 8)
+    device: str = args.device
+    m = model(n).to(device)
+    x = torch.randn(4, 8, device=device)
+
+    def done() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def plain() -> None:
         with torch.no_grad():
             m(x)
+        done()
 
     def plain_backward() -> None:
         m(x).sum().backward()
         m.zero_grad(set_to_none=True)
+        done()
 
     variants: dict[str, Callable[[], object]] = {
         "plain": plain,
-        "inspect": lambda: hookcli.inspect(m, x, topk=0),
+        "inspect": lambda: hookcli.inspect(m, x, topk=0, device=device),
         "plain+backward": plain_backward,
-        "grads": lambda: hookcli.grads(m, x, target="sum", topk=0),
+        "grads": lambda: hookcli.grads(m, x, target="sum", topk=0, device=device),
     }
     try:
         from torchinfo import summary
 
-        variants["torchinfo"] = lambda: summary(m, input_data=x, verbose=0)
+        def info() -> None:
+            summary(m, input_data=x, verbose=0, device=device)
+            done()
+
+        variants["torchinfo"] = info
     except ImportError:
         pass
     with warnings.catch_warnings():
@@ -77,7 +94,10 @@ def main() -> None:
     def per(hooked: str, base: str) -> float:
         return float(t[hooked] - t[base]) / n * 1e6
 
-    print(f"{n} layers of Linear(8, 8), batch 4, 1 thread, medians of {args.rounds} rounds")
+    print(
+        f"{n} layers of Linear(8, 8) on {device}, batch 4, 1 thread, medians of {args.rounds} "
+        "rounds"
+    )
     base, both = t["plain"] * 1e3, t["plain+backward"] * 1e3
     print(f"plain forward {base:.2f} ms; forward+backward {both:.2f} ms")
     print(f"inspect: {per('inspect', 'plain'):.0f} µs a layer call ({t['inspect'] * 1e3:.1f} ms)")
