@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hookcli.engine import channels
 from hookcli.engine.channels import largest
 
 
@@ -51,3 +52,19 @@ def test_float64_values_beyond_float32_are_told_apart() -> None:
     for host in (True, False):
         _, idx = largest(x, 3, exact32=False, host=host)
         assert idx.tolist() == [1, 3, 0]
+
+
+def test_a_device_reads_a_bounded_piece_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a device the values are read a piece at a time (bounded working copies, any length):
+    the k largest over several pieces, ties across pieces by index, as from one piece."""
+    monkeypatch.setattr(channels, "LARGEST_PIECE", 37)
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(1000, generator=g) * 2).bfloat16().abs()
+    x[[5, 400, 999]] = x.max()  # a tie at the top in three pieces
+    for exact32 in (True, False):
+        vals, idx = largest(x, 16, exact32=exact32, host=False)
+        want_vals, want_idx = _oracle(x.float(), 16)
+        assert idx.tolist() == want_idx
+        assert vals.float().tolist() == want_vals
+    _, idx = largest(x[:50], 16, exact32=True, host=False)  # 13 in the last piece: < k
+    assert idx.tolist() == _oracle(x[:50].float(), 16)[1]

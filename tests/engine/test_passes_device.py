@@ -10,13 +10,22 @@ from hookcli.engine import passes
 from hookcli.engine.passes import same_device
 
 
-def test_a_device_without_an_index_is_its_first_or_current_one() -> None:
+def test_a_device_without_an_index_is_its_first_or_current_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cpu = torch.device("cpu")
     assert same_device(cpu, torch.device("cpu"))
     assert same_device(cpu, torch.device("cpu", 0))
     assert not same_device(cpu, torch.device("meta"))
     assert same_device(torch.device("cuda", 1), torch.device("cuda:1"))
     assert not same_device(torch.device("cuda", 0), torch.device("cuda", 1))
+    # "cuda" is the current CUDA device: a model on cuda:0 is where a run on "cuda" is
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert same_device(torch.device("cuda:0"), torch.device("cuda"))
+    assert same_device(torch.device("cuda"), torch.device("cuda", 0))
+    assert not same_device(torch.device("cuda"), torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert same_device(torch.device("cuda:1"), torch.device("cuda"))
 
 
 def test_copies_of_several_dtypes_are_made_exactly_each_group_at_once(

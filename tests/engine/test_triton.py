@@ -108,13 +108,13 @@ from hookcli.engine import _triton
 cases = torch.load(sys.argv[1])
 pools, places = {}, {}
 for name, (x, block, chunk) in cases.items():  # a pool per chunk size, its tensors in turn
-    pool = pools.setdefault(chunk, _triton.Pool())
+    pool = pools.setdefault(chunk, _triton.Pool(chunk=chunk))
     places[name] = (chunk, pool.add(x.reshape(-1), block=block))
-_triton.POOL_BLOCKS = 8  # buffers of few blocks: tensors spread over several buffers
+_triton.POOL_BLOCKS = 8  # a buffer of few blocks: merged when full, and used again
 small = _triton.Pool()
 small_places = {name: small.add(x.reshape(-1), block=block)
                 for name, (x, block, chunk) in cases.items() if chunk == 1024}
-rows = {chunk: pool.rows(chunk=chunk) for chunk, pool in pools.items()}
+rows = {chunk: pool.rows() for chunk, pool in pools.items()}
 small_rows = small.rows()
 out = {name: (rows[chunk][at], _triton.row(cases[name][0], block=cases[name][1], chunk=chunk))
        for name, (chunk, at) in places.items()}

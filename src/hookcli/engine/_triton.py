@@ -127,6 +127,8 @@ def _merged(part_ptr, row_ptr, blocks, CHUNK: tl.constexpr):
         s_b = tl.load(base + 1, mask=there, other=0.0)
         m2_b = tl.load(base + 2, mask=there, other=0.0)
         gap = tl.where(n_b > 0, s_b / tl.maximum(n_b, 1.0) - mean, 0.0)
+        # (a mean the sums overflowed: each block's own M2, inf as one block's would be)
+        gap = tl.where(tl.abs(mean) < float("inf"), gap, 0.0)
         m2 += tl.sum(m2_b + n_b * gap * gap, axis=0)
     _store_row(row_ptr, count, mean, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
 
@@ -167,14 +169,18 @@ POOL_BLOCKS = 1 << 15  # blocks a pool's buffer holds at least (2.25 MiB: 2^27 e
 
 class Pool:
     """Rows started during a pass and finished after it, on one device: each tensor's blocks
-    written by one launch of `_blocks` into the pool's buffer, after the last tensor's; after
-    the pass `rows()` merges every tensor's blocks, each in its own order, in one launch per
-    buffer (`_merge_many`). One launch per tensor in the pass instead of two, the same numbers
-    bitwise (a tensor of one block merges to the row `_blocks` would write for it)."""
+    written by one launch of `_blocks` into the pool's buffer, after the last tensor's; a full
+    buffer's tensors are merged (`_merge_many`, one launch for them all, each in its own
+    order) and the buffer used again, and `rows()` merges what is left. One launch per tensor
+    in the pass instead of two, the same numbers bitwise (a tensor of one block merges to the
+    row `_blocks` would write for it), and memory for one buffer and the rows."""
 
-    def __init__(self) -> None:
-        self._buffers: list[tuple[torch.Tensor, list[int]]] = []  # each with (start, blocks)…
-        self._free = 0  # blocks left in the last buffer
+    def __init__(self, *, chunk: int = CHUNK) -> None:
+        self._chunk = chunk  # (blocks merged at a time: the sums' order, for the tests)
+        self._buffer: torch.Tensor | None = None
+        self._table: list[int] = []  # the buffer's tensors: (start, blocks), …
+        self._free = 0  # blocks left in the buffer
+        self._done: list[torch.Tensor] = []  # rows of the buffers merged so far
         self.size = 0  # tensors added
 
     def add(self, flat: torch.Tensor, *, block: int = BLOCK) -> int:
@@ -182,34 +188,41 @@ class Pool:
         among the rows `rows()` returns."""
         n = flat.numel()
         blocks = triton.cdiv(n, block)
-        if not self._buffers or self._free < blocks:
-            size = max(POOL_BLOCKS, blocks)
-            buffer = torch.empty(size * _PART, dtype=torch.float64, device=flat.device)
-            self._buffers.append((buffer, []))
-            self._free = size
-        buffer, table = self._buffers[-1]
-        start = buffer.numel() // _PART - self._free
-        part = buffer[start * _PART :]
+        if self._buffer is None or self._free < blocks:
+            self._merge_buffer()
+            if self._buffer is None or self._buffer.numel() < blocks * _PART:
+                size = max(POOL_BLOCKS, blocks)
+                self._buffer = torch.empty(size * _PART, dtype=torch.float64, device=flat.device)
+            self._free = self._buffer.numel() // _PART  # (reused: read before, in stream order)
+        start = self._buffer.numel() // _PART - self._free
+        part = self._buffer[start * _PART :]
         _blocks[(blocks,)](flat, part, part, n, FINAL=False, BLOCK=block)
-        table += (start, blocks)
+        self._table += (start, blocks)
         self._free -= blocks
         self.size += 1
         return self.size - 1
 
-    def rows(self, *, chunk: int = CHUNK) -> torch.Tensor:
+    def _merge_buffer(self) -> None:
+        """The buffer's tensors' rows, merged (one launch), kept; the buffer emptied."""
+        if self._buffer is None or not self._table:
+            return
+        buffer, tensors = self._buffer, len(self._table) // 2
+        starts = torch.tensor(self._table, dtype=torch.int64)
+        if buffer.is_cuda:  # queued, the host not waiting
+            starts = starts.pin_memory()
+        starts = starts.to(buffer.device, non_blocking=True)
+        rows = torch.empty((tensors, _ROW), dtype=torch.float64, device=buffer.device)
+        _merge_many[(tensors,)](buffer, starts, rows, CHUNK=self._chunk)
+        self._done.append(rows)
+        self._table = []
+
+    def rows(self) -> torch.Tensor:
         """(tensors added, 9) float64 rows on the pool's device, in the order added."""
-        out = []
-        for buffer, table in self._buffers:
-            starts = torch.tensor(table, dtype=torch.int64)
-            if buffer.is_cuda:  # queued, the host not waiting
-                starts = starts.pin_memory()
-            starts = starts.to(buffer.device, non_blocking=True)
-            rows = torch.empty((len(table) // 2, _ROW), dtype=torch.float64, device=buffer.device)
-            _merge_many[(len(table) // 2,)](buffer, starts, rows, CHUNK=chunk)
-            out.append(rows)
-        if not out:  # (no tensor was added)
+        self._merge_buffer()
+        done = self._done
+        if not done:  # (no tensor was added)
             return torch.empty((0, _ROW), dtype=torch.float64)
-        return out[0] if len(out) == 1 else torch.cat(out)
+        return done[0] if len(done) == 1 else torch.cat(done)
 
 
 @triton.jit

@@ -76,11 +76,11 @@ def largest(
     and equal values in the order of their indices: the same values, indices and order on every
     device (topk leaves which of equal values it keeps, and their order, to its algorithm).
     `exact32`: every value is a float32 (the tensor's own dtype has at most 32 bits). `host`:
-    whether the values may be read on the host (None: where they are on the CPU); elsewhere
-    nothing waits on the device."""
+    whether the values may be read on the host (None: unless they are on a CUDA device, where
+    nothing waits on it)."""
     if not k:
         return absv[:0], absv.new_zeros(0, dtype=torch.int64)
-    if absv.is_cpu if host is None else host:
+    if not absv.is_cuda if host is None else host:
         # the host may look: topk, then the ties at its k-th value put in order
         vals, idx = absv.topk(k)
         at = vals == vals[-1]
@@ -88,17 +88,34 @@ def largest(
         equal = absv == vals[-1]
         if int(equal.sum()) > kept:  # more equal to the k-th than kept: the first of them
             idx = torch.cat([idx[~at], equal.nonzero().reshape(-1)[:kept]])
-    elif exact32 and absv.numel() < 2**32:
-        # one key per value: its float32 bits (ordered as integers, none negative) above the
-        # complement of its index, so topk's order is the value's, then the smaller index
-        key = absv.float().view(torch.int32).to(torch.int64) << 32
-        key |= torch.arange(2**32 - 1, 2**32 - 1 - absv.numel(), -1, device=absv.device)
-        idx = (2**32 - 1) - (key.topk(k).values & (2**32 - 1))
-    else:
-        idx = torch.sort(absv, descending=True, stable=True).indices[:k]
+    else:  # a bounded piece at a time: each piece's k largest, then the k among them
+        found = [
+            start + _largest_in(absv[start : start + LARGEST_PIECE], k, exact32)
+            for start in range(0, absv.numel(), LARGEST_PIECE)
+        ]
+        idx = found[0] if len(found) == 1 else torch.cat(found)
+        if len(found) > 1:
+            idx = idx.sort().values
+            idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices[:k])
     idx = idx.sort().values  # the index order, then the values' (stable: equal stay so)
     idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices)
     return absv.gather(0, idx), idx
+
+
+LARGEST_PIECE = 1 << 22  # values `largest` reads at a time on a device (its working copies')
+
+
+def _largest_in(piece: torch.Tensor, k: int, exact32: bool) -> torch.Tensor:
+    """The indices of a piece's k largest values (or all of them), equal ones by index, with
+    no wait on the device: float32 values by one int64 key each — the value's bits (ordered as
+    integers, none negative) above the complement of its index — others by a stable sort."""
+    k = min(k, piece.numel())
+    if not exact32:
+        return torch.sort(piece, descending=True, stable=True).indices[:k]
+    top = 2**32 - 1
+    key = piece.float().view(torch.int32).to(torch.int64) << 32
+    key |= torch.arange(top, top - piece.numel(), -1, device=piece.device)
+    return top - (key.topk(k).values & top)
 
 
 def _head(c: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

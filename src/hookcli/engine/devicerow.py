@@ -55,16 +55,23 @@ def started_row(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
     return _launched(lambda: pool.add(dense_flat(x)), x, "row")
 
 
-def finished_rows(pools: dict[torch.device, Any]) -> dict[torch.device, list[list[float]]]:
+def finished_rows(
+    pools: dict[torch.device, Any],
+) -> dict[torch.device, list[list[float]] | str]:
     """Every row the pools started, merged on their devices (one launch a buffer) and brought
-    to the host in one transfer per device."""
-    out = {}
+    to the host in one transfer per device; where that fails, why (the kernels are then not
+    tried again in this process)."""
+    out: dict[torch.device, list[list[float]] | str] = {}
     for device, pool in pools.items():
-        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
-            with torch.cuda.device(device):  # (Triton launches on the current device)
+        try:
+            if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+                with torch.cuda.device(device):  # (Triton launches on the current device)
+                    out[device] = pool.rows().to("cpu").tolist()
+            else:
                 out[device] = pool.rows().to("cpu").tolist()
-        else:
-            out[device] = pool.rows().to("cpu").tolist()
+        except Exception as exc:  # (the rows cannot be measured again: the tensors are gone)
+            _broken.add("row")
+            out[device] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return out
 
 
@@ -165,6 +172,8 @@ def _launched(launch: Callable[[], T], x: torch.Tensor, name: str) -> T | None:
             with torch.cuda.device(x.device):
                 return launch()
         return launch()
+    except torch.OutOfMemoryError:  # (not the kernels' fault: the caller's to handle)
+        raise
     except Exception:
         _broken.add(name)
         return None

@@ -232,13 +232,13 @@ def model_left_as_found(
         home = None  # --offload: weights come in on the pass's device as blocks run
     buffers = BufferSnapshot(modules)
     caches = _tensor_caches(modules)
+    moved = home is not None and not same_device(home, device)
     try:
         for m, name, _ in caches:
             setattr(m, name, {})
         for m, training in zip(modules, modes, strict=True):
             if training != train:
                 m.training = train
-        moved = home is not None and not same_device(home, device)
         if moved:
             model.to(device)
         yield buffers

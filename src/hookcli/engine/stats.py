@@ -669,11 +669,16 @@ class StatsCollector:
             stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
             for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
                 out[i] = values
+        lost: dict[int, str] = {}  # rows the device could not finish: why
         if self._pools:
             finished = finished_rows(self._pools)
             self._pools.clear()
             for i, s in started:
-                out[i] = finished[s.device][s.at]
+                got = finished[s.device]
+                if isinstance(got, str):
+                    lost[i] = f"not measured: the device's statistics failed ({got})"
+                else:
+                    out[i] = got[s.at]
         merged = self.book.merge(out, self._handed_out)  # each DTensor's: the whole's row
         self._resolve_values()
         self._resolve_hists()
@@ -681,6 +686,8 @@ class StatsCollector:
         self._resolve_channels()
         for stats, idx in self._handed_out:
             fill(stats, out[idx])
+            if idx in lost:
+                stats.note = f"{stats.note}; {lost[idx]}" if stats.note else lost[idx]
         ShardBook.tidy(self._handed_out, merged)  # no rank's own extras on a merged row
         for kept in (
             self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
