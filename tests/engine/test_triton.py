@@ -139,6 +139,31 @@ def test_a_pool_of_a_pass_s_rows_merges_each_as_the_kernel_alone_does(tmp_path: 
         assert_stats_match(stats, x)
 
 
+_OVERFLOW_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+out = {}
+for name, (x, block) in cases.items():
+    pool = _triton.Pool()
+    at = pool.add(x, block=block)
+    out[name] = (pool.rows()[at], _triton.row(x, block=block))
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_sums_that_overflow_float64_give_an_infinite_variance_either_way(tmp_path: Path) -> None:
+    """float64 values whose sum overflows: the mean is inf, and so is the variance, whether the
+    tensor is one block or many, merged alone or in a pool (Chan's correction would be
+    inf - inf: each block's own M2 is kept)."""
+    x = torch.tensor([1e308, 1.5e308], dtype=torch.float64)
+    got = _interpreted(_OVERFLOW_RUN, {"one block": (x, 4096), "blocks": (x.repeat(40), 16)},
+                       tmp_path)  # fmt: skip
+    for name, (pooled, alone) in got.items():
+        assert pooled.view(torch.int64).equal(alone.view(torch.int64)), name
+        assert pooled[1].item() == math.inf and pooled[2].item() == math.inf, name
+
+
 _COLLECTOR_RUN = """
 import sys, torch
 from hookcli.engine import _triton, devicerow, stats
