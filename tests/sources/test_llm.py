@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hookcli
+from hookcli.errors import UsageError
 from tests.support.cli import one_line_error, run
 from tests.support.llm import LINES, VOCAB, llama_config, make_tokenizer, save
 from tests.support.oracles import assert_stats_match, hooks_left
@@ -855,3 +856,20 @@ def test_second_review_round_targets_globs_and_position(llama: Path) -> None:
         2,
         "--position",
     )
+
+
+def test_a_bare_tensor_not_of_token_ids_is_refused_in_one_line_naming_it(llama: Path) -> None:
+    """A tensor read as a language model's input_ids that is not (batch, tokens) of integers
+    is a usage error naming what was given, before the model runs (it failed inside the model
+    with the mask made for it counted: "the model was given 6, 6")."""
+    model, _, _ = truth(llama, [LINES[0]])
+    cases = {
+        torch.randint(0, 50, (6,)): ("(batch, tokens)", "given a tensor 6 (1-D)", "unsqueeze(0)"),
+        torch.ones(1, 6, dtype=torch.bool): ("integers", "tensor 1x6 of bool", "input_ids"),
+        torch.randint(0, 50, (1, 2, 3)): ("(batch, tokens)", "tensor 1x2x3 (3-D)", "(batch,"),
+    }
+    for given, (says, shows, hint) in cases.items():
+        with pytest.raises(UsageError) as err:
+            hookcli.inspect(model, given, device="cpu", topk=0)
+        assert says in err.value.message and shows in err.value.message, err.value.message
+        assert hint in err.value.hint and "\n" not in str(err.value)

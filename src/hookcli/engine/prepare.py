@@ -225,9 +225,31 @@ def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | No
         shown = f"tensor {'x'.join(map(str, t.shape))}"
         if not loaded.kind.takes_images:  # a text model's ids: its input_ids, as --input's
             args, kwargs, note = loaded.kind.spec_inputs([t], {})
+            made = kwargs.get("input_ids")
+            if made is t:  # (read as its token ids)
+                _token_ids(made, shown)
             return ModelInput(args, shown + note, kwargs=kwargs)
         return ModelInput((t,), shown)
     return ModelInput(tuple(items), "tensors")
+
+
+def _token_ids(t: torch.Tensor, shown: str) -> None:
+    """A tensor read as a text model's input_ids is (batch, tokens) of integers: else a
+    usage error naming what was given (not the model's own failure on it, after the mask made
+    for it is added)."""
+    dtype = str(t.dtype).removeprefix("torch.")
+    if t.dim() != 2:
+        raise UsageError(
+            f"token ids are a (batch, tokens) tensor; given a {shown} ({t.dim()}-D)",
+            "give ids.unsqueeze(0) for one sequence, or a tokenizer's output."
+            if t.dim() == 1
+            else "give a (batch, tokens) tensor of ids, or a tokenizer's output.",
+        )
+    if t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
+        raise UsageError(
+            f"token ids are integers; given a {shown} of {dtype}",
+            "give the tokenizer's input_ids (int64), or a mapping of keyword tensors.",
+        )
 
 
 def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
