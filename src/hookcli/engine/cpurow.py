@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hookcli.engine.statrow import INF, NAN, Row
-from hookcli.engine.tensorbits import accumulate_dtype, dense_flat
+from hookcli.engine.tensorbits import PLAIN, accumulate_dtype, dense_flat
 
 # Below this many elements the parallel kernel's thread start-up costs more than it saves.
 PARALLEL_MIN = 1 << 15
@@ -142,7 +142,7 @@ def measurable_together(tensors: Sequence[torch.Tensor]) -> list[bool]:
     """Which tensors `segment_rows` can read where they lie: plain (or Parameter) contiguous
     CPU float32 ones of 1 to TOGETHER elements, none a lazily negated view nor nested."""
     return [
-        type(t) in _PLAIN
+        type(t) in PLAIN
         and t.dtype is torch.float32
         and t.is_cpu
         and t.layout is torch.strided
@@ -152,9 +152,6 @@ def measurable_together(tensors: Sequence[torch.Tensor]) -> list[bool]:
         and not t.is_nested
         for t in tensors
     ]
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def segment_rows(

@@ -64,11 +64,8 @@ def finished_rows(
     out: dict[torch.device, list[list[float]] | str] = {}
     for device, pool in pools.items():
         try:
-            if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
-                with torch.cuda.device(device):  # (Triton launches on the current device)
-                    out[device] = pool.rows().to("cpu").tolist()
-            else:
-                out[device] = pool.rows().to("cpu").tolist()
+            rows: list[list[float]] = _on(device, pool.rows).to("cpu").tolist()
+            out[device] = rows
         except Exception as exc:  # (the rows cannot be measured again: the tensors are gone)
             _broken.add("row")
             out[device] = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -82,9 +79,8 @@ def diff_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     kernels = _usable(a, "diff")
     if kernels is None or _usable(b, "diff") is None or a.device != b.device:
         return None
-    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)  # (the same order on both sides)
-    fa = fa if fa.is_contiguous() else fa.contiguous()
-    fb = fb if fb.is_contiguous() else fb.contiguous()
+    # (reshape, not dense_flat: both sides' elements in the same order)
+    fa, fb = a.detach().reshape(-1).contiguous(), b.detach().reshape(-1).contiguous()
     return _launched(lambda: kernels.diff_sums(fa, fb), a, "diff")
 
 
@@ -167,13 +163,18 @@ def _launched(launch: Callable[[], T], x: torch.Tensor, name: str) -> T | None:
     """launch() on x's device (Triton launches on the current one); None, and the kernels not
     tried again in this process, when it fails (e.g. a device Triton cannot compile for)."""
     try:
-        index = x.device.index
-        if index is not None and index != torch.cuda.current_device():
-            with torch.cuda.device(x.device):
-                return launch()
-        return launch()
+        return _on(x.device, launch)
     except torch.OutOfMemoryError:  # (not the kernels' fault: the caller's to handle)
         raise
     except Exception:
         _broken.add(name)
         return None
+
+
+def _on(device: torch.device, work: Callable[[], T]) -> T:
+    """work() with `device` the current CUDA device (Triton launches on the current one)."""
+    index = device.index
+    if device.type == "cuda" and index is not None and index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return work()
+    return work()

@@ -35,7 +35,7 @@ from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, all_modules, held
 from hookcli.engine.targets import TargetSpec
 from hookcli.engine.targets import scalar as scalar_of
-from hookcli.engine.tensorbits import version_of
+from hookcli.engine.tensorbits import PLAIN, version_of
 from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput
 from hookcli.runtime import beacon, gcpause
@@ -377,7 +377,7 @@ class BufferSnapshot:
                 for name, b in bufs.items():
                     if b is None or is_lazy(b):
                         self.items.append((m, name, b, -1, None))
-                    elif b.is_cpu or b.device.type == "meta" or type(b) not in _PLAIN:
+                    elif b.is_cpu or b.device.type == "meta" or type(b) not in PLAIN:
                         self.items.append((m, name, b, version_of(b), b.detach().clone()))
                     else:  # copied below, with the others on its device
                         copy = torch.empty_like(b)
@@ -396,7 +396,7 @@ class BufferSnapshot:
                     continue
                 if (orig.shape, orig.dtype, orig.device) != (copy.shape, copy.dtype, copy.device):
                     orig.data = copy.clone()  # given another shape, dtype or device by `.data =`
-                elif not orig.is_cpu and orig.device.type != "meta" and type(orig) in _PLAIN:
+                elif not orig.is_cpu and orig.device.type != "meta" and type(orig) in PLAIN:
                     back.append((copy, orig))  # (never compared there: copied back together)
                 elif version < 0 or version_of(orig) != version or not _same(orig, copy):
                     orig.copy_(copy)
@@ -455,9 +455,6 @@ def _copy_all(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
             else:  # (torch before 2.3)
                 for src, dst in zip(srcs, dsts, strict=True):
                     dst.copy_(src)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # buffers copied together (not a DTensor's, say)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -26,6 +26,7 @@ from torch.jit import TracedModule  # type: ignore[attr-defined]
 from torch.nn.parameter import is_lazy
 
 from hookcli.engine.hooks import Target
+from hookcli.engine.tensorbits import PLAIN
 from hookcli.errors import ModelError, UsageError
 
 ROOT_LABEL = "(model)"
@@ -57,7 +58,7 @@ def depth_of(name: str) -> int:
 
 def numel(p: torch.Tensor | None) -> int:
     """Elements of a parameter; 0 for one that does not exist yet (lazy modules)."""
-    if type(p) in _PLAIN:
+    if type(p) in PLAIN:
         return p.numel()  # type: ignore[union-attr]
     return 0 if p is None or is_lazy(p) else p.numel()
 
@@ -120,7 +121,7 @@ def _sizes(
     counts: dict[torch.dtype, int] = {}
     for group in (params, buffers):
         for t in group:
-            if type(t) not in _PLAIN and is_lazy(t):
+            if type(t) not in PLAIN and is_lazy(t):
                 continue
             n = t.numel()
             if group is params:
@@ -135,10 +136,6 @@ def _sizes(
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-# a parameter or buffer of these classes is never lazy (is_lazy's isinstance, skipped)
-_PLAIN = (torch.Tensor, nn.Parameter)
 
 
 def dtype_of(
@@ -280,7 +277,7 @@ def _fingerprint(model: nn.Module) -> tuple[tuple[Any, ...], list[nn.Module]]:
     out: list[Any] = []
     walked: list[nn.Module] = []
     stack, seen = [model], set()
-    plain = _PLAIN
+    plain = PLAIN
     while stack:
         module = stack.pop()
         key = id(module)

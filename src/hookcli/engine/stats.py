@@ -76,6 +76,7 @@ from hookcli.engine.statrow import (
 from hookcli.engine.tensorbits import (
     ATTENTION,
     FLAT,
+    PLAIN,
     TOKENS,
     accumulate_dtype,
     dense_flat,
@@ -435,7 +436,7 @@ class StatsCollector:
         book = self.book
         # a plain tensor may be a shard: a sharded DTensor was met (its local tensors may
         # follow), or a tensor-parallel plan's styles declare some
-        if type(t) not in _PLAIN or book.local_shards or book.layouts:
+        if type(t) not in PLAIN or book.local_shards or book.layouts:
             part = book.part(t, self.context, path)
             if part is not None:
                 t, groups, shape = part
@@ -592,7 +593,7 @@ class StatsCollector:
         if (
             t.dtype is torch.float32
             and t.is_cpu
-            and type(t) in _PLAIN
+            and type(t) in PLAIN
             and t.layout is torch.strided
             and t.numel() > 0
         ):  # the common case, without real_valued's checks
@@ -773,9 +774,6 @@ class StatsCollector:
 
 
 _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# a tensor measured as itself: a plain one or a plain parameter (a DTensor parameter's class is
-# DTensor's)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:

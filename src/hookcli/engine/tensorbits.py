@@ -9,6 +9,10 @@ from typing import Any
 
 import torch
 
+# a plain tensor's or plain parameter's class: read as itself (not a DTensor, a lazy
+# parameter or another subclass), a type(t) in PLAIN test on hot paths
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 # how a tensor's (batch, tokens) positions are laid out (unpadded's `how`)
 TOKENS, ATTENTION, FLAT = 1, 2, 3
 
