@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hookcli.engine._launch import Fast
+
 BLOCK = 4096  # elements a program of _blocks reads
 CHUNK = 1024  # blocks _merge combines at a time
 _PART = 9  # numbers a block writes (see _blocks)
@@ -147,6 +149,10 @@ def _merge_many(part_ptr, table_ptr, row_ptr, CHUNK: tl.constexpr):
     _merged(part_ptr + start * 9, row_ptr + j * 9, blocks, CHUNK)
 
 
+# launched by Fast (engine/_launch.py): without Triton's binding on every call
+_BLOCKS, _MERGE = Fast(_blocks), Fast(_merge)
+
+
 def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Tensor:
     """The row of x (non-empty, floating point, contiguous) as 9 float64 numbers on x's
     device: one launch for a tensor of at most `block` elements, two for any other. (The
@@ -156,11 +162,11 @@ def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Ten
     out = torch.empty(_ROW, dtype=torch.float64, device=x.device)
     blocks = triton.cdiv(n, block)
     if blocks == 1:
-        _blocks[(1,)](flat, out, out, n, FINAL=True, BLOCK=block)
+        _BLOCKS.run((1,), flat, out, out, n, FINAL=True, BLOCK=block)
         return out
     parts = torch.empty(blocks * _PART, dtype=torch.float64, device=x.device)
-    _blocks[(blocks,)](flat, parts, out, n, FINAL=False, BLOCK=block)
-    _merge[(1,)](parts, out, blocks, CHUNK=chunk)
+    _BLOCKS.run((blocks,), flat, parts, out, n, FINAL=False, BLOCK=block)
+    _MERGE.run((1,), parts, out, blocks, CHUNK=chunk)
     return out
 
 
@@ -196,7 +202,7 @@ class Pool:
             self._free = self._buffer.numel() // _PART  # (reused: read before, in stream order)
         start = self._buffer.numel() // _PART - self._free
         part = self._buffer[start * _PART :]
-        _blocks[(blocks,)](flat, part, part, n, FINAL=False, BLOCK=block)
+        _BLOCKS.run((blocks,), flat, part, part, n, FINAL=False, BLOCK=block)
         self._table += (start, blocks)
         self._free -= blocks
         self.size += 1
@@ -289,6 +295,9 @@ def _diff_merge(part_ptr, out_ptr, blocks, CHUNK: tl.constexpr):
     tl.store(out_ptr + 8, top_a)
 
 
+_DIFF_BLOCKS, _DIFF_MERGE = Fast(_diff_blocks), Fast(_diff_merge)
+
+
 def diff_sums(
     a: torch.Tensor, b: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK
 ) -> torch.Tensor:
@@ -299,8 +308,8 @@ def diff_sums(
     blocks = triton.cdiv(n, block)
     parts = torch.empty(blocks * 9, dtype=torch.float64, device=a.device)
     out = torch.empty(9, dtype=torch.float64, device=a.device)
-    _diff_blocks[(blocks,)](a, b, parts, n, BLOCK=block)
-    _diff_merge[(1,)](parts, out, blocks, CHUNK=chunk)
+    _DIFF_BLOCKS.run((blocks,), a, b, parts, n, BLOCK=block)
+    _DIFF_MERGE.run((1,), parts, out, blocks, CHUNK=chunk)
     return out
 
 
@@ -349,6 +358,9 @@ def _tokens(x_ptr, out_ptr, channels, BLOCK: tl.constexpr):
     tl.store(out + 4, tl.where(has_nan, nan_at, best_at).to(tl.float64))
 
 
+_TOKENS = Fast(_tokens)
+
+
 def token_rows(x: torch.Tensor, *, block: int = TOKEN_BLOCK) -> torch.Tensor:
     """(…, C) → (…, 5) float64 on x's device (x non-empty, floating point, contiguous): per
     position the norm, mean, std and max |x| over its C channels and the channel of that max,
@@ -356,7 +368,7 @@ def token_rows(x: torch.Tensor, *, block: int = TOKEN_BLOCK) -> torch.Tensor:
     channels = x.shape[-1]
     flat = x.reshape(-1, channels)
     out = torch.empty((flat.shape[0], _TOKEN), dtype=torch.float64, device=x.device)
-    _tokens[(flat.shape[0],)](flat, out, channels, BLOCK=block)
+    _TOKENS.run((flat.shape[0],), flat, out, channels, BLOCK=block)
     return out.reshape(*x.shape[:-1], _TOKEN)
 
 
