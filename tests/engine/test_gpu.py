@@ -116,6 +116,28 @@ def test_statistics_on_the_device_equal_the_cpus() -> None:
             assert ta.zeros == pytest.approx(tb.zeros, abs=1e-3)
 
 
+def test_grads_weights_and_gradients_on_the_device_equal_the_cpus() -> None:
+    """Issue 52: grads' weights and gradients, started together on the device (one launch a
+    dtype), give the CPU's norms and gradient statistics within float tolerance."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    here = hookcli.grads(model, x, device="cpu", topk=0)
+    there = hookcli.grads(model, x, device=DEVICE, topk=0)
+    pairs = [
+        (pa, pb)
+        for a, b in zip(here.layers, there.layers, strict=True)
+        for pa, pb in zip(a.params or (), b.params or (), strict=True)
+    ]
+    assert len(pairs) > 40
+    for pa, pb in pairs:
+        assert pa.name == pb.name
+        assert pb.norm == pytest.approx(pa.norm, rel=1e-5), pa.name
+        assert pb.grad_norm == pytest.approx(pa.grad_norm, rel=1e-3, abs=1e-6), pa.name
+        assert pb.grad_mean == pytest.approx(pa.grad_mean, rel=1e-2, abs=1e-6), pa.name
+
+
 def test_a_folder_run_on_the_device(tmp_path: Path) -> None:
     for i in range(3):
         (tmp_path / f"{i}.jpeg").write_bytes(CAT.read_bytes())
@@ -320,6 +342,53 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     pooled = pool.rows()
     for f, at in zip(flats, places, strict=True):
         assert pooled[at].view(torch.int64).equal(_triton.row(f).view(torch.int64))
+
+
+@needs_cuda
+def test_cuda_tensors_started_together_are_each_ones_row_bitwise_without_a_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 52: many CUDA tensors measured whole (a model's weights, their gradients) are
+    started by one launch a dtype (`_triton.Pool.add_many`), with no host synchronisation, each
+    row bitwise `_triton.row`'s and equal to float64 torch."""
+    pytest.importorskip("triton")
+    from hookcli.engine import _triton
+    from hookcli.engine.stats import StatsCollector
+
+    launched: list[str] = []
+    for name in ("add", "add_many"):
+        real = getattr(_triton.Pool, name)
+        monkeypatch.setattr(
+            _triton.Pool,
+            name,
+            lambda self, x, _real=real, _name=name, **k: (
+                launched.append(_name) or _real(self, x, **k)
+            ),
+        )
+    g = torch.Generator(device="cuda").manual_seed(1)
+    big = torch.randn(3 * 4096 + 7, device="cuda", generator=g)
+    cases = [
+        torch.randn(512, 64, 3, 3, device="cuda", generator=g),
+        big[4096:],  # a view: its address inside another's storage
+        torch.randn(10, device="cuda", generator=g),
+        torch.randn(64, 3, device="cuda", generator=g).bfloat16(),
+        torch.randn(9000, device="cuda", generator=g).bfloat16(),
+    ]
+    c = StatsCollector()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = c.add_whole([(t, f"w{k}") for k, t in enumerate(cases)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    c.finalize()
+    assert launched == ["add_many", "add_many"]  # float32, bfloat16
+    for t, stats in zip(cases, got, strict=True):
+        assert_stats_match(stats, t.cpu())
+    pool = _triton.Pool()
+    places = pool.add_many([t.reshape(-1) for t in cases[:3]])
+    pooled = pool.rows()
+    for t, at in zip(cases, places, strict=True):
+        assert pooled[at].view(torch.int64).equal(_triton.row(t).view(torch.int64))
 
 
 @needs_cuda

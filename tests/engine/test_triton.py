@@ -139,6 +139,48 @@ def test_a_pool_of_a_pass_s_rows_merges_each_as_the_kernel_alone_does(tmp_path: 
         assert_stats_match(stats, x)
 
 
+_MANY_RUN = """
+import sys, torch
+from hookcli.engine import _triton
+cases = torch.load(sys.argv[1])
+groups = {}
+for name, (x, block, chunk) in cases.items():  # one launch a (dtype, block, chunk)
+    groups.setdefault((x.dtype, block, chunk), []).append(name)
+out = {}
+for (dtype, block, chunk), names in groups.items():
+    for size in (1 << 15, 8):  # a buffer that holds them all; one of 8 blocks
+        _triton.POOL_BLOCKS = size
+        pool = _triton.Pool(chunk=chunk)
+        places = pool.add_many([cases[n][0].reshape(-1) for n in names], block=block)
+        rows = pool.rows()
+        for n, at in zip(names, places):
+            alone = _triton.row(cases[n][0], block=block, chunk=chunk)
+            out[f"{n}, buffer {size}"] = (rows[at], alone)
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_many_tensors_in_one_launch_give_each_one_s_row_bitwise(tmp_path: Path) -> None:
+    """Issue 52 (a model's weights and gradients): many tensors of one dtype started by one
+    launch, each block found by its offset from the first tensor's address — tensors of many
+    blocks and of one, views into one storage before and after the first, a buffer too small
+    for them all (the rest start the next) — give bitwise `row`'s numbers, which equal float64
+    torch."""
+    cases = _cases()
+    g = torch.Generator().manual_seed(9)
+    storage = torch.randn(30000, generator=g)
+    cases["a view late in a storage"] = (storage[20000:29000], 4096, 1024)
+    cases["a view early in it"] = (storage[5:9000], 4096, 1024)  # before the first: offset < 0
+    cases["the storage's tail, one element"] = (storage[-1:], 4096, 1024)
+    got = _interpreted(_MANY_RUN, cases, tmp_path)
+    assert len(got) == 2 * len(cases)
+    for name, (pooled, alone) in got.items():
+        assert pooled.view(torch.int64).equal(alone.view(torch.int64)), name  # bitwise
+        x = cases[name.rsplit(", buffer ", 1)[0]][0]
+        stats = fill(TensorStats("x", tuple(x.shape), str(x.dtype), x.numel()), pooled.tolist())
+        assert_stats_match(stats, x)
+
+
 _OVERFLOW_RUN = """
 import sys, torch
 from hookcli.engine import _triton
@@ -209,6 +251,60 @@ def test_the_collector_starts_device_rows_and_finishes_them_after_the_pass(
         stats.nan, stats.inf, stats.zeros, stats.norm = row[4:]
         assert_stats_match(stats, x)
     assert got["again"] == got["rows"][0][0]
+
+
+_WHOLE_RUN = """
+import sys, torch
+from hookcli.engine import _triton, devicerow, stats
+cases = torch.load(sys.argv[1])
+devicerow._usable = lambda x, name: _triton if x.dtype in devicerow._READ else None
+stats._CPU_DTYPES = ()
+launches = []
+for name in ("add", "add_many"):
+    real = getattr(_triton.Pool, name)
+    def counted(self, x, _real=real, _name=name, **k):
+        launches.append(_name)
+        return _real(self, x, **k)
+    setattr(_triton.Pool, name, counted)
+c = stats.StatsCollector()
+items = list(cases.items())
+whole = c.add_whole([(x, name) for name, x in items])
+norms = c.norms([(x, name) for name, x in items])
+c.finalize()
+torch.save({"rows": [(s.mean, s.std, s.min, s.max, s.nan, s.inf, s.zeros, s.norm, s.values)
+                     for s in whole],
+            "norms": [n.norm if isinstance(n, stats.TensorStats) else n for n in norms],
+            "launches": launches}, sys.argv[2])
+"""
+
+
+def test_a_model_s_weights_and_gradients_on_a_device_start_together(tmp_path: Path) -> None:
+    """Issue 52: `add_whole` and `norms` (grads' weights and gradients) start the device
+    tensors' rows together, one launch a dtype, not one each; a tensor with gaps or of a dtype
+    the kernel does not read is measured alone; every TensorStats (a small one's elements too)
+    and norm is the float64 oracle's."""
+    g = torch.Generator().manual_seed(5)
+    cases = {
+        "w1": torch.randn(64, 70, generator=g).bfloat16(),
+        "b1": torch.randn(7, generator=g).bfloat16(),  # small: its elements too
+        "w2": torch.randn(5000, generator=g, dtype=torch.float64),
+        "w3": (torch.randn(9000, generator=g) * 4).bfloat16(),
+        "b2": torch.randn(3, generator=g, dtype=torch.float64),
+        "gapped": torch.randn(30, 20, generator=g, dtype=torch.float64).t(),
+        "int": torch.randint(-4, 4, (50,), generator=g),
+    }
+    got = _interpreted(_WHOLE_RUN, cases, tmp_path)
+    # add_whole: one launch for the two bfloat16, one for the three float64 with the gapped
+    # one alone, the integers alone; norms: all of them seen already, no launch
+    assert sorted(got["launches"]) == ["add", "add", "add_many", "add_many"]
+    for (name, x), row, norm in zip(cases.items(), got["rows"], got["norms"], strict=True):
+        stats = TensorStats(name, tuple(x.shape), str(x.dtype), x.numel())
+        stats.mean, stats.std, stats.min, stats.max = row[:4]
+        stats.nan, stats.inf, stats.zeros, stats.norm = row[4:8]
+        assert_stats_match(stats, x)
+        assert norm == pytest.approx(x.double().norm().item(), rel=1e-12), name
+        if x.numel() <= 16:
+            assert row[8] == [float(v) for v in x.double().reshape(-1)], name
 
 
 _DIFF_RUN = """

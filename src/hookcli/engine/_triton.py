@@ -29,6 +29,8 @@ the same kernels on CPU tensors: the tests check them on a machine without a GPU
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +51,32 @@ def _blocks(  # noqa: PLR0917 (Triton: positional arguments)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     v = tl.load(x_ptr + offs, mask=inside, other=0).to(tl.float64)
+    count, s, m2, q, mn, mx, zeros, n_nan, n_inf = _block_sums(v, inside)
+    if FINAL:  # the whole tensor was this block: its row
+        _store_row(row_ptr, count, s / count, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
+    else:
+        _store_part(part_ptr + pid.to(tl.int64) * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
+
+
+@triton.jit
+def _blocks_at(x_ptr, table_ptr, part_ptr, BLOCK: tl.constexpr):
+    # program p: a block of one of many tensors of x's dtype on x's device, the elements
+    # table[2p] … table[2p] + table[2p + 1] - 1 counted from x_ptr; its nine numbers as
+    # _blocks writes them for that block of that tensor, bitwise (the same lanes, the same sums)
+    pid = tl.program_id(0).to(tl.int64)
+    start = tl.load(table_ptr + 2 * pid)
+    n = tl.load(table_ptr + 2 * pid + 1)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    v = tl.load(x_ptr + start + offs, mask=inside, other=0).to(tl.float64)
+    count, s, m2, q, mn, mx, zeros, n_nan, n_inf = _block_sums(v, inside)
+    _store_part(part_ptr + pid * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
+
+
+@triton.jit
+def _block_sums(v, inside):
+    # a block's nine numbers: finite count, sum, M2 about the block's own mean, sum of
+    # squares, min, max, zeros, NaN, Inf (v: its elements in float64, `inside` where real)
     nan = inside & (v != v)  # noqa: PLR0124 (NaN is the value unequal to itself)
     inf = inside & ((v == float("inf")) | (v == -float("inf")))
     finite = inside & ~nan & ~inf
@@ -64,19 +92,22 @@ def _blocks(  # noqa: PLR0917 (Triton: positional arguments)
     zeros = tl.sum((inside & (v == 0.0)).to(tl.float64), axis=0)
     n_nan = tl.sum(nan.to(tl.float64), axis=0)
     n_inf = tl.sum(inf.to(tl.float64), axis=0)
-    if FINAL:  # the whole tensor was this block: its row
-        _store_row(row_ptr, count, s / count, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
-    else:
-        base = part_ptr + pid.to(tl.int64) * 9
-        tl.store(base + 0, count)
-        tl.store(base + 1, s)
-        tl.store(base + 2, m2)
-        tl.store(base + 3, q)
-        tl.store(base + 4, mn)
-        tl.store(base + 5, mx)
-        tl.store(base + 6, zeros)
-        tl.store(base + 7, n_nan)
-        tl.store(base + 8, n_inf)
+    return count, s, m2, q, mn, mx, zeros, n_nan, n_inf
+
+
+@triton.jit
+def _store_part(  # noqa: PLR0917 (Triton: positional arguments)
+    base, count, s, m2, q, mn, mx, zeros, n_nan, n_inf
+):
+    tl.store(base + 0, count)
+    tl.store(base + 1, s)
+    tl.store(base + 2, m2)
+    tl.store(base + 3, q)
+    tl.store(base + 4, mn)
+    tl.store(base + 5, mx)
+    tl.store(base + 6, zeros)
+    tl.store(base + 7, n_nan)
+    tl.store(base + 8, n_inf)
 
 
 @triton.jit
@@ -150,7 +181,7 @@ def _merge_many(part_ptr, table_ptr, row_ptr, CHUNK: tl.constexpr):
 
 
 # launched by Fast (engine/_launch.py): without Triton's binding on every call
-_BLOCKS, _MERGE = Fast(_blocks), Fast(_merge)
+_BLOCKS, _BLOCKS_AT, _MERGE = Fast(_blocks), Fast(_blocks_at), Fast(_merge)
 
 
 def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Tensor:
@@ -194,12 +225,8 @@ class Pool:
         among the rows `rows()` returns."""
         n = flat.numel()
         blocks = triton.cdiv(n, block)
-        if self._buffer is None or self._free < blocks:
-            self._merge_buffer()
-            if self._buffer is None or self._buffer.numel() < blocks * _PART:
-                size = max(POOL_BLOCKS, blocks)
-                self._buffer = torch.empty(size * _PART, dtype=torch.float64, device=flat.device)
-            self._free = self._buffer.numel() // _PART  # (reused: read before, in stream order)
+        self._room(blocks, flat.device)
+        assert self._buffer is not None
         start = self._buffer.numel() // _PART - self._free
         part = self._buffer[start * _PART :]
         _BLOCKS.run((blocks,), flat, part, part, n, FINAL=False, BLOCK=block)
@@ -207,6 +234,61 @@ class Pool:
         self._free -= blocks
         self.size += 1
         return self.size - 1
+
+    def add_many(self, flats: Sequence[torch.Tensor], *, block: int = BLOCK) -> list[int]:
+        """Start the rows of many tensors, each as `add` takes it, all of one dtype on the
+        pool's device with element-aligned addresses: one launch (`_blocks_at`) for as many as
+        the buffer holds, the same numbers bitwise as `add` one at a time; their places, in
+        order."""
+        places: list[int] = []
+        i = 0
+        while i < len(flats):
+            need = triton.cdiv(flats[i].numel(), block)
+            self._room(need, flats[i].device)
+            j, free = i, self._free
+            while j < len(flats) and triton.cdiv(flats[j].numel(), block) <= free:
+                free -= triton.cdiv(flats[j].numel(), block)
+                j += 1
+            places += self._launch_at(flats[i:j], block)
+            i = j
+        return places
+
+    def _room(self, blocks: int, device: torch.device) -> None:
+        """A buffer with room for `blocks` more: this one, or (its tensors merged) a new one
+        or this one again."""
+        if self._buffer is None or self._free < blocks:
+            self._merge_buffer()
+            if self._buffer is None or self._buffer.numel() < blocks * _PART:
+                size = max(POOL_BLOCKS, blocks)
+                self._buffer = torch.empty(size * _PART, dtype=torch.float64, device=device)
+            self._free = self._buffer.numel() // _PART  # (reused: read before, in stream order)
+
+    def _launch_at(self, flats: Sequence[torch.Tensor], block: int) -> list[int]:
+        """flats' blocks (they fit in the buffer) by one launch: each program one block, found
+        by its (offset from the first tensor's address in elements, elements) in a table."""
+        assert self._buffer is not None
+        base, size = flats[0], flats[0].element_size()
+        at = torch.tensor([(t.data_ptr() - base.data_ptr()) // size for t in flats])
+        ns = torch.tensor([t.numel() for t in flats])
+        blocks = (ns + block - 1) // block
+        owner = torch.repeat_interleave(torch.arange(len(flats)), blocks)
+        first = torch.cumsum(blocks, 0) - blocks  # each tensor's first block among them
+        k = (torch.arange(owner.numel()) - first[owner]) * block  # a block's first element
+        table = torch.stack((at[owner] + k, (ns[owner] - k).clamp(max=block)), 1).reshape(-1)
+        if base.is_cuda:  # queued, the host not waiting
+            table = table.pin_memory()
+        table = table.to(base.device, non_blocking=True)
+        start = self._buffer.numel() // _PART - self._free
+        part = self._buffer[start * _PART :]
+        _BLOCKS_AT.run((owner.numel(),), base, table, part, BLOCK=block)
+        starts = (first + start).tolist()
+        places = []
+        for s0, b in zip(starts, blocks.tolist(), strict=True):
+            self._table += (s0, b)
+            places.append(self.size)
+            self.size += 1
+        self._free -= owner.numel()
+        return places
 
     def _merge_buffer(self) -> None:
         """The buffer's tensors' rows, merged (one launch), kept; the buffer emptied."""

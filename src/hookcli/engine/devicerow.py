@@ -7,7 +7,7 @@ macOS) or cannot build the kernel for this device, torch ops measure it, exactly
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -53,6 +53,36 @@ def started_row(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
     if pool is None:
         pool = pools[x.device] = kernels.Pool()
     return _launched(lambda: pool.add(dense_flat(x)), x, "row")
+
+
+def started_rows(xs: Sequence[torch.Tensor], pools: dict[torch.device, Any]) -> list[int | None]:
+    """Many tensors' rows (a model's weights, their gradients: measured whole) started as
+    `started_row` starts one, those of one dtype on one device by one launch (`_triton.Pool.
+    add_many`): each one's place, None where the kernel does not read it (a CPU tensor, one
+    with gaps, a dtype it does not read; then the caller measures it alone)."""
+    out: list[int | None] = [None] * len(xs)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, x in enumerate(xs):
+        if (
+            _usable(x, "row") is not None
+            and type(x) in tensorbits.PLAIN
+            and x.layout is torch.strided
+            and x.is_contiguous()
+            and not x.is_neg()
+            and x.data_ptr() % x.element_size() == 0
+        ):
+            groups.setdefault((x.device, x.dtype), []).append(i)
+    for (device, _), idxs in groups.items():
+        kernels = _kernels()
+        assert kernels is not None  # (usable above)
+        pool = pools.get(device)
+        if pool is None:
+            pool = pools[device] = kernels.Pool()
+        first, flats = xs[idxs[0]], [xs[i].detach().reshape(-1) for i in idxs]
+        got = _launched(functools.partial(pool.add_many, flats), first, "row")
+        for i, at in zip(idxs, got or (), strict=False):
+            out[i] = at
+    return out
 
 
 def finished_rows(

@@ -40,7 +40,6 @@ measured by magnitude, sparse tensors densified, float16/bfloat16 widened to flo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import weakref
@@ -61,8 +60,15 @@ from hookcli.engine.cpurow import (
     segment_rows,
     torch_row,
 )
-from hookcli.engine.devicerow import finished_rows, fused_row, started_row, token_rows
+from hookcli.engine.devicerow import (
+    finished_rows,
+    fused_row,
+    started_row,
+    started_rows,
+    token_rows,
+)
 from hookcli.engine.histogram import histogram
+from hookcli.engine.resolve import resolve_hists, resolve_tokens, resolve_values
 from hookcli.engine.sharded import ShardBook, not_merged
 from hookcli.engine.statrow import (
     AFTER_PASS,
@@ -92,6 +98,8 @@ from hookcli.runtime import preload
 
 # Tensors this small also report their elements (toy models, losses, gradients of scalars).
 SMALL = 16
+# StatsCollector._together: a tensor the CPU kernel measures with others where it lies
+_ON_CPU = 1
 # The process measures this many bytes with torch ops before it loads the numba kernels.
 _KERNEL_AFTER = 256 << 20
 # With the load in flight (runtime.preload), the process waits for it past this many bytes:
@@ -287,13 +295,15 @@ class StatsCollector:
     def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
         measured whole, now), the small CPU float32 ones measured together, each where it
-        lies, in one kernel call instead of one call each (issue 52)."""
+        lies, in one kernel call, and device ones started together, one launch a dtype,
+        instead of one call each (issue 52)."""
         rows, seen = self._rows, self._seen
         out = []
         together: list[torch.Tensor] = []
         places: list[int] = []  # their rows' places
-        for (t, path), plain in zip(tensors, self._together([t for t, _ in tensors]), strict=True):
-            if plain and id(t) not in seen:
+        kinds, started = self._together([t for t, _ in tensors])
+        for (t, path), kind, at in zip(tensors, kinds, started, strict=True):
+            if kind == _ON_CPU and id(t) not in seen:
                 n = t.numel()
                 stats = TensorStats(path, tuple(t.shape), "float32", n)
                 places.append(len(rows))
@@ -301,6 +311,8 @@ class StatsCollector:
                 # (its row, and a small one's elements, filled in below)
                 self._record(stats, EMPTY_ROW, t, version_of(t), [] if n <= SMALL else None)
                 out.append(stats)
+            elif at is not None:
+                out.append(self._started(t, path, at))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -317,18 +329,21 @@ class StatsCollector:
         self, tensors: Sequence[tuple[torch.Tensor, str]]
     ) -> list[float | TensorStats | None]:
         """Each tensor's norm over its finite elements, None where it has none (a model's
-        weights, whose other statistics no report shows): a small plain one's now, from one
-        kernel call for them all, with no TensorStats made, kept or filled (issue 52); any
-        other's as `add(t, path, positions=False)` measures it, a TensorStats whose norm
-        finalize() fills in."""
+        weights, whose other statistics no report shows): a small plain CPU one's now, from
+        one kernel call for them all, with no TensorStats made, kept or filled (issue 52); any
+        other's as `add(t, path, positions=False)` measures it (device ones started together,
+        one launch a dtype), a TensorStats whose norm finalize() fills in."""
         out: list[float | TensorStats | None] = []
         together: list[torch.Tensor] = []
         places: list[int] = []
-        for (t, path), plain in zip(tensors, self._together([t for t, _ in tensors]), strict=True):
-            if plain:
+        kinds, started = self._together([t for t, _ in tensors])
+        for (t, path), kind, at in zip(tensors, kinds, started, strict=True):
+            if kind == _ON_CPU:
                 places.append(len(out))
                 together.append(t)
                 out.append(None)  # (below)
+            elif at is not None:
+                out.append(self._started(t, path, at))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -339,27 +354,47 @@ class StatsCollector:
                 out[at] = norm if row[COUNT] > 0 and math.isfinite(norm) else None
         return out
 
-    def _together(self, tensors: list[torch.Tensor]) -> list[bool]:
-        """Which tensors (measured whole, now) the kernel measures together, where they lie
-        (`measurable_together`), when nothing else about them is wanted (channels, tokens,
-        histograms, shards, more statistics)."""
+    def _together(self, tensors: list[torch.Tensor]) -> tuple[list[int], list[int | None]]:
+        """Which tensors (measured whole, now) the CPU kernel measures together where they
+        lie (`measurable_together`: _ON_CPU), when nothing else about them is wanted
+        (channels, tokens, histograms, shards, more statistics); and the places of those whose
+        rows were started together on their devices (`started_rows`), None for the others."""
         book = self.book
+        alone: list[int | None] = [None] * len(tensors)
         if (
-            self._kernels is None
-            or AFTER_PASS
+            AFTER_PASS
             or self._bins
             or self.channels is not None
             or self.per_token
             or book.local_shards
             or book.layouts
         ):
-            return [False] * len(tensors)
-        return measurable_together(tensors)
+            return [0] * len(tensors), alone
+        cpu = measurable_together(tensors) if self._kernels is not None else [False] * len(alone)
+        kinds = [_ON_CPU if c else 0 for c in cpu]
+        if self._backend == "torch":
+            return kinds, alone
+        seen = self._seen
+        fresh = [i for i, t in enumerate(tensors) if not kinds[i] and id(t) not in seen]
+        if fresh:  # (a CPU tensor: not started, at once)
+            got = started_rows([tensors[i] for i in fresh], self._pools)
+            for i, at in zip(fresh, got, strict=True):
+                alone[i] = at
+        return kinds, alone
+
+    def _started(self, t: torch.Tensor, path: str, at: int) -> TensorStats:
+        """A device tensor measured whole whose row `started_rows` started (place `at` in its
+        device's pool): recorded as `add` records it."""
+        n = t.numel()
+        stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), n)
+        values = _small_values(t) if n <= SMALL else None
+        self._record(stats, Started(t.device, at), t, version_of(t), values)
+        return stats
 
     def _record(
         self,
         stats: TensorStats,
-        row: Row,
+        row: Row | Started,
         t: torch.Tensor,
         version: int,
         values: list[float | None] | torch.Tensor | None,
@@ -681,9 +716,9 @@ class StatsCollector:
                 else:
                     out[i] = got[s.at]
         merged = self.book.merge(out, self._handed_out)  # each DTensor's: the whole's row
-        self._resolve_values()
-        self._resolve_hists()
-        self._resolve_tokens()
+        resolve_values(self._values, self._wants_values)
+        resolve_hists(self._hists, self._hist_range, self._wants_hist)
+        resolve_tokens(self._tokens, self._wants_tokens)
         self._resolve_channels()
         for stats, idx in self._handed_out:
             fill(stats, out[idx])
@@ -707,70 +742,6 @@ class StatsCollector:
         if self._wants_chan:
             resolve(self._chan, self._wants_chan, self.channel_hist, self._real_index,
                     self.token_mask)  # fmt: skip
-
-    def _resolve_tokens(self) -> None:
-        """--per-token rows; those on a device travel in one transfer per device."""
-        pending: dict[torch.device, list[int]] = {}
-        for idx, v in self._tokens.items():
-            if isinstance(v, torch.Tensor):
-                pending.setdefault(v.device, []).append(idx)
-        for idxs in pending.values():
-            parts = [self._tokens[i] for i in idxs]
-            stacked = torch.stack(parts).to("cpu", torch.float64).tolist()  # type: ignore[arg-type]
-            for i, grid in zip(idxs, stacked, strict=True):
-                self._tokens[i] = [
-                    TokenRow(
-                        sequence=b,
-                        position=p,
-                        norm=finite_or_none(cell[0]),
-                        mean=finite_or_none(cell[1]),
-                        std=finite_or_none(cell[2]),
-                        max_abs=finite_or_none(cell[3]),
-                        channel=int(cell[4]) if math.isfinite(cell[4]) else None,
-                    )
-                    for b, seq in enumerate(grid)
-                    for p, cell in enumerate(seq)
-                ]
-        for stats, idx in self._wants_tokens:
-            rows = self._tokens[idx]
-            assert not isinstance(rows, torch.Tensor)
-            stats.per_token = [dataclasses.replace(r) for r in rows]
-
-    def _resolve_hists(self) -> None:
-        by_device: dict[torch.device, list[int]] = {}
-        for i, h in self._hists.items():
-            if isinstance(h, torch.Tensor):
-                by_device.setdefault(h.device, []).append(i)
-        for idxs in by_device.values():  # one transfer per device
-            stacked = torch.stack([self._hists[i] for i in idxs]).cpu().numpy()  # type: ignore[misc]
-            for i, counts in zip(idxs, stacked, strict=True):
-                self._hists[i] = counts
-        for stats, idx in self._wants_hist:
-            counts = self._hists[idx]
-            lo, hi = (float(v) for v in self._hist_range[idx])  # device edges: read at the end
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                continue
-            edges = np.linspace(lo, hi if hi > lo else lo + 1.0, len(counts) + 1)
-            stats.hist = {"counts": [int(c) for c in counts], "edges": edges.tolist()}
-
-    def _resolve_values(self) -> None:
-        """Small tensors' elements; those on a device travel in one transfer per device."""
-        pending: dict[torch.device, list[int]] = {}
-        for idx, v in self._values.items():
-            if isinstance(v, torch.Tensor):
-                pending.setdefault(v.device, []).append(idx)
-        for idxs in pending.values():
-            parts = [self._values[i] for i in idxs]
-            flat = torch.cat(parts).cpu().tolist()  # type: ignore[arg-type]
-            start = 0
-            for i, part in zip(idxs, parts, strict=True):
-                n = part.numel()  # type: ignore[union-attr]
-                self._values[i] = [finite_or_none(v) for v in flat[start : start + n]]
-                start += n
-        for stats, idx in self._wants_values:
-            values = self._values[idx]
-            assert not isinstance(values, torch.Tensor)
-            stats.values = values
 
 
 _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
