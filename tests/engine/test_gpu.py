@@ -334,6 +334,16 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     for t, first, second in zip(cases, *rows, strict=True):
         assert_stats_match(first, t.cpu())
         assert first == second  # every figure, exactly
+    # a layer call's tensors (quick: the plain ones launched as they lie) give the same rows
+    c = StatsCollector()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        quick = [c.quick(t, f"x{k}") for k, t in enumerate(cases)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    c.finalize()
+    assert len(launched) == 3 * len(cases)
+    assert quick == rows[0]
     # the pool's rows (one launch each, merged together) are the two launches' bit for bit
     flats = [t.reshape(-1).contiguous() for t in cases]
     flats = [f if f.is_floating_point() else f.double() for f in flats]

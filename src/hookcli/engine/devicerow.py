@@ -55,6 +55,33 @@ def started_row(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
     return _launched(lambda: pool.add(dense_flat(x)), x, "row")
 
 
+def started_plain(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
+    """`started_row` for a plain CUDA tensor of a layer call (StatsCollector.quick: this runs
+    once per hooked tensor), without its general checks: contiguous, non-empty, of a dtype the
+    kernel reads, launched as it lies (the kernel reads its elements in memory order); None
+    where any of that does not hold (then `started_row`'s way)."""
+    if (
+        x.dtype not in _READ
+        or x.layout is not torch.strided
+        or "row" in _broken
+        or not x.is_contiguous()
+        or x.is_neg()
+        or preload.kept_off()
+    ):
+        return None
+    n = x.numel()
+    pool = pools.get(x.device)
+    if pool is None:
+        kernels = _kernels()
+        if kernels is None or n == 0:
+            return None
+        pool = pools[x.device] = kernels.Pool()
+    if n == 0:
+        return None
+    at: int | None = _launched(functools.partial(pool.add, x), x, "row")
+    return at
+
+
 def started_rows(xs: Sequence[torch.Tensor], pools: dict[torch.device, Any]) -> list[int | None]:
     """Many tensors' rows (a model's weights, their gradients: measured whole) started as
     `started_row` starts one, those of one dtype on one device by one launch (`_triton.Pool.
@@ -149,6 +176,8 @@ def _usable(x: torch.Tensor, name: str) -> ModuleType | None:
     by HOOKCLI_STATS=torch, nor failed before in this process)."""
     if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or name in _broken:
         return None
+    if x.is_neg():  # a lazily negated view: its memory holds the values before negation
+        return None
     if preload.kept_off():  # HOOKCLI_STATS=torch: the torch-ops statistics everywhere
         return None
     return _kernels()
@@ -201,10 +230,21 @@ def _launched(launch: Callable[[], T], x: torch.Tensor, name: str) -> T | None:
         return None
 
 
+@functools.cache
+def _devices() -> int:
+    """CUDA devices this process sees (one: every CUDA tensor is on the current device)."""
+    return torch.cuda.device_count()
+
+
 def _on(device: torch.device, work: Callable[[], T]) -> T:
     """work() with `device` the current CUDA device (Triton launches on the current one)."""
     index = device.index
-    if device.type == "cuda" and index is not None and index != torch.cuda.current_device():
+    if (
+        device.type == "cuda"
+        and index is not None
+        and _devices() > 1
+        and index != torch.cuda.current_device()
+    ):
         with torch.cuda.device(device):
             return work()
     return work()

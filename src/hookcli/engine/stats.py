@@ -63,6 +63,7 @@ from hookcli.engine.cpurow import (
 from hookcli.engine.devicerow import (
     finished_rows,
     fused_row,
+    started_plain,
     started_row,
     started_rows,
     token_rows,
@@ -419,7 +420,6 @@ class StatsCollector:
         ks = self._kernels
         if (
             type(t) is not torch.Tensor
-            or ks is None
             or book.local_shards
             or book.layouts
             or book.fed
@@ -446,7 +446,15 @@ class StatsCollector:
                 self._wants_values.append((stats, idx))
             return stats
         n = t.numel()
-        if not (
+        if t.is_cuda:  # started in the pass's pool as it lies, one launch
+            at = started_plain(t, self._pools) if self._backend != "torch" else None
+            if at is None:
+                return self.add(t, path)
+            stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), n)
+            values = _small_values(t) if n <= SMALL else None
+            self._record(stats, Started(t.device, at), t, version, values)
+            return stats
+        if ks is None or not (
             t.dtype is torch.float32
             and t.is_cpu
             and t.layout is torch.strided
