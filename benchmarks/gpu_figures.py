@@ -262,6 +262,8 @@ def host_profile(device: torch.device, quick: bool, out: Path | None) -> list[st
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(25)
+        if out is not None:  # the whole profile too, for pstats where it is read
+            prof.dump_stats(out.with_name(f"{out.stem}_{what}.prof"))
         model.to(torch.bfloat16)
     if out is not None:
         out.write_text(text.getvalue())
@@ -284,6 +286,7 @@ def _profiled(fn: Callable[[], object], out: Path, what: str) -> None:
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(30)
     out.write_text(text.getvalue())
+    prof.dump_stats(out.with_suffix(".prof"))  # the whole profile, for pstats where it is read
 
 
 def _top1_sum(out: Any) -> torch.Tensor:

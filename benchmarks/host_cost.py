@@ -123,6 +123,7 @@ def _profiled(calls: dict[str, Callable[[], object]], out: str) -> None:
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("tottime").print_stats(30)
         stats.sort_stats("cumulative").print_stats(30)
+        prof.dump_stats(out.rsplit(".", 1)[0] + f"_{what}.prof")  # whole, for pstats
     with open(out, "w") as f:
         f.write(text.getvalue())
 

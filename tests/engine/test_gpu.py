@@ -397,7 +397,7 @@ def test_cuda_tensors_started_together_are_each_ones_row_bitwise_without_a_sync(
     pool = _triton.Pool()
     places = pool.add_many([t.reshape(-1) for t in cases[:3]])
     pooled = pool.rows()
-    for t, at in zip(cases, places, strict=True):
+    for t, at in zip(cases[:3], places, strict=True):
         assert pooled[at].view(torch.int64).equal(_triton.row(t).view(torch.int64))
 
 
