@@ -180,6 +180,11 @@ def _merge_many(part_ptr, table_ptr, row_ptr, CHUNK: tl.constexpr):
     _merged(part_ptr + start * 9, row_ptr + j * 9, blocks, CHUNK)
 
 
+def _cdiv(n: int, d: int) -> int:
+    """⌈n / d⌉ on the host (triton.cdiv is a jit function: microseconds a call from Python)."""
+    return -(-n // d)
+
+
 # launched by Fast (engine/_launch.py): without Triton's binding on every call
 _BLOCKS, _BLOCKS_AT, _MERGE = Fast(_blocks), Fast(_blocks_at), Fast(_merge)
 
@@ -191,7 +196,7 @@ def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Ten
     flat = x.reshape(-1)
     n = flat.numel()
     out = torch.empty(_ROW, dtype=torch.float64, device=x.device)
-    blocks = triton.cdiv(n, block)
+    blocks = _cdiv(n, block)
     if blocks == 1:
         _BLOCKS.run((1,), flat, out, out, n, FINAL=True, BLOCK=block)
         return out
@@ -224,7 +229,7 @@ class Pool:
         """Start the row of `flat` (1-D, non-empty, floating point, contiguous): its place
         among the rows `rows()` returns."""
         n = flat.numel()
-        blocks = triton.cdiv(n, block)
+        blocks = _cdiv(n, block)
         self._room(blocks, flat.device)
         assert self._buffer is not None
         start = self._buffer.numel() // _PART - self._free
@@ -241,13 +246,13 @@ class Pool:
         the buffer holds, the same numbers bitwise as `add` one at a time; their places, in
         order."""
         places: list[int] = []
+        blocks = [-(-f.numel() // block) for f in flats]
         i = 0
         while i < len(flats):
-            need = triton.cdiv(flats[i].numel(), block)
-            self._room(need, flats[i].device)
+            self._room(blocks[i], flats[i].device)
             j, free = i, self._free
-            while j < len(flats) and triton.cdiv(flats[j].numel(), block) <= free:
-                free -= triton.cdiv(flats[j].numel(), block)
+            while j < len(flats) and blocks[j] <= free:
+                free -= blocks[j]
                 j += 1
             places += self._launch_at(flats[i:j], block)
             i = j
@@ -387,7 +392,7 @@ def diff_sums(
     contiguous, one device), float64 on it, as commands/diff/ondevice.sums gives them: one read
     of each, two launches, the blocks merged in a fixed order (the same bits every run)."""
     n = a.numel()
-    blocks = triton.cdiv(n, block)
+    blocks = _cdiv(n, block)
     parts = torch.empty(blocks * 9, dtype=torch.float64, device=a.device)
     out = torch.empty(9, dtype=torch.float64, device=a.device)
     _DIFF_BLOCKS.run((blocks,), a, b, parts, n, BLOCK=block)
@@ -542,7 +547,7 @@ def channel_rows(
     whole's mean between them on the device (no synchronisation)."""
     rows, channels = x.shape
     out = torch.empty((_CHANNEL, channels), dtype=torch.float64, device=x.device)
-    grid = (triton.cdiv(channels, block_c),)
+    grid = (_cdiv(channels, block_c),)
     low = torch.full((1,), lowest, dtype=torch.float64, device=x.device)
     _chan_first[grid](x, out, low, rows, channels, large, BLOCK_N=block_n, BLOCK_C=block_c)
     count, mean = out[0], out[1]
@@ -591,7 +596,7 @@ def head_sums(
     the sink, entropy and top key of them). One launch, one read of p in its own dtype, then
     one small sum over the key blocks; a fixed order: bitwise the same run to run."""
     b, h, length, _ = p.shape
-    key_blocks = triton.cdiv(length, block_k)
+    key_blocks = _cdiv(length, block_k)
     col = torch.empty((b, h, length), dtype=torch.float64, device=p.device)
     ent = torch.empty((b, h, key_blocks), dtype=torch.float64, device=p.device)
     flags = counted.to(device=p.device, dtype=torch.int8).contiguous()
@@ -636,7 +641,7 @@ def abs_hist(x: torch.Tensor, bounds: torch.Tensor, lowest: float) -> torch.Tens
     bounds = bounds.contiguous()
     out = torch.zeros(inner + 1, dtype=torch.int32, device=x.device)
     low = torch.full((1,), lowest, dtype=torch.float64, device=x.device)
-    grid = (triton.cdiv(x.numel(), HIST_BLOCK),)
+    grid = (_cdiv(x.numel(), HIST_BLOCK),)
     steps = max(1, inner.bit_length())  # answers 0..inner: ceil(log2(inner + 1)) halvings
     _abs_hist[grid](x, bounds, out, low, x.numel(), inner, STEPS=steps, BLOCK=HIST_BLOCK)
     return out

@@ -1,6 +1,7 @@
-"""What StatsCollector.finalize brings over after the pass besides the rows: small tensors'
-elements, histograms' counts, --per-token rows (one transfer per device each), each copied
-into the TensorStats that wants it."""
+"""Small tensors' elements, kept during the pass (`small_values`, `small_values_together`), and
+what StatsCollector.finalize brings over after it besides the rows: those elements,
+histograms' counts, --per-token rows (one transfer per device each), each copied into the
+TensorStats that wants it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,36 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.engine.tensorbits import finite_or_none
+from hookcli.engine.tensorbits import accumulate_dtype, finite_or_none, real_valued
 from hookcli.records import TensorStats, TokenRow
+
+
+def small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
+    """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
+    float64 copy that finalize() brings over together with the others."""
+    if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided:  # (a bias)
+        return [v if math.isfinite(v) else None for v in t.detach().reshape(-1).tolist()]
+    x, _ = real_valued(t)
+    flat = x.reshape(-1).to(accumulate_dtype(x.device), copy=True)
+    if flat.is_cpu:
+        return [finite_or_none(v) for v in flat.tolist()]
+    return flat
+
+
+def small_values_together(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`small_values` of many small plain device tensors (a model's biases and their
+    gradients), one copy for those of one device and dtype instead of one each: each a view of
+    it."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(ts):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(ts)
+    for (device, _), idxs in groups.items():
+        flats = [ts[i].detach().reshape(-1) for i in idxs]
+        whole = torch.cat(flats).to(accumulate_dtype(device))  # (cat: a copy already)
+        for i, part in zip(idxs, torch.split(whole, [f.numel() for f in flats]), strict=True):
+            out[i] = part
+    return out
 
 
 def resolve_tokens(

@@ -69,7 +69,13 @@ from hookcli.engine.devicerow import (
     token_rows,
 )
 from hookcli.engine.histogram import histogram
-from hookcli.engine.resolve import resolve_hists, resolve_tokens, resolve_values
+from hookcli.engine.resolve import (
+    resolve_hists,
+    resolve_tokens,
+    resolve_values,
+    small_values,
+    small_values_together,
+)
 from hookcli.engine.sharded import ShardBook, not_merged
 from hookcli.engine.statrow import (
     AFTER_PASS,
@@ -88,7 +94,6 @@ from hookcli.engine.tensorbits import (
     accumulate_dtype,
     dense_flat,
     dtype_name,
-    finite_or_none,
     real_valued,
     unpadded,
     version_of,
@@ -302,8 +307,8 @@ class StatsCollector:
         out = []
         together: list[torch.Tensor] = []
         places: list[int] = []  # their rows' places
-        kinds, started = self._together([t for t, _ in tensors])
-        for (t, path), kind, at in zip(tensors, kinds, started, strict=True):
+        kinds, started, small = self._together([t for t, _ in tensors])
+        for i, ((t, path), kind, at) in enumerate(zip(tensors, kinds, started, strict=True)):
             if kind == _ON_CPU and id(t) not in seen:
                 n = t.numel()
                 stats = TensorStats(path, tuple(t.shape), "float32", n)
@@ -313,7 +318,7 @@ class StatsCollector:
                 self._record(stats, EMPTY_ROW, t, version_of(t), [] if n <= SMALL else None)
                 out.append(stats)
             elif at is not None:
-                out.append(self._started(t, path, at))
+                out.append(self._started(t, path, at, small.get(i)))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -337,14 +342,14 @@ class StatsCollector:
         out: list[float | TensorStats | None] = []
         together: list[torch.Tensor] = []
         places: list[int] = []
-        kinds, started = self._together([t for t, _ in tensors])
-        for (t, path), kind, at in zip(tensors, kinds, started, strict=True):
+        kinds, started, small = self._together([t for t, _ in tensors])
+        for i, ((t, path), kind, at) in enumerate(zip(tensors, kinds, started, strict=True)):
             if kind == _ON_CPU:
                 places.append(len(out))
                 together.append(t)
                 out.append(None)  # (below)
             elif at is not None:
-                out.append(self._started(t, path, at))
+                out.append(self._started(t, path, at, small.get(i)))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -355,11 +360,14 @@ class StatsCollector:
                 out[at] = norm if row[COUNT] > 0 and math.isfinite(norm) else None
         return out
 
-    def _together(self, tensors: list[torch.Tensor]) -> tuple[list[int], list[int | None]]:
+    def _together(
+        self, tensors: list[torch.Tensor]
+    ) -> tuple[list[int], list[int | None], dict[int, torch.Tensor]]:
         """Which tensors (measured whole, now) the CPU kernel measures together where they
         lie (`measurable_together`: _ON_CPU), when nothing else about them is wanted
         (channels, tokens, histograms, shards, more statistics); and the places of those whose
-        rows were started together on their devices (`started_rows`), None for the others."""
+        rows were started together on their devices (`started_rows`), None for the others,
+        and the elements of the small ones among these (copied together)."""
         book = self.book
         alone: list[int | None] = [None] * len(tensors)
         if (
@@ -370,25 +378,27 @@ class StatsCollector:
             or book.local_shards
             or book.layouts
         ):
-            return [0] * len(tensors), alone
+            return [0] * len(tensors), alone, {}
         cpu = measurable_together(tensors) if self._kernels is not None else [False] * len(alone)
         kinds = [_ON_CPU if c else 0 for c in cpu]
         if self._backend == "torch":
-            return kinds, alone
+            return kinds, alone, {}
         seen = self._seen
         fresh = [i for i, t in enumerate(tensors) if not kinds[i] and id(t) not in seen]
         if fresh:  # (a CPU tensor: not started, at once)
             got = started_rows([tensors[i] for i in fresh], self._pools)
             for i, at in zip(fresh, got, strict=True):
                 alone[i] = at
-        return kinds, alone
+        small = [i for i, at in enumerate(alone) if at is not None and tensors[i].numel() <= SMALL]
+        copies = small_values_together([tensors[i] for i in small])
+        return kinds, alone, dict(zip(small, copies, strict=True))
 
-    def _started(self, t: torch.Tensor, path: str, at: int) -> TensorStats:
+    def _started(
+        self, t: torch.Tensor, path: str, at: int, values: torch.Tensor | None
+    ) -> TensorStats:
         """A device tensor measured whole whose row `started_rows` started (place `at` in its
-        device's pool): recorded as `add` records it."""
-        n = t.numel()
-        stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), n)
-        values = _small_values(t) if n <= SMALL else None
+        device's pool; `values`, a small one's elements): recorded as `add` records it."""
+        stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
         self._record(stats, Started(t.device, at), t, version_of(t), values)
         return stats
 
@@ -451,7 +461,7 @@ class StatsCollector:
             if at is None:
                 return self.add(t, path)
             stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), n)
-            values = _small_values(t) if n <= SMALL else None
+            values = small_values(t) if n <= SMALL else None
             self._record(stats, Started(t.device, at), t, version, values)
             return stats
         if ks is None or not (
@@ -466,7 +476,7 @@ class StatsCollector:
         later = self._later
         if later.full(n):
             self._settle_later(ks)
-        values = _small_values(t) if n <= SMALL else None  # (first: it may raise)
+        values = small_values(t) if n <= SMALL else None  # (first: it may raise)
         # (measured after the pass into the place its row takes next)
         later.add(len(self._rows), t)
         self._record(stats, EMPTY_ROW, t, version, values)
@@ -530,7 +540,7 @@ class StatsCollector:
         self._handed_out.append((stats, idx))
         stats.note = note
         if 0 < stats.numel <= SMALL and t.device.type != "meta":
-            self._values[idx] = _small_values(t)
+            self._values[idx] = small_values(t)
             self._wants_values.append((stats, idx))
         if self._bins and stats.numel > 0 and t.device.type != "meta":
             edge_key = (self.context, path)
@@ -753,18 +763,6 @@ class StatsCollector:
 
 
 _CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def _small_values(t: torch.Tensor) -> list[float | None] | torch.Tensor:
-    """A small tensor's elements as floats (non-finite ones as None), flattened; on a GPU a
-    float64 copy that finalize() brings over together with the others."""
-    if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided:  # (a bias)
-        return [v if math.isfinite(v) else None for v in t.detach().reshape(-1).tolist()]
-    x, _ = real_valued(t)
-    flat = x.reshape(-1).to(accumulate_dtype(x.device))
-    if flat.is_cpu:
-        return [finite_or_none(v) for v in flat.tolist()]
-    return flat.clone()
 
 
 def tensor_stats(t: torch.Tensor, path: str = "tensor") -> TensorStats:
