@@ -514,10 +514,12 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 def _torch_state() -> _TorchState:
     """What torch keeps per thread that a pass sets and that can be put back: grad mode,
-    autocast, and (once CUDA is in use) the current CUDA device and stream."""
+    autocast, and (once CUDA is in use) the current CUDA device and stream (the stream as
+    torch's (id, device index, device type): no Stream object made at every turn)."""
     cuda: tuple[Any, ...] = ()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        cuda = (torch.cuda.current_device(), torch.cuda.current_stream())
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        device = torch.cuda.current_device()
+        cuda = (device, _stream_of(device))
     return (
         torch.is_grad_enabled(),
         tuple(
@@ -528,17 +530,39 @@ def _torch_state() -> _TorchState:
     )
 
 
+def _stream_of(device: int) -> Any:
+    """The current stream of a CUDA device, as `_set_stream` takes it back."""
+    raw = getattr(torch._C, "_cuda_getCurrentStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device)
+
+
+def _set_stream(stream: Any) -> None:
+    if isinstance(stream, torch.cuda.Stream):
+        torch.cuda.set_stream(stream)
+    else:  # (stream id, device index, device type), as torch.cuda.set_stream passes them
+        sid, index, kind = stream
+        torch._C._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
+
+
 def _set_torch_state(state: _TorchState) -> None:
+    """`state` put back, each part only where it differs (a set is then a no-op: this runs at
+    every turn of every pass)."""
     grad, autocast, cache, cuda = state
-    torch.set_grad_enabled(grad)
+    if torch.is_grad_enabled() != grad:
+        torch.set_grad_enabled(grad)
     for device, (on, dtype) in zip(_AUTOCAST_DEVICES, autocast, strict=True):
-        torch.set_autocast_enabled(device, on)
-        torch.set_autocast_dtype(device, dtype)
-    torch.set_autocast_cache_enabled(cache)
+        if torch.is_autocast_enabled(device) != on:
+            torch.set_autocast_enabled(device, on)
+        if torch.get_autocast_dtype(device) != dtype:
+            torch.set_autocast_dtype(device, dtype)
+    if torch.is_autocast_cache_enabled() != cache:
+        torch.set_autocast_cache_enabled(cache)
     if cuda:
         device, stream = cuda
-        torch.cuda.set_device(device)
-        torch.cuda.set_stream(stream)
+        if torch.cuda.current_device() != device:
+            torch.cuda.set_device(device)
+        if _stream_of(device) != stream:
+            _set_stream(stream)
 
 
 def _unswappable() -> tuple[bool, int, int]:
