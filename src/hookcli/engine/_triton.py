@@ -207,15 +207,18 @@ def row(x: torch.Tensor, *, block: int = BLOCK, chunk: int = CHUNK) -> torch.Ten
 
 
 POOL_BLOCKS = 1 << 15  # blocks a pool's buffer holds at least (2.25 MiB: 2^27 elements' numbers)
+POOL_GROWTH = 4  # a pass that fills buffers gets ones twice as large, up to 2^4 times this
 
 
 class Pool:
     """Rows started during a pass and finished after it, on one device: each tensor's blocks
     written by one launch of `_blocks` into the pool's buffer, after the last tensor's; a full
     buffer's tensors are merged (`_merge_many`, one launch for them all, each in its own
-    order) and the buffer used again, and `rows()` merges what is left. One launch per tensor
-    in the pass instead of two, the same numbers bitwise (a tensor of one block merges to the
-    row `_blocks` would write for it), and memory for one buffer and the rows."""
+    order) and a buffer twice as large takes the next (up to POOL_GROWTH doublings: a pass
+    over large activations merges a few times, not once per few megabytes), and `rows()`
+    merges what is left. One launch per tensor in the pass instead of two, the same numbers
+    bitwise (a tensor of one block merges to the row `_blocks` would write for it), and memory
+    for one buffer (36 MiB at most) and the rows."""
 
     def __init__(self, *, chunk: int = CHUNK) -> None:
         self._chunk = chunk  # (blocks merged at a time: the sums' order, for the tests)
@@ -263,10 +266,13 @@ class Pool:
         or this one again."""
         if self._buffer is None or self._free < blocks:
             self._merge_buffer()
-            if self._buffer is None or self._buffer.numel() < blocks * _PART:
-                size = max(POOL_BLOCKS, blocks)
+            held = 0 if self._buffer is None else self._buffer.numel() // _PART
+            want = min(2 * held, POOL_BLOCKS << POOL_GROWTH) if held else POOL_BLOCKS
+            if held < max(want, blocks):  # (else used again: read before, in stream order)
+                size = max(want, blocks)
                 self._buffer = torch.empty(size * _PART, dtype=torch.float64, device=device)
-            self._free = self._buffer.numel() // _PART  # (reused: read before, in stream order)
+            assert self._buffer is not None
+            self._free = self._buffer.numel() // _PART
 
     def _launch_at(self, flats: Sequence[torch.Tensor], block: int) -> list[int]:
         """flats' blocks (they fit in the buffer) by one launch: each program one block, found

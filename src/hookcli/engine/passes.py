@@ -313,11 +313,14 @@ def _state_print(modules: Sequence[nn.Module], params: Sequence[torch.Tensor]) -
 
 
 def reseed(seed: int, device: torch.device) -> None:
-    """torch.manual_seed(seed) for a pass on `device`: on the CPU, with CUDA never started,
-    the CPU's generator alone (torch.manual_seed also queues a seed for every other backend,
-    with a stack trace each: 0.3 ms a pass)."""
-    if device.type == "cpu" and not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    """torch.manual_seed(seed) for a pass on `device`: on the CPU or a CUDA device, the CPU's
+    generator and (once CUDA is in use, or the pass is on it) every CUDA device's, alone
+    (torch.manual_seed also queues a seed for each other backend, with a stack trace each:
+    about a millisecond a pass on a GPU machine)."""
+    if device.type in ("cpu", "cuda"):
         torch.default_generator.manual_seed(seed)
+        if device.type == "cuda" or torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.manual_seed_all(seed)
     else:
         torch.manual_seed(seed)
 
