@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +54,16 @@ def _router_name(name: str) -> bool:
     return _ROUTER.search(name) is not None
 
 
-def find_routers(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
+def find_routers(
+    model: nn.Module, types: Iterable[str] | None = None
+) -> list[tuple[str, nn.Module, int]]:
     """(name, module, experts) of every module whose class name says router and that holds a
-    (experts, hidden) weight."""
+    (experts, hidden) weight. `types`: the modules' class names, where the caller has them
+    (the pass's module table): no walk at all for a model without a router."""
     found: list[tuple[str, nn.Module, int]] = []
-    if not any(_router_name(type(m).__name__) for m in all_modules(model)):
+    if types is None:
+        types = (type(m).__name__ for m in all_modules(model))
+    if not any(_router_name(t) for t in types):
         return found  # (most models: no second walk, for names)
     for name, m in model.named_modules():
         if not _router_name(type(m).__name__):
@@ -105,15 +110,17 @@ def _count(
 
 
 @contextlib.contextmanager
-def counting_routes(model: nn.Module, real: torch.Tensor | None) -> Iterator[Routing]:
+def counting_routes(
+    model: nn.Module, real: torch.Tensor | None, types: Iterable[str] | None = None
+) -> Iterator[Routing]:
     """Forward hooks on every router for the `with` block, removed after (even on error).
     `real` (batch, tokens) marks a padded batch's real tokens: a call over batch x tokens
-    rows counts those only."""
+    rows counts those only. `types`: as `find_routers` takes them."""
     routing = Routing()
     handles = []
     flat = None if real is None else real.reshape(-1).nonzero().squeeze(1)
     rows = None if real is None else real.numel()
-    for name, module, experts in find_routers(model):
+    for name, module, experts in find_routers(model, types):
         count = RouterCount(name, experts)
         routing.routers.append(count)
 

@@ -69,7 +69,8 @@ def hooked_pass(
     x = model_input if model_input is not None else prepared.model_input
     assert x is not None, "prepare() was given no inputs and the pass none either"
     # every parameter: a forward may call backward itself (MAML); the user's .grad comes back
-    params = held(loaded.module)[0]
+    modules = all_modules(loaded.module)  # (one walk for both below)
+    params = held(loaded.module, modules)[0]
     params += [t for _, t in prepared.input_leaves]  # a second pass starts from no gradient
     notes: list[str] = []
     shared = _SHARED.get(id(loaded.module)) if not train else None
@@ -77,7 +78,9 @@ def hooked_pass(
         gcpause.held(),
         contextlib.nullcontext(shared)
         if shared is not None
-        else model_left_as_found(loaded.module, prepared.device, train=train) as buffers,
+        else model_left_as_found(
+            loaded.module, prepared.device, train=train, modules=modules
+        ) as buffers,
         contextlib.nullcontext() if shared is not None else grads_left_as_found(params),
     ):
         reseed(prepared.seed, prepared.device)  # dropout and the like, in train mode
@@ -214,7 +217,11 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 @contextlib.contextmanager
 def model_left_as_found(
-    model: nn.Module, device: torch.device, *, train: bool = False
+    model: nn.Module,
+    device: torch.device,
+    *,
+    train: bool = False,
+    modules: Sequence[nn.Module] | None = None,
 ) -> Iterator[BufferSnapshot]:
     """The run's mode (eval, or train on request) and device; everything restored after.
 
@@ -222,9 +229,9 @@ def model_left_as_found(
     every run, not only in train mode (where BatchNorm updates its running statistics even
     without gradients, docs/traps.md §9): a layer may count its calls or keep a running value
     in eval mode too. Yields the buffers' snapshot (its `restore` puts them back now, before a
-    rerun).
+    rerun). `modules`: `all_modules(model)`, where the caller has just made it.
     """
-    modules = all_modules(model)
+    modules = all_modules(model) if modules is None else modules
     modes = [m.training for m in modules]
     first = next(iter(model.parameters()), None)
     home = first.device if first is not None else None

@@ -63,11 +63,14 @@ def numel(p: torch.Tensor | None) -> int:
     return 0 if p is None or is_lazy(p) else p.numel()
 
 
-def held(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def held(
+    model: nn.Module, modules: Sequence[nn.Module] | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """A model's parameters and buffers, each shared one once (a tensor that is both, a
     parameter), in one walk of the module dicts (what parameters() and buffers() give,
-    without their generators' cost per module)."""
-    modules = all_modules(model)
+    without their generators' cost per module). `modules`: `all_modules(model)`, where the
+    caller has just made it."""
+    modules = all_modules(model) if modules is None else modules
     params = {id(t): t for m in modules for t in m._parameters.values() if t is not None}
     buffers = {
         id(b): b

@@ -34,7 +34,8 @@ class Experts(Probe):
     @contextlib.contextmanager
     def arm(self, armed: Armed) -> Iterator[None]:
         module = armed.prepared.loaded.module
-        with counting_routes(module, armed.model_input.token_mask) as routing:
+        types = [e.type for e in armed.prepared.entries]  # (this pass's table: no walk)
+        with counting_routes(module, armed.model_input.token_mask, types) as routing:
             self.routing = routing
             yield
 
