@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision
-from torch import nn
 
 from hookcli.engine.selection import (
     count_params,
@@ -210,31 +209,3 @@ def test_what_a_model_holds_each_tensor_once_and_its_dtypes() -> None:
     assert total == want
     assert dtype == "float32 (float64 in some tensors)" == dtype_of(model)
     assert dtypes_held(model) == ("float32", ["float64"])
-
-
-def test_remembered_is_made_once_while_the_modules_stay_as_they_were() -> None:
-    """Issue 52: what the model's modules decide (layout hints) is made once for a warm loop's
-    passes, made again once a preparation finds the modules changed, and made every time for
-    a model no preparation has seen."""
-    from hookcli.engine.selection import module_entries, remembered
-
-    made: list[int] = []
-
-    def make(model: nn.Module) -> int:
-        made.append(1)
-        return len(made)
-
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
-    assert remembered(model, "x", make) == 1  # never prepared: made
-    assert remembered(model, "x", make) == 2  # and again
-    module_entries(model)
-    assert remembered(model, "x", make) == 3
-    module_entries(model)  # the next pass: the same modules
-    assert remembered(model, "x", make) == 3
-    assert remembered(model, "y", make) == 4  # another thing: its own
-    model[1] = nn.GELU()  # a module swapped
-    module_entries(model)
-    assert remembered(model, "x", make) == 5
-    model[0].weight = nn.Parameter(torch.zeros(4, 3, 5, 5))  # a parameter of another shape
-    module_entries(model)
-    assert remembered(model, "x", make) == 6

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hookcli.engine.selection import remembered
 from hookcli.errors import UsageError
 
 NCHW, NHWC, TOKENS = "NCHW", "NHWC", "tokens"
@@ -372,8 +371,8 @@ def reader(model: nn.Module, size: tuple[int, int] | None, batch: int | None = N
             # says (its walk skipped: a language model's outputs are all 3-D; windows, the
             # one hint read before, are 4-D)
             return resolve(name, shape, size, _NO_HINTS, batch)
-        if not hints:  # (the same modules as the last pass's: its hints)
-            hints.append(remembered(model, "layout hints", model_hints))
+        if not hints:
+            hints.append(model_hints(model))
         return resolve(name, shape, size, hints[0], batch)
 
     return layout_of

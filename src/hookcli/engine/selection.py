@@ -18,7 +18,7 @@ import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -270,32 +270,6 @@ _Row = tuple[int, tuple[str, ...], _Fields, tuple[tuple[int, str], ...]]
 _KEPT: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], list[_Row]]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-# what `remembered` keeps for each model: the fingerprint of the table it was made with, and
-# each thing by its name
-_MEMO: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-T = TypeVar("T")
-
-
-def remembered(model: nn.Module, what: str, make: Callable[[nn.Module], T]) -> T:
-    """make(model), for something the model's modules decide (engine/layout's hints: their
-    classes, names, parameters and format attributes), remembered for as long as
-    `module_entries` — which every pass's preparation calls — finds the modules, their names
-    and parameters as they were when it was made: a warm loop pays for it once. Made afresh
-    for a model no preparation has seen."""
-    kept = _KEPT.get(model)
-    if kept is None:
-        return make(model)
-    memo = _MEMO.get(model)
-    if memo is None or memo[0] is not kept[0]:
-        memo = _MEMO[model] = (kept[0], {})
-    if what not in memo[1]:
-        memo[1][what] = make(model)
-    got: T = memo[1][what]
-    return got
 
 
 def _fingerprint(model: nn.Module) -> tuple[tuple[Any, ...], list[nn.Module]]:
