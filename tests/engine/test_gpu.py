@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -399,6 +400,26 @@ def test_cuda_tensors_started_together_are_each_ones_row_bitwise_without_a_sync(
     pooled = pool.rows()
     for t, at in zip(cases[:3], places, strict=True):
         assert pooled[at].view(torch.int64).equal(_triton.row(t).view(torch.int64))
+    # and by construction, not by the luck of these values: the compiled kernels lay a block's
+    # elements over the threads alike (the order of the sums), for each dtype
+    for t in cases[3:]:  # (the bfloat16 ones measured alone too: their kernels compiled)
+        _triton.row(t)
+    for dtype in (torch.float32, torch.bfloat16):
+        together, alone = _layouts(_triton._BLOCKS_AT, dtype), _layouts(_triton._BLOCKS, dtype)
+        assert together and together <= alone, (dtype, together, alone)
+
+
+def _layouts(fast: Any, dtype: torch.dtype) -> set[str]:
+    """The thread layouts in the compiled kernels of a `_launch.Fast` for 16-byte-aligned
+    tensors of `dtype` (Triton's GPU IR)."""
+    import re
+
+    return {
+        layout
+        for key, compiled in fast._compiled.items()
+        if key[1] == (dtype, True)
+        for layout in re.findall(r"sizePerThread = \[[^\]]*\]", compiled.asm["ttgir"])
+    }
 
 
 @needs_cuda

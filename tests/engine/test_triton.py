@@ -163,15 +163,16 @@ torch.save(out, sys.argv[2])
 def test_many_tensors_in_one_launch_give_each_one_s_row_bitwise(tmp_path: Path) -> None:
     """Issue 52 (a model's weights and gradients): many tensors of one dtype started by one
     launch, each block found by its offset from the first tensor's address — tensors of many
-    blocks and of one, views into one storage before and after the first, a buffer too small
+    blocks and of one, aligned views into one storage before and after the first, a buffer too small
     for them all (the rest start the next) — give bitwise `row`'s numbers, which equal float64
     torch."""
     cases = _cases()
     g = torch.Generator().manual_seed(9)
     storage = torch.randn(30000, generator=g)
+    # (16-byte aligned, as add_many takes them)
     cases["a view late in a storage"] = (storage[20000:29000], 4096, 1024)
-    cases["a view early in it"] = (storage[5:9000], 4096, 1024)  # before the first: offset < 0
-    cases["the storage's tail, one element"] = (storage[-1:], 4096, 1024)
+    cases["a view early in it"] = (storage[4:9000], 4096, 1024)  # before the first: offset < 0
+    cases["the storage's tail, four elements"] = (storage[-4:], 4096, 1024)
     got = _interpreted(_MANY_RUN, cases, tmp_path)
     assert len(got) == 2 * len(cases)
     for name, (pooled, alone) in got.items():

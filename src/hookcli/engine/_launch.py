@@ -7,9 +7,12 @@ inspect's host time per hooked call, for a launch whose own cost is a few micros
 keeps each compiled kernel under a key made of the same facts, read directly (`spec`), and
 launches it as Triton's own `JITFunction.run` does once it has found it. A key that cannot be
 made (an argument of another kind), Triton's interpreter (TRITON_INTERPRET=1: no compiled
-kernel) and a Triton whose compiled kernel lacks that interface take Triton's own way, every
-call. `spec` is checked against Triton's specialisation in the tests, so a Triton that
-specialises on something new fails there, not with a kernel launched on the wrong arguments.
+kernel), ROCm (where Triton also specialises on a storage's size) and a Triton whose compiled
+kernel lacks that interface take Triton's own way, every call. `spec` is checked against
+Triton's specialisation in the tests, so a Triton that specialises on something new fails
+there, not with a kernel launched on the wrong arguments. Triton's pre-run hooks, its check of
+changed globals and a `debug` switched on after the first launch are not seen by `Fast`: these
+kernels have none, read no global, and are not debugged in a run.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class Fast:
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        # Triton's interpreter (TRITON_INTERPRET=1) compiles nothing and has no driver
-        self._direct = not getattr(knobs.runtime, "interpret", False)
+        # Triton's interpreter (TRITON_INTERPRET=1) compiles nothing and has no driver; on
+        # ROCm, Triton also specialises a pointer on its storage's size (32-bit buffer
+        # offsets), which `spec` does not key on
+        self._direct = not getattr(knobs.runtime, "interpret", False) and torch.version.hip is None
         self._compiled: dict[tuple[object, ...], Any] = {}
 
     def run(self, grid: tuple[int, ...], *args: object, **constexprs: object) -> None:

@@ -59,12 +59,14 @@ def _blocks(  # noqa: PLR0917 (Triton: positional arguments)
 
 
 @triton.jit
-def _blocks_at(x_ptr, table_ptr, part_ptr, BLOCK: tl.constexpr):
-    # program p: a block of one of many tensors of x's dtype on x's device, the elements
-    # table[2p] … table[2p] + table[2p + 1] - 1 counted from x_ptr; its nine numbers as
-    # _blocks writes them for that block of that tensor, bitwise (the same lanes, the same sums)
+def _blocks_at(x_ptr, table_ptr, part_ptr, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    # program p: a block of one of many 16-byte-aligned tensors of x's dtype on x's device, the
+    # elements table[2p] … table[2p] + table[2p + 1] - 1 counted from x_ptr; its nine numbers
+    # as _blocks writes them for that block of that tensor, bitwise: the same lanes, and (the
+    # offset said to be a multiple of ALIGN elements, 16 bytes) the same layout of them over
+    # the threads as _blocks gets for an aligned tensor, so the same order of the sums
     pid = tl.program_id(0).to(tl.int64)
-    start = tl.load(table_ptr + 2 * pid)
+    start = tl.multiple_of(tl.load(table_ptr + 2 * pid), ALIGN)
     n = tl.load(table_ptr + 2 * pid + 1)
     offs = tl.arange(0, BLOCK)
     inside = offs < n
@@ -245,7 +247,7 @@ class Pool:
 
     def add_many(self, flats: Sequence[torch.Tensor], *, block: int = BLOCK) -> list[int]:
         """Start the rows of many tensors, each as `add` takes it, all of one dtype on the
-        pool's device with element-aligned addresses: one launch (`_blocks_at`) for as many as
+        pool's device with 16-byte-aligned addresses: one launch (`_blocks_at`) for as many as
         the buffer holds, the same numbers bitwise as `add` one at a time; their places, in
         order."""
         places: list[int] = []
@@ -279,6 +281,7 @@ class Pool:
         by its (offset from the first tensor's address in elements, elements) in a table."""
         assert self._buffer is not None
         base, size = flats[0], flats[0].element_size()
+        assert all(t.data_ptr() % 16 == 0 for t in flats), "add_many takes 16-byte-aligned tensors"
         at = torch.tensor([(t.data_ptr() - base.data_ptr()) // size for t in flats])
         ns = torch.tensor([t.numel() for t in flats])
         blocks = (ns + block - 1) // block
@@ -291,7 +294,7 @@ class Pool:
         table = table.to(base.device, non_blocking=True)
         start = self._buffer.numel() // _PART - self._free
         part = self._buffer[start * _PART :]
-        _BLOCKS_AT.run((owner.numel(),), base, table, part, BLOCK=block)
+        _BLOCKS_AT.run((owner.numel(),), base, table, part, ALIGN=16 // size, BLOCK=block)
         starts = (first + start).tolist()
         places = []
         for s0, b in zip(starts, blocks.tolist(), strict=True):

@@ -85,8 +85,9 @@ def started_plain(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None
 def started_rows(xs: Sequence[torch.Tensor], pools: dict[torch.device, Any]) -> list[int | None]:
     """Many tensors' rows (a model's weights, their gradients: measured whole) started as
     `started_row` starts one, those of one dtype on one device by one launch (`_triton.Pool.
-    add_many`): each one's place, None where the kernel does not read it (a CPU tensor, one
-    with gaps, a dtype it does not read; then the caller measures it alone)."""
+    add_many`): each one's place, None where the kernel does not read it together (a CPU
+    tensor, one with gaps or not 16-byte aligned, a dtype it does not read, a ROCm device;
+    then the caller measures it alone)."""
     out: list[int | None] = [None] * len(xs)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, x in enumerate(xs):
@@ -96,7 +97,8 @@ def started_rows(xs: Sequence[torch.Tensor], pools: dict[torch.device, Any]) -> 
             and x.layout is torch.strided
             and x.is_contiguous()
             and not x.is_neg()
-            and x.data_ptr() % x.element_size() == 0
+            and x.data_ptr() % 16 == 0  # (the kernel's layout as a lone aligned tensor's)
+            and torch.version.hip is None  # (ROCm: 32-bit buffer offsets from the first)
         ):
             groups.setdefault((x.device, x.dtype), []).append(i)
     for (device, _), idxs in groups.items():
