@@ -409,6 +409,21 @@ def test_cuda_tensors_started_together_are_each_ones_row_bitwise_without_a_sync(
         assert together and together <= alone, (dtype, together, alone)
 
 
+@needs_cuda
+def test_cuda_memoryless_zeros_are_never_read_where_they_lie() -> None:
+    """A CUDA ZeroTensor (data_ptr 0) is measured as zeros, not handed to a kernel that would
+    read address 0 (and leave the device unusable)."""
+    from hookcli.engine.stats import StatsCollector
+
+    c = StatsCollector()
+    z = torch._efficientzerotensor((300, 400), device="cuda")
+    got = [c.add(z, "a"), c.quick(z, "q"), *c.add_whole([(z, "w")])]
+    c.finalize()
+    torch.cuda.synchronize()
+    for s in got:
+        assert (s.numel, s.mean, s.std, s.norm, s.zeros) == (120000, 0, 0, 0, 1.0)
+
+
 def _layouts(fast: Any, dtype: torch.dtype) -> set[str]:
     """The thread layouts in the compiled kernels of a `_launch.Fast` for 16-byte-aligned
     tensors of `dtype` (Triton's GPU IR)."""

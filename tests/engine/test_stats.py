@@ -322,3 +322,22 @@ def test_tensors_measured_together_match_the_oracle(
         if 0 < t.numel() <= 16 and t.dtype is torch.float32:
             want = [v if math.isfinite(v) else None for v in t.resolve_neg().flatten().tolist()]
             assert stats.values == want, name
+
+
+@pytest.mark.parametrize("shape", [(3,), (300, 400)])
+def test_autograds_memoryless_zeros_are_measured_as_zeros(shape: tuple[int, ...]) -> None:
+    """A ZeroTensor (autograd's zeros with no memory behind them: data_ptr 0) is measured as
+    the zeros it stands for, by `add` and a layer call's `quick`, never read where it lies
+    (numpy refuses it; a GPU kernel would read address 0)."""
+    from hookcli.engine.stats import StatsCollector
+
+    c = StatsCollector()
+    got = [
+        c.add(torch._efficientzerotensor(shape), "a"),
+        c.quick(torch._efficientzerotensor(shape), "q"),
+    ]
+    c.finalize()
+    n = math.prod(shape)
+    for s in got:
+        assert (s.numel, s.mean, s.std, s.min, s.max, s.norm, s.zeros) == (n, 0, 0, 0, 0, 0, 1.0)
+        assert s.nan == s.inf == 0

@@ -66,6 +66,7 @@ def started_plain(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None
         or "row" in _broken
         or not x.is_contiguous()
         or x.is_neg()
+        or x._is_zerotensor()
         or preload.kept_off()
     ):
         return None
@@ -178,8 +179,8 @@ def _usable(x: torch.Tensor, name: str) -> ModuleType | None:
     by HOOKCLI_STATS=torch, nor failed before in this process)."""
     if not x.is_cuda or x.dtype not in _READ or x.numel() == 0 or name in _broken:
         return None
-    if x.is_neg():  # a lazily negated view: its memory holds the values before negation
-        return None
+    if x.is_neg() or x._is_zerotensor():  # a lazily negated view: its memory holds the values
+        return None  # before negation; autograd's zeros with no memory: nothing to read
     if preload.kept_off():  # HOOKCLI_STATS=torch: the torch-ops statistics everywhere
         return None
     return _kernels()

@@ -430,6 +430,7 @@ class StatsCollector:
         ks = self._kernels
         if (
             type(t) is not torch.Tensor
+            or t._is_zerotensor()
             or book.local_shards
             or book.layouts
             or book.fed
@@ -495,6 +496,8 @@ class StatsCollector:
                 t, groups, shape = part
                 if groups:
                     return self._add_sharded(t, groups, shape, path, positions)
+        if t._is_zerotensor():  # (autograd's zeros with no memory: no kernel reads them)
+            t = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
         key = id(t)
         hit = self._seen.get(key)
         version = version_of(t)
