@@ -3,8 +3,10 @@ a GPU exists: the hooked pass must not synchronise with the host (docs/traps.md 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,16 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 runner = CliRunner()
 
 
+@contextlib.contextmanager
+def _no_sync() -> Iterator[None]:
+    """The block raises on any host synchronisation (docs/traps.md §8)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @needs_cuda
 def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
     from benchmarks.gpu_figures import NoSync
@@ -42,11 +54,8 @@ def test_hooked_pass_never_synchronises_and_matches_the_oracle() -> None:
     c = StatsCollector()
     t = torch.randn(1000, device="cuda")
     t[::7] = float("nan")
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _no_sync():
         entry = c.add(t, "x")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     report = hookcli.inspect(model, x, device="cuda", topk=0)
     c.finalize()
     assert_stats_match(entry, t.cpu())
@@ -184,12 +193,9 @@ def test_a_padded_token_batch_is_measured_without_a_sync_per_tensor() -> None:
     c.set_token_mask(mask.cuda())
     c.per_token = (2, 6)
     on_device = hidden.cuda(), attn.cuda()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _no_sync():
         h = c.add(on_device[0], "out")
         a = c.add(on_device[1], "out.attn")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     c.finalize()
     assert_stats_match(h, hidden[mask], rtol=1e-5, same_tensor=False)
     assert_stats_match(a, attn.permute(0, 2, 1, 3)[mask], rtol=1e-5, same_tensor=False)
@@ -324,11 +330,8 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
     rows = []
     for _ in range(2):
         c = StatsCollector()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_sync():
             got = [c.add(t, f"x{k}") for k, t in enumerate(cases)]
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         c.finalize()
         rows.append(got)
     assert len(launched) == 2 * len(cases)  # every case, twice, the integers as float64
@@ -337,11 +340,8 @@ def test_cuda_rows_come_from_the_fused_kernel_bitwise_and_without_a_sync(
         assert first == second  # every figure, exactly
     # a layer call's tensors (quick: the plain ones launched as they lie) give the same rows
     c = StatsCollector()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _no_sync():
         quick = [c.quick(t, f"x{k}") for k, t in enumerate(cases)]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     c.finalize()
     assert len(launched) == 3 * len(cases)
     assert quick == rows[0]
@@ -386,11 +386,8 @@ def test_cuda_tensors_started_together_are_each_ones_row_bitwise_without_a_sync(
         torch.randn(9000, device="cuda", generator=g).bfloat16(),
     ]
     c = StatsCollector()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _no_sync():
         got = c.add_whole([(t, f"w{k}") for k, t in enumerate(cases)])
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     c.finalize()
     assert launched == ["add_many", "add_many"]  # float32, bfloat16
     for t, stats in zip(cases, got, strict=True):
@@ -459,11 +456,8 @@ def test_cuda_per_token_rows_come_from_the_kernel_in_one_launch_without_a_sync(
     cases = [x, x.bfloat16(), x.transpose(0, 1)]  # the last one not contiguous: copied
     runs = []
     for _ in range(2):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_sync():
             runs.append([devicerow.token_rows(t) for t in cases])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     assert len(launched) == 2 * len(cases)
     for t, first, second in zip(cases, *runs, strict=True):
         assert first.view(torch.int64).equal(second.view(torch.int64))
@@ -495,11 +489,8 @@ def test_cuda_channels_come_from_the_kernels_without_a_sync(
     x[1, :, 9] = float("-inf")
     x[2, 5, 11] = 3000.0
     for t in (x, x.bfloat16()):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_sync():
             packed = measure_channels(t, 2)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         got, got_top = unpack(packed.cpu(), 2, 300)
         want, want_top = unpack(measure_channels(t.cpu(), 2), 2, 300)
         assert got.count == want.count and got.zeros == want.zeros and got.large == want.large
@@ -539,12 +530,9 @@ def test_cuda_heads_and_calib_histograms_come_from_the_kernels_without_a_sync(
     x[1, :, 9] = float("-inf")
     x[2, 5, 11] = 3000.0
     for p, t in ((probs, x), (probs.bfloat16(), x.bfloat16())):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_sync():
             heads = head_numbers(p, real)
             packed = measure_channels(t, 2, hist=True)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         torch.testing.assert_close(heads.cpu(), head_numbers(p.cpu(), real.cpu()), rtol=1e-12,
                                    atol=1e-12)  # fmt: skip
         want = measure_channels(t.cpu(), 2, hist=True)
@@ -622,12 +610,9 @@ def test_cuda_diff_sums_come_from_the_kernel_without_a_sync() -> None:
     a[1, 2, 5] = float("inf")
     runs = []
     for _ in range(2):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_sync():
             runs.append(ondevice.sums(a, b))
             fused = devicerow.diff_sums(a, b)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     assert fused is not None and fused.view(torch.int64).equal(runs[0].view(torch.int64))
     assert runs[0].view(torch.int64).equal(runs[1].view(torch.int64))
     want = ondevice.sums(a.cpu(), b.cpu())

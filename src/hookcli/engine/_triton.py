@@ -55,7 +55,7 @@ def _blocks(  # noqa: PLR0917 (Triton: positional arguments)
     if FINAL:  # the whole tensor was this block: its row
         _store_row(row_ptr, count, s / count, m2 / count, mn, mx, zeros, n_nan, n_inf, q)
     else:
-        _store_part(part_ptr + pid.to(tl.int64) * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
+        _store_nine(part_ptr + pid.to(tl.int64) * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _blocks_at(x_ptr, table_ptr, part_ptr, ALIGN: tl.constexpr, BLOCK: tl.conste
     inside = offs < n
     v = tl.load(x_ptr + start + offs, mask=inside, other=0).to(tl.float64)
     count, s, m2, q, mn, mx, zeros, n_nan, n_inf = _block_sums(v, inside)
-    _store_part(part_ptr + pid * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
+    _store_nine(part_ptr + pid * 9, count, s, m2, q, mn, mx, zeros, n_nan, n_inf)
 
 
 @triton.jit
@@ -98,18 +98,17 @@ def _block_sums(v, inside):
 
 
 @triton.jit
-def _store_part(  # noqa: PLR0917 (Triton: positional arguments)
-    base, count, s, m2, q, mn, mx, zeros, n_nan, n_inf
-):
-    tl.store(base + 0, count)
-    tl.store(base + 1, s)
-    tl.store(base + 2, m2)
-    tl.store(base + 3, q)
-    tl.store(base + 4, mn)
-    tl.store(base + 5, mx)
-    tl.store(base + 6, zeros)
-    tl.store(base + 7, n_nan)
-    tl.store(base + 8, n_inf)
+def _store_nine(base, v0, v1, v2, v3, v4, v5, v6, v7, v8):  # noqa: PLR0917 (Triton: positional)
+    # nine numbers at base, in order (a block's numbers, diff's sums)
+    tl.store(base + 0, v0)
+    tl.store(base + 1, v1)
+    tl.store(base + 2, v2)
+    tl.store(base + 3, v3)
+    tl.store(base + 4, v4)
+    tl.store(base + 5, v5)
+    tl.store(base + 6, v6)
+    tl.store(base + 7, v7)
+    tl.store(base + 8, v8)
 
 
 @triton.jit
@@ -344,15 +343,18 @@ def _diff_blocks(a_ptr, b_ptr, part_ptr, n, BLOCK: tl.constexpr):
     b0 = tl.where(both, b, 0.0)
     d = b0 - a0
     base = part_ptr + pid.to(tl.int64) * 9
-    tl.store(base + 0, tl.sum(d * d, axis=0))
-    tl.store(base + 1, tl.sum(a0 * a0, axis=0))
-    tl.store(base + 2, tl.sum(b0 * b0, axis=0))
-    tl.store(base + 3, tl.sum(a0 * b0, axis=0))
-    tl.store(base + 4, tl.max(tl.abs(d), axis=0))
-    tl.store(base + 5, tl.sum((inside & ~both).to(tl.float64), axis=0))
-    tl.store(base + 6, tl.sum((inside & ~fa).to(tl.float64), axis=0))
-    tl.store(base + 7, tl.sum((inside & ~fb).to(tl.float64), axis=0))
-    tl.store(base + 8, tl.max(tl.where(fa, tl.abs(a), 0.0), axis=0))
+    _store_nine(
+        base,
+        tl.sum(d * d, axis=0),
+        tl.sum(a0 * a0, axis=0),
+        tl.sum(b0 * b0, axis=0),
+        tl.sum(a0 * b0, axis=0),
+        tl.max(tl.abs(d), axis=0),
+        tl.sum((inside & ~both).to(tl.float64), axis=0),
+        tl.sum((inside & ~fa).to(tl.float64), axis=0),
+        tl.sum((inside & ~fb).to(tl.float64), axis=0),
+        tl.max(tl.where(fa, tl.abs(a), 0.0), axis=0),
+    )
 
 
 @triton.jit
@@ -380,15 +382,7 @@ def _diff_merge(part_ptr, out_ptr, blocks, CHUNK: tl.constexpr):
         off_a += tl.sum(tl.load(base + 6, mask=there, other=0.0), axis=0)
         off_b += tl.sum(tl.load(base + 7, mask=there, other=0.0), axis=0)
         top_a = tl.maximum(top_a, tl.max(tl.load(base + 8, mask=there, other=0.0), axis=0))
-    tl.store(out_ptr + 0, sd)
-    tl.store(out_ptr + 1, sa)
-    tl.store(out_ptr + 2, sb)
-    tl.store(out_ptr + 3, sab)
-    tl.store(out_ptr + 4, top_d)
-    tl.store(out_ptr + 5, off)
-    tl.store(out_ptr + 6, off_a)
-    tl.store(out_ptr + 7, off_b)
-    tl.store(out_ptr + 8, top_a)
+    _store_nine(out_ptr, sd, sa, sb, sab, top_d, off, off_a, off_b, top_a)
 
 
 _DIFF_BLOCKS, _DIFF_MERGE = Fast(_diff_blocks), Fast(_diff_merge)
