@@ -13,12 +13,14 @@
       logits);
     - `hookcli.diff --b bfloat16` ÷ the two plain passes (float32 and bfloat16);
 (c) where inspect's time goes: the same run with each tensor's statistics replaced by one fill
-    kernel (the hooks and bookkeeping alone), at batch 32 and 128;
+    kernel (the hooks and bookkeeping alone), at batch 32 and 128; and its time before, in and
+    after the forward (`phases`);
 (d) host time of one inspect and one diff call by cProfile, the profiles to --profile-out;
 (e) with --llm, instead of (a)-(d) (issue 52 item 5): a Qwen2.5-0.5B-shaped causal LM (random
     init, bfloat16 on a GPU), every block hooked, batch 1:
     - `hookcli.inspect` of a 2,048-token prompt ÷ its plain forward under no_grad (goal at most
       1.10 times);
+    - the prefill's time before, in and after its forward (`phases`);
     - a `--generate` step: (a run generating 1 + N tokens - a run generating 1) ÷ N, hooked
       (`hookcli.inspect(..., generate=)`) ÷ the same difference of plain `model.generate`
       (goal at most 1.5 times): the prompt's prefill cancels out of both.
@@ -229,7 +231,58 @@ def split(device: torch.device, quick: bool, rounds: int) -> list[str]:
             f"; without the statistics' kernels {got['hooks'] / got['plain']:.2f}x; no-op hooks "
             f"on every module {got['noop'] / got['plain']:.2f}x"
         )
+        before, during, after = phases(inspect, device, rounds)
+        lines.append(
+            f"    inspect's time: {before:.2f} ms before the forward, {during:.2f} ms the "
+            f"forward, {after:.2f} ms after it"
+        )
     return lines
+
+
+def phases(fn: Callable[[], object], device: torch.device, rounds: int) -> tuple[float, ...]:
+    """Where one hooked call's time goes, medians of `rounds` calls, ms: before the forward
+    (preparation, hooks, the model's snapshot: the GPU idles unless work is queued), the
+    forward itself, and after it (the device finishing the forward's queued work, then the
+    one transfer, the statistics and the report). CUDA events on a GPU (an event completes
+    when the host has queued it and the device has done what came before), the wall clock on
+    the CPU."""
+    from hookcli.engine import passes
+
+    real = passes.run_forward
+    marks: list[Any] = []
+
+    def mark() -> Any:
+        if device.type != "cuda":
+            return time.perf_counter() * 1e3
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        marks.append(mark())
+        try:
+            return real(*args, **kwargs)
+        finally:
+            marks.append(mark())
+
+    def gap(a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) if device.type == "cuda" else float(b - a)
+
+    got: list[tuple[float, ...]] = []
+    passes.run_forward = marked
+    try:
+        for _ in range(rounds + 1):  # (the first, a warm-up)
+            marks.clear()
+            marks.append(mark())
+            fn()
+            marks.append(mark())
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start, entered, left, end = marks[0], marks[1], marks[-2], marks[-1]
+            got.append((gap(start, entered), gap(entered, left), gap(left, end)))
+    finally:
+        passes.run_forward = real
+    return tuple(statistics.median(g[k] for g in got[1:]) for k in range(3))
 
 
 def _nothing(*_: object) -> None:
@@ -458,6 +511,7 @@ def llm_figures(
         rounds,
         device,
     )
+    before, during, after = phases(inspect, device, rounds)
     if profile_out is not None:  # where one prefill's host time goes
         _profiled(inspect, profile_out, "inspect, prefill")
     plain_step = (got[f"plain {1 + steps}"] - got["plain 1"]) / steps
@@ -470,6 +524,8 @@ def llm_figures(
         f"median of {rounds} interleaved rounds; batch 1)",
         f"  prefill {prompt} tokens: plain {got['plain']:.2f} ms; inspect "
         f"{got['inspect'] / got['plain']:.3f}x",
+        f"    inspect's time: {before:.2f} ms before the forward, {during:.2f} ms the forward, "
+        f"{after:.2f} ms after it",
         f"  --generate step ({steps} steps after the first token): plain {plain_step:.2f} ms a "
         f"step; inspect {hooked_step / plain_step:.3f}x a step",
     ]
