@@ -8,6 +8,7 @@ import contextlib
 import math
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -259,14 +260,24 @@ def test_a_tensor_without_storage_is_refused_by_what_is_held() -> None:
     assert place == 3 and row[0] == 40 and row[1] == 0.0 and row[3] == row[4] == 0.0
 
 
-def test_a_tensor_that_cannot_be_read_leaves_nothing_held() -> None:
-    """A hooked tensor whose elements cannot be read (a zero tensor without storage: its
-    tolist raises) fails alone: nothing of it is held to take the next tensor's place."""
+def test_a_tensor_that_cannot_be_read_leaves_nothing_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hooked tensor whose elements cannot be read (their read raises) fails alone: nothing
+    of it is held to take the next tensor's place."""
     _kernels()
     collector = StatsCollector(backend="kernel")
-    zero = torch._efficientzerotensor(4)
+    unreadable = torch.full((4,), 7.0)
+    real = stats_mod.small_values
+
+    def read(t: torch.Tensor) -> Any:
+        if t is unreadable:
+            raise RuntimeError("cannot be read")
+        return real(t)
+
+    monkeypatch.setattr(stats_mod, "small_values", read)
     with pytest.raises(RuntimeError):
-        collector.quick(zero, "zero")
+        collector.quick(unreadable, "unreadable")
     assert collector._later.copies == []
     s = collector.quick(torch.full((4,), 3.0), "three")
     collector.finalize()
