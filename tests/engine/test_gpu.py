@@ -108,15 +108,23 @@ def test_pictures_run_on_the_device(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
 
 
+def _on_both(run: Any, size: int) -> tuple[Report, Report]:
+    """`run` (hookcli.inspect or grads) of a resnet18 (seed 0) on two size x size images, on
+    the CPU and on DEVICE, in float32 with TF32 off (then as it was)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18().eval()
+        x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+        return run(model, x, device="cpu", topk=0), run(model, x, device=DEVICE, topk=0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
 def test_statistics_on_the_device_equal_the_cpus() -> None:
     """float32 with TF32 off: the device's statistics are the CPU's within float tolerance."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18().eval()
-    x = torch.randn(2, 3, 96, 96, generator=torch.Generator().manual_seed(0))
-    here = hookcli.inspect(model, x, device="cpu", topk=0)
-    there = hookcli.inspect(model, x, device=DEVICE, topk=0)
+    here, there = _on_both(hookcli.inspect, 96)
     assert [c.name for c in here.layers] == [c.name for c in there.layers]
     for a, b in zip(here.layers, there.layers, strict=True):
         for ta, tb in zip(a.outputs, b.outputs, strict=True):
@@ -129,12 +137,7 @@ def test_statistics_on_the_device_equal_the_cpus() -> None:
 def test_grads_weights_and_gradients_on_the_device_equal_the_cpus() -> None:
     """Issue 52: grads' weights and gradients, started together on the device (one launch a
     dtype), give the CPU's norms and gradient statistics within float tolerance."""
-    torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18().eval()
-    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    here = hookcli.grads(model, x, device="cpu", topk=0)
-    there = hookcli.grads(model, x, device=DEVICE, topk=0)
+    here, there = _on_both(hookcli.grads, 64)
     pairs = [
         (pa, pb)
         for a, b in zip(here.layers, there.layers, strict=True)

@@ -235,9 +235,7 @@ class Pool:
         n = flat.numel()
         blocks = _cdiv(n, block)
         self._room(blocks, flat.device)
-        assert self._buffer is not None
-        start = self._buffer.numel() // _PART - self._free
-        part = self._buffer[start * _PART :]
+        start, part = self._next_part()
         _BLOCKS.run((blocks,), flat, part, part, n, FINAL=False, BLOCK=block)
         self._table += (start, blocks)
         self._free -= blocks
@@ -250,7 +248,7 @@ class Pool:
         the buffer holds, the same numbers bitwise as `add` one at a time; their places, in
         order."""
         places: list[int] = []
-        blocks = [-(-f.numel() // block) for f in flats]
+        blocks = [_cdiv(f.numel(), block) for f in flats]
         i = 0
         while i < len(flats):
             self._room(blocks[i], flats[i].device)
@@ -275,6 +273,12 @@ class Pool:
             assert self._buffer is not None
             self._free = self._buffer.numel() // _PART
 
+    def _next_part(self) -> tuple[int, torch.Tensor]:
+        """The buffer's first free block and the buffer from it on (where a launch writes)."""
+        assert self._buffer is not None
+        start = self._buffer.numel() // _PART - self._free
+        return start, self._buffer[start * _PART :]
+
     def _launch_at(self, flats: Sequence[torch.Tensor], block: int) -> list[int]:
         """flats' blocks (they fit in the buffer) by one launch: each program one block, found
         by its (offset from the first tensor's address in elements, elements) in a table."""
@@ -288,12 +292,10 @@ class Pool:
         first = torch.cumsum(blocks, 0) - blocks  # each tensor's first block among them
         k = (torch.arange(owner.numel()) - first[owner]) * block  # a block's first element
         table = torch.stack((at[owner] + k, (ns[owner] - k).clamp(max=block)), 1).reshape(-1)
-        if base.is_cuda:  # queued, the host not waiting
-            table = table.pin_memory()
-        table = table.to(base.device, non_blocking=True)
-        start = self._buffer.numel() // _PART - self._free
-        part = self._buffer[start * _PART :]
-        _BLOCKS_AT.run((owner.numel(),), base, table, part, ALIGN=16 // size, BLOCK=block)
+        start, part = self._next_part()
+        _BLOCKS_AT.run(
+            (owner.numel(),), base, _sent(table, base.device), part, ALIGN=16 // size, BLOCK=block
+        )
         starts = (first + start).tolist()
         places = []
         for s0, b in zip(starts, blocks.tolist(), strict=True):
@@ -308,10 +310,7 @@ class Pool:
         if self._buffer is None or not self._table:
             return
         buffer, tensors = self._buffer, len(self._table) // 2
-        starts = torch.tensor(self._table, dtype=torch.int64)
-        if buffer.is_cuda:  # queued, the host not waiting
-            starts = starts.pin_memory()
-        starts = starts.to(buffer.device, non_blocking=True)
+        starts = _sent(torch.tensor(self._table, dtype=torch.int64), buffer.device)
         rows = torch.empty((tensors, _ROW), dtype=torch.float64, device=buffer.device)
         _merge_many[(tensors,)](buffer, starts, rows, CHUNK=self._chunk)
         self._done.append(rows)
@@ -324,6 +323,13 @@ class Pool:
         if not done:  # (no tensor was added)
             return torch.empty((0, _ROW), dtype=torch.float64)
         return done[0] if len(done) == 1 else torch.cat(done)
+
+
+def _sent(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host table on `device`, queued from pinned memory: the host does not wait."""
+    if device.type == "cuda":
+        table = table.pin_memory()
+    return table.to(device, non_blocking=True)
 
 
 @triton.jit

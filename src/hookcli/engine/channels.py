@@ -41,7 +41,7 @@ from hookcli.engine.packing import (
     PER_CHANNEL,
     ZEROS,
 )
-from hookcli.engine.tensorbits import FLAT, own_positions
+from hookcli.engine.tensorbits import FLAT, by_device, own_positions
 from hookcli.records import ChannelStats, Massive
 
 LARGE = 6.0  # LLM.int8: a feature dimension is an outlier where |x| reaches 6
@@ -94,11 +94,9 @@ def largest(
             for start in range(0, absv.numel(), LARGEST_PIECE)
         ]
         idx = found[0] if len(found) == 1 else torch.cat(found)
-        if len(found) > 1:
-            idx = idx.sort().values
-            idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices[:k])
-    idx = idx.sort().values  # the index order, then the values' (stable: equal stay so)
-    idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices)
+    # the index order, then the values' (stable: equal stay so); the k first (of the pieces')
+    idx = idx.sort().values
+    idx = idx.gather(0, absv.gather(0, idx).sort(descending=True, stable=True).indices[:k])
     return absv.gather(0, idx), idx
 
 
@@ -460,11 +458,12 @@ def resolve(
     """Every packed vector of `chan` to the host (one transfer per device), unpacked into the
     `.channels` of each TensorStats in `wants` (with its row's place), its massive activations
     located (in each text's own positions where padding was taken out)."""
-    by_device: dict[torch.device, list[int]] = {}
-    for idx, row in chan.items():
-        if not row.packed.is_cpu or row.packed.dtype != torch.float64:
-            by_device.setdefault(row.packed.device, []).append(idx)
-    for idxs in by_device.values():
+    brought = (
+        (idx, row.packed)
+        for idx, row in chan.items()
+        if not row.packed.is_cpu or row.packed.dtype != torch.float64
+    )
+    for idxs in by_device(brought).values():
         parts = [chan[i].packed for i in idxs]
         joined = torch.cat(parts).to("cpu", torch.float64)
         at = 0

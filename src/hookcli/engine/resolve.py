@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.engine.tensorbits import accumulate_dtype, finite_or_none, real_valued
+from hookcli.engine.tensorbits import accumulate_dtype, by_device, finite_or_none, real_valued
 from hookcli.records import TensorStats, TokenRow
 
 
@@ -48,11 +48,7 @@ def resolve_tokens(
     tokens: dict[int, list[TokenRow] | torch.Tensor], wants: list[tuple[TensorStats, int]]
 ) -> None:
     """--per-token rows; those on a device travel in one transfer per device."""
-    pending: dict[torch.device, list[int]] = {}
-    for idx, v in tokens.items():
-        if isinstance(v, torch.Tensor):
-            pending.setdefault(v.device, []).append(idx)
-    for idxs in pending.values():
+    for idxs in by_device(tokens.items()).values():
         parts = [tokens[i] for i in idxs]
         stacked = torch.stack(parts).to("cpu", torch.float64).tolist()  # type: ignore[arg-type]
         for i, grid in zip(idxs, stacked, strict=True):
@@ -81,11 +77,7 @@ def resolve_hists(
     wants: list[tuple[TensorStats, int]],
 ) -> None:
     """--hist's counts (those on a device in one transfer per device) and their edges."""
-    by_device: dict[torch.device, list[int]] = {}
-    for i, h in hists.items():
-        if isinstance(h, torch.Tensor):
-            by_device.setdefault(h.device, []).append(i)
-    for idxs in by_device.values():  # one transfer per device
+    for idxs in by_device(hists.items()).values():  # one transfer per device
         stacked = torch.stack([hists[i] for i in idxs]).cpu().numpy()  # type: ignore[misc]
         for i, counts in zip(idxs, stacked, strict=True):
             hists[i] = counts
@@ -102,11 +94,7 @@ def resolve_values(
     values: dict[int, list[float | None] | torch.Tensor], wants: list[tuple[TensorStats, int]]
 ) -> None:
     """Small tensors' elements; those on a device travel in one transfer per device."""
-    pending: dict[torch.device, list[int]] = {}
-    for idx, v in values.items():
-        if isinstance(v, torch.Tensor):
-            pending.setdefault(v.device, []).append(idx)
-    for idxs in pending.values():
+    for idxs in by_device(values.items()).values():
         parts = [values[i] for i in idxs]
         flat = torch.cat(parts).cpu().tolist()  # type: ignore[arg-type]
         start = 0

@@ -92,6 +92,7 @@ from hookcli.engine.tensorbits import (
     PLAIN,
     TOKENS,
     accumulate_dtype,
+    by_device,
     dense_flat,
     dtype_name,
     real_valued,
@@ -318,7 +319,7 @@ class StatsCollector:
                 self._record(stats, EMPTY_ROW, t, version_of(t), [] if n <= SMALL else None)
                 out.append(stats)
             elif at is not None:
-                out.append(self._started(t, path, at, small.get(i)))
+                out.append(self._started(t, path, at, small.get(i), version_of(t)))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -349,7 +350,7 @@ class StatsCollector:
                 together.append(t)
                 out.append(None)  # (below)
             elif at is not None:
-                out.append(self._started(t, path, at, small.get(i)))
+                out.append(self._started(t, path, at, small.get(i), version_of(t)))
             else:
                 out.append(self.add(t, path, positions=False))
         if together:
@@ -394,12 +395,17 @@ class StatsCollector:
         return kinds, alone, dict(zip(small, copies, strict=True))
 
     def _started(
-        self, t: torch.Tensor, path: str, at: int, values: torch.Tensor | None
+        self,
+        t: torch.Tensor,
+        path: str,
+        at: int,
+        values: list[float | None] | torch.Tensor | None,
+        version: int,
     ) -> TensorStats:
-        """A device tensor measured whole whose row `started_rows` started (place `at` in its
-        device's pool; `values`, a small one's elements): recorded as `add` records it."""
+        """A device tensor whose row was started (place `at` in its device's pool; `values`,
+        a small one's elements; `version`, t's at the start): recorded as `add` records it."""
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
-        self._record(stats, Started(t.device, at), t, version_of(t), values)
+        self._record(stats, Started(t.device, at), t, version, values)
         return stats
 
     def _record(
@@ -461,10 +467,7 @@ class StatsCollector:
             at = started_plain(t, self._pools) if self._backend != "torch" else None
             if at is None:
                 return self.add(t, path)
-            stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), n)
-            values = small_values(t) if n <= SMALL else None
-            self._record(stats, Started(t.device, at), t, version, values)
-            return stats
+            return self._started(t, path, at, small_values(t) if n <= SMALL else None, version)
         if ks is None or not (
             t.dtype is torch.float32
             and t.is_cpu
@@ -711,18 +714,16 @@ class StatsCollector:
             self._settle_later(self._kernels)
         # CPU rows are tuples of floats already; device rows come over in one transfer each
         out: list[Sequence[float]] = []
-        by_device: dict[torch.device, list[int]] = {}
         started: list[tuple[int, Started]] = []
         for i, row in enumerate(self._rows):
             if isinstance(row, torch.Tensor):
-                by_device.setdefault(row.device, []).append(i)
                 out.append(EMPTY_ROW)  # replaced below
             elif type(row) is Started:
                 started.append((i, row))
                 out.append(EMPTY_ROW)
             else:
                 out.append(row)  # type: ignore[arg-type]
-        for idxs in by_device.values():
+        for idxs in by_device(enumerate(self._rows)).values():
             stacked = torch.stack([self._rows[i] for i in idxs])  # type: ignore[misc]
             for i, values in zip(idxs, stacked.to("cpu", torch.float64).tolist(), strict=True):
                 out[i] = values

@@ -5,13 +5,27 @@ tensor as real-valued strided data, and a tensor's elements as one flat run."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import torch
 
 # a plain tensor's or plain parameter's class: read as itself (not a DTensor, a lazy
 # parameter or another subclass), a type(t) in PLAIN test on hot paths
 PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+K = TypeVar("K")
+
+
+def by_device(items: Iterable[tuple[K, object]]) -> dict[torch.device, list[K]]:
+    """The keys of the items whose value is a tensor, grouped by its device, in order: what
+    is brought to the host in one transfer per device."""
+    out: dict[torch.device, list[K]] = {}
+    for key, value in items:
+        if isinstance(value, torch.Tensor):
+            out.setdefault(value.device, []).append(key)
+    return out
+
 
 # how a tensor's (batch, tokens) positions are laid out (unpadded's `how`)
 TOKENS, ATTENTION, FLAT = 1, 2, 3

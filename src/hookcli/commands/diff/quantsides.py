@@ -38,6 +38,7 @@ from torch import nn
 from hookcli.commands.diff.sides import SideKind, register
 from hookcli.engine import devicerow
 from hookcli.engine.prepare import Prepared
+from hookcli.engine.tensorbits import by_device
 from hookcli.errors import UsageError
 from hookcli.records import WeightDistance
 
@@ -671,12 +672,8 @@ def _settled(
 ) -> Iterator[tuple[str, nn.Module, nn.Module, int, tuple[float, float]]]:
     """Each weight's (Σa², Σ(a-b)²), those left on a device brought over in one transfer per
     device: the kernel's sums over the elements finite on both sides, NaN where one was not."""
-    by_device: dict[torch.device, list[int]] = {}
-    for k, (*_, got) in enumerate(measured):
-        if isinstance(got, torch.Tensor):
-            by_device.setdefault(got.device, []).append(k)
     host: dict[int, tuple[float, float]] = {}
-    for ks in by_device.values():
+    for ks in by_device((k, got) for k, (*_, got) in enumerate(measured)).values():
         rows = torch.stack([measured[k][4] for k in ks]).cpu().tolist()  # type: ignore[misc]
         for k, row in zip(ks, rows, strict=True):
             host[k] = (math.nan, math.nan) if row[5] else (row[1], row[0])
