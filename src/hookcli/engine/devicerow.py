@@ -49,10 +49,16 @@ def started_row(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
     kernels = _usable(x, "row")
     if kernels is None:
         return None
-    pool = pools.get(x.device)
-    if pool is None:
-        pool = pools[x.device] = kernels.Pool()
+    pool = _pool(pools, x.device, kernels)
     return _launched(lambda: pool.add(dense_flat(x)), x, "row")
+
+
+def _pool(pools: dict[torch.device, Any], device: torch.device, kernels: ModuleType) -> Any:
+    """The pass's pool of started rows on `device`, made on first use."""
+    pool = pools.get(device)
+    if pool is None:
+        pool = pools[device] = kernels.Pool()
+    return pool
 
 
 def started_plain(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None:
@@ -67,18 +73,14 @@ def started_plain(x: torch.Tensor, pools: dict[torch.device, Any]) -> int | None
         or not x.is_contiguous()
         or x.is_neg()
         or x._is_zerotensor()
+        or x.numel() == 0
         or preload.kept_off()
     ):
         return None
-    n = x.numel()
-    pool = pools.get(x.device)
-    if pool is None:
-        kernels = _kernels()
-        if kernels is None or n == 0:
-            return None
-        pool = pools[x.device] = kernels.Pool()
-    if n == 0:
+    kernels = _kernels()
+    if kernels is None:
         return None
+    pool = _pool(pools, x.device, kernels)
     at: int | None = _launched(functools.partial(pool.add, x), x, "row")
     return at
 
@@ -105,9 +107,7 @@ def started_rows(xs: Sequence[torch.Tensor], pools: dict[torch.device, Any]) -> 
     for (device, _), idxs in groups.items():
         kernels = _kernels()
         assert kernels is not None  # (usable above)
-        pool = pools.get(device)
-        if pool is None:
-            pool = pools[device] = kernels.Pool()
+        pool = _pool(pools, device, kernels)
         first, flats = xs[idxs[0]], [xs[i].detach().reshape(-1) for i in idxs]
         got = _launched(functools.partial(pool.add_many, flats), first, "row")
         for i, at in zip(idxs, got or (), strict=False):
