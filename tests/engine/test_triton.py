@@ -308,6 +308,44 @@ def test_a_model_s_weights_and_gradients_on_a_device_start_together(tmp_path: Pa
             assert row[8] == [float(v) for v in x.double().reshape(-1)], name
 
 
+_PLAIN_RUN = """
+import sys, torch
+from hookcli.engine import _triton, devicerow
+cases = torch.load(sys.argv[1])
+cases["memoryless zeros"] = torch._efficientzerotensor(5)  # (torch.save refuses one)
+pools = {}
+places = {name: devicerow.started_plain(x, pools) for name, x in cases.items()}
+rows = devicerow.finished_rows(pools)
+out = {name: (None if at is None else rows[cases[name].device][at]) for name, at in places.items()}
+alone = {name: _triton.row(cases[name]).tolist() for name, at in places.items() if at is not None}
+torch.save({"got": out, "alone": alone}, sys.argv[2])
+"""
+
+
+def test_a_layer_call_s_plain_tensor_is_started_as_it_lies_or_not_at_all(
+    tmp_path: Path,
+) -> None:
+    """Issue 52 (`StatsCollector.quick` on CUDA): `started_plain` starts a contiguous,
+    non-empty tensor of a dtype the kernel reads where it lies, its row `row`'s bitwise; any
+    other (gaps, empty, integers, a lazily negated view, memoryless zeros) it leaves to
+    `add`'s way (None), starting nothing."""
+    g = torch.Generator().manual_seed(6)
+    plain = torch.randn(3, 4096 + 5, generator=g)
+    cases = {
+        "float32, blocks": plain,
+        "bfloat16": torch.randn(70, 9, generator=g).bfloat16(),
+        "gapped": plain.t(),
+        "empty": torch.zeros(0, 4),
+        "integers": torch.arange(12).reshape(3, 4),
+        "negated view": torch._neg_view(torch.randn(8, generator=g)),
+    }  # (and memoryless zeros, made in the run)
+    got = _interpreted(_PLAIN_RUN, cases, tmp_path)
+    started = {name for name, row in got["got"].items() if row is not None}
+    assert started == {"float32, blocks", "bfloat16"}
+    for name in started:
+        assert got["got"][name] == got["alone"][name], name  # (floats: bitwise as compared)
+
+
 _DIFF_RUN = """
 import sys, torch
 from hookcli.engine import _triton
