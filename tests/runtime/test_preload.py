@@ -144,6 +144,58 @@ def _fresh_kernels(done: threading.Event) -> object:
     return kernels
 
 
+def test_a_process_that_ends_during_the_load_waits_for_it(tmp_path: Path) -> None:
+    """`python -c "import hookcli"` ends while the thread loads: the process waits for the load
+    to finish before it ends (a daemon thread left inside LLVM's C++ as the process's
+    destructors run crashed one such process in CI). A slow stand-in load, started as the
+    package starts the real one, writes a file when it is done: it is there after the process
+    has exited, and the process exited cleanly."""
+    done = tmp_path / "done"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""import sys; sys.argv[0] = "/usr/bin/hookcli"
+import pathlib, time
+from hookcli.runtime import preload
+def load():
+    time.sleep(1.0)
+    pathlib.Path({str(done)!r}).write_text("loaded")
+preload.start(load)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert done.read_text() == "loaded"
+
+
+def test_the_exit_wait_is_bounded_and_a_forked_child_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A load stuck elsewhere holds the exit up for the bound, not for ever; with no thread (a
+    forked child, or nothing started) there is nothing to wait for."""
+    monkeypatch.setattr(preload, "_thread", [threading.Thread(target=lambda: None)])
+    monkeypatch.setattr(preload, "_done", threading.Event())
+    monkeypatch.setattr(preload, "_EXIT_WAIT", 0.05)
+    waited = []
+    real_wait = preload._done.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        waited.append(timeout)
+        return real_wait(timeout)
+
+    monkeypatch.setattr(preload._done, "wait", wait)
+    preload._before_exit()
+    assert waited == [0.05]
+    monkeypatch.setattr(preload, "_thread", [])
+    preload._before_exit()
+    assert waited == [0.05]
+
+
 def test_a_fork_during_the_load_leaves_a_child_that_runs() -> None:
     """multiprocessing's fork right after `import hookcli`: the fork waits for the load to end
     (no module left half imported in the child), and the child's calls do not wait for a

@@ -16,13 +16,18 @@ may be importing those itself, and two threads importing a package and one of it
 opposite order deadlock (Python raises _DeadlockError in one of them). The kernels' package,
 hookcli.engine, is imported before the thread starts, so the thread never imports a package.
 It never imports torch, leaves nothing running when it ends (serial kernels only: numba's
-thread pool starts on the caller's first parallel call) and is a daemon: a process may end
-while it loads. Kept off (HOOKCLI_STATS=torch), or a missing numba, leaves the
-statistics on torch ops, as before. What it loaded is used through engine.stats.kernels().
+thread pool starts on the caller's first parallel call) and is a daemon, but a process that
+ends while it loads waits for it first (atexit, bounded): the load runs LLVM's C++ through
+ctypes without the GIL, and a process that exits under it runs LLVM's static destructors
+while the thread is still inside LLVM — a segmentation fault on the way out of
+`python -c "import hookcli"`, seen once in CI. Kept off (HOOKCLI_STATS=torch), or a missing
+numba, leaves the statistics on torch ops, as before. What it loaded is used through
+engine.stats.kernels().
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -52,7 +57,16 @@ def start(load: Callable[[], None]) -> None:
         return
     thread = threading.Thread(target=_run, args=(load,), name="hookcli-kernels", daemon=True)
     _thread.append(thread)
+    atexit.register(_before_exit)
     thread.start()
+
+
+def _before_exit() -> None:
+    """The interpreter is ending: the load finishes first (atexit callbacks run before the
+    finalisation that would leave the thread inside LLVM as the process's destructors run).
+    Bounded, for a thread stuck elsewhere; a forked child has no thread and does not wait."""
+    if _thread and not _done.is_set():
+        _done.wait(_EXIT_WAIT)
 
 
 def _run(load: Callable[[], None]) -> None:
@@ -89,6 +103,7 @@ _unfinished = [False]  # the fork under way came before the load ended
 
 
 _FORK_WAIT = 30.0
+_EXIT_WAIT = 60.0
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_in_child)
 
