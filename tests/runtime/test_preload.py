@@ -144,6 +144,31 @@ def _fresh_kernels(done: threading.Event) -> object:
     return kernels
 
 
+def test_loading_the_kernels_leaves_torchs_thread_count_as_the_user_set_it() -> None:
+    """numba's OpenMP pool, started when the kernels load, shares the process's OpenMP runtime
+    with torch and set its thread count to numba's: a user's torch.set_num_threads(1) became
+    numba's count (every logical CPU) from the first pass on, inside the pass and after it.
+    The count stays the user's (numba's own stays what it was given: at most torch's)."""
+    got = _fresh(
+        """
+import json, torch
+torch.set_num_threads(1)
+import hookcli
+inside = []
+model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+model[0].register_forward_hook(lambda m, a, o: inside.append(torch.get_num_threads()))
+hookcli.inspect(model, torch.randn(2, 4), device="cpu", stats_backend="kernel")
+import numba
+print(json.dumps({"inside": inside, "after": torch.get_num_threads(),
+                  "numba": numba.get_num_threads(), "most": numba.config.NUMBA_NUM_THREADS}))
+"""
+    )
+    if got["most"] == 1:
+        pytest.skip("one CPU: numba's count and the user's cannot differ")
+    assert got["inside"] == [1] and got["after"] == 1
+    assert got["numba"] == 1
+
+
 def test_a_process_that_ends_during_the_load_waits_for_it(tmp_path: Path) -> None:
     """`python -c "import hookcli"` ends while the thread loads: the process waits for the load
     to finish before it ends (a daemon thread left inside LLVM's C++ as the process's

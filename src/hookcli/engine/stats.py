@@ -129,7 +129,13 @@ def _load_kernels() -> Kernels | None:
         return None
     # The kernels run between torch's own ops: use no more threads than torch does.
     most = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), most)))
+    theirs = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(theirs, most)))
+    # numba's OpenMP pool starts there, and sets the thread count of the OpenMP runtime it
+    # shares with torch (one libgomp.so.1 in the process) to all of numba's threads: torch's
+    # own count, the user's torch.set_num_threads, would change under them. Put back.
+    if torch.get_num_threads() != theirs:
+        torch.set_num_threads(theirs)
     return Kernels(_kernels, _chankernels, _distkernels)
 
 
