@@ -321,3 +321,36 @@ def test_the_typed_keywords_are_exactly_what_each_command_takes() -> None:
     }
     with pytest.raises(TypeError, match="unexpected option 'topk' for check"):
         hookcli.check(torch.nn.Linear(2, 2), torch.zeros(1, 2), topk=3)  # type: ignore[typeddict-unknown-key]
+
+
+class _Dropping(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m, x: hookcli.inspect(m, x, device="cpu", train=True),  # the pass draws masks
+        lambda m, x: hookcli.grads(m, x, device="cpu", target="sum", train=True),
+        lambda m, x: hookcli.check(m, x, device="cpu"),
+        lambda m, x: hookcli.diff(m, x, b="bfloat16", device="cpu"),
+        lambda m, x: hookcli.inspect(HEALTHY, device="cpu"),  # a model built from its name
+    ],
+    ids=["inspect", "grads", "check", "diff", "built"],
+)
+def test_a_call_leaves_the_programs_random_stream_as_it_found_it(call: Any) -> None:
+    """Each call seeds torch's generator for its pass (and its model's random init): a
+    program calling the API in its loop draws afterwards what it would have drawn without
+    the call, not the call's seed's numbers again."""
+    model, x = _Dropping(), torch.randn(3, 8)
+    torch.manual_seed(1234)
+    want = torch.rand(6)
+    torch.manual_seed(1234)
+    call(model, x)
+    assert torch.equal(torch.rand(6), want)

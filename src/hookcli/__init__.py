@@ -31,6 +31,7 @@ from hookcli._version import __version__
 from hookcli.engine import kernelwarm
 from hookcli.options import DEFAULTS, stats_backend_default
 from hookcli.runtime import preload
+from hookcli.runtime.rng import kept as _rng_kept
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -65,6 +66,7 @@ def _new_run() -> None:
     output.begin()
 
 
+@_rng_kept
 def inspect(model: Any, inputs: Any = (), **options: Unpack[InspectKeywords]) -> Report:
     """One hooked forward pass; its Report, as `hookcli inspect` makes it.
 
@@ -82,6 +84,7 @@ def inspect(model: Any, inputs: Any = (), **options: Unpack[InspectKeywords]) ->
     return api_report("inspect", model, inputs, options)
 
 
+@_rng_kept
 def grads(model: Any, inputs: Any = (), **options: Unpack[GradsKeywords]) -> Report:
     """Forward and backward with gradient hooks; its Report, as `hookcli grads` makes it.
     Options as inspect's (no batching), plus target ("top1", a class index or label, "sum"),
@@ -92,6 +95,7 @@ def grads(model: Any, inputs: Any = (), **options: Unpack[GradsKeywords]) -> Rep
     return api_report("grads", model, inputs, options)
 
 
+@_rng_kept
 def check(model: Any, inputs: Any = (), **options: Unpack[CheckKeywords]) -> Report:
     """`hookcli check`: run the model (and backward when asked or a gradient rule needs it) and
     evaluate rules into `report.checks`; `hookcli.passed(report)` and
@@ -201,6 +205,7 @@ def passed(report: Report) -> bool:
     return _passed(report)
 
 
+@_rng_kept
 def maps(
     model: Any,
     image: Any = (),
@@ -228,6 +233,7 @@ def maps(
     )
 
 
+@_rng_kept
 def cam(
     model: Any,
     image: Any = (),
@@ -258,6 +264,7 @@ def cam(
     )
 
 
+@_rng_kept
 def attn(
     model: Any,
     image: Any = (),
@@ -286,6 +293,7 @@ def attn(
     return commands.attn(model_options, inputs, AttnOptions(layer, image_index, queries))
 
 
+@_rng_kept
 def lens(
     model: Any,
     inputs: Any = (),
@@ -313,6 +321,7 @@ def lens(
     return lens_report(inv.model, inv.inputs, LensOptions(topk, blocks, norm, unembed))
 
 
+@_rng_kept
 def diff(
     model: Any,
     inputs: Any = (),
