@@ -131,10 +131,9 @@ def _load_kernels() -> Kernels | None:
     most = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
     theirs = torch.get_num_threads()
     numba.set_num_threads(max(1, min(theirs, most)))
-    # numba's OpenMP pool starts there, and sets the thread count of the OpenMP runtime it
-    # shares with torch (one libgomp.so.1 in the process) to all of numba's threads: torch's
-    # own count, the user's torch.set_num_threads, would change under them. Put back
-    # (docs/traps.md §17).
+    # numba's OpenMP pool starts there, and with it the OpenMP thread count torch reads
+    # (torch.get_num_threads) becomes numba's, all CPUs: the user's torch.set_num_threads
+    # would change under them. Put back (docs/traps.md §17).
     if torch.get_num_threads() != theirs:
         torch.set_num_threads(theirs)
     return Kernels(_kernels, _chankernels, _distkernels)

@@ -57,15 +57,22 @@ def start(load: Callable[[], None]) -> None:
         return
     thread = threading.Thread(target=_run, args=(load,), name="hookcli-kernels", daemon=True)
     _thread.append(thread)
-    atexit.register(_before_exit)
     thread.start()
+    # before the interpreter's exit handlers: what the thread imports while the exit waits
+    # for it (numba, llvmlite) registers exit handlers of its own, which must still run
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(_before_exit)
+    else:
+        register(_before_exit)
 
 
 def _before_exit() -> None:
-    """The interpreter is ending: the load finishes first (atexit callbacks run before the
-    finalisation that would leave the thread inside LLVM as the process's destructors run).
+    """The interpreter is ending: the load finishes first (threading's exit hooks run before
+    the exit handlers and the finalisation that would leave the thread inside LLVM as the
+    process's destructors run).
     Bounded, for a thread stuck elsewhere; a forked child has no thread and does not wait."""
-    if _thread and not _done.is_set():
+    if _thread and _thread[0].is_alive() and not _done.is_set():
         _done.wait(_EXIT_WAIT)
 
 
