@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from hookcli.commands.diff.align import fused_into
 from hookcli.commands.diff.measure import Compared, Spill
 from hookcli.commands.diff.onnx import onnx_pass
 from hookcli.engine.prepare import Prepared, prepare
+from hookcli.engine.selection import all_modules, held
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput
 from hookcli.options import InputOptions, ModelOptions, Selection
@@ -348,7 +350,7 @@ class Side:
     def find(self, kind: type[SideKind]) -> SideKind | None:
         return next((p for p in self.parts if isinstance(p, kind)), None)
 
-    # what the side is, for reading (no step of a diff reads these: each kind acts itself)
+    # what the side is, for reading (each kind acts itself; side_copy reads the dtype)
     @property
     def dtype(self) -> torch.dtype | None:
         p = self.find(DType)
@@ -540,15 +542,50 @@ def prepare_side(
     """The model loaded and changed as the side says."""
     base = model.model
     if isinstance(base, nn.Module) and side.changes_module:
-        base = copy.deepcopy(base)  # the Python API's own module: never changed in place
+        base = side_copy(base, side.dtype)  # the Python API's own module: never changed in place
     elif isinstance(base, LoadedModel):  # each side its own record (a side may swap its module)
-        module = copy.deepcopy(base.module) if side.changes_module else base.module
+        module = side_copy(base.module, side.dtype) if side.changes_module else base.module
         base = dataclasses.replace(base, module=module, notes=list(base.notes))
     options = side.model_options(dataclasses.replace(model, model=base))
     prepared = prepare(options, selection, with_input)
     before = len(prepared.notes)
     side.prepare(prepared)
     return SideRun(side, prepared, notes=prepared.notes[before:])
+
+
+def side_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """`copy.deepcopy(module)` for a side that changes its module, made the cheap way where
+    the result is the same: each module's empty hook tables (a dozen per module, which
+    deepcopy rebuilds one by one through pickling's protocol: most of its time) made new
+    directly; and for a side in another `dtype`, each plain floating-point parameter and buffer
+    (no gradient, no attributes of its own) copied straight into it — the copy in the
+    original dtype, which the side's `.to(dtype)` would replace, is never made. Everything
+    else (hooks, other attributes, tensor subclasses, shared objects) goes through deepcopy
+    as before; the side's `prepare` converts what is left."""
+    memo: dict[int, Any] = {}
+    modules = all_modules(module)
+    for m in modules:
+        for value in vars(m).values():
+            if type(value) in _TABLES and not value:
+                memo[id(value)] = type(value)()
+    if dtype is not None:
+        params, buffers = held(module, modules)
+        for t in params:
+            if type(t) is nn.Parameter and t.is_floating_point():
+                memo[id(t)] = nn.Parameter(t.detach().to(dtype, copy=True), t.requires_grad)
+        for t in buffers:
+            if (
+                type(t) is torch.Tensor
+                and t.is_floating_point()
+                and not t.requires_grad
+                and t.grad is None
+                and not t.__dict__
+            ):
+                memo[id(t)] = t.to(dtype, copy=True)
+    return copy.deepcopy(module, memo)
+
+
+_TABLES = (dict, OrderedDict)
 
 
 def quantizable_twin(run: SideRun, selection: Selection, calibration: ModelInput) -> None:
