@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -475,3 +476,57 @@ def test_which_image_the_quick_finite_check_never_hides_a_nan_or_inf() -> None:
     half[0, 2] = math.nan
     nan, _ = nonfinite_rows((half,), 2, "in")
     assert nan.tolist() == [1, 0]
+
+
+def _counted_outputs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The roots nonfinite_rows counts image by image, recorded."""
+    from hookcli.engine import measure as measure_mod
+
+    seen: list[str] = []
+    real = measure_mod.nonfinite_rows
+
+    def counting(values: Any, batch: int, root: str) -> Any:
+        seen.append(root)
+        return real(values, batch, root)
+
+    monkeypatch.setattr(measure_mod, "nonfinite_rows", counting)
+    return seen
+
+
+def test_a_finite_output_is_not_read_again_image_by_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The output's own statistics (every NaN and Inf counted, whole) already say it holds
+    none: its images are not counted again (on a language model that read the logits twice
+    more, and waited for the device); an output that holds some still is, image by image."""
+    seen = _counted_outputs(monkeypatch)
+    x = torch.rand(4, 4, generator=torch.Generator().manual_seed(0))
+    report = hookcli.inspect(_model(models.RowNet), x, device="cpu", topk=0)
+    assert report.nonfinite_images == [] and seen == ["in"]
+    seen.clear()
+    x[2, 0] = -1.0  # image 2: sqrt(-1) in the forward
+    report = hookcli.inspect(_model(models.RowNet), x, device="cpu", topk=0)
+    assert seen == ["in", "out"]
+    assert [(b.image, b.input_nan, b.output_nan) for b in report.nonfinite_images] == [
+        (2, 0, report.outputs[0].nan)
+    ]
+
+
+def test_an_output_whose_statistics_leave_padding_out_is_still_counted_by_image() -> None:
+    """With a token mask (a padded batch) the statistics leave the padded positions out, and
+    a NaN there is not in them: the per-image count still reads the output."""
+    from hookcli.engine.measure import outputs_known_finite
+    from hookcli.engine.stats import StatsCollector
+
+    out = torch.zeros(2, 3, 4)
+    collector = StatsCollector()
+    stats = [collector.add(out, "out")]
+    collector.finalize()
+    assert outputs_known_finite(out, stats, 2, collector)
+    collector.set_token_mask(torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert not outputs_known_finite(out, stats, 2, collector)
+    assert not outputs_known_finite([out[0], out[1]], stats, 2, StatsCollector())  # per item
+    stats[0].note = "not measured: the device's statistics failed (boom)"
+    assert not outputs_known_finite(out, stats, 2, StatsCollector())
+    unmeasured = (out, out.clone())  # tensors measure() left out (past its cap): no statistics
+    assert not outputs_known_finite(unmeasured, [], 2, StatsCollector())

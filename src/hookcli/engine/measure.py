@@ -61,12 +61,14 @@ def measured_pass(
 ) -> Iterator[Measured]:
     """One hooked pass of `model_input` (default: the prepared one), its padding left out of
     every statistic, with `probes` armed around it (engine/probes.py: the only place they
-    are). Inside the `with`, the pass has run: the model's outputs are measured, for a batch
-    of `images` the images holding NaN/Inf are known (the input counted before the pass: a
-    model may change it), and every probe has read what it reads while gradients live; what a
-    command reads then (parameters, predictions) goes there too. After it, the statistics are
-    finalized (a few batched transfers per device) and `calls` are complete; the probes'
-    contexts close last (a probe that writes a file discards it if anything failed)."""
+    are). Inside the `with`, the pass has run: the model's outputs are measured, and every
+    probe has read what it reads while gradients live; what a command reads then (parameters,
+    predictions) goes there too. After it, the statistics are finalized (a few batched
+    transfers per device), `calls` are complete and, for a batch of `images`, the images
+    holding NaN/Inf are known (the input counted before the pass: a model may change it; the
+    output counted image by image only where its statistics do not already say it holds
+    none); the probes' contexts close last (a probe that writes a file discards it if
+    anything failed)."""
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
     collector.set_token_mask(model_input.token_mask)
@@ -95,11 +97,15 @@ def measured_pass(
             measured.result = result
             collector.context = ("(model)", 0, "out")
             measure(collector, result.output, "out", measured.outputs)
-            measured.by_image = nonfinite_by_image(model_input, result.output, rows)
             for probe in probes:
                 probe.read(measured)
             yield measured
         measured.calls = finished_calls(session, backward=backward)
+        if images is not None:  # (the output's own statistics may already say: none)
+            finite = outputs_known_finite(result.output, measured.outputs, images, collector)
+            measured.by_image = nonfinite_by_image(
+                model_input, result.output, rows, outputs_finite=finite
+            )
 
 
 def finish(measured: Measured, report: Report, probes: Sequence[Probe]) -> Report:
@@ -181,6 +187,36 @@ def nonfinite_rows(values: Any, batch: int, root: str) -> RowCounts:
     return nan, inf
 
 
+def outputs_known_finite(
+    output: Any, stats: Sequence[TensorStats], batch: int, collector: StatsCollector
+) -> bool:
+    """Whether the pass's own statistics of the model's output (finalized) already say that
+    no tensor `nonfinite_rows` counts holds a NaN or Inf, so that counting them image by
+    image would read each again for nothing (on a language model, the whole logits tensor
+    twice more on the device, and a wait for it). Only when every such tensor is a plain one,
+    was measured whole (no padding left out: a padded position's NaN is counted per image),
+    with its exact counts and no note; a list of per-image items is always counted."""
+    if collector.token_mask is not None or isinstance(output, list):
+        return False
+    if isinstance(output, tuple) and len(output) == 1 and isinstance(output[0], list):
+        return False
+    by_path = {s.path: s for s in stats}
+    for path, t in iter_tensors(output, "out"):
+        if not (t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch):
+            continue  # (not counted per image either)
+        s = by_path.get(path)
+        if (
+            type(t) is not torch.Tensor
+            or s is None
+            or s.note is not None
+            or s.numel != t.numel()
+            or s.nan
+            or s.inf
+        ):
+            return False
+    return True
+
+
 def _finite(t: torch.Tensor) -> bool:
     """Known at once that a CPU tensor holds no NaN/Inf: its sum is finite (one fast read;
     a NaN or Inf anywhere makes the sum NaN or Inf). A sum that overflows only sends the
@@ -192,16 +228,24 @@ def _finite(t: torch.Tensor) -> bool:
 
 
 def nonfinite_by_image(
-    model_input: ModelInput, output: Any, inputs: RowCounts | None = None
+    model_input: ModelInput,
+    output: Any,
+    inputs: RowCounts | None = None,
+    *,
+    outputs_finite: bool = False,
 ) -> list[ImageNonfinite]:
     """The images whose input or the model's output hold NaN/Inf, with their counts.
     `inputs`: the input's counts taken before the pass (a model may change its input in
-    place); else counted now."""
+    place); else counted now. `outputs_finite`: known already that the output holds none
+    (`outputs_known_finite`): not counted again."""
     batch = images_in(model_input)
     if batch is None:
         return []
     in_nan, in_inf = inputs or nonfinite_rows(model_input.forward_values(), batch, "in")
-    out_nan, out_inf = nonfinite_rows(output, batch, "out")
+    if outputs_finite:
+        out_nan = out_inf = torch.zeros(batch, dtype=torch.int64)
+    else:
+        out_nan, out_inf = nonfinite_rows(output, batch, "out")
     table = torch.stack([in_nan, in_inf, out_nan, out_inf]).tolist()
     sources = model_input.sources
     return [
