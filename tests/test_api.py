@@ -354,3 +354,16 @@ def test_a_call_leaves_the_programs_random_stream_as_it_found_it(call: Any) -> N
     torch.manual_seed(1234)
     call(model, x)
     assert torch.equal(torch.rand(6), want)
+
+
+def test_a_call_leaves_the_seed_queued_for_cudas_start_as_the_program_queued_it() -> None:
+    """Before CUDA starts, torch.manual_seed queues CUDA's seed for its start; a model built
+    from its name seeds torch too, which replaced the program's queued seed: the program's
+    CUDA would have started from hookcli's seed. The queue comes back as the program left it."""
+    tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
+    if tracker is None or torch.cuda.is_initialized():
+        pytest.skip("CUDA started already, or this torch keeps no queue of seeds")
+    torch.manual_seed(1234)
+    queued = tracker.manual_seed_all_cb
+    hookcli.inspect(HEALTHY, device="cpu")
+    assert tracker.manual_seed_all_cb is queued

@@ -5,9 +5,9 @@ run) and so does building a model from a name (its random initialisation). Seedi
 global generators inside a program that calls `hookcli.check(model, x)` every few steps would
 rewind that program's own random stream at each call: the same dropout masks and shuffles
 again after every check. So each API call puts the generators back as it found them: the CPU's,
-each CUDA device's when CUDA was in use before the call (else the seed CUDA will start from,
-queued again as the program's: its CPU seed, as torch.manual_seed gives both) and MPS's. Two
-calls at once in two threads, or draws by other threads during a call, are not kept apart."""
+each CUDA device's when CUDA was in use before the call (else the seeds queued for CUDA's
+start, as the program left them) and MPS's. Two calls at once in two threads, or draws by other
+threads during a call, are not kept apart."""
 
 from __future__ import annotations
 
@@ -28,25 +28,52 @@ def kept(fn: Callable[P, R]) -> Callable[P, R]:
         import torch
 
         cpu = torch.default_generator.get_state()
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        cuda = _cuda_state(torch)
         mps = torch.mps.get_rng_state() if torch.backends.mps.is_available() else None
         try:
             return fn(*args, **kwargs)
         finally:
             with contextlib.suppress(Exception):  # (never in place of the call's own error)
-                _put_back(torch, cpu, cuda, mps)
+                torch.default_generator.set_state(cpu)  # (its initial seed too)
+                _put_back_cuda(torch, cuda)
+                if mps is not None:
+                    torch.mps.set_rng_state(mps)
 
     return keeping
 
 
-def _put_back(torch: Any, cpu: Any, cuda: Any, mps: Any) -> None:
-    torch.default_generator.set_state(cpu)  # (its initial seed too: the program's)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-    elif torch.cuda.is_available():
-        # CUDA not started before the call: torch.manual_seed queues CUDA's seed for when it
-        # starts, the call's seed replaced the program's; queued again as the program's (its
-        # CPU seed, which torch.manual_seed gives both, or both defaults when it gave none)
-        torch.cuda.manual_seed_all(torch.initial_seed())
-    if mps is not None:
-        torch.mps.set_rng_state(mps)
+def _cuda_state(torch: Any) -> tuple[str, Any] | None:
+    """CUDA's generators when CUDA has started; before, the seeds torch queues for its start
+    (torch.manual_seed queues one: the latest of each kind is kept, and replayed at the
+    start), as torch's own tracker of them holds them."""
+    if torch.cuda.is_initialized():
+        return "started", torch.cuda.get_rng_state_all()
+    tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
+    fields = ("manual_seed_all_cb", "manual_seed_cb", "call_order")
+    if tracker is None or not all(hasattr(tracker, f) for f in fields):
+        return None
+    return "queued", (tracker, tracker.manual_seed_all_cb, tracker.manual_seed_cb,
+                      list(tracker.call_order))  # fmt: skip
+
+
+def _put_back_cuda(torch: Any, state: tuple[str, Any] | None) -> None:
+    if state is None:
+        return
+    kind, saved = state
+    if kind == "started":
+        torch.cuda.set_rng_state_all(saved)
+        return
+    tracker, seed_all, seed, order = saved
+    if not torch.cuda.is_initialized():  # the queue as it was: the call's own seed unqueued
+        tracker.manual_seed_all_cb, tracker.manual_seed_cb = seed_all, seed
+        tracker.call_order = order
+        return
+    # CUDA started during the call: from the program's queued seeds, as its start would have
+    # (or from torch's default seed when it queued none)
+    torch.cuda.manual_seed_all(_DEFAULT_SEED)
+    for queued in order:
+        if queued is not None:
+            queued[0]()
+
+
+_DEFAULT_SEED = 67280421310721  # torch's generators' seed until one is given (CPU and CUDA)
