@@ -33,10 +33,13 @@ def kept(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         finally:
-            with contextlib.suppress(Exception):  # (never in place of the call's own error)
+            # (each on its own, and never in place of the call's own error)
+            with contextlib.suppress(Exception):
                 torch.default_generator.set_state(cpu)  # (its initial seed too)
+            with contextlib.suppress(Exception):
                 _put_back_cuda(torch, cuda)
-                if mps is not None:
+            if mps is not None:
+                with contextlib.suppress(Exception):
                     torch.mps.set_rng_state(mps)
 
     return keeping
@@ -68,8 +71,10 @@ def _put_back_cuda(torch: Any, state: tuple[str, Any] | None) -> None:
         tracker.manual_seed_all_cb, tracker.manual_seed_cb = seed_all, seed
         tracker.call_order = order
         return
-    # CUDA started during the call: from the program's queued seeds, as its start would have
-    # (or from torch's default seed when it queued none)
+    # CUDA started during the call: from the seeds the program queued (torch.manual_seed,
+    # torch.cuda.manual_seed(_all)) as its start would have, or torch's default seed when it
+    # queued none. (A generator state it queued with torch.cuda.set_rng_state, or a random
+    # seed with torch.cuda.seed, is not replayed.)
     torch.cuda.manual_seed_all(_DEFAULT_SEED)
     for queued in order:
         if queued is not None:

@@ -27,13 +27,17 @@ class _Odd(nn.Module):
         marked.note = "mine"  # type: ignore[attr-defined]
         self.register_buffer("marked", marked)
         self.register_buffer("learned", torch.randn(6).requires_grad_())
+        # held elsewhere too: `.to` converts the module's buffer and leaves these as they were
+        self.register_buffer("plain", torch.randn(6))
+        self.alias = self.plain
+        self.kept = [self.plain, self.a.bias]
         self.a.register_forward_hook(lambda m, i, o: None)
         self.cache = {"k": torch.ones(2)}
         self.shared: dict[str, int] = {}
         self.b.shared = self.shared  # the same empty dict in two modules
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.b(self.a(x)) + self.marked + self.learned)
+        return self.norm(self.b(self.a(x)) + self.marked + self.learned + self.alias.to(x.dtype))
 
 
 def _tensors(m: nn.Module) -> dict[str, torch.Tensor]:
@@ -58,6 +62,8 @@ def test_a_side_copy_is_what_deepcopy_and_the_sides_to_give(dtype: torch.dtype |
         assert g[name].requires_grad == w[name].requires_grad, name
         assert type(g[name]) is type(w[name]), name
     assert got.b.weight is got.a.weight  # still tied
+    assert got.alias.dtype == want.alias.dtype and got.kept[0].dtype == want.kept[0].dtype
+    assert got.kept[1] is got.a.bias  # a parameter held elsewhere follows it
     assert got.b.shared is got.shared and got.shared is not model.shared
     assert getattr(got.marked, "note", None) == getattr(want.marked, "note", None)
     assert len(got.a._forward_hooks) == 1 and got.a._forward_hooks is not model.a._forward_hooks

@@ -557,10 +557,13 @@ def side_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """`copy.deepcopy(module)` for a side that changes its module, made the cheap way where
     the result is the same: each module's empty hook tables (a dozen per module, which
     deepcopy rebuilds one by one through pickling's protocol: most of its time) made new
-    directly; and for a side in another `dtype`, each plain floating-point parameter and buffer
-    (no gradient, no attributes of its own) copied straight into it — the copy in the
-    original dtype, which the side's `.to(dtype)` would replace, is never made. Everything
-    else (hooks, other attributes, tensor subclasses, shared objects) goes through deepcopy
+    directly; and for a side in another `dtype`, each plain floating-point parameter copied
+    straight into it — the copy in the original dtype, which the side's `.to(dtype)` would
+    replace, is never made. A parameter, because `.to` converts one in place (`param.data`):
+    whatever else holds it follows it into the dtype either way. Not a buffer: `.to` puts a
+    new tensor in the module's buffers and leaves any other holder (a plain attribute, a
+    list) with the original dtype's copy, which deepcopy gives it; nor a parameter when torch
+    is told to replace parameters on conversion instead. Everything else goes through deepcopy
     as before; the side's `prepare` converts what is left."""
     memo: dict[int, Any] = {}
     modules = all_modules(module)
@@ -568,20 +571,10 @@ def side_copy(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
         for value in vars(m).values():
             if type(value) in _TABLES and not value:
                 memo[id(value)] = type(value)()
-    if dtype is not None:
-        params, buffers = held(module, modules)
-        for t in params:
+    if dtype is not None and not torch.__future__.get_overwrite_module_params_on_conversion():
+        for t in held(module, modules)[0]:
             if type(t) is nn.Parameter and t.is_floating_point():
                 memo[id(t)] = nn.Parameter(t.detach().to(dtype, copy=True), t.requires_grad)
-        for t in buffers:
-            if (
-                type(t) is torch.Tensor
-                and t.is_floating_point()
-                and not t.requires_grad
-                and t.grad is None
-                and not t.__dict__
-            ):
-                memo[id(t)] = t.to(dtype, copy=True)
     return copy.deepcopy(module, memo)
 
 
