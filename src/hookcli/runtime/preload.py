@@ -17,9 +17,9 @@ opposite order deadlock (Python raises _DeadlockError in one of them). The kerne
 hookcli.engine, is imported before the thread starts, so the thread never imports a package.
 It never imports torch, leaves nothing running when it ends (serial kernels only: numba's
 thread pool starts on the caller's first parallel call) and is a daemon, but a process that
-ends while it loads waits for it first (atexit, bounded): the load runs LLVM's C++ through
-ctypes without the GIL, and a process that exits under it runs LLVM's static destructors
-while the thread is still inside LLVM — a segmentation fault on the way out of
+ends while it loads waits for it first (bounded, before the exit handlers): the load runs
+LLVM's C++ through ctypes without the GIL, and a process that exits under it runs LLVM's
+static destructors while the thread is still inside LLVM — a segmentation fault on the way out of
 `python -c "import hookcli"`, seen once in CI. Kept off (HOOKCLI_STATS=torch), or a missing
 numba, leaves the statistics on torch ops, as before. What it loaded is used through
 engine.stats.kernels().
@@ -70,8 +70,8 @@ def start(load: Callable[[], None]) -> None:
 def _before_exit() -> None:
     """The interpreter is ending: the load finishes first (threading's exit hooks run before
     the exit handlers and the finalisation that would leave the thread inside LLVM as the
-    process's destructors run).
-    Bounded, for a thread stuck elsewhere; a forked child has no thread and does not wait."""
+    process's destructors run). Bounded, for a thread stuck elsewhere; a forked child has no
+    thread and does not wait."""
     if _thread and _thread[0].is_alive() and not _done.is_set():
         _done.wait(_EXIT_WAIT)
 

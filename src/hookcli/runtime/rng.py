@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -25,53 +25,56 @@ def kept(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def keeping(*args: P.args, **kwargs: P.kwargs) -> R:
-        import torch
-
-        cpu = torch.default_generator.get_state()
-        cuda = _cuda_state(torch)
-        mps = torch.mps.get_rng_state() if torch.backends.mps.is_available() else None
-        try:
+        with left_as_found():
             return fn(*args, **kwargs)
-        finally:
-            # (each on its own, and never in place of the call's own error)
-            with contextlib.suppress(Exception):
-                torch.default_generator.set_state(cpu)  # (its initial seed too)
-            with contextlib.suppress(Exception):
-                _put_back_cuda(torch, cuda)
-            if mps is not None:
-                with contextlib.suppress(Exception):
-                    torch.mps.set_rng_state(mps)
 
     return keeping
 
 
-def _cuda_state(torch: Any) -> tuple[str, Any] | None:
-    """CUDA's generators when CUDA has started; before, the seeds torch queues for its start
-    (torch.manual_seed queues one: the latest of each kind is kept, and replayed at the
-    start), as torch's own tracker of them holds them."""
-    if torch.cuda.is_initialized():
-        return "started", torch.cuda.get_rng_state_all()
+@contextlib.contextmanager
+def left_as_found() -> Iterator[None]:
+    """torch's generators as they were when the block began, put back when it ends (an API
+    call; watch's re-run of a step, which sets them to the step's)."""
+    import torch
+
+    cpu = torch.default_generator.get_state()
+    started = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    cuda = torch.cuda.get_rng_state_all() if started else None
+    queue = None if started else _queued(torch)
+    mps = torch.mps.get_rng_state() if torch.backends.mps.is_available() else None
+    try:
+        yield
+    finally:
+        # (each on its own, and never in place of the block's own error)
+        with contextlib.suppress(Exception):
+            torch.default_generator.set_state(cpu)  # (its initial seed too)
+        with contextlib.suppress(Exception):
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+            elif queue is not None:
+                _requeue(torch, *queue)
+        if mps is not None:
+            with contextlib.suppress(Exception):
+                torch.mps.set_rng_state(mps)
+
+
+def _queued(torch: Any) -> tuple[Any, Any, Any, list[Any]] | None:
+    """Before CUDA starts, the seeds torch queues for its start (torch.manual_seed queues one:
+    the latest of each kind is kept, and replayed at the start), as torch's own tracker of
+    them holds them; None where this torch keeps no such tracker."""
     tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
     fields = ("manual_seed_all_cb", "manual_seed_cb", "call_order")
     if tracker is None or not all(hasattr(tracker, f) for f in fields):
         return None
-    return "queued", (tracker, tracker.manual_seed_all_cb, tracker.manual_seed_cb,
-                      list(tracker.call_order))  # fmt: skip
+    return tracker, tracker.manual_seed_all_cb, tracker.manual_seed_cb, list(tracker.call_order)
 
 
-def _put_back_cuda(torch: Any, state: tuple[str, Any] | None) -> None:
-    if state is None:
-        return
-    kind, saved = state
-    if kind == "started":
-        torch.cuda.set_rng_state_all(saved)
-        return
-    tracker, seed_all, seed, order = saved
-    if not torch.cuda.is_initialized():  # the queue as it was: the call's own seed unqueued
+def _requeue(torch: Any, tracker: Any, seed_all: Any, seed: Any, order: list[Any]) -> None:
+    if not torch.cuda.is_initialized():  # the queue as it was: the block's own seed unqueued
         tracker.manual_seed_all_cb, tracker.manual_seed_cb = seed_all, seed
         tracker.call_order = order
         return
-    # CUDA started during the call: from the seeds the program queued (torch.manual_seed,
+    # CUDA started during the block: from the seeds the program queued (torch.manual_seed,
     # torch.cuda.manual_seed(_all)) as its start would have, or torch's default seed when it
     # queued none. (A generator state it queued with torch.cuda.set_rng_state, or a random
     # seed with torch.cuda.seed, is not replayed.)

@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -466,18 +466,3 @@ def to_device(forwards: Sequence[ForwardCapture], device: torch.device) -> list[
             )
         )  # fmt: skip
     return moved
-
-
-@contextlib.contextmanager
-def rng_kept() -> Iterator[None]:
-    """The torch RNG states as they were (a re-run sets them to the step's)."""
-    cpu = torch.get_rng_state()
-    cuda = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        cuda = torch.cuda.get_rng_state_all()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)

@@ -26,7 +26,6 @@ from hookcli.commands.watch.bundle import (
     ForwardCapture,
     capture_forward,
     rerun,
-    rng_kept,
     watch_output,
     write_bundle,
 )
@@ -43,6 +42,7 @@ from hookcli.engine.sharded import is_sharded, local_of
 from hookcli.errors import UsageError, one_line
 from hookcli.options import WatchOptions
 from hookcli.records import BundleInfo, NonfiniteLine, Origin, StepLine, log_line
+from hookcli.runtime import rng
 from hookcli.tree import iter_tensors
 
 # forwards with gradients kept per step (micro-batches); a loop that runs more between two
@@ -202,7 +202,7 @@ class FirstNonfinite:
         bundle = self.bundle
         origins: list[Origin] = []
         try:
-            with rng_kept(), grads_left_as_found(params), torch.no_grad():
+            with rng.left_as_found(), grads_left_as_found(params), torch.no_grad():
                 if step.buffers is not None:
                     step.buffers.restore()  # as the step began
                 with torch.enable_grad():

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hookcli._version import __version__
-from hookcli.commands.watch.bundle import Bundle, read_bundle, rerun, rng_kept, to_device
+from hookcli.commands.watch.bundle import Bundle, read_bundle, rerun, to_device
 from hookcli.engine.selection import module_entries, select
 from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.records import (
@@ -33,7 +33,7 @@ from hookcli.records import (
     Origin,
     Report,
 )
-from hookcli.runtime import gcpause
+from hookcli.runtime import gcpause, rng
 from hookcli.tree import iter_tensors
 
 
@@ -78,7 +78,7 @@ def replay(
     partial = any(e.leaf and id(e.module) not in selected for e in entries)
     forwards = to_device(bundle.forwards, where)
     try:
-        with rng_kept():
+        with rng.left_as_found():
             again = rerun(module, forwards, targets, kinds, partial=partial)
     except Exception as exc:
         raise ModelError(f"the replayed step raised: {one_line(exc)}") from exc
