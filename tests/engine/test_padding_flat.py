@@ -42,8 +42,9 @@ MODELS: dict[str, tuple[Any, list[str]]] = {
                 max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             )
         ),
+        # the fused experts module takes every position too, in the mask's order
         ["model.layers.0.mlp.shared_expert.gate_proj",
-         "model.layers.1.mlp.shared_expert.down_proj"],
+         "model.layers.1.mlp.shared_expert.down_proj", "model.layers.1.mlp.experts"],
     ),
 }  # fmt: skip
 
@@ -117,7 +118,8 @@ def test_calib_scales_of_a_flattened_layer_are_the_real_tokens_whatever_the_batc
     saved: Any, tmp_path: Path
 ) -> None:
     kind, folder = saved
-    layers = MODELS[kind][1]
+    # (calib takes a fused experts module's experts one by one: not a flattened layer's scales)
+    layers = [n for n in MODELS[kind][1] if not n.endswith(".experts")]
     text_file = tmp_path / "calib.txt"
     text_file.write_text("\n".join(TEXTS) + "\n")
     truth = _alone(folder, layers)
@@ -201,6 +203,27 @@ def test_a_parameter_or_an_unnamed_tensor_of_batch_x_tokens_rows_is_measured_who
         assert whole.numel == w.numel()
         assert whole.norm == pytest.approx(float(w.double().norm()), rel=1e-9)
         assert "padding" not in str(whole.note)
+
+
+def test_a_tensor_seen_as_positions_then_where_its_rows_are_not_is_measured_again() -> None:
+    """One tensor handed to a layer that takes positions (a router) and to a routed expert:
+    each sight's statistics over the rows it counts, never one's numbers with the other's
+    count."""
+    w = torch.randn(10, 16)
+    c = _collector(LEFT)
+    c.context = ("model.layers.0.mlp.gate", 0, "in")
+    router = c.add(w, "in[0]")
+    c.context = ("model.layers.0.mlp.experts.3.w1", 0, "in")
+    expert = c.add(w, "in[0]")
+    c.context = ("model.layers.0.mlp.experts", 0, "in")
+    fused = c.add(w, "in[0]")
+    c.finalize()
+    real = w[LEFT.reshape(-1)].double()
+    for positions in (router, fused):
+        assert positions.numel == real.numel()
+        assert positions.mean == pytest.approx(float(real.mean()), rel=1e-9)
+    assert expert.numel == w.numel()
+    assert expert.mean == pytest.approx(float(w.double().mean()), rel=1e-9)
 
 
 @pytest.mark.parametrize("flat", [False, True])

@@ -251,6 +251,7 @@ class StatsCollector:
         self._wants_values: list[tuple[TensorStats, int]] = []
         self._handed_out: list[tuple[TensorStats, int]] = []  # filled by finalize()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        self._row_padded: dict[int, int] = {}  # a row read as a padded batch's: how (_padded)
         self.book = ShardBook()  # the pass's DTensors and their shards (engine/sharded.py)
 
     def __len__(self) -> int:
@@ -303,7 +304,9 @@ class StatsCollector:
         context = self.context
         if not isinstance(context, tuple) or not context or not isinstance(context[0], str):
             return 0  # not a layer call's tensor: its rows are not known to be positions
-        return 0 if ".experts." in f".{context[0]}." else FLAT
+        # a routed expert (experts.3, experts.3.w1) is not; a fused experts module (mlp.experts:
+        # every position in the mask's order, with the routing beside it) is
+        return 0 if ".experts." in f".{context[0]}" else FLAT
 
     def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
@@ -514,7 +517,12 @@ class StatsCollector:
         padded = self._padded(t) if self.token_mask is not None and positions else 0
         if padded:
             stats.numel = self._real_numel(t.shape, padded)
-        if hit is not None and hit[0]() is t and hit[1] == version:
+        if (
+            hit is not None
+            and hit[0]() is t
+            and hit[1] == version
+            and self._row_padded.get(hit[2], 0) == padded  # (its rows read as here)
+        ):
             idx = hit[2]
             stats.note = self._notes[idx]
             self._handed_out.append((stats, idx))
@@ -551,6 +559,8 @@ class StatsCollector:
         self._notes.append(note)
         self._handed_out.append((stats, idx))
         stats.note = note
+        if padded:
+            self._row_padded[idx] = padded
         if 0 < stats.numel <= SMALL and t.device.type != "meta":
             self._values[idx] = small_values(t)
             self._wants_values.append((stats, idx))
@@ -760,7 +770,7 @@ class StatsCollector:
             kept.clear()
         for table in (
             self._notes, self._values, self._hists, self._hist_range, self._seen, self._tokens,
-            self._chan,
+            self._chan, self._row_padded,
         ):  # fmt: skip
             table.clear()
 
