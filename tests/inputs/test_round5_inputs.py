@@ -5,6 +5,7 @@ can be told before; nothing is replaced by a default without a word."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -718,6 +719,76 @@ def test_attn_takes_target_text_as_the_decoders_tokens(bart: Path, tmp_path: Pat
         "-l", "model.decoder.layers.0.encoder_attn", "-o", str(tmp_path / "x.png"),
     )  # fmt: skip
     assert res.exit_code == 0, res.output
+
+
+def test_the_lens_of_a_padded_seq2seq_batch_reads_each_targets_own_decoder_positions(
+    bart: Path,
+) -> None:
+    """Targets of different lengths: the shorter one's decoder positions are those it has run
+    alone (the start token, then its labels but the last), with that run's probabilities;
+    none for the positions its padding feeds."""
+    import hookcli
+
+    texts, targets = ["The cat sat on the mat.", "hello"], ["A dog ran in the park.", "the cat"]
+    report = hookcli.lens(f"hf:{bart}", text=texts, target_text=targets, topk=1)
+    model = transformers.BartForConditionalGeneration.from_pretrained(bart).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    layer = "model.decoder.layers.0"
+    for seq, (text, target) in enumerate(zip(texts, targets, strict=True)):
+        labels = tok(text_target=target, return_tensors="pt")["input_ids"]
+        decoder = model.prepare_decoder_input_ids_from_labels(labels=labels)
+        with torch.no_grad():
+            out = model(
+                **tok(text, return_tensors="pt"), decoder_input_ids=decoder,
+                output_hidden_states=True,
+            )  # fmt: skip
+            hidden = out.decoder_hidden_states[1][0]  # the first block's output
+            probs = (model.lm_head(hidden) + model.final_logits_bias).double().softmax(-1)
+        cells = sorted(
+            (c.position, c.top[0]) for c in report.lens if c.sequence == seq and c.layer == layer
+        )
+        assert [p for p, _ in cells] == list(range(decoder.shape[1])), seq
+        for (_, top), want in zip(cells, probs, strict=True):
+            assert top.index == int(want.argmax())
+            assert top.prob == pytest.approx(float(want.max()), rel=1e-5)
+    assert len(report.tokens[1]) == len(tok(text_target=targets[1])["input_ids"])
+
+
+def test_targets_as_long_as_the_padded_texts_are_not_read_with_the_texts_padding(
+    bart: Path,
+) -> None:
+    """The decoder's (batch, tokens) the size of the texts' padded batch: the texts' padding is
+    left out of the encoder's tensors only, never of the decoder's rows (whose padding is
+    another); the loss is transformers' own from the labels."""
+    import hookcli
+
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    texts = ["The cat sat on the mat.", "hello"]
+    targets = [texts[0], "hi"]  # as long as the longest text: the same padded length
+    enc = tok(texts, return_tensors="pt", padding=True)
+    lab = tok(text_target=targets, return_tensors="pt", padding=True)
+    assert lab["input_ids"].shape == enc["input_ids"].shape
+    assert lab["attention_mask"].tolist() != enc["attention_mask"].tolist()
+    layers = ["model.encoder.layers.0", "model.decoder.layers.0"]
+    report = hookcli.grads(
+        f"hf:{bart}", text=texts, target_text=targets, layers=layers, device="cpu"
+    )
+    model = transformers.BartForConditionalGeneration.from_pretrained(bart).eval()
+    labels = lab["input_ids"].masked_fill(lab["attention_mask"] == 0, -100)
+    out = model(
+        **enc, labels=labels, decoder_attention_mask=lab["attention_mask"],
+        output_hidden_states=True,
+    )  # fmt: skip
+    assert report.backward is not None
+    assert report.backward.value == pytest.approx(float(out.loss.detach()), rel=1e-5)
+    encoder = report["model.encoder.layers.0"][0].outputs[0]
+    real = out.encoder_hidden_states[1].detach()[enc["attention_mask"].bool()].double()
+    assert encoder.numel == real.numel()
+    assert encoder.mean == pytest.approx(float(real.mean()), rel=1e-5)
+    decoder = report["model.decoder.layers.0"][0].outputs[0]
+    assert decoder.shape[1] != enc["input_ids"].shape[1]  # never the texts' positions
+    assert decoder.numel == math.prod(decoder.shape)
+    assert "padding left out" not in str(decoder.note)
 
 
 # ------------------------------------------------------------ found by the review before the stop

@@ -238,7 +238,10 @@ def _lens_report(model: ModelOptions, inputs: InputOptions, options: LensOptions
     model_input = prepared.model_input
     assert model_input is not None
     seq2seq = isinstance(loaded.kind, Seq2SeqLM)
-    mask = None if seq2seq else model_input.token_mask  # the decoder's positions: unpadded
+    mask = model_input.token_mask
+    if seq2seq:  # the decoder's positions: those its own input holds (the targets' padding out)
+        fed = model_input.kwargs.get("decoder_attention_mask")
+        mask = fed.bool() if isinstance(fed, torch.Tensor) else None
     kept: dict[str, torch.Tensor] = {}
     order: list[str] = []  # blocks and norm candidates, in the order they returned
     asked_norm = options.norm is not None

@@ -264,6 +264,13 @@ def _targets(
     keep = enc.get("attention_mask")
     keep = torch.ones_like(ids) if keep is None else keep.long()
     _check_ids(loaded, ids, keep)
+    texts = named["attention_mask"]
+    if ids.shape[1] == texts.shape[1] and bool((texts == 0).any()):
+        # the decoder's (batch, tokens) would read as the texts' and lose the texts' padding
+        # positions: the targets one position longer, padding (ignored, masked)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], pad if pad is not None else 0)], 1)
+        keep = torch.cat([keep, torch.zeros_like(keep[:, :1])], 1)
     labels = ids.masked_fill(keep == 0, IGNORE)
     prepare = getattr(loaded.module, "prepare_decoder_input_ids_from_labels", None)
     decoder: Any = None
