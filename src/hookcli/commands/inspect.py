@@ -94,6 +94,8 @@ def report(inv: Invocation, command: str) -> Report:
         from hookcli.sources.lm import generation_args, generation_prompt
 
         assert prepared.model_input is not None
+        if prepared.model_input.positions_from_mask:  # (generate makes them, step by step)
+            prepared.model_input.kwargs.pop("position_ids", None)
         prompt = generation_prompt(prepared.model_input, prepared.loaded)
         prepared.model_input.generate = generation_args(
             prepared.loaded, run.generate, run.sample, prompt

@@ -84,6 +84,9 @@ class ModelInput:
     # --target-text: a seq2seq model's target ids, -100 at padding (the teacher-forced loss's
     # labels, aligned with the decoder's logits)
     labels: torch.Tensor | None = None
+    # a causal LM's text batch padded on the left: position_ids (in kwargs) made from the mask,
+    # as model.generate makes them (generate, which makes its own, is not given these)
+    positions_from_mask: bool = False
 
     def token_ids(self) -> torch.Tensor | None:
         """The forward's token ids (batch, tokens): its `input_ids` (a text model's one tensor

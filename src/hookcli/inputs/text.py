@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,8 +186,11 @@ def from_text(
     ]
     named = {"input_ids": ids, "attention_mask": mask}
     labels, target_note = _targets(loaded, inputs, tokenizer, len(texts), named)
+    positions = labels is None and _positions_from_mask(loaded, mask, named)
     _, kwargs, note = loaded.kind.spec_inputs([], named)
     note += target_note
+    if positions:
+        note += "; position_ids from the attention mask (each text's first token at 0)"
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
@@ -215,7 +219,38 @@ def from_text(
         texts=infos,
         token_mask=mask.bool() if padded else None,
         labels=labels,
+        positions_from_mask=positions,
     )
+
+
+def _positions_from_mask(
+    loaded: LoadedModel, mask: torch.Tensor, named: dict[str, torch.Tensor]
+) -> bool:
+    """A batch padded on the left, for a causal LM whose forward takes position_ids: each
+    text's positions counted from its first real token (named["position_ids"]), as
+    model.generate counts them, not from the batch's first column. A model with learned
+    absolute positions (GPT-2) would otherwise run a short text's tokens at the positions its
+    padding pushed them to (rotary ones see only relative positions, and are the same
+    either way)."""
+    from hookcli.sources.lm import CausalLM, Seq2SeqLM
+
+    kind = loaded.kind
+    if not isinstance(kind, CausalLM) or isinstance(kind, Seq2SeqLM):
+        return False
+    left = bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())  # padding before a token
+    if not left or not _takes(loaded.module, "position_ids"):
+        return False
+    positions = mask.cumsum(-1) - 1
+    named["position_ids"] = positions.masked_fill(mask == 0, 1)  # (generate's fill)
+    return True
+
+
+def _takes(module: Any, name: str) -> bool:
+    """Whether the module's forward names the keyword argument `name`."""
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _targets(

@@ -1,0 +1,115 @@
+"""A causal LM's text batch padded on the left: each text's positions counted from its own
+first token, as model.generate counts them. GPT-2's positions are learned and absolute, so a
+short text run at the positions its padding pushed it to gives other numbers (predictions,
+heads, the loss) than the text alone. Oracle: transformers on each text alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookcli
+from hookcli.engine.prepare import prepare
+from hookcli.options import InputOptions, ModelOptions
+from tests.support.attention import numbers_by_hand
+from tests.support.llm import LINES, save
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [LINES[3], "hello", "A dog"]
+
+
+def _saved(folder: Path, side: str) -> Path:
+    save(folder, "gpt2")
+    config = folder / "tokenizer_config.json"
+    fields = json.loads(config.read_text())
+    config.write_text(json.dumps({**fields, "padding_side": side}))
+    assert transformers.AutoTokenizer.from_pretrained(folder).padding_side == side
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _saved(tmp_path_factory.mktemp("gpt2_left"), "left")
+
+
+@pytest.fixture(scope="module")
+def gpt2_right(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _saved(tmp_path_factory.mktemp("gpt2_right"), "right")
+
+
+def test_a_left_padded_batch_reads_each_text_as_it_runs_alone(gpt2: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2, attn_implementation="eager")
+    model.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gpt2)
+    report = hookcli.inspect(
+        f"hf:{gpt2}", text=TEXTS, layers=["lm_head"], topk=1, heads=True, device="cpu"
+    )
+    assert report.input is not None and "position_ids from the attention mask" in str(
+        report.input.description
+    )
+    for seq, text in enumerate(TEXTS):
+        with torch.no_grad():
+            alone = model(**tok(text, return_tensors="pt"), output_attentions=True)
+        want = alone.logits[0, -1].double().softmax(-1)
+        (top,) = [p for p in report.predictions if p.image == seq]
+        assert top.index == int(want.argmax())
+        assert top.prob == pytest.approx(float(want.max()), rel=1e-5)
+        if len(tok(text)["input_ids"]) < 2:
+            continue  # (a one-token text has no query past its first)
+        want_heads = numbers_by_hand([alone.attentions[0][0].double()])  # block 0, by hand
+        mine = [h for h in report.heads or [] if h.sequence == seq and h.layer == "transformer.h.0"]
+        assert len(mine) == len(want_heads)
+        for h, (sink, entropy, _, _, queries) in zip(mine, want_heads, strict=True):
+            assert h.sink == pytest.approx(sink, rel=1e-5), (seq, h.head)
+            assert h.entropy == pytest.approx(entropy, rel=1e-5), (seq, h.head)
+            assert h.queries == queries
+
+
+def test_the_next_token_loss_of_a_left_padded_batch_is_the_texts_own(
+    gpt2: Path, gpt2_right: Path
+) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gpt2)
+    report = hookcli.grads(f"hf:{gpt2}", text=TEXTS, layers=["lm_head"], device="cpu")
+    right = hookcli.grads(f"hf:{gpt2_right}", text=TEXTS, layers=["lm_head"], device="cpu")
+    # the oracle: the mean over every predicted token of the texts, each text alone
+    total, count = 0.0, 0
+    for text in TEXTS:
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        if ids.shape[1] < 2:
+            continue
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].double()
+        total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert report.backward is not None and right.backward is not None
+    assert report.backward.value == pytest.approx(total / count, rel=1e-5)
+    assert right.backward.value == pytest.approx(total / count, rel=1e-5)
+
+
+def test_generate_makes_its_own_positions_and_a_right_padded_batch_gets_none(
+    gpt2: Path, gpt2_right: Path
+) -> None:
+    inputs = InputOptions(text=tuple(TEXTS))
+    left = prepare(ModelOptions(f"hf:{gpt2}"), None, inputs).model_input
+    right = prepare(ModelOptions(f"hf:{gpt2_right}"), None, inputs).model_input
+    assert left is not None and right is not None
+    mask = left.kwargs["attention_mask"]
+    positions = left.kwargs["position_ids"]
+    assert positions[mask.bool()].tolist() == [p for n in mask.sum(-1).tolist() for p in range(n)]
+    assert "position_ids" not in right.kwargs and not right.positions_from_mask
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gpt2)
+    report = hookcli.inspect(f"hf:{gpt2}", text=TEXTS, layers=["lm_head"], generate=2)
+    assert report.generated is not None
+    for seq, text in enumerate(TEXTS):
+        with torch.no_grad():
+            out = model.generate(
+                **tok(text, return_tensors="pt"), max_new_tokens=2, do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )  # fmt: skip
+        assert report.generated[seq].ids == out[0, -2:].tolist()
