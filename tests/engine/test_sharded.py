@@ -63,6 +63,21 @@ def test_tensor_parallel_layers_are_measured_as_the_whole_tensors(
     assert_same_run(merged.steps, read_steps(tmp_path / "tp.single.jsonl"))
 
 
+def test_a_row_wise_embedding_is_measured_and_its_style_still_reduces_it(tmp_path: Path) -> None:
+    """A token embedding split by rows (RowwiseParallel, torchtitan's plan): its output is a
+    partial sum whose mask its style's own reduction uses up after hookcli's hook has read
+    the whole tensor; grads and the watched training run as they do unsharded (the training
+    was stopped at its first watched step)."""
+    sharded, single = _run(tmp_path, "tp-emb", 2)
+    assert_same(sharded, single)
+    assert entries(sharded)[("0", "outputs", "out")]["shape"] == [6, 5, 8]
+    for r in range(2):
+        assert_same_run(
+            read_steps(tmp_path / f"tp-emb.sharded.rank{r}.jsonl"),
+            read_steps(tmp_path / "tp-emb.single.jsonl"),
+        )
+
+
 def test_sequence_parallel_blocks_are_measured_as_the_whole_tensors(tmp_path: Path) -> None:
     """Sequence parallel: each rank's block of rows gathered by ColwiseParallel, the Rowwise
     output reduce-scattered back into blocks, a LayerNorm (SequenceParallel) on each block:

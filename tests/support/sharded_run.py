@@ -14,7 +14,9 @@ fully_shard on each Linear and the root, each rank on its own rows of the batch:
 rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
 1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `sp` (sequence
 parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
-RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block).
+RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block),
+`tp-emb` (a token embedding before the MLP, RowwiseParallel as torchtitan plans it: its output a
+partial sum whose mask the style's own reduction needs after hookcli's hook has read it).
 Each:
 `grads` of the summed output (OUT/NAME.json), then three steps of SGD under `hookcli.watch`
 (OUT/NAME.jsonl; sharded, each rank its own log).
@@ -39,9 +41,17 @@ def model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
 
 
-def batch() -> torch.Tensor:
+def batch(kind: str = "") -> torch.Tensor:
     torch.manual_seed(1)
-    return torch.randn(6, IN)
+    return torch.randint(0, VOCAB, (6, 5)) if kind == "tp-emb" else torch.randn(6, IN)
+
+
+VOCAB = 50  # tp-emb's embedding
+
+
+def step_batch(kind: str, step: int) -> torch.Tensor:
+    """The watched run's batch at `step`."""
+    return (batch(kind) + step) % VOCAB if kind == "tp-emb" else batch() * (step + 1)
 
 
 def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
@@ -76,6 +86,21 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
             "0": ColwiseParallel(input_layouts=Shard(0)),
             "2": RowwiseParallel(output_layouts=Shard(0)),
             "3": SequenceParallel(sequence_dim=0),
+        }
+        parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
+        return m
+    if kind == "tp-emb":
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        plan = {
+            "0": RowwiseParallel(input_layouts=Replicate()),
+            "1": ColwiseParallel(),
+            "3": RowwiseParallel(),
         }
         parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
         return m
@@ -123,6 +148,8 @@ def main() -> None:
         _leave()
         return
     m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
+    if kind == "tp-emb":
+        m.insert(0, nn.Embedding(VOCAB, IN))
     if kind == "sp":  # (weights not all ones: a plain norm's outputs sum to 0, its gradient too)
         m.append(nn.LayerNorm(OUT))
         with torch.no_grad():
@@ -133,7 +160,7 @@ def main() -> None:
     rank = torch.distributed.get_rank() if not single else 0
     world = torch.distributed.get_world_size() if not single else 1
     name = f"{kind}.{'single' if single else 'sharded'}"
-    names = [str(i) for i in range({"sp": 4, "tp-open": 2}.get(kind, 3))]
+    names = [str(i) for i in range({"sp": 4, "tp-open": 2, "tp-emb": 4}.get(kind, 3))]
     # (inspect and grads hook the DDP wrapper's module as it names it; watch unwraps it)
     layers = [f"module.{n}" for n in names] if kind == "ddp" and not single else names
 
@@ -145,9 +172,9 @@ def main() -> None:
         return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan") else x
 
     hist = 4 if kind == "fsdp-dp" else 0  # (histograms do not merge: left out, said)
-    report = hookcli.grads(m, mine(batch()), layers=layers, target="sum", topk=0, hist=hist)
+    report = hookcli.grads(m, mine(batch(kind)), layers=layers, target="sum", topk=0, hist=hist)
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
-    m(mine(batch())).sum().backward()
+    m(mine(batch(kind))).sum().backward()
     total = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e9)
     total = total.full_tensor() if hasattr(total, "full_tensor") else total
     m.zero_grad(set_to_none=True)
@@ -159,7 +186,7 @@ def main() -> None:
     with hookcli.watch(m, optimizer=opt, layers=names, log=out / f"{name}.jsonl"):
         for step in range(3):
             opt.zero_grad()
-            x = mine(batch() * (step + 1))
+            x = mine(step_batch(kind, step))
             if kind == "fsdp-nan" and step == 1 and rank == 1:
                 x[0, 0] = float("nan")  # rank 1's rows only
             # a mean over the rank's rows: FSDP averages; sequence parallel sums its blocks'

@@ -90,9 +90,23 @@ def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
 
     placements = tuple(t.placements)
     if any(p.is_partial() for p in placements):
-        t = t.redistribute(
-            t.device_mesh, [Replicate() if p.is_partial() else p for p in placements]
-        )
+        # a row-wise embedding's partial (_MaskPartial) holds the mask its one reduction
+        # uses up: kept for the style's own reduction, which follows this hook
+        masks = [
+            (b, b.data, getattr(b, "refcount", None))
+            for p in placements
+            if (b := getattr(p, "mask_buffer", None)) is not None
+            and getattr(b, "data", None) is not None
+        ]
+        try:
+            t = t.redistribute(
+                t.device_mesh, [Replicate() if p.is_partial() else p for p in placements]
+            )
+        finally:
+            for buffer, data, count in masks:
+                buffer.data = data
+                if count is not None:
+                    buffer.refcount = count
         placements = tuple(t.placements)
     mesh = t.device_mesh
     groups = tuple(mesh.get_group(d) for d, p in enumerate(placements) if _split(p))
