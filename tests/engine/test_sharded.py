@@ -207,8 +207,14 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any
     2 data-parallel indices held 3 of its 6 rows), parameter gradients averaged over them."""
     sharded, single = _run(tmp_path, kind, procs)
     a, b = entries(sharded), entries(single)
+    # every gradient the mean of the 2 ranks' losses': the parameters' averaged by DDP/FSDP,
+    # the activations' each rank's ÷ 2 (the single process's is of the summed losses)
+    grads = ("param grad", "grad_inputs", "grad_outputs")
     halved = {k: {**v, **{s: v[s] / 2 for s in ("mean", "std", "min", "max", "norm")}}
-              for k, v in b.items() if k[1] == "param grad"}  # fmt: skip
+              for k, v in b.items() if k[1] in grads}  # fmt: skip
+    assert sharded["backward"]["value"] == pytest.approx(single["backward"]["value"] / 2)
+    assert any("data parallel over 2 ranks: the loss is the ranks' mean" in n
+               for n in sharded["notes"])  # fmt: skip
     assert a.keys() == b.keys()
     for key in a:
         x, y = a[key], halved.get(key, b[key])

@@ -32,6 +32,7 @@ from hookcli.engine.passes import deterministic_algorithms
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.probes import Measured, Probe
 from hookcli.engine.selection import held, params_and_dtype
+from hookcli.engine.sharded import data_parallel_size, mean_over_ranks
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -151,7 +152,12 @@ def _report_of_run(
     for name, pending in params.items():
         if name in first_call:
             first_call[name].params = [finish_param(p) for p in pending]
-    value = None if result.scalar is None else finite_or_none(float(result.scalar.detach()))
+    value = None
+    if result.scalar is not None:
+        groups = collector.book.batch_groups  # data parallel: the ranks' mean (DDP's, FSDP's)
+        value = finite_or_none(
+            mean_over_ranks(result.scalar, groups) if groups else float(result.scalar.detach())
+        )
     tensors = held(loaded.module)  # (after the pass: lazy parameters are materialised)
     report = Report(
         model=model_info(loaded, run.train, prepared.seed, tensors),
@@ -189,6 +195,13 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
         notes.append(
             "parameters on the meta device (offloaded, e.g. by accelerate, and loaded only "
             "while their module runs): their weights and gradients cannot be read here"
+        )
+    ranks = data_parallel_size(measured.collector.book.batch_groups)
+    if measured.armed.backward and ranks > 1:
+        notes.append(
+            f"data parallel over {ranks} ranks: the loss is the ranks' mean and the activation "
+            f"gradients are its own (each rank's ÷ {ranks}), as DDP and FSDP average the "
+            "parameters' gradients"
         )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])

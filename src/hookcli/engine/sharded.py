@@ -158,6 +158,10 @@ class ShardBook:
         # squared norms of local parts riding along in the pass's gather, added over their
         # groups there (watch's weights and updates: engine/sharded.Squares)
         self.squares: list[Squares] = []
+        # rows of activation gradients merged over the batch's groups, and after the merge,
+        # the factor each is scaled by (`scale_gradients`)
+        self._batch_grads: set[int] = set()
+        self._grad_scale: dict[int, float] = {}
         self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
         self._starts: dict[tuple[int, int], tuple[torch.Tensor, Any, Any]] = {}
@@ -292,18 +296,23 @@ class ShardBook:
         data-parallel rank's batch merged into the global batch; else `suspect`'s note."""
         said = self.suspect(t, row, context) if self.fed else None
         if self.batch_groups and t.dim() >= 1:
-            self.sharded(row, (), stats)
+            self.sharded(row, (), stats, context)
         return said
 
-    def sharded(self, row: int, groups: tuple[Any, ...], stats: TensorStats | None) -> None:
+    def sharded(
+        self, row: int, groups: tuple[Any, ...], stats: TensorStats | None, context: Any = None
+    ) -> None:
         """Row `row` merged over `groups` (a DTensor's shards) and, for an activation or its
-        gradient (`stats` given) of a data-parallel model, over the batch's groups too."""
+        gradient (`stats` given; `context`, the collector's: which) of a data-parallel model,
+        over the batch's groups too."""
         if stats is None or not self.batch_groups or not stats.shape:
             self.shards.append(Shards(row, groups))
             return
         batch = (stats.shape[0], stats.numel)
         over = tuple(g for g in self.batch_groups if g not in groups)  # (dim 0 split over dp)
         self.shards.append(Shards(row, groups + over, batch, over))
+        if over and isinstance(context, tuple) and context[-1] in _GRADIENTS:
+            self._batch_grads.add(row)
 
     def suspect(self, t: torch.Tensor, row: int, context: Any) -> str | None:
         """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
@@ -380,9 +389,25 @@ class ShardBook:
             if row in batches:  # the global batch: every data-parallel rank's, in rank order
                 stats.shape = (batches[row][0], *stats.shape[1:])
                 stats.numel = batches[row][1]
+        ranks = data_parallel_size(self.batch_groups)
+        self._grad_scale = {r: 1.0 / ranks for r in self._batch_grads if r in batches}
         made = set(found) | set(batches)
         self.clear()
         return made
+
+    def scale_gradients(self, handed: Sequence[tuple[TensorStats, int]]) -> None:
+        """The activation gradients merged over a data-parallel batch (their TensorStats
+        filled), each made the gradient of the mean of the ranks' losses: ÷ W, as DDP and
+        FSDP average the parameters' gradients over the W ranks (the two then belong to one
+        loss, and watch's merged logs give the same numbers)."""
+        scale, self._grad_scale = self._grad_scale, {}
+        for stats, row in handed if scale else ():
+            factor = scale.get(row)
+            if factor is not None:
+                for stat in TENSOR_STATS:
+                    value = getattr(stats, stat.name)
+                    if stat.scales and value is not None:
+                        setattr(stats, stat.name, value * factor)
 
     @staticmethod
     def tidy(handed: Sequence[tuple[TensorStats, int]], made: set[int]) -> None:
@@ -409,6 +434,7 @@ class ShardBook:
 
     def clear(self) -> None:
         self.shards.clear()
+        self._batch_grads.clear()
         self.local_shards.clear()
         self.fed.clear()
         self._suspects.clear()
@@ -426,6 +452,25 @@ def not_merged(note: str | None, *, channels: bool, hist: bool) -> str | None:
         return note
     lost = f"sharded: no {' or '.join(wants)} numbers (they do not merge from its shards)"
     return f"{note}; {lost}" if note else lost
+
+
+_GRADIENTS = ("grad_input", "grad_output")  # a layer call's activation gradients, by kind
+
+
+def data_parallel_size(groups: Sequence[Any]) -> int:
+    """How many data-parallel ranks the batch is split over (1: none)."""
+    return math.prod(g.size() for g in groups) if groups else 1
+
+
+def mean_over_ranks(value: torch.Tensor, groups: Sequence[Any]) -> float:
+    """A scalar's mean over a data-parallel model's ranks (every rank calls this, in the same
+    order): the loss DDP and FSDP minimise, whose parameter gradients they average."""
+    import torch.distributed as dist
+
+    total = value.detach().reshape(1).to(torch.float64).clone()
+    for group in groups:
+        dist.all_reduce(total, group=group)
+    return float(total) / data_parallel_size(groups)
 
 
 def data_parallel_groups(module: Any) -> tuple[Any, ...]:

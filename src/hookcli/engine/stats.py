@@ -616,7 +616,7 @@ class StatsCollector:
         self._notes.append(note)
         self._handed_out.append((stats, idx))
         stats.note = note
-        self.book.sharded(idx, groups, stats if batch else None)
+        self.book.sharded(idx, groups, stats if batch else None, self.context)
         return stats
 
     def _channel_row(
@@ -762,6 +762,7 @@ class StatsCollector:
             fill(stats, out[idx])
             if idx in lost:
                 stats.note = f"{stats.note}; {lost[idx]}" if stats.note else lost[idx]
+        self.book.scale_gradients(self._handed_out)  # (a data-parallel batch's: ÷ W)
         ShardBook.tidy(self._handed_out, merged)  # no rank's own extras on a merged row
         for kept in (
             self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
