@@ -185,6 +185,8 @@ def test_fsdp2_ranks_batches_merge_into_the_global_batch(tmp_path: Path) -> None
     assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(sharded["clip_grad_norm"])
     merged = runmerge.load_run([tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl" for r in (0, 1)])
     assert merged.ranks == 2 and merged.notes == [], merged.notes
+    for r in (0, 1):  # FSDP's groups are data parallel: no rank's rows taken for TP parts
+        assert "tensor-parallel" not in (tmp_path / f"fsdp-dp.sharded.rank{r}.jsonl").read_text()
     assert_same_run(merged.steps, read_steps(tmp_path / "fsdp-dp.single.jsonl"))
 
 

@@ -161,16 +161,19 @@ class ShardBook:
         # rows of activation gradients merged over the batch's groups, and after the merge,
         # the factor each is scaled by (`scale_gradients`)
         self._batch_grads: set[int] = set()
+        self._dp: tuple[Any, ...] = ()  # the data-parallel groups (arm_tensor_parallel)
         self._grad_scale: dict[int, float] = {}
         self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
         self._starts: dict[tuple[int, int], tuple[torch.Tensor, Any, Any]] = {}
 
-    def arm_tensor_parallel(self, model: Any) -> None:
+    def arm_tensor_parallel(self, model: Any, dp: Sequence[Any] | None = None) -> None:
         """For a pass of `model`: transformers' tensor-parallel styles (which plain tensors are
-        one rank's shard), and the groups over which every row not split is compared. (No
-        walk of the model outside a process group: no DTensor exists there.)"""
-        self.checked = tensor_parallel_groups(model, self.batch_groups)
+        one rank's shard), and the groups over which every row not split is compared: those
+        its parameters are split over, but the data-parallel ones (`dp`; default: the batch's
+        groups). (No walk of the model outside a process group: no DTensor exists there.)"""
+        self._dp = tuple(self.batch_groups if dp is None else dp)
+        self.checked = tensor_parallel_groups(model, self._dp)
         self.layouts = tp_layouts(model) if self.checked else NONE
 
     def part(
@@ -344,7 +347,8 @@ class ShardBook:
                 known.batch = (shape[0], math.prod(shape))
         # tensor parallel: every row not split over its group is compared over it (the same
         # on every rank, or one rank's part no style declared, said)
-        split = {g for s in self.shards for g in s.groups if g not in self.batch_groups}
+        dp = (*self.batch_groups, *self._dp)  # (a data-parallel split: no TP part's)
+        split = {g for s in self.shards for g in s.groups if g not in dp}
         split.update(self.checked)
         compare = (
             [i for i in range(len(rows)) if not any(g in split for g in by_row.get(i, _NO).groups)]

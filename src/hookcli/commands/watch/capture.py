@@ -26,7 +26,7 @@ from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.engine.selection import module_entries, select
-from hookcli.engine.sharded import Squares, groups_of, local_of
+from hookcli.engine.sharded import Squares, data_parallel_groups, groups_of, local_of
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.records import LoggedParam, StepLine, TensorStats
@@ -76,6 +76,7 @@ class StepCapture:
         self._before_norms: list[torch.Tensor] = []
         self._groups: list[tuple[Any, ...]] = []  # each parameter's shards' process groups
         self._buffers_for_copies: list[torch.Tensor] = []
+        self._dp: tuple[Any, ...] | None = None  # the model's data-parallel groups, once found
 
     @property
     def armed(self) -> bool:
@@ -86,8 +87,11 @@ class StepCapture:
         self._collector = statistics(repays_kernels=True)  # a training run repays loading numba
         module = self.watched.module
         # tensor parallel: which plain tensors are shards, and the groups rows are compared
-        # over (each rank logs its own batch: the logs merge in `hookcli report`)
-        self._collector.book.arm_tensor_parallel(module)
+        # over (each rank logs its own batch: the logs merge in `hookcli report`); FSDP's
+        # groups are data parallel, not tensor parallel
+        if self._dp is None:
+            self._dp = data_parallel_groups(module)
+        self._collector.book.arm_tensor_parallel(module, dp=self._dp)
         armed = StepArmed(module, device_of(module))
         for probe in self.probes:
             probe.arm(armed)
