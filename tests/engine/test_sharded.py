@@ -138,6 +138,23 @@ def test_parts_rows_merge_into_the_whole_tensors_row() -> None:
     assert nothing[0] == 0 and math.isnan(nothing[1]) and nothing[6:8] == (1, 1)
 
 
+def test_a_0d_tensor_of_a_data_parallel_rank_says_it_is_the_ranks_own() -> None:
+    """A 0-d activation (a module returning x.mean()) has no batch dimension to merge over
+    the data-parallel ranks: its row is this rank's value, and says so."""
+    from hookcli.engine.sharded import ShardBook
+    from hookcli.records import TensorStats
+
+    book = ShardBook()
+    book.batch_groups = (object(),)  # (a data-parallel group; nothing is gathered here)
+    scalar = TensorStats("out", (), "float32", 1)
+    said = book.plain(torch.tensor(0.5), scalar, 0, ("3", 0, "out"))
+    assert said is not None and "this rank's own value" in said
+    assert book.shards == []  # not merged as a batch
+    batch = TensorStats("out", (3, 4), "float32", 12)
+    assert book.plain(torch.zeros(3, 4), batch, 1, ("3", 0, "out")) is None
+    assert [s.row for s in book.shards] == [1]
+
+
 def test_a_failure_inside_watch_is_one_line_and_the_training_goes_on(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -300,6 +300,9 @@ class ShardBook:
         said = self.suspect(t, row, context) if self.fed else None
         if self.batch_groups and t.dim() >= 1:
             self.sharded(row, (), stats, context)
+        elif self.batch_groups:  # (a 0-d tensor: no batch dimension to merge over the ranks)
+            own = "this rank's own value (a 0-d tensor: no batch to merge over the ranks)"
+            said = f"{said}; {own}" if said else own
         return said
 
     def sharded(
