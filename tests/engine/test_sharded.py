@@ -78,6 +78,20 @@ def test_a_row_wise_embedding_is_measured_and_its_style_still_reduces_it(tmp_pat
         )
 
 
+def test_a_target_reads_the_whole_output_a_style_hands_on_as_a_rank_part(
+    tmp_path: Path,
+) -> None:
+    """The last Linear ColwiseParallel: the model's output is each rank's columns, a plain
+    tensor. grads' top-1 target is each row's largest of every column (it was each rank's own
+    columns' largest: twice the ones in the output gradient, every gradient wrong), its value
+    the whole's on every rank."""
+    sharded, single = _run(tmp_path, "tp-last", 2)
+    assert_same(sharded, single)
+    assert sharded["backward"]["value"] == pytest.approx(single["backward"]["value"], rel=1e-6)
+    grad = entries(sharded)[("2", "grad_outputs", "out")]
+    assert grad["shape"] == [6, 8] and grad["zeros"] == pytest.approx(1 - 6 / 48)
+
+
 def test_sequence_parallel_blocks_are_measured_as_the_whole_tensors(tmp_path: Path) -> None:
     """Sequence parallel: each rank's block of rows gathered by ColwiseParallel, the Rowwise
     output reduce-scattered back into blocks, a LayerNorm (SequenceParallel) on each block:

@@ -16,7 +16,9 @@ rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the wat
 parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
 RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block),
 `tp-emb` (a token embedding before the MLP, RowwiseParallel as torchtitan plans it: its output a
-partial sum whose mask the style's own reduction needs after hookcli's hook has read it).
+partial sum whose mask the style's own reduction needs after hookcli's hook has read it),
+`tp-last` (the last Linear ColwiseParallel: the model's output is each rank's columns, handed on
+as a plain tensor; grads' target is `top1`, over every column).
 Each:
 `grads` of the summed output (OUT/NAME.json), then three steps of SGD under `hookcli.watch`
 (OUT/NAME.jsonl; sharded, each rank its own log).
@@ -105,6 +107,7 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
         parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
         return m
     if kind.startswith("tp"):
+        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
             RowwiseParallel,
@@ -112,6 +115,8 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
         )
 
         plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        if kind == "tp-last":
+            plan = {"0": ColwiseParallel(output_layouts=Replicate()), "2": ColwiseParallel()}
         parallelize_module(m, mesh, {k: v for k, v in plan.items() if int(k) < len(m)})
     else:
         from torch.distributed.fsdp import fully_shard
@@ -172,7 +177,8 @@ def main() -> None:
         return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan") else x
 
     hist = 4 if kind == "fsdp-dp" else 0  # (histograms do not merge: left out, said)
-    report = hookcli.grads(m, mine(batch(kind)), layers=layers, target="sum", topk=0, hist=hist)
+    target = "top1" if kind == "tp-last" else "sum"
+    report = hookcli.grads(m, mine(batch(kind)), layers=layers, target=target, topk=0, hist=hist)
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
     m(mine(batch(kind))).sum().backward()
     total = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e9)

@@ -117,7 +117,14 @@ def hooked_pass(
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
                     with _saving(session):  # the loss saves tensors too (cross-entropy its softmax)
-                        value = _scalar(loaded, prepared.backward, output, prepared.seed)
+                        read = (
+                            output
+                            if session.collector is None
+                            else (
+                                session.collector.book.as_dtensors(output)  # (TP: the whole)
+                            )
+                        )
+                        value = _scalar(loaded, prepared.backward, read, prepared.seed)
                     if session.readers:
                         session.count_readers(value)  # whose input others read too (origins)
                     if session.memory is not None:
@@ -180,7 +187,9 @@ def unhooked_pass(
 
 def _scalar(loaded: LoadedModel, spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
     try:
-        return scalar_of(spec, loaded.kind.select(output), seed, loaded.kind.scores)
+        value = scalar_of(spec, loaded.kind.select(output), seed, loaded.kind.scores)
+        whole = getattr(value, "full_tensor", None)  # a DTensor's (TP): the whole, every rank
+        return whole() if callable(whole) else value
     except UsageError:
         raise
     except Exception as exc:  # the target does not fit what the model returned

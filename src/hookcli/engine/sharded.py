@@ -30,6 +30,7 @@ import torch
 from hookcli.engine.statrow import COUNT, INF, MAX, MEAN, MIN, NAN, NORM, ROW, VAR, ZEROS
 from hookcli.engine.tplayout import NONE, UNKNOWN, Declared, Layouts, tp_layouts
 from hookcli.records import TENSOR_STATS, TensorStats
+from hookcli.tree import map_tensors
 
 # the row's counts of elements, added: the one pass's, and each AFTER_PASS statistic's that
 # is a count or a fraction (another kind of value does not merge from the parts: NaN, unknown)
@@ -162,6 +163,9 @@ class ShardBook:
         # the factor each is scaled by (`scale_gradients`)
         self._batch_grads: set[int] = set()
         self._dp: tuple[Any, ...] = ()  # the data-parallel groups (arm_tensor_parallel)
+        # each sharded local's DTensor, by where its values lie: (mesh, placements, shape,
+        # stride), what the backward target reads the model's output as (`as_dtensors`)
+        self._dtensors: dict[Key, tuple[Any, tuple[Any, ...], Any, tuple[int, ...]]] = {}
         self._grad_scale: dict[int, float] = {}
         self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
@@ -194,6 +198,9 @@ class ShardBook:
             key = None if own is None or own.device.type == "meta" else _key(own)
             if groups and own is not None and key is not None:
                 self.local_shards[key] = (weakref.ref(own), groups, t.shape)
+                mesh, placements = t.device_mesh, tuple(t.placements)  # type: ignore[attr-defined]
+                if not any(p.is_partial() for p in placements):  # (its values: this shard's)
+                    self._dtensors[key] = (mesh, placements, t.shape, t.stride())
                 was = self._suspects.pop(key, None)  # both alive: the same values
                 if was is not None and was[0]() is not None:
                     self._declared[was[1]] = (groups, t.shape, was[2])
@@ -439,9 +446,31 @@ class ShardBook:
                 said = f"merged over ranks: no {', '.join(extras)} (only this rank's part had them)"
                 stats.note = f"{stats.note}; {said}" if stats.note else said
 
+    def as_dtensors(self, obj: Any) -> Any:
+        """obj (the model's output) with each local shard a tensor-parallel style handed on
+        as a plain tensor (use_local_output) made the DTensor it is a part of again
+        (differentiably, from this rank's part): a backward target then reads the whole
+        output (its top-1 over every class, not this rank's), as one process would."""
+        if not self._dtensors:
+            return obj
+        from torch.distributed.tensor import DTensor
+
+        def whole(_path: str, t: torch.Tensor) -> torch.Tensor:
+            key = _key(t) if type(t) is torch.Tensor else None
+            spec = self._dtensors.get(key) if key is not None else None
+            if spec is None:
+                return t
+            mesh, placements, shape, stride = spec
+            return DTensor.from_local(
+                t, mesh, placements, run_check=False, shape=shape, stride=stride
+            )
+
+        return map_tensors(obj, whole, "out")
+
     def clear(self) -> None:
         self.shards.clear()
         self._batch_grads.clear()
+        self._dtensors.clear()
         self.local_shards.clear()
         self.fed.clear()
         self._suspects.clear()
