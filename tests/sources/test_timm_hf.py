@@ -466,3 +466,22 @@ def test_hf_types_whose_default_config_needs_more() -> None:
 def test_images_given_to_a_text_model_are_refused_in_one_line() -> None:
     result = run("cam", "hf:bert", str(CAT), *SMALL_ARGS, "-o", "-")
     one_line_error(result, 2, "takes token ids, not images")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["num_hidden_layers=abc"], "expected int, got str"),
+        (["hidden_size=33", "num_hidden_layers=1"], "not a multiple of the number of attention"),
+    ],
+)
+def test_a_value_an_hf_types_config_refuses_is_one_line_exit_2(
+    args: list[str], needle: str
+) -> None:
+    """transformers' typed configs refuse a value with their own error class: the user's input
+    (exit 2, its reason whole), not an internal error (exit 3), as a folder's config.json's."""
+    from tests.support.cli import assert_one_line_error
+
+    spec = [x for a in args for x in ("--model-arg", a)]
+    res = CliRunner().invoke(app, ["layers", "hf:llama", *spec])
+    assert_one_line_error(res, 2, "cannot make a llama config", needle, "--model-arg")

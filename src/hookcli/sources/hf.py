@@ -198,10 +198,13 @@ def _config_for_type(tf: Any, model_type: str, overrides: dict[str, Any]) -> Any
         )
     try:
         return tf.AutoConfig.for_model(model_type, **overrides)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # a type or value the typed config refuses: the user's input
+        if not isinstance(exc, TypeError | ValueError) and not _refused_value(exc):
+            raise
+        text = one_line(exc, whole=_refused_value(exc))
         raise UsageError(
-            f"cannot make a {model_type} config ({kwargs_text(overrides)}): {one_line(exc)}",
-            "check --model-arg names against the model's config fields.",
+            f"cannot make a {model_type} config ({kwargs_text(overrides)}): {text}",
+            "check --model-arg names and values against the model's config fields.",
         ) from exc
 
 
