@@ -125,6 +125,19 @@ def test_dead_max_abs_expect_shape_rules() -> None:
     assert r.exit_code == 0, r.stdout
 
 
+def test_expect_shape_takes_a_glob_as_every_other_layer_option_does() -> None:
+    """A glob (matched when the rule is read) is compared layer by layer, each matching
+    layer's first call: it was compared as a literal name, and failed as 'never ran'."""
+    model = ("tests/support/models.py:DivideByDead", "--input", "randn:2x4")
+    r = run("check", *model, "--expect-shape", "f?=2x4", "--expect-shape", "*=2x4")
+    assert r.exit_code == 0, r.stdout
+    assert "PASS expect-shape f?: f? (1 layer) output is 2x4" in r.stdout
+    r = run("check", *model, "--expect-shape", "[fg]*=2x5")
+    assert r.exit_code == 1, r.stdout
+    assert "FAIL expect-shape [fg]*: 2 of 2 layers matching [fg]* do not output 2x5" in r.stdout
+    assert "gate output is 2x4, expected 2x5" in r.stdout
+
+
 def test_fail_on_works_on_inspect_and_grads(tmp_path: Path) -> None:
     r = run(
         "inspect",

@@ -16,6 +16,7 @@ calls.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 import re
 from collections.abc import Iterator
@@ -634,18 +635,34 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
 
 
 def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckResult:
+    """LAYER's first call's (a glob's: each layer it matches, by name or alias) first output
+    has this shape."""
     want = "x".join(map(str, shape))
-    call = next((c for c in report.layers if c.name == layer or layer in c.aliases), None)
+    glob = any(ch in layer for ch in "*?[")
+    firsts: dict[str, LayerCall] = {}
+    for c in report.layers:
+        named = [c.name, *c.aliases]
+        if any(fnmatch.fnmatchcase(n, layer) for n in named) if glob else layer in named:
+            firsts.setdefault(c.name, c)
     rule = f"expect-shape {layer}"
-    if call is None:
+    if not firsts:
         text = f"{layer} never ran, so it has no output shape"
         return CheckResult(rule, False, text, [Failure(text, layer, None, None, None, want)])
-    if not call.outputs:
-        text = f"{layer} produced no tensor"
-        return CheckResult(rule, False, text, [Failure(text, layer, call.call, None, None, want)])
-    got = "x".join(map(str, call.outputs[0].shape))
-    if got == want:
-        return CheckResult(rule, True, f"{layer} output is {want}")
-    text = f"{layer} output is {got}, expected {want}"
-    failure = Failure(text, call.name, call.call, call.outputs[0].path, got, want)
-    return CheckResult(rule, False, text, [failure], failure)
+    failures = []
+    for name, call in firsts.items():
+        if not call.outputs:
+            text = f"{name} produced no tensor"
+            failures.append(Failure(text, name, call.call, None, None, want))
+            continue
+        got = "x".join(map(str, call.outputs[0].shape))
+        if got != want:
+            text = f"{name} output is {got}, expected {want}"
+            failures.append(Failure(text, call.name, call.call, call.outputs[0].path, got, want))
+    if not failures:
+        n = len(firsts)
+        which = layer if not glob else f"{layer} ({n} layer{'s' if n != 1 else ''})"
+        return CheckResult(rule, True, f"{which} output is {want}")
+    if len(firsts) == 1:
+        return CheckResult(rule, False, failures[0].message, failures, failures[0])
+    text = f"{len(failures)} of {len(firsts)} layers matching {layer} do not output {want}"
+    return CheckResult(rule, False, text, failures, failures[0])
