@@ -393,6 +393,13 @@ def _build(make: Any, spec: str, overrides: dict[str, Any], head: str = "") -> A
         ) from exc
 
 
+def _unreadable(exc: BaseException) -> bool:
+    """A checkpoint's weights files that cannot be read: missing (a dangling link of an
+    interrupted download), corrupt or cut short (safetensors' own error), an index without
+    its fields."""
+    return isinstance(exc, OSError | KeyError) or type(exc).__name__ == "SafetensorError"
+
+
 def _refused_value(exc: BaseException) -> bool:
     """A config value transformers' typed configs refuse (huggingface_hub's strict
     dataclasses): the user's input, not the model's failure."""
@@ -448,17 +455,31 @@ def _pretrained(
             cls, where, saved, spec, overrides=overrides, built=built, notes=notes, found=found,
             meta=building == META,
         )  # fmt: skip
-    load_args = {"trust_remote_code": False, "use_safetensors": True, **found}
+    # (weights of another shape come back in the loading info, named below, not raised)
+    load_args = {
+        "trust_remote_code": False, "use_safetensors": True, "ignore_mismatched_sizes": True,
+        **found,
+    }  # fmt: skip
     if building == TP:
         load_args["tp_plan"] = "auto"
         notes.append(tensor_parallel_note(saved, spec))
     model: nn.Module
-    model, info = _build(
-        lambda: cls.from_pretrained(where, config=saved, output_loading_info=True, **load_args),
-        spec,
-        overrides,
-        built,
-    )
+    try:
+        model, info = _build(
+            lambda: cls.from_pretrained(where, config=saved, output_loading_info=True, **load_args),
+            spec,
+            overrides,
+            built,
+        )
+    except ModelError as exc:
+        cause = exc.__cause__
+        if cause is None or not _unreadable(cause):
+            raise
+        raise UsageError(
+            f"{spec}: its weights cannot be read: {one_line(cause)}",
+            "write the folder again with save_pretrained (or fetch the model again): its "
+            "model*.safetensors files and their index are the weights.",
+        ) from cause
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
     mismatched = sorted(
