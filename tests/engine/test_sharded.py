@@ -92,6 +92,25 @@ def test_a_target_reads_the_whole_output_a_style_hands_on_as_a_rank_part(
     assert grad["shape"] == [6, 8] and grad["zeros"] == pytest.approx(1 - 6 / 48)
 
 
+@pytest.mark.parametrize("kind", ["tp-shared", "fsdp-shared"])
+def test_an_input_two_parallel_layers_read_has_its_whole_gradient_in_each(
+    tmp_path: Path, kind: str
+) -> None:
+    """A gated MLP's input, read by `gate` and `up`: each one's input gradient is the whole
+    ∂target/∂input, through both, as in one process (docs/grads.md) — not the part through
+    itself alone, which is what the tensor a style's or FSDP's input hook makes from it gets."""
+    if kind == "tp-shared":
+        sharded, single = _run(tmp_path, kind, 2)
+        assert_same(sharded, single)
+    else:
+        sharded = _assert_global_batch(tmp_path, kind, 2, first="pre")
+    a = entries(sharded)
+    gate, up = a[("gate", "grad_inputs", "in[0]")], a[("up", "grad_inputs", "in[0]")]
+    pre = a[("pre", "grad_outputs", "out")]  # (the same tensor's gradient: the whole one)
+    for s in ("mean", "norm", "min", "max"):
+        assert gate[s] == pytest.approx(pre[s], rel=1e-6) and up[s] == pytest.approx(pre[s])
+
+
 def test_sequence_parallel_blocks_are_measured_as_the_whole_tensors(tmp_path: Path) -> None:
     """Sequence parallel: each rank's block of rows gathered by ColwiseParallel, the Rowwise
     output reduce-scattered back into blocks, a LayerNorm (SequenceParallel) on each block:
@@ -235,7 +254,7 @@ def test_a_2d_mesh_merges_along_each_dimension(tmp_path: Path) -> None:
     assert_same_run(merged.steps, read_steps(tmp_path / "2d.single.jsonl"))
 
 
-def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any]:
+def _assert_global_batch(tmp_path: Path, kind: str, procs: int, first: str = "0") -> dict[str, Any]:
     """The sharded report equals the single one, activations over the global batch (each of
     2 data-parallel indices held 3 of its 6 rows), parameter gradients averaged over them."""
     sharded, single = _run(tmp_path, kind, procs)
@@ -261,7 +280,7 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int) -> dict[str, Any
         for s in STATS:
             if y.get(s) is not None:
                 assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
-    assert a[("0", "inputs", "in[0]")]["shape"] == [6, 8]
+    assert a[(first, "inputs", "in[0]")]["shape"] == [6, 8]
     return sharded
 
 

@@ -18,7 +18,10 @@ RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel no
 `tp-emb` (a token embedding before the MLP, RowwiseParallel as torchtitan plans it: its output a
 partial sum whose mask the style's own reduction needs after hookcli's hook has read it),
 `tp-last` (the last Linear ColwiseParallel: the model's output is each rank's columns, handed on
-as a plain tensor; grads' target is `top1`, over every column).
+as a plain tensor; grads' target is `top1`, over every column), `tp-shared` and `fsdp-shared`
+(a gated MLP whose input both `gate` and `up` read: Colwise, Colwise, Rowwise; FSDP2's
+fully_shard on each, each rank on its own rows: each one's input gradient is the whole
+derivative, through both).
 Each:
 `grads` of the summed output (OUT/NAME.json), then three steps of SGD under `hookcli.watch`
 (OUT/NAME.jsonl; sharded, each rank its own log).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,6 +45,21 @@ IN, HIDDEN, OUT = 8, 32, 8
 def model() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+
+
+class Gated(nn.Module):
+    """A gated MLP: its input read by two Linears (their input gradients: both paths')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.pre = nn.Linear(IN, IN)  # (what gate and up read: an activation, not the input)
+        self.gate, self.up = nn.Linear(IN, HIDDEN), nn.Linear(IN, HIDDEN)
+        self.down = nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pre(x)
+        return self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
 
 def batch(kind: str = "") -> torch.Tensor:
@@ -91,6 +110,16 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
         }
         parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
         return m
+    if kind == "tp-shared":
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        plan = {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+        parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
+        return m
     if kind == "tp-emb":
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import (
@@ -121,8 +150,8 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
     else:
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(m[0], mesh=mesh)
-        fully_shard(m[2], mesh=mesh)
+        for part in ("pre", "gate", "up", "down") if kind == "fsdp-shared" else ("0", "2"):
+            fully_shard(m.get_submodule(part), mesh=mesh)
         fully_shard(m, mesh=mesh)
     return m
 
@@ -155,6 +184,8 @@ def main() -> None:
     m = model() if kind != "tp-open" else nn.Sequential(*list(model())[:2])
     if kind == "tp-emb":
         m.insert(0, nn.Embedding(VOCAB, IN))
+    if kind.endswith("-shared"):
+        m = Gated()  # type: ignore[assignment]
     if kind == "sp":  # (weights not all ones: a plain norm's outputs sum to 0, its gradient too)
         m.append(nn.LayerNorm(OUT))
         with torch.no_grad():
@@ -166,6 +197,8 @@ def main() -> None:
     world = torch.distributed.get_world_size() if not single else 1
     name = f"{kind}.{'single' if single else 'sharded'}"
     names = [str(i) for i in range({"sp": 4, "tp-open": 2, "tp-emb": 4}.get(kind, 3))]
+    if kind.endswith("-shared"):
+        names = ["pre", "gate", "up", "down"]
     # (inspect and grads hook the DDP wrapper's module as it names it; watch unwraps it)
     layers = [f"module.{n}" for n in names] if kind == "ddp" and not single else names
 
@@ -174,18 +207,20 @@ def main() -> None:
             return x[rank // (world // 2) :: 2]
         if kind == "sp":  # each rank its block of rows (Shard(0))
             return x.chunk(world)[rank]
-        return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan") else x
+        return x[rank::world] if kind in ("fsdp-dp", "ddp", "fsdp-nan", "fsdp-shared") else x
 
     hist = 4 if kind == "fsdp-dp" else 0  # (histograms do not merge: left out, said)
     target = "top1" if kind == "tp-last" else "sum"
     report = hookcli.grads(m, mine(batch(kind)), layers=layers, target=target, topk=0, hist=hist)
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
     m(mine(batch(kind))).sum().backward()
-    total = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e9)
-    total = total.full_tensor() if hasattr(total, "full_tensor") else total
+    total: Any = None
+    if kind != "tp-shared":  # (its plain `pre` beside DTensors: clip_grad_norm_ refuses the mix)
+        total = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1e9)
+        total = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
     m.zero_grad(set_to_none=True)
     if rank == 0:
-        data = report.to_dict() | {"clip_grad_norm": float(total)}
+        data = report.to_dict() | {"clip_grad_norm": total}
         (out / f"{name}.json").write_text(json.dumps(data))
     # three steps of SGD, each watched; rank 0's log
     opt = torch.optim.SGD(m.parameters(), lr=0.1)

@@ -35,6 +35,8 @@ import torch.nn.modules.module as _module_hooks
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hookcli.engine.callers import Spec, as_whole, fsdp_managed, paired
+from hookcli.engine.copysafe import CopySafeHook, ScriptedCall
 from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
 from hookcli.engine.sharded import is_sharded
 from hookcli.engine.stats import StatsCollector
@@ -100,31 +102,6 @@ class Target:
     type: str
     # a scripted module: the eager (parent, attribute) places a stand-in takes for the pass
     places: list[tuple[nn.Module, str]] = field(default_factory=list)
-
-
-class ScriptedCall(nn.Module):
-    """Stands in for a scripted module (torch.jit.script refuses Python hooks) in its eager
-    parents for one pass: the parent calls it as it called the scripted module, the hooks on
-    it see that call's inputs and outputs, and it calls the scripted module (docs/traps.md §15).
-    The scripted module is held as a plain attribute, not a child: the model's own module
-    tree is put back exactly as it was when the pass ends."""
-
-    def __init__(self, scripted: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "scripted", scripted)
-        self.training = scripted.training
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.scripted(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:  # the parent may read the module's attributes
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            scripted = self.__dict__.get("scripted")  # absent while copied or unpickled
-            if scripted is None:
-                raise
-            return getattr(scripted, name)
 
 
 @dataclass(slots=True, eq=False)  # compared by identity
@@ -199,34 +176,6 @@ def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorSt
         stats.append(collector.quick(t, path))
 
 
-class CopySafeHook:
-    """A module hook that a copy of the module does not carry along: `copy.deepcopy(model)`
-    (an EMA's copy, made while hooks are on) and pickling (`torch.save(model)`) give an
-    InertHook, not a second reference to the session, its collector and its tensors (a
-    plain closure would be shared by the copy, or refuse to pickle)."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
-        return InertHook()
-
-    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
-        return InertHook, ()
-
-
-class InertHook:
-    """What a copied module holds where the original has a CopySafeHook: nothing happens."""
-
-    def __call__(self, *args: Any) -> None:
-        return None
-
-
 class HookSession:
     """Context manager: hooks on enter, every handle removed on exit, whatever happened."""
 
@@ -263,6 +212,9 @@ class HookSession:
         # a hooked tensor, by id: (itself, weakly; its version then; the hook's handle id;
         # the calls' (pending, "in"/"out", path) it hands the gradient to)
         self._watched: dict[int, tuple[Any, int, int, list[tuple[PendingCall, str, str]]]] = {}
+        # grads: the caller's inputs of each target whose own hooks (a parallel style's, FSDP's)
+        # hand it other tensors, kept by a hook before those (engine/callers.py); None: none
+        self._callers: list[list[tuple[Any, Any]]] | None = None
         self.resets = 0  # forwards forgotten by reset(), to run again
         self._finished = 0
         self._events = 0  # pre- and post-hook events: PendingCall.entered / returned
@@ -361,6 +313,14 @@ class HookSession:
                     parent._modules[attr] = module
                     self._restores.append((parent, attr, target.module, module))
         try:
+            if self.grads and module._forward_pre_hooks and not target.places:
+                self._handles.append(  # (the caller's inputs: see engine/callers.py)
+                    module.register_forward_pre_hook(
+                        CopySafeHook(functools.partial(self._keep_caller, i)),
+                        with_kwargs=True,
+                        prepend=True,
+                    )
+                )
             pre = module.register_forward_pre_hook(
                 CopySafeHook(self._pre_hook(i)), with_kwargs=True
             )
@@ -517,13 +477,19 @@ class HookSession:
         for path, t in iter_tensors(obj, root):
             self.saver.add(f"{call.name}#{call.call}/{kind}/{path}", t)
 
-    def _watch_grads(self, obj: Any, root: str, pending: PendingCall) -> None:
+    def _watch_grads(
+        self, obj: Any, root: str, pending: PendingCall, callers: Any = None, casts: bool = False
+    ) -> None:
         """A gradient hook on each tensor in obj that requires grad. A tensor hooked already
         (an output that is the next call's input), unchanged since and with no other hook
         after ours, gets no second hook: the one it has hands the gradient to both, in the
         order two hooks would have (issue 52: a hook costs more than the work it does)."""
-        if type(obj) is torch.Tensor:
-            items: Iterable[tuple[str, torch.Tensor]] = ((root, obj),)
+        specs: dict[str, Spec] = {}
+        if callers is not None:  # (the caller's own tensors where they are the inputs')
+            items: Iterable[tuple[str, torch.Tensor]]
+            items, specs = paired(obj, callers, root, casts=casts)
+        elif type(obj) is torch.Tensor:
+            items = ((root, obj),)
         elif type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
             items = ((f"{root}[0]", obj[0]),)
         else:
@@ -537,6 +503,13 @@ class HookSession:
                 pending.input_producers.append(
                     (node, t.output_nr) if node is not None else (t, -1)  # a leaf: itself
                 )
+            spec = specs.get(path) if specs else None
+            if spec is not None:  # its own hook: the gradient taken as the module's DTensor
+                hooked_as = t.register_hook(  # type: ignore[no-untyped-call]
+                    functools.partial(self._on_grad_as, spec, [(pending, root, path)])
+                )
+                self.tensor_handles.append(hooked_as)
+                continue
             key, version = id(t), t._version
             entry = watched.get(key)
             if entry is not None and entry[0]() is t and entry[1] == version:
@@ -558,6 +531,20 @@ class HookSession:
                 watched[key] = (weakref.ref(t), version, hook_id, watchers)
             except TypeError:  # no weak reference to it: each call hooks it again
                 pass
+
+    def _keep_caller(self, i: int, _module: nn.Module, args: Any, kwargs: Any = None) -> None:
+        if self._callers is None:
+            self._callers = [[] for _ in self.targets]
+        self._callers[i].append((args, kwargs))
+
+    def _on_grad_as(
+        self, spec: Spec, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None
+    ) -> None:
+        """A caller's tensor's gradient (a local part) taken as the DTensor the module got."""
+        if grad is not None:
+            key = grad_key(grad)
+            for pending, root, path in watchers:
+                self._grad_arrived(pending, root, path, as_whole(grad, spec), key)
 
     def _on_grad(
         self, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None
@@ -633,6 +620,9 @@ class HookSession:
         """Target i's call starts: its inputs measured (the forward pre-hook). `kwargs` is
         None only for a call of another pass that began before this session's hooks went
         (torch runs the hooks a call found, and asks for keywords by the hooks there now)."""
+        callers = None
+        if self._callers is not None and self._callers[i]:  # (what the caller passed)
+            callers = self._callers[i].pop()
         if self.exclude is not None and self.exclude():
             return None
         kwargs = kwargs if kwargs is not None else {}
@@ -671,7 +661,12 @@ class HookSession:
                 measure(self.collector, args, "in", call.inputs)
                 if kwargs:
                     measure(self.collector, kwargs, "in", call.inputs)
-                if self.grads:
+                if self.grads and callers is not None:
+                    casts = fsdp_managed(module)
+                    self._watch_grads(args, "in", pending, callers[0], casts)
+                    if kwargs:
+                        self._watch_grads(kwargs, "in", pending, callers[1] or {}, casts)
+                elif self.grads:
                     self._watch_grads(args, "in", pending)
                     if kwargs:
                         self._watch_grads(kwargs, "in", pending)

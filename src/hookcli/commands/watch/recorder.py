@@ -32,7 +32,8 @@ from hookcli.commands.watch.compiled import EagerSwitch, RootCall, inner_module
 from hookcli.commands.watch.nonfinite import FirstNonfinite, StepState, bundle_dir, stderr_line
 from hookcli.commands.watch.sinks import LineSinks
 from hookcli.commands.watch.steptools import params_of, process_rank, rank_log_path
-from hookcli.engine.hooks import CopySafeHook, Target
+from hookcli.engine.copysafe import CopySafeHook
+from hookcli.engine.hooks import Target
 from hookcli.engine.sharded import data_parallel_position
 from hookcli.errors import UsageError, one_line
 from hookcli.options import DEFAULTS, WatchOptions
