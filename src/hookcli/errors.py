@@ -45,6 +45,10 @@ def one_line(exc: BaseException, *, with_type: bool = True, whole: bool = False)
     `whole`: every line folded into one, for messages whose reason follows a heading line
     (load_state_dict's, a validation error's)."""
     text = str(exc).strip()
+    # torch's C++ errors carry their stack after this, sometimes inside a quoted message
+    # whose newlines are escapes ("…long long\\nException raised from …")
+    for stack in ("\\nException raised from ", "\nException raised from "):
+        text = text.split(stack, 1)[0]
     first = " ".join((text if whole else text.split("\n", 1)[0]).split())
     first = first if len(first) <= 300 else first[:297] + "..."
     if not with_type:

@@ -269,6 +269,11 @@ class Batching:
     workers: int = 0
     per_image: int = 0
 
+    def __post_init__(self) -> None:  # (--per-image is read by a one-batch run too)
+        bounds.integer(
+            self.per_image, "--per-image", low=0, high=bounds.INT32_MAX, example="--per-image 3"
+        )
+
     @property
     def asked(self) -> bool:
         return self.batch_size is not None or self.limit is not None or bool(self.workers)

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.cli.params import config_keys, registered
 from hookcli.options import DEFAULTS, RuleOptions, pick
-from tests.support.paths import ROOT
+from tests.support.cli import assert_one_line_error, run
+from tests.support.paths import CAT, ROOT
 
 runner = CliRunner()
 NET = ROOT / "examples" / "tiny" / "net.py"
@@ -84,3 +85,27 @@ def test_pick_keeps_the_field_default_for_what_is_not_given() -> None:
     assert pick(RuleOptions, {"dead_frac": None, "tol": 5.0}) == RuleOptions()
     picked = pick(RuleOptions, {"fail_on": ["dead"], "rtol": 0.5}, atol=0.25)
     assert picked == RuleOptions(fail_on=("dead",), rtol=0.5, atol=0.25)
+
+
+# ------------------------------------------------- found by a sweep of bad inputs (stop 70)
+
+
+def test_a_model_arg_torch_cannot_take_is_one_line_without_a_cpp_stack() -> None:
+    """An integer past 64 bits reaches torch's C++, whose error carries its stack in the
+    quoted message (escaped newlines): cut off, one line."""
+    res = run(
+        "inspect", "tests/support/models.py:Wide", "--input", "randn:2x3",
+        "--model-arg", "width=99999999999999999999999",
+    )  # fmt: skip
+    assert_one_line_error(res, 2, "Overflow when unpacking long long", "--model-arg")
+    assert "frame #" not in res.stderr and "Exception raised from" not in res.stderr
+
+
+def test_a_torchvision_builder_refusing_a_model_arg_value_is_exit_2() -> None:
+    res = run("layers", "resnet18", "--model-arg", "num_classes=-3")
+    assert_one_line_error(res, 2, "cannot build resnet18(num_classes=-3)", "negative dimension")
+
+
+def test_per_image_is_range_checked_in_a_one_batch_run() -> None:
+    res = run("inspect", "resnet18", str(CAT), "--per-image", "-1")
+    assert_one_line_error(res, 2, "--per-image must be 0 or more")

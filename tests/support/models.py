@@ -454,3 +454,14 @@ class MassiveAt(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.spike(self.proj(x) * 0.1)
+
+
+class Wide(nn.Module):
+    """A Linear as wide as `width` (a constructor argument for --model-arg)."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)

@@ -234,7 +234,7 @@ def load_custom(
             raise said from exc
         except TypeError as exc:
             raise UsageError(
-                f"{source}:{attr}({kwargs_text(kwargs)}) failed: {exc}",
+                f"{source}:{attr}({kwargs_text(kwargs)}) failed: {one_line(exc, with_type=False)}",
                 "pass constructor arguments with --model-arg key=value.",
             ) from exc
     if not isinstance(model, nn.Module):

@@ -110,6 +110,12 @@ def load_registry(name: str, weights: str, seed: int, kwargs: dict[str, Any]) ->
             "check --model-arg names against the torchvision builder's parameters.",
         ) from exc
     except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        memory = "allocate" in str(exc) or isinstance(exc, MemoryError)
+        if kwargs and not memory:  # (a size torch refuses: the argument's, not the model's)
+            raise UsageError(
+                f"cannot build {name}({kwargs_text(kwargs)}): {one_line(exc)}",
+                "check --model-arg values against the torchvision builder's parameters.",
+            ) from exc
         raise ModelError(
             f"building {name}({kwargs_text(kwargs)}) failed: {one_line(exc)}",
             "a --model-arg size asks for more memory than there is; check the arguments."
