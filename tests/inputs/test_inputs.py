@@ -90,3 +90,19 @@ def test_specs(tmp_path: Path) -> None:
 def test_malformed_specs(spec: str) -> None:
     with pytest.raises(UsageError, match="malformed --input"):
         parse_spec(spec, 0)
+
+
+def test_an_input_spec_too_large_for_memory_is_out_of_memory_not_a_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's allocator refusing the spec's tensor: out of memory (exit 3), said as the
+    input's, never an internal error."""
+    from hookcli.errors import ModelError
+    from hookcli.inputs import specs
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9")
+
+    monkeypatch.setattr(specs.torch, "randn", refuse)
+    with pytest.raises(ModelError, match="out of memory making --input 'randn:1x3x7000x7000'"):
+        specs.parse("randn:1x3x7000x7000", 0)

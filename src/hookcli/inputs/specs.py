@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.errors import UsageError, one_line
+from hookcli.errors import ModelError, UsageError, one_line
 from hookcli.io.output import note_read, user_path
 
 MAX_NUMEL = (1 << 31) - 1  # a spec tensor has fewer than 2**31 elements (8 GiB of float32)
@@ -164,7 +164,20 @@ def _file(spec: str, raw: str) -> list[torch.Tensor]:
 
 
 def parse(spec: str, seed: int) -> Spec:
-    """One --input value → its tensors (a .pt file may hold a tuple of them) and its keyword."""
+    """One --input value → its tensors (a .pt file may hold a tuple of them) and its keyword;
+    one that does not fit in memory is out of memory (exit 3), said as the input's size."""
+    try:
+        return _parse(spec, seed)
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise ModelError(
+            f"out of memory making --input {spec!r}: {one_line(exc)}",
+            "give a smaller shape (or a file of the tensor itself).",
+        ) from exc
+
+
+def _parse(spec: str, seed: int) -> Spec:
     name, raw = _split_name(spec.strip())
     body, dtype = _split_dtype(raw)
     gen = torch.Generator().manual_seed(seed)
