@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +203,16 @@ def test_pkg_mod_factory_works_from_the_console_script_in_a_project(tmp_path: An
         res.returncode == 2 and "run hookcli from the folder that holds the package" in res.stderr
     )
     assert "file.py:Name" not in res.stderr
+
+
+def test_a_module_with_a_syntax_error_is_bad_input_in_either_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FILE.py:Name and module:Name alike: a syntax error is the input's (exit 2), one line."""
+    from tests.support.cli import assert_one_line_error
+
+    (tmp_path / "synbad.py").write_text("import torch\ndef broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in (f"{tmp_path / 'synbad.py'}:Net", "synbad:Net"):
+        res = CliRunner().invoke(app, ["layers", spec])
+        assert_one_line_error(res, 2, "line 2")

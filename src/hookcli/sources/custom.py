@@ -165,6 +165,11 @@ def import_module(source: str, wanted: str = "") -> ModuleType:
             return importlib.import_module(source)
         except ModuleNotFoundError as exc:
             raise _not_found(source, exc, os.getcwd()) from exc
+        except SyntaxError as exc:  # the file's text, as FILE.py:Name says it (exit 2)
+            raise UsageError(
+                f"cannot import module {source}: {one_line(exc)}",
+                f"fix the file; python -c 'import {source}' shows where.",
+            ) from exc
 
 
 def _not_found(source: str, exc: ModuleNotFoundError, cwd: str) -> UsageError:
