@@ -630,3 +630,23 @@ def test_the_spill_file_has_no_name_in_tmpdir(tmp_path: Path) -> None:
 )
 def test_check_rule_values(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run("check", HEALTHY, *TINY, *args), 2, *needles)
+
+
+def test_report_renders_a_report_of_layers_that_never_ran(tmp_path: Path) -> None:
+    """A selected layer the forward never calls: the report hookcli wrote (no layer calls,
+    never_called naming it) renders; only a comparison against it (a baseline, diff) refuses
+    it, and no hint offers to write over the user's file."""
+    saved = tmp_path / "unused.json"
+    model = ["tests/support/models.py:Unused"]
+    res = CliRunner().invoke(
+        app, ["inspect", *model, "--input", "randn:2x4", "-l", "never", "-o", str(saved)]
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(saved.read_text())
+    assert data["layers"] == [] and data["never_called"] == ["never"]
+    shown = CliRunner().invoke(app, ["report", str(saved), "-f", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["never_called"] == ["never"]
+    refused = CliRunner().invoke(app, ["diff", str(saved), str(saved)])
+    assert_one_line_error(refused, 2, "nothing to compare against")
+    assert str(saved) not in refused.stderr.split("Hint:")[1]

@@ -465,3 +465,14 @@ class Wide(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x)
+
+
+class Unused(nn.Module):
+    """A Linear the forward calls and one it never calls (`never`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.never = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)

@@ -5,6 +5,7 @@ order the hooks saw the calls (where a change began), the rest largest first. Nu
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def load_baseline(path: Path) -> Report:
     """The saved report at path (reportfile.load_report: the one loader of saved reports)."""
     from hookcli.io.reportfile import load_report
 
-    return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {path}")
+    where = path if not os.path.lexists(path) else "BASE.json"  # (never over what is there)
+    return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {where}")
 
 
 def _entries(layers: list[LayerCall]) -> dict[tuple[str, int, str, str], TensorStats]:

@@ -33,9 +33,10 @@ class _Bad(Exception):
     """What is wrong with the report, as a phrase."""
 
 
-def load_report(path: str | Path, role: str, record: str) -> Report:
+def load_report(path: str | Path, role: str, record: str, *, compared: bool = True) -> Report:
     """The report at path, read and checked. `role` names it in messages ("baseline",
-    "report"); `record` is the hint's command that writes a good one."""
+    "report"); `record` is the hint's command that writes a good one; `compared`: it will be
+    compared against (then one with no tensor statistics is refused: it could never fail)."""
     p = Path(path)
     record = escape(record)  # it may name the file too
     label = f"{role} {escape(str(p))}" if role else escape(str(p))
@@ -91,7 +92,8 @@ def load_report(path: str | Path, role: str, record: str) -> Report:
         refuse(escape(_phrase(exc)))  # a mapping's keys are the file's own text
     assert isinstance(report, Report)
     try:
-        _something_to_compare(report)
+        if compared:
+            _something_to_compare(report)
     except _Bad as exc:
         refuse(str(exc))
     return report
@@ -100,9 +102,9 @@ def load_report(path: str | Path, role: str, record: str) -> Report:
 def saved_report(path: str | Path) -> Report:
     """A JSON report (`inspect -f json -o FILE`) as the Report it was written from, for the
     renderers (exit 2 naming what is wrong with it)."""
-    name = Path(path)
-    suggested = name.with_suffix(".json") if name.name not in ("", ".", "..") else "report.json"
-    return load_report(path, "report", f"write one: hookcli inspect MODEL … -o {suggested}")
+    return load_report(
+        path, "report", "write one: hookcli inspect MODEL … -o REPORT.json", compared=False
+    )
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -118,8 +120,8 @@ def _schema(data: Any) -> int:
         raise _Bad(f"the top level is {json_type(data)}, not an object")
     if "calls" in data and "layers" not in data:
         raise _Bad("it is a diff report (compare inspect/grads/check reports)")
-    if "schema" not in data:
-        raise _Bad("the report has no 'schema'")
+    if "schema" not in data:  # (lens, layers and attn write JSON of their own)
+        raise _Bad("it has no 'schema' (the JSON of inspect, grads and check has one)")
     schema = data["schema"]
     if isinstance(schema, bool) or not isinstance(schema, int):
         raise _Bad(f"its schema is {json_type(schema)}, not a number")
