@@ -340,3 +340,37 @@ def test_hist_adds_a_sparkline_and_json_bins() -> None:
     assert len(out["hist"]["counts"]) == 12 and len(out["hist"]["edges"]) == 13
     assert sum(out["hist"]["counts"]) == out["numel"]
     assert out["hist"]["counts"][0] >= out["zeros"] * out["numel"]  # the ReLU's zeros
+
+
+def test_a_failed_run_s_stderr_is_its_one_error_line_whatever_the_libraries_warned() -> None:
+    """torch warns while the model is built (zero-element weights), then the forward fails:
+    the command's stderr is its one error line; a run that succeeds shows the warnings after
+    its output."""
+
+    def hookcli_run(width: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "hookcli", "inspect", "tests/support/models.py:WideConv",
+                "--input", "randn:1x3x8x8", "--model-arg", f"width={width}",
+            ],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+        )  # fmt: skip
+
+    failed = hookcli_run("0")
+    assert failed.returncode == 3, failed.stderr
+    lines = failed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), failed.stderr
+    for shown in (True, False):
+        ran = subprocess.run(
+            [
+                sys.executable, "-c",
+                "import warnings; from hookcli.cli.app import _held_warnings\n"
+                "held = _held_warnings(); warnings.warn('held back'); print('out', flush=True)\n"
+                f"held.end(shown={shown})",
+            ],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+        )  # fmt: skip
+        assert ran.returncode == 0 and ran.stdout == "out\n", ran.stderr
+        assert ("held back" in ran.stderr) is shown

@@ -106,3 +106,17 @@ def test_an_input_spec_too_large_for_memory_is_out_of_memory_not_a_bug(
     monkeypatch.setattr(specs.torch, "randn", refuse)
     with pytest.raises(ModelError, match="out of memory making --input 'randn:1x3x7000x7000'"):
         specs.parse("randn:1x3x7000x7000", 0)
+
+
+def test_a_plain_pickle_as_an_input_is_refused_without_torchs_advice_to_unpickle_it(
+    tmp_path: Path,
+) -> None:
+    import pickle
+
+    path = tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps(torch.ones(2)))
+    with pytest.raises(UsageError) as err:
+        parse_spec(str(path), 0)
+    said = str(err.value)
+    assert "plain pickle" in said and "hookcli never unpickles" in said
+    assert "weights_only" not in said

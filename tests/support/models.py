@@ -476,3 +476,14 @@ class Unused(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.used(x)
+
+
+class WideConv(nn.Module):
+    """A Conv2d as wide as `width`: 0 warns (zero-element weights) and fails in forward."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)

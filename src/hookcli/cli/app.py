@@ -196,6 +196,7 @@ def main() -> None:
     if code is None:  # the worker, or a light command run in-process
         if _is_entry_point():  # hookcli's own process: a program calling main() keeps its gc
             gcpause.pause()  # back on once the model is built (sources.load_model)
+        held = _held_warnings()
         try:
             app()
             code = 0
@@ -206,11 +207,46 @@ def main() -> None:
             code = exc.exit_code
         finally:
             gcpause.end()
+        held.end(shown=code in (0, 1))
         code = stdio.finish(code)
         beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
         if "torch" in sys.modules and _is_entry_point():
             _quick_exit(code)
     sys.exit(code)
+
+
+class _Held:
+    """The libraries' warnings of a command, held until it ends: shown after a command that
+    ran (its output first), left out after one that failed, whose stderr is its one
+    `error: … Hint: …` line (a torch warning on a bad file said nothing the error does not)."""
+
+    def __init__(self) -> None:
+        import warnings
+
+        self.lines: list[str] = []
+        self._shown = warnings.showwarning
+        self._active = not sys.warnoptions  # (a user's -W/PYTHONWARNINGS: theirs, as it is)
+        if self._active:
+            warnings.showwarning = self._hold  # type: ignore[assignment]
+
+    def _hold(self, message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        import warnings
+
+        self.lines.append(warnings.formatwarning(message, category, filename, lineno))
+
+    def end(self, *, shown: bool) -> None:
+        import warnings
+
+        if not self._active:
+            return
+        warnings.showwarning = self._shown
+        if shown and self.lines:
+            sys.stderr.write("".join(self.lines))
+            sys.stderr.flush()
+
+
+def _held_warnings() -> _Held:
+    return _Held()
 
 
 def _is_entry_point() -> bool:

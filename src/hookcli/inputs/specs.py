@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,9 @@ def _load_tensors(raw: str, path: Path) -> Any:
         raise UsageError(f"tensor file {raw} not found.", "check the path.")
     note_read(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (torch's note on a plain pickle's protocol: noise)
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if zipfile.is_zipfile(path):  # torch.save's format, holding more than tensors
             raise UsageError(
@@ -87,8 +90,9 @@ def _load_tensors(raw: str, path: Path) -> Any:
                 "never unpickles code (it loads with weights_only=True).",
                 "save plain tensors: torch.save(tensor, 'x.pt') or a tuple of tensors.",
             ) from exc
-        raise UsageError(
-            f"tensor file {raw} is not a torch.save file ({one_line(exc, with_type=False)}).",
+        raise UsageError(  # (torch's own text advises unpickling it: never done here)
+            f"tensor file {raw} is not a torch.save file (a plain pickle, or other bytes; "
+            "hookcli never unpickles).",
             "save it with torch.save(tensor, 'x.pt').",
         ) from exc
     except Exception as exc:

@@ -4,6 +4,7 @@ check against a model and load — the same for every source."""
 from __future__ import annotations
 
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,11 +34,14 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             ) from exc
     else:
         try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # (torch's note on a plain pickle's protocol)
+                warnings.simplefilter("ignore")
+                data = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             if not zipfile.is_zipfile(path):  # not torch.save's format: just not a checkpoint
-                raise UsageError(
-                    f"{path} is not a readable PyTorch file: {one_line(exc)}",
+                raise UsageError(  # (torch's own text advises unpickling it: never done here)
+                    f"{path} is not a readable PyTorch file (a plain pickle, or other bytes; "
+                    "hookcli never unpickles).",
                     "check the file; hookcli reads state dicts saved by torch.save.",
                 ) from exc
             raise UsageError(
