@@ -176,6 +176,7 @@ def diff(
                     "hold no next-token distributions to compare.",
                     "run the model: hookcli diff MODEL --text-file FILE --b SIDE --max-kld X.",
                 )
+            _nothing_to_run(ctx)
             report = diff_saved(saved[0], saved[1], p["tol"], sort=p["sort"])
         else:
             with status(f"running {name} twice…"):
@@ -198,3 +199,25 @@ def diff(
                     else f"failed: {'; '.join(report.token_failures)}"
                 )
             raise typer.Exit(1)
+
+
+# what a diff of two saved reports reads: the two files, how to compare and where to write
+_SAVED_DIFF = frozenset({"model", "inputs", "tol", "sort", "fmt", "output", "config", "no_config"})
+
+
+def _nothing_to_run(ctx: typer.Context) -> None:
+    """Two saved reports are compared as they are: an option given on the command line that
+    runs or shapes a model's pass (--b, --weights, -l, --seed …) would be ignored, so it is
+    refused (the project config's values are not the user's words for this run)."""
+    given = []
+    for p in ctx.command.params:
+        source = ctx.get_parameter_source(p.name or "") if p.name not in _SAVED_DIFF else None
+        if source is not None and source.name == "COMMANDLINE":
+            given.append(next((o for o in p.opts if o.startswith("--")), p.name or ""))
+    if given:
+        raise UsageError(
+            f"two saved reports are compared as they were written: {', '.join(given)} "
+            f"{'runs' if len(given) == 1 else 'run'} a model, and would be ignored.",
+            f"drop {'it' if len(given) == 1 else 'them'}, or diff the model itself: "
+            "hookcli diff MODEL INPUT --b SIDE …",
+        )

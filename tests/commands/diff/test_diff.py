@@ -185,6 +185,11 @@ def test_two_saved_reports(tmp_path: Path) -> None:
     r = runner.invoke(app, ["diff", str(a), str(b), "-o", str(a)])
     assert_one_line_error(r, 2, "also an input of this run")
     assert a.read_bytes() == kept
+    # an option that runs a model would be ignored: refused, named
+    r = runner.invoke(app, ["diff", str(a), str(b), "--b", "float64", "-l", "nope", "--seed", "5"])
+    assert_one_line_error(r, 2, "compared as they were written", "--b, --layer, --seed run")
+    r = runner.invoke(app, ["diff", str(a), str(b), "--weights", "missing.pt"])
+    assert_one_line_error(r, 2, "--weights runs a model", "drop it")
 
 
 def test_a_folder_in_batches_equals_one_batch(tmp_path: Path) -> None:
