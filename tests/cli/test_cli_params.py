@@ -109,3 +109,22 @@ def test_a_torchvision_builder_refusing_a_model_arg_value_is_exit_2() -> None:
 def test_per_image_is_range_checked_in_a_one_batch_run() -> None:
     res = run("inspect", "resnet18", str(CAT), "--per-image", "-1")
     assert_one_line_error(res, 2, "--per-image must be 0 or more")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["grads", "tests/support/models.py:NoClasses", "--input", "randn:2x2"],
+         ["no classes (2x0)", "--target sum"]),
+        (["grads", "tests/support/models.py:Wide", "--input", "randn:2x3", "--loss", "l1:bogus"],
+         ["--loss target 'bogus'", "--loss mse:ones"]),
+        (["inspect", "tests/support/models.py:Wide", "--input", "randn:2x3", "--output-key",
+          "out["], ["--output-key 'out[' cannot be read from the model's output"]),
+    ],
+)  # fmt: skip
+def test_a_hint_names_the_option_at_fault_and_a_possible_next_step(
+    args: list[str], needles: list[str]
+) -> None:
+    res = run(*args)
+    assert_one_line_error(res, 2, *needles)
+    assert "from 0 to -1" not in res.stderr and "--input 'bogus'" not in res.stderr

@@ -187,6 +187,12 @@ def _check_class(index: int, scores: torch.Tensor, option: str) -> None:
             f"{'x'.join(map(str, scores.shape)) or 'a scalar'}.",
             "use --target sum, or a --loss against a target tensor.",
         )
+    if scores.shape[1] == 0:
+        raise UsageError(
+            f"{option} needs class scores; the model's output has no classes "
+            f"({'x'.join(map(str, scores.shape))}).",
+            "use --target sum, or a --loss against a target tensor.",
+        )
     if not 0 <= index < scores.shape[1]:
         raise UsageError(
             f"class index {index} is out of range: the model has {scores.shape[1]} classes "
@@ -355,7 +361,13 @@ def _target_tensor(raw: str, like: torch.Tensor, seed: int) -> torch.Tensor:
     if raw in ("ones", "zeros"):
         target = torch.ones_like(like) if raw == "ones" else torch.zeros_like(like)
         return target.detach()
-    (target, *rest) = parse_spec(raw, seed)
+    try:
+        (target, *rest) = parse_spec(raw, seed)
+    except UsageError as exc:  # (the spec's own words say --input: here it is --loss's)
+        raise UsageError(
+            f"--loss target {raw!r}: {exc.message.replace('--input ', '')}",
+            "give ones, zeros, KIND:SHAPE (randn:1x10) or a .pt/.npy file: --loss mse:ones.",
+        ) from exc
     if rest:
         raise UsageError(f"loss target {raw} holds {len(rest) + 1} tensors.", "save one tensor.")
     if tuple(target.shape) != tuple(like.shape):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.records import Prediction
 from hookcli.tree import pick
 
@@ -71,7 +71,8 @@ class Task:
             return pick(output, self.output_key)
         except (LookupError, ValueError) as exc:
             raise UsageError(
-                f"--output-key {self.output_key!r}: the model's output has {exc}.",
+                f"--output-key {self.output_key!r} cannot be read from the model's output: "
+                f"{one_line(exc, with_type=False)}.",
                 'name a key, index or path of it (logits, 0, out[0]["boxes"]); '
                 "`hookcli inspect MODEL -l '(model)'` lists the output's paths.",
             ) from exc
