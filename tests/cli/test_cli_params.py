@@ -120,6 +120,10 @@ def test_per_image_is_range_checked_in_a_one_batch_run() -> None:
          ["--loss target 'bogus'", "--loss mse:ones"]),
         (["inspect", "tests/support/models.py:Wide", "--input", "randn:2x3", "--output-key",
           "out["], ["--output-key 'out[' cannot be read from the model's output"]),
+        (["inspect", "tests/support/models.py:Wide", "--input", "randn:2x3", "--input",
+          "randn:2x3"], ["the inputs do not fit Wide.forward(x", "takes 2 positional"]),
+        (["inspect", "tests/support/models.py:Wide", "--input", "foo=randn:2x3"],
+         ["the inputs do not fit Wide.forward(x", "unexpected keyword argument 'foo'"]),
     ],
 )  # fmt: skip
 def test_a_hint_names_the_option_at_fault_and_a_possible_next_step(

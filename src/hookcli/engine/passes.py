@@ -17,6 +17,7 @@ run under no_grad: such a forward is run again with gradients enabled, and the r
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import time
@@ -594,6 +595,12 @@ def run_forward(
                 said = _skipped_global(model, exc)
                 if said is not None:
                     raise said from exc
+            if isinstance(exc, TypeError) and _refused_by_forward(exc, model):
+                raise UsageError(
+                    f"the inputs do not fit {type(model).__name__}.forward"
+                    f"{_signature(model)}: {one_line(exc, with_type=False)}",
+                    "give one --input per positional argument, NAME=SPEC for a keyword one.",
+                ) from exc
             if _needs_autograd(exc):
                 hint = (
                     "the model differentiates inside its forward (torch.autograd.grad or "
@@ -617,6 +624,28 @@ def run_forward(
                 where = f"{where[:36]}…{where[-36:]} ({where.count('.') + 1} levels deep)"
                 place = f" in layer {where}"
             raise ModelError(f"{loaded.name} failed{place}: {one_line(exc)}", hint) from exc
+
+
+def _refused_by_forward(exc: TypeError, model: nn.Module) -> bool:
+    """Whether the model's own forward refused its arguments (too many, a keyword it does
+    not take): the exception raised where torch calls it, before its code ran."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    frame = tb.tb_frame
+    return bool(
+        frame.f_code.co_filename.endswith(os.path.join("nn", "modules", "module.py"))
+        and frame.f_locals.get("self") is model
+    )
+
+
+def _signature(model: nn.Module) -> str:
+    try:
+        return str(inspect.signature(model.forward))
+    except (TypeError, ValueError):
+        return "(…)"
 
 
 def _skipped_global(model: nn.Module, exc: NameError) -> UsageError | None:
