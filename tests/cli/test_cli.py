@@ -343,24 +343,29 @@ def test_hist_adds_a_sparkline_and_json_bins() -> None:
 
 
 def test_a_failed_run_s_stderr_is_its_one_error_line_whatever_the_libraries_warned() -> None:
-    """torch warns while the model is built (zero-element weights), then the forward fails:
-    the command's stderr is its one error line; a run that succeeds shows the warnings after
-    its output."""
+    """torch warns while the model is built (zero-element weights): on bad input (exit 2) the
+    command's stderr is its one error line; where the model then fails (exit 3) the error
+    line comes first and the warnings after it (they may say why); a run that succeeds shows
+    them after its output."""
 
-    def hookcli_run(width: str) -> subprocess.CompletedProcess[str]:
+    def hookcli_run(*more: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
                 sys.executable, "-m", "hookcli", "inspect", "tests/support/models.py:WideConv",
-                "--input", "randn:1x3x8x8", "--model-arg", f"width={width}",
+                "--input", "randn:1x3x8x8", "--model-arg", "width=0", *more,
             ],
             capture_output=True, text=True, check=False, cwd=ROOT,
             env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
         )  # fmt: skip
 
-    failed = hookcli_run("0")
+    bad = hookcli_run("-l", "nope")
+    assert bad.returncode == 2, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), bad.stderr
+    failed = hookcli_run()
     assert failed.returncode == 3, failed.stderr
     lines = failed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), failed.stderr
+    assert lines[0].startswith("error: ") and "zero-element" in failed.stderr, failed.stderr
     for shown in (True, False):
         ran = subprocess.run(
             [

@@ -329,3 +329,16 @@ def test_a_pass_inside_the_users_inference_mode_is_measured_as_outside() -> None
         if pair is not None:
             assert_stats_match(a.inputs[0], pair[0])
             assert_stats_match(a.outputs[0], pair[1])
+
+
+def test_a_model_pickled_while_hooked_by_an_earlier_version_still_loads() -> None:
+    """A model saved (torch.save, pickle) while hookcli's hooks were on holds an InertHook,
+    named by the module that defined it then (hookcli.engine.hooks): it still loads."""
+    import pickle
+
+    from hookcli.engine.copysafe import CopySafeHook, InertHook
+
+    old = b"chookcli.engine.hooks\nInertHook\np0\n(tRp1\n."  # (protocol 0: the path spelled)
+    assert isinstance(pickle.loads(old), InertHook)
+    now = pickle.loads(pickle.dumps(CopySafeHook(print)))
+    assert isinstance(now, InertHook) and now() is None

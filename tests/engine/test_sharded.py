@@ -90,6 +90,15 @@ def test_a_target_reads_the_whole_output_a_style_hands_on_as_a_rank_part(
     assert sharded["backward"]["value"] == pytest.approx(single["backward"]["value"], rel=1e-6)
     grad = entries(sharded)[("2", "grad_outputs", "out")]
     assert grad["shape"] == [6, 8] and grad["zeros"] == pytest.approx(1 - 6 / 48)
+    # a loss against a plain target (it refused the DTensor), and the top-3 predictions over
+    # every class (they were each rank's columns')
+    mse, alone = sharded["mse"], single["mse"]
+    assert_same(mse, alone)
+    assert mse["backward"]["value"] == pytest.approx(alone["backward"]["value"], rel=1e-6)
+    picks = [(p["image"], p["index"]) for p in mse["predictions"]]
+    assert picks == [(p["image"], p["index"]) for p in alone["predictions"]]
+    for p, q in zip(mse["predictions"], alone["predictions"], strict=True):
+        assert p["prob"] == pytest.approx(q["prob"], rel=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["tp-shared", "fsdp-shared"])
@@ -281,6 +290,11 @@ def _assert_global_batch(tmp_path: Path, kind: str, procs: int, first: str = "0"
             if y.get(s) is not None:
                 assert x[s] == pytest.approx(y[s], rel=1e-5, abs=1e-6), (key, s)
     assert a[(first, "inputs", "in[0]")]["shape"] == [6, 8]
+    if kind in ("fsdp-dp", "ddp"):  # the input's gradient too: the global batch's, ÷ 2
+        (got,), (want,) = sharded["input_grads"], single["input_grads"]
+        assert got["shape"] == want["shape"] == [6, 8]
+        for s in ("mean", "std", "min", "max", "norm"):
+            assert got[s] == pytest.approx(want[s] / 2, rel=1e-5, abs=1e-7), s
     return sharded
 
 

@@ -211,7 +211,14 @@ def main() -> None:
 
     hist = 4 if kind == "fsdp-dp" else 0  # (histograms do not merge: left out, said)
     target = "top1" if kind == "tp-last" else "sum"
-    report = hookcli.grads(m, mine(batch(kind)), layers=layers, target=target, topk=0, hist=hist)
+    grad_in = kind in ("fsdp-dp", "ddp")  # (the input's gradient: merged, ÷ W as the rest)
+    report = hookcli.grads(
+        m, mine(batch(kind)), layers=layers, target=target, topk=0, hist=hist, input_grad=grad_in
+    )
+    more: dict[str, Any] = {}
+    if kind == "tp-last":  # a loss against a plain target, and the predictions: the whole's
+        x = mine(batch(kind))
+        more["mse"] = hookcli.grads(m, x, layers=layers, loss="mse:randn:6x8", topk=3).to_dict()
     # the total gradient norm the training would clip: clip_grad_norm_'s, on the same pass
     m(mine(batch(kind))).sum().backward()
     total: Any = None
@@ -220,7 +227,7 @@ def main() -> None:
         total = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
     m.zero_grad(set_to_none=True)
     if rank == 0:
-        data = report.to_dict() | {"clip_grad_norm": total}
+        data = report.to_dict() | {"clip_grad_norm": total} | more
         (out / f"{name}.json").write_text(json.dumps(data))
     # three steps of SGD, each watched; rank 0's log
     opt = torch.optim.SGD(m.parameters(), lr=0.1)

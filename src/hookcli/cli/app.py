@@ -207,7 +207,7 @@ def main() -> None:
             code = exc.exit_code
         finally:
             gcpause.end()
-        held.end(shown=code in (0, 1))
+        held.end(shown=code != 2)  # (bad input: its one line says it all)
         code = stdio.finish(code)
         beacon.finish(code)  # a library dying at interpreter exit now cannot fail the run
         if "torch" in sys.modules and _is_entry_point():
@@ -216,9 +216,10 @@ def main() -> None:
 
 
 class _Held:
-    """The libraries' warnings of a command, held until it ends: shown after a command that
-    ran (its output first), left out after one that failed, whose stderr is its one
-    `error: … Hint: …` line (a torch warning on a bad file said nothing the error does not)."""
+    """The libraries' warnings of a command, held until it ends: shown after its output, or
+    after the error line of a model that failed (exit 3: they may say why), left out after
+    bad input (exit 2), whose stderr is its one `error: … Hint: …` line (a torch warning on
+    a bad file says nothing the error does not)."""
 
     def __init__(self) -> None:
         import warnings

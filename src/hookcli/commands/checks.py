@@ -642,7 +642,7 @@ def _expect_shape(report: Report, layer: str, shape: tuple[int, ...]) -> CheckRe
     firsts: dict[str, LayerCall] = {}
     for c in report.layers:
         named = [c.name, *c.aliases]
-        if any(fnmatch.fnmatchcase(n, layer) for n in named) if glob else layer in named:
+        if layer in named or (glob and any(fnmatch.fnmatchcase(n, layer) for n in named)):
             firsts.setdefault(c.name, c)
     rule = f"expect-shape {layer}"
     if not firsts:

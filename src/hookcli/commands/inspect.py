@@ -36,6 +36,7 @@ from hookcli.engine.sharded import data_parallel_size, mean_over_ranks
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
+from hookcli.inputs.text import POSITIONS_NOTE
 from hookcli.options import Invocation, RunOptions
 from hookcli.records import (
     Backward,
@@ -95,8 +96,11 @@ def report(inv: Invocation, command: str) -> Report:
         from hookcli.sources.lm import generation_args, generation_prompt
 
         assert prepared.model_input is not None
-        if prepared.model_input.positions_from_mask:  # (generate makes them, step by step)
-            prepared.model_input.kwargs.pop("position_ids", None)
+        made = prepared.model_input
+        if made.positions_from_mask:  # (generate makes them, step by step)
+            made.kwargs.pop("position_ids", None)
+            made.positions_from_mask = False
+            made.description = made.description.replace(POSITIONS_NOTE, "")
         prompt = generation_prompt(prepared.model_input, prepared.loaded)
         prepared.model_input.generate = generation_args(
             prepared.loaded, run.generate, run.sample, prompt
@@ -138,11 +142,16 @@ def _report_of_run(
         assert result is not None
         if backward:
             params = measure_params(claimed_params(prepared.targets), collector)
+        collector.context = ("(input)", 0, "grad_input")  # (data parallel: ÷ W, as the rest)
         input_grads = [
             collector.add(t.grad, path) for path, t in prepared.input_leaves if t.grad is not None
         ]
         predictions, note = predict(
-            result.output, loaded, _topk(run.topk, loaded), model_input, run.topk is not None
+            collector.book.as_whole(result.output),  # (TP: the whole output's classes)
+            loaded,
+            _topk(run.topk, loaded),
+            model_input,
+            run.topk is not None,
         )
     session, layers, outputs = measured.session, measured.calls, measured.outputs
     label_layouts(layers, measured.armed.layout_of)

@@ -32,6 +32,13 @@ def paired(
     two do not line up (other structures), or a tensor is not made from the caller's: the
     same values where they lie, or (`casts`: FSDP2's mixed precision) the caller's cast to
     another floating dtype."""
+    if obj is callers or (
+        type(obj) is tuple
+        and type(callers) is tuple
+        and len(obj) == len(callers)
+        and all(a is b for a, b in zip(obj, callers, strict=True))
+    ):  # (nothing made anew: a hook of the module's own that left its inputs as they were)
+        return list(iter_tensors(obj, root)), {}
     mine = list(iter_tensors(obj, root))
     theirs = list(iter_tensors(callers, root))
     if [p for p, _ in mine] != [p for p, _ in theirs]:

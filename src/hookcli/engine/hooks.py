@@ -36,7 +36,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookcli.engine.callers import Spec, as_whole, fsdp_managed, paired
-from hookcli.engine.copysafe import CopySafeHook, ScriptedCall
+from hookcli.engine.copysafe import (
+    CopySafeHook,
+    InertHook,  # noqa: F401 (old pickles name it here)
+    ScriptedCall,
+)
 from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
 from hookcli.engine.sharded import is_sharded
 from hookcli.engine.stats import StatsCollector
@@ -312,21 +316,22 @@ class HookSession:
                 if parent._modules.get(attr) is target.module:
                     parent._modules[attr] = module
                     self._restores.append((parent, attr, target.module, module))
+        own = bool(module._forward_pre_hooks)  # (a style's, FSDP's: before ours is added)
         try:
-            if self.grads and module._forward_pre_hooks and not target.places:
-                self._handles.append(  # (the caller's inputs: see engine/callers.py)
-                    module.register_forward_pre_hook(
-                        CopySafeHook(functools.partial(self._keep_caller, i)),
-                        with_kwargs=True,
-                        prepend=True,
-                    )
-                )
             pre = module.register_forward_pre_hook(
                 CopySafeHook(self._pre_hook(i)), with_kwargs=True
             )
         except RuntimeError as exc:
             self.unhooked.append((target.name, str(exc)))
             return
+        if self.grads and own and not target.places:
+            self._handles.append(  # (the caller's inputs, before those hooks: engine/callers.py)
+                module.register_forward_pre_hook(
+                    CopySafeHook(functools.partial(self._keep_caller, i)),
+                    with_kwargs=True,
+                    prepend=True,
+                )
+            )
         try:
             # a tensor-parallel module (DTensor parameters): its output read before the style's
             # own hook hands it on as a local shard (use_local_output), as the DTensor it is
@@ -352,6 +357,7 @@ class HookSession:
         self.counts = [0] * len(self.targets)
         for stack in self._stacks:
             stack.clear()
+        self._callers = None
         self._open.clear()
         self._finished = 0
         self._events = 0
@@ -484,7 +490,7 @@ class HookSession:
         (an output that is the next call's input), unchanged since and with no other hook
         after ours, gets no second hook: the one it has hands the gradient to both, in the
         order two hooks would have (issue 52: a hook costs more than the work it does)."""
-        specs: dict[str, Spec] = {}
+        specs: dict[str, Spec] | None = None
         if callers is not None:  # (the caller's own tensors where they are the inputs')
             items: Iterable[tuple[str, torch.Tensor]]
             items, specs = paired(obj, callers, root, casts=casts)
@@ -541,10 +547,17 @@ class HookSession:
         self, spec: Spec, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None
     ) -> None:
         """A caller's tensor's gradient (a local part) taken as the DTensor the module got."""
-        if grad is not None:
-            key = grad_key(grad)
-            for pending, root, path in watchers:
-                self._grad_arrived(pending, root, path, as_whole(grad, spec), key)
+        if grad is None:
+            return
+        try:
+            whole = as_whole(grad, spec)
+        except Exception as exc:  # never break the user's backward
+            for pending, _, path in watchers:
+                pending.call.error = f"could not measure the gradient of {path}: {exc}"
+            return
+        key = grad_key(grad)
+        for pending, root, path in watchers:
+            self._grad_arrived(pending, root, path, whole, key)
 
     def _on_grad(
         self, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None

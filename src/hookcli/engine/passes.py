@@ -122,7 +122,7 @@ def hooked_pass(
                             output
                             if session.collector is None
                             else (
-                                session.collector.book.as_dtensors(output)  # (TP: the whole)
+                                session.collector.book.as_whole(output)  # (TP: the whole)
                             )
                         )
                         value = _scalar(loaded, prepared.backward, read, prepared.seed)
@@ -188,9 +188,7 @@ def unhooked_pass(
 
 def _scalar(loaded: LoadedModel, spec: TargetSpec, output: Any, seed: int) -> torch.Tensor:
     try:
-        value = scalar_of(spec, loaded.kind.select(output), seed, loaded.kind.scores)
-        whole = getattr(value, "full_tensor", None)  # a DTensor's (TP): the whole, every rank
-        return whole() if callable(whole) else value
+        return scalar_of(spec, loaded.kind.select(output), seed, loaded.kind.scores)
     except UsageError:
         raise
     except Exception as exc:  # the target does not fit what the model returned

@@ -163,9 +163,12 @@ class ShardBook:
         # the factor each is scaled by (`scale_gradients`)
         self._batch_grads: set[int] = set()
         self._dp: tuple[Any, ...] = ()  # the data-parallel groups (arm_tensor_parallel)
-        # each sharded local's DTensor, by where its values lie: (mesh, placements, shape,
-        # stride), what the backward target reads the model's output as (`as_dtensors`)
-        self._dtensors: dict[Key, tuple[Any, tuple[Any, ...], Any, tuple[int, ...]]] = {}
+        # each sharded local's DTensor, by where its values lie: (its local tensor, weakly;
+        # mesh, placements, shape, stride): what the backward target and the predictions read
+        # the model's output as (`as_whole`)
+        self._dtensors: dict[
+            Key, tuple[weakref.ref[torch.Tensor], Any, tuple[Any, ...], Any, tuple[int, ...]]
+        ] = {}
         self._grad_scale: dict[int, float] = {}
         self._placed: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
         self._fed_as: dict[Any, tuple[tuple[Any, ...], Any, Any]] = {}
@@ -200,7 +203,7 @@ class ShardBook:
                 self.local_shards[key] = (weakref.ref(own), groups, t.shape)
                 mesh, placements = t.device_mesh, tuple(t.placements)  # type: ignore[attr-defined]
                 if not any(p.is_partial() for p in placements):  # (its values: this shard's)
-                    self._dtensors[key] = (mesh, placements, t.shape, t.stride())
+                    self._dtensors[key] = (weakref.ref(own), mesh, placements, t.shape, t.stride())
                 was = self._suspects.pop(key, None)  # both alive: the same values
                 if was is not None and was[0]() is not None:
                     self._declared[was[1]] = (groups, t.shape, was[2])
@@ -446,24 +449,31 @@ class ShardBook:
                 said = f"merged over ranks: no {', '.join(extras)} (only this rank's part had them)"
                 stats.note = f"{stats.note}; {said}" if stats.note else said
 
-    def as_dtensors(self, obj: Any) -> Any:
+    def as_whole(self, obj: Any) -> Any:
         """obj (the model's output) with each local shard a tensor-parallel style handed on
-        as a plain tensor (use_local_output) made the DTensor it is a part of again
-        (differentiably, from this rank's part): a backward target then reads the whole
-        output (its top-1 over every class, not this rank's), as one process would."""
-        if not self._dtensors:
-            return obj
+        as a plain tensor (use_local_output), and each DTensor, made the whole tensor on every
+        rank (differentiably, from this rank's part: gathered): a backward target or the
+        predictions then read the whole output (its top-1 over every class, not this
+        rank's), as one process would, and a loss takes plain targets as it does there."""
+        if not self._dtensors and "torch.distributed.tensor" not in sys.modules:
+            return obj  # (no DTensor was ever made)
         from torch.distributed.tensor import DTensor
 
         def whole(_path: str, t: torch.Tensor) -> torch.Tensor:
-            key = _key(t) if type(t) is torch.Tensor else None
-            spec = self._dtensors.get(key) if key is not None else None
-            if spec is None:
+            if isinstance(t, DTensor):  # an output left a DTensor (use_local_output=False)
+                return t.full_tensor()
+            key = _key(t) if type(t) is torch.Tensor and self._dtensors else None
+            found = self._dtensors.get(key) if key is not None else None
+            if found is None:
                 return t
-            mesh, placements, shape, stride = spec
-            return DTensor.from_local(
+            own, mesh, placements, shape, stride = found
+            local = own()  # (alive, and t its values: never another tensor at its address)
+            if local is None or not (t is local or t._base is local):
+                return t
+            made = DTensor.from_local(
                 t, mesh, placements, run_check=False, shape=shape, stride=stride
             )
+            return made.full_tensor()
 
         return map_tensors(obj, whole, "out")
 

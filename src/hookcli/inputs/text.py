@@ -190,7 +190,7 @@ def from_text(
     _, kwargs, note = loaded.kind.spec_inputs([], named)
     note += target_note
     if positions:
-        note += "; position_ids from the attention mask (each text's first token at 0)"
+        note += POSITIONS_NOTE
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
@@ -336,6 +336,7 @@ def _targets(
     return labels, note
 
 
+POSITIONS_NOTE = "; position_ids from the attention mask (each text's first token at 0)"
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
 ONE_BATCH_TEXTS = 1024  # texts one padded batch takes; inspect, grads and check batch more
 

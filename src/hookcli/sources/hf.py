@@ -397,7 +397,9 @@ def _unreadable(exc: BaseException) -> bool:
     """A checkpoint's weights files that cannot be read: missing (a dangling link of an
     interrupted download), corrupt or cut short (safetensors' own error), an index without
     its fields."""
-    return isinstance(exc, OSError | KeyError) or type(exc).__name__ == "SafetensorError"
+    if isinstance(exc, KeyError):  # (only an index's missing fields: a model's own is its)
+        return exc.args[:1] in (("metadata",), ("weight_map",))
+    return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
 
 
 def _refused_value(exc: BaseException) -> bool:
