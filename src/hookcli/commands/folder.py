@@ -44,6 +44,7 @@ from hookcli.engine.measure import (
 )
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.probes import Probe
+from hookcli.engine.sharded import mean_over_ranks
 from hookcli.engine.tensorbits import accumulate_dtype, dtype_name, finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import (
@@ -642,8 +643,13 @@ class _FolderRun:
             assert result is not None
             if backward:  # while the gradients are readable
                 self._add_grads()
-                if result.scalar is not None:
-                    self.value += float(result.scalar.detach().double())
+                if result.scalar is not None:  # (data parallel: the ranks' mean, as grads')
+                    groups = measured.collector.book.batch_groups
+                    self.value += (
+                        mean_over_ranks(result.scalar, groups)
+                        if groups
+                        else float(result.scalar.detach().double())
+                    )
         session, calls = measured.session, measured.calls
         out_stats, by_image = measured.outputs, measured.by_image
         for b in by_image:  # which image: its file, its place in the batch
