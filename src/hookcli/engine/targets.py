@@ -363,7 +363,9 @@ def _target_tensor(raw: str, like: torch.Tensor, seed: int) -> torch.Tensor:
         return target.detach()
     try:
         (target, *rest) = parse_spec(raw, seed)
-    except UsageError as exc:  # (the spec's own words say --input: here it is --loss's)
+    except UsageError as exc:  # (a malformed spec's words say --input: here it is --loss's)
+        if not exc.message.startswith("malformed"):
+            raise  # (a file's own problem, and its own next step)
         raise UsageError(
             f"--loss target {raw!r}: {exc.message.replace('--input ', '')}",
             "give ones, zeros, KIND:SHAPE (randn:1x10) or a .pt/.npy file: --loss mse:ones.",
