@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HookcliError(Exception):
     """A failure the user can act on: a one-line message and a next step."""
@@ -54,3 +56,16 @@ def one_line(exc: BaseException, *, with_type: bool = True, whole: bool = False)
     if not with_type:
         return first or type(exc).__name__
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def not_a_file(path: Any) -> str:
+    """Why a path given as a file cannot be read as one: "not found", "is a folder", or "is
+    not a regular file" (a pipe, a device, a socket: read only as files here)."""
+    try:
+        if path.is_dir():
+            return "is a folder"
+        if path.exists():
+            return "is not a regular file (a pipe, a device or a socket)"
+    except OSError:  # (a path too long, a loop of links: not found as a file either)
+        pass
+    return "not found"

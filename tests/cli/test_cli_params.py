@@ -132,3 +132,16 @@ def test_a_hint_names_the_option_at_fault_and_a_possible_next_step(
     res = run(*args)
     assert_one_line_error(res, 2, *needles)
     assert "from 0 to -1" not in res.stderr and "--input 'bogus'" not in res.stderr
+
+
+def test_a_folder_or_a_pipe_given_as_a_file_is_called_what_it_is(tmp_path: Path) -> None:
+    import os
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    model = ["inspect", "tests/support/models.py:Wide", "--input", "randn:2x3"]
+    assert_one_line_error(run(*model, "--weights", str(folder)), 2, "is a folder")
+    fifo = tmp_path / "pipe.pt"
+    os.mkfifo(fifo)
+    assert_one_line_error(run(*model, "--weights", str(fifo)), 2, "is not a regular file")
+    assert_one_line_error(run(*model, "--weights", str(tmp_path / "gone.pt")), 2, "not found")

@@ -22,7 +22,7 @@ from hookcli.engine.measure import statistics
 from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import build_input, prepare
 from hookcli.engine.selection import ROOT_LABEL, dtypes_held, has_lazy, recount
-from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.errors import ModelError, UsageError, not_a_file, one_line
 from hookcli.options import InputOptions, ModelOptions, Selection
 from hookcli.records import (
     KVCache,
@@ -277,7 +277,7 @@ def show_file(path: str | Path) -> SavedFile:
 
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"{p} not found.", "give a file written by --save.")
+        raise UsageError(f"{p} {not_a_file(p)}.", "give a file written by --save.")
     try:
         with safe_open(str(p), framework="pt") as f:
             metadata = dict(f.metadata() or {})

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.errors import ModelError, UsageError, not_a_file, one_line
 from hookcli.io.output import note_read, user_path
 
 MAX_NUMEL = (1 << 31) - 1  # a spec tensor has fewer than 2**31 elements (8 GiB of float32)
@@ -77,7 +77,7 @@ def spec_shape(spec: str, dims: str) -> tuple[int, ...]:
 def _load_tensors(raw: str, path: Path) -> Any:
     """torch.load with weights_only=True: tensors and plain containers, never pickled code."""
     if not path.is_file():
-        raise UsageError(f"tensor file {raw} not found.", "check the path.")
+        raise UsageError(f"tensor file {raw} {not_a_file(path)}.", "check the path.")
     note_read(path)
     try:
         with warnings.catch_warnings():  # (torch's note on a plain pickle's protocol: noise)
@@ -151,7 +151,7 @@ def _file(spec: str, raw: str) -> list[torch.Tensor]:
         return items
     if path.suffix.lower() == ".npy":
         if not path.is_file():
-            raise UsageError(f"tensor file {raw} not found.", "check the path.")
+            raise UsageError(f"tensor file {raw} {not_a_file(path)}.", "check the path.")
         note_read(path)
         try:
             return [torch.from_numpy(np.load(path, allow_pickle=False))]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import HookcliError, ModelError, UsageError, one_line
+from hookcli.errors import HookcliError, ModelError, UsageError, not_a_file, one_line
 from hookcli.io.output import note_read, user_path
 from hookcli.sources.base import Source, kwargs_text
 from hookcli.sources.model import LoadedModel
@@ -265,7 +265,7 @@ def load_custom(
         path = user_path(weights.strip(), "--weights")
         if not path.is_file():
             raise UsageError(
-                f"weights file {weights} not found.",
+                f"weights file {weights} {not_a_file(path)}.",
                 "custom models take --weights PATH to a state dict, or none.",
             )
         load_state_dict_file(model, path, spec)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import ModelError, UsageError, one_line
+from hookcli.errors import ModelError, UsageError, not_a_file, one_line
 from hookcli.io.output import user_path
 from hookcli.sources.base import Source, hf_cache_path, import_extra, kwargs_text, quiet_warnings
 from hookcli.sources.hfbase import (
@@ -320,7 +320,7 @@ def load_hf(
         path = user_path(raw, "--weights")
         if not path.is_file():
             raise UsageError(
-                f"weights file {raw} not found.",
+                f"weights file {raw} {not_a_file(path)}.",
                 "hf: models take --weights PATH to a state dict, or none.",
             )
         load_state_dict_file(model, path, spec)

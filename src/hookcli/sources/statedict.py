@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.errors import UsageError, one_line
+from hookcli.errors import UsageError, not_a_file, one_line
 from hookcli.io.output import note_read
 
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
@@ -120,7 +120,7 @@ def weights_file(raw: str) -> Path | None:
         return None
     if not path.is_file():
         raise UsageError(
-            f"weights file {raw} not found.",
+            f"weights file {raw} {not_a_file(path)}.",
             "give an existing .pth/.pt/.safetensors file, or --weights DEFAULT / none.",
         )
     return path
