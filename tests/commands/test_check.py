@@ -138,6 +138,14 @@ def test_expect_shape_takes_a_glob_as_every_other_layer_option_does() -> None:
     assert "gate output is 2x4, expected 2x5" in r.stdout
 
 
+def test_check_refuses_backward_options_when_no_backward_runs() -> None:
+    model = ("tests/support/models.py:DivideByDead", "--input", "randn:2x4")
+    r = run("check", *model, "--target", "2", "--loss", "mse:ones")
+    assert_one_line_error(r, 2, "--target, --loss say how backward runs", "add --backward")
+    r = run("check", *model, "--target", "sum", "--backward")
+    assert r.exit_code in (0, 1), r.stderr  # (it runs: the rules decide)
+
+
 def test_fail_on_works_on_inspect_and_grads(tmp_path: Path) -> None:
     r = run(
         "inspect",

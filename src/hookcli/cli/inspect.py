@@ -25,6 +25,7 @@ from hookcli.cli.console import (
     status,
     to_file,
 )
+from hookcli.errors import UsageError
 from hookcli.options import DEFAULTS
 from hookcli.render import Format
 from hookcli.render.writers import Kind
@@ -343,6 +344,8 @@ def run_command(ctx: typer.Context, command: str) -> None:
     )
 
     rules = parse_rules(pick(RuleOptions, p))
+    if command == "check" and not rules.needs_backward:
+        _no_backward_options(ctx)
     model_opts = opt.model_options(p, command)
     name = str(model_opts.model)
     inv = Invocation(
@@ -430,3 +433,24 @@ def _running(name: str) -> Running:
             yield advance
 
     return running
+
+
+# check's options that say how backward runs: without --backward (or a gradient rule) none runs
+_BACKWARD_ONLY = ("target", "loss", "input_grad")
+
+
+def _no_backward_options(ctx: typer.Context) -> None:
+    """check without --backward runs no backward: an option given on the command line that
+    shapes one would be ignored, so it is refused (the project config's are not the user's
+    words for this run)."""
+    given = []
+    for p in ctx.command.params:
+        source = ctx.get_parameter_source(p.name or "") if p.name in _BACKWARD_ONLY else None
+        if source is not None and source.name == "COMMANDLINE":
+            given.append(next((o for o in p.opts if o.startswith("--")), p.name or ""))
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'says' if len(given) == 1 else 'say'} how backward runs, "
+            "and check runs none here.",
+            "add --backward (or a gradient rule: --grad-norm, --max-saved-mb).",
+        )
