@@ -384,6 +384,13 @@ def test_cli_timm_png_and_raw_probabilities(tmp_path: Path) -> None:
     assert rollout.std() > 1, "the rollout panel is drawn"
 
 
+def test_queries_on_an_image_grid_is_refused_not_ignored(tmp_path: Path) -> None:
+    r = run("attn", "timm:test_vit", str(CAT), "-l", "blocks.3", "-o", str(tmp_path / "a.png"),
+            "--queries", "5:1", "--device", "cpu")  # fmt: skip
+    assert_one_line_error(r, 2, "--queries picks rows of a token x token map", "drop --queries")
+    assert not (tmp_path / "a.png").exists()
+
+
 def test_cli_hf_text_matrices_and_vision_by_glob(tmp_path: Path) -> None:
     raw = tmp_path / "bert.npy"
     r = run("attn", "hf:bert", *HF_CLI, "-o", str(tmp_path / "b.png"), "--save-raw", str(raw),

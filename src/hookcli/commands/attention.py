@@ -153,6 +153,12 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
     r = rolled[index]
     row_tokens = col_tokens = None
     if layout is not None:
+        if options.queries is not None:  # (it would be ignored: no token rows are drawn)
+            raise UsageError(
+                f"--queries picks rows of a token x token map; {block}'s attention is drawn "
+                f"on the image's grid ({layout.label}), every query token at once.",
+                "drop --queries.",
+            )
         tiles, heat, lines = _on_grid(p, r, layout, has_class_token(loaded.module))
         legend += lines
         shown = layout.label
