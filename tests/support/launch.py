@@ -34,8 +34,13 @@ def launch_env() -> dict[str, str]:
 
 
 def run_python(args: list[str], tmp_path: Path) -> None:
+    res = _launched(args, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _launched(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     try:
-        res = subprocess.run(
+        return subprocess.run(
             [sys.executable, *args],
             cwd=tmp_path,
             env=launch_env(),
@@ -46,7 +51,11 @@ def run_python(args: list[str], tmp_path: Path) -> None:
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{args[:3]} did not finish in {TIMEOUT} s: {exc.stderr!r}")
-    assert res.returncode == 0, res.stderr[-3000:]
+
+
+# gloo's C++ aborting a rank (a worker thread destroyed while joinable), seen now and then on
+# a busy machine as a process group is taken down (sharded_run.py's _leave): run once more
+GLOO_ABORT = "terminate called without an active exception"
 
 
 def run_torchrun(script: Path, args: list[str], tmp_path: Path, procs: int = 2) -> None:
@@ -56,8 +65,12 @@ def run_torchrun(script: Path, args: list[str], tmp_path: Path, procs: int = 2) 
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available here")
-    torchrun = [
-        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(procs),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-    ]  # fmt: skip
-    run_python([*torchrun, str(script), *args], tmp_path)
+    for attempt in range(2):
+        torchrun = [
+            "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(procs),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        ]  # fmt: skip
+        res = _launched([*torchrun, str(script), *args], tmp_path)
+        if res.returncode == 0 or GLOO_ABORT not in res.stderr or attempt:
+            break
+    assert res.returncode == 0, res.stderr[-3000:]
