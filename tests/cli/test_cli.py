@@ -370,8 +370,8 @@ def test_a_failed_run_s_stderr_is_its_one_error_line_whatever_the_libraries_warn
         ran = subprocess.run(
             [
                 sys.executable, "-c",
-                "import warnings; from hookcli.cli.app import _held_warnings\n"
-                "held = _held_warnings(); warnings.warn('held back'); print('out', flush=True)\n"
+                "import warnings; from hookcli.cli.app import _Held\n"
+                "held = _Held(); warnings.warn('held back'); print('out', flush=True)\n"
                 f"held.end(shown={shown})",
             ],
             capture_output=True, text=True, check=False, cwd=ROOT,

@@ -110,31 +110,6 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
         }
         parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
         return m
-    if kind == "tp-shared":
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        plan = {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
-        parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
-        return m
-    if kind == "tp-emb":
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        plan = {
-            "0": RowwiseParallel(input_layouts=Replicate()),
-            "1": ColwiseParallel(),
-            "3": RowwiseParallel(),
-        }
-        parallelize_module(m, mesh, plan)  # type: ignore[arg-type]
-        return m
     if kind.startswith("tp"):
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import (
@@ -143,10 +118,19 @@ def sharded(kind: str, m: nn.Sequential) -> nn.Sequential:
             parallelize_module,
         )
 
-        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-        if kind == "tp-last":
-            plan = {"0": ColwiseParallel(output_layouts=Replicate()), "2": ColwiseParallel()}
-        parallelize_module(m, mesh, {k: v for k, v in plan.items() if int(k) < len(m)})
+        plans: dict[str, dict[str, Any]] = {
+            "tp-shared": {
+                "gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()
+            },
+            "tp-emb": {
+                "0": RowwiseParallel(input_layouts=Replicate()), "1": ColwiseParallel(),
+                "3": RowwiseParallel(),
+            },
+            "tp-last": {"0": ColwiseParallel(output_layouts=Replicate()), "2": ColwiseParallel()},
+        }  # fmt: skip
+        plan = plans.get(kind, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        names = {n for n, _ in m.named_children()}  # (tp-open: the first two modules only)
+        parallelize_module(m, mesh, {k: v for k, v in plan.items() if k in names})
     else:
         from torch.distributed.fsdp import fully_shard
 

@@ -196,7 +196,7 @@ def main() -> None:
     if code is None:  # the worker, or a light command run in-process
         if _is_entry_point():  # hookcli's own process: a program calling main() keeps its gc
             gcpause.pause()  # back on once the model is built (sources.load_model)
-        held = _held_warnings()
+        held = _Held()
         try:
             app()
             code = 0
@@ -244,10 +244,6 @@ class _Held:
         if shown and self.lines:
             sys.stderr.write("".join(self.lines))
             sys.stderr.flush()
-
-
-def _held_warnings() -> _Held:
-    return _Held()
 
 
 def _is_entry_point() -> bool:

@@ -209,11 +209,7 @@ def _nothing_to_run(ctx: typer.Context) -> None:
     """Two saved reports are compared as they are: an option given on the command line that
     runs or shapes a model's pass (--b, --weights, -l, --seed …) would be ignored, so it is
     refused (the project config's values are not the user's words for this run)."""
-    given = []
-    for p in ctx.command.params:
-        source = ctx.get_parameter_source(p.name or "") if p.name not in _SAVED_DIFF else None
-        if source is not None and source.name == "COMMANDLINE":
-            given.append(next((o for o in p.opts if o.startswith("--")), p.name or ""))
+    given = opt.given_flags(ctx, lambda name: name not in _SAVED_DIFF)
     if given:
         raise UsageError(
             f"two saved reports are compared as they were written: {', '.join(given)} "

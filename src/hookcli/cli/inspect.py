@@ -443,11 +443,7 @@ def _no_backward_options(ctx: typer.Context) -> None:
     """check without --backward runs no backward: an option given on the command line that
     shapes one would be ignored, so it is refused (the project config's are not the user's
     words for this run)."""
-    given = []
-    for p in ctx.command.params:
-        source = ctx.get_parameter_source(p.name or "") if p.name in _BACKWARD_ONLY else None
-        if source is not None and source.name == "COMMANDLINE":
-            given.append(next((o for o in p.opts if o.startswith("--")), p.name or ""))
+    given = opt.given_flags(ctx, lambda name: name in _BACKWARD_ONLY)
     if given:
         raise UsageError(
             f"{', '.join(given)} {'says' if len(given) == 1 else 'say'} how backward runs, "

@@ -561,6 +561,16 @@ def given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
 
+def given_flags(ctx: typer.Context, keep: Callable[[str], bool]) -> list[str]:
+    """The long flags of the command's parameters whose name `keep` accepts that the user
+    gave (`given`: not a default, nor the project config's)."""
+    return [
+        next((o for o in p.opts if o.startswith("--")), p.name)
+        for p in ctx.command.params
+        if p.name and keep(p.name) and given(ctx, p.name)
+    ]
+
+
 def configured(ctx: typer.Context) -> tuple[dict[str, Any], str | None]:
     """The command's parameters after the project config, and the config file used (which
     the run states on stderr); a bad config file raises here, inside the command."""

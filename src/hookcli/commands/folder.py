@@ -644,11 +644,8 @@ class _FolderRun:
             if backward:  # while the gradients are readable
                 self._add_grads()
                 if result.scalar is not None:  # (data parallel: the ranks' mean, as grads')
-                    groups = measured.collector.book.batch_groups
-                    self.value += (
-                        mean_over_ranks(result.scalar, groups)
-                        if groups
-                        else float(result.scalar.detach().double())
+                    self.value += mean_over_ranks(
+                        result.scalar, measured.collector.book.batch_groups
                     )
         session, calls = measured.session, measured.calls
         out_stats, by_image = measured.outputs, measured.by_image

@@ -162,11 +162,8 @@ def _report_of_run(
         if name in first_call:
             first_call[name].params = [finish_param(p) for p in pending]
     value = None
-    if result.scalar is not None:
-        groups = collector.book.batch_groups  # data parallel: the ranks' mean (DDP's, FSDP's)
-        value = finite_or_none(
-            mean_over_ranks(result.scalar, groups) if groups else float(result.scalar.detach())
-        )
+    if result.scalar is not None:  # (data parallel: the ranks' mean, DDP's and FSDP's loss)
+        value = finite_or_none(mean_over_ranks(result.scalar, collector.book.batch_groups))
     tensors = held(loaded.module)  # (after the pass: lazy parameters are materialised)
     report = Report(
         model=model_info(loaded, run.train, prepared.seed, tensors),

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hookcli.engine.sharded import values_key
 from hookcli.tree import iter_tensors
 
 # a DTensor's (mesh, placements, shape, stride): its local part's gradient made it again
@@ -92,17 +93,8 @@ def _made_from(got: torch.Tensor, given: torch.Tensor, casts: bool) -> Spec | tu
 
 def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a's values are b's, where they lie (a view of the same elements)."""
-    try:
-        return bool(
-            a.shape == b.shape
-            and a.dtype == b.dtype
-            and a.numel() > 0
-            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.storage_offset() == b.storage_offset()
-            and a.stride() == b.stride()
-        )
-    except (RuntimeError, NotImplementedError):  # (no storage of its own: a wrapper)
-        return False
+    where = values_key(a)
+    return where is not None and a.dtype == b.dtype and where == values_key(b)
 
 
 def as_whole(grad: torch.Tensor, spec: Spec) -> torch.Tensor:

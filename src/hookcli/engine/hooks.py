@@ -216,9 +216,10 @@ class HookSession:
         # a hooked tensor, by id: (itself, weakly; its version then; the hook's handle id;
         # the calls' (pending, "in"/"out", path) it hands the gradient to)
         self._watched: dict[int, tuple[Any, int, int, list[tuple[PendingCall, str, str]]]] = {}
-        # grads: the caller's inputs of each target whose own hooks (a parallel style's, FSDP's)
-        # hand it other tensors, kept by a hook before those (engine/callers.py); None: none
-        self._callers: list[list[tuple[Any, Any]]] | None = None
+        # grads: the caller's inputs (args, kwargs, FSDP's casts) of each target whose own hooks
+        # (a parallel style's, FSDP's) hand it other tensors, kept by a hook before those
+        # (engine/callers.py); None: none
+        self._callers: list[list[tuple[Any, Any, bool]]] | None = None
         self.resets = 0  # forwards forgotten by reset(), to run again
         self._finished = 0
         self._events = 0  # pre- and post-hook events: PendingCall.entered / returned
@@ -327,7 +328,7 @@ class HookSession:
         if self.grads and own and not target.places:
             self._handles.append(  # (the caller's inputs, before those hooks: engine/callers.py)
                 module.register_forward_pre_hook(
-                    CopySafeHook(functools.partial(self._keep_caller, i)),
+                    CopySafeHook(functools.partial(self._keep_caller, i, fsdp_managed(module))),
                     with_kwargs=True,
                     prepend=True,
                 )
@@ -538,10 +539,13 @@ class HookSession:
             except TypeError:  # no weak reference to it: each call hooks it again
                 pass
 
-    def _keep_caller(self, i: int, _module: nn.Module, args: Any, kwargs: Any = None) -> None:
+    def _keep_caller(
+        self, i: int, casts: bool, _module: nn.Module, args: Any, kwargs: Any = None
+    ) -> None:
+        """Target i's inputs as its caller passed them (`casts`: FSDP2 may cast them)."""
         if self._callers is None:
             self._callers = [[] for _ in self.targets]
-        self._callers[i].append((args, kwargs))
+        self._callers[i].append((args, kwargs or {}, casts))
 
     def _on_grad_as(
         self, spec: Spec, watchers: list[tuple[PendingCall, str, str]], grad: torch.Tensor | None
@@ -674,15 +678,11 @@ class HookSession:
                 measure(self.collector, args, "in", call.inputs)
                 if kwargs:
                     measure(self.collector, kwargs, "in", call.inputs)
-                if self.grads and callers is not None:
-                    casts = fsdp_managed(module)
-                    self._watch_grads(args, "in", pending, callers[0], casts)
+                if self.grads:
+                    given_args, given_kwargs, casts = callers or (None, None, False)
+                    self._watch_grads(args, "in", pending, given_args, casts)
                     if kwargs:
-                        self._watch_grads(kwargs, "in", pending, callers[1] or {}, casts)
-                elif self.grads:
-                    self._watch_grads(args, "in", pending)
-                    if kwargs:
-                        self._watch_grads(kwargs, "in", pending)
+                        self._watch_grads(kwargs, "in", pending, given_kwargs, casts)
                 if self.saver is not None:
                     self._save(args, "in", "input", call)
                     self._save(kwargs, "in", "input", call)

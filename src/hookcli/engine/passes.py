@@ -118,13 +118,8 @@ def hooked_pass(
                 if backward:
                     assert prepared.backward is not None, "prepare() was given no backward"
                     with _saving(session):  # the loss saves tensors too (cross-entropy its softmax)
-                        read = (
-                            output
-                            if session.collector is None
-                            else (
-                                session.collector.book.as_whole(output)  # (TP: the whole)
-                            )
-                        )
+                        book = None if session.collector is None else session.collector.book
+                        read = output if book is None else book.as_whole(output)  # (TP: whole)
                         value = _scalar(loaded, prepared.backward, read, prepared.seed)
                     if session.readers:
                         session.count_readers(value)  # whose input others read too (origins)

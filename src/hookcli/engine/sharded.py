@@ -29,7 +29,7 @@ import torch
 
 from hookcli.engine.statrow import COUNT, INF, MAX, MEAN, MIN, NAN, NORM, ROW, VAR, ZEROS
 from hookcli.engine.tplayout import NONE, UNKNOWN, Declared, Layouts, tp_layouts
-from hookcli.records import TENSOR_STATS, TensorStats
+from hookcli.records import TENSOR_STATS, TensorStats, rescale
 from hookcli.tree import map_tensors
 
 # the row's counts of elements, added: the one pass's, and each AFTER_PASS statistic's that
@@ -198,7 +198,7 @@ class ShardBook:
         if sharded:
             local, groups = local_part(t)
             own: torch.Tensor | None = getattr(t, "_local_tensor", None)
-            key = None if own is None or own.device.type == "meta" else _key(own)
+            key = None if own is None or own.device.type == "meta" else values_key(own)
             if groups and own is not None and key is not None:
                 self.local_shards[key] = (weakref.ref(own), groups, t.shape)
                 mesh, placements = t.device_mesh, tuple(t.placements)  # type: ignore[attr-defined]
@@ -224,7 +224,7 @@ class ShardBook:
         return None
 
     def _known(self, t: torch.Tensor) -> tuple[tuple[Any, ...], Any] | None:
-        key = _key(t)
+        key = values_key(t)
         found = None if key is None else self.local_shards.get(key)
         if found is None or found[0]() is None:  # its DTensor's values gone: not that tensor
             return self._viewed(t, key)
@@ -295,7 +295,7 @@ class ShardBook:
                 return None
             found = (fed[0], fed[2])
         self._placed[(name, call, side, path)] = found
-        key = _key(t)
+        key = values_key(t)
         if key is not None:
             self.local_shards[key] = (weakref.ref(t), *found)
             if last:
@@ -334,7 +334,7 @@ class ShardBook:
         """A note for a plain tensor (row `row`) of a module call fed a local shard, and not
         itself one: this rank's part only, its layout not known. None for any other."""
         whole = self.fed.get(context[:2]) if isinstance(context, tuple) else None
-        key = None if whole is None else _key(t)
+        key = None if whole is None else values_key(t)
         if whole is None or key is None:
             return None
         said = f"this rank's part only: {whole}, and how it lies over the ranks cannot be told here"
@@ -421,10 +421,7 @@ class ShardBook:
         for stats, row in handed if scale else ():
             factor = scale.get(row)
             if factor is not None:
-                for stat in TENSOR_STATS:
-                    value = getattr(stats, stat.name)
-                    if stat.scales and value is not None:
-                        setattr(stats, stat.name, value * factor)
+                rescale(stats, factor)
 
     @staticmethod
     def tidy(handed: Sequence[tuple[TensorStats, int]], made: set[int]) -> None:
@@ -462,7 +459,7 @@ class ShardBook:
         def whole(_path: str, t: torch.Tensor) -> torch.Tensor:
             if isinstance(t, DTensor):  # an output left a DTensor (use_local_output=False)
                 return t.full_tensor()
-            key = _key(t) if type(t) is torch.Tensor and self._dtensors else None
+            key = values_key(t) if type(t) is torch.Tensor and self._dtensors else None
             found = self._dtensors.get(key) if key is not None else None
             if found is None:
                 return t
@@ -510,9 +507,12 @@ def data_parallel_size(groups: Sequence[Any]) -> int:
 
 def mean_over_ranks(value: torch.Tensor, groups: Sequence[Any]) -> float:
     """A scalar's mean over a data-parallel model's ranks (every rank calls this, in the same
-    order): the loss DDP and FSDP minimise, whose parameter gradients they average."""
+    order): the loss DDP and FSDP minimise, whose parameter gradients they average; with no
+    groups, the value itself."""
     import torch.distributed as dist
 
+    if not groups:
+        return float(value.detach().double())
     total = value.detach().reshape(1).to(torch.float64).clone()
     for group in groups:
         dist.all_reduce(total, group=group)
@@ -591,7 +591,7 @@ def _side(kind: Any) -> str:
     return "in" if kind in ("in", "grad_input") else "out"
 
 
-def _key(t: torch.Tensor) -> Key | None:
+def values_key(t: torch.Tensor) -> Key | None:
     """Where t's values lie, and how (None: an empty tensor, whose address says nothing, or a
     tensor with no storage of its own, a wrapper subclass). The strides are part of it: a
     transpose of a square shard lies in the same place and is not that shard."""

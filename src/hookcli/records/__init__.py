@@ -37,6 +37,7 @@ from hookcli.records.core import Profile as Profile
 from hookcli.records.core import TensorStats as TensorStats
 from hookcli.records.core import TextInfo as TextInfo
 from hookcli.records.core import TokenRow as TokenRow
+from hookcli.records.core import rescale as rescale
 from hookcli.records.diff import DiffCall as DiffCall
 from hookcli.records.diff import DiffReport as DiffReport
 from hookcli.records.diff import TensorDiff as TensorDiff

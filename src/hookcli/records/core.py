@@ -78,6 +78,15 @@ class TensorStats:
 TENSOR_STATS: tuple[Stat, ...] = stats_of(TensorStats)
 
 
+def rescale(t: TensorStats, scale: float) -> None:
+    """t's statistics that scale with its tensor (mean, std, min, max, norm: each Stat's
+    `scales`) multiplied by `scale` (> 0), in place: a gradient made another loss's."""
+    for s in TENSOR_STATS:
+        value = getattr(t, s.name)
+        if s.scales and value is not None:
+            setattr(t, s.name, value * scale)
+
+
 @dataclass(slots=True)
 class LayerCall:
     """One call of one selected module."""

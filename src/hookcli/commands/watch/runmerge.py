@@ -24,12 +24,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hookcli.commands.watch.logread import LogFile, read_log
 from hookcli.engine.aggregate import Accumulator
 from hookcli.errors import UsageError
-from hookcli.records import TENSOR_STATS, LoggedCall, NonfiniteLine, Origin, StepLine, TensorStats
+from hookcli.records import LoggedCall, NonfiniteLine, Origin, StepLine, TensorStats, rescale
 from hookcli.text import escape
 
 PARAM_RTOL = 1e-5  # ranks of one DDP model agree on their parameters within this
@@ -238,14 +237,11 @@ def merge_tensors(lists: Sequence[Sequence[TensorStats]], scale: float = 1.0) ->
 
 
 def scaled(t: TensorStats, scale: float) -> TensorStats:
-    """A tensor's statistics with the ones that scale with it (mean, std, min, max, norm:
-    records.TENSOR_STATS' `scales`) multiplied by `scale` (> 0)."""
-
-    def times(v: float | None) -> float | None:
-        return None if v is None else v * scale
-
-    changed: dict[str, Any] = {s.name: times(getattr(t, s.name)) for s in TENSOR_STATS if s.scales}
-    return dataclasses.replace(t, **changed)
+    """A copy of a tensor's statistics with the ones that scale with it multiplied by `scale`
+    (> 0: records.rescale)."""
+    copy = dataclasses.replace(t)
+    rescale(copy, scale)
+    return copy
 
 
 def _params_agree(records: Sequence[StepLine]) -> list[str]:
