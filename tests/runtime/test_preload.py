@@ -305,6 +305,39 @@ print(json.dumps({"status": status, "parent_off": preload.kept_off()}))
     assert got == {"status": 0, "parent_off": False}
 
 
+def test_a_load_whose_import_was_cut_short_leaves_the_process_on_torch_ops() -> None:
+    """The thread's import of numba fails halfway (in CI, once: most likely another thread's
+    concurrent import): numba's package is left half built, and importing it again in the
+    caller's thread 'works' but the first kernel's compile then fails with "module 'numba' has
+    no attribute 'core'" — an internal error. The process measures with torch ops instead,
+    exactly, and the load's error is printed under HOOKCLI_DEBUG."""
+    got = _fresh(
+        """
+import json, threading
+class _Cut:  # numba.core.decorators fails to import, in the loading thread only
+    def find_spec(self, name, path=None, target=None):
+        if name == "numba.core.decorators" and threading.current_thread().name == "hookcli-kernels":
+            raise ImportError("cut short")
+        return None
+sys.meta_path.insert(0, _Cut())
+import torch
+import hookcli
+from hookcli.engine import stats
+from hookcli.runtime import preload
+preload.wait()
+model, x = torch.nn.Linear(8, 8), torch.randn(64, 8)
+report = hookcli.inspect(model, x, device="cpu", stats_backend="kernel")
+s, out = report.layers[0].outputs[0], model(x).double()
+print(json.dumps({"failed": preload.failed(), "kernels": stats.kernels() is not None,
+                  "mean": [s.mean, out.mean().item()]}))
+""",
+        env={"HOOKCLI_DEBUG": "1"},
+    )
+    assert got["failed"] is True and got["kernels"] is False
+    a, b = got["mean"]  # type: ignore[misc]
+    assert a == pytest.approx(b, rel=1e-12)
+
+
 def test_hookcli_stats_torch_is_read_at_the_edge_and_no_command_loads_the_kernels() -> None:
     """HOOKCLI_STATS=torch, read once by the package's edge (options.stats_backend_default),
     keeps the kernels off in the whole process: a diff and an inspect (which measure with

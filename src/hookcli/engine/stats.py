@@ -121,6 +121,8 @@ def _load_kernels() -> Kernels | None:
     """The numba kernels, or None when numba is missing or unusable here."""
     if preload.kept_off():  # HOOKCLI_STATS=torch, as the package's edge read it
         return None
+    if preload.failed():  # the background load failed: numba may be half imported here
+        return None
     try:
         import numba
 

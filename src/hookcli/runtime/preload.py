@@ -20,17 +20,19 @@ thread pool starts on the caller's first parallel call) and is a daemon, but a p
 ends while it loads waits for it first (bounded, before the exit handlers): the load runs
 LLVM's C++ through ctypes without the GIL, and a process that exits under it runs LLVM's
 static destructors while the thread is still inside LLVM — a segmentation fault on the way out of
-`python -c "import hookcli"`, seen once in CI. Kept off (HOOKCLI_STATS=torch), or a missing
-numba, leaves the statistics on torch ops, as before. What it loaded is used through
+`python -c "import hookcli"`, seen once in CI. Kept off (HOOKCLI_STATS=torch), a missing
+numba, or a load that failed (`failed()`: never retried, numba may be half imported), leaves
+the statistics on torch ops, as before. What it loaded is used through
 engine.stats.kernels().
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 _thread: list[threading.Thread] = []
@@ -78,10 +80,25 @@ def _before_exit() -> None:
 
 def _run(load: Callable[[], None]) -> None:
     try:
-        with contextlib.suppress(Exception):  # numba absent or broken: engine.stats says so
-            load()
+        load()
+    except Exception as exc:  # numba absent or broken, or an import of it cut short
+        _failed.append(exc)
+        if os.environ.get("HOOKCLI_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
     finally:
         _done.set()
+
+
+def failed() -> bool:
+    """Whether this process's load ended in an error. Then numba is not used here at all:
+    an import the error cut short leaves numba's package half built in sys.modules, and an
+    import of it afterwards returns a module without `numba.core` — the kernels then fail
+    inside their first compile (`module 'numba' has no attribute 'core'`, seen once in CI),
+    not at the import. The statistics stay on torch ops, exact."""
+    return bool(_failed)
+
+
+_failed: list[Exception] = []  # what ended the load, if it failed
 
 
 def _before_fork() -> None:
