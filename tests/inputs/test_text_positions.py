@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -113,3 +114,32 @@ def test_generate_makes_its_own_positions_and_a_right_padded_batch_gets_none(
                 pad_token_id=tok.pad_token_id,
             )  # fmt: skip
         assert report.generated[seq].ids == out[0, -2:].tolist()
+
+
+def test_a_forward_that_does_not_name_position_ids_gets_none_and_the_input_says_so(
+    gpt2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapper's forward (input_ids, attention_mask, **kwargs) may not pass position_ids on:
+    hookcli gives none, as model.generate gives none, and says that a text's positions then
+    count from the batch's first column (never a padding guessed silently). Oracle: the
+    model on the same left-padded batch without position_ids."""
+    cls = transformers.GPT2LMHeadModel
+    original = cls.forward
+
+    def forward(self: Any, input_ids: Any = None, attention_mask: Any = None, **kw: Any) -> Any:
+        return original(self, input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+    monkeypatch.setattr(cls, "forward", forward)
+    report = hookcli.inspect(f"hf:{gpt2}", text=TEXTS, layers=["lm_head"], topk=1, device="cpu")
+    assert report.input is not None
+    description = str(report.input.description)
+    assert "position_ids from the attention mask" not in description
+    assert "no position_ids (the model's forward does not name them)" in description
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gpt2)
+    with torch.no_grad():
+        logits = model(**tok(TEXTS, return_tensors="pt", padding=True)).logits[:, -1].double()
+    for seq in range(len(TEXTS)):
+        (top,) = [p for p in report.predictions if p.image == seq]
+        assert top.index == int(logits[seq].argmax())
+        assert top.prob == pytest.approx(float(logits[seq].softmax(-1).max()), rel=1e-5)

@@ -191,6 +191,8 @@ def from_text(
     note += target_note
     if positions:
         note += POSITIONS_NOTE
+    elif labels is None and _left_padded(loaded, mask):  # (never silently: see below)
+        note += UNPOSITIONED_NOTE
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
@@ -231,18 +233,23 @@ def _positions_from_mask(
     model.generate counts them, not from the batch's first column. A model with learned
     absolute positions (GPT-2) would otherwise run a short text's tokens at the positions its
     padding pushed them to (rotary ones see only relative positions, and are the same
-    either way)."""
+    either way). A forward that does not name position_ids (a wrapper's `**kwargs`, which
+    may not pass them on) gets none, as model.generate gives none, and the input says so."""
+    if not _left_padded(loaded, mask) or not _takes(loaded.module, "position_ids"):
+        return False  # (a forward that does not name them: UNPOSITIONED_NOTE says so)
+    positions = mask.cumsum(-1) - 1
+    named["position_ids"] = positions.masked_fill(mask == 0, 1)  # (generate's fill)
+    return True
+
+
+def _left_padded(loaded: LoadedModel, mask: torch.Tensor) -> bool:
+    """A causal LM's batch with padding before a token (a decoder-only model's)."""
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     kind = loaded.kind
     if not isinstance(kind, CausalLM) or isinstance(kind, Seq2SeqLM):
         return False
-    left = bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())  # padding before a token
-    if not left or not _takes(loaded.module, "position_ids"):
-        return False
-    positions = mask.cumsum(-1) - 1
-    named["position_ids"] = positions.masked_fill(mask == 0, 1)  # (generate's fill)
-    return True
+    return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
 
 
 def _takes(module: Any, name: str) -> bool:
@@ -337,6 +344,11 @@ def _targets(
 
 
 POSITIONS_NOTE = "; position_ids from the attention mask (each text's first token at 0)"
+UNPOSITIONED_NOTE = (
+    "; no position_ids (the model's forward does not name them): a text's positions count from"
+    " the batch's first column, its padding included — learned absolute positions (GPT-2) then"
+    " differ from the text's alone: --padding-side right"
+)
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
 ONE_BATCH_TEXTS = 1024  # texts one padded batch takes; inspect, grads and check batch more
 
