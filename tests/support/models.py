@@ -246,6 +246,33 @@ class Chain(nn.Module):
         return self.l4(self.act(self.l3(self.act(self.l2(self.act(self.l1(x)))))))
 
 
+class SparseMM(nn.Module):
+    """Takes a sparse COO tensor only (a dense one is refused) and returns one."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) / n**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.layout is not torch.sparse_coo:
+            raise TypeError(f"SparseMM takes a sparse COO tensor, not {x.layout}")
+        return torch.sparse.mm(x, self.weight).to_sparse()
+
+
+class SparseChain(nn.Module):
+    """A linear layer, its ReLU made sparse (COO) for a layer that takes only that and returns
+    a sparse output, then a linear layer on its dense values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 16)
+        self.smm = SparseMM(16)
+        self.l2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(self.smm(torch.relu(self.l1(x)).to_sparse()).to_dense())
+
+
 class InlineNet(nn.Module):
     """NaN made by code in forward, outside every module: `torch.log` between bn1 and fc2."""
 

@@ -35,13 +35,20 @@ Lookup = Callable[[str], "np.ndarray[Any, Any] | torch.Tensor | None"]
 def kept(t: torch.Tensor) -> np.ndarray[Any, Any] | torch.Tensor:
     """A reference tensor as a compared pass side by side reads it: where it is on CUDA (the
     reference pass waits while it is read: commands/diff/ondevice.py), else `as_array`."""
+    t = dense(t)
     return t.detach() if ondevice.on_device(t) else as_array(t)
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A sparse tensor (COO, CSR, …) as its dense values, zeros included, as inspect measures
+    it; any other as it is."""
+    return t if t.layout is torch.strided else t.to_dense()
 
 
 def as_array(t: torch.Tensor) -> np.ndarray[Any, Any]:
     """A reference tensor as the comparisons read it: on the CPU, contiguous, half precisions
     widened to float32 (a view of the tensor itself when it already is all that)."""
-    x = t.detach()
+    x = dense(t.detach())
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
     return x.contiguous().cpu().numpy()
@@ -501,6 +508,7 @@ def measure(
 ) -> None:
     """One tensor against the reference's, into its accumulator. `positions`: the model's
     output, whose (batch, tokens, C) tensors also get each position's error."""
+    got = dense(got)
     acc = accs.setdefault(path, ErrorSums(tuple(got.shape)))
     if ref is None:
         acc.notes.add("only on this side")

@@ -136,7 +136,9 @@ def compared_pass(
                     x = torch.quantize_per_tensor(x, a.q_scale(), a.q_zero_point(), a.dtype)
                 else:
                     x = x.to(a.device, a.dtype)
-                if a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
+                if a.layout is not torch.strided:  # a sparse input: A's values, its layout
+                    x = _sparse_like(x, a)
+                elif a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last):
                     x = x.contiguous(memory_format=torch.channels_last)
                 new[i] = x
         ref.pace()  # the reference's input taken: its call runs first
@@ -213,3 +215,12 @@ def side_pass(
         runner(run.prepared, model_input, spill, compared)
     else:
         compared_pass(run, model_input, spill, isolate, compared)
+
+
+def _sparse_like(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """The reference's dense values `x` in the sparse layout of this side's input `a`."""
+    if a.layout is torch.sparse_coo:
+        return x.to_sparse(a.sparse_dim())
+    if a.layout in (torch.sparse_bsr, torch.sparse_bsc):
+        return x.to_sparse(layout=a.layout, blocksize=tuple(a.values().shape[1:3]))
+    return x.to_sparse(layout=a.layout)
