@@ -76,6 +76,18 @@ def test_symlink_target_is_replaced_and_the_link_kept(tmp_path: Path) -> None:
     assert dangling.is_symlink() and (tmp_path / "reports" / "fresh.json").is_file()
 
 
+def test_a_loop_of_symlinks_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """`-o a.json` where a.json -> b.json -> a.json: the shell's `>` fails (too many levels of
+    symbolic links); hookcli refused nothing and replaced the link with its report."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    r = runner.invoke(app, [*TINY, "-o", str(a)])
+    assert_one_line_error(r, 2, "loop of symbolic links", "ls -l")
+    assert a.is_symlink() and b.is_symlink() and os.readlink(a) == str(b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
 @pytest.mark.parametrize("option", ["-o", "--save-baseline"])
 def test_an_output_that_is_an_input_is_refused(tmp_path: Path, option: str) -> None:
     spec = tmp_path / "x.npy"

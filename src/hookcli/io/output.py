@@ -274,6 +274,11 @@ def claim(
     if fd is not None:
         return _claim_fd(option, text, fd)
     real = Path(os.path.realpath(path))  # a symlink's target (dangling: where it points)
+    if real.is_symlink():  # realpath gave up on it: links that lead round to themselves
+        raise UsageError(
+            f"{option} {path} is a loop of symbolic links.",
+            f"remove or repoint the link (ls -l {path}), or give another path.",
+        )
     _refuse_input(option, path, str(real))
     if real.is_dir():
         raise UsageError(
