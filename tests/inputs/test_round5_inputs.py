@@ -847,3 +847,20 @@ def test_a_batched_text_run_names_its_longest_line_and_renders_chat_in_chunks(
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "chat template" in json.loads(res.stdout)["input"]["preprocessing"]
+
+
+@pytest.mark.parametrize(
+    ("option", "inputs"),
+    [
+        (["--chat"], ["--input", "randint:0:50:1x8"]),  # tensor ids: no text to template
+        (["--target-text", "Hi"], ["--input", "randint:0:50:1x8"]),
+        (["--chat"], []),  # no input at all: random ids
+    ],
+)
+def test_a_text_option_without_text_is_refused(
+    llama: Path, option: list[str], inputs: list[str]
+) -> None:
+    """--chat and --target-text shape what a text becomes: given with token ids or no input,
+    they were silently ignored (the run went on as if they were not there)."""
+    res = run("inspect", f"hf:{llama}", *inputs, *option, "-l", "lm_head")
+    one_line_error(res, 2, f"{option[0]} applies to text input", "--text")

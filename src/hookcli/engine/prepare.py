@@ -189,6 +189,12 @@ def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
         from hookcli.inputs.text import from_text
 
         return from_text(loaded, inputs)
+    for option, given_too in (("--chat", inputs.chat), ("--target-text", inputs.target_text)):
+        if given_too:  # (never silently ignored: it shapes what a text input becomes)
+            raise UsageError(
+                f"{option} applies to text input, and this run has none.",
+                "give --text 'your text' (or --text-file FILE), or drop " + option + ".",
+            )
     given = _given_tensors(loaded, inputs)
     if given is not None:
         return given
