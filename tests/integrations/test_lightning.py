@@ -237,8 +237,8 @@ def test_a_grad_scaler_loss_is_unscaled_and_its_skipped_steps_are_steps(tmp_path
     w = callback.watch
     assert w.nonfinite == []
     assert [r.step for r in w.records] == [0, 1, 2, 3]
-    # each line has the scale after its step's update: halved by every skipped step
-    assert [(r.skipped, r.scale) for r in w.records] == [(True, 2.0 ** (39 - i)) for i in range(4)]
+    # each line has the scale its step ran at (halved after every skipped step)
+    assert [(r.skipped, r.scale) for r in w.records] == [(True, 2.0 ** (40 - i)) for i in range(4)]
     losses = _step_losses(model)
     for record in w.records:
         assert record.loss == pytest.approx(losses[record.step][0], rel=1e-3)

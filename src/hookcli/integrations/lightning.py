@@ -118,8 +118,6 @@ class WatchHooks:
         self.watch: Any = None
         self._entered = False
         self._scaler: Any = None
-        self._loss: torch.Tensor | None = None  # the loss of step `_loss_step` so far
-        self._loss_step = -1
         self.log_path: Path | None = None  # this process's log of the current or last fit
 
     # ------------------------------------------------------------ Lightning's hooks
@@ -128,7 +126,6 @@ class WatchHooks:
         """The recorder is made here, so a bad argument fails before the sanity check runs;
         it is entered when training starts."""
         self._stop()  # a fit before this one that never reached its end hooks
-        self._loss, self._loss_step = None, -1
         optimizers = list(trainer.optimizers)
         optimizer = optimizers[self._optimizer_index(len(optimizers))]
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -166,13 +163,8 @@ class WatchHooks:
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         if not self._entered:
             return
-        value = self._unscaled(loss)
-        step = self.watch.step_index
-        if self._loss is None or self._loss_step != step:
-            self._loss, self._loss_step = value, step
-        else:
-            self._loss = self._loss + value  # another micro-batch (or backward) of the step
-        self.watch.loss(self._loss)
+        # each micro-batch's (or backward's) loss: the watch adds up a step's
+        self.watch.loss(self._unscaled(loss))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop()

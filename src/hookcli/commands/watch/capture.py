@@ -29,7 +29,7 @@ from hookcli.engine.selection import module_entries, select
 from hookcli.engine.sharded import Squares, data_parallel_groups, groups_of, local_of
 from hookcli.engine.stats import StatsCollector
 from hookcli.engine.tensorbits import finite_or_none
-from hookcli.records import LoggedParam, StepLine, TensorStats
+from hookcli.records import LoggedParam, StepLine, TensorStats, rescale
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +159,7 @@ class StepCapture:
                     else self._collector.add(p.grad, f"{name}.grad", positions=False)
                 )
                 self._params.append((name, grad, value, before))
-            self._before_norms = list(torch._foreach_norm(befores)) if befores else []
+            self._before_norms = _norms(befores)
 
     def _copies(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """The weights before the step, copied into buffers kept from one watched step to the
@@ -186,17 +186,18 @@ class StepCapture:
         world_size: int,
         loss: torch.Tensor | float | None,
         optimizer: Any,
+        grad_scale: float | None = None,
     ) -> StepLine:
-        """The watched step's line, once its weights have changed."""
+        """The watched step's line, once its weights have changed. `grad_scale`: a
+        GradScaler's loss scale the step's backward ran at (the layers' gradients are divided
+        by it: the loss's own, as the parameters' are once the scaler unscaled them)."""
         session = self._session
         assert session is not None
         with torch.no_grad():
             # the update, in place of the copy: one foreach subtraction and norm, one transfer
             befores = [b for *_, b in self._params]
             if befores:
-                torch._foreach_sub_(befores, [p for _, _, p, _ in self._params])
-                deltas = torch._foreach_norm(befores)
-                norms = [*self._before_norms, *deltas]
+                norms = [*self._before_norms, *_updates(befores, [p for *_, p, _ in self._params])]
                 try:  # one transfer (parameters on one device)
                     flat = torch.stack(norms).double().cpu().tolist()
                 except RuntimeError:  # spread over devices: one each
@@ -213,6 +214,10 @@ class StepCapture:
         for probe in self.probes:
             probe.ended()
         calls = finished_calls(session, backward=True)
+        if grad_scale:  # (a skipped step's inf/NaN stay what they were)
+            for c in calls:
+                for t in (*(c.grad_inputs or ()), *(c.grad_outputs or ())):
+                    rescale(t, 1.0 / grad_scale)
         if squares is not None:  # (null where the ranks did not agree: this rank's part only)
             flat = [
                 math.sqrt(v) if squares.added or not gs else math.nan
@@ -254,3 +259,27 @@ class StepCapture:
         for probe in self.probes:
             probe.finish(record, optimizer)
         return record
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's L2 norm, accumulated in float64 whatever its dtype (a bfloat16 one's
+    norm in its own dtype is off in the third digit)."""
+    return list(torch._foreach_norm(tensors, 2, dtype=torch.float64)) if tensors else []
+
+
+def _updates(befores: list[torch.Tensor], afters: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The norms of after - before, before's buffers overwritten: a half-precision weight's
+    difference taken in float32 (exact unless the two differ in magnitude by over 2^16; its
+    own dtype would round it)."""
+    half = [i for i, b in enumerate(befores) if b.dtype in _HALF]
+    if not half:
+        torch._foreach_sub_(befores, afters)
+        return _norms(befores)
+    wide = {i: befores[i].float().sub_(afters[i]) for i in half}
+    rest = [i for i in range(len(befores)) if i not in wide]
+    if rest:
+        torch._foreach_sub_([befores[i] for i in rest], [afters[i] for i in rest])
+    return _norms([wide.get(i, befores[i]) for i in range(len(befores))])

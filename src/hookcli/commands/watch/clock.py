@@ -43,6 +43,7 @@ class StepClock:
         self.grads_seen = False  # its gradients were read (before the weights changed)
         self.stepped = False  # the optimizer's step ran (a scaler may skip it)
         self.skipped = False  # the scaler skipped it: the gradients held inf/NaN at its scale
+        self.scale: float | None = None  # a watched step's loss scale (GradScaler), as it ran
         self._handles: list[Any] = []
         self._scaler_update: Any = None
         self._scaler_own: Any = _NONE
@@ -61,6 +62,7 @@ class StepClock:
         self.grads_seen = False
         self.stepped = False
         self.skipped = False
+        self.scale = None
 
     def attach(self) -> None:
         """The optimizer's step hooks, and the scaler's update(), mark the steps from now on."""
@@ -75,6 +77,8 @@ class StepClock:
             original = self.scaler.update
 
             def update(*args: Any, **kwargs: Any) -> Any:
+                if self.watched:  # the scale this step ran at, before update() changes it
+                    self.scale = _scale_of(self.scaler)
                 result = original(*args, **kwargs)
                 self._scaler_updated()
                 return result
@@ -142,3 +146,12 @@ class StepClock:
             # scale. Expected, not a fault — but the forward (outputs, loss) is checked
             self._grads_ready(None, skipped=True)  # (the optimizer's state is still bundled)
         self._ended()
+
+
+def _scale_of(scaler: Any) -> float | None:
+    """A GradScaler's loss scale now (None when it is disabled, or a scaler-like object has
+    no scale to tell)."""
+    enabled, scale = getattr(scaler, "is_enabled", None), getattr(scaler, "get_scale", None)
+    if not callable(enabled) or not callable(scale) or not enabled():
+        return None
+    return float(scale())

@@ -196,8 +196,15 @@ class Watch:
 
     def loss(self, value: torch.Tensor | float) -> None:
         """The step's loss: logged with a watched step and checked for NaN/Inf on every step
-        (kept as a reference, read when the step ends: no synchronisation here)."""
-        self._step.loss = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        (kept as a reference, read when the step ends: no synchronisation here). Several calls
+        in one step add up: with gradient accumulation, each micro-batch's loss as it was
+        backpropagated, and the step's is their sum (as the Lightning callback logs it)."""
+        given = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        before = self._step.loss
+        if before is None:
+            self._step.loss = given
+        else:  # (a tensor's elements summed: two micro-batches' may differ in shape)
+            self._step.loss = _summed(before) + _summed(given)
 
     def step(self) -> None:
         """Mark the end of a step when there is no optimizer to hook (its gradients and
@@ -349,17 +356,18 @@ class Watch:
         self._arm()
 
     def _record(self) -> StepLine:
+        scale = self._clock.scale  # (the step's own, read before the scaler's update)
         record = self._capture.line(
             step=self.step_index,
             rank=self.rank,
             world_size=self.world_size,
             loss=self._step.loss,
             optimizer=self.optimizer,
+            grad_scale=scale,
         )
         if self.scaler is not None:
             record.skipped = self._clock.skipped
-            scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-            record.scale = None if scale is None else float(scale)
+            record.scale = scale
         return record
 
     def _on_nonfinite(self, found: list[str], optimizer: Any) -> None:
@@ -379,3 +387,7 @@ class Watch:
         self.nonfinite.append(line)
         self._sinks.write(line)
         print(stderr_line(line), file=sys.stderr)
+
+
+def _summed(loss: torch.Tensor | float) -> torch.Tensor | float:
+    return loss.sum() if isinstance(loss, torch.Tensor) else loss
