@@ -238,6 +238,50 @@ def test_baseline_notes_another_input(tmp_path: Path) -> None:
     assert "input" not in json.loads(r.stdout)["checks"][0]["message"]
 
 
+def test_a_baseline_with_gradients_is_not_half_compared_without_backward(tmp_path: Path) -> None:
+    """A baseline saved with --backward holds gradients; a check without --backward compared
+    only the forward and passed (exit 0) with every gradient unchecked. It is refused (exit 2),
+    and with --backward the gradients are compared."""
+    base = tmp_path / "base.json"
+    model = "tests/support/models.py:Healthy"
+    args = ("--input", "randn:4x4")
+    r = run("check", model, *args, "--backward", "--save-baseline", str(base))
+    assert r.exit_code == 0, r.stderr
+    r = run("check", model, *args, "--baseline", str(base))
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "holds gradients" in r.stderr and "add --backward" in r.stderr
+    r = run("check", model, *args, "--backward", "--baseline", str(base), "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    (check,) = json.loads(r.stdout)["checks"]
+    kinds = ("inputs", "outputs", "grad_inputs", "grad_outputs")
+    layers = json.loads(base.read_text())["layers"]
+    grads = sum(len(c.get(k) or []) for c in layers for k in kinds[2:])
+    grads += sum(1 for c in layers for q in c.get("params") or [] if q.get("grad"))
+    entries = sum(len(c.get(k) or []) for c in layers for k in kinds[:2]) + grads
+    assert grads > 0 and f"{entries} tensors within" in check["message"]
+
+
+def test_a_model_file_spelled_another_way_is_the_same_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The baseline's spec 'models.py:Healthy' and the run's './models.py:Healthy' (or an
+    absolute path, or a path from another folder) name one file: compared, not refused."""
+    import shutil
+
+    shutil.copy(Path(models.__file__), tmp_path / "models.py")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "base.json"
+    args = ("--input", "randn:4x4")
+    assert run("check", "models.py:Healthy", *args, "--save-baseline", str(base)).exit_code == 0
+    for spec in ("./models.py:Healthy", f"{tmp_path}/models.py:Healthy"):
+        r = run("check", spec, *args, "--baseline", str(base))
+        assert r.exit_code == 0, (spec, r.stderr)
+    shutil.copy(tmp_path / "models.py", tmp_path / "other.py")  # another file: refused
+    r = run("check", "other.py:Healthy", *args, "--baseline", str(base))
+    assert r.exit_code == 2 and "is from model 'models.py:Healthy'" in r.stderr
+
+
 def test_schema_1_baselines_still_read(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     r = run(

@@ -27,6 +27,22 @@ def load_baseline(path: Path) -> Report:
     return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {where}")
 
 
+_GRADIENTS = {"grad_inputs", "grad_outputs", "param_grads"}
+
+
+def _same_model(before: str, now: str) -> bool:
+    """Whether two runs' model specs name one model: the same text, or a model file spelled
+    another way (./net.py:Net, an absolute path, or from another folder: the same file name
+    and object; its weights and shapes are compared anyway)."""
+    if before == now:
+        return True
+    files = [spec.rsplit(":", 1) for spec in (before, now)]
+    if not all(len(f) == 2 and f[0].endswith(".py") for f in files):
+        return False
+    (a_file, a_name), (b_file, b_name) = files
+    return a_name == b_name and Path(a_file).name == Path(b_file).name
+
+
 def _entries(layers: list[LayerCall]) -> dict[tuple[str, int, str, str], TensorStats]:
     out = {}
     for c in layers:
@@ -85,7 +101,7 @@ def compare_baseline(
     gradients nearest the loss first): where a change began. The rest follow largest first,
     measured by _size_of_change."""
     base_model = baseline.model.spec
-    if base_model != report.model.spec:
+    if not _same_model(base_model, report.model.spec):
         raise UsageError(
             f"baseline {label} is from model {base_model!r}; this run is {report.model.spec!r}.",
             "compare runs of the same model, or record a new baseline.",
@@ -100,6 +116,14 @@ def compare_baseline(
     now = _entries(report.layers)
     before = _entries(baseline.layers)
     kinds = {k[2] for k in before}
+    if kinds & _GRADIENTS and report.backward is None:  # (never left out silently)
+        source = baseline.backward.source if baseline.backward is not None else "a loss"
+        raise UsageError(
+            f"baseline {label} holds gradients (its run's backward started from {source}); "
+            "this run has no backward, so they would go unchecked.",
+            "add --backward (with the baseline's --target or --loss), or record a baseline "
+            "without gradients.",
+        )
     now = {k: v for k, v in now.items() if k[2] in kinds}  # compare what the baseline recorded
     calls_now = {(k[0], k[1]) for k in now}
     calls_before = {(k[0], k[1]) for k in before}
