@@ -272,6 +272,9 @@ def baselines(tmp_path: Path) -> dict[str, str]:
         (["--baseline", "{r64}", "--input", "randn:1x3x32x32"], ["ran on input [[1, 3, 64, 64]]"]),
         (["--baseline", "{r64}", "--rtol", "-1"], ["--rtol and --atol must be 0 or more"]),
         (["--dead-frac", "0"], ["--dead-frac must be in (0, 1]"]),
+        # a tolerance with no baseline to apply it to (it was accepted, and did nothing)
+        (["--rtol", "0.1"], ["--rtol is the tolerance of --baseline", "add --baseline"]),
+        (["--atol", "1", "--rtol", "0"], ["--rtol is the tolerance of --baseline", "--atol"]),
     ],
 )
 def test_check_bad_input(args: list[str], needles: list[str], baselines: dict[str, str]) -> None:
@@ -340,3 +343,25 @@ def test_check_markdown_has_the_lines_of_its_table() -> None:
         words = line.split()
         assert all(w in markdown for w in words[1:]), (line, markdown)
     assert "| layer" not in markdown and "mean" not in markdown
+
+
+def test_dead_frac_alone_turns_the_dead_rule_on(tmp_path: Path) -> None:
+    """--dead-frac is the dead rule's threshold: given alone it checks (as --dead-after does
+    for a log); it was accepted and only the default nonfinite rule ran (exit 0 on a ReLU
+    whose every output is 0: ReLU of -|x|)."""
+    (tmp_path / "net.py").write_text(
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc, self.act = nn.Linear(4, 4), nn.ReLU()\n"
+        "    def forward(self, x):\n"
+        "        return self.act(-self.fc(x).abs())\n"
+    )
+    r = run("check", f"{tmp_path}/net.py:Net", "--input", "randn:8x4", "--dead-frac", "0.5",
+            "-f", "json")  # fmt: skip
+    assert r.exit_code == 1, r.stderr
+    (check,) = json.loads(r.stdout)["checks"]
+    assert check["rule"] == "dead" and not check["passed"]
+    assert [f["layer"] for f in check["failures"]] == ["act"]
+    assert "100.0% zeros" in check["failures"][0]["message"]

@@ -4,6 +4,7 @@ path)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,11 +18,13 @@ def zeros_slack(kind: str, shape: Sequence[int], numel: int) -> float:
     gradient, whose elements that are zero only in exact arithmetic — a query's gradient at
     the first position (its attention has one key) or where no loss reads — come out of a
     fused attention backward as 0 or as rounding residue by how its GEMMs were blocked, which
-    a shard changes (seen on a CPU with AVX512-BF16: one head of one position). Up to one
-    position's features either way; the other statistics are held to rounding all the same."""
+    a shard changes (seen on a CPU with AVX512-BF16: one head of one position; on an AMD EPYC,
+    two heads of Qwen3's q_norm input, (batch, tokens, heads, head_dim)). Up to one position's
+    features either way (every head's: all that follows batch and position); the other
+    statistics are held to rounding all the same."""
     if not kind.startswith("grad") or not shape or not numel:
         return 0.0
-    return shape[-1] / numel
+    return math.prod(shape[2:] if len(shape) > 2 else shape[-1:]) / numel
 
 
 def entries(report: dict[str, Any]) -> dict[tuple[str, ...], dict[str, Any]]:

@@ -32,6 +32,7 @@ from hookcli.render.writers import Kind
 
 if TYPE_CHECKING:
     from hookcli.commands import Running
+    from hookcli.commands.checks import Rules
 
 
 def inspect(
@@ -319,6 +320,20 @@ def check(
         run_command(ctx, "check")
 
 
+def _given_rules(ctx: typer.Context, rules: Rules) -> None:
+    """What a rule's own option given alone asks for: --dead-frac is the dead rule's threshold,
+    so it turns the rule on (as --dead-after does for a log); --rtol/--atol are --baseline's
+    tolerances, and without a baseline there is nothing for them to apply to (exit 2)."""
+    if opt.given(ctx, "dead_frac") and "dead" not in rules.fail_on:
+        rules.fail_on.append("dead")
+    tolerances = opt.given_flags(ctx, lambda name: name in ("rtol", "atol"))
+    if tolerances and rules.baseline is None:
+        raise UsageError(
+            f"{tolerances[0]} is the tolerance of --baseline, and this run has no baseline.",
+            "add --baseline FILE, or drop " + " and ".join(tolerances) + ".",
+        )
+
+
 def run_command(ctx: typer.Context, command: str) -> None:
     """inspect, grads and check: parameters → option objects → hookcli.commands.run_command →
     rendering and the exit code."""
@@ -344,6 +359,7 @@ def run_command(ctx: typer.Context, command: str) -> None:
     )
 
     rules = parse_rules(pick(RuleOptions, p))
+    _given_rules(ctx, rules)
     if command == "check" and not rules.needs_backward:
         _no_backward_options(ctx)
     model_opts = opt.model_options(p, command)

@@ -72,7 +72,7 @@ MODEL_ONLY = (
     "type_", "depth", "target", "loss", "weights", "seed", "device", "model_arg", "output_key",
     "train", "save_baseline", "picture", "text", "text_file", "chat", "tokenizer", "head",
     "generate", "sample", "position", "channels", "heads", "max_outlier_ratio", "max_kurtosis",
-    "max_sink", "min_entropy", "max_expert_imbalance",
+    "max_sink", "min_entropy", "max_expert_imbalance", "max_saved_mb",
 )  # fmt: skip
 
 

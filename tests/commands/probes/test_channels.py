@@ -477,6 +477,7 @@ def test_a_training_log_refuses_the_model_rules(tmp_path: Path) -> None:
         (["--fail-on", "dead-experts"], "--fail-on dead-experts"),
         (["--max-kurtosis", "3"], "--max-kurtosis is for checking a model"),
         (["--heads"], "--heads is for checking a model"),
+        (["--max-saved-mb", "1"], "--max-saved-mb is for checking a model"),  # (was ignored)
     ]:
         r = runner.invoke(app, ["check", str(log), *extra])
         assert r.exit_code == 2, (extra, r.stdout, r.stderr)
