@@ -140,6 +140,65 @@ def test_shapes_tell_the_layout_when_the_model_does_not() -> None:
     assert "inferred from the input size" in tokens.describe()
 
 
+class _PermutedBack(nn.Module):
+    """timm MambaOut's stem: conv, permute to NHWC, norm, permute back to NCHW, act — in a
+    model whose output_fmt is NHWC."""
+
+    output_fmt = "NHWC"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 24, 3, stride=2, padding=1)
+        self.norm = nn.LayerNorm(24)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.act(h)
+
+
+def test_an_nhwc_models_output_that_is_no_nhwc_map_is_refused_not_guessed() -> None:
+    """The model says NHWC for every non-convolution module; `act`'s output (1, 24, 112, 112)
+    is NCHW (its NHWC reading, a 24x112 grid, cannot come from a 224x224 input): refused, not
+    read as 112 channels. `norm`'s, truly NHWC, is read so. The oracle: the tensors' own
+    layouts, from the forward above."""
+    model = _PermutedBack().eval()
+    hints = model_hints(model)
+    outs = captured_outputs(model, torch.randn(1, 3, 224, 224), ["norm", "act"])
+    norm = resolve("norm", tuple(outs["norm"].shape), (224, 224), hints)
+    assert (norm.kind, norm.grid, norm.channels) == (NHWC, (112, 112), 24)
+    with pytest.raises(UsageError, match=r"act's output 1x24x112x112 is no NHWC map"):
+        resolve("act", tuple(outs["act"].shape), (224, 224), hints)
+    # swin's last stage: one 7x7 window per image, so the batch check passes its attention
+    # probabilities (1, heads, 49, 49) in an output_fmt NHWC model
+    with pytest.raises(UsageError, match="attention scores"):
+        resolve(
+            "attn.softmax", (1, 24, 49, 49), (224, 224), ModelHints(frozenset({"attn.softmax"}))
+        )
+
+
+def test_channels_read_an_input_by_its_own_layout_not_the_layers_output() -> None:
+    """torchvision's Permute([0, 2, 3, 1]) (ConvNeXt's): its input is NCHW, its output NHWC.
+    --channels read its input with its output's layout (axis 3, 56 "channels") when it was
+    selected alone. The oracle: per-channel max|x| of the captured input over axis 1."""
+    from torchvision.ops.misc import Permute
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 96, 4, stride=4), Permute([0, 2, 3, 1])).eval()
+    x = torch.randn(1, 3, 224, 224)
+    report = hookcli.inspect(model, x, layers=["1"], channels=True, device="cpu")
+    (call,) = report.layers
+    (given,) = call.inputs
+    (made,) = call.outputs
+    assert given.channels is not None and made.channels is not None
+    assert (given.channels.axis, len(given.channels.absmax)) == (1, 96)
+    assert (made.channels.axis, len(made.channels.absmax)) == (3, 96)
+    with torch.no_grad():
+        want = model[0](x).double().abs().amax(dim=(0, 2, 3)).tolist()
+    assert given.channels.absmax == pytest.approx(want, rel=1e-6)
+    assert made.channels.absmax == pytest.approx(want, rel=1e-6)
+
+
 @pytest.mark.parametrize(
     ("shape", "size", "needle"),
     [

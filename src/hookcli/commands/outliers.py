@@ -89,10 +89,13 @@ def chooser(
             return None
         layout = None
         if len(shape) == 4:
-            key = (name, shape)
+            # an input's layout is its producer's, not this layer's output's (a Permute's input
+            # is NCHW, its output NHWC): read from its shape alone, under a name no module has
+            # (no hint of the model's applies to it)
+            key = (name if kind == "out" else f"{name}#in", shape)
             if key not in layouts:
                 try:
-                    layouts[key] = layout_of(name, shape).kind
+                    layouts[key] = layout_of(key[0], shape).kind
                 except UsageError:
                     layouts[key] = None
             layout = layouts[key]

@@ -298,7 +298,17 @@ def _spatial(
     if name in hints.convolutions:
         return Layout(NCHW, (b, c), a, how="a convolution's output")
     if name in hints.channels_last:
-        return Layout(NHWC, (a, b), c, how=hints.source)
+        if input_size is None or _fits((a, b), input_size):
+            return Layout(NHWC, (a, b), c, how=hints.source)
+        # an NHWC model's module whose output is no NHWC map of the input (a permute back to
+        # NCHW inside a block, window attention's (windows, heads, L, L)): never guessed
+        dims = _dims(shape)
+        raise UsageError(
+            f"layer {name}'s output {dims} is no NHWC map of the {input_size[0]}x"
+            f"{input_size[1]} input, though {hints.source} says the model's activations are "
+            "NHWC: its layout cannot be told (permuted back to NCHW, or attention scores).",
+            "pick a layer whose output shape shows its layout: `hookcli layers MODEL --shapes`.",
+        )
     if name in hints.channels_first:
         return Layout(NCHW, (b, c), a, how=hints.source)
     if input_size is None:
