@@ -36,6 +36,7 @@ class _Shared(TypedDict, total=False):
     text: str | Sequence[str]
     text_file: PathLike | None
     chat: bool
+    padding_side: str | None
     target_text: str | Sequence[str]
     # the run
     train: bool

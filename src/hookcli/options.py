@@ -166,6 +166,11 @@ class InputOptions:
             raise TypeError("target_text must be a string or a list of strings (one per text)")
         else:
             object.__setattr__(self, "target_text", tuple(target))
+        if self.padding_side not in (None, "left", "right"):
+            raise UsageError(
+                f"--padding-side must be left or right, not {self.padding_side!r}.",
+                "e.g. --padding-side right",
+            )
         path: Any = self.text_file
         if isinstance(path, os.PathLike):
             object.__setattr__(self, "text_file", os.fspath(path))
@@ -304,6 +309,7 @@ API_KEYS: dict[str, tuple[str, str]] = {
     "text": ("inputs", "text"),
     "text_file": ("inputs", "text_file"),
     "chat": ("inputs", "chat"),
+    "padding_side": ("inputs", "padding_side"),
     "target_text": ("inputs", "target_text"),
     "target": ("backward", "target"),
     "loss": ("backward", "loss"),

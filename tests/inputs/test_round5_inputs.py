@@ -855,12 +855,19 @@ def test_a_batched_text_run_names_its_longest_line_and_renders_chat_in_chunks(
         (["--chat"], ["--input", "randint:0:50:1x8"]),  # tensor ids: no text to template
         (["--target-text", "Hi"], ["--input", "randint:0:50:1x8"]),
         (["--chat"], []),  # no input at all: random ids
+        (["--padding-side", "left"], ["--input", "randint:0:50:1x8"]),
     ],
 )
 def test_a_text_option_without_text_is_refused(
     llama: Path, option: list[str], inputs: list[str]
 ) -> None:
-    """--chat and --target-text shape what a text becomes: given with token ids or no input,
+    """--chat, --target-text and --padding-side shape what a text becomes: given with token
+    ids or no input,
     they were silently ignored (the run went on as if they were not there)."""
     res = run("inspect", f"hf:{llama}", *inputs, *option, "-l", "lm_head")
     one_line_error(res, 2, f"{option[0]} applies to text input", "--text")
+
+
+def test_a_padding_side_that_is_neither_left_nor_right_is_refused(llama: Path) -> None:
+    res = run("inspect", f"hf:{llama}", "--text", "a", "--text", "b c", "--padding-side", "top")
+    one_line_error(res, 2, "--padding-side must be left or right, not 'top'")

@@ -143,3 +143,28 @@ def test_a_forward_that_does_not_name_position_ids_gets_none_and_the_input_says_
         (top,) = [p for p in report.predictions if p.image == seq]
         assert top.index == int(logits[seq].argmax())
         assert top.prob == pytest.approx(float(logits[seq].softmax(-1).max()), rel=1e-5)
+
+
+def test_padding_side_on_the_command_line_pads_as_asked(gpt2_right: Path) -> None:
+    """--padding-side left on a tokenizer that pads on the right: the batch is padded on the
+    left, each text's positions counted from its first token, and each text's next-token
+    prediction is its own alone (the oracle: transformers on each text alone)."""
+    from typer.testing import CliRunner
+
+    from hookcli.cli import app
+
+    args = ["inspect", f"hf:{gpt2_right}", "-l", "lm_head", "--topk", "1", "-f", "json"]
+    texts = [a for t in TEXTS for a in ("--text", t)]
+    r = CliRunner().invoke(app, [*args, *texts, "--padding-side", "left"])
+    assert r.exit_code == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert "padded on the left" in report["input"]["description"]
+    assert "position_ids from the attention mask" in report["input"]["description"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2_right).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(gpt2_right)
+    for seq, text in enumerate(TEXTS):
+        with torch.no_grad():
+            want = model(**tok(text, return_tensors="pt")).logits[0, -1].double().softmax(-1)
+        (top,) = [p for p in report["predictions"] if p["image"] == seq]
+        assert top["index"] == int(want.argmax())
+        assert top["prob"] == pytest.approx(float(want.max()), rel=1e-5)

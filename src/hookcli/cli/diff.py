@@ -127,6 +127,7 @@ def diff(
     text: opt.TextOpt = None,
     text_file: opt.TextFileOpt = None,
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
+    padding_side: opt.PaddingSideOpt = None,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
     weights: opt.WeightsOpt = DEFAULTS.model.weights,

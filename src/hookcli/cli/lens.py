@@ -32,6 +32,7 @@ def lens(
     text: opt.TextOpt = None,
     text_file: opt.TextFileOpt = None,
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
+    padding_side: opt.PaddingSideOpt = None,
     tokenizer: opt.TokenizerOpt = None,
     input_spec: opt.InputSpecOpt = None,
     topk: Annotated[

@@ -99,6 +99,7 @@ def layers(
     text: opt.TextOpt = None,
     text_file: opt.TextFileOpt = None,
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
+    padding_side: opt.PaddingSideOpt = None,
     tokenizer: opt.TokenizerOpt = None,
     head: opt.HeadOpt = None,
     weights: opt.WeightsOpt = DEFAULTS.model.weights,

@@ -85,6 +85,14 @@ ChatOpt = Annotated[
     bool,
     typer.Option("--chat", help="Each text as a user turn through the tokenizer's chat template."),
 ]
+PaddingSideOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--padding-side",
+        metavar="left|right",
+        help="Pad a batch of texts on the left or the right [default: the tokenizer's].",
+    ),
+]
 TokenizerOpt = Annotated[
     str | None,
     typer.Option(

@@ -75,7 +75,8 @@ def report(inv: Invocation, command: str) -> Report:
                 "drop --generate for gradients (grads takes the text's next-token loss), or "
                 "run inspect/check --generate.",
             )
-        inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
+        if inputs.has_text:  # (token ids given as a tensor carry no padding to place)
+            inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
         if run.heads:
             raise UsageError(
                 "--heads reads attention in one forward of the input; --generate runs many.",

@@ -189,7 +189,12 @@ def build_input(loaded: LoadedModel, inputs: InputOptions, seed: int) -> ModelIn
         from hookcli.inputs.text import from_text
 
         return from_text(loaded, inputs)
-    for option, given_too in (("--chat", inputs.chat), ("--target-text", inputs.target_text)):
+    text_only = (
+        ("--chat", inputs.chat),
+        ("--target-text", inputs.target_text),
+        ("--padding-side", inputs.padding_side),
+    )
+    for option, given_too in text_only:
         if given_too:  # (never silently ignored: it shapes what a text input becomes)
             raise UsageError(
                 f"{option} applies to text input, and this run has none.",
