@@ -754,6 +754,26 @@ def test_the_lens_of_a_padded_seq2seq_batch_reads_each_targets_own_decoder_posit
     assert len(report.tokens[1]) == len(tok(text_target=targets[1])["input_ids"])
 
 
+def test_the_lens_command_takes_target_text_as_the_api_does(bart: Path) -> None:
+    """`hookcli lens --target-text`: the command had no such option (a seq2seq lens from the
+    command line read the decoder's start token alone). Its cells are the API's: each
+    target's decoder positions (the start token, then its labels but the last)."""
+    import hookcli
+
+    text, target = "The cat sat on the mat.", "A dog ran in the park."
+    res = run("lens", f"hf:{bart}", "--text", text, "--target-text", target, "-k", "1",
+              "-f", "json")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    cells = json.loads(res.stdout)["lens"]
+    api = hookcli.lens(f"hf:{bart}", text=[text], target_text=[target], topk=1)
+    tok = transformers.AutoTokenizer.from_pretrained(bart)
+    positions = len(tok(text_target=target)["input_ids"])
+    layer = "model.decoder.layers.0"
+    got = sorted((c["position"], c["top"][0]["index"]) for c in cells if c["layer"] == layer)
+    want = sorted((c.position, c.top[0].index) for c in api.lens if c.layer == layer)
+    assert got == want and [p for p, _ in got] == list(range(positions))
+
+
 def test_targets_as_long_as_the_padded_texts_are_not_read_with_the_texts_padding(
     bart: Path,
 ) -> None:
@@ -871,3 +891,14 @@ def test_a_text_option_without_text_is_refused(
 def test_a_padding_side_that_is_neither_left_nor_right_is_refused(llama: Path) -> None:
     res = run("inspect", f"hf:{llama}", "--text", "a", "--text", "b c", "--padding-side", "top")
     one_line_error(res, 2, "--padding-side must be left or right, not 'top'")
+
+
+@pytest.mark.parametrize("name", ["model.layers.0", "model.layers.0.self_attn", "model.rotary_emb"])
+def test_a_lens_norm_that_cannot_take_the_hidden_states_alone_is_refused(
+    llama: Path, name: str
+) -> None:
+    """--norm naming a block, an attention or the rotary embedding (weightless, or needing
+    more arguments): tried once on one zero position before the pass and refused in one line
+    (it ended in an internal error, exit 3, when the lens called it)."""
+    res = run("lens", f"hf:{llama}", "--text", "hi there", "--norm", name)
+    one_line_error(res, 2, f"--norm {name}", "cannot be called on the hidden states alone")

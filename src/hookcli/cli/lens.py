@@ -34,6 +34,7 @@ def lens(
     chat: opt.ChatOpt = DEFAULTS.inputs.chat,
     padding_side: opt.PaddingSideOpt = None,
     tokenizer: opt.TokenizerOpt = None,
+    target_text: opt.TargetTextOpt = None,
     input_spec: opt.InputSpecOpt = None,
     topk: Annotated[
         int, typer.Option("--topk", "-k", help="Tokens kept per block and position.")

@@ -26,7 +26,7 @@ from torch import nn
 
 from hookcli._version import __version__
 from hookcli.engine.measure import statistics
-from hookcli.errors import UsageError
+from hookcli.errors import UsageError, one_line
 from hookcli.options import InputOptions, LensOptions, ModelOptions
 from hookcli.records import LensCell, LensReport, LensToken
 
@@ -172,13 +172,42 @@ def check_norm(name: str, norm: nn.Module, unembed: nn.Module) -> None:
         not isinstance(weight, torch.Tensor)
         or (weight.dim() == 1 and (width is None or weight.shape[0] == width))
     )
+    hint = "name the final norm (model.norm; `hookcli layers MODEL`), or --norm none."
     if not fits:
         shape = "x".join(map(str, weight.shape)) if isinstance(weight, torch.Tensor) else "?"
         raise UsageError(
             f"--norm {name} ({type(norm).__name__}, weight {shape}) is not a norm of the hidden "
             f"width{f' {width}' if width else ''} the unembedding reads.",
-            "name the final norm (model.norm; `hookcli layers MODEL`), or --norm none.",
+            hint,
         )
+    why = _not_a_norm(norm, width, _matrix(unembed))
+    if why is not None:
+        raise UsageError(f"--norm {name} ({type(norm).__name__}) {why}.", hint)
+
+
+def _not_a_norm(norm: nn.Module, width: int | None, matrix: torch.Tensor | None) -> str | None:
+    """Why `norm` cannot be called as the lens calls it, norm(hidden) -> hidden of the same
+    shape (a block, an attention or a rotary embedding needs more), tried once on one zero
+    position before the pass; None when it can, or when a trial would change it (a batch
+    norm in training mode updates its running statistics)."""
+    tracks = any(m.training and getattr(m, "track_running_stats", False) for m in norm.modules())
+    if width is None or matrix is None or tracks:
+        return None
+    first = next(norm.parameters(), matrix)
+    x = torch.zeros(1, 1, width, dtype=first.dtype, device=first.device)
+    try:
+        with torch.no_grad():
+            out = norm(x)
+    except Exception as exc:
+        return f"cannot be called on the hidden states alone ({one_line(exc)})"
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
+        got = (
+            type(out).__name__
+            if not isinstance(out, torch.Tensor)
+            else "x".join(map(str, out.shape))
+        )
+        return f"returns {got} for hidden states of 1x1x{width}, not hidden states of that shape"
+    return None
 
 
 def _module(model: nn.Module, name: str, option: str) -> nn.Module:
