@@ -902,3 +902,17 @@ def test_a_lens_norm_that_cannot_take_the_hidden_states_alone_is_refused(
     (it ended in an internal error, exit 3, when the lens called it)."""
     res = run("lens", f"hf:{llama}", "--text", "hi there", "--norm", name)
     one_line_error(res, 2, f"--norm {name}", "cannot be called on the hidden states alone")
+
+
+def test_per_token_with_generate_says_the_generated_tokens_calls_have_no_rows(
+    llama: Path,
+) -> None:
+    """--per-token --generate: the prompt's call gets its rows; the generated tokens' calls (one
+    position each, with the KV cache) got none without a word. The report says so."""
+    res = run("inspect", f"hf:{llama}", "--text", "The cat sat", "--generate", "2",
+              "--per-token", "-l", "model.layers.1", "-f", "json")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    report = json.loads(res.stdout)
+    calls = {c["call"]: c for c in report["layers"]}
+    assert calls[0]["outputs"][0]["per_token"] and not calls[1]["outputs"][0].get("per_token")
+    assert any("--per-token: the prompt's positions" in n for n in report["notes"])

@@ -32,6 +32,7 @@ from hookcli.commands import probes as probing
 from hookcli.commands.inspect import model_info, predict
 from hookcli.commands.profile import ProfileSum
 from hookcli.engine.aggregate import Aggregate
+from hookcli.engine.experts import find_routers
 from hookcli.engine.layout import reader
 from hookcli.engine.measure import (
     claimed_params,
@@ -493,6 +494,11 @@ def _merged_report(
     if group is not None:
         notes.append(shards.spread_note(group, [(p.rank, sum(p.seen.values())) for p in parts]))
     notes += prepared.notes + run.notes  # modules hooks cannot see; how the passes ran
+    if find_routers(prepared.loaded.module, [e.type for e in prepared.entries]):
+        notes.append(  # (never dropped without a word: a one-batch run always reports it)
+            f"expert routing is read on one batch: this run in {run.batches} batches reports "
+            f"none (give at most {DEFAULT_BATCH} {unit.name}, without --batch-size/--limit)"
+        )
     if run.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in list(run.unhooked.items())[:5])
         notes.append(f"not hookable, so not measured: {refused}")

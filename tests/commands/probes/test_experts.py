@@ -6,6 +6,7 @@ transformers, the router's input kept by an independent hook and its top-k taken
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -142,4 +143,24 @@ def test_expert_rules_are_refused_over_a_folder_run() -> None:
 
     r = runner.invoke(app, ["check", "resnet18", str(CAT), str(COFFEE), "--batch-size", "1",
                             "--fail-on", "dead-experts"])  # fmt: skip
-    assert r.exit_code == 2 and "not over a folder run" in r.stderr, (r.stdout, r.stderr)
+    assert r.exit_code == 2 and "not over a run in batches" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_a_text_file_in_batches_says_its_routing_is_not_read(tmp_path: Path) -> None:
+    """40 texts (two batches of 32): the routing of a one-batch run is not merged over batches;
+    it vanished without a word (experts null, no note). The report says so; the expert rules
+    are refused with the way round (at most 32 texts), not a folder's reason."""
+    from tests.support.llm import save
+
+    folder = save(tmp_path / "mixtral", "mixtral")
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join(f"the cat sat {i}" for i in range(40)))
+    args = ["hf:" + str(folder), "--text-file", str(texts), "-l", "lm_head"]
+    r = runner.invoke(app, ["inspect", *args, "--topk", "0", "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["experts"] is None
+    assert any("expert routing is read on one batch: this run in 2 batches" in n
+               for n in report["notes"])  # fmt: skip
+    r = runner.invoke(app, ["check", *args, "--fail-on", "dead-experts"])
+    assert r.exit_code == 2 and "give at most 32 texts" in r.stderr, r.stderr

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 
 class Experts(Probe):
     refusal = (
-        "expert routing is read on one batch of text, not over a folder run.",
-        "give the text with --text/--text-file, or drop the expert rules.",
+        "expert routing is read on one batch, not over a run in batches (a folder, or more "
+        "texts than one batch holds).",
+        "give at most 32 texts (--text, --text-file) without --batch-size/--limit, or drop the "
+        "expert rules.",
     )
 
     def __init__(self) -> None:

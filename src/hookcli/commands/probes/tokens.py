@@ -27,6 +27,11 @@ class PerToken(Probe):
 
     def finish(self, measured: Measured, report: Report) -> None:
         label_tokens(report.layers, measured.model_input, report.outputs)
+        if measured.model_input.generate is not None:  # (never left out without a word)
+            report.notes.append(
+                "--per-token: the prompt's positions (each layer's call 0); the calls of the "
+                "generated tokens, one position each with the KV cache, have no per-token rows"
+            )
 
 
 def token_grid(model_input: ModelInput) -> tuple[int, int]:
