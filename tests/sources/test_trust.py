@@ -663,6 +663,23 @@ def test_a_target_word_finds_the_classes_that_hold_it() -> None:
     assert f"class {index} " in json.loads(r.stdout)["backward"]["source"]
 
 
+def test_a_class_name_the_label_list_holds_twice_is_refused_with_both_indices() -> None:
+    """timm's ImageNet labels name 'crane' twice (the bird, the machine) and 'maillot' twice:
+    the name resolved silently to the last one. Oracle: timm's own label list."""
+    timm = pytest.importorskip("timm")
+    from timm.data import ImageNetInfo
+
+    labels = [d.split(",")[0] for d in ImageNetInfo().label_descriptions()]  # its short names
+    run = ["timm:resnet10t", "--input", "randn:1x3x32x32", "-l", "fc", "--no-config"]
+    for word, option in (("crane", "--target"), ("maillot", "--loss")):
+        same = [i for i, c in enumerate(labels) if c.lower() == word]
+        assert len(same) == 2, (word, same)
+        given = word if option == "--target" else f"ce:{word}"
+        r = invoke("grads", *run, option, given)
+        assert_one_line_error(r, 2, f"names 2 classes of this model: {same[0]} and {same[1]}")
+    del timm
+
+
 def test_no_third_party_progress_bar_reaches_the_terminal(tmp_path: Path) -> None:
     """A sharded save_pretrained folder: transformers draws "Loading checkpoint shards" with
     carriage returns while it loads; hookcli turns such bars off."""

@@ -152,8 +152,15 @@ def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int
             "give a class index, or top1 / sum.",
         )
     lowered = {c.lower(): i for i, c in enumerate(categories)}
-    if raw.lower() in lowered:
-        return lowered[raw.lower()]
+    same = [i for i, c in enumerate(categories) if c.lower() == raw.lower()]
+    if len(same) > 1:  # ImageNet lists 'crane' (the bird, the machine) and 'maillot' twice
+        raise UsageError(
+            f"{option} {raw!r} names {len(same)} classes of this model: "
+            f"{' and '.join(map(str, same))}.",
+            f"give the class by its index instead: {' or '.join(map(str, same))}.",
+        )
+    if same:
+        return same[0]
     # "tabby cat" → "tabby": exactly one category named as a whole word inside the text
     inside = [i for c, i in lowered.items() if re.search(rf"\b{re.escape(c)}\b", raw.lower())]
     if len(inside) == 1:
