@@ -209,3 +209,49 @@ def test_png_to_stdout(tmp_path: Path) -> None:
     from PIL import Image
 
     assert Image.open(io.BytesIO(r.stdout_bytes)).size[0] > 0
+
+
+def _folder_with_an_unreadable_first_file(tmp_path: Path) -> Path:
+    import shutil
+
+    from tests.support.paths import COFFEE
+
+    folder = tmp_path / "fold"
+    folder.mkdir()
+    (folder / "a_empty.png").write_bytes(b"")  # listed first, unreadable
+    shutil.copy(CAT, folder / "b_cat.jpeg")
+    shutil.copy(COFFEE, folder / "c_coffee.jpeg")
+    return folder
+
+
+def test_a_folders_picture_names_what_was_skipped_and_which_file_it_shows(tmp_path: Path) -> None:
+    """maps over a folder: the unreadable file the listing skipped is named, and image 1 is
+    said to be c_coffee.jpeg (the second image read, the third file listed); the picture is
+    that file's, as maps on the file alone draws it. Both went unsaid."""
+    folder = _folder_with_an_unreadable_first_file(tmp_path)
+    r = run("maps", "resnet18", str(folder), "-l", "conv1", "--image", "1", "-o",
+            str(tmp_path / "f.png"))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "skipped 1 unreadable image(s): a_empty.png" in r.stderr
+    assert "image 1 is c_coffee.jpeg" in r.stderr
+    alone = run("maps", "resnet18", str(folder / "c_coffee.jpeg"), "-l", "conv1", "-o",
+                str(tmp_path / "one.png"))  # fmt: skip
+    assert alone.exit_code == 0, alone.stderr
+    tiles = lambda p: json.loads(Image.open(p).info["hookcli"])["tiles"]  # noqa: E731
+    assert [t["label"] for t in tiles(tmp_path / "f.png")] == [
+        t["label"] for t in tiles(tmp_path / "one.png")
+    ]
+
+
+def test_a_folder_runs_picture_is_of_its_first_readable_image(tmp_path: Path) -> None:
+    """inspect over a folder whose first listed file is unreadable, with --picture: the run
+    skips and names that file, and the picture is of the first image it could read (the
+    whole run ended with exit 2 on the unreadable file)."""
+    folder = _folder_with_an_unreadable_first_file(tmp_path)
+    out = tmp_path / "r.html"
+    r = run("inspect", "resnet18", str(folder), "-l", "fc", "--picture", "maps:conv1", "-o",
+            str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    page = out.read_text()
+    assert "skipped 1 unreadable image(s): a_empty.png" in page
+    assert "drawn on the first readable image, b_cat.jpeg" in page

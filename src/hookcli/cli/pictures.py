@@ -349,7 +349,7 @@ def draw_pictures(
     from dataclasses import replace
 
     from hookcli import commands
-    from hookcli.inputs.images import expand_paths
+    from hookcli.inputs.images import expand_paths, try_read
     from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
 
     shown = list(inputs.items)
@@ -357,9 +357,12 @@ def draw_pictures(
     if shown and all(isinstance(x, str) for x in shown):
         files = expand_paths([str(x) for x in shown])
         if len(files) > 1:
-            first = [f"drawn on the first image, {files[0].name}"]
-            inputs = replace(inputs, items=(str(files[0].path),))
-            shown = [str(files[0].path)]
+            # the first the run could read: an unreadable one a folder run skips (and names)
+            # is no picture's input (--strict: the run refuses it, and so would this)
+            at = next((f for f in files if inputs.strict or try_read(f)[0] is not None), files[0])
+            first = [f"drawn on the first readable image, {at.name}"]
+            inputs = replace(inputs, items=(str(at.path),))
+            shown = [str(at.path)]
     pictures = []
     for kind, layer in specs:
         if kind == "maps":

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.commands.pictures import Picture, check_image_index, input_image
+from hookcli.commands.pictures import Picture, check_image_index, input_image, input_notes
 from hookcli.engine.attention import (
     DECODER,
     ENCODER,
@@ -125,7 +125,7 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
     check_image_index(index, probs)
     usable = _stack(got.calls, first.site.side, b, length)
     rolled = rollout([c.mean for c in usable if c.mean is not None])
-    notes = prepared.notes + got.notes
+    notes = prepared.notes + got.notes + input_notes(model_input, index)
     if len(calls) > 1:
         notes.append(f"block {block} ran {len(calls)} times: call 0 drawn; the rollout has all")
     if len(usable) < len(got.calls):
@@ -265,7 +265,7 @@ def _cross_maps(
             "cross-attention's mean over heads"
         )
     calls = [c for c in got.calls if c.site.block == block]
-    notes = prepared.notes + got.notes
+    notes = prepared.notes + got.notes + input_notes(model_input, index)
     if len(calls) > 1:
         notes.append(f"block {block} ran {len(calls)} times: call 0 drawn")
     rows = query_rows(options.queries, queries)

@@ -29,7 +29,7 @@ from hookcli.engine.passes import hooked_pass
 from hookcli.engine.prepare import Prepared, every_target, one_target, prepare
 from hookcli.engine.targets import TargetSpec
 from hookcli.errors import UsageError
-from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput
+from hookcli.inputs import IMAGENET_MEAN, IMAGENET_STD, ModelInput, skipped_note
 from hookcli.options import (
     BackwardOptions,
     CamOptions,
@@ -226,6 +226,16 @@ def input_image(
     return (img.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
 
 
+def input_notes(model_input: ModelInput, index: int) -> list[str]:
+    """What a picture of image `index` says about its input: the files a folder's listing
+    skipped (unreadable), and which file the image is when there are several (the indices
+    count the images read, not the files listed)."""
+    notes = [skipped_note(model_input.skipped)] if model_input.skipped else []
+    if len(model_input.sources) > 1 and 0 <= index < len(model_input.sources):
+        notes.append(f"image {index} is {model_input.sources[index]}")
+    return notes
+
+
 def check_image_index(index: int, out: torch.Tensor) -> None:
     """--image I must be one of the batch's images (out: the batch first)."""
     if not 0 <= index < out.shape[0]:
@@ -281,7 +291,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     )[:channels]
     tiles = _normalise_tiles(maps[picked])
     shown = len(picked)
-    notes = list(got.notes)
+    notes = list(got.notes) + input_notes(model_input, image_index)
     if shown < channels and channels != 64:
         notes.append(f"the layer has only {maps.shape[0]} channels")
     how = "most active first (mean |activation|)" if order == "activity" else "in channel order"
@@ -375,6 +385,7 @@ def class_activation(
     got = _capture(prepared, tgt, call, backward=True)
     value, model_out = got.value, got.output
     notes += got.notes
+    notes += input_notes(model_input, image_index)
     try:  # the class scores the target read (logits of a ModelOutput, --output-key's element)
         scores: torch.Tensor | None = loaded.kind.scores(loaded.kind.select(model_out)).detach()
     except UsageError:
