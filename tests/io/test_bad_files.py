@@ -5,6 +5,7 @@ and every unreadable, hostile or absurd input is one line and exit 2 — never "
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import stat
@@ -559,6 +560,23 @@ def test_a_folder_run_skips_a_strip_naming_its_size(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     assert "strip.png (1x5000" in r.stdout and "256x1280000" in r.stdout
     r = invoke("inspect", "resnet18", folder, "-l", "fc", "--batch-size", "1", "--strict")
+    assert_one_line_error(r, 2, "strip.png is 1x5000")
+
+
+def test_a_one_batch_folder_skips_a_strip_as_a_run_in_batches_does(tmp_path: Path) -> None:
+    """Two images (one batch): the strip ended the whole run with exit 2, while --batch-size
+    skipped and named it; skipped and named alike now (--strict: refused)."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
+    Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
+    r = invoke("inspect", "resnet18", folder, "-l", "fc", "--no-config", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["input"]["shapes"] == [[1, 3, 224, 224]]
+    (note,) = [n for n in report["notes"] if n.startswith("skipped")]
+    assert "strip.png (1x5000" in note and "256x1280000" in note
+    r = invoke("inspect", "resnet18", folder, "-l", "fc", "--strict", "--no-config")
     assert_one_line_error(r, 2, "strip.png is 1x5000")
 
 

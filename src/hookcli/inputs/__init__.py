@@ -144,36 +144,55 @@ def from_images(paths: Sequence[str], model: LoadedModel, *, strict: bool = Fals
     images = [im for _, im in read if im is not None]
     if not files:
         raise UsageError(f"none of the {len(found)} images could be read.", "check the files.")
-    model_input = _from_pil(files, images, model)
+    model_input = _from_pil(files, images, model, strict, skipped)
     model_input.skipped = skipped
     return model_input
 
 
-def _from_pil(files: list[ImageFile], images: list[Any], model: LoadedModel) -> ModelInput:
-    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
-        f.path.name for f in files[:4]
-    )
-    sources = [f.name for f in files]
-    classes = [f.folder_class for f in files]
+def _from_pil(
+    files: list[ImageFile],
+    images: list[Any],
+    model: LoadedModel,
+    strict: bool,
+    skipped: list[tuple[str, str]],
+) -> ModelInput:
     own = model.kind.images(images, model.preprocess)  # clips, frame pairs: the task's own
     if own is not None:
         args, suffix = own
+        desc, sources, classes = _described(files)
         return ModelInput(args, desc + suffix, sources, model.preprocess_label, classes)
-    if model.preprocess is not None:
-        preprocess = model.preprocess
-        label = model.preprocess_label
-    else:
-        size = model.input_size or (224, 224)
-        preprocess = imagenet_preprocess(size)
-        label = (
-            f"ImageNet: resize {short_side_resize(preprocess)}, center crop {size[0]}x{size[1]}"
-            ", ImageNet mean/std"
-        )
-    check_sizes(files, images, short_side_resize(preprocess))
+    preprocess, label = _preprocess(model)
+    # one a resize would blow up (a 5000x1 strip): as an unreadable one, skipped in a folder
+    files, images = check_sizes(files, images, short_side_resize(preprocess), strict, skipped)
+    if not files:
+        raise UsageError(f"none of the {len(files) + len(skipped)} images could be read.",
+                         "check the files.")  # fmt: skip
     tensors = [preprocess(im) for im in images]
+    desc, sources, classes = _described(files)
     if len(files) > 4:
         desc += f", … (+{len(files) - 4})"
     return ModelInput(model.kind.batch(tensors), desc, sources, label, classes)
+
+
+def _described(files: list[ImageFile]) -> tuple[str, list[str], list[str | None]]:
+    """The images' description (the first four names), each one's path and class folder."""
+    desc = f"{len(files)} image{'s' if len(files) != 1 else ''}: " + ", ".join(
+        f.path.name for f in files[:4]
+    )
+    return desc, [f.name for f in files], [f.folder_class for f in files]
+
+
+def _preprocess(model: LoadedModel) -> tuple[Any, str | None]:
+    """The model's own preprocessing and its label, else ImageNet's at its input size."""
+    if model.preprocess is not None:
+        return model.preprocess, model.preprocess_label
+    size = model.input_size or (224, 224)
+    preprocess = imagenet_preprocess(size)
+    label = (
+        f"ImageNet: resize {short_side_resize(preprocess)}, center crop {size[0]}x{size[1]}"
+        ", ImageNet mean/std"
+    )
+    return preprocess, label
 
 
 def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInput:

@@ -256,13 +256,30 @@ def resize_problem(image: Any, short: int | None, name: str) -> str | None:
     )
 
 
-def check_sizes(files: list[ImageFile], images: list[Any], short: int | None) -> None:
+def check_sizes(
+    files: list[ImageFile],
+    images: list[Any],
+    short: int | None,
+    strict: bool,
+    skipped: list[tuple[str, str]],
+) -> tuple[list[ImageFile], list[Any]]:
+    """The images a resize to `short` would not blow up (a 5000x1 strip: gigabytes): another
+    is an error when named on the command line (or --strict), skipped and listed when found
+    in a folder, as an unreadable one is (and as a run in batches skips it)."""
+    kept: tuple[list[ImageFile], list[Any]] = ([], [])
     for f, im in zip(files, images, strict=True):
         problem = resize_problem(im, short, str(f.path))
-        if problem is not None:
+        if problem is None:
+            kept[0].append(f)
+            kept[1].append(im)
+        elif f.root is None or strict:
             raise UsageError(
                 problem, "crop it to a less extreme aspect ratio first (the model sees the middle)."
             )
+        else:
+            why = problem.removeprefix(f"{f.path} ").removeprefix("is ").rstrip(".")
+            skipped.append((f.name, why))
+    return kept
 
 
 def imagenet_preprocess(size: tuple[int, int]) -> Any:
