@@ -255,3 +255,22 @@ def test_a_folder_runs_picture_is_of_its_first_readable_image(tmp_path: Path) ->
     page = out.read_text()
     assert "skipped 1 unreadable image(s): a_empty.png" in page
     assert "drawn on the first readable image, b_cat.jpeg" in page
+
+
+def test_a_timm_models_input_panel_is_its_input_with_its_own_normalisation_undone() -> None:
+    """timm's transform is a Compose whose Normalize step holds mean/std (0.5 for this ViT):
+    the panel was min-max stretched instead (up to 41/255 off). Oracle: timm's own transform
+    of the photo, x * std + mean, as 8-bit pixels."""
+    timm = pytest.importorskip("timm")
+    import hookcli
+
+    drawing = hookcli.maps("timm:vit_tiny_patch16_224", [str(CAT)], layer="patch_embed.proj")
+    model = timm.create_model("vit_tiny_patch16_224")
+    config = timm.data.resolve_model_data_config(model)
+    x = timm.data.create_transform(**config)(Image.open(CAT).convert("RGB"))
+    mean = torch.tensor(config["mean"]).view(3, 1, 1)
+    std = torch.tensor(config["std"]).view(3, 1, 1)
+    want = ((x * std + mean).clamp(0, 1).permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+    got = drawing.picture.image
+    assert got.shape == want.shape
+    assert int(np.abs(got.astype(int) - want.astype(int)).max()) <= 1

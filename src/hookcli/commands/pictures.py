@@ -249,9 +249,11 @@ def _normalisation(loaded: LoadedModel) -> tuple[Sequence[float], Sequence[float
     t = loaded.preprocess
     if t is None:
         return (IMAGENET_MEAN, IMAGENET_STD) if loaded.kind.denormalise_imagenet else None
-    mean, std = getattr(t, "mean", None), getattr(t, "std", None)
-    if mean is not None and std is not None:
-        return list(mean), list(std)
+    # torchvision's weights' transforms carry mean/std; a Compose (timm's) holds a Normalize step
+    for step in (t, *reversed(list(getattr(t, "transforms", None) or ()))):
+        mean, std = getattr(step, "mean", None), getattr(step, "std", None)
+        if mean is not None and std is not None:
+            return [float(m) for m in mean], [float(s) for s in std]
     return None  # detection transforms only scale to [0, 1]
 
 
