@@ -47,6 +47,28 @@ def test_transparent_pixels_become_white(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("mode", "key", "other"), [("L", 0, 128), ("RGB", (0, 0, 0), (9, 80, 200))]
+)
+def test_a_trns_keyed_colour_is_transparent_too(
+    tmp_path: Path, mode: str, key: object, other: object
+) -> None:
+    """A grayscale or RGB PNG whose tRNS chunk keys a colour transparent: that colour's pixels
+    were read as the colour (black), not composited on white as RGBA, LA and palette images
+    are. Oracle: PIL's own RGBA conversion of the file, composited on white."""
+    img = Image.new(mode, (4, 4), other)  # type: ignore[arg-type]
+    img.putpixel((0, 0), key)  # type: ignore[arg-type]
+    path = tmp_path / "keyed.png"
+    img.save(path, transparency=key)
+    reread = Image.open(path)
+    assert "transparency" in reread.info
+    white = Image.new("RGBA", reread.size, (255, 255, 255, 255))
+    want = Image.alpha_composite(white, reread.convert("RGBA")).convert("RGB")
+    got = read_image(path)
+    assert got.getpixel((0, 0)) == (255, 255, 255) == want.getpixel((0, 0))
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [(b"", "empty"), (b"hello, not an image", "not an image"), (None, "truncated")],
 )

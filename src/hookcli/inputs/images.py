@@ -208,7 +208,9 @@ def to_rgb(img: Any) -> Any:
             scale = 1.0
         img = Image.fromarray(np.clip(arr * scale + 0.5, 0, 255).astype(np.uint8), mode="L")
         mode = "L"
-    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in img.info):
+    # a palette, grayscale or RGB PNG's tRNS chunk (info["transparency"]) is transparency too
+    keyed = mode in ("P", "L", "RGB") and "transparency" in img.info
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or keyed:
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
