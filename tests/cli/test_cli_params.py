@@ -111,6 +111,21 @@ def test_per_image_is_range_checked_in_a_one_batch_run() -> None:
     assert_one_line_error(res, 2, "--per-image must be 0 or more")
 
 
+def test_per_image_sets_each_images_predictions_in_a_one_batch_run() -> None:
+    """--per-image K in a one-batch run: each image's top-K (it was accepted and ignored: each
+    image got --topk's rows). Oracle: the same run with --topk K; refused beside another
+    --topk."""
+    from tests.support.paths import COFFEE
+
+    two = ["inspect", "resnet18", str(CAT), str(COFFEE), "-l", "fc", "-f", "json"]
+    per = json.loads(run(*two, "--per-image", "2").stdout)["predictions"]
+    top = json.loads(run(*two, "--topk", "2").stdout)["predictions"]
+    assert [(p["image"], p["index"]) for p in per] == [(p["image"], p["index"]) for p in top]
+    assert sorted(p["image"] for p in per) == [0, 0, 1, 1]
+    res = run(*two, "--per-image", "1", "--topk", "3")
+    assert_one_line_error(res, 2, "--per-image 1 and --topk 3 ask for different numbers")
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from hookcli.commands.checks import Rules, evaluate, for_check
+from hookcli.errors import UsageError
 from hookcli.options import BackwardOptions, Batching, Invocation
 from hookcli.records import Report
 from hookcli.runtime import gcpause
@@ -51,12 +52,27 @@ def run_command(
     with shards.spread_model(inv.model), context as progress:
         if folder is not None:
             return _checked(command, folder_report(inv, folder, progress), inv, rules)
+        if batching.per_image:  # one batch: each image's top-K is what its predictions are
+            inv = _per_image(inv, batching.per_image)
         # one pass: the collector held off from its preparation to its checks, not only around
         # the pass (runtime/gcpause.py): what they make is then never walked, nor promoted to
         # the generations whose full collections walk the whole heap
         with gcpause.held():
             report = inspection(inv, "grads" if inv.backward is not None else "inspect")
             return _checked(command, report, inv, rules)
+
+
+def _per_image(inv: Invocation, k: int) -> Invocation:
+    """--per-image K on a one-batch run: each image's top-K predictions, as --topk K lists
+    them (it was read by folder runs only, and ignored here)."""
+    topk = inv.run.topk
+    if topk is not None and topk != k:
+        raise UsageError(
+            f"--per-image {k} and --topk {topk} ask for different numbers of predictions per "
+            "image (a one-batch run lists each image's).",
+            f"give one of them: --topk {k}.",
+        )
+    return dataclasses.replace(inv, run=dataclasses.replace(inv.run, topk=k))
 
 
 def _checked(command: str, report: Report, inv: Invocation, rules: Rules) -> Report:
