@@ -274,3 +274,15 @@ def test_a_timm_models_input_panel_is_its_input_with_its_own_normalisation_undon
     got = drawing.picture.image
     assert got.shape == want.shape
     assert int(np.abs(got.astype(int) - want.astype(int)).max()) <= 1
+
+
+def test_a_train_runs_embedded_picture_says_it_is_drawn_in_eval_mode(tmp_path: Path) -> None:
+    """grads --train --picture cam: the report's pass ran in training mode, the picture (as
+    `hookcli cam` draws it, which has no --train) in eval mode; the caption said nothing."""
+    out = tmp_path / "t.html"
+    r = run("grads", "resnet18", str(CAT), "-l", "fc", "--train", "--picture", "cam", "-o",
+            str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "drawn in eval mode" in out.read_text()
+    r = run("grads", "resnet18", str(CAT), "-l", "fc", "--picture", "cam", "-o", str(out))
+    assert r.exit_code == 0 and "drawn in eval mode" not in out.read_text()

@@ -363,6 +363,8 @@ def draw_pictures(
             first = [f"drawn on the first readable image, {at.name}"]
             inputs = replace(inputs, items=(str(at.path),))
             shown = [str(at.path)]
+    if p.get("train"):  # (the picture commands have no --train: said, not left to be guessed)
+        first.append("drawn in eval mode: the picture commands run the model as it predicts")
     pictures = []
     for kind, layer in specs:
         if kind == "maps":
