@@ -277,6 +277,11 @@ def test_a_model_file_spelled_another_way_is_the_same_model(
     for spec in ("./models.py:Healthy", f"{tmp_path}/models.py:Healthy"):
         r = run("check", spec, *args, "--baseline", str(base))
         assert r.exit_code == 0, (spec, r.stderr)
+    saved = json.loads(base.read_text())  # recorded on Windows: the same file and object
+    saved["model"]["spec"] = "C:\\work\\models.py:Healthy"
+    windows = tmp_path / "windows.json"
+    windows.write_text(json.dumps(saved))
+    assert run("check", "models.py:Healthy", *args, "--baseline", str(windows)).exit_code == 0
     shutil.copy(tmp_path / "models.py", tmp_path / "other.py")  # another file: refused
     r = run("check", "other.py:Healthy", *args, "--baseline", str(base))
     assert r.exit_code == 2 and "is from model 'models.py:Healthy'" in r.stderr

@@ -254,7 +254,7 @@ def test_a_folder_runs_picture_is_of_its_first_readable_image(tmp_path: Path) ->
     assert r.exit_code == 0, r.stderr
     page = out.read_text()
     assert "skipped 1 unreadable image(s): a_empty.png" in page
-    assert "drawn on the first readable image, b_cat.jpeg" in page
+    assert "drawn on the first image it could use, b_cat.jpeg" in page
 
 
 def test_a_timm_models_input_panel_is_its_input_with_its_own_normalisation_undone() -> None:
@@ -286,3 +286,19 @@ def test_a_train_runs_embedded_picture_says_it_is_drawn_in_eval_mode(tmp_path: P
     assert "drawn in eval mode" in out.read_text()
     r = run("grads", "resnet18", str(CAT), "-l", "fc", "--picture", "cam", "-o", str(out))
     assert r.exit_code == 0 and "drawn in eval mode" not in out.read_text()
+
+
+def test_a_folder_runs_picture_skips_an_image_its_resize_would_blow_up(tmp_path: Path) -> None:
+    """The first file a folder run can read is a 20000x1 strip, which the run skips (its
+    resize would make gigabytes): the picture is of the next image, not an exit 2."""
+    import shutil
+
+    folder = tmp_path / "fold"
+    folder.mkdir()
+    Image.new("RGB", (20000, 1), "white").save(folder / "a_strip.png")
+    shutil.copy(CAT, folder / "b_cat.jpeg")
+    out = tmp_path / "r.html"
+    r = run("inspect", "resnet18", str(folder), "-l", "fc", "--picture", "maps:conv1", "-o",
+            str(out))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "drawn on the first image it could use, b_cat.jpeg" in out.read_text()

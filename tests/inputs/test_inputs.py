@@ -47,7 +47,8 @@ def test_transparent_pixels_become_white(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "key", "other"), [("L", 0, 128), ("RGB", (0, 0, 0), (9, 80, 200))]
+    ("mode", "key", "other"),
+    [("L", 0, 128), ("RGB", (0, 0, 0), (9, 80, 200)), ("1", 0, 1), ("I;16", 0, 40000)],
 )
 def test_a_trns_keyed_colour_is_transparent_too(
     tmp_path: Path, mode: str, key: object, other: object
@@ -65,6 +66,10 @@ def test_a_trns_keyed_colour_is_transparent_too(
     want = Image.alpha_composite(white, reread.convert("RGBA")).convert("RGB")
     got = read_image(path)
     assert got.getpixel((0, 0)) == (255, 255, 255) == want.getpixel((0, 0))
+    if mode == "I;16":  # the rest scaled from 16 bits (PIL's own conversion clips at 255)
+        level = round(40000 * 255 / 65535)
+        assert np.asarray(got)[1:].tolist() == [[[level] * 3] * 4] * 3
+        return
     assert np.array_equal(np.asarray(got), np.asarray(want))
 
 

@@ -916,3 +916,23 @@ def test_per_token_with_generate_says_the_generated_tokens_calls_have_no_rows(
     calls = {c["call"]: c for c in report["layers"]}
     assert calls[0]["outputs"][0]["per_token"] and not calls[1]["outputs"][0].get("per_token")
     assert any("--per-token: the prompt's positions" in n for n in report["notes"])
+
+
+def test_padding_side_right_with_generate_is_refused(llama: Path) -> None:
+    """--generate pads on the left (model.generate appends after the last real token): an
+    explicit --padding-side right was replaced without a word."""
+    res = run("inspect", f"hf:{llama}", "--text", "the cat", "--text", "a dog ran far",
+              "--padding-side", "right", "--generate", "2", "-l", "lm_head")  # fmt: skip
+    one_line_error(res, 2, "--padding-side right cannot apply", "--generate")
+
+
+def test_the_lens_final_norm_named_on_an_offloaded_model(llama: Path) -> None:
+    """offload=True keeps the weights on meta until a hook brings them in: the --norm trial
+    (one zero position) must not refuse the model's own final norm; the lens equals the
+    default's, which finds the same norm."""
+    import hookcli
+
+    named = hookcli.lens(f"hf:{llama}", text="the cat sat", norm="model.norm", offload=True)
+    found = hookcli.lens(f"hf:{llama}", text="the cat sat", offload=True)
+    top = lambda r: [(c.layer, c.position, c.top[0].index) for c in r.lens]  # noqa: E731
+    assert top(named) == top(found) and named.lens

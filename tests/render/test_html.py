@@ -416,7 +416,7 @@ def test_undecodable_file_names_and_folder_pictures(tmp_path: Path) -> None:
     assert text.isascii() or "caf\\udce9.jpeg" in text  # the name, escaped
     page = Page(text)
     assert page.data == json.loads(cli(*args, "-f", "json").stdout)
-    assert "drawn on the first readable image, a.jpeg" in text
+    assert "drawn on the first image it could use, a.jpeg" in text
 
 
 def test_picture_errors_point_somewhere_useful(tmp_path: Path) -> None:

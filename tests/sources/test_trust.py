@@ -680,6 +680,19 @@ def test_a_class_name_the_label_list_holds_twice_is_refused_with_both_indices() 
     del timm
 
 
+@pytest.mark.parametrize("given", ["crane ", "the crane", "crane bird", "maillot swimsuit"])
+def test_a_name_held_twice_is_refused_inside_a_longer_text_too(given: str) -> None:
+    """The word-inside fallback ('tabby cat' picks 'tabby') took the last of two classes that
+    share a name; refused with both, as the name alone is."""
+    from hookcli.engine.targets import parse_target
+    from hookcli.errors import UsageError
+
+    cats = ["goldfish", "crane", "tabby", "maillot", "crane", "maillot"]
+    with pytest.raises(UsageError, match=r"names 2 classes of this model: (1 and 4|3 and 5)"):
+        parse_target(given, None, cats)
+    assert parse_target("tabby cat", None, cats).index == 2
+
+
 def test_no_third_party_progress_bar_reaches_the_terminal(tmp_path: Path) -> None:
     """A sharded save_pretrained folder: transformers draws "Loading checkpoint shards" with
     carriage returns while it loads; hookcli turns such bars off."""

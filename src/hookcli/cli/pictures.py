@@ -348,42 +348,38 @@ def draw_pictures(
     image: the picture commands take one batch."""
     from dataclasses import replace
 
-    from hookcli import commands
-    from hookcli.inputs.images import expand_paths, try_read
-    from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
+    from hookcli.inputs.images import TooLargeToResize, expand_paths, try_read
 
     shown = list(inputs.items)
     first: list[str] = []
+    # a folder's files the run could use, in order: an unreadable one, or one its resize would
+    # blow up, a folder run skips (and names) and is no picture's input (--strict: the run
+    # refuses it, and so would this); the first that can be drawn is drawn
+    candidates: list[Any] = []
     if shown and all(isinstance(x, str) for x in shown):
         files = expand_paths([str(x) for x in shown])
         if len(files) > 1:
-            # the first the run could read: an unreadable one a folder run skips (and names)
-            # is no picture's input (--strict: the run refuses it, and so would this)
-            at = next((f for f in files if inputs.strict or try_read(f)[0] is not None), files[0])
-            first = [f"drawn on the first readable image, {at.name}"]
-            inputs = replace(inputs, items=(str(at.path),))
-            shown = [str(at.path)]
+            candidates = [f for f in files if inputs.strict or try_read(f)[0] is not None]
+            candidates = candidates or files[:1]
     if p.get("train"):  # (the picture commands have no --train: said, not left to be guessed)
         first.append("drawn in eval mode: the picture commands run the model as it predicts")
     pictures = []
     for kind, layer in specs:
-        if kind == "maps":
-            options = MapOptions(layer=layer, channels=REPORT_CHANNELS)
-            drawing = commands.maps(model_opts, inputs, options)
-        elif kind == "cam":
-            backward = pick(BackwardOptions, p, input_grad=False)
+        while candidates:  # (the first picture picks the image: the others follow it)
+            at = candidates[0]
+            one = replace(inputs, items=(str(at.path),))
             try:
-                drawing = commands.cam(model_opts, inputs, backward, CamOptions(layer=layer))
-            except UsageError as exc:
-                if "target" in p:
+                drawing = _drawing(kind, layer, model_opts, one, p)
+            except TooLargeToResize:
+                if inputs.strict or len(candidates) == 1:
                     raise
-                raise UsageError(  # inspect has no --target/--loss to follow the hint with
-                    f"--picture cam: {exc.message}",
-                    "embed it from grads or check, where --target and --loss say what the "
-                    "map explains.",
-                ) from exc
+                candidates.pop(0)
+                continue
+            first.insert(0, f"drawn on the first image it could use, {at.name}")
+            inputs, shown, candidates = one, [str(at.path)], []
+            break
         else:
-            drawing = commands.attn(model_opts, inputs, AttnOptions(layer=layer))
+            drawing = _drawing(kind, layer, model_opts, inputs, p)
         which = "block" if kind == "attn" else "layer"
         picture = drawing.embedded(_command(kind, drawing.layer, shown, p))
         title = (
@@ -394,6 +390,33 @@ def draw_pictures(
         notes = [*drawing.notes, *first, *picture.notes[len(drawing.notes) :]]
         pictures.append(dataclasses.replace(picture, title=title, notes=notes))
     return pictures
+
+
+def _drawing(
+    kind: str, layer: str | None, model_opts: ModelOptions, inputs: InputOptions, p: dict[str, Any]
+) -> Any:
+    """One picture as its command draws it (maps, cam or attn)."""
+    from hookcli import commands
+    from hookcli.inputs.images import TooLargeToResize
+    from hookcli.options import AttnOptions, BackwardOptions, CamOptions, MapOptions, pick
+
+    if kind == "maps":
+        return commands.maps(model_opts, inputs, MapOptions(layer=layer, channels=REPORT_CHANNELS))
+    if kind == "cam":
+        backward = pick(BackwardOptions, p, input_grad=False)
+        try:
+            return commands.cam(model_opts, inputs, backward, CamOptions(layer=layer))
+        except TooLargeToResize:
+            raise
+        except UsageError as exc:
+            if "target" in p:
+                raise
+            raise UsageError(  # inspect has no --target/--loss to follow the hint with
+                f"--picture cam: {exc.message}",
+                "embed it from grads or check, where --target and --loss say what the "
+                "map explains.",
+            ) from exc
+    return commands.attn(model_opts, inputs, AttnOptions(layer=layer))
 
 
 def _command(kind: str, layer: str, inputs: list[Any], p: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 from hookcli.errors import UsageError
 from hookcli.records import TENSOR_STATS, CheckResult, Failure, LayerCall, Report, Stat, TensorStats
@@ -40,7 +40,8 @@ def _same_model(before: str, now: str) -> bool:
     if not all(len(f) == 2 and f[0].endswith(".py") for f in files):
         return False
     (a_file, a_name), (b_file, b_name) = files
-    return a_name == b_name and Path(a_file).name == Path(b_file).name
+    # (PureWindowsPath splits on / and \\ alike: a baseline recorded on Windows reads here)
+    return a_name == b_name and PureWindowsPath(a_file).name == PureWindowsPath(b_file).name
 
 
 def _entries(layers: list[LayerCall]) -> dict[tuple[str, int, str, str], TensorStats]:

@@ -191,7 +191,12 @@ def _not_a_norm(norm: nn.Module, width: int | None, matrix: torch.Tensor | None)
     position before the pass; None when it can, or when a trial would change it (a batch
     norm in training mode updates its running statistics)."""
     tracks = any(m.training and getattr(m, "track_running_stats", False) for m in norm.modules())
-    if width is None or matrix is None or tracks:
+    # weights elsewhere (offloaded to meta and brought in by a hook, a shard of a DTensor):
+    # no trial on a plain tensor here; the pass itself tells
+    held = [*norm.parameters(), *norm.buffers()]
+    elsewhere = any(t.is_meta or type(t) not in (torch.Tensor, nn.Parameter) for t in held)
+    hooked = any(m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in norm.modules())
+    if width is None or matrix is None or tracks or elsewhere or hooked:
         return None
     first = next(norm.parameters(), matrix)
     x = torch.zeros(1, 1, width, dtype=first.dtype, device=first.device)

@@ -143,6 +143,18 @@ def _region_target(raw: str, kind: str, rest: str, categories: Sequence[str] | N
     return TargetSpec("mask", index=index, label=label)
 
 
+def _one_class(indices: list[int], raw: str, option: str) -> int:
+    """The class a name picks: refused when the model's label list holds the name more than
+    once (ImageNet's 'crane': the bird and the machine; 'maillot')."""
+    if len(indices) > 1:
+        raise UsageError(
+            f"{option} {raw!r} names {len(indices)} classes of this model: "
+            f"{' and '.join(map(str, indices))}.",
+            f"give the class by its index instead: {' or '.join(map(str, indices))}.",
+        )
+    return indices[0]
+
+
 def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int:
     if WHOLE.fullmatch(raw):
         return int(raw)
@@ -151,23 +163,19 @@ def _class_index(raw: str, categories: Sequence[str] | None, option: str) -> int
             f"{option} {raw!r}: this model has no class labels to look it up in.",
             "give a class index, or top1 / sum.",
         )
-    lowered = {c.lower(): i for i, c in enumerate(categories)}
-    same = [i for i, c in enumerate(categories) if c.lower() == raw.lower()]
-    if len(same) > 1:  # ImageNet lists 'crane' (the bird, the machine) and 'maillot' twice
-        raise UsageError(
-            f"{option} {raw!r} names {len(same)} classes of this model: "
-            f"{' and '.join(map(str, same))}.",
-            f"give the class by its index instead: {' or '.join(map(str, same))}.",
-        )
+    lowered = [(c.lower(), i) for i, c in enumerate(categories)]
+    text = raw.lower().strip()
+    same = [i for c, i in lowered if c == text]
     if same:
-        return same[0]
-    # "tabby cat" → "tabby": exactly one category named as a whole word inside the text
-    inside = [i for c, i in lowered.items() if re.search(rf"\b{re.escape(c)}\b", raw.lower())]
-    if len(inside) == 1:
-        return inside[0]
+        return _one_class(same, raw, option)
+    # "tabby cat" → "tabby": exactly one category name as a whole word inside the text (a
+    # name the list holds twice, ImageNet's 'crane', is two classes)
+    inside = [i for c, i in lowered if re.search(rf"\b{re.escape(c)}\b", text)]
+    if inside and len({categories[i].lower() for i in inside}) == 1:
+        return _one_class(inside, raw, option)
     # "cat" → the classes whose names hold the word: the one, or a list to choose from
-    word = rf"\b{re.escape(raw.lower().strip())}\b"
-    holding = [i for c, i in lowered.items() if raw.strip() and re.search(word, c)]
+    word = rf"\b{re.escape(text)}\b"
+    holding = [i for c, i in lowered if text and re.search(word, c)]
     if len(holding) == 1:
         return holding[0]
     if holding:

@@ -165,8 +165,11 @@ def _from_pil(
     # one a resize would blow up (a 5000x1 strip): as an unreadable one, skipped in a folder
     files, images = check_sizes(files, images, short_side_resize(preprocess), strict, skipped)
     if not files:
-        raise UsageError(f"none of the {len(files) + len(skipped)} images could be read.",
-                         "check the files.")  # fmt: skip
+        raise UsageError(
+            f"none of the {len(skipped)} images can be used (unreadable, or too extreme an "
+            "aspect ratio to resize).",
+            "check the files.",
+        )
     tensors = [preprocess(im) for im in images]
     desc, sources, classes = _described(files)
     if len(files) > 4:

@@ -197,6 +197,7 @@ def to_rgb(img: Any) -> Any:
     from PIL import Image
 
     mode = img.mode
+    key = img.info.get("transparency")  # a PNG's tRNS-keyed value (the 16-bit path loses it)
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         arr = np.asarray(img, dtype=np.float64)
         top = arr.max() if arr.size else 0.0
@@ -208,8 +209,12 @@ def to_rgb(img: Any) -> Any:
             scale = 1.0
         img = Image.fromarray(np.clip(arr * scale + 0.5, 0, 255).astype(np.uint8), mode="L")
         mode = "L"
+        if isinstance(key, int) and not isinstance(key, bool):  # keyed pixels: white
+            rgb = np.asarray(img.convert("RGB")).copy()
+            rgb[np.asarray(arr == key)] = 255
+            return Image.fromarray(rgb, mode="RGB")
     # a palette, grayscale or RGB PNG's tRNS chunk (info["transparency"]) is transparency too
-    keyed = mode in ("P", "L", "RGB") and "transparency" in img.info
+    keyed = mode in ("P", "1", "L", "RGB") and "transparency" in img.info
     if mode in ("RGBA", "LA", "PA", "La", "RGBa") or keyed:
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -258,6 +263,10 @@ def resize_problem(image: Any, short: int | None, name: str) -> str | None:
     )
 
 
+class TooLargeToResize(UsageError):
+    """An image named to the model that its preprocessing's resize would blow up."""
+
+
 def check_sizes(
     files: list[ImageFile],
     images: list[Any],
@@ -275,7 +284,7 @@ def check_sizes(
             kept[0].append(f)
             kept[1].append(im)
         elif f.root is None or strict:
-            raise UsageError(
+            raise TooLargeToResize(
                 problem, "crop it to a less extreme aspect ratio first (the model sees the middle)."
             )
         else:

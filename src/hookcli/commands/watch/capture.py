@@ -274,12 +274,11 @@ def _updates(befores: list[torch.Tensor], afters: list[torch.Tensor]) -> list[to
     """The norms of after - before, before's buffers overwritten: a half-precision weight's
     difference taken in float32 (exact unless the two differ in magnitude by over 2^16; its
     own dtype would round it)."""
-    half = [i for i, b in enumerate(befores) if b.dtype in _HALF]
-    if not half:
-        torch._foreach_sub_(befores, afters)
-        return _norms(befores)
-    wide = {i: befores[i].float().sub_(afters[i]) for i in half}
-    rest = [i for i in range(len(befores)) if i not in wide]
+    half = {i for i, b in enumerate(befores) if b.dtype in _HALF}
+    rest = [i for i in range(len(befores)) if i not in half]
     if rest:
         torch._foreach_sub_([befores[i] for i in rest], [afters[i] for i in rest])
-    return _norms([wide.get(i, befores[i]) for i in range(len(befores))])
+    norms = dict(zip(rest, _norms([befores[i] for i in rest]), strict=True))
+    for i in half:  # one float32 difference at a time: no second copy of the weights
+        norms[i] = torch.linalg.vector_norm(befores[i].float().sub_(afters[i]), dtype=torch.float64)
+    return [norms[i] for i in range(len(befores))]

@@ -390,4 +390,6 @@ class Watch:
 
 
 def _summed(loss: torch.Tensor | float) -> torch.Tensor | float:
-    return loss.sum() if isinstance(loss, torch.Tensor) else loss
+    """A loss's elements summed in float64 (micro-batches' bfloat16 losses are not summed
+    in bfloat16)."""
+    return loss.double().sum() if isinstance(loss, torch.Tensor) else loss
