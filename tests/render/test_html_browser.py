@@ -376,6 +376,9 @@ def test_module_tree_opens_and_selects(browser: Any, inspect_report: Built) -> N
         assert page.evaluate("document.getElementById('tree').open") is False
         page.click("#tree > summary")
         assert page.evaluate("document.getElementById('tree').open") is True
+        # the rows are built on the details' toggle event, which the browser fires as a task
+        # after the click returns (asserting at once raced it: 3 runs in 5 on one machine)
+        page.wait_for_selector(".tree-row[data-name]")
         names = set(
             page.eval_on_selector_all(".tree-row[data-name]", "rs => rs.map(r => r.dataset.name)")
         )
