@@ -551,11 +551,17 @@ def test_a_1x5000_strip_is_refused_naming_its_size(tmp_path: Path) -> None:
     assert_one_line_error(r, 2, "strip.png is 1x5000", "256x1280000", "megapixels", "crop it")
 
 
-def test_a_folder_run_skips_a_strip_naming_its_size(tmp_path: Path) -> None:
+def _strip_and_photo(tmp_path: Path) -> Path:
+    """A folder of a 1x5000 strip (its resize would make gigabytes) and an ordinary image."""
     folder = tmp_path / "imgs"
     folder.mkdir()
     Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
     Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
+    return folder
+
+
+def test_a_folder_run_skips_a_strip_naming_its_size(tmp_path: Path) -> None:
+    folder = _strip_and_photo(tmp_path)
     r = invoke("inspect", "resnet18", folder, "-l", "fc", "--batch-size", "1", "--no-config")
     assert r.exit_code == 0, r.stderr
     assert "strip.png (1x5000" in r.stdout and "256x1280000" in r.stdout
@@ -566,10 +572,7 @@ def test_a_folder_run_skips_a_strip_naming_its_size(tmp_path: Path) -> None:
 def test_a_one_batch_folder_skips_a_strip_as_a_run_in_batches_does(tmp_path: Path) -> None:
     """Two images (one batch): the strip ended the whole run with exit 2, while --batch-size
     skipped and named it; skipped and named alike now (--strict: refused)."""
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
-    Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
+    folder = _strip_and_photo(tmp_path)
     r = invoke("inspect", "resnet18", folder, "-l", "fc", "--no-config", "-f", "json")
     assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
@@ -582,10 +585,7 @@ def test_a_one_batch_folder_skips_a_strip_as_a_run_in_batches_does(tmp_path: Pat
 
 def test_a_folder_run_of_a_custom_model_skips_a_strip_too(tmp_path: Path) -> None:
     """hookcli's own ImageNet preprocessing (custom models) resizes too: same guard."""
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    Image.new("RGB", (1, 5000), "white").save(folder / "strip.png")
-    Image.new("RGB", (64, 48), "gray").save(folder / "ok.png")
+    folder = _strip_and_photo(tmp_path)
     r = invoke("inspect", f"{ROOT}/tests/support/models.py:TwoBranches", folder,
                "--batch-size", "1", "--no-config")  # fmt: skip
     assert r.exit_code == 0, r.stderr
