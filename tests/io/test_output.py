@@ -226,3 +226,22 @@ def test_a_model_failing_in_any_pass_is_exit_3_naming_the_layer(
     r = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
     assert_one_line_error(r, 3, "Fails failed in layer bad", "RuntimeError: boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_raising_in_its_own_forward_is_not_said_to_fail_in_a_layer(tmp_path: Path) -> None:
+    """The model's forward code raises after its layers ran (a check of its own): the message
+    said 'failed in layer (model)' and hinted at the input shape, which fit."""
+    (tmp_path / "own.py").write_text(
+        "from torch import nn\n"
+        "class Own(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        self.fc(x)\n"
+        "        raise ValueError('its own check failed')\n"
+    )
+    r = runner.invoke(app, ["inspect", f"{tmp_path}/own.py:Own", "-i", "randn:2x4"])
+    assert_one_line_error(r, 3, "Own failed in its own forward (outside its layers)",
+                          "ValueError: its own check failed", "HOOKCLI_DEBUG=1")  # fmt: skip
+    assert "layer (model)" not in r.stderr and "check the input shape" not in r.stderr

@@ -579,6 +579,8 @@ def run_forward(
                 open_calls = session.open_calls()
                 where = open_calls[-1].call.name if open_calls else None
             place = f" in layer {where}" if where else ""
+            if where == ROOT_LABEL:  # the model's own forward, outside any layer of it
+                place = " in its own forward (outside its layers)"
             if isinstance(exc, SystemExit):
                 raise ModelError(
                     f"{loaded.name} called sys.exit({exc.code!r}){place} during forward.",
@@ -610,6 +612,12 @@ def run_forward(
                     f"the model nests calls deeper than Python's recursion limit "
                     f"({sys.getrecursionlimit()}), and its plain forward fails the same way: "
                     "nest less, or raise the limit in the model's file (sys.setrecursionlimit)."
+                )
+            elif where == ROOT_LABEL and not isinstance(exc, RuntimeError | IndexError):
+                given = ", ".join("x".join(map(str, s)) for s in model_input.shapes())
+                hint = (  # (a shape error would be a RuntimeError: this is the model's own code)
+                    f"the model's own forward code raised it (given {given or 'no tensor'}): "
+                    "HOOKCLI_DEBUG=1 shows the line."
                 )
             else:
                 hint = _shape_hint(loaded, model_input, _module_named(model, where))
