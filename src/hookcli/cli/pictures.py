@@ -354,29 +354,32 @@ def draw_pictures(
     first: list[str] = []
     # a folder's files the run could use, in order: an unreadable one, or one its resize would
     # blow up, a folder run skips (and names) and is no picture's input (--strict: the run
-    # refuses it, and so would this); the first that can be drawn is drawn
-    candidates: list[Any] = []
-    if shown and all(isinstance(x, str) for x in shown):
-        files = expand_paths([str(x) for x in shown])
-        if len(files) > 1:
-            candidates = [f for f in files if inputs.strict or try_read(f)[0] is not None]
-            candidates = candidates or files[:1]
+    # refuses it, and so would this); the first that can be drawn is drawn (read one by one
+    # as needed: a folder of thousands is not decoded to pick its first)
+    files = (
+        expand_paths([str(x) for x in shown])
+        if shown and all(isinstance(x, str) for x in shown)
+        else []
+    )
+    if len(files) > 1:
+        readable = (f for f in files if inputs.strict or try_read(f)[0] is not None)
+        at = next(readable, files[0])
     if p.get("train"):  # (the picture commands have no --train: said, not left to be guessed)
         first.append("drawn in eval mode: the picture commands run the model as it predicts")
     pictures = []
     for kind, layer in specs:
-        while candidates:  # (the first picture picks the image: the others follow it)
-            at = candidates[0]
+        while len(files) > 1:  # (the first picture picks the image: the others follow it)
             one = replace(inputs, items=(str(at.path),))
             try:
                 drawing = _drawing(kind, layer, model_opts, one, p)
             except TooLargeToResize:
-                if inputs.strict or len(candidates) == 1:
+                after = next(readable, None)
+                if inputs.strict or after is None:
                     raise
-                candidates.pop(0)
+                at = after
                 continue
             first.insert(0, f"drawn on the first image it could use, {at.name}")
-            inputs, shown, candidates = one, [str(at.path)], []
+            inputs, shown, files = one, [str(at.path)], []
             break
         else:
             drawing = _drawing(kind, layer, model_opts, inputs, p)

@@ -614,9 +614,8 @@ def run_forward(
                     "nest less, or raise the limit in the model's file (sys.setrecursionlimit)."
                 )
             elif where == ROOT_LABEL and not isinstance(exc, RuntimeError | IndexError):
-                given = ", ".join("x".join(map(str, s)) for s in model_input.shapes())
                 hint = (  # (a shape error would be a RuntimeError: this is the model's own code)
-                    f"the model's own forward code raised it (given {given or 'no tensor'}): "
+                    f"the model's own forward code raised it (given {_given(model_input)}): "
                     "HOOKCLI_DEBUG=1 shows the line."
                 )
             else:
@@ -694,10 +693,15 @@ def _takes(module: nn.Module) -> str | None:
     return None
 
 
+def _given(model_input: ModelInput) -> str:
+    """The input's tensor shapes, as a hint names them."""
+    return ", ".join("x".join(map(str, s)) for s in model_input.shapes()) or "no tensor"
+
+
 def _shape_hint(loaded: LoadedModel, model_input: ModelInput, failing: nn.Module | None) -> str:
     """What the model was given and, where the failing layer (or the model's first layer) can
     tell, the input shape it expects."""
-    given = ", ".join("x".join(map(str, s)) for s in model_input.shapes()) or "no tensor"
+    given = _given(model_input)
     expects = []
     if failing is not None and (takes := _takes(failing)) is not None:
         expects.append(f"{type(failing).__name__} takes {takes}")

@@ -288,8 +288,7 @@ def check_sizes(
                 problem, "crop it to a less extreme aspect ratio first (the model sees the middle)."
             )
         else:
-            why = problem.removeprefix(f"{f.path} ").removeprefix("is ").rstrip(".")
-            skipped.append((f.name, why))
+            skip_or_raise(f, problem, strict, skipped)  # (found in a folder: listed)
     return kept
 
 
