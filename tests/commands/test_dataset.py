@@ -92,7 +92,7 @@ def test_cli_folder_run_skips_or_refuses_unreadable_images(tmp_path: Path) -> No
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "-l", "fc"])
     assert r.exit_code == 0, r.stderr
     assert "5 images from" in r.stdout
-    assert "skipped 1 unreadable image(s): cups/zz_broken.jpg (not an image" in r.stdout
+    assert "skipped 1 image(s) that cannot be used: cups/zz_broken.jpg (not an image" in r.stdout
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "--batch-size", "2", "--strict"])
     assert_one_line_error(r, 2, "zz_broken.jpg", "--strict")
     r = runner.invoke(
@@ -325,7 +325,7 @@ def test_unreadable_images_behave_the_same_in_small_and_batched_folders(
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "-f", "json"])
     assert r.exit_code == 0, r.stderr
     notes = " ".join(json.loads(r.stdout)["notes"])
-    assert "skipped 1 unreadable image(s): cups/zz_broken.jpg (not an image format" in notes
+    assert "skipped 1 image(s) that cannot be used: cups/zz_broken.jpg (not an image format" in notes
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "--strict"])
     assert_one_line_error(r, 2, "zz_broken.jpg", "drop --strict")
     named = [str(folder / "cats" / "0001.png"), str(broken)]

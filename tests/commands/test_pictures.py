@@ -232,7 +232,7 @@ def test_a_folders_picture_names_what_was_skipped_and_which_file_it_shows(tmp_pa
     r = run("maps", "resnet18", str(folder), "-l", "conv1", "--image", "1", "-o",
             str(tmp_path / "f.png"))  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    assert "skipped 1 unreadable image(s): a_empty.png" in r.stderr
+    assert "skipped 1 image(s) that cannot be used: a_empty.png" in r.stderr
     assert "image 1 is c_coffee.jpeg" in r.stderr
     alone = run("maps", "resnet18", str(folder / "c_coffee.jpeg"), "-l", "conv1", "-o",
                 str(tmp_path / "one.png"))  # fmt: skip
@@ -253,7 +253,7 @@ def test_a_folder_runs_picture_is_of_its_first_readable_image(tmp_path: Path) ->
             str(out))  # fmt: skip
     assert r.exit_code == 0, r.stderr
     page = out.read_text()
-    assert "skipped 1 unreadable image(s): a_empty.png" in page
+    assert "skipped 1 image(s) that cannot be used: a_empty.png" in page
     assert "drawn on the first image it could use, b_cat.jpeg" in page
 
 

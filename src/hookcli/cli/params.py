@@ -313,10 +313,20 @@ MemoryOpt = Annotated[
         "parameters (tied once), gradients and activations, and checkpointing candidates.",
     ),
 ]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use at most N images.")]
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        help="Use the first N image files (one that cannot be used is skipped, not replaced).",
+    ),
+]
 WorkersOpt = Annotated[int, typer.Option("--workers", help="DataLoader processes decoding images.")]
 StrictOpt = Annotated[
-    bool, typer.Option("--strict", help="An unreadable image in a folder is an error.")
+    bool,
+    typer.Option(
+        "--strict",
+        help="An image in a folder that cannot be used (unreadable, or too extreme a shape to resize) is an error.",
+    ),
 ]
 PerImageOpt = Annotated[
     int,

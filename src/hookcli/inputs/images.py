@@ -338,4 +338,4 @@ def read_or_skip(file: ImageFile, strict: bool, skipped: list[tuple[str, str]]) 
 def skipped_note(skipped: Sequence[tuple[str, str]]) -> str:
     shown = ", ".join(f"{name} ({why})" for name, why in skipped[:5])
     more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    return f"skipped {len(skipped)} unreadable image(s): {shown}{more}"
+    return f"skipped {len(skipped)} image(s) that cannot be used: {shown}{more}"
