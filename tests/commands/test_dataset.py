@@ -325,7 +325,7 @@ def test_unreadable_images_behave_the_same_in_small_and_batched_folders(
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "-f", "json"])
     assert r.exit_code == 0, r.stderr
     notes = " ".join(json.loads(r.stdout)["notes"])
-    assert "skipped 1 image(s) that cannot be used: cups/zz_broken.jpg (not an image format" in notes
+    assert "skipped 1 image(s) that cannot be used: cups/zz_broken.jpg (not an image" in notes
     r = runner.invoke(app, ["inspect", "resnet18", str(folder), "-l", "fc", *mode, "--strict"])
     assert_one_line_error(r, 2, "zz_broken.jpg", "drop --strict")
     named = [str(folder / "cats" / "0001.png"), str(broken)]

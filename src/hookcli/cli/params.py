@@ -325,7 +325,8 @@ StrictOpt = Annotated[
     bool,
     typer.Option(
         "--strict",
-        help="An image in a folder that cannot be used (unreadable, or too extreme a shape to resize) is an error.",
+        help="An image in a folder that cannot be used (unreadable, or too extreme a shape "
+        "to resize) is an error.",
     ),
 ]
 PerImageOpt = Annotated[

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from hookcli.engine.hooks import HookSession, Target, holds_compiled, measure
 from hookcli.engine.layout import LayoutOf
@@ -48,6 +49,35 @@ def statistics(
     return StatsCollector(backend=backend, hist_bins=hist_bins, hist_edges=hist_edges)
 
 
+# the heads whose logits are one row a sequence (Hugging Face's class names)
+_PER_SEQUENCE = ("ForSequenceClassification", "ForMultipleChoice", "ForNextSentencePrediction")
+
+
+def rows_only(targets: Sequence[Target], model: nn.Module) -> frozenset[str]:
+    """The calls whose 2-D tensors are (rows, features), never a padded batch's (batch,
+    tokens) whatever their sizes: a Linear's (it acts on the last dimension: a 2-D input is
+    rows of features), a norm's over the last dimension, a pooler's or a classifier head's
+    (by Hugging Face's names: BERT's pooler.activation gets the pooled rows); and the model's
+    own, where it is a sequence classifier (its logits are a row a sequence)."""
+    names = {t.name for t in targets if _on_features(t.module) or _pooled(t.name)}
+    if type(model).__name__.endswith(_PER_SEQUENCE):
+        names.add(ROOT_LABEL)
+    return frozenset(names)
+
+
+def _pooled(name: str) -> bool:
+    return any("pooler" in part or "classifier" in part for part in name.split("."))
+
+
+def _on_features(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear | nn.LayerNorm | nn.RMSNorm):
+        return True
+    if isinstance(getattr(module, "in_features", None), int):  # quantized, bitsandbytes, TP
+        return isinstance(getattr(module, "out_features", None), int)
+    # transformers' GPT-2 Conv1D: a Linear with its weight transposed
+    return type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int)
+
+
 @contextlib.contextmanager
 def measured_pass(
     prepared: Prepared,
@@ -72,6 +102,8 @@ def measured_pass(
     model_input = prepared.model_input if model_input is None else model_input
     assert model_input is not None
     collector.set_token_mask(model_input.token_mask)
+    if model_input.token_mask is not None:
+        collector.rows_only = rows_only(prepared.targets, prepared.loaded.module)
     # a data-parallel model (FSDP2, DDP): each rank's batch merged into the global batch
     collector.book.batch_groups = data_parallel_groups(prepared.loaded.module)
     collector.book.arm_tensor_parallel(prepared.loaded.module)

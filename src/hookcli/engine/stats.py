@@ -230,6 +230,8 @@ class StatsCollector:
         self.token_mask: torch.Tensor | None = None
         self._real_tokens = 0
         self._real_index: torch.Tensor | None = None
+        # calls whose 2-D tensors are (rows, features), never (batch, tokens) (set by the pass)
+        self.rows_only: frozenset[str] = frozenset()
         # --per-token: (batch, tokens) of the input; each output of shape (batch, tokens, C)
         # also gets per-position statistics over its C channels
         self.per_token: tuple[int, int] | None = None
@@ -285,30 +287,32 @@ class StatsCollector:
         rest = shape[2:] if padded == TOKENS else shape[1:]
         return self._real_tokens * (shape[1] * shape[3] if padded == ATTENTION else math.prod(rest))
 
-    def _padded(self, t: torch.Tensor) -> int:
+    def _padded(self, t: torch.Tensor, path: str) -> int:
         """0: t holds no token positions of the mask; TOKENS: (batch, tokens, …); ATTENTION:
         (batch, heads, tokens, tokens), its query rows masked; FLAT: (batch·tokens, C), the
         positions flattened into its rows in the mask's order. FLAT is read by size, so only
         where rows can be positions: a layer call's 2-D input or output (a 3-D tensor whose
         first dimension is batch x heads could match by its size), not a routed expert's
         (a loop-style MoE hands each expert Linear its tokens in routing order), and never a
-        parameter or a gradient of one (`add(…, positions=False)`)."""
-        mask = self.token_mask
+        parameter or a gradient of one (`add(…, positions=False)`). A 2-D tensor of (batch,
+        tokens) sizes is not TOKENS where its call has features as columns (`rows_only`)."""
+        mask, context = self.token_mask, self.context
         if mask is None or t.dim() < 2:
             return 0
         batch, tokens = mask.shape
+        name = context[0] if isinstance(context, tuple) and context else None
         if t.dim() == 4 and t.shape[0] == batch and t.shape[2] == t.shape[3] == tokens:
             return ATTENTION
         if t.shape[0] == batch and t.shape[1] == tokens:
-            return TOKENS
+            features = name in self.rows_only or (name == "(model)" and "pooler_output" in path)
+            return 0 if t.dim() == 2 and features else TOKENS
         if t.dim() != 2 or t.shape[0] != batch * tokens:
             return 0
-        context = self.context
-        if not isinstance(context, tuple) or not context or not isinstance(context[0], str):
+        if not isinstance(name, str):
             return 0  # not a layer call's tensor: its rows are not known to be positions
         # a routed expert (experts.3, experts.3.w1) is not; a fused experts module (mlp.experts:
         # every position in the mask's order, with the routing beside it) is
-        return 0 if ".experts." in f".{context[0]}" else FLAT
+        return 0 if ".experts." in f".{name}" else FLAT
 
     def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors
@@ -516,7 +520,7 @@ class StatsCollector:
         hit = self._seen.get(key)
         version = version_of(t)
         stats = TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
-        padded = self._padded(t) if self.token_mask is not None and positions else 0
+        padded = self._padded(t, path) if self.token_mask is not None and positions else 0
         if padded:
             stats.numel = self._real_numel(t.shape, padded)
         if (
@@ -597,7 +601,7 @@ class StatsCollector:
         (engine/sharded.py): its shard's row now, the other ranks' merged in at finalize."""
         stats = TensorStats(path, tuple(shape), dtype_name(local.dtype), math.prod(shape))
         mask = self.token_mask if batch else None
-        padded = self._padded(local) if mask is not None else 0
+        padded = self._padded(local, path) if mask is not None else 0
         if padded:  # this rank's part of the positions' values: its padding left out
             assert self._real_index is not None
             stats.numel = self._real_numel(shape, padded)

@@ -22,7 +22,7 @@ from torch import nn
 
 from hookcli.commands.watch.steptools import device_of, logged_call, numbers_only, padding_mask
 from hookcli.engine.hooks import HookSession, Target
-from hookcli.engine.measure import finished_calls, statistics
+from hookcli.engine.measure import finished_calls, rows_only, statistics
 from hookcli.engine.origins import find_origins
 from hookcli.engine.probes import StepArmed, StepProbe
 from hookcli.engine.selection import module_entries, select
@@ -92,6 +92,7 @@ class StepCapture:
         if self._dp is None:
             self._dp = data_parallel_groups(module)
         self._collector.book.arm_tensor_parallel(module, dp=self._dp)
+        self._collector.rows_only = rows_only(self.watched.targets, module)
         armed = StepArmed(module, device_of(module))
         for probe in self.probes:
             probe.arm(armed)
