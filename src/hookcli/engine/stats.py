@@ -88,13 +88,13 @@ from hookcli.engine.statrow import (
 )
 from hookcli.engine.tensorbits import (
     ATTENTION,
-    FLAT,
     PLAIN,
     TOKENS,
     accumulate_dtype,
     by_device,
     dense_flat,
     dtype_name,
+    padding_of,
     real_valued,
     unpadded,
     version_of,
@@ -288,31 +288,12 @@ class StatsCollector:
         return self._real_tokens * (shape[1] * shape[3] if padded == ATTENTION else math.prod(rest))
 
     def _padded(self, t: torch.Tensor, path: str) -> int:
-        """0: t holds no token positions of the mask; TOKENS: (batch, tokens, …); ATTENTION:
-        (batch, heads, tokens, tokens), its query rows masked; FLAT: (batch·tokens, C), the
-        positions flattened into its rows in the mask's order. FLAT is read by size, so only
-        where rows can be positions: a layer call's 2-D input or output (a 3-D tensor whose
-        first dimension is batch x heads could match by its size), not a routed expert's
-        (a loop-style MoE hands each expert Linear its tokens in routing order), and never a
-        parameter or a gradient of one (`add(…, positions=False)`). A 2-D tensor of (batch,
-        tokens) sizes is not TOKENS where its call has features as columns (`rows_only`)."""
-        mask, context = self.token_mask, self.context
-        if mask is None or t.dim() < 2:
+        """How t holds the mask's positions (tensorbits.padding_of); never a parameter's or a
+        gradient of one's (`add(…, positions=False)`)."""
+        mask = self.token_mask
+        if mask is None:
             return 0
-        batch, tokens = mask.shape
-        name = context[0] if isinstance(context, tuple) and context else None
-        if t.dim() == 4 and t.shape[0] == batch and t.shape[2] == t.shape[3] == tokens:
-            return ATTENTION
-        if t.shape[0] == batch and t.shape[1] == tokens:
-            features = name in self.rows_only or (name == "(model)" and "pooler_output" in path)
-            return 0 if t.dim() == 2 and features else TOKENS
-        if t.dim() != 2 or t.shape[0] != batch * tokens:
-            return 0
-        if not isinstance(name, str):
-            return 0  # not a layer call's tensor: its rows are not known to be positions
-        # a routed expert (experts.3, experts.3.w1) is not; a fused experts module (mlp.experts:
-        # every position in the mask's order, with the routing beside it) is
-        return 0 if ".experts." in f".{name}" else FLAT
+        return padding_of(t.shape, mask.shape, self.context, path, self.rows_only)
 
     def add_whole(self, tensors: Sequence[tuple[torch.Tensor, str]]) -> list[TensorStats]:
         """`add(t, path, positions=False)` of each (parameters, their gradients: tensors

@@ -5,7 +5,7 @@ tensor as real-valued strided data, and a tensor's elements as one flat run."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -29,6 +29,35 @@ def by_device(items: Iterable[tuple[K, object]]) -> dict[torch.device, list[K]]:
 
 # how a tensor's (batch, tokens) positions are laid out (unpadded's `how`)
 TOKENS, ATTENTION, FLAT = 1, 2, 3
+
+
+def padding_of(
+    shape: Sequence[int], mask: Sequence[int], context: Any, path: str, rows_only: Container[str]
+) -> int:
+    """How a tensor of `shape` holds the positions of a padded batch whose mask is of shape
+    (batch, tokens), measured in `context` (a layer call's (name, call, kind), else None):
+    0, none; TOKENS: (batch, tokens, …); ATTENTION: (batch, heads, tokens, tokens), its query
+    rows; FLAT: (batch·tokens, C), the positions flattened into its rows in the mask's order.
+    FLAT is read by size, so only where rows can be positions: a layer call's 2-D input or
+    output (a 3-D tensor whose first dimension is batch x heads could match by its size),
+    not a routed expert's (a loop-style MoE hands each expert Linear its tokens in routing
+    order). A 2-D tensor of (batch, tokens) sizes is not TOKENS where its call has features
+    as its columns (`rows_only`: a Linear's, a classifier's; the model's pooled output)."""
+    dims = len(shape)
+    if dims < 2:
+        return 0
+    batch, tokens = mask
+    name = context[0] if isinstance(context, tuple) and context else None
+    if dims == 4 and shape[0] == batch and shape[2] == shape[3] == tokens:
+        return ATTENTION
+    if shape[0] == batch and shape[1] == tokens:
+        features = name in rows_only or (name == "(model)" and "pooler_output" in path)
+        return 0 if dims == 2 and features else TOKENS
+    if dims != 2 or shape[0] != batch * tokens or not isinstance(name, str):
+        return 0  # (not a layer call's tensor: its rows are not known to be positions)
+    # a routed expert (experts.3, experts.3.w1) is not; a fused experts module (mlp.experts:
+    # every position in the mask's order, with the routing beside it) is
+    return 0 if ".experts." in f".{name}" else FLAT
 
 
 def accumulate_dtype(device: torch.device) -> torch.dtype:

@@ -378,3 +378,65 @@ def test_a_snapshot_of_the_accumulator_rolls_back(tiny_llama: Path) -> None:
     acc.add(la2, lb2, ids2, mask2)
     assert acc.summary().count > before.count
     assert snap.summary() == before
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_layers_figures_of_a_padded_corpus_leave_the_padding_out(
+    tiny_llama: Path, tmp_path: Path, side: str
+) -> None:
+    """Each layer's relative L2 (and own, fed A's input) over a padded batch is that of the
+    real tokens: the oracle hooks both transformers models on the same padded batch and keeps
+    the real positions, float64. (It counted the padding: another figure per padding side.)"""
+    from tests.support.llm import LINES
+
+    b_folder = tmp_path / "b"
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    other = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.1 * p.std().clamp_min(1e-3))
+    other.save_pretrained(b_folder)
+    transformers.AutoTokenizer.from_pretrained(tiny_llama).save_pretrained(b_folder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n")
+    names = ["model.embed_tokens", "model.layers.0.mlp.down_proj", "model.norm", "lm_head"]
+    _, data = _diff_json(
+        f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", f"hf:{b_folder}",
+        "--padding-side", side, *(x for n in names for x in ("--layer", n)), "--tol", "100",
+    )  # fmt: skip
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    tok.padding_side = side
+    enc = tok(LINES, padding=True, return_tensors="pt")
+    real = enc["attention_mask"].bool()
+    assert not bool(real.all())
+    kept: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}, "in": {}}
+
+    def hook(where: str, name: str) -> Any:
+        def keep(_m: Any, args: Any, out: Any) -> None:
+            kept[where][name] = out.detach().double()
+            if where == "a" and args and args[0].is_floating_point():
+                kept["in"][name] = args[0].detach()
+
+        return keep
+
+    handles = [
+        m.get_submodule(n).register_forward_hook(hook(where, n))
+        for where, m in (("a", model), ("b", other))
+        for n in names
+    ]
+    with torch.no_grad():
+        model(**enc)
+        other(**enc)
+        for h in handles:
+            h.remove()
+        own = {n: other.get_submodule(n)(kept["in"][n]).double() for n in kept["in"]}
+    calls = {c["name"]: c["b"][0] for c in data["calls"]}
+    for n in names:
+        a, b = kept["a"][n][real], kept["b"][n][real]
+        want = float((b - a).norm() / a.norm())
+        assert calls[n]["rel_l2"] == pytest.approx(want, rel=1e-6), (n, side)
+        assert calls[n]["numel"] == a.numel()
+        if n in own:
+            want_own = float((own[n][real] - a).norm() / a.norm())
+            assert calls[n]["own_rel_l2"] == pytest.approx(want_own, rel=1e-5), (n, side)

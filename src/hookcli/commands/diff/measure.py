@@ -23,6 +23,7 @@ import torch
 
 from hookcli.commands.diff import ondevice
 from hookcli.commands.diff.tokens import TokenAccumulator
+from hookcli.engine.tensorbits import ATTENTION, FLAT, padding_of, unpadded
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
 from hookcli.sources.model import LoadedModel
@@ -498,6 +499,31 @@ class Compared:
                 self.missing.add(f"{name} call {call}: {why}")
 
 
+class RealPositions:
+    """A padded text batch's real positions, which alone enter a difference's sums: a tensor
+    holding the batch's positions (engine/tensorbits.padding_of, the rule inspect's statistics
+    follow) is compared at those only."""
+
+    def __init__(self, mask: torch.Tensor, rows_only: frozenset[str]) -> None:
+        self.shape = tuple(mask.shape)
+        self.index = mask.reshape(-1).nonzero().squeeze(1)
+        self.host = self.index.cpu().numpy()
+        self.rows_only = rows_only
+
+    def how(self, shape: Sequence[int], context: Key, path: str) -> int:
+        return padding_of(shape, self.shape, context, path, self.rows_only)
+
+    def of(self, x: Any, how: int) -> Any:
+        """x's real positions (a host array's, or a tensor's), as `unpadded` lays them out."""
+        if isinstance(x, torch.Tensor):
+            return unpadded(x, self.index, how)
+        if how == ATTENTION:
+            x = np.swapaxes(x, 1, 2)
+        if how != FLAT:
+            x = x.reshape((-1, *x.shape[2:]))
+        return x[self.host]
+
+
 def measure(
     accs: dict[str, ErrorSums],
     path: str,
@@ -505,9 +531,11 @@ def measure(
     got: torch.Tensor,
     *,
     positions: bool = False,
+    real: tuple[RealPositions, Key] | None = None,
 ) -> None:
     """One tensor against the reference's, into its accumulator. `positions`: the model's
-    output, whose (batch, tokens, C) tensors also get each position's error."""
+    output, whose (batch, tokens, C) tensors also get each position's error. `real`: a padded
+    batch's real positions and the call measured, only they compared (padding left out)."""
     got = dense(got)
     acc = accs.setdefault(path, ErrorSums(tuple(got.shape)))
     if ref is None:
@@ -516,35 +544,41 @@ def measure(
     if tuple(ref.shape) != tuple(got.shape):
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
         return
+    first = acc.numel + sum(n for _, n, _ in acc.pending) == 0  # got is all there is
+    how = 0 if real is None else real[0].how(got.shape, real[1], path)
+    rows = positions and first and got.dim() == 3 and got.is_floating_point()
     if isinstance(ref, torch.Tensor):  # on CUDA, side by side (ondevice.py)
         same = ref.device == got.device and ondevice.on_device(got)
-        if same and _there(acc, ref, got, positions):
+        if same and _there(acc, ref, got, rows, (real[0], how) if how and real else None):
             return
         # another device (the int8 twin's CPU), another stream: as a host array
         ref = as_array(ondevice.after_writes(ref))
-    got_sums = sums(ref, got)
+    a, b = (real[0].of(ref, how), real[0].of(got, how)) if how and real else (ref, got)
+    got_sums = sums(a, b)
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
-        acc.notes.add(why_not_finite(ref, got))
-    acc.add(got_sums, got.numel())
-    if positions and got.dim() == 3 and got.is_floating_point() and acc.numel == got.numel():
-        acc.rows = position_sums(ref, got)  # (one batch: a folder of batches keeps none)
-    elif acc.numel != got.numel():
-        acc.rows = None
+        acc.notes.add(why_not_finite(a, b))
+    acc.add(got_sums, b.numel())
+    # (one batch's positions, padding among them: a folder of batches keeps none)
+    acc.rows = position_sums(ref, got) if rows else None if not first else acc.rows
 
 
-def _there(acc: ErrorSums, ref: torch.Tensor, got: torch.Tensor, positions: bool) -> bool:
+def _there(
+    acc: ErrorSums,
+    ref: torch.Tensor,
+    got: torch.Tensor,
+    rows: bool,
+    real: tuple[RealPositions, int] | None,
+) -> bool:
     """`measure` on the device: the sums (and the output's per-position errors) kept there
     until `settle`; False when their float64 working copies do not fit (the host measures)."""
-    whole = acc.numel + sum(n for _, n, _ in acc.pending) == 0  # got is all there is
+    a, b = (real[0].of(ref, real[1]), real[0].of(got, real[1])) if real else (ref, got)
     try:
-        measured = ondevice.sums(ref, got)
-        rows = None
-        if positions and got.dim() == 3 and got.is_floating_point() and whole:
-            rows = ondevice.position_sums(ref, got)  # (one batch: a folder's keep none)
+        measured = ondevice.sums(a, b)
+        at = ondevice.position_sums(ref, got) if rows else None
     except torch.OutOfMemoryError:
         return False
-    acc.pending.append((measured, got.numel(), got.dtype))
-    acc.rows = rows
+    acc.pending.append((measured, b.numel(), got.dtype))
+    acc.rows = at
     return True
 
 

@@ -16,6 +16,7 @@ from hookcli.commands.diff.measure import (
     SCORES,
     Compared,
     ErrorSums,
+    RealPositions,
     Reference,
     Sink,
     Spill,
@@ -26,6 +27,7 @@ from hookcli.commands.diff.measure import (
 from hookcli.commands.diff.sides import SideRun
 from hookcli.commands.diff.tokens import TokenAccumulator
 from hookcli.engine.hooks import HookSession, PendingCall
+from hookcli.engine.measure import rows_only
 from hookcli.engine.passes import hooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.sources.hfbase import logits_of
@@ -36,7 +38,7 @@ from hookcli.tree import iter_tensors
 MODEL = ("(model)", 0, "out")  # the model's own output (and class scores), after every call
 
 
-def real(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def floats(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """The floating-point tensors of an output; int8 (quantized) ones as their real values."""
     for path, t in iter_tensors(output, "out"):
         if t.is_quantized:
@@ -51,7 +53,7 @@ def reference_pass(run: SideRun, model_input: ModelInput, sink: Sink, isolate: b
 
     def keep_output(pending: PendingCall, output: Any) -> None:
         c = pending.call
-        sink.put(c.name, c.call, "out", list(real(output)))
+        sink.put(c.name, c.call, "out", list(floats(output)))
 
     def keep_input(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         c = pending.call
@@ -71,7 +73,7 @@ def reference_pass(run: SideRun, model_input: ModelInput, sink: Sink, isolate: b
         torch.no_grad(),
         hooked_pass(p, session, model_input=model_input) as result,
     ):
-        final = list(real(result.output))
+        final = list(floats(result.output))
         scores = class_scores(p.loaded, result.output)
         if scores is not None:
             final.append((SCORES[2], scores))
@@ -91,6 +93,8 @@ def compared_pass(
     predictions are not its own, so they are not compared. `exclude`: HookSession's (another
     pass of this side runs on the same model at the same time)."""
     p = run.prepared
+    mask = model_input.token_mask  # a padded text batch: its padding enters no figure
+    real = None if mask is None else RealPositions(mask, rows_only(p.targets, p.loaded.module))
     # this pass's calls, added to `compared` once its forward is over: a forward that fails
     # and runs again with gradients (hooked_pass) forgets its first try's calls
     calls: dict[tuple[str, int], tuple[str, dict[str, ErrorSums]]] = {}
@@ -105,9 +109,10 @@ def compared_pass(
             tries[0] = session.resets
         _, accs = calls.setdefault((c.name, c.call), (c.type, {}))
         order.setdefault((c.name, c.call), pending.finished or 0)
-        with ref.get(c.name, c.call, "out") as lookup:
-            for path, t in real(output):
-                measure(accs, path, lookup(path), t)
+        key = (c.name, c.call, "out")
+        with ref.get(*key) as lookup:
+            for path, t in floats(output):
+                measure(accs, path, lookup(path), t, real=None if real is None else (real, key))
 
     def pace(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ref.pace()
@@ -159,8 +164,9 @@ def compared_pass(
     ):
         settle(acc for _, accs in calls.values() for acc in accs.values())  # one transfer
         compared.add_calls(calls, order)
-        for path, t in real(result.output):
-            measure(compared.outputs, path, lookup(path), t, positions=True)
+        for path, t in floats(result.output):
+            at = None if real is None else (real, MODEL)
+            measure(compared.outputs, path, lookup(path), t, positions=True, real=at)
         settle(compared.outputs.values())
         if not isolate:
             scores = class_scores(p.loaded, result.output)
@@ -182,7 +188,7 @@ def _next_tokens(
     if not isinstance(loaded.kind, CausalLM) or not isinstance(ids, torch.Tensor):
         return
     logits = logits_of(output)
-    path = next((path for path, t in real(output) if t is logits), None)
+    path = next((path for path, t in floats(output) if t is logits), None)
     ref = None if path is None else lookup(path)
     if ref is None or not isinstance(logits, torch.Tensor) or logits.dim() != 3:
         return
