@@ -393,7 +393,7 @@ def _build(make: Any, spec: str, overrides: dict[str, Any], head: str = "") -> A
         ) from exc
 
 
-def _unreadable(exc: BaseException) -> bool:
+def unreadable(exc: BaseException) -> bool:
     """A checkpoint's weights files that cannot be read: missing (a dangling link of an
     interrupted download), corrupt or cut short (safetensors' own error), an index without
     its fields."""
@@ -475,32 +475,20 @@ def _pretrained(
         )
     except ModelError as exc:
         cause = exc.__cause__
-        if cause is None or not _unreadable(cause):
+        if cause is None or not unreadable(cause):
             raise
         raise UsageError(
             f"{spec}: its weights cannot be read: {one_line(cause)}",
             "write the folder again with save_pretrained (or fetch the model again): its "
             "model*.safetensors files and their index are the weights.",
         ) from cause
-    missing = sorted(info.get("missing_keys") or ())
+    parts = misfits(info)
     unexpected = sorted(info.get("unexpected_keys") or ())
-    mismatched = sorted(
-        str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
-    )
-    if built == "base" and unexpected and not missing and not mismatched:
+    if built == "base" and unexpected and len(parts) == 1 and parts[0].startswith("not taken"):
         notes.append(f"--head base: the checkpoint's {_keys(unexpected)} left out")
         return model
-    if not (missing or unexpected or mismatched):
+    if not parts:
         return model
-    parts = [
-        f"{what} {_keys(keys)}"
-        for what, keys in (
-            ("missing (would start random)", missing),
-            ("not taken", unexpected),
-            ("of another shape", mismatched),
-        )
-        if keys
-    ]
     archs = getattr(saved, "architectures", None) or []
     hint = (
         f"build the head it was saved with (drop --head; config.json: {archs[0]}), or --head "
@@ -606,6 +594,26 @@ def saved_dtype(config: Any) -> torch.dtype:
     if isinstance(value, str):
         value = getattr(torch, value, None)
     return value if isinstance(value, torch.dtype) else torch.float32
+
+
+def misfits(info: dict[str, Any]) -> list[str]:
+    """What from_pretrained's loading info says did not fit: parameters the checkpoint
+    does not hold (they would start random), weights the class does not take, weights of
+    another shape; [] when every weight went where it belongs."""
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(
+        str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
+    )
+    return [
+        f"{what} {_keys(keys)}"
+        for what, keys in (
+            ("missing (would start random)", missing),
+            ("not taken", unexpected),
+            ("of another shape", mismatched),
+        )
+        if keys
+    ]
 
 
 def _keys(keys: Sequence[str]) -> str:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from hookcli.cli import app
 from hookcli.commands.diff.quantsides import dense_weight, weight_distances
 from hookcli.commands.diff.sides import parse_side
+from tests.support.cli import assert_one_line_error
 from tests.support.gguf import dequantized, write_llama
 from tests.support.llm import LINES, llama_config, make_tokenizer, save
 
@@ -213,8 +214,17 @@ def test_torchao_sides_are_torchao_s_own_quantization(tiny_llama: Path, corpus: 
         want = 10 * math.log10(float(wa.square().sum() / (wa - wb).square().sum()))
         assert got[name] == pytest.approx(want, rel=1e-9), name
     assert 15 < min(got.values()) < 25  # 4 bits: about 20 dB
-    skipped = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "torchao:int4wo", "--no-own")
-    assert any("left unquantized" in n for n in skipped["notes"])  # 32 wide: not in groups of 128
+    # groups of 64: the 32-wide layers are left as they are, and said to be
+    skipped = _json(f"hf:{tiny_llama}", "--text", LINES[0], "--b", "torchao:int4wo:64", "--no-own")
+    assert any("left unquantized" in n for n in skipped["notes"])
+    assert skipped["tokens"]["kld"]["mean"] > 0
+    # groups of 128 (the default) fit none of them: side B would be side A, a report of
+    # nothing; one line naming the group that fits (it passed every gate with exit 0)
+    r = runner.invoke(
+        app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", "torchao:int4wo",
+              "--max-kld", "1e-9"],
+    )  # fmt: skip
+    assert_one_line_error(r, 2, "quantizes none of", "group 128", "torchao:int4wo:32")
 
 
 @pytest.mark.parametrize("scheme", ["nf4", "int8"])
@@ -303,6 +313,43 @@ def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
         r = runner.invoke(app, ["diff", f"hf:{wide_llama}", "--text", LINES[0], "--b", side])
         assert r.exit_code == 2, r.stderr
         assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_folder_side_whose_weights_do_not_all_load_is_refused(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """hf:FOLDER loaded its model with every parameter the folder did not hold at random (a
+    renamed checkpoint, one layer missing) and compared that, with exit 0; a weights file cut
+    short was an internal error (exit 3). Each is one line, exit 2, and no output file."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tiny_llama / "model.safetensors")
+    cases = {
+        "renamed": ({f"transformer.{k}": v for k, v in weights.items()}, "missing (would start"),
+        "missing": (
+            {k: v for k, v in weights.items() if "layers.1.mlp.down_proj" not in k},
+            "model.layers.1.mlp.down_proj.weight",
+        ),
+    }
+    for name, (tensors, says) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text((tiny_llama / "config.json").read_text())
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        out = tmp_path / f"{name}.json"
+        r = runner.invoke(
+            app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", f"hf:{folder}",
+                  "-o", str(out)],
+        )  # fmt: skip
+        assert_one_line_error(r, 2, "weights do not fit", says)
+        assert not out.exists()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text((tiny_llama / "config.json").read_text())
+    whole = (tiny_llama / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(whole[: len(whole) // 2])
+    r = runner.invoke(app, ["diff", f"hf:{tiny_llama}", "--text", LINES[0], "--b", f"hf:{cut}"])
+    assert_one_line_error(r, 2, "weights cannot be read")
 
 
 def test_the_weights_are_parquet_rows_read_back_by_pandas(

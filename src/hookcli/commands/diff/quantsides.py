@@ -275,6 +275,14 @@ def _linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
             yield name, m
 
 
+def _group_hint(widths: list[int]) -> str:
+    """The largest of torchao's usual int4 group sizes that divides every width, if any."""
+    group = next((g for g in (256, 128, 64, 32) if all(w % g == 0 for w in widths)), None)
+    if group is None:
+        return "no group of 32 or more divides them: torchao:int8wo quantizes any width."
+    return f"give a group that divides them: torchao:int4wo:{group}."
+
+
 @register
 @dataclass(frozen=True, slots=True)
 class Torchao(_QuantKind):
@@ -325,6 +333,14 @@ class Torchao(_QuantKind):
             config = tq.Int8DynamicActivationInt8WeightConfig()
         else:
             skipped = [n for n, m in linears.items() if m.in_features % self.group]
+            if len(skipped) == len(linears):  # side B would be side A: no quantization report
+                widths = sorted({m.in_features for m in linears.values()})
+                raise UsageError(
+                    f"{side} quantizes none of {prepared.loaded.spec}'s {len(linears)} Linear "
+                    f"layers: no input width ({', '.join(map(str, widths[:6]))}) is a multiple "
+                    f"of the group {self.group}.",
+                    _group_hint(widths),
+                )
             config = self._int4(tq, prepared.device, next(module.parameters()).dtype)
         keep = set(skipped)
 
@@ -568,6 +584,7 @@ class HfFolder(_QuantKind):
         module = _hf_model(prepared, side)
         from hookcli.sources import quiet_warnings
         from hookcli.sources.base import import_extra
+        from hookcli.sources.hf import misfits, unreadable
 
         tf = import_extra("transformers", "hf", f"{side} sides")
         try:
@@ -588,17 +605,34 @@ class HfFolder(_QuantKind):
             module.to(torch.device("meta"))
         try:
             with quiet_warnings():
-                other = type(module).from_pretrained(
-                    self.path, device_map={"": str(prepared.device)}, trust_remote_code=False
+                other, info = type(module).from_pretrained(
+                    self.path,
+                    device_map={"": str(prepared.device)},
+                    trust_remote_code=False,
+                    output_loading_info=True,
                 )
-        except (ImportError, RuntimeError, ValueError, OSError) as exc:
+        except Exception as exc:
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if unreadable(exc):  # (safetensors' own error for a file cut short)
+                raise UsageError(
+                    f"{side}: its weights cannot be read: {why}",
+                    "write the folder again with save_pretrained: its model*.safetensors "
+                    "files and their index are the weights.",
+                ) from exc
+            if not isinstance(exc, ImportError | RuntimeError | ValueError):
+                raise
             raise UsageError(
                 f"transformers cannot load {side} here"
                 + (f" (quantized with {method})" if method else "")
                 + f": {why}",
                 "install what its quantization needs, or diff it where it runs (--device).",
             ) from exc
+        wrong = misfits(info)
+        if wrong:  # a side part random is no side of this model
+            raise UsageError(
+                f"{side}'s weights do not fit {type(other).__name__}: {'; '.join(wrong)}.",
+                "give a folder saved with save_pretrained from this model's architecture.",
+            )
         other.train(module.training)
         _retarget(prepared, other)
         prepared.notes.append(
