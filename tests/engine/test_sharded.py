@@ -327,3 +327,17 @@ def test_ranks_that_measured_other_tensors_merge_nothing_and_say_so(tmp_path: Pa
     rows = [t for c in report["layers"] for t in c["outputs"]]
     assert rows and all("not merged over the ranks" in t["note"] for t in rows)
     assert rows[0]["shape"][0] == 3  # rank 0's own rows
+
+
+def test_ranks_whose_rows_took_other_layers_of_one_shape_merge_nothing(tmp_path: Path) -> None:
+    """FSDP2 over a model that routes rank 0's rows through `p` and rank 1's through `q`
+    (one shape, one path: `out`): the rows were merged as one tensor's, rank 0 reporting p's
+    output with q's rows in it, unsaid. The ranks' rows are told apart by their layer too:
+    nothing merged, said, each rank's numbers its own rows'."""
+    run_torchrun(SCRIPT, [str(tmp_path), "branch"], tmp_path)
+    for rank, name in ((0, "p"), (1, "q")):
+        data = json.loads((tmp_path / f"branch.rank{rank}.json").read_text())
+        (call,) = data["report"]["layers"]
+        (out,) = call["outputs"]
+        assert call["name"] == name and "not merged over the ranks" in out["note"]
+        assert out["mean"] == pytest.approx(data["own_mean"], rel=1e-6)

@@ -12,7 +12,9 @@ fully_shard on each Linear and the root, each rank on its own rows of the batch:
 `2d` (FSDP2 over the `dp` dimension of a (2, world/2) mesh, the tensor-parallel MLP over its
 `tp` dimension; each data-parallel index on its own rows), `ddp` (DistributedDataParallel, each
 rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
-1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `sp` (sequence
+1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `branch`
+(FSDP2 over a model that sends rank 0's rows through one Linear and rank 1's through another of
+the same shape; inspect alone), `sp` (sequence
 parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
 RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block),
 `tp-emb` (a token embedding before the MLP, RowwiseParallel as torchtitan plans it: its output a
@@ -153,9 +155,38 @@ class Uneven(nn.Module):
         return self.extra(y) if rank == 1 else y
 
 
+class Branch(nn.Module):
+    """Rows of positive first feature through `p`, others through `q`: a data-dependent
+    choice (an MoE's), each rank's batch taking another branch here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.p, self.q = nn.Linear(IN, OUT), nn.Linear(IN, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.p(x) if bool(x[0, 0] > 0) else self.q(x)
+
+
 def main() -> None:
     out, kind = Path(sys.argv[1]), sys.argv[2]
     single = "--single" in sys.argv
+    if kind == "branch":  # FSDP2; inspect only, each rank's report and its own rows
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        torch.distributed.init_process_group("gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        m = Branch()
+        fully_shard(m, mesh=init_device_mesh("cpu", (world,)))
+        x = batch()[rank::world].abs() * (1 if rank == 0 else -1)
+        report = hookcli.inspect(m, x, topk=0)
+        with torch.no_grad():
+            own = (m.p if rank == 0 else m.q)(x)
+        data = {"report": report.to_dict(), "own_mean": float(own.double().mean())}
+        (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
+        _leave()
+        return
     if kind == "uneven":  # DDP; grads only, rank 0's report
         torch.distributed.init_process_group("gloo")
         ddp = nn.parallel.DistributedDataParallel(Uneven(), find_unused_parameters=True)

@@ -71,6 +71,7 @@ class Shards:
     # `over` (the data-parallel groups among `groups`; the others hold the same rows)
     batch: tuple[int, int] | None = None
     over: tuple[Any, ...] = ()
+    who: str = ""  # whose tensor (layer, call, kind): the ranks' rows agree by it too
 
 
 @dataclass(slots=True)
@@ -321,12 +322,13 @@ class ShardBook:
         """Row `row` merged over `groups` (a DTensor's shards) and, for an activation or its
         gradient (`stats` given; `context`, the collector's: which) of a data-parallel model,
         over the batch's groups too."""
+        who = "#".join(map(str, context)) if isinstance(context, tuple) else ""
         if stats is None or not self.batch_groups or not stats.shape:
-            self.shards.append(Shards(row, groups))
+            self.shards.append(Shards(row, groups, who=who))
             return
         batch = (stats.shape[0], stats.numel)
         over = tuple(g for g in self.batch_groups if g not in groups)  # (dim 0 split over dp)
-        self.shards.append(Shards(row, groups + over, batch, over))
+        self.shards.append(Shards(row, groups + over, batch, over, who))
         if over and isinstance(context, tuple) and context[-1] in _GRADIENTS:
             self._batch_grads.add(row)
 
@@ -608,14 +610,15 @@ def agreed(
     shards: Sequence[Shards], labels: dict[int, str], compared: int = 0, riding: int = 0
 ) -> bool:
     """Whether every rank measured the same sharded tensors in the same order this pass (their
-    count, and a checksum of each one's path, groups and kind), found by one small all_gather
-    over the world: rows are merged by their order, so ranks that differ (a module run on one
-    rank only, a hook that failed on one) must not exchange them."""
+    count, and a checksum of each one's layer, call, path, groups and kind), found by one small
+    all_gather over the world: rows are merged by their order, so ranks that differ (a module
+    run on one rank only — another on the others, its tensors of the same paths —, a hook
+    that failed on one) must not exchange them."""
     import zlib
 
     import torch.distributed as dist
 
-    said = repr([(labels.get(s.row), len(s.groups), s.batch is not None) for s in shards])
+    said = repr([(labels.get(s.row), s.who, len(s.groups), s.batch is not None) for s in shards])
     numbers = [len(shards), zlib.crc32(said.encode()), compared, riding]
     head = torch.tensor(numbers, dtype=torch.float64)
     head = head.to(_device_of(None))
