@@ -579,3 +579,24 @@ def test_an_output_whose_statistics_leave_padding_out_is_still_counted_by_image(
     assert not outputs_known_finite(out, stats, 2, StatsCollector())
     unmeasured = (out, out.clone())  # tensors measure() left out (past its cap): no statistics
     assert not outputs_known_finite(unmeasured, [], 2, StatsCollector())
+
+
+class _Summed(nn.Module):
+    """A layer whose input and output have no channel dimension (1-D and 0-d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x.sum(-1))
+
+
+@pytest.mark.parametrize("rule", [{"fail_on": ["massive"]}, {"max_kurtosis": 3.0}])
+def test_a_per_channel_rule_that_measured_nothing_fails_and_says_why(rule: Any) -> None:
+    """It passed ("no massive activation in 0 tensors"): a gate that checked nothing."""
+    report = hookcli.check(_Summed(), torch.randn(3), device="cpu", **rule)
+    (result,) = report.checks
+    assert not result.passed and hookcli.exit_code(report) == 1
+    assert "nothing measured per channel" in result.message
+    assert "has a channel dimension" in result.message

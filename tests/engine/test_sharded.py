@@ -341,3 +341,12 @@ def test_ranks_whose_rows_took_other_layers_of_one_shape_merge_nothing(tmp_path:
         (out,) = call["outputs"]
         assert call["name"] == name and "not merged over the ranks" in out["note"]
         assert out["mean"] == pytest.approx(data["own_mean"], rel=1e-6)
+        # check's per-channel rules on FSDP2's merged rows (which keep no per-channel
+        # numbers) checked no tensor and passed, exit 0: they fail, saying why
+        check = data["check"]
+        assert check["exit"] == 1
+        rules = {c["rule"]: c for c in check["checks"]}
+        for rule in ("massive", "kurtosis"):
+            assert not rules[rule]["passed"], rules[rule]
+            assert "nothing measured per channel" in rules[rule]["message"]
+            assert "merged over the ranks" in rules[rule]["message"]

@@ -14,7 +14,8 @@ fully_shard on each Linear and the root, each rank on its own rows of the batch:
 rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
 1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `branch`
 (FSDP2 over a model that sends rank 0's rows through one Linear and rank 1's through another of
-the same shape; inspect alone), `sp` (sequence
+the same shape; inspect alone; then `check`'s per-channel rules on the MLP under FSDP2), `sp`
+(sequence
 parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
 RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block),
 `tp-emb` (a token embedding before the MLP, RowwiseParallel as torchtitan plans it: its output a
@@ -184,6 +185,10 @@ def main() -> None:
         with torch.no_grad():
             own = (m.p if rank == 0 else m.q)(x)
         data = {"report": report.to_dict(), "own_mean": float(own.double().mean())}
+        mlp = model()
+        fully_shard(mlp, mesh=init_device_mesh("cpu", (world,)))
+        checked = hookcli.check(mlp, batch()[rank::world], fail_on=["massive"], max_kurtosis=3.0)
+        data["check"] = {"exit": hookcli.exit_code(checked), **checked.to_dict()}
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
         _leave()
         return

@@ -342,6 +342,25 @@ def _channel_tensors(
                 yield c, t
 
 
+def _unchecked(rule: str, report: Report, note: str) -> CheckResult:
+    """A per-channel rule that found no tensor to hold to it fails: a gate that checked
+    nothing is no pass (a sharded run's merged rows keep no per-channel numbers)."""
+    merged = any(
+        "per-channel numbers" in (t.note or "")
+        for c in report.layers
+        for t in (*c.inputs, *c.outputs)
+    )
+    why = (
+        ": every row was merged over the ranks, and a rank's per-channel numbers do not "
+        "merge — run the check on the unsharded model"
+        if merged
+        else ""
+        if note  # (the position tables left out: the note names them)
+        else ": no selected layer's input or output has a channel dimension to measure"
+    )
+    return CheckResult(rule, False, f"nothing measured per channel{why}{note}")
+
+
 def _tables_note(left_out: list[str]) -> str:
     """The position tables a per-channel rule left out, for its message."""
     if not left_out:
@@ -378,6 +397,8 @@ def _massive(report: Report, rules: Rules) -> CheckResult:
             failure.channel, failure.position = m.channel, m.position
             bad.append((c, failure))
     note = _tables_note(left_out)
+    if not checked:
+        return _unchecked("massive", report, note)
     if not bad:
         return CheckResult(
             "massive",
@@ -412,6 +433,8 @@ def _per_tensor(report: Report, rules: Rules, rule: str, limit: float) -> CheckR
             bad.append((c, failure))
     what = "outlier ratio" if rule == "outlier-ratio" else "kurtosis"
     note = _tables_note(left_out)
+    if not checked:
+        return _unchecked(rule, report, note)
     if not bad:
         return CheckResult(rule, True, f"no {what} above {limit:g} ({checked} tensors){note}")
     return _failed(rule, f"{len(bad)} of {checked} tensors with {what} above {limit:g}{note}", bad)
