@@ -329,20 +329,30 @@ def test_ranks_that_measured_other_tensors_merge_nothing_and_say_so(tmp_path: Pa
     assert rows[0]["shape"][0] == 3  # rank 0's own rows
 
 
-def test_ranks_whose_rows_took_other_layers_of_one_shape_merge_nothing(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def branch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """One launch of sharded_run.py's `branch` kind: its folder and each rank's JSON."""
+    folder = tmp_path_factory.mktemp("branch")
+    run_torchrun(SCRIPT, [str(folder), "branch"], folder)
+    return folder, [json.loads((folder / f"branch.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_ranks_whose_rows_took_other_layers_of_one_shape_merge_nothing(branch: Any) -> None:
     """FSDP2 over a model that routes rank 0's rows through `p` and rank 1's through `q`
     (one shape, one path: `out`): the rows were merged as one tensor's, rank 0 reporting p's
     output with q's rows in it, unsaid. The ranks' rows are told apart by their layer too:
     nothing merged, said, each rank's numbers its own rows'."""
-    run_torchrun(SCRIPT, [str(tmp_path), "branch"], tmp_path)
-    for rank, name in ((0, "p"), (1, "q")):
-        data = json.loads((tmp_path / f"branch.rank{rank}.json").read_text())
+    for data, name in zip(branch[1], ("p", "q"), strict=True):
         (call,) = data["report"]["layers"]
         (out,) = call["outputs"]
         assert call["name"] == name and "not merged over the ranks" in out["note"]
         assert out["mean"] == pytest.approx(data["own_mean"], rel=1e-6)
-        # check's per-channel rules on FSDP2's merged rows (which keep no per-channel
-        # numbers) checked no tensor and passed, exit 0: they fail, saying why
+
+
+def test_per_channel_rules_on_merged_rows_fail_and_say_why(branch: Any) -> None:
+    """check's per-channel rules on FSDP2's merged rows (which keep no per-channel numbers)
+    checked no tensor and passed with exit 0: they fail, saying why."""
+    for data in branch[1]:
         check = data["check"]
         assert check["exit"] == 1
         rules = {c["rule"]: c for c in check["checks"]}
@@ -350,3 +360,12 @@ def test_ranks_whose_rows_took_other_layers_of_one_shape_merge_nothing(tmp_path:
             assert not rules[rule]["passed"], rules[rule]
             assert "nothing measured per channel" in rules[rule]["message"]
             assert "merged over the ranks" in rules[rule]["message"]
+
+
+def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:
+    """A DTensor loss (cross_entropy under loss_parallel) given to `w.loss` stopped the
+    recording at step 0 on every rank; each rank logs the unsharded run's losses."""
+    folder, ranks = branch
+    for rank, data in enumerate(ranks):
+        steps = read_steps(folder / f"branch-loss.rank{rank}.jsonl")
+        assert [s.loss for s in steps] == pytest.approx(data["losses"], rel=1e-5)

@@ -14,7 +14,9 @@ fully_shard on each Linear and the root, each rank on its own rows of the batch:
 rank on its own rows), `fsdp-nan` (as fsdp-dp, a NaN in rank 1's rows at the watched run's step
 1), `uneven` (DDP over a model whose last Linear runs on rank 1 only; grads alone), `branch`
 (FSDP2 over a model that sends rank 0's rows through one Linear and rank 1's through another of
-the same shape; inspect alone; then `check`'s per-channel rules on the MLP under FSDP2), `sp`
+the same shape; inspect alone; then `check`'s per-channel rules on the MLP under FSDP2, and a
+watched run of the MLP, its last Linear ColwiseParallel handing on a DTensor, whose loss
+`loss_parallel` makes and `w.loss` takes), `sp`
 (sequence
 parallel: the MLP and a LayerNorm, each rank on its block of rows: ColwiseParallel gathers them,
 RowwiseParallel reduce-scatters its output back into blocks, SequenceParallel norms each block),
@@ -32,6 +34,7 @@ Each:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -169,6 +172,47 @@ class Branch(nn.Module):
         return self.p(x) if bool(x[0, 0] > 0) else self.q(x)
 
 
+def _loss_parallel(log: Path) -> list[float]:
+    """Three watched SGD steps of the MLP (Colwise, Rowwise, then a Colwise head handing
+    on a DTensor), each loss from cross_entropy under loss_parallel given to `w.loss`;
+    returns the same steps' losses run unsharded (the oracle)."""
+    import copy
+
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        loss_parallel,
+        parallelize_module,
+    )
+
+    m = model().append(nn.Linear(OUT, 10))
+    plain = copy.deepcopy(m)
+    head = ColwiseParallel(
+        input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False
+    )
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(), "3": head})
+    want = []
+    for net in (m, plain):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with hookcli.watch(net, optimizer=opt, log=log if net is m else None) as w:
+            for step in range(3):
+                torch.manual_seed(10 + step)
+                x, y = torch.randn(6, IN), torch.randint(0, 10, (6,))
+                opt.zero_grad()
+                with loss_parallel() if net is m else contextlib.nullcontext():
+                    loss = F.cross_entropy(net(x), y)
+                    w.loss(loss)
+                    loss.backward()
+                opt.step()
+                if net is plain:
+                    want.append(float(loss))
+    return want
+
+
 def main() -> None:
     out, kind = Path(sys.argv[1]), sys.argv[2]
     single = "--single" in sys.argv
@@ -189,6 +233,7 @@ def main() -> None:
         fully_shard(mlp, mesh=init_device_mesh("cpu", (world,)))
         checked = hookcli.check(mlp, batch()[rank::world], fail_on=["massive"], max_kurtosis=3.0)
         data["check"] = {"exit": hookcli.exit_code(checked), **checked.to_dict()}
+        data["losses"] = _loss_parallel(out / "branch-loss.jsonl")  # (.rankN added)
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
         _leave()
         return

@@ -51,6 +51,16 @@ def local_of(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined]
 
 
+def whole_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value as a plain tensor (replicated: its local part, no exchange;
+    else gathered, a collective every rank makes), any other tensor itself."""
+    if not is_sharded(t):
+        return t
+    if all(p.is_replicate() for p in t.placements):  # type: ignore[attr-defined]
+        return t.to_local()  # type: ignore[attr-defined,no-any-return]
+    return t.full_tensor()  # type: ignore[attr-defined,no-any-return]
+
+
 def groups_of(t: torch.Tensor) -> tuple[Any, ...]:
     """The process groups over which a DTensor's other parts lie, one per mesh dimension it
     is sharded on (a plain tensor, or a replicated one: none)."""

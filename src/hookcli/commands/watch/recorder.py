@@ -34,7 +34,7 @@ from hookcli.commands.watch.sinks import LineSinks
 from hookcli.commands.watch.steptools import params_of, process_rank, rank_log_path
 from hookcli.engine.copysafe import CopySafeHook
 from hookcli.engine.hooks import Target
-from hookcli.engine.sharded import data_parallel_position
+from hookcli.engine.sharded import data_parallel_position, whole_of
 from hookcli.errors import UsageError, one_line
 from hookcli.options import DEFAULTS, WatchOptions
 from hookcli.records import NonfiniteLine, StepLine
@@ -198,8 +198,9 @@ class Watch:
         """The step's loss: logged with a watched step and checked for NaN/Inf on every step
         (kept as a reference, read when the step ends: no synchronisation here). Several calls
         in one step add up: with gradient accumulation, each micro-batch's loss as it was
-        backpropagated, and the step's is their sum (as the Lightning callback logs it)."""
-        given = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        backpropagated, and the step's is their sum (as the Lightning callback logs it). A
+        DTensor (a loss under `loss_parallel`) is taken whole, as a plain tensor."""
+        given = whole_of(value.detach()) if isinstance(value, torch.Tensor) else float(value)
         before = self._step.loss
         if before is None:
             self._step.loss = given
