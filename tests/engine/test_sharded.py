@@ -362,6 +362,16 @@ def test_per_channel_rules_on_merged_rows_fail_and_say_why(branch: Any) -> None:
             assert "merged over the ranks" in rules[rule]["message"]
 
 
+def test_grads_in_the_middle_of_fsdp_gradient_accumulation_is_refused(branch: Any) -> None:
+    """FSDP2 with its gradient sync off (a micro-batch backpropagated), then on again with
+    that micro-batch not yet reduced: grads reported null gradients and added its own to the
+    user's accumulated ones (off by up to 3.0 in the step after). Refused, saying why."""
+    for data in branch[1]:
+        off, held = data["refused"]
+        assert "middle of gradient accumulation" in off and "sync is off" in off
+        assert "not yet reduced" in held
+
+
 def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:
     """A DTensor loss (cross_entropy under loss_parallel) given to `w.loss` stopped the
     recording at step 0 on every rank; each rank logs the unsharded run's losses."""

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 import hookcli
+from hookcli.errors import UsageError
 
 IN, HIDDEN, OUT = 8, 32, 8
 
@@ -233,6 +234,17 @@ def main() -> None:
         fully_shard(mlp, mesh=init_device_mesh("cpu", (world,)))
         checked = hookcli.check(mlp, batch()[rank::world], fail_on=["massive"], max_kurtosis=3.0)
         data["check"] = {"exit": hookcli.exit_code(checked), **checked.to_dict()}
+        # grads in the middle of the user's gradient accumulation: refused, nothing touched
+        refused = []
+        mlp.set_requires_gradient_sync(False)
+        mlp(batch()[rank::world]).sum().backward()
+        for sync in (False, True):  # (then: sync on again, the micro-batch not yet reduced)
+            mlp.set_requires_gradient_sync(sync)
+            try:
+                hookcli.grads(mlp, batch()[rank::world], target="sum", topk=0)
+            except UsageError as exc:
+                refused.append(str(exc))
+        data["refused"] = refused
         data["losses"] = _loss_parallel(out / "branch-loss.jsonl")  # (.rankN added)
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
         _leave()

@@ -34,6 +34,7 @@ from torch.nn.parameter import is_lazy
 from hookcli.engine.hooks import HookSession
 from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, all_modules, held
+from hookcli.engine.sharded import accumulating
 from hookcli.engine.targets import TargetSpec
 from hookcli.engine.targets import scalar as scalar_of
 from hookcli.engine.tensorbits import PLAIN, version_of
@@ -73,6 +74,13 @@ def hooked_pass(
     modules = all_modules(loaded.module)  # (one walk for both below)
     params = held(loaded.module, modules)[0]
     params += [t for _, t in prepared.input_leaves]  # a second pass starts from no gradient
+    if backward and (why := accumulating(modules)) is not None:
+        raise UsageError(
+            f"{loaded.spec} is in the middle of gradient accumulation: {why}, so a backward "
+            "now would add hookcli's gradients to the user's and read none reduced.",
+            "call it between optimizer steps, or record the training's own backward with "
+            "hookcli.watch.",
+        )
     notes: list[str] = []
     shared = _SHARED.get(id(loaded.module)) if not train else None
     with (
