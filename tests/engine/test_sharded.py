@@ -365,11 +365,13 @@ def test_per_channel_rules_on_merged_rows_fail_and_say_why(branch: Any) -> None:
 def test_grads_in_the_middle_of_fsdp_gradient_accumulation_is_refused(branch: Any) -> None:
     """FSDP2 with its gradient sync off (a micro-batch backpropagated), then on again with
     that micro-batch not yet reduced: grads reported null gradients and added its own to the
-    user's accumulated ones (off by up to 3.0 in the step after). Refused, saying why."""
+    user's accumulated ones (off by up to 3.0 in the step after). Refused, saying why; and
+    DDP inside no_sync() (a backward there reduces nothing)."""
     for data in branch[1]:
-        off, held = data["refused"]
+        off, held, ddp = data["refused"]
         assert "middle of gradient accumulation" in off and "sync is off" in off
         assert "not yet reduced" in held
+        assert "DDP's gradient sync is off (inside no_sync())" in ddp
 
 
 def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:

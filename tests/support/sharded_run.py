@@ -244,6 +244,12 @@ def main() -> None:
                 hookcli.grads(mlp, batch()[rank::world], target="sum", topk=0)
             except UsageError as exc:
                 refused.append(str(exc))
+        ddp = nn.parallel.DistributedDataParallel(model())
+        with ddp.no_sync():
+            try:
+                hookcli.grads(ddp, batch()[rank::world], target="sum", topk=0)
+            except UsageError as exc:
+                refused.append(str(exc))
         data["refused"] = refused
         data["losses"] = _loss_parallel(out / "branch-loss.jsonl")  # (.rankN added)
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
