@@ -374,6 +374,15 @@ def test_grads_in_the_middle_of_fsdp_gradient_accumulation_is_refused(branch: An
         assert "DDP's gradient sync is off (inside no_sync())" in ddp
 
 
+def test_parameters_fsdp_does_not_manage_are_said_to_be_the_ranks_own(branch: Any) -> None:
+    """FSDP2 on one Linear of three: the note said every parameter gradient was averaged over
+    the ranks, while the others' are each rank's own (no reduction touches them)."""
+    for data in branch[1]:
+        (note,) = [n for n in data["part_notes"] if "does not manage" in n]
+        assert "2.weight, 2.bias" in note and "0.weight" not in note
+        assert "this rank's own, not averaged" in note
+
+
 def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:
     """A DTensor loss (cross_entropy under loss_parallel) given to `w.loss` stopped the
     recording at step 0 on every rank; each rank logs the unsharded run's losses."""

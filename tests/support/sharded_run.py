@@ -251,6 +251,9 @@ def main() -> None:
             except UsageError as exc:
                 refused.append(str(exc))
         data["refused"] = refused
+        part = model()  # FSDP2 on the first Linear alone: the others' gradients are the rank's
+        fully_shard(part[0], mesh=init_device_mesh("cpu", (world,)))
+        data["part_notes"] = hookcli.grads(part, batch()[rank::world], topk=0).notes
         data["losses"] = _loss_parallel(out / "branch-loss.jsonl")  # (.rankN added)
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
         _leave()

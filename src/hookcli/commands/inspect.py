@@ -32,7 +32,7 @@ from hookcli.engine.passes import deterministic_algorithms
 from hookcli.engine.prepare import Prepared, prepare
 from hookcli.engine.probes import Measured, Probe
 from hookcli.engine.selection import held, params_and_dtype
-from hookcli.engine.sharded import data_parallel_size, mean_over_ranks
+from hookcli.engine.sharded import data_parallel_size, is_sharded, mean_over_ranks
 from hookcli.engine.tensorbits import finite_or_none
 from hookcli.errors import UsageError
 from hookcli.inputs import ModelInput, skipped_note
@@ -216,6 +216,21 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
             f"gradients are its own (each rank's ÷ {ranks}), as DDP and FSDP average the "
             "parameters' gradients"
         )
+        # FSDP2 shards (and averages) the parameters it manages; another one's gradient is
+        # this rank's own (the optimizer steps it so, each rank its own way)
+        if any(is_sharded(p) for p in params):
+            plain = [
+                n for n, p in prepared.loaded.module.named_parameters()
+                if p.requires_grad and not is_sharded(p)
+            ]  # fmt: skip
+            if plain:
+                shown = ", ".join(plain[:4]) + (
+                    f" (+{len(plain) - 4} more)" if len(plain) > 4 else ""
+                )
+                notes.append(
+                    f"parameters FSDP2 does not manage (plain tensors, not DTensors): {shown}: "
+                    "their gradients are this rank's own, not averaged over the ranks"
+                )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")
