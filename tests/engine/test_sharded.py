@@ -143,6 +143,11 @@ def test_a_shard_no_style_declares_says_it_is_one_ranks_part(tmp_path: Path) -> 
     assert out["shape"] == [6, 16]
     assert "this rank's part only" in out["note"] and "(6x32 over 2 ranks)" in out["note"]
     assert entries(sharded)[("1", "inputs", "in[0]")].get("note") is None  # the Linear's output
+    # its gradient (the target's: ones, the same numbers on every rank) is that part's too,
+    # and the backward value (a sum over this rank's part) says so
+    grad = entries(sharded)[("1", "grad_outputs", "out")]
+    assert grad["shape"] == [6, 16] and "this rank's part only" in grad["note"]
+    assert any("the backward target read this rank's part" in n for n in sharded["notes"])
 
 
 def test_parts_rows_merge_into_the_whole_tensors_row() -> None:

@@ -17,6 +17,7 @@ import torch
 from hookcli._version import __version__
 from hookcli.commands import probes as probing
 from hookcli.engine.measure import (
+    PART,
     PendingParam,
     claimed_params,
     finish,
@@ -231,6 +232,12 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
                     f"parameters FSDP2 does not manage (plain tensors, not DTensors): {shown}: "
                     "their gradients are this rank's own, not averaged over the ranks"
                 )
+    if measured.armed.backward and any(PART in (t.note or "") for t in measured.outputs):
+        notes.append(
+            "the backward target read this rank's part of the model's output (how it lies over "
+            "the ranks cannot be told here): its value and every gradient from it are that "
+            "part's, not the whole output's"
+        )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")

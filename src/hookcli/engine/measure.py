@@ -155,7 +155,25 @@ def finished_calls(session: HookSession, *, backward: bool) -> list[LayerCall]:
     session.collector.finalize()
     calls = [p.complete(backward) for p in session.calls]
     number_backward(session.calls)
+    if backward and session.collector.book.distributed:
+        parts_of_parts(calls)
     return calls
+
+
+PART = "this rank's part only"  # (engine/sharded.py's notes begin so)
+
+
+def parts_of_parts(calls: Sequence[LayerCall]) -> None:
+    """A gradient of a tensor read as this rank's part (made from a shard, its values
+    differing between the ranks) is this rank's part too, whatever its own numbers say: the
+    gradient of a sum is all ones on every rank, the same numbers, and no whole."""
+    for call in calls:
+        for tensors, grads in ((call.outputs, call.grad_outputs), (call.inputs, call.grad_inputs)):
+            parts = {t.path for t in tensors if t.note and PART in t.note}
+            for g in grads or () if parts else ():
+                if g.path in parts and PART not in (g.note or ""):
+                    said = f"{PART}: the gradient of this rank's part of the {g.path} tensor"
+                    g.note = f"{g.note}; {said}" if g.note else said
 
 
 def label_layouts(layers: Sequence[LayerCall], layout_of: LayoutOf) -> None:

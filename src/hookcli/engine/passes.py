@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from hookcli.engine.accumulation import accumulating
 from hookcli.engine.hooks import HookSession
 from hookcli.engine.prepare import Prepared
 from hookcli.engine.selection import ROOT_LABEL, all_modules, held
-from hookcli.engine.sharded import accumulating
 from hookcli.engine.targets import TargetSpec
 from hookcli.engine.targets import scalar as scalar_of
 from hookcli.engine.tensorbits import PLAIN, version_of

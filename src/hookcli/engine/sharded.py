@@ -167,6 +167,7 @@ class ShardBook:
         # a tensor-parallel model's groups: the rows of the pass not split over them are
         # compared over them (engine/sharded.tensor_parallel_groups)
         self.checked: tuple[Any, ...] = ()
+        self.distributed = False  # a pass of a model of more than one rank (arm_*)
         # squared norms of local parts riding along in the pass's gather, added over their
         # groups there (watch's weights and updates: engine/sharded.Squares)
         self.squares: list[Squares] = []
@@ -191,6 +192,7 @@ class ShardBook:
         its parameters are split over, but the data-parallel ones (`dp`; default: the batch's
         groups). (No walk of the model outside a process group: no DTensor exists there.)"""
         self._dp = tuple(self.batch_groups if dp is None else dp)
+        self.distributed = _world() > 1
         self.checked = tensor_parallel_groups(model, self._dp)
         self.layouts = tp_layouts(model) if self.checked else NONE
 
@@ -562,35 +564,13 @@ def data_parallel_groups(module: Any) -> tuple[Any, ...]:
     return tuple(mesh.get_group(d) for d in range(mesh.ndim))
 
 
-def accumulating(modules: Sequence[Any]) -> str | None:
-    """Why a backward now would mix with the user's gradient accumulation: FSDP2 with its
-    gradient sync off, or holding unreduced micro-batch gradients (a backward adds to them,
-    and reduces nothing), DDP inside `no_sync()`; None otherwise."""
+def _world() -> int:
+    """The processes of the default group (1 outside one)."""
     if "torch.distributed" not in sys.modules:
-        return None
-    from torch.nn.parallel import DistributedDataParallel
+        return 1
+    import torch.distributed as dist
 
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # (a torch without FSDP2)
-        FSDPModule = ()  # type: ignore[assignment,misc]
-    for m in modules:
-        if isinstance(m, DistributedDataParallel) and not m.require_backward_grad_sync:
-            return "DDP's gradient sync is off (inside no_sync())"
-        if not isinstance(m, FSDPModule):
-            continue
-        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
-        if group is None:
-            continue
-        if not getattr(group, "reduce_grads", True):
-            return "FSDP2's gradient sync is off (set_requires_gradient_sync(False))"
-        for fp in getattr(group, "fsdp_params", ()):
-            unsharded = getattr(fp, "_unsharded_param", None)
-            if getattr(fp, "unsharded_accumulated_grad", None) is not None or (
-                unsharded is not None and unsharded.grad is not None
-            ):
-                return "FSDP2 holds micro-batches' gradients not yet reduced"
-    return None
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def tensor_parallel_groups(model: Any, dp: Sequence[Any]) -> tuple[Any, ...]:
