@@ -96,6 +96,33 @@ def test_a_gguf_side_holds_the_file_s_values_and_its_klds_are_transformers_own(
     assert data["tol"] == (0.1 if qtype == "Q8_0" else 0.3)  # the file's precision's default
 
 
+def test_a_tied_models_file_with_its_own_output_weight_is_read_as_llama_cpp_reads_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A model whose head is tied to its embeddings, and a GGUF file holding an output.weight
+    of its own (Q8_0 beside Q4_0 embeddings): llama.cpp computes the logits with that one.
+    The side put only the embeddings in (the head tied to them) and left the file's head
+    unread, unsaid. Oracle: the model with the file's tensors, its head untied and set to
+    the file's output.weight, KL by hand."""
+    folder = tmp_path / "tied"
+    torch.manual_seed(0)
+    tied = transformers.LlamaForCausalLM(llama_config(tie_word_embeddings=True)).eval()
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    tied.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    path = write_llama(tied, tmp_path / "tied.gguf", "Q4_0", other={"lm_head.weight": "Q8_0"})
+    data = _json(f"hf:{folder}", "--text-file", str(corpus), "--b", f"gguf:{path}", "--no-own")
+    held = dequantized(path, tied)
+    b_model = copy.deepcopy(tied)
+    b_model.load_state_dict({k: v for k, v in held.items() if k != "lm_head.weight"}, strict=False)
+    b_model.lm_head.weight = torch.nn.Parameter(held["lm_head.weight"])  # untied
+    assert not torch.equal(b_model.lm_head.weight, b_model.model.embed_tokens.weight)
+    a, mask = _logits(tied, folder)
+    b, _ = _logits(b_model, folder)
+    assert data["tokens"]["kld"]["mean"] == pytest.approx(_mean_kl(a, b, mask), rel=1e-6)
+    assert any("output.weight is its own" in n for n in data["notes"])
+
+
 def test_q4_0_parts_ways_more_than_q8_0(tiny_llama: Path, corpus: Path, tmp_path: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
     kld = {}
@@ -309,7 +336,10 @@ def test_a_quantized_checkpoint_folder_is_a_side_as_transformers_loads_it(
     other = tmp_path / "other"
     config = llama_config(hidden_size=96)
     transformers.LlamaForCausalLM(config).save_pretrained(other)
-    for side, says in ((f"hf:{other}", "hidden_size 96"), (f"hf:{tmp_path}", "no config.json")):
+    for side, says in (
+        (f"hf:{other}", "hidden_size 96 in the folder"),
+        (f"hf:{tmp_path}", "no config.json"),
+    ):
         r = runner.invoke(app, ["diff", f"hf:{wide_llama}", "--text", LINES[0], "--b", side])
         assert r.exit_code == 2, r.stderr
         assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -224,6 +224,23 @@ class Gguf(_QuantKind):
             f"side {side}: its {', '.join(gguf_types(self.path))} tensors dequantized "
             "(gguf package) into the model's parameters"
         )
+        unread = [n for n in tensors if n not in params]
+        head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+        if "lm_head.weight" in unread and isinstance(head, nn.Linear):
+            # a model that ties its head to the embeddings, a file with an output.weight of its
+            # own: llama.cpp reads that one, so side B's head is untied to hold it
+            t = tensors["lm_head.weight"]
+            head.weight = nn.Parameter(t.to(head.weight.device, head.weight.dtype))
+            unread.remove("lm_head.weight")
+            prepared.notes.append(
+                f"side {side}: the file's output.weight is its own (the model ties its head to "
+                "the embeddings): side B's head holds it, untied, as llama.cpp reads the file"
+            )
+        if unread:
+            prepared.notes.append(
+                f"side {side}: {len(unread)} of the file's tensors have no parameter of the model "
+                f"to go into, left unread: {', '.join(unread[:4])}"
+            )
 
 
 _BAR = "tqdm"  # transformers' GGUF reader's progress bar, by name
@@ -234,24 +251,27 @@ def _no_bar(items: Any, *args: Any, **kwargs: Any) -> Any:
     return items
 
 
-def _same_architecture(side: str, found: dict[str, Any], config: Any) -> None:
-    """One line naming the first config fields a GGUF file and the model disagree on."""
+def _same_architecture(
+    side: str, found: dict[str, Any], config: Any, what: str = "file", kind: str = "a GGUF file"
+) -> None:
+    """One line naming the first config fields a side's `what` (a GGUF file, a checkpoint
+    folder: `kind`) and the model disagree on."""
     want = str(config.model_type)
     got = str(found.get("model_type", "?"))
     if got != want and not (want.endswith("_text") and want.startswith(got)):
         raise UsageError(
             f"{side} is a {got} model; the model is a {want}.",
-            "give a GGUF file of the model's architecture.",
+            f"give {kind} of the model's architecture.",
         )
     diffs = [
-        f"{f} {found[f]} in the file, {getattr(config, f)} in the model"
+        f"{f} {found[f]} in the {what}, {getattr(config, f)} in the model"
         for f in _SHAPE_FIELDS
         if f in found and getattr(config, f, None) is not None and found[f] != getattr(config, f)
     ]
     if diffs:
         raise UsageError(
             f"{side} does not match the model: {'; '.join(diffs)}.",
-            "give a GGUF file converted from this model (same vocabulary and sizes).",
+            f"give {kind} of this model (same vocabulary and sizes).",
         )
 
 
@@ -596,7 +616,7 @@ class HfFolder(_QuantKind):
                 f"{str(exc).splitlines()[0] if str(exc) else ''}).",
                 "give a folder saved with save_pretrained of the model's architecture.",
             ) from exc
-        _same_architecture(side, config.to_dict(), module.config)
+        _same_architecture(side, config.to_dict(), module.config, "folder", "a checkpoint folder")
         quant = getattr(config, "quantization_config", None)
         method = (quant or {}).get("quant_method") if isinstance(quant, dict) else None
         # the side's own load (or copy) of the model, of which only the class and config are
