@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from hookcli.cli import app
-from hookcli.commands.calib import calib_report, weight_scales
+from hookcli.commands.calib import _chunks, calib_report, weight_scales
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
 from tests.support.oracles import act_scales_by_hand
 
@@ -171,3 +171,13 @@ def test_a_linears_input_first_seen_as_a_selected_output_still_leaves_padding_ou
     assert [layer.name for layer in report.layers] == list(layers)
     for layer in report.layers:
         assert set(layer.channels.count) == {real}, layer.name
+
+
+def test_calib_passes_keep_the_padding_side_and_the_chat_template() -> None:
+    """Each pass of a text corpus is the same text options over fewer texts: --padding-side
+    was dropped (every pass padded on the tokenizer's side)."""
+
+    given = InputOptions(text=("a b", "c", "d e f"), chat=True, padding_side="left")
+    parts = list(_chunks(given, 2))
+    assert [p.text for p in parts] == [("a b", "c"), ("d e f",)]
+    assert all(p.padding_side == "left" and p.chat for p in parts)

@@ -194,11 +194,10 @@ def diff(
         emit(rendered(report, fmt_, dest), dest)
         if report.failed:
             if fmt_ != Format.table or to_file(dest):
-                err(
-                    f"first past tolerance: {report.first_over}"
-                    if report.first_over is not None
-                    else f"failed: {'; '.join(report.token_failures)}"
-                )
+                said = [f"failed: {why}" for why in report.token_failures]
+                if report.first_over is not None:
+                    said.insert(0, f"first past tolerance: {report.first_over}")
+                err("; ".join(said))
             raise typer.Exit(1)
 
 

@@ -53,7 +53,9 @@ def _chunks(inputs: InputOptions, size: int) -> Iterator[InputOptions]:
 
         texts = texts_of(inputs)
         for i in range(0, len(texts), size):
-            yield InputOptions(text=tuple(texts[i : i + size]), chat=inputs.chat)
+            yield InputOptions(
+                text=tuple(texts[i : i + size]), chat=inputs.chat, padding_side=inputs.padding_side
+            )
         return
     if inputs.items and all(isinstance(x, str) for x in inputs.items):
         from hookcli.inputs.images import expand_paths

@@ -320,6 +320,34 @@ def test_token_rules_need_text() -> None:
     assert r.exit_code == 2 and "no text was given" in r.stderr
 
 
+def test_token_rules_over_texts_of_one_token_fail_saying_there_was_nothing_to_judge(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """No text predicts a next token of its own: the rule said "mean KL not finite"; it
+    fails (exit 1) saying there was no position to judge."""
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("cat\na\n")  # (one token each to this tokenizer)
+    code, data = _diff_json(
+        f"hf:{tiny_llama}", "--text-file", str(corpus), "--b", "bfloat16", "--max-kld", "0.1"
+    )
+    assert code == 1 and data["tokens"]["count"] == 0
+    assert data["token_failures"] == [
+        "no position to judge: no text has a next token of its own (each is one token)"
+    ]
+
+
+def test_a_file_report_names_every_failure_on_stderr(tiny_llama: Path) -> None:
+    """With -f json, stderr named the first row past tolerance alone, not the token rules
+    that failed with it."""
+    r = runner.invoke(
+        app,
+        ["diff", f"hf:{tiny_llama}", "--text", LINE, "--b", "bfloat16", "--tol", "1e-9",
+         "--max-kld", "1e-12", "-f", "json"],
+    )  # fmt: skip
+    assert r.exit_code == 1
+    assert "first past tolerance" in r.stderr and "failed: mean KL(A||B)" in r.stderr
+
+
 def test_a_corpus_in_batches_gives_what_one_batch_gives(tiny_llama: Path, tmp_path: Path) -> None:
     """A --text-file longer than a batch runs in batches, each padded to the corpus' longest
     text: the same positions, the same figures as the texts in one batch, and the worst

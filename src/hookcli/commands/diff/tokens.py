@@ -315,6 +315,11 @@ def judge_tokens(report: DiffReport, rules: dict[str, float]) -> None:
     if tokens is None:  # (the logits could not be compared: a note says why)
         report.token_failures.append("no next-token distributions to judge")
         return
+    if not tokens.count:  # (KL over no position: neither a pass nor a number past a bound)
+        report.token_failures.append(
+            "no position to judge: no text has a next token of its own (each is one token)"
+        )
+        return
     ref = "ref" if report.ref is not None else "A"
     limit = rules.get("max_kld")
     mean = tokens.kld["mean"]
