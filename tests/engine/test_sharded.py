@@ -388,6 +388,21 @@ def test_parameters_fsdp_does_not_manage_are_said_to_be_the_ranks_own(branch: An
         assert "this rank's own, not averaged" in note
 
 
+def test_a_rank_with_no_rows_merges_like_the_others(branch: Any) -> None:
+    """FSDP2, all 6 rows on rank 0 and none on rank 1: the empty rank paired its tensors
+    otherwise (an empty tensor has no address to match), the ranks' rows differed, nothing
+    merged and every parameter was rank 0's shard. Now: merged, the global numbers."""
+    for data in branch[1]:
+        report, want = data["empty_rank"], data["empty_rank_want"]
+        notes = [t.get("note") for t in entries(report).values() if isinstance(t, dict)]
+        assert not any(n and "not merged" in n for n in notes), notes
+        got = {f"{c['name']}.{p['name']}": p for c in report["layers"] for p in c["params"] or []}
+        assert sorted(got) == sorted(want)
+        for name, (norm, grad_norm) in want.items():
+            assert got[name]["norm"] == pytest.approx(norm, rel=1e-5), name
+            assert got[name]["grad_norm"] == pytest.approx(grad_norm, rel=1e-5), name
+
+
 def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:
     """A DTensor loss (cross_entropy under loss_parallel) given to `w.loss` stopped the
     recording at step 0 on every rank; each rank logs the unsharded run's losses."""

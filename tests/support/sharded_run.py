@@ -254,6 +254,16 @@ def main() -> None:
         part = model()  # FSDP2 on the first Linear alone: the others' gradients are the rank's
         fully_shard(part[0], mesh=init_device_mesh("cpu", (world,)))
         data["part_notes"] = hookcli.grads(part, batch()[rank::world], topk=0).notes
+        # every row on rank 0, none on rank 1: the oracle, the plain model on those rows, its
+        # gradient halved (FSDP averages over the two ranks)
+        whole, plain = model(), model()
+        fully_shard(whole, mesh=init_device_mesh("cpu", (world,)))
+        rows = batch()[: 6 if rank == 0 else 0]
+        data["empty_rank"] = hookcli.grads(whole, rows, target="sum", topk=0).to_dict()
+        (plain(batch()).sum() / world).backward()
+        data["empty_rank_want"] = {
+            n: [float(p.norm()), float(p.grad.norm())] for n, p in plain.named_parameters()
+        }
         data["losses"] = _loss_parallel(out / "branch-loss.jsonl")  # (.rankN added)
         (out / f"branch.rank{rank}.json").write_text(json.dumps(data))
         _leave()
