@@ -257,7 +257,8 @@ def main() -> None:
         # every row on rank 0, none on rank 1: the oracle, the plain model on those rows, its
         # gradient halved (FSDP averages over the two ranks)
         whole, plain = model(), model()
-        fully_shard(whole, mesh=init_device_mesh("cpu", (world,)))
+        for shard in (whole[0], whole[2], whole):  # (each Linear its own pre-forward)
+            fully_shard(shard, mesh=init_device_mesh("cpu", (world,)))
         rows = batch()[: 6 if rank == 0 else 0]
         data["empty_rank"] = hookcli.grads(whole, rows, target="sum", topk=0).to_dict()
         (plain(batch()).sum() / world).backward()
