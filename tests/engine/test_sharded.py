@@ -403,6 +403,21 @@ def test_a_rank_with_no_rows_merges_like_the_others(branch: Any) -> None:
             assert got[name]["grad_norm"] == pytest.approx(grad_norm, rel=1e-5), name
 
 
+def test_every_rank_says_the_same_of_its_merged_rows(branch: Any) -> None:
+    """Rows of 4 and 2 rows 8 wide: rank 1's part (16 elements) listed its elements, rank
+    0's (32) did not, so rank 1's merged rows said "no element values" and rank 0's nothing.
+    What a merged row says is the whole tensor's, the same on every rank."""
+    notes = [
+        {
+            key: t.get("note")
+            for key, t in entries(data["four_two"]).items()
+            if "param" not in key[1]
+        }
+        for data in branch[1]
+    ]
+    assert notes[0] == notes[1]
+
+
 def test_a_loss_parallel_loss_given_to_watch_is_logged_whole(branch: Any) -> None:
     """A DTensor loss (cross_entropy under loss_parallel) given to `w.loss` stopped the
     recording at step 0 on every rank; each rank logs the unsharded run's losses."""

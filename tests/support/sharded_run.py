@@ -261,6 +261,9 @@ def main() -> None:
             fully_shard(shard, mesh=init_device_mesh("cpu", (world,)))
         rows = batch()[: 6 if rank == 0 else 0]
         data["empty_rank"] = hookcli.grads(whole, rows, target="sum", topk=0).to_dict()
+        # 4 rows and 2 (8 wide: a part of 16 elements lists them, one of 32 does not)
+        four_two = batch()[:4] if rank == 0 else batch()[4:]
+        data["four_two"] = hookcli.grads(whole, four_two, target="sum", topk=0).to_dict()
         (plain(batch()).sum() / world).backward()
         data["empty_rank_want"] = {
             n: [float(p.norm()), float(p.grad.norm())] for n, p in plain.named_parameters()

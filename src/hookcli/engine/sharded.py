@@ -438,25 +438,28 @@ class ShardBook:
                 rescale(stats, factor)
 
     @staticmethod
-    def tidy(handed: Sequence[tuple[TensorStats, int]], made: set[int]) -> None:
+    def tidy(handed: Sequence[tuple[TensorStats, int]], made: set[int], small: int) -> None:
         """A row made the whole tensor's from this rank's part keeps none of the part's own
         extras (its element values, histogram, per-token rows, per-channel numbers), which
-        do not merge over the ranks: they are left out, and the note says so."""
+        do not merge over the ranks: they are left out, and the note says so. Element values
+        are said missing where the whole tensor is `small` (one process would list them),
+        whatever this rank's part held: every rank's note the same."""
         for stats, row in handed if made else ():
             if row not in made:
                 continue
             extras = [
                 name
                 for name, value in (
-                    ("element values", stats.values),
+                    ("element values", True if 0 < stats.numel <= small else None),
                     ("histogram", stats.hist),
                     ("per-token rows", stats.per_token),
                     ("per-channel numbers", stats.channels),
                 )
                 if value is not None
             ]
+            stats.values = None
             if extras:
-                stats.values = stats.hist = stats.per_token = stats.channels = None
+                stats.hist = stats.per_token = stats.channels = None
                 said = f"merged over ranks: no {', '.join(extras)} (only this rank's part had them)"
                 stats.note = f"{stats.note}; {said}" if stats.note else said
 

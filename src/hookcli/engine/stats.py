@@ -750,7 +750,7 @@ class StatsCollector:
             if idx in lost:
                 stats.note = f"{stats.note}; {lost[idx]}" if stats.note else lost[idx]
         self.book.scale_gradients(self._handed_out)  # (a data-parallel batch's: ÷ W)
-        ShardBook.tidy(self._handed_out, merged)  # no rank's own extras on a merged row
+        ShardBook.tidy(self._handed_out, merged, SMALL)  # no rank's own extras on a merged row
         for kept in (
             self._handed_out, self._wants_values, self._wants_hist, self._rows, self._wants_tokens,
             self._wants_chan,
