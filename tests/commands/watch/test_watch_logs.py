@@ -269,6 +269,13 @@ def test_a_missing_log_name_finds_its_rank_logs(tmp_path: Path) -> None:
     r = run("check", str(tmp_path / "run.jsonl"))
     assert r.exit_code == 0, r.stderr
     assert "2 rank logs merged" in r.stdout
+    # the crashed rank wrote no log: the run's name with rank 0's alone passed the check
+    # (exit 0, a note); every rank's log or the one named, never a silent part
+    logs[1].unlink()
+    r = run("check", str(tmp_path / "run.jsonl"))
+    assert_one_line_error(r, 2, "a run of 2 processes", "rank 1 is not there")
+    r = run("check", str(logs[0]))  # one rank's log, named: read alone, said
+    assert r.exit_code == 0 and "rank 0 of 2" in r.stdout
 
 
 # ---------------------------------------------------------------- rules: nonfinite

@@ -71,8 +71,30 @@ def expand_logs(names: Sequence[str]) -> list[str]:
             for c in p.parent.iterdir()
             if (m := pattern.fullmatch(c.name)) is not None
         )
+        world = _world_of(p.parent / found[0][1].name) if found else None
+        if world is not None and world > len(found):  # a run's name: every rank's log, or none
+            have = {rank for rank, _ in found}
+            missing = ", ".join(str(r) for r in range(world) if r not in have)
+            raise UsageError(
+                f"{escape(name)} is a run of {world} processes, and the log of rank {missing} "
+                "is not there.",
+                "give every rank's log (a rank that crashed may not have written one), or "
+                "name one rank's log to read that rank alone.",
+            )
         out += [str(p.parent / c.name) for _, c in found] or [name]
     return out
+
+
+def _world_of(path: Path) -> int | None:
+    """The world size a log's first line gives (None: it cannot be read here; read_log
+    then says why)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.readline(1 << 20).decode("utf-8"))
+        world = data.get("world_size") if isinstance(data, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return world if type(world) is int else None
 
 
 def read_log(path: str | Path) -> LogFile:
