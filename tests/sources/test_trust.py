@@ -8,6 +8,8 @@ gradients, the script's own side effects."""
 from __future__ import annotations
 
 import copy
+import csv
+import io
 import json
 import math
 import os
@@ -628,8 +630,8 @@ def test_config_attn_table_randint_input_and_errors_naming_the_file(
     # an error about a value the config set names the file
     for line, needle in [
         ("topk = -5", "topk = -5 comes from"),
-        ('device = "tpu"', "device = 'tpu' comes from"),
-        ('layer = "nosuch"', "layer = ['nosuch'] comes from"),
+        ('device = "tpu"', 'device = "tpu" comes from'),
+        ('layer = "nosuch"', 'layer = ["nosuch"] comes from'),
     ]:
         cfg.write_text(f'model = "net.py:Net"\ninput = "randn:2x2"\n{line}\n')
         r = invoke("inspect")
@@ -638,6 +640,27 @@ def test_config_attn_table_randint_input_and_errors_naming_the_file(
     r = invoke("inspect", "--device", "tpu")
     assert_one_line_error(r, 2, "unknown device 'tpu'")
     assert "comes from" not in r.stderr
+    # the config's format is a default: an -o name typed on the command line picks its own
+    # (a config's `format = "csv"` wrote CSV into r.json, and refused r.parquet); a value is
+    # named as the file spells it, not as a Python object's repr (<Format.csv: 'csv'>)
+    cfg.write_text('model = "net.py:Net"\ninput = "randn:2x2"\nformat = "csv"\n')
+    out = tmp_path / "r.json"
+    r = invoke("inspect", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["model"]
+    r = invoke("inspect")  # no -o: the config's format
+    assert r.exit_code == 0, r.output
+    header = next(csv.reader(io.StringIO(r.stdout)))
+    assert len(header) > 3 and "layer" in header, header
+    r = invoke("inspect", "-f", "json", "-o", str(tmp_path / "r.csv"))  # -f typed: it wins
+    assert r.exit_code == 0 and json.loads((tmp_path / "r.csv").read_text())["model"]
+    # both in the config, at odds: refused, each value as the file spells it
+    cfg.write_text(
+        'model = "net.py:Net"\ninput = "randn:2x2"\nformat = "csv"\noutput = "r.parquet"\n'
+    )
+    r = invoke("inspect")
+    assert_one_line_error(r, 2, 'format = "csv" comes from')
+    assert "<Format" not in r.stderr
 
 
 def test_a_target_word_finds_the_classes_that_hold_it() -> None:

@@ -48,6 +48,11 @@ def config_values(path: str | None, values: dict[str, Any]) -> None:
         _from_config.append((path, values))
 
 
+def from_config(flag: str) -> bool:
+    """Whether the current command's `flag` (--format) took its value from the config."""
+    return any(flag in values for _, values in _from_config)
+
+
 def _config_note(message: str) -> str | None:
     """ "topk = -5 comes from hookcli.toml" when an error is about a value the config set: it
     names the option (--topk) or holds the value ('nosuch')."""
@@ -63,9 +68,21 @@ def _config_note(message: str) -> str | None:
                     re.search(rf"(?<![\w.]){re.escape(t)}(?![\w])", message) for t in texts
                 )
                 if named if not by_value else quoted:
-                    shown = value if not isinstance(value, tuple) else list(value)
-                    return f"{flag.removeprefix('--')} = {shown!r} comes from {path}"
+                    return f"{flag.removeprefix('--')} = {_toml(value)} comes from {path}"
     return None
+
+
+def _toml(value: Any) -> str:
+    """A config value as the file spells it (a string quoted, a list in brackets), not as
+    Python's repr of the object it became (an enum member, a PosixPath)."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(getattr(value, "value", value))  # (an enum: its value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _quoted(text: str, message: str) -> bool:
@@ -232,6 +249,9 @@ def output_format(fmt: Format | None, output: Destination | None, *, kind: Kind)
     suffix = _suffix(output)
     named = by_suffix(suffix)
     label = output.label if output is not None else ""
+    typed = not from_config("--output")  # (-o on the command line: its suffix picks)
+    if fmt is not None and named is not None and typed and from_config("--format"):
+        fmt = None  # the config's format is a default, below what the command line says
     if fmt is None and suffix and named is None:
         raise UsageError(
             f"-o {label}: hookcli does not write {suffix} files.",
