@@ -88,6 +88,29 @@ def test_a_loop_of_symlinks_is_refused_and_left_as_it_was(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
 
 
+def test_an_output_folder_removed_while_the_model_ran_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-o gone/r.json, gone/ removed during the pass: an internal error (exit 3, "this is a
+    hookcli bug"); it is an unwritable -o (exit 2, one line)."""
+    net = tmp_path / "remover.py"
+    net.write_text(
+        "import os, shutil\nimport torch\n\n\nclass Net(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.l = torch.nn.Linear(2, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        shutil.rmtree(os.environ['HOOKCLI_TEST_GONE'], ignore_errors=True)\n"
+        "        return self.l(x)\n"
+    )
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.setenv("HOOKCLI_TEST_GONE", str(gone))
+    args = ["inspect", f"{net}:Net", "--input", "randn:1x2", "--no-config"]
+    r = runner.invoke(app, [*args, "-o", str(gone / "r.json")])
+    assert_one_line_error(r, 2, "cannot write", "folder still exists")
+    assert not gone.exists()
+
+
 @pytest.mark.parametrize("option", ["-o", "--save-baseline"])
 def test_an_output_that_is_an_input_is_refused(tmp_path: Path, option: str) -> None:
     spec = tmp_path / "x.npy"

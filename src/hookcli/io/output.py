@@ -381,7 +381,13 @@ def write_bytes(dest: Destination, data: bytes) -> None:
 def write_with(dest: Destination, fill: Callable[[str], None]) -> None:
     """fill(path) writes a temp file; it then becomes the destination by the policy above.
     Whatever fails, no temp file is left and a replaced file is either old or new."""
-    fd, tmp = tempfile.mkstemp(prefix=".hookcli-", suffix=".tmp", dir=dest.scratch_dir)
+    try:  # (the folder may be gone since it was checked: removed while the model ran)
+        fd, tmp = tempfile.mkstemp(prefix=".hookcli-", suffix=".tmp", dir=dest.scratch_dir)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {dest.label}: {exc.strerror}.",
+            "check that its folder still exists and is writable, or choose another path.",
+        ) from exc
     os.close(fd)
     beacon.track(tmp)  # a supervisor removes it if this process dies before it does
     try:
