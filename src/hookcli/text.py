@@ -38,8 +38,12 @@ def escape(text: str) -> str:
 
 
 def markdown(text: str) -> str:
-    """A Markdown table cell or line: escaped, and `|` kept from ending the cell."""
-    return escape(text).replace("|", "\\|")
+    """A Markdown table cell or line: escaped, `|` kept from ending the cell, and text, never
+    markup: `&` and `<` as entities (a module named `<img onerror=…>` is no live HTML where the
+    file is rendered), a leading `>` no quote, and `](` kept from making a link."""
+    out = escape(text).replace("&", "&amp;").replace("<", "&lt;")
+    out = out.replace("|", "\\|").replace("](", "]\\(")
+    return "\\" + out if out.startswith(">") else out
 
 
 _FORMULA = ("=", "+", "-", "@")

@@ -337,3 +337,28 @@ def _series(log: Path) -> Any:
     from hookcli.commands.watch.runseries import series
 
     return series(load_run([log]))
+
+
+def test_markdown_shows_a_layer_named_like_markup_as_text() -> None:
+    """A module named `</script><img src=x onerror=alert(1)>`, another `[x](javascript:…)`:
+    rendered by markdown-it (CommonMark with HTML on, GFM tables) the Markdown report held a
+    live <img> tag; every name is text there, whole."""
+    import html
+
+    import torch
+    from markdown_it import MarkdownIt
+    from torch import nn
+
+    import hookcli
+    from hookcli.render.markdown import report_markdown
+
+    names = ["</script><img src=x onerror=alert(1)>", "[x](javascript:alert(1))", "> quote"]
+    model = nn.Sequential()
+    for name in names:
+        model.add_module(name, nn.Identity())
+    report = hookcli.inspect(model, torch.ones(1, 2), topk=0, device="cpu")
+    page = MarkdownIt("commonmark", {"html": True}).enable("table").render(report_markdown(report))
+    assert "<img" not in page and "<a " not in page and "<blockquote" not in page
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    for name in names:
+        assert name in text, name
