@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,6 +115,20 @@ def test_malformed_config_names_file_and_line(
     (tmp_path / "hookcli.toml").write_text(text)
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(run("grads"), 2, *needles)
+
+
+def test_every_command_that_reads_the_config_may_have_a_table() -> None:
+    """A [calib] table (calib takes --config) was "unknown table [calib]" for every command:
+    the tables are the commands that take --config, as the app registers them."""
+    import typer
+
+    from hookcli.io.config import COMMANDS
+
+    group: Any = typer.main.get_command(app)
+    reading = {
+        name for name, cmd in group.commands.items() if any(p.name == "config" for p in cmd.params)
+    }
+    assert reading == set(COMMANDS)
 
 
 @pytest.fixture

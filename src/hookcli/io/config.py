@@ -24,9 +24,8 @@ from typing import Any
 from hookcli.errors import UsageError
 from hookcli.io.output import note_read
 
-COMMANDS = (
-    "inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens", "layers", "models", "show",
-)  # fmt: skip
+# the commands that read the config (--config): each may have a table of its own
+COMMANDS = ("inspect", "grads", "check", "diff", "maps", "cam", "attn", "lens", "calib", "layers")
 
 
 @dataclass(frozen=True, slots=True)
