@@ -362,3 +362,23 @@ def test_markdown_shows_a_layer_named_like_markup_as_text() -> None:
     text = html.unescape(re.sub(r"<[^>]+>", "", page))
     for name in names:
         assert name in text, name
+
+
+def test_a_parameter_with_no_gradient_has_null_counts_in_csv_as_in_json(tmp_path: Path) -> None:
+    """A frozen layer's weight: JSON `grad: null`, its CSV/Parquet row `nan=0, inf=0` — a
+    count of a gradient that does not exist. The same null in every family."""
+    import torch
+    from torch import nn
+
+    import hookcli
+    from hookcli.render.csv import report_csv
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    model[0].weight.requires_grad_(False)
+    report = hookcli.grads(model, torch.ones(1, 2), target="sum", topk=0, device="cpu")
+    (frozen,) = [p for c in report.layers for p in c.params or [] if p.grad is None]
+    assert frozen.name == "weight" and report.to_dict()["layers"][0]["params"][0]["grad"] is None
+    rows = list(csv.DictReader(io.StringIO(report_csv(report))))
+    grads = {r["layer"]: r for r in rows if r["path"] == "weight" and "grad" in r["kind"]}
+    assert grads["0"]["nan"] == "" and grads["0"]["inf"] == ""  # (an empty cell: CSV's null)
+    assert grads["1"]["nan"] == "0"  # a gradient that exists: its count

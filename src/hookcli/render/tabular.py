@@ -125,7 +125,7 @@ def _param(p: ParamStats) -> tuple[list[Value], str | None]:
     """A parameter gradient's cells from `path` to `norm`, and a note when it has none."""
     if p.grad is not None:
         return [p.name, *_tensor(p.grad)[1:]], p.grad.note
-    none = [0 if s.count else None for s in TENSOR_STATS]  # no gradient: no NaN/Inf in it
+    none = [None for _ in TENSOR_STATS]  # no gradient: null, as its JSON (never a count of 0)
     cells: list[Value] = [p.name, tuple(p.shape), None, p.numel, *none]
     return cells, "no gradient reached it" if p.requires_grad else "frozen (requires_grad=False)"
 
