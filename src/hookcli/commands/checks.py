@@ -458,8 +458,13 @@ def _experts(report: Report, limit: float | None) -> CheckResult:
             f = Failure(f"{e.layer}: {text}", e.layer, 0, None, e.imbalance, limit)
             f.channel = busiest
             bad.append(f)
-    if not routers:
-        return CheckResult(rule, True, "no MoE router read (not a mixture-of-experts model)")
+    if not routers:  # (a gate that checked nothing is no pass)
+        return CheckResult(
+            rule,
+            False,
+            "no MoE router was read, so the rule checked nothing (not a mixture-of-experts "
+            "model, or a router hookcli does not know: see the notes)",
+        )
     if not bad:
         what = "dead expert" if limit is None else f"imbalance above {limit:g}"
         return CheckResult(rule, True, f"no {what} ({len(routers)} routers)")

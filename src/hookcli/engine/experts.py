@@ -26,7 +26,9 @@ from torch import nn
 
 from hookcli.engine.selection import all_modules
 
-_ROUTER = re.compile(r"router", re.IGNORECASE)
+# a router's class: transformers' *TopKRouter, *Router; a MoE gate (DeepseekV2's MoEGate,
+# HunYuanMoEV1Gate)
+_ROUTER = re.compile(r"router|moe\w*gate", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -57,9 +59,10 @@ def _router_name(name: str) -> bool:
 def find_routers(
     model: nn.Module, types: Iterable[str] | None = None
 ) -> list[tuple[str, nn.Module, int]]:
-    """(name, module, experts) of every module whose class name says router and that holds a
-    (experts, hidden) weight. `types`: the modules' class names, where the caller has them
-    (the pass's module table): no walk at all for a model without a router."""
+    """(name, module, experts) of every module whose class name says router (or MoE gate)
+    and that holds a (experts, hidden) weight: its own, or its one Linear's (Gemma 4's
+    router.proj, HunYuan's gate.wg). `types`: the modules' class names, where the caller has
+    them (the pass's module table): no walk at all for a model without a router."""
     found: list[tuple[str, nn.Module, int]] = []
     if types is None:
         types = (type(m).__name__ for m in all_modules(model))
@@ -69,6 +72,9 @@ def find_routers(
         if not _router_name(type(m).__name__):
             continue
         weight = getattr(m, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            linears = [c for c in m.children() if isinstance(c, nn.Linear)]
+            weight = linears[0].weight if len(linears) == 1 else None
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:
             found.append((name, m, int(weight.shape[0])))
     return found

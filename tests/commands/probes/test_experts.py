@@ -164,3 +164,54 @@ def test_a_text_file_in_batches_says_its_routing_is_not_read(tmp_path: Path) -> 
                for n in report["notes"])  # fmt: skip
     r = runner.invoke(app, ["check", *args, "--fail-on", "dead-experts"])
     assert r.exit_code == 2 and "give at most 32 texts" in r.stderr, r.stderr
+
+
+def test_routers_holding_their_weight_in_a_linear_are_read() -> None:
+    """A router whose (experts, hidden) weight is its one Linear's (Gemma 4's router.proj) and
+    a MoE gate (HunYuan's MoEV1Gate, its weight in .wg) were never read: experts null, and
+    check's expert rules passed, saying the model has no experts. Oracle: top-2 by hand."""
+
+    class ProjRouter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 4, bias=False)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.proj(x)
+            return logits, logits.topk(2, dim=-1).indices
+
+    class HunYuanMoEV1Gate(ProjRouter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wg = self.proj  # (one Linear, under another name)
+            del self.proj
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.wg(x)
+            return logits, logits.topk(2, dim=-1).indices
+
+    class Moe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router, self.gate = ProjRouter(), HunYuanMoEV1Gate()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.router(x)[0] + self.gate(x)[0]
+
+    torch.manual_seed(0)
+    model, x = Moe(), torch.randn(5, 8)
+    report = hookcli.inspect(model, x, topk=0)
+    assert report.experts is not None
+    got = {e.layer: e.counts for e in report.experts}
+    for name, linear in (("router", model.router.proj), ("gate", model.gate.wg)):
+        picked = (x @ linear.weight.T).topk(2, dim=-1).indices.reshape(-1)
+        assert got[name] == torch.bincount(picked, minlength=4).tolist(), name
+
+
+def test_expert_rules_that_read_no_router_fail_saying_why() -> None:
+    """--fail-on dead-experts on a model without a router passed ("not a mixture-of-experts
+    model"): a rule that checked nothing fails, and says it read no router."""
+    report = hookcli.check(torch.nn.Linear(2, 2), torch.randn(1, 2), fail_on="dead-experts")
+    (result,) = report.checks
+    assert not result.passed and "no MoE router was read" in result.message
+    assert hookcli.exit_code(report) == 1
