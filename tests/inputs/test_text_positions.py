@@ -168,3 +168,45 @@ def test_padding_side_on_the_command_line_pads_as_asked(gpt2_right: Path) -> Non
         (top,) = [p for p in report["predictions"] if p["image"] == seq]
         assert top["index"] == int(want.argmax())
         assert top["prob"] == pytest.approx(float(want.max()), rel=1e-5)
+
+
+def test_a_left_padded_seq2seq_batch_says_its_positions_count_from_the_first_column(
+    tmp_path: Path,
+) -> None:
+    """An encoder-decoder (BART, learned positions) padded on the left gets no position_ids:
+    a short text runs at the positions its padding pushed it to, and its numbers differ from
+    the text's alone (the oracle: the encoder's output for the text alone) — said, never
+    silent; padded on the right, nothing to say."""
+    from tests.support.llm import make_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=320, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    model = transformers.BartForConditionalGeneration(config).eval()
+    model.save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    layer = "model.encoder.layers.0"
+    said = "an encoder-decoder gets no position_ids"
+    options: dict[str, Any] = {"text": TEXTS, "layers": [layer], "topk": 0, "device": "cpu"}
+    report = {
+        side: hookcli.inspect(f"hf:{tmp_path}", padding_side=side, **options)
+        for side in ("left", "right")
+    }
+    assert said in str(report["left"].input.description)  # type: ignore[union-attr]
+    assert said not in str(report["right"].input.description)  # type: ignore[union-attr]
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    alone = []
+    for text in TEXTS:
+        with torch.no_grad():
+            out = model.model.encoder(**tok(text, return_tensors="pt")).last_hidden_state
+        alone.append(out[0])
+    whole = torch.cat(alone).double()
+    right = report["right"].layers[0].outputs[0]
+    left = report["left"].layers[0].outputs[0]
+    assert right.max == pytest.approx(float(whole.max()), rel=1e-4)
+    assert right.min == pytest.approx(float(whole.min()), rel=1e-4)
+    assert (left.max, left.min) != pytest.approx((float(whole.max()), float(whole.min())), rel=1e-4)

@@ -193,6 +193,8 @@ def from_text(
         note += POSITIONS_NOTE
     elif labels is None and _left_padded(loaded, mask):  # (never silently: see below)
         note += UNPOSITIONED_NOTE
+    elif _left_padded(loaded, mask, seq2seq=True):
+        note += SEQ2SEQ_LEFT_NOTE
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
     lengths = [len(t.ids) for t in infos]  # each sequence's, in order
@@ -242,12 +244,13 @@ def _positions_from_mask(
     return True
 
 
-def _left_padded(loaded: LoadedModel, mask: torch.Tensor) -> bool:
-    """A causal LM's batch with padding before a token (a decoder-only model's)."""
+def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, seq2seq: bool = False) -> bool:
+    """A causal LM's batch with padding before a token (a decoder-only model's; `seq2seq`:
+    an encoder-decoder's instead)."""
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     kind = loaded.kind
-    if not isinstance(kind, CausalLM) or isinstance(kind, Seq2SeqLM):
+    if isinstance(kind, Seq2SeqLM) != seq2seq or not isinstance(kind, CausalLM):
         return False
     return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
 
@@ -347,6 +350,11 @@ POSITIONS_NOTE = "; position_ids from the attention mask (each text's first toke
 UNPOSITIONED_NOTE = (
     "; no position_ids (the model's forward does not name them): a text's positions count from"
     " the batch's first column, its padding included — learned absolute positions (GPT-2) then"
+    " differ from the text's alone: --padding-side right"
+)
+SEQ2SEQ_LEFT_NOTE = (
+    "; padded on the left: an encoder-decoder gets no position_ids, so a text's positions count"
+    " from the batch's first column, its padding included — learned positions (BART) then"
     " differ from the text's alone: --padding-side right"
 )
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
