@@ -546,6 +546,33 @@ def test_generate_hooks_every_step_and_makes_transformers_tokens(llama: Path) ->
     assert any("call 0 is the prompt" in n for n in report.notes)
 
 
+def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
+    """A sequence whose end token comes before the last step is fed padding by generate while
+    the others run: the later calls' statistics count those rows, and the note says so (the
+    header said no statistic counts padding). The end token is made the one the first text
+    generates first, so that it ends at once (the oracle: transformers' generate)."""
+    texts = [LINES[0], "hello"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        first = model.generate(**enc, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    end = int(first[0, -1])
+    assert end != int(first[1, -1])  # (the other text goes on)
+    model.generation_config.eos_token_id = end
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    report = hookcli.inspect(f"hf:{tmp_path}", text=texts, device="cpu", generate=3, topk=0)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    new = out[:, enc.input_ids.shape[1] :].tolist()
+    assert report.generated is not None and [g.ids for g in report.generated] == new
+    assert new[0][0] == end and len(new[0]) == 3  # ended at once, then fed padding
+    (note,) = [n for n in report.notes if "--generate" in n]
+    assert "1 sequence ended before the last step (sequence 0 at new token 0)" in note
+
+
 def test_generate_from_a_tensor_prompt_reports_the_new_tokens_alone(llama: Path) -> None:
     """The Python API's prompt as a bare tensor of ids (generate's positional `inputs`): the
     new tokens are generate's sequences after the prompt, as from text or keyword tensors,
