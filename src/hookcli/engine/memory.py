@@ -310,6 +310,7 @@ class MemoryMeter:
         events.sort(key=lambda e: e[0])
         live = self.saved_bytes
         made: set[int] = set()  # parameters whose gradient exists
+        sizes = {param: n for _, param, n in self.grads_made}
         grads = 0
         peak = held + live
         for at, call, storage, n in events:
@@ -321,6 +322,11 @@ class MemoryMeter:
                 continue
             seen = call.grad_storages  # the gradients its backward held, else their sizes
             flowing = sum(seen.values()) if seen else call.output_bytes + call.input_bytes
+            # a tied weight's later use: its part made here and the sum with the part waiting
+            # are held beside it at once (torch adds them into a new tensor)
+            flowing += sum(
+                2 * sizes.get(p, 0) for p in set(call.params) if p in made and first_use[p] < at
+            )
             peak = max(peak, held + live + grads + flowing)
             live -= freed.pop(at, 0)
         return max(peak, held + live + grads)

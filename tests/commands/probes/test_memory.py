@@ -426,3 +426,29 @@ def test_watch_memory_under_accumulation_checkpointing_and_read_back(tmp_path: A
     mem = w.records[0].memory
     assert mem is not None and any("saved-tensor hooks of its own" in n for n in mem.notes)
     assert not torch._C._autograd._top_saved_tensors_default_hooks(False)  # type: ignore[attr-defined]
+
+
+def test_the_step_peak_of_a_tied_embedding_holds_its_gradients_parts_and_their_sum() -> None:
+    """A head tied to a large embedding (vocab 4096 x 64): at the embedding's backward torch
+    holds the head's part of the weight's gradient, the embedding's own and their sum at once.
+    The step peak counted one (0.56 of MemTracker's on such a model). Oracle: MemTracker."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, 4096, (2, 8))
+    report = hookcli.grads(model, ids, memory=True, target="sum")
+    mem = report.memory
+    assert mem is not None and mem.predicted_peak is not None
+    model.zero_grad(set_to_none=True)
+    mt = MemTracker()
+    mt.track_external(model)
+    with mt:
+        model(ids).logits.sum().backward()
+    truth = max(int(d["Total"]) for d in mt.get_tracker_snapshot("peak").values())
+    assert abs(mem.predicted_peak - truth) <= 0.1 * truth, (mem.predicted_peak, truth)
