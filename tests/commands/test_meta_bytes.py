@@ -46,6 +46,9 @@ CONFIGS: dict[str, Callable[[], Any]] = {
     # no num_key_value_heads (n_head only): every head its own; lm_head tied to wte
     "gpt2": _config("GPT2Config", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
                     n_positions=64),
+    # with a pad token: transformers' padding warning reads the ids' values (exit 3 on meta)
+    "gpt2_pad": _config("GPT2Config", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                        n_positions=64, pad_token_id=0),
     # multi-query attention, two ways of saying it
     "falcon_mqa": _config("FalconConfig", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                           num_attention_heads=4, multi_query=True,
@@ -119,7 +122,7 @@ def _cache_bytes(model: Any, tokens: int) -> int:
 @pytest.mark.parametrize(
     ("name", "dtype"),
     [("llama", "float32"), ("llama_tied", "bfloat16"), ("gpt2", "float32"),
-     ("deepseek_v3", "bfloat16")],
+     ("gpt2_pad", "float32"), ("deepseek_v3", "bfloat16")],
 )  # fmt: skip
 def test_weight_bytes_are_the_real_models_parameters_each_once(
     tmp_path: Path, name: str, dtype: str
@@ -142,7 +145,7 @@ def test_weight_bytes_are_the_real_models_parameters_each_once(
     assert w.as_dtype == {
         "float32": 4 * n, "bfloat16": 2 * n, "float16": 2 * n, "int8": n, "int4": math.ceil(n / 2)
     }  # fmt: skip
-    if name in ("llama_tied", "gpt2"):  # lm_head is the embedding: counted once
+    if name in ("llama_tied", "gpt2", "gpt2_pad"):  # lm_head is the embedding: counted once
         every = sum(p.numel() for p in every_one)
         head = model.get_output_embeddings().weight
         assert every == n + head.numel()

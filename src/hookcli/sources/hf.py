@@ -522,6 +522,10 @@ def _without_weights(
             lambda: make(saved, dtype=saved_dtype(saved)), spec, overrides, built
         )
         notes.append("--meta: built on the meta device from config.json; no weight read")
+        for m in model.modules():  # (hookcli's own model: nothing of the user's changed)
+            if callable(getattr(m, "warn_if_padding_and_no_attention_mask", None)):
+                # a warning that reads the ids' values (GPT-2 with a pad token): meta has none
+                object.__setattr__(m, "warn_if_padding_and_no_attention_mask", _no_padding_warning)
         return model
     folder = Path(where) if Path(str(where)).is_dir() else None
     if folder is None:
@@ -544,6 +548,10 @@ def _without_weights(
         "owning weights), then freed"
     )
     return model
+
+
+def _no_padding_warning(*_args: Any, **_kwargs: Any) -> None:
+    """transformers' warning of padding without an attention mask, left out on meta."""
 
 
 def _load_dtype(config: Any, checkpoint: Any) -> torch.dtype:
