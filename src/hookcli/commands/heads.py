@@ -41,9 +41,18 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
     encoder_mask = model_input.token_mask
     decoder_mask = model_input.kwargs.get("decoder_attention_mask")
     shapes = model_input.shapes()
-    batch = shapes[0][0] if shapes and shapes[0] else None
+    first = shapes[0] if shapes else ()
 
     def per_head(site: AttentionSite, probs: torch.Tensor) -> torch.Tensor | None:
+        # the input's batch: its first dimension, its second for a sequence-first
+        # nn.MultiheadAttention (torch's default, batch_first=False: (tokens, batch, features))
+        at = (
+            1
+            if isinstance(site.module, torch.nn.MultiheadAttention)
+            and not (site.module.batch_first)
+            else 0
+        )
+        batch = first[at] if len(first) > at else None
         if batch is not None and probs.shape[0] != batch:
             return None  # windows, not the input's sequences
         mask = decoder_mask if site.side == DECODER else encoder_mask

@@ -68,6 +68,39 @@ def test_heads_are_softmax_qk_by_hand_for_multihead_attention() -> None:
             h_in = block(h_in)
 
 
+def test_a_sequence_first_multihead_attention_has_each_sequences_heads() -> None:
+    """torch's default nn.MultiheadAttention takes (tokens, batch, features): its calls were
+    all left out as "not over the input's sequences" (the input's first dimension taken as
+    the batch). Oracle: softmax(QKᵀ/√d) by hand, sequence by sequence."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(8, 2)  # batch_first=False
+    x = torch.randn(5, 3, 8)  # 5 tokens, 3 sequences
+    report = hookcli.inspect(SeqFirst(attn).eval(), x, heads=True)
+    assert report.heads is not None and len(report.heads) == 6  # 3 sequences x 2 heads
+    w, bias = attn.in_proj_weight.detach(), attn.in_proj_bias.detach()
+    for seq in range(3):
+        h = x[:, seq]  # (tokens, features)
+        q = (h @ w[:8].T + bias[:8]).view(5, 2, 4).transpose(0, 1)
+        k = (h @ w[8:16].T + bias[8:16]).view(5, 2, 4).transpose(0, 1)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1).double()
+        want = numbers_by_hand([probs])
+        got = [r for r in report.heads if r.sequence == seq]
+        for r, (sink, entropy, top, share, n) in zip(got, want, strict=True):
+            assert r.sink == pytest.approx(sink, rel=1e-5)
+            assert r.entropy == pytest.approx(entropy, rel=1e-5)
+            assert (r.top_key, r.queries) == (top, n)
+            assert r.top_share == pytest.approx(share, rel=1e-5)
+
+
+class SeqFirst(nn.Module):
+    def __init__(self, attn: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x)[0]
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers")
