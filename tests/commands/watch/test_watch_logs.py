@@ -401,6 +401,16 @@ def test_grad_norm_bounds_fire_on_parameters_and_layer_gradients(tmp_path: Path)
     assert not c.passed and c.first is not None and c.first.value == "Inf"
 
 
+def test_a_run_failures_step_and_value_are_one_steps(tmp_path: Path) -> None:
+    """Past the bound at steps 1 (2e3) and 2 (5e3): the failure said step 1 with value 5e3
+    (the worst, step 2's), a pair no step had; step and value are step 1's, the worst is in
+    the message."""
+    steps = [step_dict(s, params=[param_dict(grad_norm=g)]) for s, g in enumerate([1, 2e3, 5e3])]
+    c = _checks(write_log(tmp_path, steps), max_grad_norm=1e3)["grad-norm"]
+    assert c.first is not None and (c.first.step, c.first.value) == (1, 2e3)
+    assert "up to 5000" in c.first.message and "first step 1" in c.first.message
+
+
 def test_update_ratio_bounds(tmp_path: Path) -> None:
     path = write_log(
         tmp_path,

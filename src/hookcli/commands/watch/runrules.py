@@ -421,7 +421,8 @@ def _bounded(
     high_word: str,
 ) -> CheckResult:
     """One failure per entry (layer call and tensor, or parameter) out of [lo, hi] at any
-    watched step: the first such step, how many, and the worst value."""
+    watched step: the first such step and its value (a pair, as a row exports them), how many,
+    and the worst value in the message."""
     numbers = run.step_numbers
     span = _span(lo, hi)
     bad: list[StepFailure] = []
@@ -443,8 +444,8 @@ def _bounded(
             f"steps, first step {numbers[i]}"
         )
         limit = hi if side == high_word else lo if side == low_word else None
-        bad.append(
-            StepFailure(text, layer, call, path, worst, limit, step=numbers[i], steps=len(out))
+        bad.append(  # (step and value a pair: the first failing step's; the worst in the text)
+            StepFailure(text, layer, call, path, value, limit, step=numbers[i], steps=len(out))
         )
     checked = len(entries)
     if not bad:
