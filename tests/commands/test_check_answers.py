@@ -600,3 +600,11 @@ def test_a_per_channel_rule_that_measured_nothing_fails_and_says_why(rule: Any) 
     assert not result.passed and hookcli.exit_code(report) == 1
     assert "nothing measured per channel" in result.message
     assert "has a channel dimension" in result.message
+
+
+def test_a_per_channel_rule_over_constant_tensors_says_they_have_no_value() -> None:
+    """Every tensor measured per channel is constant (no kurtosis): the rule checked nothing,
+    and says why (not "no channel dimension")."""
+    report = hookcli.check(nn.Sequential(nn.Identity()), torch.ones(2, 4), max_kurtosis=3.0)
+    (result,) = report.checks
+    assert not result.passed and "have no kurtosis" in result.message

@@ -79,6 +79,10 @@ def test_a_bert_whose_hidden_size_is_the_token_count_has_its_pooled_rows_measure
         assert_stats_match(got, kept[name], rtol=1e-5, same_tensor=False)
         assert got.note is None or "padding" not in got.note
     assert_stats_match(report.outputs[0], logits, rtol=1e-5, same_tensor=False)
+    # the encoder selected itself: its pooler_output is a row a text too
+    whole = hookcli.inspect(f"hf:{folder}", text=TEXTS, device="cpu", layers=["bert"], topk=0)
+    (pooled,) = [t for t in whole.layers[0].outputs if "pooler_output" in t.path]
+    assert_stats_match(pooled, kept["bert.pooler.activation"], rtol=1e-5, same_tensor=False)
     # the embeddings' output is (batch, tokens, hidden): its padding is still left out
     emb = hookcli.inspect(
         f"hf:{folder}", text=TEXTS, device="cpu", layers=["bert.embeddings"], topk=0

@@ -158,7 +158,7 @@ def test_to_pandas_is_the_json(grads_report: Report) -> None:
     assert {"param_grad", "grad_output", "model_output"} <= set(frame["kind"])
     for want, (_, got) in zip(expected, frame.iterrows(), strict=True):
         for key in ("layer", "call", "kind", "path", "numel", *STATS):
-            assert _same(got[key], want.get(key, 0 if key in ("nan", "inf") else None)), key
+            assert _same(got[key], want.get(key)), key  # (a missing gradient: null counts)
         assert tuple(got["shape"]) == tuple(want["shape"])
         for key in ("weight_norm", "grad_weight"):
             assert _same(got[key], want.get(key))

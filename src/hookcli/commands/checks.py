@@ -414,11 +414,13 @@ def _per_tensor(report: Report, rules: Rules, rule: str, limit: float) -> CheckR
     checked = 0
     bad: list[tuple[LayerCall, Failure]] = []
     left_out: list[str] = []
+    unusable = 0  # measured per channel, with no value for the rule (NaN/Inf, constant)
     for c, t in _channel_tensors(report, rules, left_out):
         ch = t.channels
         assert ch is not None
         value = ch.outlier_ratio if rule == "outlier-ratio" else ch.kurtosis
         if value is None:
+            unusable += 1
             continue
         checked += 1
         if value > limit:
@@ -433,6 +435,13 @@ def _per_tensor(report: Report, rules: Rules, rule: str, limit: float) -> CheckR
             bad.append((c, failure))
     what = "outlier ratio" if rule == "outlier-ratio" else "kurtosis"
     note = _tables_note(left_out)
+    if not checked and unusable:
+        return CheckResult(
+            rule,
+            False,
+            f"nothing to check: the {unusable} tensors measured per channel have no {what} "
+            f"(their values NaN/Inf or constant){note}",
+        )
     if not checked:
         return _unchecked(rule, report, note)
     if not bad:

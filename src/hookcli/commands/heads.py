@@ -44,16 +44,14 @@ def attention_heads(prepared: Prepared) -> tuple[list[HeadStats], list[str]]:
     first = shapes[0] if shapes else ()
 
     def per_head(site: AttentionSite, probs: torch.Tensor) -> torch.Tensor | None:
-        # the input's batch: its first dimension, its second for a sequence-first
-        # nn.MultiheadAttention (torch's default, batch_first=False: (tokens, batch, features))
-        at = (
-            1
-            if isinstance(site.module, torch.nn.MultiheadAttention)
-            and not (site.module.batch_first)
-            else 0
+        # the input's batch: its first dimension; for a sequence-first nn.MultiheadAttention
+        # (torch's default, batch_first=False) fed the input as it is, (tokens, batch, …), its
+        # second (a model that transposes a batch-first input inside keeps the first)
+        seq_first = isinstance(site.module, torch.nn.MultiheadAttention) and not (
+            site.module.batch_first
         )
-        batch = first[at] if len(first) > at else None
-        if batch is not None and probs.shape[0] != batch:
+        batches = {first[i] for i in ((0, 1) if seq_first else (0,)) if len(first) > i}
+        if batches and probs.shape[0] not in batches:
             return None  # windows, not the input's sequences
         mask = decoder_mask if site.side == DECODER else encoder_mask
         real = (

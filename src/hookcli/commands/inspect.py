@@ -16,6 +16,7 @@ import torch
 
 from hookcli._version import __version__
 from hookcli.commands import probes as probing
+from hookcli.engine.callers import fsdp_managed_any
 from hookcli.engine.measure import (
     PART,
     PendingParam,
@@ -219,7 +220,7 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
         )
         # FSDP2 shards (and averages) the parameters it manages; another one's gradient is
         # this rank's own (the optimizer steps it so, each rank its own way)
-        if any(is_sharded(p) for p in params):
+        if fsdp_managed_any(prepared.loaded.module) and any(is_sharded(p) for p in params):
             plain = [
                 n for n, p in prepared.loaded.module.named_parameters()
                 if p.requires_grad and not is_sharded(p)

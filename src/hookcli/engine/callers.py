@@ -109,6 +109,12 @@ def as_whole(grad: torch.Tensor, spec: Spec) -> torch.Tensor:
     return DTensor.from_local(grad, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
+def fsdp_managed_any(model: Any) -> bool:
+    """Whether FSDP2 runs any module of the model (a DDP-wrapped tensor-parallel model's
+    DTensors are not FSDP's)."""
+    return "torch.distributed.fsdp" in sys.modules and any(fsdp_managed(m) for m in model.modules())
+
+
 def fsdp_managed(module: Any) -> bool:
     """Whether FSDP2 runs the module (its pre-forward may cast the inputs: mixed precision)."""
     if "torch.distributed.fsdp" not in sys.modules:

@@ -74,8 +74,10 @@ def find_routers(
         weight = getattr(m, "weight", None)
         if not isinstance(weight, torch.Tensor):
             linears = [c for c in m.children() if isinstance(c, nn.Linear)]
-            weight = linears[0].weight if len(linears) == 1 else None
-        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            if len(linears) == 1:  # (its out_features: a quantized weight is packed)
+                found.append((name, m, int(linears[0].out_features)))
+            continue
+        if weight.dim() == 2:
             found.append((name, m, int(weight.shape[0])))
     return found
 

@@ -81,7 +81,7 @@ class Shards:
     # `over` (the data-parallel groups among `groups`; the others hold the same rows)
     batch: tuple[int, int] | None = None
     over: tuple[Any, ...] = ()
-    who: str = ""  # whose tensor (layer, call, kind): the ranks' rows agree by it too
+    who: Any = None  # whose tensor (layer, call, kind): the ranks' rows agree by it too
 
 
 @dataclass(slots=True)
@@ -334,7 +334,7 @@ class ShardBook:
         """Row `row` merged over `groups` (a DTensor's shards) and, for an activation or its
         gradient (`stats` given; `context`, the collector's: which) of a data-parallel model,
         over the batch's groups too."""
-        who = "#".join(map(str, context)) if isinstance(context, tuple) else ""
+        who = context if isinstance(context, tuple) else None
         if stats is None or not self.batch_groups or not stats.shape:
             self.shards.append(Shards(row, groups, who=who))
             return

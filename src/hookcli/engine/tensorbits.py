@@ -42,7 +42,7 @@ def padding_of(
     output (a 3-D tensor whose first dimension is batch x heads could match by its size),
     not a routed expert's (a loop-style MoE hands each expert Linear its tokens in routing
     order). A 2-D tensor of (batch, tokens) sizes is not TOKENS where its call has features
-    as its columns (`rows_only`: a Linear's, a classifier's; the model's pooled output)."""
+    as its columns (`rows_only`: a Linear's, a classifier's; a model's `pooler_output`)."""
     dims = len(shape)
     if dims < 2:
         return 0
@@ -51,7 +51,7 @@ def padding_of(
     if dims == 4 and shape[0] == batch and shape[2] == shape[3] == tokens:
         return ATTENTION
     if shape[0] == batch and shape[1] == tokens:
-        features = name in rows_only or (name == "(model)" and "pooler_output" in path)
+        features = name in rows_only or "pooler_output" in path
         return 0 if dims == 2 and features else TOKENS
     if dims != 2 or shape[0] != batch * tokens or not isinstance(name, str):
         return 0  # (not a layer call's tensor: its rows are not known to be positions)

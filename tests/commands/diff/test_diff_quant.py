@@ -373,6 +373,14 @@ def test_a_folder_side_whose_weights_do_not_all_load_is_refused(
         )  # fmt: skip
         assert_one_line_error(r, 2, "weights do not fit", says)
         assert not out.exists()
+    # the model built without its head (--head base): the folder's head has no place in
+    # it, as in model A's own load; said, not refused
+    r = runner.invoke(
+        app, ["diff", f"hf:{tiny_llama}", "--head", "base", "--text", LINES[0],
+              "--b", f"hf:{tiny_llama}", "-f", "json"],
+    )  # fmt: skip
+    assert r.exit_code in (0, 1), r.stderr
+    assert any("not taken lm_head.weight" in n for n in json.loads(r.stdout)["notes"])
     cut = tmp_path / "cut"
     cut.mkdir()
     (cut / "config.json").write_text((tiny_llama / "config.json").read_text())

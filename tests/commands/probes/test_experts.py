@@ -208,6 +208,34 @@ def test_routers_holding_their_weight_in_a_linear_are_read() -> None:
         assert got[name] == torch.bincount(picked, minlength=4).tolist(), name
 
 
+def test_a_routers_packed_linear_counts_its_experts_by_out_features() -> None:
+    """A quantized router Linear (bitsandbytes packs its weight: (n_packed, 1)) has as many
+    experts as its out_features, not its weight's first dimension."""
+
+    class Packed(torch.nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(8, 4, bias=False)
+            self.dense = self.weight.detach().clone()
+            self.weight = torch.nn.Parameter(torch.zeros(16, 1))  # packed bytes
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.dense.T
+
+    class GateRouter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = Packed()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.proj(x)
+            return logits, logits.topk(2, dim=-1).indices
+
+    report = hookcli.inspect(GateRouter(), torch.randn(5, 8), topk=0)
+    assert report.experts is not None
+    (e,) = report.experts
+    assert e.experts == 4 and sum(e.counts) == 10
+
+
 def test_expert_rules_that_read_no_router_fail_saying_why() -> None:
     """--fail-on dead-experts on a model without a router passed ("not a mixture-of-experts
     model"): a rule that checked nothing fails, and says it read no router."""

@@ -92,6 +92,35 @@ def test_a_sequence_first_multihead_attention_has_each_sequences_heads() -> None
             assert r.top_share == pytest.approx(share, rel=1e-5)
 
 
+def test_a_batch_first_input_made_sequence_first_inside_keeps_its_batch() -> None:
+    """CLIP and DETR transpose a batch-first input before a sequence-first MultiheadAttention:
+    the batch is the input's first dimension there (the second, 5 tokens here, left every
+    call out)."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(8, 2)
+    x = torch.randn(3, 5, 8)  # 3 sequences, batch first
+    report = hookcli.inspect(Transposed(attn).eval(), x, heads=True)
+    assert report.heads is not None and len(report.heads) == 6
+    w, bias = attn.in_proj_weight.detach(), attn.in_proj_bias.detach()
+    q = (x[1] @ w[:8].T + bias[:8]).view(5, 2, 4).transpose(0, 1)
+    k = (x[1] @ w[8:16].T + bias[8:16]).view(5, 2, 4).transpose(0, 1)
+    probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1).double()
+    (sink, entropy, _top, _share, _n), _ = numbers_by_hand([probs])
+    got = next(r for r in report.heads if r.sequence == 1 and r.head == 0)
+    assert got.sink == pytest.approx(sink, rel=1e-5)
+    assert got.entropy == pytest.approx(entropy, rel=1e-5)
+
+
+class Transposed(nn.Module):
+    def __init__(self, attn: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(0, 1)  # (tokens, batch, features)
+        return self.attn(y, y, y)[0].transpose(0, 1)
+
+
 class SeqFirst(nn.Module):
     def __init__(self, attn: nn.MultiheadAttention) -> None:
         super().__init__()

@@ -648,11 +648,13 @@ class HfFolder(_QuantKind):
                 "install what its quantization needs, or diff it where it runs (--device).",
             ) from exc
         wrong = misfits(info)
-        if wrong:  # a side part random is no side of this model
-            raise UsageError(
+        if wrong and not all(w.startswith("not taken") for w in wrong):
+            raise UsageError(  # (a side part random is no side of this model)
                 f"{side}'s weights do not fit {type(other).__name__}: {'; '.join(wrong)}.",
                 "give a folder saved with save_pretrained from this model's architecture.",
             )
+        if wrong:  # weights the class has no place for (a head, for a base model): said
+            prepared.notes.append(f"side {side}: the folder's weights {wrong[0]}")
         other.train(module.training)
         _retarget(prepared, other)
         prepared.notes.append(
