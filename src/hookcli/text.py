@@ -13,6 +13,7 @@ the renderers handing Rich `Text` objects, never markup strings.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # bidirectional controls: invisible, and they reorder the text around them
@@ -35,6 +36,12 @@ def escape(text: str) -> str:
     if text.isprintable():  # nearly always: nothing to do
         return text
     return "".join(_char(ch) for ch in text)
+
+
+def few(items: Sequence[str], n: int = 3) -> str:
+    """The first n items, comma-joined, and how many more there are: "a, b, c (+4 more)"."""
+    shown = ", ".join(items[:n])
+    return shown + (f" (+{len(items) - n} more)" if len(items) > n else "")
 
 
 def markdown(text: str) -> str:

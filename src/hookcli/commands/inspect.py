@@ -50,6 +50,7 @@ from hookcli.records import (
 )
 from hookcli.runtime import gcpause, isa
 from hookcli.sources import LoadedModel
+from hookcli.text import few
 from hookcli.tree import iter_tensors
 
 RANDOM_WEIGHTS_NOTE = "weights are random (--weights none): predictions are meaningless"
@@ -226,11 +227,9 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
                 if p.requires_grad and not is_sharded(p)
             ]  # fmt: skip
             if plain:
-                shown = ", ".join(plain[:4]) + (
-                    f" (+{len(plain) - 4} more)" if len(plain) > 4 else ""
-                )
                 notes.append(
-                    f"parameters FSDP2 does not manage (plain tensors, not DTensors): {shown}: "
+                    f"parameters FSDP2 does not manage (plain tensors, not DTensors): "
+                    f"{few(plain, 4)}: "
                     "their gradients are this rank's own, not averaged over the ranks"
                 )
     if measured.armed.backward and any(PART in (t.note or "") for t in measured.outputs):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from hookcli.sources.model import LoadedModel
 from hookcli.sources.skeleton import META, OFFLOAD, TP
 from hookcli.sources.statedict import load_state_dict_file
 from hookcli.sources.tasks import Task
+from hookcli.text import few
 
 # --head: the Auto class each head is built with
 HEADS: dict[str, str] = {
@@ -483,9 +484,9 @@ def _pretrained(
             "model*.safetensors files and their index are the weights.",
         ) from cause
     parts = misfits(info)
-    unexpected = sorted(info.get("unexpected_keys") or ())
-    if built == "base" and unexpected and len(parts) == 1 and parts[0].startswith("not taken"):
-        notes.append(f"--head base: the checkpoint's {_keys(unexpected)} left out")
+    if built == "base" and unused_only(info):
+        unexpected = sorted(info["unexpected_keys"])
+        notes.append(f"--head base: the checkpoint's {few(unexpected, 4)} left out")
         return model
     if not parts:
         return model
@@ -604,6 +605,14 @@ def saved_dtype(config: Any) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else torch.float32
 
 
+def unused_only(info: dict[str, Any]) -> bool:
+    """Whether the only misfit in from_pretrained's loading info is weights the class has no
+    place for (a head, for the bare model): every parameter got its weight."""
+    return bool(info.get("unexpected_keys")) and not (
+        info.get("missing_keys") or info.get("mismatched_keys")
+    )
+
+
 def misfits(info: dict[str, Any]) -> list[str]:
     """What from_pretrained's loading info says did not fit: parameters the checkpoint
     does not hold (they would start random), weights the class does not take, weights of
@@ -614,7 +623,7 @@ def misfits(info: dict[str, Any]) -> list[str]:
         str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ()
     )
     return [
-        f"{what} {_keys(keys)}"
+        f"{what} {few(keys, 4)}"
         for what, keys in (
             ("missing (would start random)", missing),
             ("not taken", unexpected),
@@ -622,11 +631,6 @@ def misfits(info: dict[str, Any]) -> list[str]:
         )
         if keys
     ]
-
-
-def _keys(keys: Sequence[str]) -> str:
-    shown = ", ".join(keys[:4])
-    return shown + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "")
 
 
 def _from_saved(

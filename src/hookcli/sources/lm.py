@@ -481,7 +481,7 @@ def generated_of(
         f"{steps} forward{'s' if steps != 1 else ''}: each layer's call 0 is the prompt, call k "
         "the k-th new token (with the KV cache)"
     )
-    ended = _ended_early(new, loaded)
+    ended = _ended_early(new, steps, loaded)
     if ended:
         shown = ", ".join(f"sequence {seq} at new token {at}" for seq, at in ended[:4])
         said += (
@@ -492,13 +492,12 @@ def generated_of(
     return out, said
 
 
-def _ended_early(new: list[list[int]], loaded: LoadedModel) -> list[tuple[int, int]]:
+def _ended_early(new: list[list[int]], steps: int, loaded: LoadedModel) -> list[tuple[int, int]]:
     """(sequence, the new token that ended it) of each sequence whose end token came before
     the last step: generate goes on feeding it padding while the others run."""
     config = getattr(loaded.module, "generation_config", None)
     eos = getattr(config, "eos_token_id", None)
     ends = set(eos if isinstance(eos, list | tuple) else [eos]) - {None}
-    steps = max((len(ids) for ids in new), default=0)
     out = []
     for seq, ids in enumerate(new):
         at = next((k for k, t in enumerate(ids) if t in ends), None)

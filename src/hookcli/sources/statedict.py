@@ -15,6 +15,7 @@ from torch import nn
 
 from hookcli.errors import UsageError, not_a_file, one_line
 from hookcli.io.output import note_read
+from hookcli.text import few
 
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
 
@@ -76,11 +77,6 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _few(items: list[str], n: int = 3) -> str:
-    shown = ", ".join(items[:n])
-    return shown + (f" (+{len(items) - n} more)" if len(items) > n else "")
-
-
 def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
     sd = read_state_dict(path)
     expected = model.state_dict()
@@ -93,11 +89,11 @@ def load_state_dict_file(model: nn.Module, path: Path, label: str) -> None:
     ]
     problems = []
     if missing:
-        problems.append(f"{len(missing)} missing: {_few(missing)}")
+        problems.append(f"{len(missing)} missing: {few(missing)}")
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected: {_few(unexpected)}")
+        problems.append(f"{len(unexpected)} unexpected: {few(unexpected)}")
     if mismatched:
-        problems.append(f"{len(mismatched)} of another shape: {_few(mismatched, 2)}")
+        problems.append(f"{len(mismatched)} of another shape: {few(mismatched, 2)}")
     if problems:
         raise UsageError(
             f"{path} does not fit {label}: " + "; ".join(problems) + ".",

@@ -23,6 +23,7 @@ import torch
 
 from hookcli.commands.diff import ondevice
 from hookcli.commands.diff.tokens import TokenAccumulator
+from hookcli.engine.measure import rows_only
 from hookcli.engine.tensorbits import ATTENTION, FLAT, padding_of, unpadded
 from hookcli.errors import UsageError
 from hookcli.records import DiffCall, TensorDiff
@@ -510,7 +511,12 @@ class RealPositions:
         self.host = self.index.cpu().numpy()
         self.rows_only = rows_only
 
-    def how(self, shape: Sequence[int], context: Key, path: str) -> int:
+    @classmethod
+    def of_pass(cls, mask: torch.Tensor | None, targets: Any, model: Any) -> RealPositions | None:
+        """A pass's real positions: None where its input is no padded text batch."""
+        return None if mask is None else cls(mask, rows_only(targets, model))
+
+    def how(self, shape: Sequence[int], context: Key | None, path: str) -> int:
         return padding_of(shape, self.shape, context, path, self.rows_only)
 
     def of(self, x: Any, how: int) -> Any:
@@ -531,11 +537,12 @@ def measure(
     got: torch.Tensor,
     *,
     positions: bool = False,
-    real: tuple[RealPositions, Key] | None = None,
+    real: RealPositions | None = None,
+    context: Key | None = None,
 ) -> None:
     """One tensor against the reference's, into its accumulator. `positions`: the model's
     output, whose (batch, tokens, C) tensors also get each position's error. `real`: a padded
-    batch's real positions and the call measured, only they compared (padding left out)."""
+    batch's real positions, only they compared (padding left out), in the call `context`."""
     got = dense(got)
     acc = accs.setdefault(path, ErrorSums(tuple(got.shape)))
     if ref is None:
@@ -545,33 +552,37 @@ def measure(
         acc.notes.add(f"shapes differ: {shape_label(ref.shape)} vs {shape_label(tuple(got.shape))}")
         return
     first = acc.numel + sum(n for _, n, _ in acc.pending) == 0  # got is all there is
-    how = 0 if real is None else real[0].how(got.shape, real[1], path)
+    how = 0 if real is None else real.how(got.shape, context, path)
     rows = positions and first and got.dim() == 3 and got.is_floating_point()
     if isinstance(ref, torch.Tensor):  # on CUDA, side by side (ondevice.py)
         same = ref.device == got.device and ondevice.on_device(got)
-        if same and _there(acc, ref, got, rows, (real[0], how) if how and real else None):
+        if same and _there(acc, ref, got, rows=rows, real=real if how else None, how=how):
             return
         # another device (the int8 twin's CPU), another stream: as a host array
         ref = as_array(ondevice.after_writes(ref))
-    a, b = (real[0].of(ref, how), real[0].of(got, how)) if how and real else (ref, got)
+    a, b = (real.of(ref, how), real.of(got, how)) if how and real else (ref, got)
     got_sums = sums(a, b)
     if got_sums[5] and not acc.nonfinite:  # the first time this tensor parts ways
         acc.notes.add(why_not_finite(a, b))
     acc.add(got_sums, b.numel())
-    # (one batch's positions, padding among them: a folder of batches keeps none)
-    acc.rows = position_sums(ref, got) if rows else None if not first else acc.rows
+    if rows:  # (one batch's positions, padding among them)
+        acc.rows = position_sums(ref, got)
+    elif not first:  # (a folder of batches keeps none)
+        acc.rows = None
 
 
 def _there(
     acc: ErrorSums,
     ref: torch.Tensor,
     got: torch.Tensor,
+    *,
     rows: bool,
-    real: tuple[RealPositions, int] | None,
+    real: RealPositions | None,
+    how: int,
 ) -> bool:
     """`measure` on the device: the sums (and the output's per-position errors) kept there
     until `settle`; False when their float64 working copies do not fit (the host measures)."""
-    a, b = (real[0].of(ref, real[1]), real[0].of(got, real[1])) if real else (ref, got)
+    a, b = (real.of(ref, how), real.of(got, how)) if real else (ref, got)
     try:
         measured = ondevice.sums(a, b)
         at = ondevice.position_sums(ref, got) if rows else None

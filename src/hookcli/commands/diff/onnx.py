@@ -27,7 +27,6 @@ from hookcli.commands.diff.measure import (
     class_scores,
     measure,
 )
-from hookcli.engine.measure import rows_only
 from hookcli.engine.prepare import Prepared
 from hookcli.errors import ModelError, UsageError
 from hookcli.inputs import ModelInput
@@ -155,10 +154,8 @@ def onnx_pass(
             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
             "compare another side; the exported graph does not run as it is.",
         ) from exc
-    mask = model_input.token_mask  # a padded text batch: its padding enters no figure
-    real = None
-    if mask is not None:
-        real = RealPositions(mask, rows_only(prepared.targets, prepared.loaded.module))
+    # a padded text batch: its padding enters no figure
+    real = RealPositions.of_pass(model_input.token_mask, prepared.targets, prepared.loaded.module)
     for rank, (name, call, outs) in enumerate(calls):
         if not outs:
             continue
@@ -166,10 +163,9 @@ def onnx_pass(
         compared.order.setdefault((name, call), rank)
         got = torch.from_numpy(np.asarray(values[outs[-1]]))
         key = (name, call, "out")
-        measure(accs, "out", spill.read(key), got, real=None if real is None else (real, key))
+        measure(accs, "out", spill.read(key), got, real=real, context=key)
     first = torch.from_numpy(np.asarray(values[graph.output[0].name]))
     model = ("(model)", 0, "out")
-    at = None if real is None else (real, model)
-    measure(compared.outputs, "out", spill.read(model), first, real=at)
+    measure(compared.outputs, "out", spill.read(model), first, real=real, context=model)
     compared.agree(spill.read(SCORES), class_scores(prepared.loaded, first), model_input.sources)
     compared.note_missing(spill.index, "not in the ONNX graph (no node of its own)")

@@ -27,7 +27,6 @@ from hookcli.commands.diff.measure import (
 from hookcli.commands.diff.sides import SideRun
 from hookcli.commands.diff.tokens import TokenAccumulator
 from hookcli.engine.hooks import HookSession, PendingCall
-from hookcli.engine.measure import rows_only
 from hookcli.engine.passes import hooked_pass
 from hookcli.inputs import ModelInput
 from hookcli.sources.hfbase import logits_of
@@ -93,8 +92,8 @@ def compared_pass(
     predictions are not its own, so they are not compared. `exclude`: HookSession's (another
     pass of this side runs on the same model at the same time)."""
     p = run.prepared
-    mask = model_input.token_mask  # a padded text batch: its padding enters no figure
-    real = None if mask is None else RealPositions(mask, rows_only(p.targets, p.loaded.module))
+    # a padded text batch: its padding enters no figure
+    real = RealPositions.of_pass(model_input.token_mask, p.targets, p.loaded.module)
     # this pass's calls, added to `compared` once its forward is over: a forward that fails
     # and runs again with gradients (hooked_pass) forgets its first try's calls
     calls: dict[tuple[str, int], tuple[str, dict[str, ErrorSums]]] = {}
@@ -112,7 +111,7 @@ def compared_pass(
         key = (c.name, c.call, "out")
         with ref.get(*key) as lookup:
             for path, t in floats(output):
-                measure(accs, path, lookup(path), t, real=None if real is None else (real, key))
+                measure(accs, path, lookup(path), t, real=real, context=key)
 
     def pace(pending: PendingCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ref.pace()
@@ -165,8 +164,8 @@ def compared_pass(
         settle(acc for _, accs in calls.values() for acc in accs.values())  # one transfer
         compared.add_calls(calls, order)
         for path, t in floats(result.output):
-            at = None if real is None else (real, MODEL)
-            measure(compared.outputs, path, lookup(path), t, positions=True, real=at)
+            at = lookup(path)
+            measure(compared.outputs, path, at, t, positions=True, real=real, context=MODEL)
         settle(compared.outputs.values())
         if not isolate:
             scores = class_scores(p.loaded, result.output)

@@ -604,7 +604,7 @@ class HfFolder(_QuantKind):
         module = _hf_model(prepared, side)
         from hookcli.sources import quiet_warnings
         from hookcli.sources.base import import_extra
-        from hookcli.sources.hf import misfits, unreadable
+        from hookcli.sources.hf import misfits, unreadable, unused_only
 
         tf = import_extra("transformers", "hf", f"{side} sides")
         try:
@@ -648,7 +648,7 @@ class HfFolder(_QuantKind):
                 "install what its quantization needs, or diff it where it runs (--device).",
             ) from exc
         wrong = misfits(info)
-        if wrong and not all(w.startswith("not taken") for w in wrong):
+        if wrong and not unused_only(info):
             raise UsageError(  # (a side part random is no side of this model)
                 f"{side}'s weights do not fit {type(other).__name__}: {'; '.join(wrong)}.",
                 "give a folder saved with save_pretrained from this model's architecture.",
