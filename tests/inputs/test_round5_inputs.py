@@ -629,19 +629,9 @@ def test_library_warnings_stay_off_the_command_lines_stderr(llama: Path, tmp_pat
 
 @pytest.fixture(scope="module")
 def bart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.llm import make_tokenizer
+    from tests.support.llm import save
 
-    where = tmp_path_factory.mktemp("r5_bart")
-    torch.manual_seed(0)
-    config = transformers.BartConfig(
-        vocab_size=320, d_model=32, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=2,
-    )  # fmt: skip
-    transformers.BartForConditionalGeneration(config).save_pretrained(where)
-    make_tokenizer().save_pretrained(where)
-    return where
+    return save(tmp_path_factory.mktemp("r5_bart"), "bart")
 
 
 def test_target_text_gives_a_seq2seq_model_its_teacher_forced_loss_and_gradients(

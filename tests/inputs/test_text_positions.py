@@ -177,18 +177,8 @@ def test_a_left_padded_seq2seq_batch_says_its_positions_count_from_the_first_col
     a short text runs at the positions its padding pushed it to, and its numbers differ from
     the text's alone (the oracle: the encoder's output for the text alone) — said, never
     silent; padded on the right, nothing to say."""
-    from tests.support.llm import make_tokenizer
-
-    torch.manual_seed(0)
-    config = transformers.BartConfig(
-        vocab_size=320, d_model=32, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-        decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=2,
-    )  # fmt: skip
-    model = transformers.BartForConditionalGeneration(config).eval()
-    model.save_pretrained(tmp_path)
-    make_tokenizer().save_pretrained(tmp_path)
+    save(tmp_path, "bart")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     layer = "model.encoder.layers.0"
     said = "an encoder-decoder gets no position_ids"
     options: dict[str, Any] = {"text": TEXTS, "layers": [layer], "topk": 0, "device": "cpu"}

@@ -44,6 +44,13 @@ MOE = {
     "num_experts_per_tok": 2, "max_position_embeddings": 64,
 }  # fmt: skip
 
+BART = {  # an encoder-decoder with learned positions
+    "vocab_size": VOCAB, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,
+    "eos_token_id": 2, "decoder_start_token_id": 2,
+}  # fmt: skip
+
 
 CONFIGS = {
     "llama": lambda: transformers.LlamaForCausalLM(llama_config()),
@@ -54,6 +61,7 @@ CONFIGS = {
         transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     ),
     "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(**MOE)),
+    "bart": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(**BART)),
 }
 
 
