@@ -596,6 +596,7 @@ def test_names_the_text_escaper_rewrites_still_link(browser: Any, tmp_path: Path
     path.write_text(report_html(report), encoding="utf-8")
     with opened(browser, path) as page:
         page.click("#banner a")
+        page.wait_for_selector("#calls tr.target")  # (marked by the click's handler: a task)
         assert page.eval_on_selector("#calls tr.target", "t => +t.dataset.i") == 2
         assert page.eval_on_selector("#detail h3", "h => h.textContent") == (
             'bad\\u2028log</script>\\u202e"&#'
