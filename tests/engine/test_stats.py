@@ -324,6 +324,47 @@ def test_tensors_measured_together_match_the_oracle(
             assert stats.values == want, name
 
 
+def test_parameters_measured_at_once_match_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """params_now (grads' parameters and their gradients, each a plain CPU float32 tensor):
+    the weights' norms and the gradients' statistics, in two kernel calls, filled at once,
+    equal float64 torch and what norms()/add() give each alone, a small one's elements too;
+    where one gradient is not measured together (a lazily negated view), or was measured in
+    the pass already, it answers None and the caller takes the two calls."""
+    calls = _together_calls("kernel", monkeypatch)
+    plain = [
+        (t, name)
+        for name, t in CASES.items()
+        if t.dtype is torch.float32
+        and t.is_contiguous()
+        and 0 < t.numel() <= 1 << 14
+        and t.layout is torch.strided
+    ]
+    # cancellation: E[x²] dwarfs the variance (the rows worked out one by one)
+    plain.append((1e4 + torch.linspace(-1e-2, 1e-2, 300), "cancelling"))
+    assert any(t.isnan().any() for t, _ in plain) and any(0 < t.numel() <= 16 for t, _ in plain)
+    weights = [t.flip(0).contiguous() for t, _ in plain]
+    collector = StatsCollector(backend="kernel")
+    got = collector.params_now(weights, plain)
+    assert got is not None and calls == [2]
+    norms, measured = got
+    for w, norm in zip(weights, norms, strict=True):
+        want = oracle(w)["norm"]
+        assert norm == (None if want is None else pytest.approx(want, rel=2e-5)), norm
+    for (t, name), stats in zip(plain, measured, strict=True):
+        alone = StatsCollector(backend="kernel")
+        one = alone.add(t, name, positions=False)
+        alone.finalize()
+        assert (stats.path, stats.shape, stats.values) == (name, tuple(t.shape), one.values)
+        assert_stats_match(stats, t)
+        for field in ("mean", "std", "min", "max", "zeros", "nan", "inf", "norm"):
+            assert getattr(stats, field) == getattr(one, field), (name, field)
+    negated = torch._neg_view(torch.arange(4.0))
+    assert StatsCollector(backend="kernel").params_now(weights, [*plain, (negated, "n")]) is None
+    seen = StatsCollector(backend="kernel")
+    seen.add(plain[0][0], "out")
+    assert seen.params_now(weights, plain) is None
+
+
 @pytest.mark.parametrize("shape", [(3,), (300, 400)])
 def test_autograds_memoryless_zeros_are_measured_as_zeros(shape: tuple[int, ...]) -> None:
     """A ZeroTensor (autograd's zeros with no memory behind them: data_ptr 0) is measured as

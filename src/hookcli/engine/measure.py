@@ -338,17 +338,16 @@ def measure_params(
     backward; a folder run's sum over the batches), measured by the collector."""
     every = [(p, name) for own in params.values() for name, p in own]
     grads = [grad_of(p) for p, _ in every]
+    named = [
+        (g, f"{name}.grad") for (_, name), g in zip(every, grads, strict=True) if g is not None
+    ]
     # the small ones measured together: the weights' norms, then the gradients
-    norms = iter(collector.norms(every))
-    measured = iter(
-        collector.add_whole(
-            [
-                (g, f"{name}.grad")
-                for (_, name), g in zip(every, grads, strict=True)
-                if g is not None
-            ]
-        )
-    )
+    now = collector.params_now([p for p, _ in every], named)
+    norms: Iterator[float | TensorStats | None]
+    if now is not None:
+        norms, measured = iter(now[0]), iter(now[1])
+    else:
+        norms, measured = iter(collector.norms(every)), iter(collector.add_whole(named))
     got = iter(grads)
     return {
         target: [

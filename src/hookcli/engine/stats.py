@@ -18,19 +18,16 @@ Three ways to fill a row:
   a sum of bools and isfinite stream near 1 GB/s, so they are not used: a finite sum and sum
   of squares prove the data holds no NaN/Inf.
 * CPU floating point, once loaded: numba kernels (`kernel_row`), one fused pass for all five
-  sums at the speed of `sum` alone (see benchmarks/overhead.py). Loading numba costs about a
-  second per process: runtime.preload does it in a background thread from `import hookcli`
-  (not in the `hookcli` command), and a collector takes the kernels as soon as they are
-  there; with the load in flight it waits for it once the process has measured `_WAIT_AFTER`
-  bytes with torch ops. Where nothing started a load (the command), they are loaded after
-  `_KERNEL_AFTER` bytes.
+  sums at the speed of `sum` alone (benchmarks/overhead.py). Loading numba costs ~1 s a
+  process: runtime.preload starts it from `import hookcli` (not in the command); a collector
+  takes the kernels once there, waiting for a load in flight past `_WAIT_AFTER` bytes
+  measured with torch ops; with no load started, it loads them after `_KERNEL_AFTER` bytes.
   Both CPU paths accumulate in float64 and agree to rounding (~1e-15). Each result is trusted
   only when provably sound: a non-finite sum means NaN/Inf are present (the careful path then
   counts them and excludes them), and a variance small against the mean square means
   cancellation (a centred pass then fixes it). On the CPU, branching on a result costs nothing.
-  A contiguous float32 tensor of at most `TOGETHER` elements is copied as the hook sees it
-  and measured after the pass with the others, in one kernel call (engine/cpurow.py `Later`:
-  a call per tiny tensor cost more than the copy).
+  A contiguous float32 tensor of at most `TOGETHER` elements is copied as the hook sees it and
+  measured after the pass with the others in one kernel call (engine/cpurow.py `Later`).
 * Everything else (GPU, MPS, integers, bool) and the careful case: `torch_row`, torch ops
   that never synchronise, accumulating in float64 (float32 on MPS, which lacks float64).
 
@@ -115,6 +112,11 @@ _WAIT_AFTER = 64 << 20
 # --channels by torch ops reads a tensor about this many times (a float64 copy, var_mean,
 # aminmax, the counts, the kurtosis' moments): its bytes count so many times toward loading.
 CHANNEL_PASSES = 10
+
+
+def _norm_of(row: Row) -> float | None:
+    """A row's norm over its finite elements; None where it has none."""
+    return row[NORM] if row[COUNT] > 0 and math.isfinite(row[NORM]) else None
 
 
 def _load_kernels() -> Kernels | None:
@@ -328,6 +330,24 @@ class StatsCollector:
                     self._values[at] = got
         return out
 
+    def params_now(
+        self, weights: Sequence[torch.Tensor], grads: Sequence[tuple[torch.Tensor, str]]
+    ) -> tuple[list[float | None], list[TensorStats]] | None:
+        """`norms(weights)`, `add_whole(grads)` by two kernel calls, filled now (issue 52), where
+        all are measured together on the CPU and no gradient was seen in the pass; else None."""
+        kinds, _, _ = self._together([*weights, *(g for g, _ in grads)])
+        seen = self._seen  # (a live entry: an id of a freed tensor may be a gradient's now)
+        if not all(kinds) or any((hit := seen.get(id(g))) and hit[0]() is g for g, _ in grads):
+            return None
+        assert self._kernels is not None  # (nothing is together without them)
+        norms = [_norm_of(row) for row in segment_rows(weights, self._kernels)]
+        elements: list[list[float | None] | None] = []
+        rows = segment_rows([g for g, _ in grads], self._kernels, elements, SMALL)
+        return norms, [
+            fill(TensorStats(path, tuple(g.shape), "float32", g.numel(), values=got), row)
+            for (g, path), row, got in zip(grads, rows, elements, strict=True)
+        ]
+
     def norms(
         self, tensors: Sequence[tuple[torch.Tensor, str]]
     ) -> list[float | TensorStats | None]:
@@ -353,8 +373,7 @@ class StatsCollector:
             assert self._kernels is not None  # (nothing is together without them)
             found = segment_rows(together, self._kernels)
             for at, row in zip(places, found, strict=True):
-                norm = row[NORM]
-                out[at] = norm if row[COUNT] > 0 and math.isfinite(norm) else None
+                out[at] = _norm_of(row)
         return out
 
     def _together(
