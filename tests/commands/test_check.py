@@ -223,6 +223,51 @@ def test_baseline_round_trip(tmp_path: Path) -> None:
     assert r.exit_code == 0 and json.loads(again.read_text())["schema"] == 2
 
 
+_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.act, self.head = nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.act(self.body(x)){cut})
+"""
+
+
+def test_baseline_fails_when_gradients_vanish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose graph was cut (a `.detach()` before the head: the body no longer learns)
+    runs the same calls as its baseline, with the same forward numbers; every gradient the
+    cut removed is a failure that names it, never left out of the comparison."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(_NET.format(cut=""))
+    args = ["net.py:Net", "--input", "randn:2x8", "--target", "sum"]
+    r = run("grads", *args, "--save-baseline", "base.json", "-o", "r.json")
+    assert r.exit_code == 0, r.stderr
+    r = run("check", *args, "--backward", "--baseline", "base.json")
+    assert r.exit_code == 0 and "PASS baseline" in r.stdout, r.stdout
+    (tmp_path / "net.py").write_text(_NET.format(cut=".detach()"))
+    r = run("check", *args, "--backward", "--baseline", "base.json", "-f", "json")
+    assert r.exit_code == 1, r.stdout
+    (result,) = json.loads(r.stdout)["checks"]
+    lost = {f["message"] for f in result["failures"]}
+    for where in (
+        "body call 0 param_grad weight",
+        "body call 0 grad_output out",
+        "act call 0 grad_input in[0]",
+    ):
+        assert f"{where}: vanished (in the baseline, not in this run)" in lost, lost
+    # a lower gradient-norm bound fails the parameters no gradient reached (the upper alone not)
+    r = run("check", *args, "--grad-norm", "1e-8:1e3")
+    assert r.exit_code == 1 and "body call 0 weight.grad: no gradient (vanishing)" in r.stdout
+    assert run("check", *args, "--grad-norm", ":1e3").exit_code == 0
+
+
 @pytest.fixture
 def baselines(tmp_path: Path) -> dict[str, str]:
     other_schema = {"schema": 99, "model": {"spec": "resnet18"}, "layers": []}

@@ -642,6 +642,11 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
     for c in report.layers:
         grads = [(f"grad_output {g.path}", g) for g in c.grad_outputs or []]
         grads += [(f"{p.name}.grad", p.grad) for p in c.params or [] if p.grad is not None]
+        for p in c.params or [] if lo is not None else []:
+            if p.grad is None and p.requires_grad:  # none reached it: vanished entirely
+                checked += 1
+                where = (c.name, c.call, f"{p.name}.grad")
+                bad.append((c, _failure(where, "no gradient (vanishing)", "absent", lo)))
         for what, g in grads:
             where = (c.name, c.call, what)
             if g.inf:  # the norm is over the finite elements: Inf is beyond any bound
@@ -666,7 +671,8 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
         return CheckResult(
             "grad-norm", True, f"every gradient norm within {span} ({checked} checked)"
         )
-    odd = " or not finite" if any(isinstance(f.value, str) for _, f in bad) else ""
+    odd = " or not finite" if any(f.value in ("Inf", "NaN") for _, f in bad) else ""
+    odd += " or absent" if any(f.value == "absent" for _, f in bad) else ""
     message = f"{len(bad)} gradients with norms outside {span}{odd}"
     return _failed("grad-norm", message, bad, backward=True)
 
