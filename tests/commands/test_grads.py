@@ -72,6 +72,40 @@ def test_resnet18_in_place_relu_calls_each_get_their_gradient() -> None:
     assert relu[0].grad_inputs[0].norm == pytest.approx(bn1.grad_outputs[0].norm, rel=1e-9)
 
 
+class _RootHeld(nn.Module):
+    """A ViT's habit: the model itself holds its class token and position term."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.randn(1, 1, 8))
+        self.pos = nn.Parameter(torch.zeros(1, 5, 8))  # d sqrt(|p|)/dp at 0: not finite
+        self.proj, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)
+        return self.head((self.proj(t) + self.pos.abs().sqrt())[:, 0])
+
+
+def test_parameters_the_model_itself_holds_are_measured_and_checked() -> None:
+    """The root's own parameters (timm's and torchvision's ViT class token and position
+    embedding) get their gradients against torch.autograd.grad, and a NaN in one fails
+    --fail-on nonfinite: by default the model is a selected module when it holds any."""
+    torch.manual_seed(0)
+    model = _RootHeld()
+    x = torch.randn(2, 4, 8)
+    report = hookcli.grads(model, x, target="sum", topk=0)
+    params = {p.name: p for c in report.layers if c.name == "(model)" for p in c.params or []}
+    assert set(params) == {"cls_token", "pos"}
+    want = torch.autograd.grad(model(x).sum(), [model.cls_token, model.pos])
+    got = params["cls_token"].grad
+    assert got is not None
+    assert_stats_match(got, want[0], rtol=1e-5, same_tensor=False)
+    pos = params["pos"].grad
+    assert pos is not None and pos.nan == int(want[1].isnan().sum()) > 0
+    checked = hookcli.check(model, x, fail_on=["nonfinite"], backward=True, target="sum")
+    assert not checked.checks[0].passed and "pos.grad" in checked.checks[0].failures[0].message
+
+
 def test_input_grad_and_the_users_grads_are_restored() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

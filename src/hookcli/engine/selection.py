@@ -355,7 +355,8 @@ def recount(entries: Sequence[ModuleEntry]) -> None:
 
 
 def _default(entry: ModuleEntry) -> bool:
-    """Every leaf, plus non-root modules that own parameters directly (their own compute).
+    """Every leaf, plus modules that own parameters directly (their own compute; the root
+    too: a ViT's class token and position embedding, whose gradients are the model's).
 
     MultiheadAttention holds `in_proj_weight` itself and never calls its `out_proj` as a
     module; without this rule the attention itself would go unseen.
@@ -364,7 +365,7 @@ def _default(entry: ModuleEntry) -> bool:
         return True
     if isinstance(entry.module, torch.jit.ScriptModule) and entry.unhookable is None:
         return True  # a TorchScript module is seen at its call only: its insides are not
-    return entry.own_params > 0 and entry.depth > 0
+    return entry.own_params > 0
 
 
 def _suggest(word: str, candidates: Sequence[str]) -> list[str]:
