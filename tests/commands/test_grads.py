@@ -106,6 +106,38 @@ def test_parameters_the_model_itself_holds_are_measured_and_checked() -> None:
     assert not checked.checks[0].passed and "pos.grad" in checked.checks[0].failures[0].message
 
 
+class _PlainGain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.gain = torch.ones(4, requires_grad=True)  # trained by hand: no Parameter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.gain * SCALE
+
+
+SCALE = torch.full((4,), 2.0, requires_grad=True)  # a global leaf the forward reads
+
+
+def test_leaves_that_are_no_parameters_keep_their_grad() -> None:
+    """A tensor attribute that requires grad but is no Parameter, and a global one the forward
+    reads: the backward reaches them as leaves, and grads leaves their .grad as it found it
+    (None stays None; the user's own gradient is not added to), run after run."""
+    model = _PlainGain()
+    x = torch.randn(2, 4)
+    mine = torch.full((4,), 7.0)
+    SCALE.grad = mine
+    for _ in range(2):
+        report = hookcli.grads(model, x, target="sum", topk=0)
+        assert model.gain.grad is None and SCALE.grad is mine and bool((mine == 7).all())
+    [call] = [c for c in report.layers if c.name == "lin"]
+    want = torch.autograd.grad(model(x).sum(), [model.lin.weight])[0]
+    weight = next(p for p in call.params or [] if p.name == "weight").grad
+    assert weight is not None
+    assert_stats_match(weight, want, rtol=1e-5, same_tensor=False)
+    SCALE.grad = None
+
+
 def test_input_grad_and_the_users_grads_are_restored() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

@@ -135,7 +135,8 @@ def hooked_pass(
                         session.memory.arm()  # (disarmed in `finally`)
                     beacon.at("in backward, before any hooked layer's gradient arrived")
                     t1 = _clock(timed)
-                    run_backward(loaded, value)
+                    with _strays_left_as_found(value, params):
+                        run_backward(loaded, value)
                     backward_ms = _clock(timed) - t1 if timed else None
                 if session.memory is not None:
                     session.memory.finish()
@@ -526,6 +527,35 @@ def grads_left_as_found(params: Sequence[torch.Tensor]) -> Iterator[None]:
                 p.grad = None
         for p, g in saved:
             p.grad = g
+
+
+@contextlib.contextmanager
+def _strays_left_as_found(value: torch.Tensor, params: Sequence[torch.Tensor]) -> Iterator[None]:
+    """The leaves the backward from `value` reaches besides `params` (a tensor attribute that
+    requires grad and is no Parameter, a global one): each .grad set aside for the backward
+    and put back after it, so the run neither writes nor adds to them."""
+    known = {id(p) for p in params}
+    strays: list[torch.Tensor] = []
+    seen: set[Any] = set()
+    stack = [value.grad_fn] if value.grad_fn is not None else []
+    while stack:  # (the graph's nodes once each: ~1 µs a node)
+        for node, _ in stack.pop().next_functions:
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            leaf = getattr(node, "variable", None)
+            if leaf is None:
+                stack.append(node)
+            elif id(leaf) not in known:
+                strays.append(leaf)
+    saved = [(t, t.grad) for t in strays]
+    try:
+        for t in strays:
+            t.grad = None
+        yield
+    finally:
+        for t, g in saved:
+            t.grad = g
 
 
 def _failing_layer(tb: TracebackType | None, names: Mapping[int, str]) -> str | None:
