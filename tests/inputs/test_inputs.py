@@ -119,6 +119,27 @@ def test_malformed_specs(spec: str) -> None:
         parse_spec(spec, 0)
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("randint:0:1000:1x12:int8", r"span \[\d+, \d+\], outside torch.int8's \[-128, 127\]"),
+        ("randint:-5:5:1x12:uint8", r"outside torch.uint8's \[0, 255\]"),
+        ("randint:0:70000:1x12:float16", r"outside torch.float16's"),
+        ("randint:0:9223372036854775808:1x2", "must be int64 numbers"),
+        ("randint:-9223372036854775809:0:1x2", "must be int64 numbers"),
+    ],
+)
+def test_a_cast_that_would_wrap_or_overflow_is_refused(spec: str, message: str) -> None:
+    """A spec's values outside its :DTYPE's range (int8 would make 200 into -56, float16
+    70000 into Inf) or bounds past int64 are a usage error, never values the draw did not
+    give; within the range the values are the draw's own."""
+    with pytest.raises(UsageError, match=message):
+        parse_spec(spec, 0)
+    (ids,) = parse_spec("randint:-100:100:64:int8", 0)
+    assert ids.dtype is torch.int8
+    assert torch.equal(ids.long(), parse_spec("randint:-100:100:64", 0)[0])
+
+
 def test_an_input_spec_too_large_for_memory_is_out_of_memory_not_a_bug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

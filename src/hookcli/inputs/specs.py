@@ -125,6 +125,11 @@ def _randint(raw: str, m: re.Match[str], gen: torch.Generator) -> torch.Tensor:
             f"{raw}: HIGH ({high}) must be above LOW ({low}); values are drawn from [LOW, HIGH).",
             "for example --input randint:0:1000:1x16",
         )
+    if low < -(2**63) or high >= 2**63:
+        raise UsageError(
+            f"{raw}: LOW and HIGH must be int64 numbers, within [-2^63, 2^63 - 1].",
+            "for example --input randint:0:1000:1x16",
+        )
     shape = spec_shape(raw, m.group(3))
     return torch.randint(low, high, shape, generator=gen)
 
@@ -218,6 +223,17 @@ def _cast(t: torch.Tensor, dtype: torch.dtype, spec: str) -> torch.Tensor:
             f"--input {spec!r} casts floating-point values to {dtype}: they would be truncated.",
             "use randint:LOW:HIGH:SHAPE for integer tensors.",
         )
+    if t.numel() and dtype != torch.bool and (dtype.is_floating_point or not t.is_complex()):
+        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+        finite = t[t.isfinite()] if t.is_floating_point() else t
+        low, high = (finite.min().item(), finite.max().item()) if finite.numel() else (0, 0)
+        if low < info.min or high > info.max:
+            # int8 would wrap 200 to -56; float16 would make 70000 an Inf
+            raise UsageError(
+                f"--input {spec!r}: its values span [{low:g}, {high:g}], outside {dtype}'s "
+                f"[{info.min:g}, {info.max:g}]; the cast would wrap or overflow them.",
+                "draw within the type's range, or use a wider type.",
+            )
     return t.to(dtype)
 
 
