@@ -379,6 +379,30 @@ def test_text_file_dash_reads_standard_input_once(llama: Path) -> None:
     assert json.loads(res.stdout)["input"]["description"].startswith("40 texts from standard")
 
 
+def test_a_text_files_bom_and_line_ends_read_as_standard_input_reads_them(
+    llama: Path, tmp_path: Path
+) -> None:
+    """A text file saved with a UTF-8 byte order mark (Notepad, Excel) and Windows line ends:
+    the mark is no text (no tokens of its own), CRLF ends a line, a lone CR inside a line
+    splits nothing, and the file reads as the same bytes through standard input do."""
+    from hookcli.cli import app
+
+    data = b"\xef\xbb\xbfThe cat\r\nA dog\rran\r\n"
+    (tmp_path / "t.txt").write_bytes(data)
+    args = ["inspect", f"hf:{llama}", "-l", "lm_head", "-f", "json", "--text-file"]
+    texts = []
+    for res in (
+        run(*args, str(tmp_path / "t.txt")),
+        CliRunner().invoke(app, [*args, "-"], input=data),
+    ):
+        assert res.exit_code == 0, res.output
+        texts.append(json.loads(res.stdout)["input"]["texts"])
+    assert texts[0] == texts[1]
+    assert [t["text"] for t in texts[0]] == ["The cat", "A dog\rran"]
+    plain = run(*args[:-1], "--text", "The cat", "-f", "json")
+    assert json.loads(plain.stdout)["input"]["texts"][0]["ids"] == texts[0][0]["ids"]
+
+
 def test_a_tokenizer_file_or_an_empty_name_is_refused_with_the_way_round(
     llama: Path, tmp_path: Path
 ) -> None:

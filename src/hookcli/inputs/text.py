@@ -56,7 +56,8 @@ def _lines(name: str) -> list[str]:
                     f"--text-file {name} is over {TEXT_FILE_MAX >> 20} MB.",
                     "give a shorter file, one sequence a line.",
                 )
-            raw = path.read_text(encoding="utf-8")
+            # (bytes: no newline translation, a lone CR splits no line; a BOM is no text)
+            raw = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageError(
             f"--text-file {name} is not UTF-8 text ({one_line(exc)}).",
@@ -111,7 +112,7 @@ def _stdin() -> str:
             f"--text-file - (standard input) is over {TEXT_FILE_MAX >> 20} MB.",
             "give a shorter text, one sequence a line.",
         )
-    text = bytes(data).decode("utf-8")
+    text = bytes(data).decode("utf-8-sig")
     with contextlib.suppress(AttributeError):
         stream.hookcli_text = text  # type: ignore[union-attr]
     return text
