@@ -98,6 +98,28 @@ def test_folders(tmp_path: Path) -> None:
         expand_paths([str(tmp_path / "missing.jpg")])
 
 
+def test_a_folder_is_read_through_linked_class_folders_as_imagefolder_reads_it(
+    tmp_path: Path,
+) -> None:
+    """A class folder that is a symbolic link to images elsewhere (a common way to build a
+    dataset) is read, the same files as torchvision's ImageFolder finds; a link back up the
+    tree is walked once, not forever."""
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    real = tmp_path / "real" / "dog"
+    (tmp_path / "ds" / "cat").mkdir(parents=True)
+    real.mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(tmp_path / "ds" / "cat" / "1.jpg")
+    Image.new("RGB", (4, 4)).save(real / "2.jpg")
+    (tmp_path / "ds" / "dog").symlink_to(real, target_is_directory=True)
+    (real / "loop").symlink_to(tmp_path / "ds", target_is_directory=True)
+    found = [str(f.path) for f in expand_paths([str(tmp_path / "ds")])]
+    want = [path for path, _ in ImageFolder(str(tmp_path / "ds"), allow_empty=True).samples]
+    assert found == [str(tmp_path / "ds" / "cat" / "1.jpg"), str(tmp_path / "ds" / "dog" / "2.jpg")]
+    assert set(want) >= set(found)
+
+
 def test_specs(tmp_path: Path) -> None:
     (x,) = parse_spec("randn:2x3", seed=0)
     assert x.shape == (2, 3)

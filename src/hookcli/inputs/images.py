@@ -11,7 +11,7 @@ import io
 import os
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,8 @@ def expand_paths(paths: Sequence[str]) -> list[ImageFile]:
             exts = exts or image_extensions()
             found = sorted(
                 f
-                for f in p.rglob("*")
-                if f.is_file()
-                and f.suffix.lower() in exts
+                for f in _tree_files(p)
+                if f.suffix.lower() in exts
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
             )
             if not found:
@@ -92,6 +91,22 @@ def expand_paths(paths: Sequence[str]) -> list[ImageFile]:
                 f"input {raw} not found.", "check the path (a folder means every image in it)."
             )
     return out
+
+
+def _tree_files(root: Path) -> Iterator[Path]:
+    """Every file under root, through linked folders as torchvision's ImageFolder walks them
+    (a class folder that is a symbolic link), each folder once (a link back up is no loop)."""
+    seen: set[tuple[int, int]] = set()
+    for top, dirs, files in os.walk(root, followlinks=True):
+        st = os.stat(top)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for name in files:
+            f = Path(top, name)
+            if f.is_file():
+                yield f
 
 
 def _image_source(path: Path) -> Path | io.BytesIO:
