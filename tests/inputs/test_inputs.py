@@ -39,6 +39,28 @@ def test_every_mode_becomes_rgb(tmp_path: Path, mode: str) -> None:
         assert np.abs(got - grey).max() <= 2
 
 
+def test_a_dark_high_depth_image_is_scaled_by_its_files_depth(tmp_path: Path) -> None:
+    """A 16-bit PGM whose brightest pixel is 192 of 65535 (PIL opens it as mode I) is a dark
+    16-bit image, scaled by 255/65535, not read as 8-bit (about 257 times too bright); a
+    float image is intensities in [0, 1] whatever its brightest pixel (one at 1.001 made it
+    a [0, 255] one, near black); one far past 1 is refused."""
+    grey = np.asarray(Image.open(CAT).convert("L").resize((40, 30)), dtype=np.uint16)
+    dark = grey * 192 // 255
+    pgm = tmp_path / "dark.pgm"
+    pgm.write_bytes(b"P5\n40 30\n65535\n" + dark.astype(">u2").tobytes())
+    assert Image.open(pgm).mode == "I"
+    got = np.asarray(read_image(pgm), dtype=float)[..., 0]
+    assert np.abs(got - np.round(dark * 255 / 65535)).max() <= 1 and got.max() <= 1
+    light = grey.astype(np.float32) / 255
+    light[0, 0] = 1.001
+    Image.fromarray(light).save(tmp_path / "f.tiff")
+    got = np.asarray(read_image(tmp_path / "f.tiff"), dtype=float)[..., 0]
+    assert np.abs(got - np.clip(light, 0, 1) * 255).max() <= 1
+    Image.fromarray(light * 255).save(tmp_path / "f255.tiff")
+    with pytest.raises(UsageError, match="values up to 255"):
+        read_image(tmp_path / "f255.tiff")
+
+
 def test_transparent_pixels_become_white(tmp_path: Path) -> None:
     img = Image.new("RGBA", (4, 4), (0, 0, 0, 0))
     path = tmp_path / "clear.png"

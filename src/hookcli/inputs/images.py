@@ -205,23 +205,20 @@ def read_image(path: Path) -> Any:
         raise UsageError(
             f"{path} is corrupt or truncated ({exc}).", "re-export or re-download the image."
         ) from exc
-    return to_rgb(ImageOps.exif_transpose(img) or img)
+    depth = _depth_of(img)  # (before the transpose: its copy keeps no format)
+    return to_rgb(ImageOps.exif_transpose(img) or img, depth)
 
 
-def to_rgb(img: Any) -> Any:
+def to_rgb(img: Any, depth: int | None = None) -> Any:
+    """A decoded image as RGB; `depth`: the bits of a high-depth image's values, where its file
+    says (`_depth_of`)."""
     from PIL import Image
 
     mode = img.mode
     key = img.info.get("transparency")  # a PNG's tRNS-keyed value (the 16-bit path loses it)
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         arr = np.asarray(img, dtype=np.float64)
-        top = arr.max() if arr.size else 0.0
-        if mode == "F" and top <= 1.0:
-            scale = 255.0
-        elif mode.startswith("I;16") or top > 255:
-            scale = 255.0 / 65535.0
-        else:
-            scale = 1.0
+        scale = _scale_to_8bit(img.mode, arr, depth)
         img = Image.fromarray(np.clip(arr * scale + 0.5, 0, 255).astype(np.uint8), mode="L")
         mode = "L"
         if isinstance(key, int) and not isinstance(key, bool):  # keyed pixels: white
@@ -242,6 +239,39 @@ def to_rgb(img: Any) -> Any:
                 f"image mode {mode} cannot be converted to RGB.", "convert the image to RGB first."
             ) from exc
     return img
+
+
+def _depth_of(img: Any) -> int | None:
+    """The bits of an integer image's values where its file says: 16-bit PNG and PNM (PIL
+    opens only those as I), a TIFF's BitsPerSample of 8 or 16; None where it does not say."""
+    if img.mode.startswith("I;16") or (img.mode == "I" and img.format in ("PNG", "PPM")):
+        return 16
+    if img.mode == "I" and img.format == "TIFF":
+        per = getattr(img, "tag_v2", {}).get(258)  # BitsPerSample
+        per = per[0] if isinstance(per, tuple) and per else per
+        return per if per in (8, 16) else None  # (32-bit ones often hold 16-bit values)
+    return None
+
+
+def _scale_to_8bit(mode: str, arr: np.ndarray[Any, Any], depth: int | None) -> float:
+    """What turns a high-depth image's values into 8-bit ones, from the file's own depth, not
+    from its brightest pixel (a dark 16-bit image is no 8-bit one); a float image as
+    intensities in [0, 1], as torchvision's to_tensor reads it (a little overshoot clipped,
+    more refused)."""
+    top = float(arr.max()) if arr.size else 0.0
+    if mode == "F":
+        if top > 1.5:
+            raise UsageError(
+                f"a floating-point image with values up to {top:g}: hookcli reads float images "
+                "as intensities in [0, 1], as torchvision's to_tensor does.",
+                "save it scaled to [0, 1], or as an 8- or 16-bit image.",
+            )
+        return 255.0
+    if mode.startswith("I;16"):
+        depth = 16
+    elif depth is None:  # a format that does not say: values past 255 can only be 16-bit
+        depth = 16 if top > 255 else 8
+    return 255.0 / float(2**depth - 1)
 
 
 def short_side_resize(preprocess: Any) -> int | None:
