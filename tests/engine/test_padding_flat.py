@@ -6,6 +6,7 @@ test's own and put together."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import torch
 
 import hookcli
 from hookcli.commands.calib import calib_report
+from hookcli.io.recordjson import from_json
 from hookcli.options import CalibOptions, InputOptions, ModelOptions, Selection
+from hookcli.records import Report
 from tests.support.oracles import assert_stats_match
 
 transformers = pytest.importorskip("transformers")
@@ -169,6 +172,31 @@ def test_watch_leaves_a_training_batchs_padding_out(tmp_path: Path) -> None:
         # the output gradient counts the real rows too (padding's are zero, not counted)
         assert call.grad_outputs is not None
         assert call.grad_outputs[0].numel == truth["out"].numel()
+
+
+def test_a_padded_batch_given_as_input_tensors_leaves_its_padding_out(tmp_path: Path) -> None:
+    """`--input input_ids=… --input attention_mask=…` on the command line (a tokenizer's
+    padded batch saved as tensors): the statistics are those of the real tokens, as the
+    same texts' rows run one by one give them (the padding was counted before)."""
+    from tests.support.cli import run
+    from tests.support.llm import make_tokenizer
+
+    folder = _save(tmp_path / "opt", "opt")
+    layer = MODELS["opt"][1][0]
+    truth = _alone(folder, [layer])[layer]
+    enc = make_tokenizer()(TEXTS, return_tensors="pt", padding=True)
+    assert bool((enc["attention_mask"] == 0).any())
+    torch.save(enc["input_ids"], tmp_path / "ids.pt")
+    torch.save(enc["attention_mask"], tmp_path / "mask.pt")
+    res = run(
+        "inspect", f"hf:{folder}", "-l", layer, "-f", "json",
+        "--input", f"input_ids={tmp_path / 'ids.pt'}",
+        "--input", f"attention_mask={tmp_path / 'mask.pt'}",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (call,) = from_json(Report, json.loads(res.stdout)).layers
+    assert_stats_match(call.inputs[0], truth["in"], rtol=1e-5, same_tensor=False)
+    assert_stats_match(call.outputs[0], truth["out"], rtol=1e-5, same_tensor=False)
 
 
 def _collector(mask: torch.Tensor) -> Any:

@@ -22,7 +22,7 @@ from hookcli.engine.selection import (
 )
 from hookcli.engine.targets import TargetSpec, parse_target
 from hookcli.errors import UsageError
-from hookcli.inputs import ModelInput, default_input, from_images, from_specs
+from hookcli.inputs import ModelInput, default_input, from_images, from_specs, padding_mask
 from hookcli.options import BackwardOptions, InputOptions, ModelOptions, Selection
 from hookcli.runtime import beacon, isa, ranks
 from hookcli.sources import LoadedModel, load_model, resolve_device
@@ -287,20 +287,8 @@ def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
         named["decoder_input_ids"] = shift(labels=labels)
     args, kwargs, note = loaded.kind.spec_inputs([], named)
     shown = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in named.items())
-    mask = named.get("attention_mask")
-    ids = named.get("input_ids")
-    padded = (
-        isinstance(mask, torch.Tensor)
-        and isinstance(ids, torch.Tensor)
-        and mask.shape == ids.shape
-        and mask.dim() == 2
-        and bool((mask == 0).any())
-    )
     return ModelInput(
-        args,
-        f"keyword tensors {shown}" + note,
-        kwargs=kwargs,
-        token_mask=mask.bool() if padded and mask is not None else None,
+        args, f"keyword tensors {shown}" + note, kwargs=kwargs, token_mask=padding_mask(named)
     )
 
 

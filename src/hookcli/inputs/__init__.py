@@ -13,7 +13,7 @@ either into the forward's arguments.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,7 +214,22 @@ def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInpu
         else:
             named[spec.name] = spec.tensors[0]
     args, kwargs, note = model.kind.spec_inputs(positional, named)
-    return ModelInput(args, ", ".join(specs) + note, kwargs=kwargs)
+    return ModelInput(args, ", ".join(specs) + note, kwargs=kwargs, token_mask=padding_mask(named))
+
+
+def padding_mask(named: Mapping[str, Any]) -> torch.Tensor | None:
+    """A padded batch's `attention_mask` (of `input_ids`' 2-D shape, holding zeros) as the
+    token mask that keeps its padding out of every statistic; None where nothing is padded."""
+    mask, ids = named.get("attention_mask"), named.get("input_ids")
+    if (
+        isinstance(mask, torch.Tensor)
+        and isinstance(ids, torch.Tensor)
+        and mask.shape == ids.shape
+        and mask.dim() == 2
+        and bool((mask == 0).any())
+    ):
+        return mask.bool()
+    return None
 
 
 def default_input(model: LoadedModel, seed: int) -> ModelInput:
