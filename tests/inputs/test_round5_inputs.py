@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -401,6 +402,25 @@ def test_a_text_files_bom_and_line_ends_read_as_standard_input_reads_them(
     assert [t["text"] for t in texts[0]] == ["The cat", "A dog\rran"]
     plain = run(*args[:-1], "--text", "The cat", "-f", "json")
     assert json.loads(plain.stdout)["input"]["texts"][0]["ids"] == texts[0][0]["ids"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("randint:0:100000:1x16", r"reach \d+, outside .*vocabulary \[0, \d+\)"),
+        ("randint:-3:0:1x16", r"reach -\d, outside"),
+        ("randint:0:10:16", r"\(batch, tokens\) tensor; given a --input's input_ids 16 \(1-D\)"),
+        ("input_ids=randint:0:10:1x5000", r"5000 tokens a sequence, more than"),
+    ],
+)
+def test_token_ids_given_as_input_are_checked_as_texts_tokens_are(
+    llama: Path, spec: str, message: str
+) -> None:
+    """--input token ids a text model cannot take (past its vocabulary, negative, 1-D, longer
+    than its positions) are a usage error naming them, exit 2, as --text's and the Python
+    API's are, not the model's IndexError inside its embedding (exit 3)."""
+    res = run("inspect", f"hf:{llama}", "--input", spec, "-l", "lm_head")
+    assert re.search(message, one_line_error(res, 2)), res.output
 
 
 def test_a_tokenizer_file_or_an_empty_name_is_refused_with_the_way_round(

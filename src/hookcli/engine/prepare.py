@@ -238,29 +238,12 @@ def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | No
             args, kwargs, note = loaded.kind.spec_inputs([t], {})
             made = kwargs.get("input_ids")
             if made is t:  # (read as its token ids)
-                _token_ids(made, shown)
+                from hookcli.inputs.text import check_token_ids
+
+                check_token_ids(loaded, made, shown)
             return ModelInput(args, shown + note, kwargs=kwargs)
         return ModelInput((t,), shown)
     return ModelInput(tuple(items), "tensors")
-
-
-def _token_ids(t: torch.Tensor, shown: str) -> None:
-    """A tensor read as a text model's input_ids is (batch, tokens) of integers: else a
-    usage error naming what was given (not the model's own failure on it, after the mask made
-    for it is added)."""
-    dtype = str(t.dtype).removeprefix("torch.")
-    if t.dim() != 2:
-        raise UsageError(
-            f"token ids are a (batch, tokens) tensor; given a {shown} ({t.dim()}-D)",
-            "give ids.unsqueeze(0) for one sequence, or a tokenizer's output."
-            if t.dim() == 1
-            else "give a (batch, tokens) tensor of ids, or a tokenizer's output.",
-        )
-    if t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
-        raise UsageError(
-            f"token ids are integers; given a {shown} of {dtype}",
-            "give the tokenizer's input_ids (int64), or a mapping of keyword tensors.",
-        )
 
 
 def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
@@ -287,6 +270,10 @@ def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
         named["decoder_input_ids"] = shift(labels=labels)
     args, kwargs, note = loaded.kind.spec_inputs([], named)
     shown = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in named.items())
+    if not loaded.kind.takes_images and isinstance(ids := kwargs.get("input_ids"), torch.Tensor):
+        from hookcli.inputs.text import check_token_ids
+
+        check_token_ids(loaded, ids, f"input_ids {'x'.join(map(str, ids.shape))}")
     return ModelInput(
         args, f"keyword tensors {shown}" + note, kwargs=kwargs, token_mask=padding_mask(named)
     )
