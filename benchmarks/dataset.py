@@ -58,7 +58,7 @@ def throughput(
 
     def plain() -> None:
         loader = DataLoader(
-            ImageFiles(files, preprocess),
+            ImageFiles(files, preprocess, loaded.kind),
             batch_size=batch,
             num_workers=workers,
             collate_fn=_collate,

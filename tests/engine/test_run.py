@@ -189,6 +189,22 @@ def test_video_model_on_a_still_image_repeated_as_a_clip() -> None:
     assert report.predictions is not None and report.predictions[0].label
 
 
+def test_video_model_on_a_folder_in_batches_equals_the_one_batch_run() -> None:
+    """A folder run of a video model (--batch-size: the DataLoader's batches) makes each
+    image a clip as the one-batch run does (it crashed on the image), and its statistics
+    merge to the one-batch run's; an optical-flow model's folder run is refused, exit 2."""
+    from tests.support.paths import COFFEE
+
+    images = [str(CAT), str(COFFEE)]
+    one = hookcli.inspect("r3d_18", images, device="cpu", layers=["stem"], topk=0)
+    batched = hookcli.inspect("r3d_18", images, device="cpu", layers=["stem"], topk=0, batch_size=1)
+    a, b = one.layers[0].outputs[0], batched.layers[0].outputs[0]
+    assert (a.shape[1:], b.numel) == ((64, 16, 56, 56), a.numel)
+    assert b.mean == pytest.approx(a.mean, rel=1e-6) and b.max == a.max
+    with pytest.raises(UsageError, match="not a folder's images one by one"):
+        hookcli.inspect("raft_small", images, device="cpu", batch_size=2)
+
+
 def test_optical_flow_takes_two_images_and_reports_every_iteration() -> None:
     from tests.support.paths import COFFEE
 

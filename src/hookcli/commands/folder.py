@@ -70,6 +70,7 @@ from hookcli.records import (
     Prediction,
     Report,
 )
+from hookcli.sources import Task
 
 if TYPE_CHECKING:
     from hookcli.commands.checks import Rules
@@ -86,9 +87,12 @@ class ImageFiles(Dataset[Item]):
     """Decoded, preprocessed images; an unreadable one yields (None, index, why). Workers
     never raise: the main process applies the rule (inputs.skip_or_raise)."""
 
-    def __init__(self, files: Sequence[ImageFile], preprocess: Callable[[Any], torch.Tensor]):
+    def __init__(
+        self, files: Sequence[ImageFile], preprocess: Callable[..., Any], task: Task
+    ) -> None:
         self.files = list(files)
         self.preprocess = preprocess
+        self.task = task  # (a video model's: each image a clip of its own)
         self.short_side = short_side_resize(preprocess)
 
     def __len__(self) -> int:
@@ -102,7 +106,7 @@ class ImageFiles(Dataset[Item]):
         why = resize_problem(image, self.short_side, str(file.path))
         if why is not None:  # a 1x5000 strip: gigabytes after the resize, skipped like unreadable
             return None, i, why
-        return self.preprocess(image), i, None
+        return self.task.one_image(image, self.preprocess), i, None
 
 
 def _collate(items: list[Item]) -> tuple[list[torch.Tensor], list[int], list[tuple[int, str]]]:
@@ -368,12 +372,18 @@ def _folder_report(
     prepared = prepare(inv.model, inv.selection, None, backward=inv.backward)
     loaded = prepared.loaded
     preprocess = loaded.preprocess or imagenet_preprocess(loaded.input_size or (224, 224))
+    if loaded.kind.pairs:
+        raise UsageError(
+            f"{loaded.spec} takes two images (frame 1, frame 2), not a folder's images one by "
+            "one in batches.",
+            "give exactly two image files.",
+        )
     batch = folder.batch_size
     total = -(-len(files) // batch)
     mine = group.batches(total) if group is not None else list(range(total))
     index = [i for k in mine for i in range(k * batch, min((k + 1) * batch, len(files)))]
     loader = DataLoader(
-        ImageFiles([files[i] for i in index], preprocess),
+        ImageFiles([files[i] for i in index], preprocess, loaded.kind),
         batch_size=batch,
         num_workers=folder.workers,
         collate_fn=_collate,

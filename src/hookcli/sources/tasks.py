@@ -53,6 +53,7 @@ class Task:
     default_target = "top1"  # what backward starts from when --target is not given
     item = "image"  # what one row of the batch is, in words ("top-1 score of each image")
     takes_images = True  # False: image files are refused (a text model takes token ids)
+    pairs = False  # True: its images come in pairs (optical flow), never a folder's one by one
     output_key: str | None = None  # --output-key: the element of the output that is read
 
     def keyed(self, key: str | None) -> Task:
@@ -96,6 +97,14 @@ class Task:
         """Forward arguments and a description suffix for PIL images when the task builds its
         own; None: each image through the preprocessing, then `batch`."""
         return None
+
+    def one_image(self, image: Any, preprocess: Preprocess) -> torch.Tensor:
+        """One image of a folder's batch as its tensor (`batch` puts them together): what
+        `images` builds of it alone where the task builds its own (a video model's clip),
+        else the preprocessing's."""
+        built = self.images([image], preprocess)
+        one: torch.Tensor = preprocess(image) if built is None else built[0][0][0]
+        return one
 
     def batch(self, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         """Preprocessed images → the forward's arguments: one stacked batch, or a list."""
@@ -266,6 +275,7 @@ class Detection(Task):
 
 class OpticalFlow(Task):
     name = "optical_flow"
+    pairs = True
 
     def images(
         self, images: Sequence[Any], preprocess: Preprocess | None
