@@ -63,6 +63,22 @@ def test_timm_preprocessing_is_timms_own_transform_bitwise() -> None:
     assert "timm data config" in loaded.preprocess_label and "bicubic" in loaded.preprocess_label
 
 
+def test_timm_built_for_another_size_gets_that_size() -> None:
+    """`--model-arg img_size=N` builds a ViT for N, whose pretrained config still says its
+    old size: the input is timm's own transform for N (resolve_data_config with that input
+    size), said in the label, and the model runs on it (it raised on 224 px)."""
+    from PIL import Image
+
+    loaded = load_model("timm:test_vit", model_args={"img_size": 96})
+    got = build_input(loaded, InputOptions(items=(str(CAT),)), 0).args[0]
+    model = timm.create_model("test_vit", pretrained=False, img_size=96)
+    cfg = timm.data.resolve_data_config(model=model, args={"input_size": (3, 96, 96)})
+    want = timm.data.create_transform(**cfg)(Image.open(CAT).convert("RGB")).unsqueeze(0)
+    assert torch.equal(got, want) and tuple(got.shape[-2:]) == (96, 96)
+    assert "input size 96x96 (the model's patch_embed.img_size" in loaded.preprocess_label
+    assert loaded.module(got).shape[0] == 1
+
+
 def test_timm_inspect_states_the_preprocessing_and_predicts_imagenet_labels() -> None:
     r = run("inspect", "timm:test_vit", str(CAT), "-l", "head", "-f", "json")
     assert r.exit_code == 0, r.stderr

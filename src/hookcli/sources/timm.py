@@ -207,10 +207,21 @@ def load_timm(spec: str, name: str, weights: str, seed: int, kwargs: dict[str, A
 def data_config(timm: Any, model: nn.Module) -> tuple[Any, str, tuple[int, int]]:
     """The model's own eval transform, how it is described, and its (H, W)."""
     cfg = timm.data.resolve_model_data_config(model)
+    built = _built_size(model)
+    said = tuple(cfg["input_size"][1:])
+    if built is not None and built != said:  # (img_size=… given: its pretrained_cfg still says)
+        cfg = timm.data.resolve_model_data_config(
+            model, args={"input_size": (cfg["input_size"][0], *built)}
+        )
     transform = timm.data.create_transform(**cfg, is_training=False)
     _, h, w = cfg["input_size"]
     resize = next((t for t in transform.transforms if type(t).__name__ == "Resize"), None)
     parts = ["timm data config:"]
+    if built is not None and built != said:
+        parts.append(
+            f"input size {built[0]}x{built[1]} (the model's patch_embed.img_size; its config "
+            f"says {'x'.join(map(str, said))}),"
+        )
     if resize is not None:
         size = resize.size
         shown = size if isinstance(size, int) else "x".join(map(str, size))
@@ -220,6 +231,17 @@ def data_config(timm: Any, model: nn.Module) -> tuple[Any, str, tuple[int, int]]
     std = ", ".join(f"{v:g}" for v in cfg["std"])
     parts.append(f"mean ({mean}), std ({std})")
     return transform, " ".join(parts), (int(h), int(w))
+
+
+def _built_size(model: nn.Module) -> tuple[int, int] | None:
+    """The (H, W) a patch-embedding model was built for (`img_size=`), where it has one fixed
+    size; None for any other model (its data config's size is its own)."""
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if getattr(getattr(model, "patch_embed", None), "dynamic_img_size", False):
+        return None
+    if isinstance(size, tuple | list) and len(size) == 2 and all(type(v) is int for v in size):
+        return (size[0], size[1])
+    return None
 
 
 def _categories(timm: Any, model: nn.Module) -> list[str] | None:
