@@ -18,7 +18,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import hookcli
-from hookcli.commands.pictures import _capture, _normalise_tiles, class_activation, feature_maps
+from hookcli.commands.pictures import _capture, class_activation, feature_maps, tiles_uint8
 from hookcli.engine.prepare import one_target, prepare
 from hookcli.options import BackwardOptions, CamOptions, InputOptions, MapOptions, ModelOptions
 from hookcli.sources import load_model
@@ -61,8 +61,8 @@ def test_maps_of_resnet18_layer1_0_bn1_show_the_values_before_the_in_place_relu(
 
     picture = feature_maps(model, inputs, MapOptions("layer1.0.bn1", channels=64, order="index"))
     assert picture.tiles is not None
-    assert np.array_equal(picture.tiles, _normalise_tiles(returned[0].float()))
-    assert not np.array_equal(picture.tiles, _normalise_tiles(rewritten[0].float()))
+    assert np.array_equal(picture.tiles, tiles_uint8(returned[0].float()))
+    assert not np.array_equal(picture.tiles, tiles_uint8(rewritten[0].float()))
 
 
 def test_saved_output_of_resnet18_layer1_0_bn1_keeps_its_negative_values(tmp_path: Path) -> None:

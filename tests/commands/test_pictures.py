@@ -70,6 +70,41 @@ def test_maps_options_channels_order_call(tmp_path: Path) -> None:
     assert "layer1.0.relu call 1" in meta["title"]
 
 
+class _Faint(torch.nn.Module):
+    """A conv whose outputs span ~1e-7: a layer of tiny activations, still a picture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        with torch.no_grad():
+            self.conv.weight.mul_(1e-7)
+            self.conv.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def test_maps_scales_each_tile_to_its_own_range_however_small(tmp_path: Path) -> None:
+    """Each tile from its own min to its max, as the docs say (torchvision's make_grid floors
+    the range at 1e-5, which drew these near black: 0..8 of 255)."""
+    from hookcli import maps
+
+    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    np.save(tmp_path / "x.npy", x.numpy())
+    (tmp_path / "faint.py").write_text(
+        "import torch\nfrom tests.commands.test_pictures import _Faint as Faint\n"
+    )
+    got = maps(f"{tmp_path / 'faint.py'}:Faint", [], layer="conv", order="index",
+               input_specs=[str(tmp_path / "x.npy")]).picture.tiles  # fmt: skip
+    a = _Faint().eval()(x)[0].detach().double()
+    assert float(a.amax() - a.amin()) < 1e-5
+    low = a.amin(dim=(1, 2), keepdim=True)
+    want = ((a - low) / (a.amax(dim=(1, 2), keepdim=True) - low) * 255 + 0.5).floor()
+    assert np.abs(got.astype(np.int16) - want.numpy()).max() <= 1
+    assert all(t.min() == 0 and t.max() == 255 for t in got)
+
+
 def _reference_cam(method: str) -> np.ndarray:
     """Grad-CAM by hand: retain_grad on layer4's output, ReLU(Σ_c w_c A_c), bilinear upsample."""
     loaded = load_model("resnet18", seed=0)

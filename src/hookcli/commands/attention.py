@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hookcli.commands.pictures import Picture, check_image_index, input_image, input_notes
+from hookcli.commands.pictures import (
+    Picture,
+    check_image_index,
+    input_image,
+    input_notes,
+    scaled_each,
+    tiles_uint8,
+)
 from hookcli.engine.attention import (
     DECODER,
     ENCODER,
@@ -51,28 +58,10 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape))
 
 
-def _scaled(maps: torch.Tensor) -> torch.Tensor:
-    """Each map (along the first dimension) scaled from its own minimum to its maximum (as
-    matplotlib's imshow shows it); a flat map is all 0."""
-    flat = maps.flatten(1)
-    shape = (-1, *([1] * (maps.dim() - 1)))
-    low, high = flat.amin(dim=1).view(shape), flat.amax(dim=1).view(shape)
-    span = high - low
-    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), 0).clamp(0, 1)
-
-
-def _uint8(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """Each map scaled to its own range, as uint8."""
-    out: np.ndarray[Any, np.dtype[np.uint8]] = (
-        _scaled(maps).float().cpu().numpy() * 255 + 0.5
-    ).astype(np.uint8)
-    return out
-
-
 def _heat(m: torch.Tensor) -> np.ndarray[Any, np.dtype[np.float32]]:
     """One map scaled to its own range, float32 in [0, 1]."""
     out: np.ndarray[Any, np.dtype[np.float32]] = (
-        _scaled(m.unsqueeze(0))[0].float().cpu().numpy().astype(np.float32)
+        scaled_each(m.unsqueeze(0))[0].float().cpu().numpy().astype(np.float32)
     )
     return out
 
@@ -164,7 +153,7 @@ def attention_maps(model: ModelOptions, inputs: InputOptions, options: AttnOptio
         shown = layout.label
     else:
         rows = query_rows(options.queries, length)
-        tiles, heat = _uint8(p[:, rows]), _heat(r[rows])
+        tiles, heat = tiles_uint8(p[:, rows]), _heat(r[rows])
         side = "the decoder's " if first.site.side == DECODER else ""
         span = (
             f"rows are {side or 'the '}query tokens {rows.start}-{rows.stop - 1} of {length}"
@@ -291,7 +280,7 @@ def _cross_maps(
     return Picture(
         title=f"cross-attention · {loaded.spec} · {block} · {loaded.kind.item} {index}",
         image=None,
-        tiles=_uint8(p[:, rows]),
+        tiles=tiles_uint8(p[:, rows]),
         labels=[f"head {h}" for h in range(heads)],
         heat=_heat(r[rows]),
         raw=probs.cpu().numpy().astype(np.float32),
@@ -388,4 +377,4 @@ def _on_grid(
         f"rollout: its {'class-token row' if use_class else 'mean row'} on the patch grid, "
         "scaled the same way"
     )
-    return _uint8(maps), _heat(row[k:].reshape(h, w)), lines
+    return tiles_uint8(maps), _heat(row[k:].reshape(h, w)), lines

@@ -291,7 +291,7 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
         if order == "activity"
         else torch.arange(maps.shape[0])
     )[:channels]
-    tiles = _normalise_tiles(maps[picked])
+    tiles = tiles_uint8(maps[picked])
     shown = len(picked)
     notes = list(got.notes) + input_notes(model_input, image_index)
     if shown < channels and channels != 64:
@@ -317,17 +317,22 @@ def feature_maps(model: ModelOptions, inputs: InputOptions, options: MapOptions)
     )
 
 
-def _normalise_tiles(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """Each channel scaled to its own min..max (torchvision's make_grid scale_each), as uint8."""
-    from torchvision.utils import make_grid
+def scaled_each(maps: torch.Tensor) -> torch.Tensor:
+    """Each map (along the first dimension) scaled from its own minimum to its maximum (as
+    matplotlib's imshow shows it), however small its range (make_grid's floor of 1e-5 drew a
+    map spanning 3e-7 near black); a flat map is all 0."""
+    flat = maps.flatten(1)
+    shape = (-1, *([1] * (maps.dim() - 1)))
+    low, high = flat.amin(dim=1).view(shape), flat.amax(dim=1).view(shape)
+    span = high - low
+    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), 0).clamp(0, 1)
 
-    k, h, w = maps.shape
-    grid = make_grid(maps.unsqueeze(1), nrow=k, padding=0, normalize=True, scale_each=True)
-    # make_grid lays the tiles side by side; split them back into (K, h, w)
-    tiles = grid[0].reshape(h, k, w).permute(1, 0, 2)
-    out: np.ndarray[Any, np.dtype[np.uint8]] = (tiles.clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(
-        np.uint8
-    )
+
+def tiles_uint8(maps: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """Each map scaled to its own range (`scaled_each`), as uint8."""
+    out: np.ndarray[Any, np.dtype[np.uint8]] = (
+        scaled_each(maps).float().cpu().numpy() * 255 + 0.5
+    ).astype(np.uint8)
     return out
 
 
