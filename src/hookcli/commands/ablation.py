@@ -14,6 +14,7 @@ removed afterwards; the model is left unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from hookcli import bounds
 from hookcli.engine.layout import NHWC, TOKENS, LayoutOf
 from hookcli.engine.selection import ModuleEntry
 from hookcli.errors import UsageError
-from hookcli.records import Ablation, LayerChange, Report
+from hookcli.records import Ablation, LayerChange, Report, TensorStats
 from hookcli.tree import map_tensors
 
 OPS = ("zero", "mean", "scale:K", "noise:S", "clamp:LO:HI")
@@ -148,6 +149,22 @@ def ablated(
             h.remove()
 
 
+def _moved(clean: TensorStats, ablated: TensorStats) -> float:
+    """How far the ablated output's statistics moved from the clean one's: the largest change
+    of its mean, std, min, max and norm over the clean output's rms (a sign flip or a
+    permutation keeps the norm; the mean, min and max move); inf where one is not finite on
+    one side only."""
+    rms = clean.norm / math.sqrt(clean.numel) if clean.norm and clean.numel else 0.0
+    worst = 0.0
+    for field in ("mean", "std", "min", "max", "norm"):
+        a, b = getattr(clean, field), getattr(ablated, field)
+        if a is None or b is None:
+            worst = worst if (a is None) == (b is None) else math.inf
+        elif a != b:
+            worst = max(worst, abs(b - a) / rms if rms > 0 else math.inf)
+    return worst
+
+
 def compare(clean: Report, changed: Report, specs: Sequence[AblationSpec]) -> Ablation:
     """How the ablation moved the predictions and every layer call's output."""
     before = {(c.name, c.call, t.path): t for c in clean.layers for t in c.outputs}
@@ -158,11 +175,12 @@ def compare(clean: Report, changed: Report, specs: Sequence[AblationSpec]) -> Ab
             if b is None or b.norm is None or t.norm is None:
                 continue
             rel = abs(t.norm - b.norm) / max(b.norm, 1e-12)
-            if rel > 1e-6:
+            moved = _moved(b, t)
+            if moved > 1e-6:
                 changes.append(
-                    LayerChange(c.name, c.call, t.path, b.norm, t.norm, rel, b.mean, t.mean)
+                    LayerChange(c.name, c.call, t.path, b.norm, t.norm, rel, b.mean, t.mean, moved)
                 )
-    changes.sort(key=lambda ch: -ch.relative)
+    changes.sort(key=lambda ch: -(ch.moved or 0.0))
     return Ablation(
         specs=[s.describe() for s in specs],
         predictions_before=clean.predictions,

@@ -345,6 +345,9 @@ class LayerChange:
     relative: float  # |after - before| / before, of the norm
     mean_before: float | None
     mean_after: float | None
+    # the largest move of its mean, std, min, max or norm, in units of the clean output's rms
+    # (a sign flip keeps the norm: this does not)
+    moved: float | None = None
 
 
 @dataclass(slots=True)

@@ -585,12 +585,18 @@ def ablation_section(report: Report) -> Section:
     )
     before, after = a.predictions_before or [], a.predictions_after or []
     if before or after:
-        t = Table("predictions, clean -> ablated", ["#", "clean", "prob", "ablated", "prob "])
-        for i in range(max(len(before), len(after))):
-            b = before[i] if i < len(before) else None
-            f = after[i] if i < len(after) else None
+        many = len({p.image for p in (*before, *after)}) > 1
+        t = Table(
+            "predictions, clean -> ablated",
+            [*(["image"] if many else []), "#", "clean", "prob", "ablated", "prob "],
+        )
+        clean = {(p.image, p.rank): p for p in before}
+        ablated = {(p.image, p.rank): p for p in after}
+        for key in sorted(clean.keys() | ablated.keys()):  # (paired by image and rank)
+            b, f = clean.get(key), ablated.get(key)
             cells = [
-                str(i + 1),
+                *([str(key[0])] if many else []),
+                str(key[1]),
                 (b.label or str(b.index)) if b else DASH,
                 prob(b.prob) if b else DASH,
                 (f.label or str(f.index)) if f else DASH,
@@ -600,8 +606,9 @@ def ablation_section(report: Report) -> Section:
         s.parts.append(t)
     if a.changed_layers:
         t = Table(
-            "layer outputs that changed (largest relative change of the norm first)",
-            ["layer", "call", "output", "norm clean", "norm ablated", "change"],
+            "layer outputs that changed (largest move first: of the mean, std, min, max or "
+            "norm, in units of the clean output's rms)",
+            ["layer", "call", "output", "norm clean", "norm ablated", "change", "moved"],
         )
         for ch in a.changed_layers[:SHOWN_CHANGES]:
             change = (
@@ -614,6 +621,7 @@ def ablation_section(report: Report) -> Section:
                 num(ch.norm_before),
                 num(ch.norm_after),
                 change,
+                DASH if ch.moved is None else num(ch.moved),
             ]
             t.rows.append(Row(cells))
         s.parts.append(t)

@@ -56,6 +56,38 @@ def test_ablating_layer4_equals_an_independent_forward(op: str, change: Any) -> 
     )
 
 
+def test_an_output_whose_norm_stays_is_still_changed() -> None:
+    """Negating layer4 keeps avgpool's norm but flips its mean: avgpool is a changed layer,
+    its move against the two runs' own outputs (mean by hand over the clean rms), and the
+    prediction table pairs the images' rows by image and rank."""
+    model = load_model("resnet18", seed=0).module.eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    report = hookcli.inspect(
+        "resnet18", x, device="cpu", ablate=["layer4=scale:-1"], layers=["avgpool"], topk=2
+    )
+    a = report.ablation
+    assert a is not None
+    (change,) = [ch for ch in a.changed_layers if ch.layer == "avgpool"]
+    with torch.no_grad():
+        clean = model.avgpool(model.layer4(model.layer3(model.layer2(model.layer1(
+            model.maxpool(model.relu(model.bn1(model.conv1(x))))))))).double()  # fmt: skip
+    assert change.relative < 1e-6  # (the norm: the same)
+    rms = clean.norm() / clean.numel() ** 0.5
+    # negated: mean -> -mean, min -> -max, max -> -min; std and norm stay
+    lo, hi, mean = clean.min(), clean.max(), clean.mean()
+    want = max(float(2 * mean.abs()), float(hi + lo)) / float(rms)
+    assert change.moved == pytest.approx(want, rel=1e-5)
+    r = runner.invoke(
+        app, ["inspect", "resnet18", "--input", "randn:2x3x64x64", "-l", "avgpool",
+              "--ablate", "layer4=scale:-1", "--topk", "2"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    rows = r.stdout.split("clean -> ablated")[1].splitlines()
+    assert rows[1].split("|")[0].strip() == "image"
+    assert [row.split("|")[0].strip() for row in rows[3:7]] == ["0", "0", "1", "1"]
+    assert "avgpool" in r.stdout.split("layer outputs that changed")[1]
+
+
 def test_the_model_is_left_unchanged() -> None:
     torch.manual_seed(0)
     model = load_model("resnet18", seed=0).module
