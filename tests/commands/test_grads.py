@@ -138,6 +138,47 @@ def test_leaves_that_are_no_parameters_keep_their_grad() -> None:
     SCALE.grad = None
 
 
+class _TokenMLP(nn.Module):
+    """A Linear on (batch, tokens, C) returns a view of its matmul's result; an in-place ReLU
+    and an in-place residual after it rebase the view, and torch calls no hook on it."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.ReLU(inplace=inplace), nn.Linear(16, 8)
+        self.head = nn.Linear(8, 3)
+        self.inplace = inplace
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc2(self.act(self.fc1(x)))
+        if self.inplace:
+            h += x
+        else:
+            h = h + x
+        return self.head(h.mean(1))
+
+
+def test_views_modified_in_place_after_the_layer_get_their_gradient() -> None:
+    """fc1's and fc2's outputs (views) each get the gradient of their value before the
+    in-place op, as torch.autograd.grad gives it on the same model without in-place ops; and
+    the ReLU's input gradient too (they were null: no gradient)."""
+    torch.manual_seed(0)
+    model = _TokenMLP()
+    x = torch.randn(2, 5, 8)
+    report = hookcli.grads(model, x, target="sum", topk=0)
+    got = {(c.name, "out", g.path): g for c in report.layers for g in c.grad_outputs or []}
+    got |= {(c.name, "in", g.path): g for c in report.layers for g in c.grad_inputs or []}
+    twin = copy.deepcopy(model)
+    twin.act.inplace, twin.inplace = False, False
+    z1 = twin.fc1(x)
+    z2 = twin.fc2(twin.act(z1))
+    y = twin.head((z2 + x).mean(1))
+    want = torch.autograd.grad(y.sum(), [z1, z2])
+    assert_stats_match(got[("fc1", "out", "out")], want[0], rtol=1e-5, same_tensor=False)
+    assert_stats_match(got[("act", "in", "in[0]")], want[0], rtol=1e-5, same_tensor=False)
+    assert_stats_match(got[("fc2", "out", "out")], want[1], rtol=1e-5, same_tensor=False)
+    assert hooks_left(model) == 0
+
+
 def test_input_grad_and_the_users_grads_are_restored() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from hookcli.engine import hooks as hooks_mod
-from hookcli.engine.hooks import HookSession, PendingCall, Target, holds_compiled
+from hookcli.engine.hookbits import holds_compiled
+from hookcli.engine.hooks import HookSession, PendingCall, Target
 from hookcli.engine.stats import StatsCollector
 from tests.support.oracles import hooks_left
 

@@ -41,10 +41,17 @@ from hookcli.engine.copysafe import (
     InertHook,  # noqa: F401 (old pickles name it here)
     ScriptedCall,
 )
+from hookcli.engine.hookbits import (
+    GradKey,
+    cuda_event,
+    grad_key,
+    measure,
+    on_cuda,
+    shape_only,
+)
 from hookcli.engine.memory import CallBytes, MemoryMeter, storage_key
 from hookcli.engine.sharded import is_sharded
 from hookcli.engine.stats import StatsCollector
-from hookcli.engine.tensorbits import dtype_name
 from hookcli.records import CallMemory, LayerCall, TensorStats
 from hookcli.runtime import beacon
 from hookcli.tree import iter_tensors
@@ -54,7 +61,6 @@ _ACCUMULATE: type | None = getattr(torch._C._functions, "AccumulateGrad", None)
 
 # Called before a module runs; a (args, kwargs) it returns replaces the module's arguments.
 InputHook = Callable[["PendingCall", tuple[Any, ...], dict[str, Any]], Any]
-GradKey = tuple[int, tuple[int, ...]]  # a gradient tensor: data pointer and shape
 
 # autograd's per-thread sequence counter: the number the next node will take (a private
 # binding, read where this torch has it; a probe node otherwise)
@@ -89,11 +95,6 @@ def _hook_into(t: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> tuple[An
     RemovableHandle.next_id = key + 1
     hooks[key] = hook
     return hooks, key
-
-
-# Nested outputs with more tensors than this are cut short (a note says so); deeper than
-# tree.MAX_DEPTH, not walked.
-_MAX_TENSORS = 512
 
 
 @dataclass(slots=True)
@@ -163,21 +164,6 @@ class PendingCall:
                 b.freed if backward else None,
             )
         return call
-
-
-def measure(collector: StatsCollector, obj: Any, root: str, stats: list[TensorStats]) -> None:
-    """Measure every tensor in obj now; append its TensorStats (filled at finalize)."""
-    if type(obj) is torch.Tensor:  # the common case: one plain tensor
-        stats.append(collector.quick(obj, root))
-        return
-    if type(obj) is tuple and len(obj) == 1 and type(obj[0]) is torch.Tensor:
-        stats.append(collector.quick(obj[0], f"{root}[0]"))
-        return
-    for n, (path, t) in enumerate(iter_tensors(obj, root)):
-        if n >= _MAX_TENSORS:
-            stats.append(TensorStats(f"{root}…", (), "", 0, note="more tensors not shown"))
-            return
-        stats.append(collector.quick(t, path))
 
 
 class HookSession:
@@ -391,8 +377,8 @@ class HookSession:
     def _mark_start(self, pending: PendingCall, args: Any, entered: int) -> None:
         """--profile: the module's own forward starts now, after this hook's work. On CUDA an
         event is recorded on the stream instead of waiting for it (no synchronisation)."""
-        if _on_cuda(args):
-            pending.events.append(_event())
+        if on_cuda(args):
+            pending.events.append(cuda_event())
         now = time.perf_counter_ns()
         self.hook_ns += now - entered
         pending.hook_ns_at_start = self.hook_ns
@@ -485,7 +471,14 @@ class HookSession:
             self.saver.add(f"{call.name}#{call.call}/{kind}/{path}", t)
 
     def _watch_grads(
-        self, obj: Any, root: str, pending: PendingCall, callers: Any = None, casts: bool = False
+        self,
+        obj: Any,
+        root: str,
+        pending: PendingCall,
+        callers: Any = None,
+        casts: bool = False,
+        *,
+        args: Any = None,
     ) -> None:
         """A gradient hook on each tensor in obj that requires grad. A tensor hooked already
         (an output that is the next call's input), unchanged since and with no other hook
@@ -525,6 +518,8 @@ class HookSession:
                     entry[3].append((pending, root, path))
                     continue
             watchers = [(pending, root, path)]
+            if args is not None and t._is_view():
+                self._watch_base(t, args, watchers)
             hook = functools.partial(self._on_grad, watchers)
             hooked = _hook_into(t, hook)
             if hooked is not None:
@@ -538,6 +533,46 @@ class HookSession:
                 watched[key] = (weakref.ref(t), version, hook_id, watchers)
             except TypeError:  # no weak reference to it: each call hooks it again
                 pass
+
+    def _watch_base(
+        self, t: torch.Tensor, args: Any, watchers: list[tuple[PendingCall, str, str]]
+    ) -> None:
+        """An output that is a view of a tensor the layer made (a Linear's on 3-D input: its
+        matmul's result reshaped): an in-place op after the layer (`h += x`, ReLU(inplace))
+        rebases the view, and torch then never calls the hook on it. The base's hook, which
+        keeps the value before the op, gives the view's gradient then — where the view is
+        the whole base, reshaped, and the base is none of the layer's inputs (nothing else
+        of the model read it)."""
+        base = t._base
+        if (
+            base is None
+            or base.grad_fn is None
+            or base.numel() != t.numel()
+            or not (t.is_contiguous() and base.is_contiguous())
+            or any(x is base for _, x in iter_tensors(args, "in"))
+        ):
+            return
+        shape = t.shape
+        handle = base.register_hook(  # type: ignore[no-untyped-call]
+            functools.partial(self._on_base_grad, watchers, shape)
+        )
+        self.tensor_handles.append(handle)
+
+    def _on_base_grad(
+        self,
+        watchers: list[tuple[PendingCall, str, str]],
+        shape: torch.Size,
+        grad: torch.Tensor | None,
+    ) -> None:
+        """The base's gradient: the view's, for each call watching the view whose gradient
+        did not arrive by the view's own hook (it runs first where it runs at all)."""
+        if grad is None:
+            return
+        view = grad.reshape(shape)
+        key = grad_key(view)
+        for pending, root, path in watchers:
+            if path not in (pending.grad_inputs if root == "in" else pending.grad_outputs):
+                self._grad_arrived(pending, root, path, view, key)
 
     def _keep_caller(
         self, i: int, casts: bool, _module: nn.Module, args: Any, kwargs: Any = None
@@ -670,7 +705,7 @@ class HookSession:
             self._open.append(pending)
         try:
             if self.collector is None:  # shapes only (layers --shapes, --profile timing)
-                call.inputs = [_shape_only(p, t) for p, t in iter_tensors(args, "in")]
+                call.inputs = [shape_only(p, t) for p, t in iter_tensors(args, "in")]
                 if self.grads:
                     self._watch_grads(args, "in", pending)
             else:
@@ -720,7 +755,7 @@ class HookSession:
             if pending in self._open:
                 del self._open[self._open.index(pending) :]
             if pending.events:
-                pending.events.append(_event())
+                pending.events.append(cuda_event())
             entered = time.perf_counter_ns()  # first: our own work excluded
             # a container's span holds its children's hooks: take their time out
             nested = self.hook_ns - pending.hook_ns_at_start
@@ -738,14 +773,14 @@ class HookSession:
                     t.numel() * t.element_size() for _, t in iter_tensors(output, "out")
                 )
             if self.collector is None:
-                call.outputs = [_shape_only(p, t) for p, t in iter_tensors(output, "out")]
+                call.outputs = [shape_only(p, t) for p, t in iter_tensors(output, "out")]
                 if self.grads:
                     self._watch_grads(output, "out", pending)
             else:
                 self.collector.context = (call.name, call.call, "out")
                 measure(self.collector, output, "out", call.outputs)
                 if self.grads:
-                    self._watch_grads(output, "out", pending)
+                    self._watch_grads(output, "out", pending, args=args)
                 if self.saver is not None:
                     self._save(output, "out", "output", call)
             if self.on_output is not None:
@@ -754,42 +789,3 @@ class HookSession:
             call.error = f"could not measure outputs: {exc}"
         if self.profile:
             self.hook_ns += time.perf_counter_ns() - entered
-
-
-def holds_compiled(modules: Iterable[nn.Module]) -> bool:
-    """Whether any of the modules runs through torch.compile (`module.compile()`, or the
-    OptimizedModule wrapper `torch.compile(module)` makes): dynamo guards on process-wide hooks
-    and traces them, so a pass over such a model keeps hooks on each selected module."""
-    return any(
-        getattr(m, "_compiled_call_impl", None) is not None or "_orig_mod" in m._modules
-        for m in modules
-    )
-
-
-def grad_key(grad: torch.Tensor) -> GradKey | None:
-    """Which gradient tensor a hook saw (no synchronisation: the pointer, not the values);
-    None for one without storage (sparse)."""
-    try:
-        return grad.data_ptr(), tuple(grad.shape)
-    except Exception:
-        return None
-
-
-def _shape_only(path: str, t: torch.Tensor) -> TensorStats:
-    return TensorStats(path, tuple(t.shape), dtype_name(t.dtype), t.numel())
-
-
-def _on_cuda(obj: Any) -> bool:
-    """Whether any tensor in obj is on a CUDA device; False when obj cannot be walked (the
-    measuring part of the hook has noted that already)."""
-    try:
-        return any(t.is_cuda for _, t in iter_tensors(obj, ""))
-    except Exception:
-        return False
-
-
-def _event() -> Any:
-    """A recorded CUDA timing event: the profile reads elapsed times once, after the pass."""
-    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    event.record()
-    return event

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookcli.engine.hooks import HookSession, Target, holds_compiled, measure
+from hookcli.engine.hookbits import holds_compiled, measure
+from hookcli.engine.hooks import HookSession, Target
 from hookcli.engine.layout import LayoutOf
 from hookcli.engine.origins import any_nonfinite, find_origins, number_backward
 from hookcli.engine.passes import hooked_pass

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hookcli.engine.hooks import GradKey, PendingCall
+from hookcli.engine.hookbits import GradKey
+from hookcli.engine.hooks import PendingCall
 from hookcli.records import Origin, TensorStats
 
 ROOT = "(model)"

@@ -238,7 +238,7 @@ def _given_tensors(loaded: LoadedModel, inputs: InputOptions) -> ModelInput | No
             args, kwargs, note = loaded.kind.spec_inputs([t], {})
             made = kwargs.get("input_ids")
             if made is t:  # (read as its token ids)
-                from hookcli.inputs.text import check_token_ids
+                from hookcli.inputs.tokenids import check_token_ids
 
                 check_token_ids(loaded, made, shown)
             return ModelInput(args, shown + note, kwargs=kwargs)
@@ -271,7 +271,7 @@ def _keyword_input(loaded: LoadedModel, given: Mapping[Any, Any]) -> ModelInput:
     args, kwargs, note = loaded.kind.spec_inputs([], named)
     shown = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in named.items())
     if not loaded.kind.takes_images and isinstance(ids := kwargs.get("input_ids"), torch.Tensor):
-        from hookcli.inputs.text import check_token_ids
+        from hookcli.inputs.tokenids import check_token_ids
 
         check_token_ids(loaded, ids, f"input_ids {'x'.join(map(str, ids.shape))}")
     return ModelInput(

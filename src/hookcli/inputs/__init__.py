@@ -215,7 +215,7 @@ def from_specs(specs: Sequence[str], seed: int, model: LoadedModel) -> ModelInpu
             named[spec.name] = spec.tensors[0]
     args, kwargs, note = model.kind.spec_inputs(positional, named)
     if not model.kind.takes_images and isinstance(ids := kwargs.get("input_ids"), torch.Tensor):
-        from hookcli.inputs.text import check_token_ids
+        from hookcli.inputs.tokenids import check_token_ids
 
         check_token_ids(model, ids, f"--input's input_ids {'x'.join(map(str, ids.shape))}")
     return ModelInput(args, ", ".join(specs) + note, kwargs=kwargs, token_mask=padding_mask(named))

@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from hookcli.commands.watch import BUNDLE_FILES, PICKLED_MODEL
-from hookcli.engine.hooks import HookSession, Target, measure
+from hookcli.engine.hookbits import measure
+from hookcli.engine.hooks import HookSession, Target
 from hookcli.engine.measure import finished_calls, statistics
 from hookcli.engine.origins import any_nonfinite, find_origins
 from hookcli.engine.tensorbits import version_of
