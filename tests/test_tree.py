@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict, namedtuple
 from typing import Any
 
@@ -56,6 +57,26 @@ def test_map_keeps_structure_and_types_and_names_paths_alike() -> None:
     assert mapped["model"]["hidden"][1][1:] == ["text", None]
     assert torch.equal(mapped[3], torch.arange(3)), "an integer tensor left as it was"
     assert torch.equal(original["model"]["logits"], torch.zeros(2)), "the original untouched"
+
+
+@dataclasses.dataclass
+class _EncOut:
+    hidden: torch.Tensor
+    pooled: torch.Tensor
+    extra: object = None
+
+
+def test_a_dataclass_output_is_walked_and_rebuilt_by_its_fields() -> None:
+    """A model returning a plain dataclass (not a ModelOutput): every tensor field is found,
+    named `.field` (it was skipped, so a NaN in it passed --fail-on nonfinite), and map
+    rebuilds it, the original untouched."""
+    out = _EncOut(torch.ones(2), torch.zeros(1), extra=[torch.full((3,), 2.0)])
+    assert [p for p, _ in iter_tensors(out, "out")] == ["out.hidden", "out.pooled", "out.extra[0]"]
+    mapped = map_tensors(out, lambda _p, t: t * 3, "out")
+    assert type(mapped) is _EncOut and torch.equal(mapped.hidden, torch.full((2,), 3.0))
+    assert torch.equal(mapped.extra[0], torch.full((3,), 6.0)) and torch.equal(
+        out.hidden, torch.ones(2)
+    )
 
 
 def test_depth_is_bounded_both_ways() -> None:

@@ -1,6 +1,6 @@
-"""The one walker over what models take and return: tensors inside tuples, namedtuples, lists
-and Mappings (dicts, OrderedDicts, Hugging Face `ModelOutput`), each tensor named by its path —
-`out`, `out[0]`, `out["boxes"]`, `out.aux_logits` (docs/traps.md §5).
+"""The one walker over what models take and return: tensors inside tuples, namedtuples, lists,
+Mappings (dicts, OrderedDicts, Hugging Face `ModelOutput`) and dataclasses, each tensor named by
+its path — `out`, `out[0]`, `out["boxes"]`, `out.aux_logits`, `out.hidden` (docs/traps.md §5).
 
 `iter_tensors` reads (hooks, diff, targets, pictures); `map_tensors` rebuilds the same structure
 with some tensors replaced (an ablated output, `--input-grad`'s leaf copies). Both stop at the
@@ -10,6 +10,7 @@ same depth, so a pathological nesting cannot recurse without end.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
@@ -40,6 +41,9 @@ def iter_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, tor
     elif isinstance(obj, Mapping):
         for key, item in obj.items():
             yield from iter_tensors(item, f"{path}[{_label(key)}]", depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # (its fields by name)
+        for f in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, f.name, None), f"{path}.{f.name}", depth + 1)
 
 
 # what holds no tensor, by exact type (a subclass, even of int, may be anything)
@@ -67,7 +71,26 @@ def map_tensors(
         for key, item in obj.items():
             new[key] = map_tensors(item, fn, f"{path}[{_label(key)}]", depth + 1)
         return new
-    return obj
+    # a dataclass rebuilt with its fields mapped (anything else passed through)
+    return _map_dataclass(obj, fn, path, depth)
+
+
+def _map_dataclass(
+    obj: Any, fn: Callable[[str, torch.Tensor], torch.Tensor], path: str, depth: int
+) -> Any:
+    """A dataclass rebuilt with its fields mapped; obj itself where it is none, or cannot be
+    rebuilt."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    changed = {
+        f.name: map_tensors(getattr(obj, f.name, None), fn, f"{path}.{f.name}", depth + 1)
+        for f in dataclasses.fields(obj)
+        if f.init
+    }
+    try:
+        return dataclasses.replace(obj, **changed)
+    except Exception:  # (one it cannot rebuild: passed through, as any other)
+        return obj
 
 
 def _label(key: Any) -> str:
