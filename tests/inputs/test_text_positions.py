@@ -180,7 +180,7 @@ def test_a_left_padded_seq2seq_batch_says_its_positions_count_from_the_first_col
     save(tmp_path, "bart")
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     layer = "model.encoder.layers.0"
-    said = "an encoder-decoder gets no position_ids"
+    said = "this model gets no position_ids"
     options: dict[str, Any] = {"text": TEXTS, "layers": [layer], "topk": 0, "device": "cpu"}
     report = {
         side: hookcli.inspect(f"hf:{tmp_path}", padding_side=side, **options)
@@ -200,3 +200,35 @@ def test_a_left_padded_seq2seq_batch_says_its_positions_count_from_the_first_col
     assert right.max == pytest.approx(float(whole.max()), rel=1e-4)
     assert right.min == pytest.approx(float(whole.min()), rel=1e-4)
     assert (left.max, left.min) != pytest.approx((float(whole.max()), float(whole.min())), rel=1e-4)
+
+
+def test_a_left_padded_encoder_classifier_says_its_positions_and_first_token_move(
+    tmp_path: Path,
+) -> None:
+    """BERT classifying a batch padded on the left: learned positions and the [CLS] token
+    read at the batch's first column make the short text's probabilities differ from the
+    text's alone (the oracle: transformers on it alone) — said on the input line; padded on
+    the right, they are the text's own and nothing is said."""
+    from tests.support.llm import make_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, num_labels=2, pad_token_id=0,
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    said = "a first-token classifier (BERT's [CLS]) reads padding"
+    report = {
+        side: hookcli.inspect(f"hf:{tmp_path}", text=TEXTS, padding_side=side, topk=2)
+        for side in ("left", "right")
+    }
+    assert said in str(report["left"].input.description)
+    assert said not in str(report["right"].input.description)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    short = min(range(len(TEXTS)), key=lambda i: len(tok(TEXTS[i])["input_ids"]))
+    with torch.no_grad():
+        want = model(**tok(TEXTS[short], return_tensors="pt")).logits[0].double().softmax(-1)
+    right = {p.index: p.prob for p in report["right"].predictions or [] if p.image == short}
+    assert right == pytest.approx({i: float(v) for i, v in enumerate(want)}, rel=1e-5)

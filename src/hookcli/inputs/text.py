@@ -246,12 +246,13 @@ def _positions_from_mask(
 
 
 def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, seq2seq: bool = False) -> bool:
-    """A causal LM's batch with padding before a token (a decoder-only model's; `seq2seq`:
-    an encoder-decoder's instead)."""
+    """A batch with padding before a token: a decoder-only causal LM's; `seq2seq`: any other
+    text model's instead (an encoder-decoder, an encoder such as BERT)."""
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     kind = loaded.kind
-    if isinstance(kind, Seq2SeqLM) != seq2seq or not isinstance(kind, CausalLM):
+    decoder = isinstance(kind, CausalLM) and not isinstance(kind, Seq2SeqLM)
+    if decoder == seq2seq:
         return False
     return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
 
@@ -354,9 +355,10 @@ UNPOSITIONED_NOTE = (
     " differ from the text's alone: --padding-side right"
 )
 SEQ2SEQ_LEFT_NOTE = (
-    "; padded on the left: an encoder-decoder gets no position_ids, so a text's positions count"
-    " from the batch's first column, its padding included — learned positions (BART) then"
-    " differ from the text's alone: --padding-side right"
+    "; padded on the left: this model gets no position_ids, so a text's positions count from"
+    " the batch's first column, its padding included — learned positions (BART, BERT) then"
+    " differ from the text's alone, and a first-token classifier (BERT's [CLS]) reads padding:"
+    " --padding-side right"
 )
 SHOWN_LENGTHS = 16  # the input line's real lengths, sequence by sequence, up to this many
 ONE_BATCH_TEXTS = 1024  # texts one padded batch takes; inspect, grads and check batch more
