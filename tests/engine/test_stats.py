@@ -382,3 +382,14 @@ def test_autograds_memoryless_zeros_are_measured_as_zeros(shape: tuple[int, ...]
     for s in got:
         assert (s.numel, s.mean, s.std, s.min, s.max, s.norm, s.zeros) == (n, 0, 0, 0, 0, 0, 1.0)
         assert s.nan == s.inf == 0
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+def test_a_large_lazily_negated_view_is_measured_as_its_values(backend: str) -> None:
+    """A tensor with the negative bit set, too large to be copied with the small ones (the
+    kernels read it through numpy, which cannot read it where it lies): measured as -x."""
+    x = torch.randn(200, 200, generator=torch.Generator().manual_seed(0))
+    collector = StatsCollector(backend=backend)
+    got = collector.add(torch._neg_view(x), "negated")
+    collector.finalize()
+    assert_stats_match(got, -x)

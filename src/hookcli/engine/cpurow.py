@@ -112,6 +112,8 @@ def kernel_row(t: torch.Tensor, ks: Kernels, out: np.ndarray[Any, Any]) -> Row:
     """
     if t.dtype in (torch.float16, torch.bfloat16):
         t = t.float()
+    if t.is_neg():  # a lazily negated view: numpy cannot read it where it lies
+        t = t.resolve_neg()
     # numpy's reshape of a contiguous array is a view, and cheaper than torch's
     flat = t.numpy().reshape(-1) if t.is_contiguous() else dense_flat(t).numpy()
     par = flat.shape[0] >= PARALLEL_MIN
