@@ -332,3 +332,41 @@ def test_a_weight_seen_as_an_input_is_measured_as_the_pass_left_it() -> None:
     root = next(c for c in report.layers if c.name == "(model)")
     [weight] = [p for p in root.params or [] if p.name == "weight"]
     assert weight.norm == pytest.approx(2.0 * before.double().norm().item(), rel=1e-9)
+
+
+class _Compiled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Linear(6, 6), nn.Linear(6, 2)
+        block = nn.Sequential(nn.Linear(6, 6), nn.GELU(), nn.Linear(6, 6))
+        self.block = torch.compile(block, backend="eager")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.stem(x)))
+
+
+def test_layers_a_warm_compiled_cache_skips_are_said_never_silent() -> None:
+    """A compiled block the model ran once before (its graph traced with no hooks) calls
+    none of its layers as modules in grads: the report says why and what to do, and after
+    torch._dynamo.reset() they are seen, their gradients against torch.autograd.grad."""
+    torch.manual_seed(0)
+    model = _Compiled()
+    x = torch.randn(3, 6)
+    model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    report = hookcli.grads(model, x, target="sum", topk=0)
+    inside = ["block._orig_mod.0", "block._orig_mod.1", "block._orig_mod.2"]
+    assert report.never_called == inside
+    assert any("a warm cache" in n and "torch._dynamo.reset()" in n for n in report.notes)
+    torch._dynamo.reset()
+    report = hookcli.grads(model, x, target="sum", topk=0)
+    assert report.never_called == [] and not any("a warm cache" in n for n in report.notes)
+    [call] = [c for c in report.layers if c.name == "block._orig_mod.0"]
+    first = model.block._orig_mod[0]
+    out = first(model.stem(x))
+    want = torch.autograd.grad(
+        model.head(model.block._orig_mod[2](model.block._orig_mod[1](out))).sum(), out
+    )[0]
+    assert call.grad_outputs is not None
+    assert_stats_match(call.grad_outputs[0], want, rtol=1e-5, same_tensor=False)
+    torch._dynamo.reset()

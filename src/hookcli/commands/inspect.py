@@ -238,6 +238,18 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
             "the ranks cannot be told here): its value and every gradient from it are that "
             "part's, not the whole output's"
         )
+    unseen = [
+        t.name
+        for t, n in zip(prepared.targets, session.counts, strict=True)
+        if n == 0 and "_orig_mod." in f"{t.name}."
+    ]
+    if unseen:  # (torch.compile's cached graph, traced before the hooks: it calls none)
+        notes.append(
+            f"selected layers inside torch.compile'd code never ran as modules: {few(unseen, 4)}"
+            " — compiled code run from a graph traced before hookcli's hooks (a warm cache) "
+            "calls none of them; run hookcli before the model's first compiled call, or "
+            "torch._dynamo.reset() first"
+        )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")
