@@ -370,3 +370,38 @@ def test_layers_a_warm_compiled_cache_skips_are_said_never_silent() -> None:
     assert call.grad_outputs is not None
     assert_stats_match(call.grad_outputs[0], want, rtol=1e-5, same_tensor=False)
     torch._dynamo.reset()
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.pre, self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        inner = checkpoint(lambda h: self.b(self.a(h)), self.pre(x), use_reentrant=self.reentrant)
+        assert isinstance(inner, torch.Tensor)
+        return inner
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_reentrant_checkpoints_layers_are_said_to_have_no_gradient(reentrant: bool) -> None:
+    """Layers inside a reentrant torch.utils.checkpoint run under no_grad in the forward (and
+    again, unhooked, in backward): their gradients are absent and the report says why; a
+    non-reentrant checkpoint's get theirs (against torch.autograd.grad) and nothing is said."""
+    torch.manual_seed(0)
+    model = _Checkpointed(reentrant)
+    x = torch.randn(2, 4)
+    report = hookcli.grads(model, x, target="sum", topk=0)
+    said = [n for n in report.notes if "ran under torch.no_grad inside the model: a, b" in n]
+    calls = {c.name: c for c in report.layers}
+    if reentrant:
+        assert said and not calls["a"].grad_outputs
+        return
+    assert not said
+    h = model.a(model.pre(x))
+    want = torch.autograd.grad(model.b(h).sum(), h)[0]
+    assert calls["a"].grad_outputs
+    assert_stats_match(calls["a"].grad_outputs[0], want, rtol=1e-5, same_tensor=False)

@@ -250,6 +250,13 @@ def _notes(prepared: Prepared, measured: Measured, params: Sequence[torch.Tensor
             "calls none of them; run hookcli before the model's first compiled call, or "
             "torch._dynamo.reset() first"
         )
+    if session.without_grad:
+        notes.append(
+            f"ran under torch.no_grad inside the model: {few(list(session.without_grad), 4)} — "
+            "a reentrant torch.utils.checkpoint (which recomputes them in backward, unhooked) "
+            "or the model's own no_grad: their gradients are not measured (use_reentrant=False "
+            "checkpoints are)"
+        )
     if session.unhooked:
         refused = ", ".join(f"{name} ({why})" for name, why in session.unhooked[:5])
         notes.append(f"not hookable, so not measured: {refused}")

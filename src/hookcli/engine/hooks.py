@@ -213,6 +213,8 @@ class HookSession:
         self.calls: list[PendingCall] = []
         self.counts = [0] * len(targets)
         self.unhooked: list[tuple[str, str]] = []  # targets that refused hooks, and why
+        # grads: calls the model ran under no_grad (a reentrant checkpoint, its own no_grad)
+        self.without_grad: dict[str, None] = {}
         self._stacks: list[list[PendingCall]] = [[] for _ in targets]
         self._open: list[PendingCall] = []  # --profile: calls running now, innermost last
         self._handles: list[RemovableHandle] = []
@@ -341,6 +343,7 @@ class HookSession:
             for _ in self.open_calls():
                 self._beacon.leave()
         self.calls.clear()
+        self.without_grad.clear()
         self.counts = [0] * len(self.targets)
         for stack in self._stacks:
             stack.clear()
@@ -484,6 +487,9 @@ class HookSession:
         (an output that is the next call's input), unchanged since and with no other hook
         after ours, gets no second hook: the one it has hands the gradient to both, in the
         order two hooks would have (issue 52: a hook costs more than the work it does)."""
+        if root == "out" and not torch.is_grad_enabled():  # no gradient will reach them
+            self.without_grad[pending.call.name] = None
+            return
         specs: dict[str, Spec] | None = None
         if callers is not None:  # (the caller's own tensors where they are the inputs')
             items: Iterable[tuple[str, torch.Tensor]]
