@@ -139,6 +139,9 @@ class InputOptions:
     text_file: str | None = None  # --text-file: one sequence per line
     chat: bool = False  # each text as a user turn through the tokenizer's chat template
     padding_side: str | None = None  # a padded text batch: left or right (None: the tokenizer's)
+    # --generate: a decoder-only LM's batch is padded on the left (generate appends after the
+    # last real token), an encoder-decoder's on the right (new tokens go to its decoder)
+    generating: bool = False
     # a seq2seq model's target for each text: the decoder's input (teacher forcing) and the
     # labels of grads' default loss
     target_text: tuple[str, ...] = ()

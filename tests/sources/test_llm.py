@@ -546,6 +546,30 @@ def test_generate_hooks_every_step_and_makes_transformers_tokens(llama: Path) ->
     assert any("call 0 is the prompt" in n for n in report.notes)
 
 
+def test_generate_on_an_encoder_decoder_pads_on_the_right(tmp_path: Path) -> None:
+    """--generate over a batch for BART (learned positions): the encoder's batch is padded on
+    the right, so each text generates what it generates alone in transformers (left padding
+    moved the short text's positions: other tokens); --padding-side left is still honoured."""
+    save(tmp_path, "bart")
+    texts = [LINES[0], "hello"]
+    report = hookcli.inspect(f"hf:{tmp_path}", text=texts, generate=4, layers=["lm_head"])
+    assert "padded on the right" in report.input.description
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    alone = []
+    for text in texts:
+        with torch.no_grad():
+            out = model.generate(**tok(text, return_tensors="pt"), max_new_tokens=4,
+                                 do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
+        alone.append(out[0, 1:].tolist())  # (after the decoder's start token)
+    assert report.generated is not None
+    assert [g.ids for g in report.generated] == alone
+    left = hookcli.inspect(
+        f"hf:{tmp_path}", text=texts, generate=4, layers=["lm_head"], padding_side="left"
+    )
+    assert "padded on the left" in left.input.description
+
+
 def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
     """A sequence whose end token comes before the last step is fed padding by generate while
     the others run: the later calls' statistics count those rows, and the note says so (the

@@ -78,14 +78,8 @@ def report(inv: Invocation, command: str) -> Report:
                 "drop --generate for gradients (grads takes the text's next-token loss), or "
                 "run inspect/check --generate.",
             )
-        if inputs.padding_side == "right":
-            raise UsageError(
-                "--generate pads a batch of texts on the left (model.generate appends each new "
-                "token after the last real one); --padding-side right cannot apply.",
-                "drop --padding-side right.",
-            )
         if inputs.has_text:  # (token ids given as a tensor carry no padding to place)
-            inputs = dataclasses.replace(inputs, padding_side="left")  # as generate needs
+            inputs = dataclasses.replace(inputs, generating=True)  # (its side: from_text)
         if run.heads:
             raise UsageError(
                 "--heads reads attention in one forward of the input; --generate runs many.",

@@ -147,7 +147,8 @@ def from_text(
     notes: list[str] = []
     # (one text is never padded: no pad token, no side needed)
     batch = len(texts) > 1 or pad_to is not None
-    side = inputs.padding_side if batch else None
+    side = _generating_side(loaded, inputs) if inputs.generating else inputs.padding_side
+    side = side if batch else None
     no_pad = batch and getattr(tokenizer, "pad_token_id", None) is None
     if no_pad or (side is not None and side != getattr(tokenizer, "padding_side", side)):
         tokenizer = copy.deepcopy(tokenizer)  # the model's own is left as it was
@@ -255,6 +256,23 @@ def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, seq2seq: bool = Fal
     if decoder == seq2seq:
         return False
     return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
+
+
+def _generating_side(loaded: LoadedModel, inputs: InputOptions) -> str:
+    """The side --generate pads a batch on: a decoder-only LM's left (model.generate appends
+    each new token after the last real one), an encoder-decoder's right (its new tokens go
+    to the decoder; left padding moves the encoder's learned positions)."""
+    from hookcli.sources.lm import Seq2SeqLM
+
+    if isinstance(loaded.kind, Seq2SeqLM):
+        return inputs.padding_side or "right"
+    if inputs.padding_side == "right":
+        raise UsageError(
+            "--generate pads a decoder-only model's batch of texts on the left (model.generate "
+            "appends each new token after the last real one); --padding-side right cannot apply.",
+            "drop --padding-side right.",
+        )
+    return "left"
 
 
 def _takes(module: Any, name: str) -> bool:
