@@ -570,6 +570,15 @@ def test_generate_on_an_encoder_decoder_pads_on_the_right(tmp_path: Path) -> Non
     assert "padded on the left" in left.input.description
 
 
+def test_topk_asked_with_generate_is_answered_not_dropped(llama: Path) -> None:
+    """--topk given with --generate: no top-k table (the generated tokens are the output),
+    and the report says so; not asked, nothing is said."""
+    asked = hookcli.inspect(f"hf:{llama}", text="the cat", generate=2, topk=3, layers=["lm_head"])
+    assert asked.predictions is None and "--topk: with --generate" in str(asked.prediction_note)
+    plain = hookcli.inspect(f"hf:{llama}", text="the cat", generate=2, layers=["lm_head"])
+    assert plain.prediction_note is None
+
+
 def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
     """A sequence whose end token comes before the last step is fed padding by generate while
     the others run: the later calls' statistics count those rows, and the note says so (the

@@ -327,7 +327,10 @@ def predict(
     output does not have is an error whether or not anything reads it (no prediction, --topk
     0): a gate never passes on a key that names nothing."""
     selected = loaded.kind.select(output)
-    if topk == 0 or model_input.generate is not None:  # (generated text: report.generated)
+    if model_input.generate is not None:  # (generated text: report.generated)
+        said = "--topk: with --generate the generated tokens are the output (no top-k table)"
+        return None, said if asked and topk > 0 else None
+    if topk == 0:
         return None, None
     cats = loaded.categories
     meaningless = "" if loaded.pretrained else f"; {RANDOM_WEIGHTS_NOTE}"
