@@ -579,6 +579,21 @@ def test_topk_asked_with_generate_is_answered_not_dropped(llama: Path) -> None:
     assert plain.prediction_note is None
 
 
+def test_per_token_on_an_encoder_decoder_says_the_decoder_has_no_rows(tmp_path: Path) -> None:
+    """--per-token with a target text (teacher forcing): the encoder's layers get rows by
+    its tokens, and the report says the decoder's tensors have none (they had none, in
+    silence)."""
+    save(tmp_path, "bart")
+    report = hookcli.inspect(
+        f"hf:{tmp_path}", text="The cat sat on the mat.", target_text="A dog ran far away.",
+        per_token=True, layers=["model.encoder.layers.0", "model.decoder.layers.0"], topk=0,
+    )  # fmt: skip
+    calls = {c.name: c for c in report.layers}
+    assert calls["model.encoder.layers.0"].outputs[0].per_token
+    assert not calls["model.decoder.layers.0"].outputs[0].per_token
+    assert any("the decoder's tensors over its" in n for n in report.notes)
+
+
 def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
     """A sequence whose end token comes before the last step is fed padding by generate while
     the others run: the later calls' statistics count those rows, and the note says so (the

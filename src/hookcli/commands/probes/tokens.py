@@ -32,6 +32,12 @@ class PerToken(Probe):
                 "--per-token: the prompt's positions (each layer's call 0); the calls of the "
                 "generated tokens, one position each with the KV cache, have no per-token rows"
             )
+        decoder = measured.model_input.kwargs.get("decoder_input_ids")
+        if isinstance(decoder, torch.Tensor) and decoder.shape[-1] > 1:  # (never in silence)
+            report.notes.append(
+                "--per-token: rows are of the encoder's tokens (input_ids); the decoder's "
+                f"tensors over its {decoder.shape[-1]} target positions have none"
+            )
 
 
 def token_grid(model_input: ModelInput) -> tuple[int, int]:
