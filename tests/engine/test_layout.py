@@ -140,6 +140,21 @@ def test_shapes_tell_the_layout_when_the_model_does_not() -> None:
     assert "inferred from the input size" in tokens.describe()
 
 
+def test_a_small_map_of_an_odd_input_is_read_by_its_one_stride() -> None:
+    """resnet18 on a 97x131 input: every stage's map is ceil(input / stride) in both
+    directions (layer4's 4x5 by 32, whose ratios differ by 8%), each read as NCHW, as the
+    model's own outputs are; no stride fits 4x9 of that input."""
+    model = torchvision.models.resnet18().eval()
+    outs = captured_outputs(
+        model, torch.randn(1, 3, 97, 131), ["layer1", "layer2", "layer3", "layer4"]
+    )
+    for name, out in outs.items():
+        got = resolve(name, tuple(out.shape), (97, 131), NONE)
+        assert (got.kind, got.grid) == (NCHW, tuple(out.shape[2:])), name
+    with pytest.raises(UsageError):
+        resolve("x", (1, 512, 4, 9), (97, 131), NONE)
+
+
 class _PermutedBack(nn.Module):
     """timm MambaOut's stem: conv, permute to NHWC, norm, permute back to NCHW, act — in a
     model whose output_fmt is NHWC."""
