@@ -212,3 +212,14 @@ def test_a_plain_pickle_as_an_input_is_refused_without_torchs_advice_to_unpickle
     said = str(err.value)
     assert "plain pickle" in said and "hookcli never unpickles" in said
     assert "weights_only" not in said
+
+
+def test_an_input_of_another_dtype_than_the_model_gets_a_dtype_hint(tmp_path: Path) -> None:
+    """numpy's default float64 into a float32 model: the layer's refusal is named, and the
+    hint is the :DTYPE suffix (it said to check the input shape, which was right)."""
+    from tests.support.cli import one_line_error, run
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((1, 3, 32, 32)))
+    line = one_line_error(run("inspect", "resnet18", "--input", str(tmp_path / "x.npy")), 3)
+    assert "the input's dtype (float64) is not the model's" in line and ":float32" in line
+    assert "input shape" not in line

@@ -42,6 +42,7 @@ from hookcli.errors import HookcliError, ModelError, UsageError, one_line
 from hookcli.inputs import ModelInput
 from hookcli.runtime import beacon, gcpause
 from hookcli.sources import LoadedModel
+from hookcli.tree import iter_tensors
 
 
 @dataclass(slots=True)
@@ -656,12 +657,30 @@ def run_forward(
                     f"the model's own forward code raised it (given {_given(model_input)}): "
                     "HOOKCLI_DEBUG=1 shows the line."
                 )
+            elif _dtype_mismatch(exc):
+                given = iter_tensors(model_input.forward_values(), "in")
+                dtypes = sorted({str(t.dtype).removeprefix("torch.") for _, t in given})
+                hint = (
+                    f"the input's dtype ({', '.join(dtypes)}) is not the model's: cast it with "
+                    "a :DTYPE suffix (--input x.npy:float32), or run the model in that dtype."
+                )
             else:
                 hint = _shape_hint(loaded, model_input, _module_named(model, where))
             if where is not None and len(where) > 80:  # a path 400 levels deep
                 where = f"{where[:36]}…{where[-36:]} ({where.count('.') + 1} levels deep)"
                 place = f" in layer {where}"
             raise ModelError(f"{loaded.name} failed{place}: {one_line(exc)}", hint) from exc
+
+
+def _dtype_mismatch(exc: BaseException) -> bool:
+    """A layer refusing its input's dtype (a float64 numpy array into float32 weights)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "expected scalar type" in text
+        or "should be the same" in text  # (conv: "Input type … and weight type … should be")
+        or ("expected" in text and "dtype" in text and "but" in text)
+        or "mat1 and mat2 must have the same dtype" in text
+    )
 
 
 def _refused_by_forward(exc: TypeError, model: nn.Module) -> bool:
