@@ -46,7 +46,7 @@ class SavedOracle:
     def __init__(self, model: nn.Module, names: list[str]) -> None:
         self.model = model
         self.skip = {_key(t) for t in (*model.parameters(), *model.buffers())}
-        self.modules = dict(model.named_modules())
+        self.modules = {**dict(model.named_modules()), "(model)": model}  # (the root by its name)
         self.names = names
         self.open: list[dict[tuple[str, int], int]] = []
         self.calls: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
