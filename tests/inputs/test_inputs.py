@@ -223,3 +223,19 @@ def test_an_input_of_another_dtype_than_the_model_gets_a_dtype_hint(tmp_path: Pa
     line = one_line_error(run("inspect", "resnet18", "--input", str(tmp_path / "x.npy")), 3)
     assert "the input's dtype (float64) is not the model's" in line and ":float32" in line
     assert "input shape" not in line
+
+
+def test_an_image_past_pillows_warning_size_is_read_and_past_its_limit_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pillow warns past MAX_IMAGE_PIXELS (89.5 M: a 108-megapixel phone photo) and refuses
+    past twice that: the first is read, as torchvision's own reading reads it (it was
+    refused), the second is a one-line usage error (exit 2), never decoded."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / "big.png")  # 1200 pixels
+    Image.new("RGB", (50, 50)).save(tmp_path / "huge.png")  # 2500: past twice the limit
+    assert read_image(tmp_path / "big.png").getpixel((0, 0)) == (10, 20, 30)
+    with pytest.raises(UsageError, match="too large to decode safely"):
+        read_image(tmp_path / "huge.png")

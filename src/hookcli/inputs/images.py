@@ -182,7 +182,9 @@ def read_image(path: Path) -> Any:
         raise UsageError(f"{path} is empty (0 bytes).", "give a real image file.")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # (a 108-megapixel phone photo only warns, as torchvision's reading lets it: the
+            # hard limit, twice that, stays an error)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = _open_raster(source)
             img.load()
     except UnidentifiedImageError as exc:
