@@ -594,6 +594,25 @@ def test_per_token_on_an_encoder_decoder_says_the_decoder_has_no_rows(tmp_path: 
     assert any("the decoder's tensors over its" in n for n in report.notes)
 
 
+def test_ablating_a_text_models_layer_by_its_mean_keeps_channels_last(llama: Path) -> None:
+    """--ablate LAYER=mean on a text model's (batch, tokens, C) output: each channel's mean
+    over batch and tokens (channels last, as --channels reads them); it was refused with a
+    hint to give an image. The ablated logits against a forward hooked by hand."""
+    report = hookcli.inspect(
+        f"hf:{llama}", text="The cat sat on the mat", ablate=["model.norm=mean"],
+        layers=["lm_head"], topk=0,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    model.model.norm.register_forward_hook(
+        lambda _m, _a, out: out.mean(dim=(0, 1), keepdim=True).expand_as(out).clone()
+    )
+    with torch.no_grad():
+        want = model(**tok("The cat sat on the mat", return_tensors="pt")).logits
+    assert report.ablation is not None
+    assert_stats_match(report.ablation.outputs_after[0], want, rtol=1e-5, same_tensor=False)
+
+
 def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
     """A sequence whose end token comes before the last step is fed padding by generate while
     the others run: the later calls' statistics count those rows, and the note says so (the

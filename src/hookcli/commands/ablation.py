@@ -100,10 +100,13 @@ def ablated(
     specs: Sequence[AblationSpec],
     seed: int,
     layout: LayoutOf | None = None,
+    *,
+    tokens: tuple[int, ...] | None = None,
 ) -> Iterator[list[int]]:
     """Hooks that change the named layers' outputs; yields their call counts, removed after.
     `layout` tells `mean` where a 3-D/4-D output keeps its channels (engine.layout: dim 3 of
-    NHWC, dim 2 of tokens); without it, or for other ranks, dim 1."""
+    NHWC, dim 2 of tokens); without it, or for other ranks, dim 1. `tokens`: a text model's
+    (batch, tokens), whose (batch, tokens, C) outputs keep their channels last."""
     handles = []
     calls = [0] * len(specs)
     try:
@@ -116,6 +119,8 @@ def ablated(
                 )
 
             def channel_dim(t: torch.Tensor, name: str = spec.layer) -> int:
+                if tokens is not None and t.dim() == 3 and tuple(t.shape[:2]) == tokens:
+                    return 2  # (a text model's hidden states: channels last, as --channels)
                 if layout is None or t.dim() not in (3, 4):
                     return 1
                 try:

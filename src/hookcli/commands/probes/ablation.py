@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
+import torch
+
 from hookcli.commands.ablation import AblationSpec, ablated, parse
 from hookcli.engine.probes import Armed, Measured, Probe
 from hookcli.errors import UsageError
@@ -28,7 +30,11 @@ class Ablate(Probe):
     @contextlib.contextmanager
     def arm(self, armed: Armed) -> Iterator[None]:
         prepared = armed.prepared
-        with ablated(prepared.entries, self.specs, prepared.seed, armed.layout_of) as calls:
+        ids = armed.model_input.kwargs.get("input_ids")
+        tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+        with ablated(
+            prepared.entries, self.specs, prepared.seed, armed.layout_of, tokens=tokens
+        ) as calls:
             self.calls = calls
             yield
 
