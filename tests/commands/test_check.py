@@ -262,10 +262,11 @@ def test_baseline_fails_when_gradients_vanish(
         "act call 0 grad_input in[0]",
     ):
         assert f"{where}: vanished (in the baseline, not in this run)" in lost, lost
-    # a lower gradient-norm bound fails the parameters no gradient reached (the upper alone not)
+    # the gradient-norm rule names the parameters no gradient reached (a cut graph, or one
+    # only training mode reads: not a failure of its own)
     r = run("check", *args, "--grad-norm", "1e-8:1e3")
-    assert r.exit_code == 1 and "body call 0 weight.grad: no gradient (vanishing)" in r.stdout
-    assert run("check", *args, "--grad-norm", ":1e3").exit_code == 0
+    assert r.exit_code == 0, r.stdout
+    assert "2 trainable parameters got no gradient (none reached them): body.weight" in r.stdout
 
 
 @pytest.fixture

@@ -179,6 +179,29 @@ def test_views_modified_in_place_after_the_layer_get_their_gradient() -> None:
     assert hooks_left(model) == 0
 
 
+class _ViewOfAView(nn.Module):
+    """A Flatten whose input is a view of the conv's output (its _base is that output, not
+    the input it was given): no gradient reaches the Flatten's output, though one reaches
+    the conv's through the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.flat, self.fc = nn.Conv2d(3, 4, 3), nn.Flatten(2), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.conv(x)
+        self.kept = self.flat(c.view(c.shape)).argmax(-1)
+        return self.fc(c.mean((2, 3)))
+
+
+def test_a_view_of_a_tensor_others_read_gets_no_gradient_of_theirs() -> None:
+    """The view's base is read elsewhere (the conv's output goes on to the head): its
+    gradient is not the view's, and the view, which no gradient reaches, stays null."""
+    report = hookcli.grads(_ViewOfAView(), torch.randn(1, 3, 8, 8), target="sum", topk=0)
+    calls = {c.name: c for c in report.layers}
+    assert calls["conv"].grad_outputs and not calls["flat"].grad_outputs
+
+
 def test_input_grad_and_the_users_grads_are_restored() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()

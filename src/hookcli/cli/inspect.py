@@ -185,9 +185,8 @@ def check(
         typer.Option(
             "--grad-norm",
             metavar="MIN:MAX",
-            help="Fail when a gradient norm (outputs, parameters) leaves [MIN, MAX] (with MIN, "
-            "a trainable parameter with no gradient fails too); implies --backward. Either "
-            "bound may be empty.",
+            help="Fail when a gradient norm (outputs, parameters) leaves [MIN, MAX]; "
+            "implies --backward. Either bound may be empty.",
         ),
     ] = None,
     expect_shape: Annotated[

@@ -27,6 +27,8 @@ def load_baseline(path: Path) -> Report:
     return load_report(path, "baseline", f"record one: hookcli inspect MODEL … -f json -o {where}")
 
 
+# what an appeared entry may mean: a baseline recorded by an older hookcli, which recorded less
+_OLDER = "; from an older hookcli, which recorded less? re-record it with --save-baseline"
 _GRADIENTS = {"grad_inputs", "grad_outputs", "param_grads"}
 
 
@@ -132,7 +134,7 @@ def compare_baseline(
     # (size, where the hooks saw it, failure)
     failures: list[tuple[float, tuple[int, int], Failure]] = []
     for name, call in sorted(calls_now - calls_before):
-        text = f"{name} call {call}: appeared (not in the baseline)"
+        text = f"{name} call {call}: appeared (not in the baseline{_OLDER})"
         failures.append(
             (
                 math.inf,
@@ -149,7 +151,7 @@ def compare_baseline(
     for key in sorted(k for k in now.keys() - before.keys() if k[:2] in both):
         name, call, kind, path = key  # (a gradient that now arrives, a new output)
         where = f"{kind[:-1]} {path}"
-        text = f"{name} call {call} {where}: appeared (not in the baseline)"
+        text = f"{name} call {call} {where}: appeared (not in the baseline{_OLDER})"
         failures.append(
             (
                 math.inf,

@@ -27,6 +27,7 @@ from hookcli.commands.baseline import compare_baseline, load_baseline, number_te
 from hookcli.errors import UsageError
 from hookcli.options import RuleOptions
 from hookcli.records import CheckResult, Failure, LayerCall, Report, TensorStats
+from hookcli.text import few
 
 FAIL_ON = ("nonfinite", "dead", "massive", "dead-experts")
 RELU_FAMILY = {
@@ -639,14 +640,13 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
     span = f"[{'' if lo is None else f'{lo:g}'}, {'' if hi is None else f'{hi:g}'}]"
     bad: list[tuple[LayerCall, Failure]] = []
     checked = 0
+    absent: list[str] = []
     for c in report.layers:
         grads = [(f"grad_output {g.path}", g) for g in c.grad_outputs or []]
         grads += [(f"{p.name}.grad", p.grad) for p in c.params or [] if p.grad is not None]
-        for p in c.params or [] if lo is not None else []:
-            if p.grad is None and p.requires_grad:  # none reached it: vanished entirely
-                checked += 1
-                where = (c.name, c.call, f"{p.name}.grad")
-                bad.append((c, _failure(where, "no gradient (vanishing)", "absent", lo)))
+        absent += [
+            f"{c.name}.{p.name}" for p in c.params or [] if p.grad is None and p.requires_grad
+        ]  # (none reached it: a cut graph, or a parameter only training mode reads)
         for what, g in grads:
             where = (c.name, c.call, what)
             if g.inf:  # the norm is over the finite elements: Inf is beyond any bound
@@ -667,13 +667,18 @@ def _grad_norm(report: Report, lo: float | None, hi: float | None) -> CheckResul
                 side = "vanishing" if low else "exploding"
                 failure = _failure(where, f"norm {norm:.4g} ({side})", norm, lo if low else hi)
                 bad.append((c, failure))
+    unreached = (
+        f"; {len(absent)} trainable parameters got no gradient (none reached them): "
+        f"{few(absent, 4)}"
+        if absent
+        else ""
+    )
     if not bad:
         return CheckResult(
-            "grad-norm", True, f"every gradient norm within {span} ({checked} checked)"
+            "grad-norm", True, f"every gradient norm within {span} ({checked} checked){unreached}"
         )
-    odd = " or not finite" if any(f.value in ("Inf", "NaN") for _, f in bad) else ""
-    odd += " or absent" if any(f.value == "absent" for _, f in bad) else ""
-    message = f"{len(bad)} gradients with norms outside {span}{odd}"
+    odd = " or not finite" if any(isinstance(f.value, str) for _, f in bad) else ""
+    message = f"{len(bad)} gradients with norms outside {span}{odd}{unreached}"
     return _failed("grad-norm", message, bad, backward=True)
 
 

@@ -525,7 +525,7 @@ class HookSession:
                     continue
             watchers = [(pending, root, path)]
             if args is not None and t._is_view():
-                self._watch_base(t, args, watchers)
+                self._watch_base(t, args, obj, watchers)
             hook = functools.partial(self._on_grad, watchers)
             hooked = _hook_into(t, hook)
             if hooked is not None:
@@ -541,21 +541,24 @@ class HookSession:
                 pass
 
     def _watch_base(
-        self, t: torch.Tensor, args: Any, watchers: list[tuple[PendingCall, str, str]]
+        self, t: torch.Tensor, args: Any, out: Any, watchers: list[tuple[PendingCall, str, str]]
     ) -> None:
         """An output that is a view of a tensor the layer made (a Linear's on 3-D input: its
         matmul's result reshaped): an in-place op after the layer (`h += x`, ReLU(inplace))
         rebases the view, and torch then never calls the hook on it. The base's hook, which
         keeps the value before the op, gives the view's gradient then — where the view is
-        the whole base, reshaped, and the base is none of the layer's inputs (nothing else
-        of the model read it)."""
+        the whole base, reshaped, and neither the layer's inputs nor its other outputs are the
+        base or views of it (nothing else of the model reads it)."""
         base = t._base
         if (
             base is None
             or base.grad_fn is None
             or base.numel() != t.numel()
             or not (t.is_contiguous() and base.is_contiguous())
-            or any(x is base for _, x in iter_tensors(args, "in"))
+            or any(x is base or x._base is base for _, x in iter_tensors(args, "in"))
+            or any(
+                x is not t and (x is base or x._base is base) for _, x in iter_tensors(out, "out")
+            )
         ):
             return
         shape = t.shape

@@ -258,17 +258,11 @@ def _depth_of(img: Any) -> int | None:
 def _scale_to_8bit(mode: str, arr: np.ndarray[Any, Any], depth: int | None) -> float:
     """What turns a high-depth image's values into 8-bit ones, from the file's own depth, not
     from its brightest pixel (a dark 16-bit image is no 8-bit one); a float image as
-    intensities in [0, 1], as torchvision's to_tensor reads it (a little overshoot clipped,
-    more refused)."""
+    intensities in [0, 1] up to 1.5 (a little overshoot clipped, not read as a [0, 255] image
+    and drawn near black), else as values in [0, 255]."""
     top = float(arr.max()) if arr.size else 0.0
     if mode == "F":
-        if top > 1.5:
-            raise UsageError(
-                f"a floating-point image with values up to {top:g}: hookcli reads float images "
-                "as intensities in [0, 1], as torchvision's to_tensor does.",
-                "save it scaled to [0, 1], or as an 8- or 16-bit image.",
-            )
-        return 255.0
+        return 255.0 if top <= 1.5 else 1.0
     if mode.startswith("I;16"):
         depth = 16
     elif depth is None:  # a format that does not say: values past 255 can only be 16-bit

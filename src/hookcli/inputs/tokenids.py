@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 def check_token_ids(loaded: LoadedModel, ids: torch.Tensor, shown: str) -> None:
     """Token ids given as a tensor (`--input`, the Python API) that a text model cannot take,
     refused before the pass, as `--text`'s are: not (batch, tokens) integers, an id outside
-    its vocabulary, more tokens than its positions (not the model's own failure on them)."""
+    its vocabulary (not the model's own failure on them). Their length is the caller's (a
+    rotary model runs past its config's maximum positions)."""
     dtype = str(ids.dtype).removeprefix("torch.")
     if ids.dim() != 2:
         raise UsageError(
@@ -39,10 +40,3 @@ def check_token_ids(loaded: LoadedModel, ids: torch.Tensor, shown: str) -> None:
                 f"{loaded.spec}'s vocabulary [0, {vocab}).",
                 f"give ids in [0, {vocab}), e.g. --input randint:0:{vocab}:1x16.",
             )
-    limit = loaded.max_tokens
-    if limit is not None and ids.shape[-1] > limit:
-        raise UsageError(
-            f"{shown} holds {ids.shape[-1]} tokens a sequence, more than {loaded.spec} takes "
-            f"({limit}, its config's maximum positions).",
-            f"give at most {limit} tokens a sequence.",
-        )
