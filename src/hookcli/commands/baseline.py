@@ -148,28 +148,16 @@ def compare_baseline(
             (math.inf, (2, 1 << 30), Failure(text, name, call, None, "absent", "present"))
         )
     both = calls_now & calls_before
-    for key in sorted(k for k in now.keys() - before.keys() if k[:2] in both):
-        name, call, kind, path = key  # (a gradient that now arrives, a new output)
-        where = f"{kind[:-1]} {path}"
-        text = f"{name} call {call} {where}: appeared (not in the baseline{_OLDER})"
-        failures.append(
-            (
-                math.inf,
-                order(name, call, kind),
-                Failure(text, name, call, where, "present", "absent"),
-            )
-        )
-    for key in sorted(k for k in before.keys() - now.keys() if k[:2] in both):
-        name, call, kind, path = key  # (a gradient that no longer arrives: a cut graph)
-        where = f"{kind[:-1]} {path}"
-        text = f"{name} call {call} {where}: vanished (in the baseline, not in this run)"
-        failures.append(
-            (
-                math.inf,
-                order(name, call, kind),
-                Failure(text, name, call, where, "absent", "present"),
-            )
-        )
+    for side, other, how, got in (
+        (now, before, f"appeared (not in the baseline{_OLDER})", ("present", "absent")),
+        (before, now, "vanished (in the baseline, not in this run)", ("absent", "present")),
+    ):  # (a gradient that now arrives, a new output; one that no longer does: a cut graph)
+        for name, call, kind, path in sorted(
+            k for k in side.keys() - other.keys() if k[:2] in both
+        ):
+            where = f"{kind[:-1]} {path}"
+            failure = Failure(f"{name} call {call} {where}: {how}", name, call, where, *got)
+            failures.append((math.inf, order(name, call, kind), failure))
     compared = 0
     for key in sorted(now.keys() & before.keys()):
         compared += 1
