@@ -335,14 +335,15 @@ class StatsCollector:
     ) -> tuple[list[float | None], list[TensorStats]] | None:
         """`norms(weights)`, `add_whole(grads)` by two kernel calls, filled now (issue 52), where
         all are measured together on the CPU and no gradient was seen in the pass; else None."""
-        kinds, _, _ = self._together([*weights, *(g for g, _ in grads)])
-        seen = self._seen  # (a live entry: an id of a freed tensor may be a gradient's now)
-        if not all(kinds) or any((hit := seen.get(id(g))) and hit[0]() is g for g, _ in grads):
+        ks, seen = self._kernels, self._seen  # (a freed tensor's id may be a gradient's now)
+        every = [*weights, *(g for g, _ in grads)]  # (asked first: _together starts device rows)
+        if ks is None or self._more_wanted() or not all(measurable_together(every)):
             return None
-        assert self._kernels is not None  # (nothing is together without them)
-        norms = [_norm_of(row) for row in segment_rows(weights, self._kernels)]
+        if any((hit := seen.get(id(g))) and hit[0]() is g for g, _ in grads):
+            return None
+        norms = [_norm_of(row) for row in segment_rows(weights, ks)]
         elements: list[list[float | None] | None] = []
-        rows = segment_rows([g for g, _ in grads], self._kernels, elements, SMALL)
+        rows = segment_rows([g for g, _ in grads], ks, elements, SMALL)
         return norms, [
             fill(TensorStats(path, tuple(g.shape), "float32", g.numel(), values=got), row)
             for (g, path), row, got in zip(grads, rows, elements, strict=True)
@@ -376,6 +377,13 @@ class StatsCollector:
                 out[at] = _norm_of(row)
         return out
 
+    def _more_wanted(self) -> bool:
+        """Whether tensors measured whole want more than their row (channels, tokens,
+        histograms, shards, more statistics): then none is measured together."""
+        book = self.book
+        return bool(AFTER_PASS or self._bins or self.channels is not None or self.per_token
+                    or book.local_shards or book.layouts)  # fmt: skip
+
     def _together(
         self, tensors: list[torch.Tensor]
     ) -> tuple[list[int], list[int | None], dict[int, torch.Tensor]]:
@@ -384,16 +392,8 @@ class StatsCollector:
         (channels, tokens, histograms, shards, more statistics); and the places of those whose
         rows were started together on their devices (`started_rows`), None for the others,
         and the elements of the small ones among these (copied together)."""
-        book = self.book
         alone: list[int | None] = [None] * len(tensors)
-        if (
-            AFTER_PASS
-            or self._bins
-            or self.channels is not None
-            or self.per_token
-            or book.local_shards
-            or book.layouts
-        ):
+        if self._more_wanted():
             return [0] * len(tensors), alone, {}
         cpu = measurable_together(tensors) if self._kernels is not None else [False] * len(alone)
         kinds = [_ON_CPU if c else 0 for c in cpu]
