@@ -195,7 +195,7 @@ def from_text(
         note += POSITIONS_NOTE
     elif labels is None and _left_padded(loaded, mask):  # (never silently: see below)
         note += UNPOSITIONED_NOTE
-    elif _left_padded(loaded, mask, seq2seq=True):
+    elif _left_padded(loaded, mask, unpositioned=True):
         note += SEQ2SEQ_LEFT_NOTE
     padded = bool((mask == 0).any())
     side = getattr(tokenizer, "padding_side", "right")
@@ -246,14 +246,15 @@ def _positions_from_mask(
     return True
 
 
-def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, seq2seq: bool = False) -> bool:
-    """A batch with padding before a token: a decoder-only causal LM's; `seq2seq`: any other
-    text model's instead (an encoder-decoder, an encoder such as BERT)."""
+def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, unpositioned: bool = False) -> bool:
+    """A batch with padding before a token: a decoder-only causal LM's; `unpositioned`: any other
+    text model's instead (an encoder-decoder, an encoder such as BERT:
+    given no position_ids)."""
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     kind = loaded.kind
     decoder = isinstance(kind, CausalLM) and not isinstance(kind, Seq2SeqLM)
-    if decoder == seq2seq:
+    if decoder == unpositioned:
         return False
     return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
 
