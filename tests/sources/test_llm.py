@@ -591,7 +591,71 @@ def test_per_token_on_an_encoder_decoder_says_the_decoder_has_no_rows(tmp_path: 
     calls = {c.name: c for c in report.layers}
     assert calls["model.encoder.layers.0"].outputs[0].per_token
     assert not calls["model.decoder.layers.0"].outputs[0].per_token
-    assert any("the decoder's tensors over its" in n for n in report.notes)
+    assert any("the decoder's calls (its" in n for n in report.notes)
+
+
+def test_per_token_gives_a_decoder_as_long_as_the_text_no_rows_of_its_tokens(
+    tmp_path: Path,
+) -> None:
+    """--per-token with a target as many tokens long as the text: the decoder's (batch,
+    tokens, C) tensors have the encoder's shape, and were given rows labelled with the
+    encoder's tokens. Rows come only from the encoder's calls; the encoder's rows are still
+    its tokens' (against its own output_hidden_states)."""
+    save(tmp_path, "bart")
+    text = "The cat sat on the mat."
+    report = hookcli.inspect(
+        f"hf:{tmp_path}", text=text, target_text=text, per_token=True, topk=0,
+        layers=["model.*.layers.0", "model.*.embed_tokens"],
+    )  # fmt: skip
+    calls = {c.name: c for c in report.layers}
+    assert not calls["model.decoder.layers.0"].outputs[0].per_token
+    assert not calls["model.decoder.embed_tokens"].outputs[0].per_token
+    assert calls["model.encoder.embed_tokens"].outputs[0].per_token
+    rows = calls["model.encoder.layers.0"].outputs[0].per_token
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    enc = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.get_encoder()(**enc, output_hidden_states=True).hidden_states[1][0]
+    assert rows is not None and [r.id for r in rows] == enc.input_ids[0].tolist()
+    for r in rows:
+        assert r.mean == pytest.approx(float(hidden[r.position].double().mean()), abs=1e-5)
+
+
+class _EncDec(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.enc = torch.nn.Linear(8, 8)
+        self.dec = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        memory = self.enc(self.embed(input_ids)).mean(1, keepdim=True)
+        return self.dec(self.embed(decoder_input_ids) + memory)
+
+
+class _KnownEncDec(_EncDec):
+    def get_encoder(self) -> torch.nn.Module:
+        return self.enc
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.dec
+
+
+def test_per_token_refuses_a_decoder_as_long_as_the_text_where_no_encoder_is_known() -> None:
+    """A model with decoder_input_ids as many as the tokens and no get_encoder/get_decoder:
+    whose tensors are the tokens' is not known, so --per-token is refused (it guessed by
+    shape); with them, the encoder's calls get rows and the decoder's none."""
+    ids = {"input_ids": torch.tensor([[3, 4, 5]]), "decoder_input_ids": torch.tensor([[6, 7, 8]])}
+    with pytest.raises(UsageError, match="decoder positions are as many as the tokens"):
+        hookcli.inspect(_EncDec(), ids, per_token=True, topk=0)
+    other = {**ids, "decoder_input_ids": torch.tensor([[6, 7]])}
+    assert hookcli.inspect(_EncDec(), other, per_token=True, topk=0).layers
+    report = hookcli.inspect(_KnownEncDec(), ids, per_token=True, topk=0)
+    calls = {(c.name, c.call): c for c in report.layers}
+    assert calls[("enc", 0)].outputs[0].per_token
+    assert not calls[("embed", 0)].outputs[0].per_token  # (before the encoder starts)
+    assert not calls[("dec", 0)].outputs[0].per_token
 
 
 def test_ablating_a_text_models_layer_by_its_mean_keeps_channels_last(llama: Path) -> None:

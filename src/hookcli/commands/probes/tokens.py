@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,9 +21,18 @@ class PerToken(Probe):
     flag = "per-token"
     text_only = True
 
-    def arm(self, armed: Armed) -> contextlib.AbstractContextManager[Any]:
-        armed.collector.per_token = token_grid(armed.model_input)
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def arm(self, armed: Armed) -> Iterator[None]:
+        grid = token_grid(armed.model_input)
+        decoder_ids = armed.model_input.kwargs.get("decoder_input_ids")
+        if not isinstance(decoder_ids, torch.Tensor):
+            armed.collector.per_token = grid
+            yield
+            return
+        # an encoder-decoder: the decoder's (batch, targets, C) tensors are no rows of the
+        # encoder's tokens, even where as many targets as tokens make their shapes alike
+        with encoder_window(armed.prepared.loaded.module, armed.collector, grid, decoder_ids):
+            yield
 
     def finish(self, measured: Measured, report: Report) -> None:
         label_tokens(report.layers, measured.model_input, report.outputs)
@@ -35,9 +44,57 @@ class PerToken(Probe):
         decoder = measured.model_input.kwargs.get("decoder_input_ids")
         if isinstance(decoder, torch.Tensor) and decoder.shape[-1] > 1:  # (never in silence)
             report.notes.append(
-                "--per-token: rows are of the encoder's tokens (input_ids); the decoder's "
-                f"tensors over its {decoder.shape[-1]} target positions have none"
+                "--per-token: rows are of the encoder's tokens (input_ids), in the encoder's "
+                f"calls; the decoder's calls (its {decoder.shape[-1]} target positions, and "
+                "the encoder's states it reads) have none"
             )
+
+
+@contextlib.contextmanager
+def encoder_window(
+    model: Any, collector: Any, grid: tuple[int, int], decoder_ids: torch.Tensor
+) -> Iterator[None]:
+    """--per-token on an encoder-decoder: rows only while its encoder runs (switched on as
+    the encoder starts, off as the decoder starts: every encoder call, a shared embedding's
+    encoder call, the encoder's own output). A model whose encoder and decoder are not known
+    (no get_encoder/get_decoder) is refused where the decoder's targets are as many as the
+    tokens: their tensors would read as the tokens'."""
+    parts = []
+    for getter in ("get_encoder", "get_decoder"):
+        part = None
+        with contextlib.suppress(Exception):
+            part = getattr(model, getter)()
+        parts.append(part if isinstance(part, torch.nn.Module) else None)
+    encoder, decoder = parts
+    if encoder is None or decoder is None or encoder is decoder:
+        if decoder_ids.dim() == 2 and int(decoder_ids.shape[-1]) == grid[1]:
+            raise UsageError(
+                f"--per-token on this encoder-decoder: its {grid[1]} decoder positions are as "
+                "many as the tokens, and where its encoder ends is not known "
+                "(no get_encoder/get_decoder), so the decoder's tensors would read as the "
+                "tokens'.",
+                "give a target of another length, or drop --per-token.",
+            )
+        collector.per_token = grid
+        yield
+        return
+
+    def on(*_: Any) -> None:
+        collector.per_token = grid
+
+    def off(*_: Any) -> None:
+        collector.per_token = None
+
+    handles = [
+        encoder.register_forward_pre_hook(on, prepend=True),
+        decoder.register_forward_pre_hook(off, prepend=True),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        collector.per_token = None
 
 
 def token_grid(model_input: ModelInput) -> tuple[int, int]:
