@@ -677,6 +677,32 @@ def test_ablating_a_text_models_layer_by_its_mean_keeps_channels_last(llama: Pat
     assert_stats_match(report.ablation.outputs_after[0], want, rtol=1e-5, same_tensor=False)
 
 
+def test_ablating_a_padded_batch_by_its_mean_leaves_the_padding_out(llama: Path) -> None:
+    """--ablate LAYER=mean on a padded batch of texts: each channel's mean over the real
+    positions alone (the padding's hidden states, what the model makes of a pad token, were
+    averaged in). The ablated logits at the real positions against a forward hooked by hand."""
+    texts = [LINES[0], "hello"]
+    report = hookcli.inspect(
+        f"hf:{llama}", text=texts, ablate=["model.norm=mean"], layers=["lm_head"], topk=0,
+        padding_side="right",
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(llama)
+    tok.padding_side = "right"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    real = enc.attention_mask.bool()
+    assert not bool(real.all())  # (a padded batch)
+
+    def mean_of_real(_m: Any, _a: Any, out: torch.Tensor) -> torch.Tensor:
+        return out[real].mean(dim=0).expand_as(out).clone()
+
+    model.model.norm.register_forward_hook(mean_of_real)
+    with torch.no_grad():
+        want = model(**enc).logits
+    assert report.ablation is not None
+    assert_stats_match(report.ablation.outputs_after[0], want[real], rtol=1e-5, same_tensor=False)
+
+
 def test_generate_says_a_sequence_fed_padding_after_its_end(llama: Path, tmp_path: Path) -> None:
     """A sequence whose end token comes before the last step is fed padding by generate while
     the others run: the later calls' statistics count those rows, and the note says so (the

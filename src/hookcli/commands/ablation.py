@@ -6,7 +6,8 @@ removed afterwards; the model is left unchanged.
 
     zero        the output becomes zeros
     mean        each channel becomes its mean over every other dim (a scalar for 1-D); the
-                channel dim follows the output's layout (NHWC, tokens: engine.layout)
+                channel dim follows the output's layout (NHWC, tokens: engine.layout); a
+                padded text batch's (batch, tokens, C) mean is over its real positions
     scale:K     multiplied by K
     noise:S     plus Gaussian noise of std S (seeded)
     clamp:LO:HI clamped into [LO, HI]
@@ -68,8 +69,23 @@ def parse(raw: str) -> AblationSpec:
     return AblationSpec(layer.strip(), kind, args)
 
 
+def _channel_mean(t: torch.Tensor, channel: int, real: torch.Tensor | None) -> torch.Tensor:
+    """Each channel's mean over every other dim, in t's shape; where `real` (a padded batch's
+    (batch, tokens) mask) matches a (batch, tokens, C) t, over its real positions alone (the
+    padding's values are what the model makes of a pad token, no data)."""
+    if real is not None and t.dim() == 3 and channel == 2 and real.shape == t.shape[:2]:
+        weight = real.to(device=t.device, dtype=torch.float32).unsqueeze(-1)
+        total = (t.float() * weight).sum(dim=(0, 1), keepdim=True)
+        return (total / weight.sum()).to(t.dtype).expand_as(t).clone()
+    dims = [d for d in range(t.dim()) if d != channel]
+    return t.mean(dim=dims, keepdim=True).expand_as(t).clone()
+
+
 def _change(
-    spec: AblationSpec, seed: int, channel_dim: Callable[[torch.Tensor], int]
+    spec: AblationSpec,
+    seed: int,
+    channel_dim: Callable[[torch.Tensor], int],
+    real: torch.Tensor | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     gen: list[torch.Generator] = []
 
@@ -83,9 +99,7 @@ def _change(
         if spec.op == "mean":
             if t.dim() < 2:
                 return torch.full_like(t, float(t.float().mean()))
-            channel = channel_dim(t)
-            dims = [d for d in range(t.dim()) if d != channel]
-            return t.mean(dim=dims, keepdim=True).expand_as(t).clone()
+            return _channel_mean(t, channel_dim(t), real)
         if not gen:
             gen.append(torch.Generator(device=t.device).manual_seed(seed))
         noise = torch.randn(t.shape, generator=gen[0], device=t.device, dtype=t.dtype)
@@ -102,11 +116,13 @@ def ablated(
     layout: LayoutOf | None = None,
     *,
     tokens: tuple[int, ...] | None = None,
+    real: torch.Tensor | None = None,
 ) -> Iterator[list[int]]:
     """Hooks that change the named layers' outputs; yields their call counts, removed after.
     `layout` tells `mean` where a 3-D/4-D output keeps its channels (engine.layout: dim 3 of
     NHWC, dim 2 of tokens); without it, or for other ranks, dim 1. `tokens`: a text model's
-    (batch, tokens), whose (batch, tokens, C) outputs keep their channels last."""
+    (batch, tokens), whose (batch, tokens, C) outputs keep their channels last; `real`: its
+    padded batch's mask, whose real positions alone make a mean."""
     handles = []
     calls = [0] * len(specs)
     try:
@@ -134,7 +150,7 @@ def ablated(
                     ) from exc
                 return 3 if kind == NHWC else 2 if kind == TOKENS else 1
 
-            change = _change(spec, (seed + i) % 2**64, channel_dim)  # torch seeds wrap at 2**64
+            change = _change(spec, (seed + i) % 2**64, channel_dim, real)  # seeds wrap at 2**64
 
             def hook(
                 module: nn.Module,

@@ -32,8 +32,9 @@ class Ablate(Probe):
         prepared = armed.prepared
         ids = armed.model_input.kwargs.get("input_ids")
         tokens = tuple(ids.shape) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+        real = armed.model_input.token_mask if tokens is not None else None
         with ablated(
-            prepared.entries, self.specs, prepared.seed, armed.layout_of, tokens=tokens
+            prepared.entries, self.specs, prepared.seed, armed.layout_of, tokens=tokens, real=real
         ) as calls:
             self.calls = calls
             yield
