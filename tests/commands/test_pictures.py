@@ -165,6 +165,20 @@ def test_cam_names_the_class(tmp_path: Path) -> None:
     assert "layer3" in title and "class 281 ('tabby')" in title
 
 
+def test_cam_of_a_1x1_map_says_the_heat_is_flat(tmp_path: Path) -> None:
+    """-l avgpool: a 1x1 map, one value for the whole image, upsampled into a flat heat that
+    looked like evidence everywhere; the run says so."""
+    raw = tmp_path / "c.npy"
+    r = run("cam", "resnet18", str(CAT), "-o", str(tmp_path / "c.png"), "-l", "avgpool",
+            "--save-raw", str(raw))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "map is 1x1" in r.stderr and "pick a layer with a spatial map" in r.stderr
+    heat = np.load(raw)
+    assert heat.min() == heat.max()
+    wide = run("cam", "resnet18", str(CAT), "-o", str(tmp_path / "d.png"), "-l", "layer4")
+    assert wide.exit_code == 0 and "map is 1x1" not in wide.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [

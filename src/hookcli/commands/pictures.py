@@ -406,6 +406,12 @@ def class_activation(
         )
     grad = layout.to_nchw(grad)
     check_image_index(image_index, out)
+    if out.dim() == 4 and out.shape[2] * out.shape[3] == 1:
+        notes.append(
+            f"layer {tgt.name}'s map is 1x1, one value for the whole image: the heat is flat "
+            "and says nothing of where; pick a layer with a spatial map (without -l, the "
+            "last layer over the image)"
+        )
     image = input_image(model_input, image_index, loaded)
     size = (image.shape[0], image.shape[1]) if image is not None else tuple(out.shape[2:])
     raw = grad_cam(out[image_index], grad[image_index], size, method)  # type: ignore[arg-type]
