@@ -179,6 +179,18 @@ def test_cam_of_a_1x1_map_says_the_heat_is_flat(tmp_path: Path) -> None:
     assert wide.exit_code == 0 and "map is 1x1" not in wide.stderr
 
 
+def test_cam_of_a_loss_says_its_heat_raises_the_loss() -> None:
+    """--loss ce:IDX: the map is the loss's gradient, whose heat marks evidence against class
+    IDX; the legend says which way it reads (a target's map is the class's evidence)."""
+    import hookcli
+
+    model = load_model("resnet18", weights="none").module
+    drawing = hookcli.cam(model, [str(CAT)], layer="layer3", loss="ce:281", device="cpu")
+    assert any("raise the loss" in line for line in drawing.picture.legend)
+    target = hookcli.cam(model, [str(CAT)], layer="layer3", target="281", device="cpu")
+    assert not any("raise the loss" in line for line in target.picture.legend)
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [

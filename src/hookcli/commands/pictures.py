@@ -446,6 +446,11 @@ def class_activation(
         f"heat: {name} scaled to its maximum ({top:.4g})"
         + (f"; {bad} non-finite values drawn as 0" if bad else ""),
     ]
+    if loss:  # (the gradient of a loss points up the loss: never read as a class's evidence)
+        legend.append(
+            "sign: the loss's own gradient, so heat marks where the activations raise the "
+            "loss (evidence against its target); --target IDX maps a class's evidence"
+        )
     if not loaded.pretrained:
         notes.append("weights are random (--weights none): the map shows no learned evidence")
     return Picture(
