@@ -232,3 +232,31 @@ def test_a_left_padded_encoder_classifier_says_its_positions_and_first_token_mov
         want = model(**tok(TEXTS[short], return_tensors="pt")).logits[0].double().softmax(-1)
     right = {p.index: p.prob for p in report["right"].predictions or [] if p.image == short}
     assert right == pytest.approx({i: float(v) for i, v in enumerate(want)}, rel=1e-5)
+
+
+def test_a_left_padded_decoder_only_classifier_gets_each_texts_own_positions(
+    tmp_path: Path,
+) -> None:
+    """GPT-2's sequence classifier over a batch padded on the left: a decoder-only model, so
+    each text's positions come from the mask (as for its causal LM): every text's
+    probabilities are the text's alone (the oracle: transformers on each); its input line
+    said BERT's [CLS] read padding, and its learned positions were the batch's columns."""
+    from tests.support.llm import make_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=3,
+        pad_token_id=0,
+    )  # fmt: skip
+    transformers.GPT2ForSequenceClassification(config).eval().save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    report = hookcli.inspect(f"hf:{tmp_path}", text=TEXTS, padding_side="left", topk=3)
+    said = str(report.input.description)  # type: ignore[union-attr]
+    assert "[CLS]" not in said and "position_ids from the attention mask" in said
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for i, text in enumerate(TEXTS):
+        with torch.no_grad():
+            want = model(**tok(text, return_tensors="pt")).logits[0].double().softmax(-1)
+        got = {p.index: p.prob for p in report.predictions or [] if p.image == i}
+        assert got == pytest.approx({k: float(v) for k, v in enumerate(want)}, rel=1e-5)

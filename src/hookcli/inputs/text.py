@@ -232,9 +232,10 @@ def from_text(
 def _positions_from_mask(
     loaded: LoadedModel, mask: torch.Tensor, named: dict[str, torch.Tensor]
 ) -> bool:
-    """A batch padded on the left, for a causal LM whose forward takes position_ids: each
-    text's positions counted from its first real token (named["position_ids"]), as
-    model.generate counts them, not from the batch's first column. A model with learned
+    """A batch padded on the left, for a decoder-only model (a causal LM, a classifier on
+    one) whose forward takes position_ids: each text's positions counted from its first real
+    token (named["position_ids"]), as model.generate counts them, not from the batch's first
+    column. A model with learned
     absolute positions (GPT-2) would otherwise run a short text's tokens at the positions its
     padding pushed them to (rotary ones see only relative positions, and are the same
     either way). A forward that does not name position_ids (a wrapper's `**kwargs`, which
@@ -247,16 +248,35 @@ def _positions_from_mask(
 
 
 def _left_padded(loaded: LoadedModel, mask: torch.Tensor, *, unpositioned: bool = False) -> bool:
-    """A batch with padding before a token: a decoder-only causal LM's; `unpositioned`: any other
-    text model's instead (an encoder-decoder, an encoder such as BERT:
-    given no position_ids)."""
+    """A batch with padding before a token: a decoder-only model's (a causal LM, or a
+    decoder-only classifier such as GPT2ForSequenceClassification); `unpositioned`: any other
+    text model's instead (an encoder-decoder, an encoder such as BERT: given no
+    position_ids)."""
+    if _decoder_only(loaded) == unpositioned:
+        return False
+    return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
+
+
+def _decoder_only(loaded: LoadedModel) -> bool:
+    """A decoder-only model: a causal LM, or a head on one (GPT-2's, Llama's sequence
+    classifier: its config's model type has a causal LM and no masked LM in transformers'
+    tables, and no encoder-decoder). BERT's has a masked LM, BART's is an encoder-decoder."""
     from hookcli.sources.lm import CausalLM, Seq2SeqLM
 
     kind = loaded.kind
-    decoder = isinstance(kind, CausalLM) and not isinstance(kind, Seq2SeqLM)
-    if decoder == unpositioned:
+    if isinstance(kind, CausalLM):
+        return not isinstance(kind, Seq2SeqLM)
+    config = getattr(loaded.module, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str) or getattr(config, "is_encoder_decoder", False):
         return False
-    return bool(((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any())
+    try:
+        from transformers.models.auto import modeling_auto
+    except Exception:  # (a config without transformers: nothing is known)
+        return False
+    causal = getattr(modeling_auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {})
+    masked = getattr(modeling_auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {})
+    return model_type in causal and model_type not in masked
 
 
 def _generating_side(loaded: LoadedModel, inputs: InputOptions) -> str:
