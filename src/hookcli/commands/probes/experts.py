@@ -12,6 +12,7 @@ from hookcli.commands.experts import routing_report
 from hookcli.engine import fused_experts
 from hookcli.engine.experts import Routing, counting_routes
 from hookcli.engine.probes import Armed, Measured, Probe
+from hookcli.options import DEFAULT_BATCH
 from hookcli.records import Report
 
 if TYPE_CHECKING:
@@ -22,7 +23,8 @@ class Experts(Probe):
     refusal = (
         "expert routing is read on one batch, not over a run in batches (a folder, or more "
         "texts than one batch holds).",
-        "give at most 32 texts (--text, --text-file) without --batch-size/--limit, or drop the "
+        f"give at most {DEFAULT_BATCH} texts (--text, --text-file) without --batch-size/--limit, "
+        "or drop the "
         "expert rules.",
     )
 
